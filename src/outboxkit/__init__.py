@@ -1,0 +1,38 @@
+"""outboxkit: the transactional outbox for Python.
+
+Write events in the same transaction as your business change with
+:class:`Outbox`; publish them with at-least-once delivery with :class:`Relay`.
+"""
+
+from outboxkit.errors import (
+    ConfigurationError,
+    InvalidEventError,
+    NotInTransactionError,
+    OutboxkitError,
+    SchemaError,
+)
+from outboxkit.events import Event
+from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from_url
+from outboxkit.relay import Relay, RelayStats
+from outboxkit.store.migrate import migrate
+from outboxkit.write import Outbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "Event",
+    "InvalidEventError",
+    "NotInTransactionError",
+    "OutboundMessage",
+    "Outbox",
+    "OutboxkitError",
+    "PublishResult",
+    "Publisher",
+    "Relay",
+    "RelayStats",
+    "SchemaError",
+    "__version__",
+    "from_url",
+    "migrate",
+]

@@ -1,0 +1,3 @@
+from outboxkit.ops.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""The event envelope: validation at construction, UUIDv7 ids, CloudEvents names."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from uuid_utils.compat import uuid7
+
+from outboxkit.errors import InvalidEventError
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+_MAX_TOPIC_CHARS = 1024
+
+
+def new_event_id() -> uuid.UUID:
+    """A UUIDv7: time-ordered, so ids sort by creation and index well."""
+    return uuid7()
+
+
+class Event:
+    """One event to publish: destination, domain metadata and an opaque payload.
+
+    The payload is encoded once, here: a ``bytes`` payload is kept as is, any
+    other value is encoded as JSON with orjson. Every check happens at
+    construction, so a bad event fails in the caller's code before anything
+    reaches the database.
+    """
+
+    __slots__ = (
+        "aggregate_id",
+        "aggregate_type",
+        "event_id",
+        "event_type",
+        "headers",
+        "key",
+        "payload",
+        "topic",
+    )
+
+    event_id: uuid.UUID
+    topic: str
+    event_type: str
+    payload: bytes
+    key: str | None
+    aggregate_type: str | None
+    aggregate_id: str | None
+    headers: dict[str, str]
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        event_type: str,
+        payload: Any,
+        key: str | None = None,
+        aggregate_type: str | None = None,
+        aggregate_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        event_id: uuid.UUID | None = None,
+    ) -> None:
+        if not isinstance(topic, str) or not topic.strip():
+            raise InvalidEventError("event topic must be a non-empty string")
+        if len(topic) > _MAX_TOPIC_CHARS:
+            raise InvalidEventError(f"event topic is longer than {_MAX_TOPIC_CHARS} characters")
+        if not isinstance(event_type, str) or not event_type.strip():
+            raise InvalidEventError(f"event_type must be a non-empty string (topic {topic!r})")
+        for name, value in (
+            ("key", key),
+            ("aggregate_type", aggregate_type),
+            ("aggregate_id", aggregate_id),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise InvalidEventError(
+                    f"{name} must be a string or None, got {type(value).__name__}"
+                    " (convert ids with str())"
+                )
+        if isinstance(payload, bytes | bytearray | memoryview):
+            self.payload = bytes(payload)
+            is_json = False
+        else:
+            try:
+                self.payload = orjson.dumps(payload)
+            except TypeError as exc:
+                raise InvalidEventError(
+                    f"payload of {event_type!r} is not JSON-serialisable: {exc};"
+                    " pass bytes to publish a payload you encoded yourself"
+                ) from None
+            is_json = True
+        clean_headers: dict[str, str] = {}
+        if headers is not None:
+            if not isinstance(headers, Mapping):
+                raise InvalidEventError("headers must be a mapping of str to str")
+            for hname, hvalue in headers.items():
+                if not isinstance(hname, str) or not hname:
+                    raise InvalidEventError(f"header names must be non-empty strings: {hname!r}")
+                if not isinstance(hvalue, str):
+                    raise InvalidEventError(
+                        f"header {hname!r} must be a string, got {type(hvalue).__name__}"
+                    )
+                clean_headers[hname] = hvalue
+        if not is_json and "content-type" not in clean_headers:
+            # JSON is the default content type and costs no bytes; say so only for raw bytes.
+            clean_headers["content-type"] = "application/octet-stream"
+        self.event_id = event_id if event_id is not None else new_event_id()
+        self.topic = topic
+        self.event_type = event_type
+        self.key = key
+        self.aggregate_type = aggregate_type
+        self.aggregate_id = aggregate_id
+        self.headers = clean_headers
+
+    def check_size(self, max_payload_bytes: int) -> None:
+        """Refuse payloads the outbox was configured not to carry."""
+        if len(self.payload) > max_payload_bytes:
+            raise InvalidEventError(
+                f"payload of {self.event_type!r} is {len(self.payload)} bytes,"
+                f" over max_payload_bytes={max_payload_bytes}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(event_id={self.event_id!s}, topic={self.topic!r},"
+            f" event_type={self.event_type!r}, key={self.key!r},"
+            f" payload=<{len(self.payload)} bytes>)"
+        )

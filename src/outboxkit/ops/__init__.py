@@ -1,0 +1,1 @@
+"""Operations: the command line, metrics and the demo."""

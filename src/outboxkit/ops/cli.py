@@ -1,0 +1,508 @@
+"""The ``outboxkit`` command: migrate, relay, status, failed, replay, purge, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import re
+import signal
+import sys
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError, OutboxkitError
+
+console = Console()
+err_console = Console(stderr=True)
+
+_DSN_HELP = (
+    "PostgreSQL connection string, e.g. postgresql://app@127.0.0.1:5432/shop."
+    " Prefer the OUTBOXKIT_DSN environment variable: it keeps the password out of `ps`."
+)
+_TABLE_HELP = "Outbox table name, optionally schema-qualified (schema.table)."
+
+dsn_option = click.option(
+    "--dsn", envvar="OUTBOXKIT_DSN", required=True, show_envvar=True, help=_DSN_HELP
+)
+table_option = click.option(
+    "--table",
+    envvar="OUTBOXKIT_TABLE",
+    default="outbox",
+    show_default=True,
+    show_envvar=True,
+    help=_TABLE_HELP,
+)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
+_UNIT_SECONDS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w`` → timedelta."""
+    cleaned = text.strip().replace(" ", "")
+    parts = _DURATION.findall(cleaned)
+    if not cleaned or "".join(n + u for n, u in parts).lower() != cleaned.lower():
+        raise click.BadParameter(
+            f"{text!r} is not a duration; write e.g. 7d, 12h, 1h30m, 90s (units w d h m s)"
+        )
+    return dt.timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts))
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {redact(message)}")
+    sys.exit(code)
+
+
+def _run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Turn expected failures into one readable line and an exit code, never a traceback."""
+    import psycopg
+
+    try:
+        return fn(*args, **kwargs)
+    except OutboxkitError as exc:
+        _fail(str(exc), 2)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(f"cannot reach the database: {first} — check --dsn and that PostgreSQL is up", 3)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": redact(record.getMessage()),
+        }
+        if record.exc_info:
+            entry["exc"] = redact(self.formatException(record.exc_info))
+        return json.dumps(entry)
+
+
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            _RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Client libraries are chatty at INFO about reconnects we already report.
+    for noisy in ("nats", "psycopg", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="outboxkit")
+def main() -> None:
+    """outboxkit — the transactional outbox for PostgreSQL.
+
+    \b
+    Write events in the same transaction as your business change (Outbox.put),
+    then run relays that publish them to your broker with at-least-once delivery.
+
+    \b
+    Typical setup:
+      outboxkit migrate --dsn postgresql://app@db/shop
+      outboxkit relay   --dsn postgresql://app@db/shop --broker kafka://kafka:9092
+      outboxkit status  --dsn postgresql://app@db/shop
+    """
+
+
+# -- migrate ------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=_DSN_HELP)
+@table_option
+@click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
+def migrate(dsn: str | None, table: str, print_sql: bool) -> None:
+    """Create or upgrade the outbox table (idempotent; safe from several processes at once).
+
+    \b
+    Examples:
+      outboxkit migrate --dsn postgresql://app@db/shop
+      outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
+    """
+    from outboxkit.store.migrate import migrate as run_migrate
+    from outboxkit.store.postgres import Statements
+
+    if print_sql:
+        try:
+            click.echo(Statements(table).ddl(), nl=False)
+        except ConfigurationError as exc:
+            _fail(str(exc), 2)
+        return
+    if not dsn:
+        _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    version = _run_guarded(run_migrate, dsn, table=table)
+    console.print(f"[green]✓[/] outbox table [bold]{table}[/] is at schema version {version}")
+
+
+# -- relay --------------------------------------------------------------------------
+
+
+@main.command()
+@dsn_option
+@click.option(
+    "--broker",
+    envvar="OUTBOXKIT_BROKER",
+    required=True,
+    show_envvar=True,
+    help="Broker URL: kafka://host:9092[,host2:9092] or nats://host:4222.",
+)
+@table_option
+@click.option("--batch-size", default=500, show_default=True, help="Events claimed per batch.")
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls when idle (NOTIFY usually wakes the relay sooner).",
+)
+@click.option(
+    "--lease",
+    default=30.0,
+    show_default=True,
+    help="Seconds a claim is held; a crashed relay's rows are re-claimed after it.",
+)
+@click.option(
+    "--max-attempts",
+    default=10,
+    show_default=True,
+    help="Publish attempts before an event is dead-lettered (status failed).",
+)
+@click.option(
+    "--retention",
+    type=click.Choice(["delete", "keep"]),
+    default="delete",
+    show_default=True,
+    help="delete published rows (no bloat) or keep them as an audit trail (then purge).",
+)
+@click.option("--relay-id", default=None, help="Name shown in claimed_by [default: host-pid-rand].")
+@click.option("--retry-base", default=1.0, show_default=True, help="First retry delay cap (s).")
+@click.option("--retry-cap", default=300.0, show_default=True, help="Longest retry delay (s).")
+@click.option("--no-listen", is_flag=True, help="Do not LISTEN for NOTIFY; poll only.")
+@click.option(
+    "--shutdown-timeout",
+    default=10.0,
+    show_default=True,
+    help="Seconds to let in-flight batches finish on SIGTERM before handing their rows back.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def relay(
+    dsn: str,
+    broker: str,
+    table: str,
+    batch_size: int,
+    poll_interval: float,
+    lease: float,
+    max_attempts: int,
+    retention: str,
+    relay_id: str | None,
+    retry_base: float,
+    retry_cap: float,
+    no_listen: bool,
+    shutdown_timeout: float,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Publish events from the outbox to a broker until stopped (SIGTERM/SIGINT).
+
+    Run as many relays as you like on one table: claims never overlap. On
+    SIGTERM a relay stops claiming, finishes its in-flight batch, hands back
+    unpublished rows and exits 0.
+
+    \b
+    Example:
+      OUTBOXKIT_DSN=postgresql://app:secret@db/shop \\
+        outboxkit relay --broker kafka://kafka-1:9092,kafka-2:9092
+    """
+    from outboxkit.publishers import from_url
+    from outboxkit.relay import Relay
+
+    setup_logging(log_level, log_format)
+    try:
+        publisher = from_url(broker)
+        engine = Relay(
+            dsn,
+            publisher,
+            table=table,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            lease=lease,
+            max_attempts=max_attempts,
+            retention="keep" if retention == "keep" else "delete",
+            relay_id=relay_id,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            listen=not no_listen,
+            shutdown_timeout=shutdown_timeout,
+        )
+    except OutboxkitError as exc:
+        _fail(str(exc), 2)
+
+    async def _main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, engine.stop)
+        await engine.run()
+
+    try:
+        asyncio.run(_main())
+    except OutboxkitError as exc:
+        _fail(str(exc), 2)
+
+
+# -- status -------------------------------------------------------------------------
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@main.command()
+@dsn_option
+@table_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+def status(dsn: str, table: str, as_json: bool) -> None:
+    """Pending, in-flight, failed and published counts, and the oldest pending age.
+
+    With --json prints one object with the keys pending, in_flight, failed,
+    published, oldest_pending_age_s and topics (a list of the same per topic).
+    """
+    from outboxkit.store import admin
+
+    report = _run_guarded(admin.status, dsn, table)
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+        return
+    tbl = Table(title=f"outbox {table}", title_justify="left")
+    for col in ("topic", "pending", "in flight", "failed", "published", "oldest pending"):
+        tbl.add_column(col, justify="left" if col == "topic" else "right")
+    for t in report.topics:
+        tbl.add_row(
+            t.topic,
+            str(t.pending),
+            str(t.in_flight),
+            f"[red]{t.failed}[/]" if t.failed else "0",
+            str(t.published),
+            _age(t.oldest_pending_age_s),
+        )
+    tbl.add_section()
+    tbl.add_row(
+        "[bold]total[/]",
+        str(report.pending),
+        str(report.in_flight),
+        f"[bold red]{report.failed}[/]" if report.failed else "0",
+        str(report.published),
+        _age(report.oldest_pending_age_s),
+    )
+    console.print(tbl)
+    if report.failed:
+        console.print("[yellow]dead letters present:[/] see `outboxkit failed list`")
+
+
+# -- failed / replay / purge --------------------------------------------------------
+
+
+@main.group()
+def failed() -> None:
+    """Inspect dead-lettered events (status failed)."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode("utf-8", "replace")
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if hasattr(value, "hex") and type(value).__name__ == "UUID":
+        return str(value)
+    return value
+
+
+@failed.command("list")
+@dsn_option
+@table_option
+@click.option("--topic", default=None, help="Only this topic.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
+def failed_list(dsn: str, table: str, topic: str | None, limit: int, as_json: bool) -> None:
+    """List dead-lettered events, oldest first."""
+    from outboxkit.store import admin
+
+    rows = _run_guarded(admin.list_failed, dsn, table, topic=topic, limit=limit)
+    if as_json:
+        click.echo(json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows]))
+        return
+    if not rows:
+        console.print("[green]no failed events[/]")
+        return
+    tbl = Table(title=f"failed events in {table}", title_justify="left")
+    for col in ("id", "event id", "topic", "type", "attempts", "last error"):
+        tbl.add_column(col, overflow="fold")
+    for r in rows:
+        tbl.add_row(
+            str(r["id"]),
+            str(r["event_id"]),
+            r["topic"],
+            r["event_type"],
+            str(r["attempts"]),
+            (r["last_error"] or "")[:120],
+        )
+    console.print(tbl)
+    console.print("replay with: outboxkit replay --id ID | --topic T | --all-failed")
+
+
+@failed.command("show")
+@click.argument("ref")
+@dsn_option
+@table_option
+@click.option("--json", "as_json", is_flag=True)
+def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
+    """Show one event (by row id or event id), headers and payload included."""
+    from outboxkit.store import admin
+
+    row = _run_guarded(admin.get_event, dsn, ref, table)
+    if row is None:
+        _fail(f"no event {ref!r} in {table}", 1)
+    data = {k: _jsonable(v) for k, v in row.items()}
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    tbl = Table(show_header=False, title=f"event {ref}", title_justify="left")
+    tbl.add_column("field", style="bold")
+    tbl.add_column("value", overflow="fold")
+    for k, v in data.items():
+        text = json.dumps(v, indent=2) if isinstance(v, dict | list) else str(v)
+        tbl.add_row(k, text[:4000])
+    console.print(tbl, markup=False)
+
+
+@main.command()
+@dsn_option
+@table_option
+@click.option("--id", "ids", multiple=True, type=int, help="Row id to replay (repeatable).")
+@click.option("--topic", default=None, help="Replay every failed event of this topic.")
+@click.option("--all-failed", is_flag=True, help="Replay every failed event.")
+def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_failed: bool) -> None:
+    """Put dead-lettered events back in line with a fresh attempt budget.
+
+    Exactly one of --id, --topic or --all-failed.
+    """
+    from outboxkit.store import admin
+
+    if sum(bool(x) for x in (ids, topic, all_failed)) != 1:
+        _fail("say what to replay: --id ID (repeatable), --topic T, or --all-failed", 2)
+    n = _run_guarded(
+        admin.replay, dsn, table, ids=list(ids) or None, topic=topic, all_failed=all_failed
+    )
+    console.print(f"[green]✓[/] {n} event(s) back to pending")
+
+
+@main.command()
+@dsn_option
+@table_option
+@click.option(
+    "--older-than", required=True, help="Age of published rows to delete, e.g. 7d, 12h, 1h30m."
+)
+@click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
+@click.option("--json", "as_json", is_flag=True)
+def purge(dsn: str, table: str, older_than: str, batch_size: int, as_json: bool) -> None:
+    """Delete published rows (retention=keep) older than a duration, in small batches."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from outboxkit.store import admin
+
+    age = parse_duration(older_than)
+    if as_json:
+        n = _run_guarded(admin.purge, dsn, table, older_than=age, batch_size=batch_size)
+        click.echo(json.dumps({"deleted": n}))
+        return
+    total = _run_guarded(admin.count_purgeable, dsn, table, age)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("purging", total=total)
+        n = _run_guarded(
+            admin.purge,
+            dsn,
+            table,
+            older_than=age,
+            batch_size=batch_size,
+            progress=lambda k: progress.advance(task, k),
+        )
+    console.print(f"[green]✓[/] deleted {n} published row(s) older than {older_than}")
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--orders", default=1500, show_default=True, help="Orders to place per path.")
+@click.option(
+    "--duration", default=30.0, show_default=True, help="Seconds over which orders are placed."
+)
+@click.option(
+    "--broker",
+    default=None,
+    help="nats:// URL of a NATS JetStream you already run [default: an embedded one].",
+)
+@click.option("--dsn", default=None, help="PostgreSQL to use [default: an embedded one].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
+def demo(orders: int, duration: float, broker: str | None, dsn: str | None, as_json: bool) -> None:
+    """Show the dual-write problem and the outbox closing it, under real faults.
+
+    Starts an embedded PostgreSQL and NATS JetStream (no install needed), places
+    orders at a steady rate through two paths — naive "commit then publish" and
+    the outbox — while the broker is stopped and restarted and a relay is
+    SIGKILLed mid-batch. Exits 0 only if the outbox path lost nothing.
+    """
+    from outboxkit.ops.demo import run_demo
+
+    ok = _run_guarded(
+        run_demo, orders=orders, duration=duration, broker=broker, dsn=dsn, as_json=as_json
+    )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

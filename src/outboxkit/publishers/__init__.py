@@ -1,0 +1,34 @@
+"""Broker publishers behind one protocol; ``from_url`` picks one by URL scheme."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+
+__all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
+
+_SCHEMES = {
+    "kafka": "outboxkit.publishers.kafka:KafkaPublisher",
+    "nats": "outboxkit.publishers.nats:NatsPublisher",
+}
+
+
+def from_url(url: str) -> Publisher:
+    """Build the publisher for a broker URL such as ``kafka://127.0.0.1:9092``.
+
+    Broker modules are imported lazily, so a deployment needs only the client
+    library of the broker it uses.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    target = _SCHEMES.get(scheme)
+    if target is None:
+        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
+        raise ConfigurationError(f"unsupported broker URL scheme {scheme!r}; use one of {known}")
+    module_name, _, class_name = target.partition(":")
+    import importlib
+
+    module = importlib.import_module(module_name)
+    publisher: Publisher = getattr(module, class_name).from_url(url)
+    return publisher

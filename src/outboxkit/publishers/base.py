@@ -1,0 +1,108 @@
+"""The Publisher protocol every broker module implements, and the message it receives."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+DEFAULT_CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """An event as the relay hands it to a publisher: claimed, not yet confirmed."""
+
+    event_id: uuid.UUID
+    topic: str
+    key: str | None
+    event_type: str
+    aggregate_type: str | None
+    aggregate_id: str | None
+    payload: bytes
+    headers: dict[str, str]
+    created_at: dt.datetime
+    attempt: int = 1
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", DEFAULT_CONTENT_TYPE)
+
+    def cloudevents_attributes(self) -> dict[str, str]:
+        """CloudEvents 1.0 attributes (binary mode), without a binding's prefix.
+
+        Every broker binding carries the same metadata: Kafka/AMQP as ``ce_*``
+        headers, NATS and HTTP as ``ce-*`` headers.
+        """
+        attrs = {
+            "specversion": "1.0",
+            "id": str(self.event_id),
+            "type": self.event_type,
+            "source": f"/outboxkit/{self.aggregate_type}" if self.aggregate_type else "/outboxkit",
+            "time": self.created_at.isoformat(),
+            "datacontenttype": self.content_type,
+        }
+        if self.aggregate_id is not None:
+            attrs["subject"] = self.aggregate_id
+        if self.key is not None:
+            attrs["partitionkey"] = self.key
+        return attrs
+
+    def user_headers(self) -> dict[str, str]:
+        """Headers written by the application (content-type is carried as a CE attribute)."""
+        return {k: v for k, v in self.headers.items() if k != "content-type"}
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """The broker's verdict on one message.
+
+    ``ok`` only after the broker's durable confirmation. A failure is
+    ``retryable`` unless the broker will never accept the message as it is
+    (too large, invalid destination): those are dead-lettered at once.
+    """
+
+    ok: bool
+    error: str | None = None
+    retryable: bool = True
+    error_class: str = field(default="", compare=False)
+
+    @classmethod
+    def success(cls) -> PublishResult:
+        return _SUCCESS
+
+    @classmethod
+    def retry(cls, error: str, error_class: str = "transient") -> PublishResult:
+        return cls(ok=False, error=error, retryable=True, error_class=error_class)
+
+    @classmethod
+    def permanent(cls, error: str, error_class: str = "rejected") -> PublishResult:
+        return cls(ok=False, error=error, retryable=False, error_class=error_class)
+
+
+_SUCCESS = PublishResult(ok=True)
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """What the relay needs from a broker. One small module per broker implements it.
+
+    ``publish_batch`` returns one result per message, in the same order, and
+    must not raise for per-message failures; an exception means "the whole batch
+    failed, retry all of it". Implementations must be safe to call
+    concurrently (the relay keeps two batches in flight).
+    """
+
+    name: str
+
+    async def start(self) -> None:
+        """Connect; called once before the first batch."""
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        """Publish and wait for the broker's confirmation of each message."""
+        ...
+
+    async def close(self) -> None:
+        """Flush what can be flushed and disconnect."""

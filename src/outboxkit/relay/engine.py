@@ -1,0 +1,521 @@
+"""The relay engine: claim → publish → settle, pipelined, fenced, and hard to kill.
+
+No database transaction or row lock is held while a broker is talked to: the
+claim is one short statement that leases rows, the publish happens with no
+transaction open, the settle is one short statement per outcome fenced by the
+claim's token. A relay that dies leaves leases that simply expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.types.json import set_json_loads
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError, SchemaError
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+from outboxkit.relay.backoff import Backoff, full_jitter
+from outboxkit.store.postgres import FAILED, PENDING, Statements
+
+log = logging.getLogger("outboxkit.relay")
+
+Retention = Literal["delete", "keep"]
+_MAX_ERROR_CHARS = 2000
+
+
+def default_relay_id() -> str:
+    """host-pid-random: unique per process, readable in `claimed_by`."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class RelayStats:
+    """Counters since start; cheap to read from another task (tests, demo, metrics)."""
+
+    claimed: int = 0
+    published: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    released: int = 0
+    lease_lost: int = 0
+    batches: int = 0
+    db_reconnects: int = 0
+    last_error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    id: int
+    attempts: int
+    message: OutboundMessage
+
+
+class _Batch:
+    __slots__ = ("claimed_at", "rows", "token")
+
+    def __init__(self, token: uuid.UUID, rows: list[_Claimed]) -> None:
+        self.token = token
+        self.rows = rows
+        self.claimed_at = time.monotonic()
+
+
+class Relay:
+    """Moves events from an outbox table to a broker with at-least-once delivery.
+
+    Run it with ``await relay.run()`` (returns after :meth:`stop`), or use
+    ``outboxkit relay`` which adds signal handling. Several relays may share one
+    table: ``FOR UPDATE SKIP LOCKED`` and leases keep their claims apart.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        publisher: Publisher,
+        *,
+        table: str = "outbox",
+        batch_size: int = 500,
+        poll_interval: float = 1.0,
+        lease: float = 30.0,
+        max_attempts: int = 10,
+        retention: Retention = "delete",
+        relay_id: str | None = None,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        max_in_flight: int = 2,
+        listen: bool = True,
+        shutdown_timeout: float = 10.0,
+        publish_timeout: float | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigurationError("batch_size must be at least 1")
+        if lease <= 0 or poll_interval <= 0:
+            raise ConfigurationError("lease and poll_interval must be positive")
+        if max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        if retention not in ("delete", "keep"):
+            raise ConfigurationError(f"retention must be 'delete' or 'keep', not {retention!r}")
+        if max_in_flight < 1:
+            raise ConfigurationError("max_in_flight must be at least 1")
+        self.dsn = dsn
+        self.publisher = publisher
+        self.table = table
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.lease = lease
+        self.max_attempts = max_attempts
+        self.retention: Retention = retention
+        self.relay_id = relay_id or default_relay_id()
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.max_in_flight = max_in_flight
+        self.listen = listen
+        self.shutdown_timeout = shutdown_timeout
+        # The publish must give up well before the lease does, or another relay
+        # would re-claim rows this one is still publishing.
+        self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
+        self.stats = RelayStats()
+        self._sql = Statements(table)
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_lock = asyncio.Lock()
+        self._db_backoff = Backoff(base=0.2, cap=10.0)
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"Relay(table={self.table!r}, relay_id={self.relay_id!r})"
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, finish in-flight batches, release what was not published."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Relay until :meth:`stop` is called. Raises only for errors a restart won't fix."""
+        if self._running:
+            raise RuntimeError("this Relay is already running")
+        self._running = True
+        log.info(
+            "relay %s starting: table=%s publisher=%s batch_size=%d lease=%.1fs",
+            self.relay_id,
+            self.table,
+            self.publisher.name,
+            self.batch_size,
+            self.lease,
+        )
+        await self.publisher.start()
+        listener = asyncio.create_task(self._listen()) if self.listen else None
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain_in_flight()
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            await self._close_connections()
+            with contextlib.suppress(Exception):
+                await self.publisher.close()
+            self._running = False
+            log.info(
+                "relay %s stopped: published=%d retried=%d dead_lettered=%d released=%d",
+                self.relay_id,
+                self.stats.published,
+                self.stats.retried,
+                self.stats.dead_lettered,
+                self.stats.released,
+            )
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while await self._acquire_slot():
+            # Clear before claiming: a commit notified during the claim wakes the next one.
+            self._wake.clear()
+            try:
+                batch = await self._claim()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self._slots.release()
+                await self._on_db_error("claim", exc)
+                continue
+            except psycopg.Error as exc:
+                # Not a connectivity problem (e.g. a statement timeout): log, back off, retry.
+                self._slots.release()
+                log.error("claim failed: %s", redact(f"{type(exc).__name__}: {exc}"))
+                await self._on_db_error("claim", exc)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            if batch is None:
+                self._slots.release()
+                await self._wait_for_work()
+                continue
+            task = asyncio.create_task(self._process(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            if len(batch.rows) < self.batch_size:
+                # Caught up: wait for a NOTIFY or the poll interval. A full batch
+                # loops straight back and claims N+1 while N is being published.
+                await self._wait_for_work()
+
+    async def _acquire_slot(self) -> bool:
+        """Wait for an in-flight slot; False once stopping (even while slots are busy)."""
+        if self._stopping.is_set():
+            return False
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquire
+        if acquire.done() and not acquire.cancelled():
+            if not self._stopping.is_set():
+                return True
+            self._slots.release()
+        return False
+
+    async def _wait_for_work(self) -> None:
+        if self._wake.is_set() or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+
+    async def _claim(self) -> _Batch | None:
+        conn = await self._connection("claim")
+        token = uuid.uuid4()
+        try:
+            cur = await conn.execute(
+                self._sql.claim_batch,
+                {
+                    "lease": self.lease,
+                    "token": token,
+                    "relay_id": self.relay_id,
+                    "limit": self.batch_size,
+                },
+            )
+            records = await cur.fetchall()
+        except pg_errors.UndefinedTable:
+            raise SchemaError(
+                f"outbox table {self.table!r} not found in database"
+                f" {conn.info.dbname!r}: run `outboxkit migrate --dsn ... --table {self.table}`"
+            ) from None
+        self._db_backoff.reset()
+        if not records:
+            return None
+        rows = [
+            _Claimed(
+                id=r[0],
+                attempts=r[9],
+                message=OutboundMessage(
+                    event_id=r[1],
+                    topic=r[2],
+                    key=r[3],
+                    event_type=r[4],
+                    aggregate_type=r[5],
+                    aggregate_id=r[6],
+                    payload=r[7],
+                    headers=r[8],
+                    created_at=r[10],
+                    attempt=r[9],
+                ),
+            )
+            for r in records
+        ]
+        # The claim's UPDATE returns rows in no particular order; publish in outbox order.
+        rows.sort(key=lambda c: c.id)
+        self.stats.claimed += len(rows)
+        self.stats.batches += 1
+        return _Batch(token, rows)
+
+    async def _process(self, batch: _Batch) -> None:
+        try:
+            results = await self._publish(batch)
+            await self._settle(batch, results)
+        except psycopg.Error as exc:
+            # Unsettled rows keep their lease and are published again after it expires.
+            log.error("settle failed: %s", redact(f"{type(exc).__name__}: {exc}"))
+        except asyncio.CancelledError:
+            # Forced shutdown mid-publish: hand the rows back now rather than at lease expiry.
+            await asyncio.shield(self._release(batch))
+            raise
+        finally:
+            self._slots.release()
+
+    async def _publish(self, batch: _Batch) -> Sequence[PublishResult]:
+        messages = [c.message for c in batch.rows]
+        try:
+            results = await asyncio.wait_for(
+                self.publisher.publish_batch(messages), timeout=self.publish_timeout
+            )
+        except TimeoutError:
+            error = f"publish not confirmed within {self.publish_timeout:.1f}s"
+            return [PublishResult.retry(error, "publish_timeout")] * len(messages)
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+            return [PublishResult.retry(error, type(exc).__name__)] * len(messages)
+        if len(results) != len(messages):
+            error = f"publisher returned {len(results)} results for {len(messages)} messages"
+            return [PublishResult.retry(error, "publisher_bug")] * len(messages)
+        return results
+
+    async def _settle(self, batch: _Batch, results: Sequence[PublishResult]) -> None:
+        published: list[int] = []
+        fail_ids: list[int] = []
+        fail_status: list[int] = []
+        fail_delay: list[float] = []
+        fail_error: list[str] = []
+        dead: list[tuple[_Claimed, PublishResult]] = []
+        retried: list[tuple[_Claimed, PublishResult]] = []
+        for claimed, result in zip(batch.rows, results, strict=True):
+            if result.ok:
+                published.append(claimed.id)
+                continue
+            error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
+            fail_ids.append(claimed.id)
+            fail_error.append(error)
+            if not result.retryable or claimed.attempts >= self.max_attempts:
+                fail_status.append(FAILED)
+                fail_delay.append(0.0)
+                dead.append((claimed, result))
+            else:
+                fail_status.append(PENDING)
+                fail_delay.append(
+                    full_jitter(claimed.attempts, base=self.retry_base, cap=self.retry_cap)
+                )
+                retried.append((claimed, result))
+
+        if published:
+            stmt = (
+                self._sql.settle_published_delete
+                if self.retention == "delete"
+                else self._sql.settle_published_keep
+            )
+            done = await self._settle_statement(batch, stmt, (published, batch.token))
+            self.stats.published += len(published)
+            self._check_fenced(batch, done, len(published))
+        if fail_ids:
+            params = (fail_ids, fail_status, fail_delay, fail_error, batch.token)
+            done = await self._settle_statement(batch, self._sql.settle_failures, params)
+            self._check_fenced(batch, done, len(fail_ids))
+            self.stats.retried += len(retried)
+            self.stats.dead_lettered += len(dead)
+            self.stats.last_error = fail_error[0]
+            if retried:
+                first, res = retried[0]
+                log.warning(
+                    "publish failed for %d event(s), will retry: topic=%s event_id=%s"
+                    " attempt=%d error_class=%s error=%s",
+                    len(retried),
+                    first.message.topic,
+                    first.message.event_id,
+                    first.attempts,
+                    res.error_class,
+                    redact(res.error or ""),
+                )
+            for claimed, res in dead:
+                log.error(
+                    "event dead-lettered after %d attempt(s): topic=%s event_id=%s"
+                    " error_class=%s error=%s",
+                    claimed.attempts,
+                    claimed.message.topic,
+                    claimed.message.event_id,
+                    res.error_class,
+                    redact(res.error or ""),
+                )
+
+    def _check_fenced(self, batch: _Batch, done: int | None, expected: int) -> None:
+        if done is not None and done < expected:
+            lost = expected - done
+            self.stats.lease_lost += lost
+            log.warning(
+                "lease_lost: %d of %d row(s) were re-claimed by another relay before this one"
+                " settled them (claimed %.1fs ago, lease %.1fs); they are published at least once",
+                lost,
+                expected,
+                time.monotonic() - batch.claimed_at,
+                self.lease,
+            )
+
+    async def _settle_statement(
+        self, batch: _Batch, stmt: str, params: Sequence[Any]
+    ) -> int | None:
+        """Run one fenced settle statement, retrying through database outages.
+
+        Retrying is safe: the statement is fenced by the claim token, so once
+        another relay re-claims the rows it changes nothing.
+        """
+        while True:
+            try:
+                conn = await self._connection("settle")
+                async with self._settle_lock:
+                    cur = await conn.execute(stmt, params)
+                self._db_backoff.reset()
+                return cur.rowcount
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if self._stopping.is_set() and (
+                    time.monotonic() - batch.claimed_at > self.lease + self.shutdown_timeout
+                ):
+                    log.warning(
+                        "giving up settling %d row(s) at shutdown: the database is unreachable;"
+                        " their leases expire and they will be published again",
+                        len(batch.rows),
+                    )
+                    return None
+                await self._on_db_error("settle", exc)
+
+    async def _release(self, batch: _Batch) -> None:
+        ids = [c.id for c in batch.rows]
+        try:
+            conn = await self._connection("settle")
+            cur = await conn.execute(self._sql.release_leases, (ids, batch.token))
+            self.stats.released += cur.rowcount
+            log.info("released %d lease(s) at shutdown", cur.rowcount)
+        except psycopg.Error as exc:
+            log.warning(
+                "could not release %d lease(s) (%s); they expire in %.0fs",
+                len(ids),
+                redact(str(exc)),
+                self.lease,
+            )
+
+    async def _drain_in_flight(self) -> None:
+        if not self._in_flight:
+            return
+        pending = set(self._in_flight)
+        _done, still = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+        for task in still:
+            task.cancel()
+        if still:
+            await asyncio.gather(*still, return_exceptions=True)
+
+    # -- connections ----------------------------------------------------------------
+
+    async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
+        conn = self._claim_conn if role == "claim" else self._settle_conn
+        if conn is not None and not conn.closed:
+            return conn
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn,
+            autocommit=True,
+            connect_timeout=10,
+            application_name=f"outboxkit-relay:{role}"[:63],
+        )
+        set_json_loads(orjson.loads, conn)
+        if role == "claim":
+            self._claim_conn = conn
+        else:
+            self._settle_conn = conn
+        return conn
+
+    async def _on_db_error(self, what: str, exc: psycopg.Error) -> None:
+        self.stats.db_reconnects += 1
+        for conn in (self._claim_conn, self._settle_conn):
+            if conn is not None and conn.broken:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        delay = self._db_backoff.next_delay()
+        log.warning(
+            "database unavailable during %s (%s); reconnecting in %.2fs",
+            what,
+            redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__),
+            delay,
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+    async def _close_connections(self) -> None:
+        for conn in (self._claim_conn, self._settle_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        self._claim_conn = self._settle_conn = None
+
+    async def _listen(self) -> None:
+        """Wake the claim loop on NOTIFY. Polling still runs: notifications are not durable."""
+        backoff = Backoff(base=0.5, cap=10.0)
+        channel = sql.Identifier(self._sql.channel)
+        while not self._stopping.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=10,
+                    application_name="outboxkit-relay:listen",
+                ) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    backoff.reset()
+                    self._wake.set()  # anything committed while we were not listening
+                    async for _notify in conn.notifies():
+                        self._wake.set()
+            except psycopg.OperationalError as exc:
+                delay = backoff.next_delay()
+                log.debug("LISTEN connection lost (%s); retrying in %.2fs", redact(str(exc)), delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)

@@ -1,0 +1,1 @@
+"""Storage backends. PostgreSQL is the reference backend (``store.postgres``)."""

@@ -1,0 +1,160 @@
+"""Operator queries on an outbox table: status, dead letters, replay, purge."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+
+from outboxkit.errors import SchemaError
+from outboxkit.store.postgres import Statements
+
+STATUS_NAMES = {0: "pending", 1: "published", 2: "failed"}
+
+
+@dataclass
+class TopicStatus:
+    topic: str
+    pending: int
+    in_flight: int
+    failed: int
+    published: int
+    oldest_pending_age_s: float | None
+
+
+@dataclass
+class OutboxStatus:
+    table: str
+    pending: int = 0
+    in_flight: int = 0
+    failed: int = 0
+    published: int = 0
+    oldest_pending_age_s: float | None = None
+    topics: list[TopicStatus] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextmanager
+def _connect(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            yield conn
+    except pg_errors.UndefinedTable:
+        raise SchemaError(
+            f"outbox table {table!r} not found: run `outboxkit migrate --table {table}`"
+        ) from None
+
+
+def status(dsn: str, table: str = "outbox") -> OutboxStatus:
+    """Counts per state and topic, and the age of the oldest pending event."""
+    sql = Statements(table)
+    report = OutboxStatus(table=table)
+    with _connect(dsn, table) as conn:
+        for row in conn.execute(sql.status_by_topic).fetchall():
+            t = TopicStatus(*row)
+            report.topics.append(t)
+            report.pending += t.pending
+            report.in_flight += t.in_flight
+            report.failed += t.failed
+            report.published += t.published
+            if t.oldest_pending_age_s is not None:
+                report.oldest_pending_age_s = max(
+                    report.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
+                )
+    return report
+
+
+def list_failed(
+    dsn: str, table: str = "outbox", *, topic: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Dead-lettered events, oldest first, without their payloads."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.list_failed, {"topic": topic, "limit": limit})
+        return cur.fetchall()
+
+
+def get_event(dsn: str, ref: str, table: str = "outbox") -> dict[str, Any] | None:
+    """One event by outbox row id or by event id (UUID)."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        if ref.isdigit():
+            cur.execute(sql.show_event, (int(ref),))
+        else:
+            try:
+                event_id = uuid.UUID(ref)
+            except ValueError:
+                raise ValueError(f"{ref!r} is neither a row id nor an event id (UUID)") from None
+            cur.execute(sql.show_event_by_event_id, (event_id,))
+        row = cur.fetchone()
+    if row is not None:
+        row["status"] = STATUS_NAMES.get(row["status"], str(row["status"]))
+    return row
+
+
+def replay(
+    dsn: str,
+    table: str = "outbox",
+    *,
+    ids: list[int] | None = None,
+    topic: str | None = None,
+    all_failed: bool = False,
+) -> int:
+    """Put dead-lettered events back in line with a fresh attempt budget; returns the count."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn:
+        if ids:
+            cur = conn.execute(sql.replay_by_id, (ids,))
+        elif topic is not None:
+            cur = conn.execute(sql.replay_by_topic, (topic,))
+        elif all_failed:
+            cur = conn.execute(sql.replay_all_failed)
+        else:
+            raise ValueError("say what to replay: ids, a topic, or all_failed=True")
+        return cur.rowcount
+
+
+def purge(
+    dsn: str,
+    table: str = "outbox",
+    *,
+    older_than: dt.timedelta,
+    batch_size: int = 1000,
+    pause: float = 0.0,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete published rows (keep mode) older than ``older_than``, in small batches.
+
+    Each batch is its own short transaction, so purging years of history never
+    holds a long lock or builds one huge vacuum debt.
+    """
+    sql = Statements(table)
+    total = 0
+    with _connect(dsn, table) as conn:
+        while True:
+            cur = conn.execute(sql.purge_published_batch, (older_than.total_seconds(), batch_size))
+            total += cur.rowcount
+            if progress is not None:
+                progress(cur.rowcount)
+            if cur.rowcount < batch_size:
+                return total
+            if pause:
+                time.sleep(pause)
+
+
+def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:
+    """How many published rows a purge would delete (for a progress bar)."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn:
+        row = conn.execute(sql.count_purgeable, (older_than.total_seconds(),)).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,291 @@
+"""Every SQL statement of the PostgreSQL backend, named, in one place.
+
+Statements are templates with ``{table}``/``{index}`` slots filled once per
+outbox by :class:`Statements` through :func:`quote_table` (psycopg's identifier
+quoting); values always travel as parameters. Placeholders are psycopg's
+``%s``/``%(name)s``; the write path also renders the two insert statements in
+asyncpg's ``$n`` style (:func:`numbered`).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+from psycopg import sql
+
+from outboxkit.errors import ConfigurationError
+
+# Row states. Claimed rows stay PENDING: the lease lives in available_at.
+PENDING = 0
+PUBLISHED = 1
+FAILED = 2
+
+SCHEMA_VERSION = 1
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def parse_table(name: str) -> tuple[str | None, str]:
+    """Validate ``table`` or ``schema.table``; identifiers are plain SQL names."""
+    if not isinstance(name, str):
+        raise ConfigurationError(f"outbox table name must be a string, got {type(name).__name__}")
+    parts = name.split(".")
+    if len(parts) > 2 or not all(_IDENT.match(p) for p in parts):
+        raise ConfigurationError(
+            f"invalid outbox table name {name!r}: use letters, digits and underscores"
+            " (at most 63, not starting with a digit), optionally as schema.table"
+        )
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+def quote_table(schema: str | None, name: str) -> str:
+    """The one identifier-quoting function: every table name in SQL goes through it."""
+    ident = sql.Identifier(schema, name) if schema else sql.Identifier(name)
+    return ident.as_string(None)
+
+
+def channel_for(table: str) -> str:
+    """The LISTEN/NOTIFY channel of an outbox (channel names are at most 63 bytes)."""
+    channel = f"outboxkit_{table.replace('.', '_')}"
+    if len(channel) > 63:
+        channel = f"outboxkit_{zlib.crc32(table.encode()):08x}"
+    return channel
+
+
+# --- schema -------------------------------------------------------------------
+
+# One migration per schema version; each runs in the migrating transaction.
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE IF NOT EXISTS {table} (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id       uuid NOT NULL,
+    topic          text NOT NULL,
+    key            text,
+    event_type     text NOT NULL,
+    aggregate_type text,
+    aggregate_id   text,
+    payload        bytea NOT NULL,
+    headers        jsonb NOT NULL DEFAULT '{{}}',
+    status         smallint NOT NULL DEFAULT 0,
+    attempts       integer NOT NULL DEFAULT 0,
+    available_at   timestamptz NOT NULL DEFAULT now(),
+    claim_token    uuid,
+    claimed_by     text,
+    last_error     text,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    published_at   timestamptz
+) WITH (
+    -- a queue table: vacuum after a fixed number of dead rows, not a fraction of the table
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 20000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+-- the claim walks this index in (available_at, id) order and stops after one batch
+CREATE INDEX IF NOT EXISTS {index_pending} ON {table} (available_at, id) WHERE status = 0;
+CREATE INDEX IF NOT EXISTS {index_failed} ON {table} (id) WHERE status = 2;
+CREATE INDEX IF NOT EXISTS {index_published} ON {table} (published_at) WHERE status = 1;
+""",
+}
+
+CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS {versions} (
+    table_name text PRIMARY KEY,
+    version    integer NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+# Serialises concurrent `outboxkit migrate` runs (two deploys at once).
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+GET_VERSION = "SELECT version FROM {versions} WHERE table_name = %s"
+SET_VERSION = """
+INSERT INTO {versions} (table_name, version) VALUES (%s, %s)
+ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()
+"""
+TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+
+# --- write side ---------------------------------------------------------------
+
+_COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"
+
+INSERT_ONE = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
+# One statement, one round trip, for any number of events.
+INSERT_MANY = f"""
+INSERT INTO {{table}} ({_COLUMNS})
+SELECT e, t, k, y, at, ai, p, h::jsonb
+FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+            %s::bytea[], %s::text[]) AS u(e, t, k, y, at, ai, p, h)
+"""
+# The notification rides in the same statement as the insert. PostgreSQL folds
+# identical notifications of one transaction into one, delivered at commit.
+NOTIFY_SUFFIX = "SELECT pg_notify(%s, '')"
+
+# --- relay --------------------------------------------------------------------
+
+# available_at is both the retry time and the lease: a claim pushes it to the
+# lease expiry, so a relay that dies mid-batch needs no cleanup job: its rows
+# become claimable again when the lease runs out. claim_token fences the settle.
+CLAIM_BATCH = """
+UPDATE {table} AS o
+SET attempts = o.attempts + 1,
+    available_at = now() + make_interval(secs => %(lease)s),
+    claim_token = %(token)s,
+    claimed_by = %(relay_id)s
+WHERE o.id IN (
+    SELECT id FROM {table}
+    WHERE status = 0 AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
+          o.payload, o.headers, o.attempts, o.created_at
+"""
+SETTLE_PUBLISHED_DELETE = "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s"
+SETTLE_PUBLISHED_KEEP = """
+UPDATE {table}
+SET status = 1, published_at = now(), claim_token = NULL, last_error = NULL
+WHERE id = ANY(%s) AND claim_token = %s
+"""
+# Failures of one batch in one statement: each row gets its own delay, error and
+# next state (pending again, or failed once out of attempts or rejected for good).
+SETTLE_FAILURES = """
+UPDATE {table} AS o
+SET status = u.next_status,
+    available_at = now() + make_interval(secs => u.delay),
+    last_error = u.error,
+    claim_token = NULL
+FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[])
+     AS u(id, next_status, delay, error)
+WHERE o.id = u.id AND o.claim_token = %s
+"""
+# On shutdown: hand unpublished rows back at once, and give back the attempt.
+RELEASE_LEASES = """
+UPDATE {table}
+SET available_at = now(), claim_token = NULL, attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%s) AND claim_token = %s
+"""
+
+# --- ops ----------------------------------------------------------------------
+
+STATUS_BY_TOPIC = """
+SELECT topic,
+       count(*) FILTER (WHERE status = 0 AND NOT (claim_token IS NOT NULL AND available_at > now()))
+           AS pending,
+       count(*) FILTER (WHERE status = 0 AND claim_token IS NOT NULL AND available_at > now())
+           AS in_flight,
+       count(*) FILTER (WHERE status = 2) AS failed,
+       count(*) FILTER (WHERE status = 1) AS published,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 0))::float8
+           AS oldest_pending_age_s
+FROM {table}
+GROUP BY topic
+ORDER BY topic
+"""
+LIST_FAILED = """
+SELECT id, event_id, topic, event_type, key, attempts, last_error, created_at
+FROM {table} WHERE status = 2 AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+ORDER BY id LIMIT %(limit)s
+"""
+SHOW_EVENT = """
+SELECT id, event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,
+       status, attempts, available_at, claim_token, claimed_by, last_error, created_at,
+       published_at
+FROM {table} WHERE id = %s
+"""
+SHOW_EVENT_BY_EVENT_ID = SHOW_EVENT.replace("WHERE id = %s", "WHERE event_id = %s")
+# Replay puts dead letters back in line with a fresh attempt budget.
+REPLAY_BY_ID = """
+UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND status = 2
+"""
+REPLAY_BY_TOPIC = """
+UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
+WHERE status = 2 AND topic = %s
+"""
+REPLAY_ALL_FAILED = """
+UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
+WHERE status = 2
+"""
+# Small batches keep each transaction short and the vacuum debt bounded.
+PURGE_PUBLISHED_BATCH = """
+DELETE FROM {table} WHERE id IN (
+    SELECT id FROM {table}
+    WHERE status = 1 AND published_at < now() - make_interval(secs => %s)
+    ORDER BY published_at LIMIT %s
+)
+"""
+COUNT_PURGEABLE = """
+SELECT count(*) FROM {table}
+WHERE status = 1 AND published_at < now() - make_interval(secs => %s)
+"""
+
+
+class Statements:
+    """The statements of one outbox table, rendered once with its quoted name."""
+
+    def __init__(self, table: str = "outbox") -> None:
+        schema, name = parse_table(table)
+        self.table = table
+        self.qualified = quote_table(schema, name)
+        self.versions_table = quote_table(schema, "outboxkit_schema_versions")
+        self.channel = channel_for(table)
+        slots = {
+            "table": self.qualified,
+            "versions": self.versions_table,
+            "index_pending": quote_table(None, f"{name}_pending_idx"[:63]),
+            "index_failed": quote_table(None, f"{name}_failed_idx"[:63]),
+            "index_published": quote_table(None, f"{name}_published_idx"[:63]),
+        }
+
+        def r(template: str) -> str:
+            return template.format(**slots)
+
+        self.migrations = {v: r(ddl) for v, ddl in MIGRATIONS.items()}
+        self.create_version_table = r(CREATE_VERSION_TABLE)
+        self.get_version = r(GET_VERSION)
+        self.set_version = r(SET_VERSION)
+        self.insert_one = r(INSERT_ONE)
+        self.insert_many = r(INSERT_MANY)
+        self.insert_one_notify = f"WITH ins AS ({self.insert_one}) {NOTIFY_SUFFIX}"
+        self.insert_many_notify = f"WITH ins AS ({self.insert_many}) {NOTIFY_SUFFIX}"
+        self.claim_batch = r(CLAIM_BATCH)
+        self.settle_published_delete = r(SETTLE_PUBLISHED_DELETE)
+        self.settle_published_keep = r(SETTLE_PUBLISHED_KEEP)
+        self.settle_failures = r(SETTLE_FAILURES)
+        self.release_leases = r(RELEASE_LEASES)
+        self.status_by_topic = r(STATUS_BY_TOPIC)
+        self.list_failed = r(LIST_FAILED)
+        self.show_event = r(SHOW_EVENT)
+        self.show_event_by_event_id = r(SHOW_EVENT_BY_EVENT_ID)
+        self.replay_by_id = r(REPLAY_BY_ID)
+        self.replay_by_topic = r(REPLAY_BY_TOPIC)
+        self.replay_all_failed = r(REPLAY_ALL_FAILED)
+        self.purge_published_batch = r(PURGE_PUBLISHED_BATCH)
+        self.count_purgeable = r(COUNT_PURGEABLE)
+
+    def ddl(self) -> str:
+        """The whole schema as one script, for users who run their own migration tool."""
+        parts = [self.migrations[v].strip() for v in sorted(self.migrations)]
+        parts.append(self.create_version_table.strip() + ";")
+        parts.append(
+            f"INSERT INTO {self.versions_table} (table_name, version)"
+            f" VALUES ('{self.table}', {SCHEMA_VERSION})"
+            " ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;"
+        )
+        return "\n\n".join(parts) + "\n"
+
+
+def numbered(statement: str) -> str:
+    """Turn psycopg's positional ``%s`` into PostgreSQL's ``$1, $2 ...`` (asyncpg)."""
+    counter = iter(range(1, 1000))
+    return re.sub(r"%s", lambda _m: f"${next(counter)}", statement)
+
+
+def migration_lock_key(table: str) -> int:
+    """A stable advisory-lock key per outbox table."""
+    return zlib.crc32(f"outboxkit.migrate:{table}".encode())

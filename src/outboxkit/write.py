@@ -1,0 +1,297 @@
+"""The atomic write: ``Outbox.put`` appends events inside the caller's open transaction.
+
+One class, one check per driver: the write refuses to run where it could not be
+atomic with the business change (autocommit connection, a pool, a session with
+no transaction begun), because that is the dual-write problem again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from outboxkit.errors import InvalidEventError, NotInTransactionError
+from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
+from outboxkit.store.postgres import Statements, numbered
+
+_EMPTY_HEADERS = "{}"
+_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str]
+
+
+def _row(event: Event) -> _Row:
+    headers = orjson.dumps(event.headers).decode() if event.headers else _EMPTY_HEADERS
+    return (
+        event.event_id,
+        event.topic,
+        event.key,
+        event.event_type,
+        event.aggregate_type,
+        event.aggregate_id,
+        event.payload,
+        headers,
+    )
+
+
+def _type_name(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Outbox:
+    """Writes events into one outbox table, atomically with the caller's transaction.
+
+    ``notify`` sends one ``NOTIFY`` per transaction (PostgreSQL delivers it on
+    commit and folds repeats) so an idle relay wakes at once; turn it off to
+    save its commit-time cost and rely on the relay's polling.
+    """
+
+    def __init__(
+        self,
+        table: str = "outbox",
+        *,
+        notify: bool = True,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if max_payload_bytes <= 0:
+            raise ValueError("max_payload_bytes must be positive")
+        self.table = table
+        self.notify = notify
+        self.max_payload_bytes = max_payload_bytes
+        self._sql = Statements(table)
+        if notify:
+            self._one, self._many = self._sql.insert_one_notify, self._sql.insert_many_notify
+        else:
+            self._one, self._many = self._sql.insert_one, self._sql.insert_many
+        self._one_dollar, self._many_dollar = numbered(self._one), numbered(self._many)
+
+    def __repr__(self) -> str:
+        return f"Outbox(table={self.table!r}, notify={self.notify})"
+
+    # -- validation and parameters --------------------------------------------
+
+    def _check(self, event: object) -> Event:
+        if not isinstance(event, Event):
+            raise InvalidEventError(f"expected an outboxkit.Event, got {_type_name(event)}")
+        event.check_size(self.max_payload_bytes)
+        return event
+
+    def _params_one(self, event: object) -> list[Any]:
+        params: list[Any] = list(_row(self._check(event)))
+        if self.notify:
+            params.append(self._sql.channel)
+        return params
+
+    def _params_many(self, events: Iterable[Event]) -> list[Any] | None:
+        rows = [_row(self._check(e)) for e in events]
+        if not rows:
+            return None
+        params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
+        if self.notify:
+            params.append(self._sql.channel)
+        return params
+
+    # -- sync -----------------------------------------------------------------
+
+    def put(self, conn: Any, event: Event) -> None:
+        """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
+        params = self._params_one(event)
+        self._execute_sync(conn, self._one, self._one_dollar, params)
+
+    def put_many(self, conn: Any, events: Iterable[Event]) -> None:
+        """Append ``events`` in one statement and one round trip, however many."""
+        params = self._params_many(events)
+        if params is not None:
+            self._execute_sync(conn, self._many, self._many_dollar, params)
+
+    def _execute_sync(self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]) -> None:
+        if isinstance(conn, psycopg.Connection):
+            _check_psycopg(conn)
+            conn.execute(stmt, params)
+            return
+        sa = _sqlalchemy_sync_connection(conn)
+        if sa is not None:
+            _check_dbapi_autocommit(sa.connection.dbapi_connection, conn)
+            sa.exec_driver_sql(
+                _for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar), _stringify_ids(params)
+            )
+            return
+        raise _unsupported(conn, async_api=False)
+
+    # -- async ----------------------------------------------------------------
+
+    async def aput(self, conn: Any, event: Event) -> None:
+        """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
+        params = self._params_one(event)
+        await self._execute_async(conn, self._one, self._one_dollar, params)
+
+    async def aput_many(self, conn: Any, events: Iterable[Event]) -> None:
+        """Async :meth:`put_many`."""
+        params = self._params_many(events)
+        if params is not None:
+            await self._execute_async(conn, self._many, self._many_dollar, params)
+
+    async def _execute_async(
+        self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]
+    ) -> None:
+        if isinstance(conn, psycopg.AsyncConnection):
+            _check_psycopg(conn)
+            await conn.execute(stmt, params)
+            return
+        if _is_asyncpg_connection(conn):
+            if conn.is_closed() or not conn.is_in_transaction():
+                raise NotInTransactionError(
+                    "asyncpg connection has no open transaction; write inside"
+                    " `async with conn.transaction():` so the event commits with your change"
+                )
+            await conn.execute(stmt_dollar, *params)
+            return
+        sa = await _sqlalchemy_async_connection(conn)
+        if sa is not None:
+            sync_conn = sa.sync_connection
+            assert sync_conn is not None
+            _check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
+            await sa.exec_driver_sql(
+                _for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar),
+                _stringify_ids(params),
+            )
+            return
+        raise _unsupported(conn, async_api=True)
+
+
+# -- driver checks ---------------------------------------------------------------
+
+
+def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    if conn.closed:
+        raise NotInTransactionError("the psycopg connection is closed")
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise NotInTransactionError(
+            "the transaction has already failed (an earlier statement raised);"
+            " roll back and retry the whole unit of work"
+        )
+    if conn.autocommit and status != TransactionStatus.INTRANS:
+        raise NotInTransactionError(
+            "the psycopg connection is in autocommit mode with no transaction open;"
+            " write inside `with conn.transaction():` so the event commits with your change"
+        )
+
+
+def _check_dbapi_autocommit(dbapi_conn: Any, original: Any) -> None:
+    if getattr(dbapi_conn, "autocommit", False):
+        raise NotInTransactionError(
+            f"{_type_name(original)} runs with isolation_level='AUTOCOMMIT';"
+            " each statement would commit on its own, so the event could not be atomic"
+            " with your change"
+        )
+
+
+def _for_paramstyle(paramstyle: str, stmt: str, stmt_dollar: str) -> str:
+    if paramstyle in ("format", "pyformat"):
+        return stmt
+    if paramstyle == "numeric_dollar":
+        return stmt_dollar
+    raise NotImplementedError(f"unsupported DB-API paramstyle {paramstyle!r}")
+
+
+def _stringify_ids(params: Sequence[Any]) -> tuple[Any, ...]:
+    # Generic DB-API drivers (psycopg2) do not all adapt uuid.UUID; text casts fine.
+    first = params[0]
+    ids = [str(u) for u in first] if isinstance(first, list) else str(first)
+    return (ids, *params[1:])
+
+
+def _is_asyncpg_connection(conn: Any) -> bool:
+    module = type(conn).__module__
+    if not module.startswith("asyncpg"):
+        return False
+    if hasattr(conn, "acquire") and not hasattr(conn, "is_in_transaction"):
+        raise NotInTransactionError(
+            "got an asyncpg pool; acquire a connection and write inside"
+            " `async with conn.transaction():`"
+        )
+    return hasattr(conn, "is_in_transaction")
+
+
+def _sqlalchemy_sync_connection(conn: Any) -> Any:
+    """The SQLAlchemy ``Connection`` behind a Session/Connection, checked; else None."""
+    module = type(conn).__module__
+    if not module.startswith("sqlalchemy"):
+        return None
+    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.orm import Session
+
+    if isinstance(conn, Session):
+        if not conn.in_transaction():
+            raise NotInTransactionError(
+                "the SQLAlchemy Session has no transaction begun; write inside"
+                " `with session.begin():` so the event commits with your change"
+            )
+        return conn.connection()
+    if isinstance(conn, Connection):
+        if conn.closed or not conn.in_transaction():
+            raise NotInTransactionError(
+                "the SQLAlchemy Connection has no transaction begun; write inside"
+                " `with conn.begin():` (or engine.begin()) so the event commits with your change"
+            )
+        return conn
+    if isinstance(conn, Engine):
+        raise NotInTransactionError(
+            "got a SQLAlchemy Engine; pass the Connection or Session of your transaction"
+        )
+    return None
+
+
+async def _sqlalchemy_async_connection(conn: Any) -> Any:
+    module = type(conn).__module__
+    if not module.startswith("sqlalchemy"):
+        return None
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    if isinstance(conn, AsyncSession):
+        if not conn.in_transaction():
+            raise NotInTransactionError(
+                "the SQLAlchemy AsyncSession has no transaction begun; write inside"
+                " `async with session.begin():` so the event commits with your change"
+            )
+        return await conn.connection()
+    if isinstance(conn, AsyncConnection):
+        if conn.closed or not conn.in_transaction():
+            raise NotInTransactionError(
+                "the SQLAlchemy AsyncConnection has no transaction begun; write inside"
+                " `async with conn.begin():` so the event commits with your change"
+            )
+        return conn
+    if isinstance(conn, AsyncEngine):
+        raise NotInTransactionError(
+            "got a SQLAlchemy AsyncEngine; pass the AsyncConnection or AsyncSession"
+            " of your transaction"
+        )
+    return None
+
+
+def _unsupported(conn: Any, *, async_api: bool) -> Exception:
+    name = _type_name(conn)
+    if "pool" in name.lower():
+        return NotInTransactionError(
+            f"got a connection pool ({name}); take a connection and write inside its transaction"
+        )
+    if async_api:
+        hint = (
+            "psycopg.AsyncConnection, asyncpg.Connection or SQLAlchemy AsyncSession/AsyncConnection"
+        )
+        if isinstance(conn, psycopg.Connection) or type(conn).__module__.startswith("sqlalchemy"):
+            hint += " (this is a sync connection: use put()/put_many())"
+    else:
+        hint = "psycopg.Connection or SQLAlchemy Session/Connection"
+        if isinstance(conn, psycopg.AsyncConnection) or _looks_async(conn):
+            hint += " (this is an async connection: use `await aput()`/`aput_many()`)"
+    return TypeError(f"cannot write an outbox event through {name}; expected {hint}")
+
+
+def _looks_async(conn: Any) -> bool:
+    return type(conn).__module__.startswith(("asyncpg", "sqlalchemy.ext.asyncio"))

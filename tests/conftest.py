@@ -1,0 +1,194 @@
+"""Fixtures that own the servers: PostgreSQL, NATS JetStream and Kafka on loopback ports.
+
+By default they are real servers started from wheels (`outboxkit.embedded`); the
+OUTBOXKIT_TEST_DSN, OUTBOXKIT_TEST_NATS_URL and OUTBOXKIT_TEST_KAFKA variables point them at
+servers already running instead. Session servers start once; every test gets its own
+database (cloned from a migrated template), stream or topic names, so no test depends on
+another's leftovers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from outboxkit.embedded import (
+    EmbeddedKafka,
+    EmbeddedNats,
+    EmbeddedPostgres,
+    EmbeddedServerUnavailable,
+    free_port,
+)
+from tests.support.proxy import TcpProxy
+from tests.support.servers import (
+    KAFKA_ENV,
+    NATS_URL_ENV,
+    PG_DSN_ENV,
+    ExternalKafka,
+    ExternalNats,
+    ExternalPostgres,
+    KafkaBehindProxy,
+    check_kafka,
+    check_nats,
+    check_postgres,
+    create_database,
+    drop_database,
+    require_or_skip,
+    unique_name,
+)
+
+PgServer = EmbeddedPostgres | ExternalPostgres
+NatsServer = EmbeddedNats | ExternalNats
+KafkaServer = EmbeddedKafka | ExternalKafka
+ProxyFactory = Callable[..., TcpProxy]
+_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The PostgreSQL of this session: `.dsn` (admin, database `postgres`) and `.dsn_for(db)`."""
+    dsn = os.environ.get(PG_DSN_ENV)
+    if dsn:
+        check_postgres(dsn)
+        yield ExternalPostgres(dsn)
+        return
+    try:
+        server = EmbeddedPostgres(fsync=False)
+        server.start()
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"no PostgreSQL for the tests: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: PgServer) -> Iterator[str]:
+    """Name of a database migrated once per session; `db_dsn` clones it, which takes milliseconds.
+
+    The name is unique so that sessions sharing one server (OUTBOXKIT_TEST_DSN) do not collide.
+    """
+    try:
+        from outboxkit.store.migrate import migrate
+    except ImportError as exc:
+        pytest.fail(
+            f"cannot build the template database: outboxkit.store.migrate.migrate is not "
+            f"importable ({exc})",
+            pytrace=False,
+        )
+    name = unique_name("outboxkit_template")
+    create_database(pg_server.dsn, name)
+    try:
+        migrate(pg_server.dsn_for(name), table="outbox")
+    except Exception as exc:
+        failure: Exception | None = exc
+    else:
+        failure = None
+    if failure is not None:
+        drop_database(pg_server.dsn, name)
+        pytest.fail(f"migrate() failed on the template database: {failure!r}", pytrace=False)
+    yield name
+    drop_database(pg_server.dsn, name)
+
+
+@pytest.fixture
+def db_dsn(pg_server: PgServer, pg_template: str) -> Iterator[str]:
+    """DSN of a fresh database of this test's own, with the `outbox` table migrated."""
+    name = unique_name("test")
+    create_database(pg_server.dsn, name, template=pg_template)
+    yield pg_server.dsn_for(name)
+    drop_database(pg_server.dsn, name)
+
+
+@pytest.fixture
+def empty_db_dsn(pg_server: PgServer) -> Iterator[str]:
+    """DSN of a fresh database without the outbox table (migration tests)."""
+    name = unique_name("test")
+    create_database(pg_server.dsn, name)
+    yield pg_server.dsn_for(name)
+    drop_database(pg_server.dsn, name)
+
+
+# --------------------------------------------------------------------------- NATS
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """The session's NATS with JetStream (`.url`); tests use their own stream names on it."""
+    url = os.environ.get(NATS_URL_ENV)
+    if url:
+        check_nats(url)
+        yield ExternalNats(url)
+        return
+    with _embedded(lambda: EmbeddedNats()) as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A NATS of this test's own, to stop, kill and restart (streams survive restarts)."""
+    with _embedded(lambda: EmbeddedNats(tmp_path / "nats")) as server:
+        yield server
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaServer]:
+    """The session's Kafka-protocol broker (`.bootstrap`, `.url`); tests use their own topics."""
+    bootstrap = os.environ.get(KAFKA_ENV)
+    if bootstrap:
+        check_kafka(bootstrap)
+        yield ExternalKafka(bootstrap)
+        return
+    with _embedded(lambda: EmbeddedKafka()) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[ProxyFactory]:
+    """`factory(host, port, listen_port=None)` -> a started TcpProxy, closed after the test."""
+    proxies: list[TcpProxy] = []
+
+    def factory(target_host: str, target_port: int, listen_port: int | None = None) -> TcpProxy:
+        proxy = TcpProxy(target_host, target_port, listen_port).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield factory
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.fixture
+def kafka_behind_proxy(proxy_factory: ProxyFactory) -> Iterator[KafkaBehindProxy]:
+    """A broker of this test's own that clients reach only through `.proxy` (cut/pause it).
+
+    The broker advertises the proxy's port, so clients reconnect through the proxy too.
+    """
+    broker_port = free_port()
+    proxy = proxy_factory("127.0.0.1", broker_port)
+    with _embedded(lambda: EmbeddedKafka(port=broker_port, advertised_port=proxy.port)) as broker:
+        yield KafkaBehindProxy(broker, proxy)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _embedded(make: Callable[[], _S]) -> _S:
+    """Build and start an embedded server, skipping (or failing in CI) when it is unavailable."""
+    try:
+        server = make()
+        server.start()
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"embedded server unavailable: {exc}")
+    return server

@@ -1,0 +1,265 @@
+"""The outbox write is atomic with the business change, through every adapter, or refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg_pool import ConnectionPool
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from outboxkit import Event, InvalidEventError, NotInTransactionError, Outbox
+from tests.support.relaying import count, rows
+
+ORDERS = "CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL)"
+
+
+@pytest.fixture
+def shop_dsn(db_dsn: str) -> Iterator[str]:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(ORDERS)
+    yield db_dsn
+
+
+def _event(i: int = 0) -> Event:
+    return Event(
+        topic="orders",
+        event_type="order.placed",
+        payload={"order": i},
+        key=f"customer-{i % 3}",
+        aggregate_type="order",
+        aggregate_id=str(i),
+        headers={"tenant": "acme"},
+    )
+
+
+def test_order_row_and_outbox_row_commit_together(shop_dsn: str) -> None:
+    outbox = Outbox()
+    event = _event(1)
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+        outbox.put(conn, event)
+    assert count(shop_dsn, table="orders") == 1
+    [row] = rows(shop_dsn)
+    assert row["event_id"] == event.event_id
+    assert row["topic"] == "orders"
+    assert row["key"] == "customer-1"
+    assert row["event_type"] == "order.placed"
+    assert (row["aggregate_type"], row["aggregate_id"]) == ("order", "1")
+    assert bytes(row["payload"]) == b'{"order":1}'
+    assert row["headers"] == {"tenant": "acme"}
+    assert (row["status"], row["attempts"], row["claim_token"]) == (0, 0, None)
+
+
+def test_rollback_after_put_leaves_neither_order_nor_event(shop_dsn: str) -> None:
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn) as conn, pytest.raises(RuntimeError), conn.transaction():
+        conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+        outbox.put(conn, _event())
+        raise RuntimeError("business rule failed after the write")
+    assert count(shop_dsn, table="orders") == 0
+    assert count(shop_dsn) == 0
+
+
+def test_put_many_keeps_the_order_of_the_events(shop_dsn: str) -> None:
+    events = [_event(i) for i in range(250)]
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        Outbox().put_many(conn, events)
+    assert [r["event_id"] for r in rows(shop_dsn)] == [e.event_id for e in events]
+
+
+def test_put_many_sends_a_single_statement(shop_dsn: str) -> None:
+    """One round trip however many events: the adapter makes exactly one execute call."""
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn) as conn:
+        calls = 0
+        original = conn.execute
+
+        def counting_execute(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)  # type: ignore[arg-type]
+
+        conn.execute = counting_execute  # type: ignore[method-assign]
+        with conn.transaction():
+            outbox.put_many(conn, [_event(i) for i in range(1000)])
+    assert calls == 1
+    assert count(shop_dsn) == 1000
+
+
+def test_an_empty_put_many_is_a_no_op(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        Outbox().put_many(conn, [])
+    assert count(shop_dsn) == 0
+
+
+# -- refusing to write outside a transaction ----------------------------------------
+
+
+def test_autocommit_connection_is_refused_and_nothing_is_written(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        with pytest.raises(NotInTransactionError, match="autocommit"):
+            Outbox().put(conn, _event())
+        with pytest.raises(NotInTransactionError):
+            Outbox().put_many(conn, [_event(1), _event(2)])
+    assert count(shop_dsn) == 0
+
+
+def test_autocommit_connection_inside_an_explicit_transaction_is_accepted(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn, autocommit=True) as conn, conn.transaction():
+        Outbox().put(conn, _event())
+    assert count(shop_dsn) == 1
+
+
+def test_closed_and_failed_transactions_are_refused(shop_dsn: str) -> None:
+    conn = psycopg.connect(shop_dsn)
+    conn.close()
+    with pytest.raises(NotInTransactionError, match="closed"):
+        Outbox().put(conn, _event())
+    with psycopg.connect(shop_dsn) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(NotInTransactionError, match="already failed"):
+            Outbox().put(conn, _event())
+    assert count(shop_dsn) == 0
+
+
+def test_a_pool_is_refused(shop_dsn: str) -> None:
+    with ConnectionPool(shop_dsn, min_size=1, max_size=1, open=True) as pool:
+        with pytest.raises(NotInTransactionError, match="pool"):
+            Outbox().put(pool, _event())
+    assert count(shop_dsn) == 0
+
+
+def test_sqlalchemy_session_without_a_transaction_is_refused(shop_dsn: str) -> None:
+    engine = sa.create_engine(shop_dsn.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with Session(engine) as session:
+            with pytest.raises(NotInTransactionError, match=r"session.begin\(\)"):
+                Outbox().put(session, _event())
+        with engine.connect() as conn:
+            autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
+            # begin() is a no-op under AUTOCOMMIT: each statement would commit alone
+            with autocommit.begin(), pytest.raises(NotInTransactionError, match="AUTOCOMMIT"):
+                Outbox().put(autocommit, _event())
+        with pytest.raises(NotInTransactionError, match="Engine"):
+            Outbox().put(engine, _event())
+    finally:
+        engine.dispose()
+    assert count(shop_dsn) == 0
+
+
+async def test_asyncpg_without_a_transaction_is_refused(shop_dsn: str) -> None:
+    conn = await asyncpg.connect(shop_dsn)
+    try:
+        with pytest.raises(NotInTransactionError, match="transaction"):
+            await Outbox().aput(conn, _event())
+    finally:
+        await conn.close()
+    assert count(shop_dsn) == 0
+
+
+def test_a_sync_call_with_an_async_connection_says_which_method_to_use(shop_dsn: str) -> None:
+    class NotAConnection:
+        pass
+
+    with pytest.raises(TypeError, match="expected psycopg.Connection"):
+        Outbox().put(NotAConnection(), _event())
+
+
+def test_invalid_event_raises_before_anything_reaches_the_database(shop_dsn: str) -> None:
+    outbox = Outbox(max_payload_bytes=100)
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+        with pytest.raises(InvalidEventError, match="max_payload_bytes=100"):
+            outbox.put(conn, Event(topic="t", event_type="x", payload=b"x" * 101))
+        with pytest.raises(InvalidEventError, match="expected an outboxkit.Event"):
+            outbox.put(conn, {"topic": "t"})  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError):
+            outbox.put_many(conn, [_event(1), Event(topic="t", event_type="x", payload=b"y" * 500)])
+        # The transaction is still healthy: validation happened client-side.
+        conn.execute("SELECT 1")
+    assert count(shop_dsn) == 0
+    assert count(shop_dsn, table="orders") == 1
+
+
+# -- every adapter ------------------------------------------------------------------
+
+
+def test_psycopg_sync_adapter(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        Outbox().put(conn, _event(1))
+        Outbox().put_many(conn, [_event(2), _event(3)])
+    assert count(shop_dsn) == 3
+
+
+async def test_psycopg_async_adapter(shop_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(shop_dsn) as conn, conn.transaction():
+        await Outbox().aput(conn, _event(1))
+        await Outbox().aput_many(conn, [_event(2), _event(3)])
+    assert count(shop_dsn) == 3
+
+
+async def test_asyncpg_adapter(shop_dsn: str) -> None:
+    conn = await asyncpg.connect(shop_dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+            await Outbox().aput(conn, _event(1))
+            await Outbox().aput_many(conn, [_event(2), _event(3)])
+    finally:
+        await conn.close()
+    stored = rows(shop_dsn)
+    assert len(stored) == 3
+    assert stored[0]["headers"] == {"tenant": "acme"}
+    assert bytes(stored[0]["payload"]) == b'{"order":1}'
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_sqlalchemy_session_and_connection_adapters(shop_dsn: str, driver: str) -> None:
+    if driver == "psycopg2":
+        pytest.importorskip("psycopg2", reason="psycopg2 is optional")
+    engine = sa.create_engine(shop_dsn.replace("postgresql://", f"postgresql+{driver}://"))
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(sa.text("INSERT INTO orders (customer) VALUES ('ada')"))
+            Outbox().put(session, _event(1))
+            Outbox().put_many(session, [_event(2), _event(3)])
+        with engine.begin() as conn:
+            Outbox().put(conn, _event(4))
+        with Session(engine) as session, pytest.raises(RuntimeError), session.begin():
+            Outbox().put(session, _event(5))
+            raise RuntimeError("rolled back")
+    finally:
+        engine.dispose()
+    stored = rows(shop_dsn)
+    assert [json.loads(bytes(r["payload"]))["order"] for r in stored] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_sqlalchemy_async_session_and_connection_adapters(shop_dsn: str, driver: str) -> None:
+    engine = create_async_engine(shop_dsn.replace("postgresql://", f"postgresql+{driver}://"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            # the asyncpg dialect begins lazily: the outbox write must still be inside it
+            await Outbox().aput(session, _event(1))
+            await session.execute(sa.text("INSERT INTO orders (customer) VALUES ('ada')"))
+            await Outbox().aput_many(session, [_event(2), _event(3)])
+        async with engine.begin() as conn:
+            await Outbox().aput(conn, _event(4))
+        async with AsyncSession(engine) as session:
+            with pytest.raises(NotInTransactionError):
+                await Outbox().aput(session, _event(9))
+            with pytest.raises(RuntimeError):
+                async with session.begin():
+                    await Outbox().aput(session, _event(5))
+                    raise RuntimeError("rolled back")
+    finally:
+        await engine.dispose()
+    stored = rows(shop_dsn)
+    assert [json.loads(bytes(r["payload"]))["order"] for r in stored] == [1, 2, 3, 4]

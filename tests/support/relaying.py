@@ -1,0 +1,110 @@
+"""Helpers for running relays in tests: in-process, or as real processes to kill."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from outboxkit import Event, Outbox, Publisher, Relay
+
+
+@contextlib.asynccontextmanager
+async def running_relay(dsn: str, publisher: Publisher, **options: Any) -> AsyncIterator[Relay]:
+    """A Relay running in this event loop for the duration of the block."""
+    defaults: dict[str, Any] = {
+        "poll_interval": 0.2,
+        "lease": 10.0,
+        "retry_base": 0.05,
+        "retry_cap": 0.5,
+    }
+    relay = Relay(dsn, publisher, **{**defaults, **options})
+    task = asyncio.create_task(relay.run())
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        await asyncio.wait_for(task, timeout=30)
+
+
+def spawn_relay(dsn: str, broker: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`outboxkit relay` as a real OS process, so a test can SIGKILL or SIGTERM it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "outboxkit",
+        "relay",
+        "--dsn",
+        dsn,
+        "--broker",
+        broker,
+        "--log-level",
+        "debug",
+        *args,
+    ]
+    log = log_path.open("ab")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> None:
+    """Poll until ``condition()`` is true; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def rows(dsn: str, where: str = "true", table: str = "outbox") -> list[dict[str, Any]]:
+    """The outbox rows matching ``where`` (test-only SQL, fixed strings)."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id")
+        return cur.fetchall()
+
+
+def count(dsn: str, where: str = "true", table: str = "outbox") -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table} WHERE {where}").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def write_events(dsn: str, events: list[Event], *, outbox: Outbox | None = None) -> None:
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        (outbox or Outbox()).put_many(conn, events)
+
+
+def make_events(topic: str, n: int, *, keys: int = 5) -> list[Event]:
+    return [
+        Event(
+            topic=topic,
+            event_type="order.placed",
+            payload={"order": i, "note": "é ✓"},
+            key=f"customer-{i % keys}",
+            aggregate_type="order",
+            aggregate_id=str(i),
+            headers={"tenant": "acme", "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"},
+        )
+        for i in range(n)
+    ]

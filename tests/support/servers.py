@@ -1,0 +1,256 @@
+"""The servers the tests run against, and small clients that read back what a relay published."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import psycopg
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from psycopg import sql
+
+from outboxkit._redact import redact
+from outboxkit.embedded import EmbeddedKafka
+from tests.support.proxy import TcpProxy
+
+REQUIRE_SERVICES_ENV = "OUTBOXKIT_REQUIRE_SERVICES"
+PG_DSN_ENV = "OUTBOXKIT_TEST_DSN"
+NATS_URL_ENV = "OUTBOXKIT_TEST_NATS_URL"
+KAFKA_ENV = "OUTBOXKIT_TEST_KAFKA"
+
+
+def require_or_skip(reason: str) -> NoReturn:
+    """Skip for a missing server; fail instead when OUTBOXKIT_REQUIRE_SERVICES=1 (CI)."""
+    if os.environ.get(REQUIRE_SERVICES_ENV) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_SERVICES_ENV}=1 forbids skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test (or concurrent test session) uses: `prefix_<12 hex>`."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def port_open(host: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def dsn_with_dbname(dsn: str, dbname: str) -> str:
+    """`dsn` pointing at database `dbname`; URLs stay URLs (asyncpg accepts only those)."""
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(dsn)
+        return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(dbname)))
+    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+
+
+@dataclass(frozen=True)
+class ExternalPostgres:
+    """A PostgreSQL the test session did not start (OUTBOXKIT_TEST_DSN)."""
+
+    dsn: str
+
+    def dsn_for(self, dbname: str) -> str:
+        return dsn_with_dbname(self.dsn, dbname)
+
+
+def create_database(admin_dsn: str, name: str, *, template: str | None = None) -> None:
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop `name`, disconnecting whoever is still connected (a relay a test left behind)."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def check_postgres(dsn: str) -> None:
+    """Skip (or fail, in CI) when the configured PostgreSQL does not answer."""
+    try:
+        psycopg.connect(dsn, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        require_or_skip(f"PostgreSQL at {PG_DSN_ENV}={redact(dsn)} is not reachable: {exc}")
+
+
+# --------------------------------------------------------------------------- NATS
+
+
+@dataclass(frozen=True)
+class ExternalNats:
+    """A NATS server with JetStream the session did not start (OUTBOXKIT_TEST_NATS_URL)."""
+
+    url: str
+
+
+def check_nats(url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if not port_open(parts.hostname or "127.0.0.1", parts.port or 4222):
+        require_or_skip(f"NATS at {NATS_URL_ENV}={redact(url)} is not reachable")
+
+
+async def ensure_stream(url: str, name: str, subjects: list[str]) -> None:
+    """Create JetStream stream `name` over `subjects`, or point an existing one at them."""
+    import nats
+    from nats.js.api import StreamConfig
+    from nats.js.errors import BadRequestError
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    try:
+        js = nc.jetstream()
+        try:
+            await js.add_stream(name=name, subjects=subjects)
+        except BadRequestError as exc:
+            if exc.err_code != 10058:  # "stream name already in use with a different configuration"
+                raise
+            await js.update_stream(StreamConfig(name=name, subjects=subjects))
+    finally:
+        await nc.close()
+
+
+async def consume_nats(
+    url: str, stream: str, subject: str, n: int, timeout: float = 10.0
+) -> list[Any]:
+    """Read up to `n` messages of `subject` from the start of `stream` (fewer on timeout).
+
+    An ephemeral pull consumer: nothing is left behind on the server, and messages already
+    read by other consumers are read again. The returned `nats.aio.msg.Msg` objects keep
+    their data, headers and metadata after the connection is closed.
+    """
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    deadline = time.monotonic() + timeout
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            subject,
+            stream=stream,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=30.0,
+            ),
+        )
+        messages: list[Any] = []
+        while len(messages) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                messages += await sub.fetch(n - len(messages), timeout=min(remaining, 1.0))
+            except (TimeoutError, NatsTimeout):
+                continue
+        await sub.unsubscribe()
+        return messages
+    finally:
+        await nc.close()
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@dataclass(frozen=True)
+class ExternalKafka:
+    """A Kafka-protocol broker the session did not start (OUTBOXKIT_TEST_KAFKA=host:port)."""
+
+    bootstrap: str
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+
+def check_kafka(bootstrap: str) -> None:
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    if not port_open(host or "127.0.0.1", int(port or 9092)):
+        require_or_skip(f"Kafka at {KAFKA_ENV}={bootstrap} is not reachable")
+
+
+@dataclass(frozen=True)
+class KafkaBehindProxy:
+    """A fresh broker that advertises a TcpProxy's port, so every client connection can be cut."""
+
+    broker: EmbeddedKafka
+    proxy: TcpProxy
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    @property
+    def url(self) -> str:
+        return self.broker.url
+
+
+def consume_kafka(bootstrap: str, topic: str, n: int, timeout: float = 20.0) -> list[Message]:
+    """Read up to `n` messages of `topic` from the beginning of every partition (fewer on timeout).
+
+    Partitions are assigned directly, so there is no group rebalance to wait for; a topic that
+    does not exist yet is waited for. Blocking: call it via `asyncio.to_thread` from async tests.
+    """
+    deadline = time.monotonic() + timeout
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique_name("outboxkit-test-reader"),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        partitions = _partitions(consumer, topic, deadline)
+        if not partitions:
+            return []
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        messages: list[Message] = []
+        while len(messages) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            msg = consumer.poll(min(remaining, 0.5))
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                continue
+            messages.append(msg)
+        return messages
+    finally:
+        consumer.close()
+
+
+def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            metadata = consumer.list_topics(topic, timeout=max(0.1, min(remaining, 2.0)))
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                return sorted(found.partitions)
+        except KafkaException:
+            pass
+        if remaining <= 0:
+            return []
+        time.sleep(0.1)

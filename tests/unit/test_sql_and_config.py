@@ -1,0 +1,110 @@
+"""Identifiers are validated and quoted in one place; statements render per table."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+import pytest
+
+from outboxkit import ConfigurationError
+from outboxkit._redact import redact
+from outboxkit.ops.cli import parse_duration
+from outboxkit.relay.backoff import Backoff, full_jitter
+from outboxkit.store.postgres import Statements, channel_for, numbered, parse_table
+
+
+@pytest.mark.parametrize("name", ["outbox", "app.outbox", "_x1", "a" * 63])
+def test_valid_table_names_are_accepted(name: str) -> None:
+    assert Statements(name).qualified.count('"') in (2, 4)
+
+
+@pytest.mark.parametrize(
+    "name", ["", "1abc", "a-b", 'x"; drop table y; --', "a.b.c", "a b", "a" * 64, "sch.", ".t"]
+)
+def test_invalid_table_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="invalid outbox table name"):
+        parse_table(name)
+
+
+def test_statements_quote_schema_and_table() -> None:
+    s = Statements("app.events")
+    assert 'UPDATE "app"."events" AS o' in s.claim_batch
+    assert '"app"."outboxkit_schema_versions"' in s.create_version_table
+
+
+def test_claim_is_one_statement_with_skip_locked_and_a_lease() -> None:
+    claim = Statements().claim_batch
+    assert claim.count(";") == 0
+    assert "FOR UPDATE SKIP LOCKED" in claim
+    assert "available_at = now() + make_interval" in claim
+    assert "claim_token = %(token)s" in claim
+
+
+def test_settle_statements_are_fenced_by_the_claim_token() -> None:
+    s = Statements()
+    for stmt in (
+        s.settle_published_delete,
+        s.settle_published_keep,
+        s.settle_failures,
+        s.release_leases,
+    ):
+        assert "claim_token = %s" in stmt
+
+
+def test_numbered_placeholders_for_asyncpg() -> None:
+    assert numbered("VALUES (%s, %s, %s::jsonb)") == "VALUES ($1, $2, $3::jsonb)"
+
+
+def test_channel_names_fit_postgres_limits() -> None:
+    assert channel_for("outbox") == "outboxkit_outbox"
+    assert len(channel_for("s" * 63 + "." + "t" * 63)) <= 63
+
+
+def test_print_sql_ddl_has_partial_index_autovacuum_and_version_record() -> None:
+    ddl = Statements("outbox").ddl()
+    assert "WHERE status = 0" in ddl
+    assert "autovacuum_vacuum_scale_factor = 0" in ddl
+    assert "outboxkit_schema_versions" in ddl
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("7d", 604800), ("12h", 43200), ("1h30m", 5400), ("90s", 90), ("2w", 1209600)],
+)
+def test_durations_parse(text: str, seconds: int) -> None:
+    assert parse_duration(text) == dt.timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "7", "1x", "h", "1h 2q"])
+def test_bad_durations_say_how_to_write_one(text: str) -> None:
+    with pytest.raises(click.BadParameter, match="units w d h m s"):
+        parse_duration(text)
+
+
+def test_full_jitter_stays_within_the_capped_exponential() -> None:
+    for attempt in range(1, 40):
+        d = full_jitter(attempt, base=0.5, cap=30.0)
+        assert 0.0 <= d <= min(30.0, 0.5 * 2 ** (attempt - 1))
+
+
+def test_reconnect_backoff_never_busy_loops_and_resets() -> None:
+    b = Backoff(base=0.2, cap=5.0)
+    delays = [b.next_delay() for _ in range(20)]
+    assert min(delays) >= 0.1
+    assert max(delays) <= 5.0
+    b.reset()
+    assert b.failures == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("postgresql://app:s3cr3t@db:5432/shop", "s3cr3t"),
+        ("host=db user=app password=s3cr3t dbname=shop", "s3cr3t"),
+        ("host=db password='s3 cr3t' dbname=shop", "s3 cr3t"),
+        ("amqp://guest:pa@ss@rabbit/", "pa@ss"),
+    ],
+)
+def test_redact_masks_passwords(text: str, secret: str) -> None:
+    assert secret not in redact(text)
