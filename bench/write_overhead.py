@@ -74,8 +74,16 @@ def main() -> None:
         def run(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
                 order_id = business(conn, rng)
-                ob.put(conn, Event(topic="orders", event_type="order.placed",
-                                   key=str(order_id), payload=payload))
+                ob.put(
+                    conn,
+                    Event(
+                        topic="orders",
+                        event_type="order.placed",
+                        key=str(order_id),
+                        payload=payload,
+                    ),
+                )
+
         return run
 
     variants: dict[str, Callable[[psycopg.Connection[Any]], None]] = {
@@ -111,11 +119,22 @@ def main() -> None:
         print(f"{name:<24} {med:>10.3f} {p99:>8.3f} {delta:>+8.1f}%")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "write_overhead", "rounds": args.rounds, "server_version": server,
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-        "date": time.strftime("%Y-%m-%d"), "results": results,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "write_overhead",
+                "rounds": args.rounds,
+                "server_version": server,
+                "machine": {
+                    "cpus": __import__("os").cpu_count(),
+                    "python": platform.python_version(),
+                },
+                "date": time.strftime("%Y-%m-%d"),
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,279 @@
+"""Kafka publisher: confluent-kafka idempotent producer, one delivery report per event.
+
+``produce()`` only queues a message; the broker's verdict arrives later in a
+delivery report, served by ``poll()``. A daemon thread polls, so reports
+arrive while the event loop keeps producing, and each batch's future is
+resolved once, when its last report is in (one cross-thread wake-up per batch,
+not per message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+
+log = logging.getLogger("outboxkit.kafka")
+
+# Errors no retry can fix for this message as it is: dead-letter at once.
+_PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.TOPIC_EXCEPTION,  # invalid topic name
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError._INVALID_ARG,
+}
+# Unknown topic with auto-creation off: DESIGN §3 dead-letters it rather than
+# retrying for hours; `outboxkit replay --topic` brings it back once created.
+_UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+
+# URL query shortcuts → librdkafka names; dotted keys pass through unchanged.
+_SHORTCUTS = {
+    "delivery_timeout_ms": "delivery.timeout.ms",
+    "linger_ms": "linger.ms",
+    "batch_size": "batch.size",
+    "compression": "compression.type",
+    "client_id": "client.id",
+}
+_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,  # no duplicates or reordering from producer retries
+    "acks": "all",  # confirmed only once every in-sync replica has it
+    "linger.ms": 5,
+    "delivery.timeout.ms": 20_000,  # report a failure before the relay's lease runs out
+    "client.id": "outboxkit",
+    "socket.keepalive.enable": True,
+}
+_ERROR_LOG_INTERVAL = 10.0
+
+
+def _classify(err: KafkaError) -> PublishResult:
+    text = f"kafka {err.name()}: {err.str()}"
+    code = err.code()
+    if code in _PERMANENT or code in _UNKNOWN_TOPIC:
+        return PublishResult.permanent(text, err.name())
+    return PublishResult.retry(text, err.name())
+
+
+class _BatchWaiter:
+    """Collects the delivery reports of one batch; wakes the loop when the last one lands."""
+
+    __slots__ = ("_lock", "future", "loop", "remaining", "results")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.results: list[PublishResult | None] = [None] * n
+        self.remaining = n
+        self._lock = threading.Lock()
+
+    def report(self, index: int, result: PublishResult) -> None:
+        with self._lock:
+            if self.results[index] is not None:
+                return
+            self.results[index] = result
+            self.remaining -= 1
+            done = self.remaining == 0
+        if done:
+            self.loop.call_soon_threadsafe(_set_done, self.future)
+
+    def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
+        self.report(index, PublishResult.success() if err is None else _classify(err))
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class KafkaPublisher:
+    """Publishes to Kafka: key = event key, headers = idempotency key + CloudEvents ``ce_*``.
+
+    Per the CloudEvents Kafka binding (binary mode) the attributes travel as
+    ``ce_<name>`` headers and the data content type as ``content-type``; the
+    event id is also sent as ``idempotency-key`` for consumers' inboxes.
+    """
+
+    name = "kafka"
+
+    def __init__(self, config: dict[str, Any], *, close_timeout: float = 5.0) -> None:
+        if not config.get("bootstrap.servers"):
+            raise ConfigurationError("kafka publisher needs bootstrap.servers (host:port)")
+        self._config = {**_DEFAULTS, **config}
+        self._close_timeout = close_timeout
+        self._producer: Any = None
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+        self._fatal: KafkaError | None = None
+        self._pending: set[_BatchWaiter] = set()
+        self._last_error_log = 0.0
+
+    @classmethod
+    def from_url(cls, url: str) -> KafkaPublisher:
+        """``kafka://host:9092[,host:9092][?linger_ms=5&delivery_timeout_ms=20000&k.e.y=v]``.
+
+        ``user:password@`` sets SASL credentials (``sasl.username``/``sasl.password``);
+        any dotted query key is passed to librdkafka as is.
+        """
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "kafka":
+            raise ConfigurationError(f"not a kafka:// URL: {redact(url)}")
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        if not hosts or any(not h.strip() for h in hosts.split(",")):
+            raise ConfigurationError(
+                f"kafka URL needs host:port[,host:port]: {redact(url)} (e.g. kafka://127.0.0.1:9092)"
+            )
+        config: dict[str, Any] = {"bootstrap.servers": hosts}
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            config["sasl.username"] = unquote(user)
+            config["sasl.password"] = unquote(password)
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            name = _SHORTCUTS.get(key, key)
+            if "." not in name:
+                known = ", ".join(sorted(_SHORTCUTS))
+                raise ConfigurationError(
+                    f"unknown kafka URL option {key!r}: use one of {known} or a librdkafka"
+                    " property such as security.protocol"
+                )
+            config[name] = value
+        return cls(config)
+
+    def __repr__(self) -> str:
+        return f"KafkaPublisher(bootstrap={self._config['bootstrap.servers']!r})"
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._ensure_producer()
+
+    def _ensure_producer(self) -> Any:
+        if self._fatal is not None:
+            # An idempotent producer that hit a fatal error (fenced, sequence gap) is
+            # unusable; a new one gets a new producer id. Its queue was already failed.
+            log.warning("recreating the Kafka producer after a fatal error: %s", self._fatal.str())
+            self._shutdown_producer(flush=False)
+            self._fatal = None
+        if self._producer is None:
+            try:
+                self._producer = Producer(
+                    {**self._config, "error_cb": self._on_error, "logger": log}
+                )
+            except KafkaException as exc:
+                raise ConfigurationError(f"invalid kafka configuration: {exc}") from None
+            self._stop_polling.clear()
+            self._poller = threading.Thread(
+                target=self._poll_forever,
+                args=(self._producer,),
+                name="outboxkit-kafka-poll",
+                daemon=True,
+            )
+            self._poller.start()
+        return self._producer
+
+    def _poll_forever(self, producer: Any) -> None:
+        while not self._stop_polling.is_set():
+            producer.poll(0.1)
+
+    def _on_error(self, err: KafkaError) -> None:
+        """Client-level errors (broker unreachable, fatal producer state); runs in the poller."""
+        if err.fatal():
+            self._fatal = err
+            log.error("kafka producer fatal error: %s", err.str())
+            return
+        now = time.monotonic()
+        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+            self._last_error_log = now
+            log.warning("kafka client error: %s: %s", err.name(), err.str())
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._shutdown_producer, flush=True)
+
+    def _shutdown_producer(self, *, flush: bool) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join()
+            self._poller = None
+        if flush:
+            producer.flush(self._close_timeout)
+        # Whatever could not be delivered is reported as failed, so no batch waits forever.
+        with contextlib.suppress(KafkaException):
+            producer.purge()
+        producer.poll(0)
+        self._producer = None
+        for waiter in list(self._pending):
+            for i, result in enumerate(waiter.results):
+                if result is None:
+                    waiter.report(i, PublishResult.retry("kafka producer closed", "closed"))
+
+    # -- publishing ---------------------------------------------------------------
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        producer = self._ensure_producer()
+        waiter = _BatchWaiter(asyncio.get_running_loop(), len(messages))
+        self._pending.add(waiter)
+        try:
+            for i, message in enumerate(messages):
+                await self._produce(producer, waiter, i, message)
+            await asyncio.shield(waiter.future)
+        finally:
+            self._pending.discard(waiter)
+        return [r if r is not None else PublishResult.retry("no report") for r in waiter.results]
+
+    async def _produce(
+        self, producer: Any, waiter: _BatchWaiter, index: int, message: OutboundMessage
+    ) -> None:
+        headers = _headers(message)
+        key = message.key.encode() if message.key is not None else None
+        callback = functools.partial(waiter.on_delivery, index)
+        while True:
+            try:
+                producer.produce(
+                    message.topic,
+                    value=message.payload,
+                    key=key,
+                    headers=headers,
+                    on_delivery=callback,
+                )
+                return
+            except BufferError:
+                # Local queue full: the poller is draining it; give it a moment.
+                await asyncio.sleep(0.005)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                result = (
+                    _classify(err) if err is not None else PublishResult.retry(str(exc), "kafka")
+                )
+                waiter.report(index, result)
+                return
+            except (TypeError, ValueError) as exc:
+                waiter.report(index, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
+                return
+
+
+def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
+    headers = [("idempotency-key", str(message.event_id).encode())]
+    for name, value in message.cloudevents_attributes().items():
+        if name == "datacontenttype":
+            headers.append(("content-type", value.encode()))
+        else:
+            headers.append((f"ce_{name}", value.encode()))
+    headers.extend((k, v.encode()) for k, v in message.user_headers().items())
+    return headers

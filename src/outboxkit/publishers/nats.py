@@ -1,0 +1,246 @@
+"""NATS JetStream publisher: subject = topic, ``Nats-Msg-Id`` = event id, success on PubAck.
+
+The stream drops a message whose ``Nats-Msg-Id`` it has seen within its
+duplicate window, so a batch re-published after a relay crash or a lost ack
+is stored once. The PubAck is JetStream's durable confirmation: the message
+is in the stream (replicated, for replicated streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import nats
+import nats.errors
+import nats.js.errors
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+
+log = logging.getLogger("outboxkit.nats")
+
+# JetStream API error codes that no retry fixes for this message as it is.
+_MESSAGE_TOO_LARGE = 10054
+_STREAM_MISMATCH = 10060  # the subject is stored by another stream than ?stream= names
+_PERMANENT_API_CODES = {_MESSAGE_TOO_LARGE, _STREAM_MISMATCH}
+_DEFAULT_TIMEOUT = 10.0
+_LOG_INTERVAL = 10.0
+_CONNECT_TIMEOUT = 5.0
+
+
+class NatsPublisher:
+    """Publishes events to JetStream subjects with broker-side deduplication by event id.
+
+    ``stream`` (optional) is sent as the expected stream of every publish and,
+    with ``subjects``, created at start if it does not exist yet (an existing
+    stream's configuration is left alone: it belongs to its operator).
+    """
+
+    name = "nats"
+
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        timeout: float = _DEFAULT_TIMEOUT,
+        stream: str | None = None,
+        subjects: list[str] | None = None,
+        duplicate_window: float = 120.0,
+    ) -> None:
+        if not servers:
+            raise ConfigurationError("nats publisher needs at least one server URL")
+        if timeout <= 0:
+            raise ConfigurationError("nats timeout must be positive")
+        if subjects and not stream:
+            raise ConfigurationError("nats subjects= needs stream= (the stream to create)")
+        self._servers = servers
+        self._timeout = timeout
+        self._stream = stream
+        self._subjects = subjects or []
+        self._duplicate_window = duplicate_window
+        self._nc: Any = None
+        self._js: Any = None
+        self._stream_ready = not (stream and self._subjects)
+        self._connect_lock = asyncio.Lock()
+        self._last_log = 0.0
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsPublisher:
+        """``nats://[user:pass@]host:4222[,host2:4222][?timeout=10&stream=S&subjects=a.>,b.>]``."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("nats", "tls"):
+            raise ConfigurationError(f"not a nats:// URL: {redact(url)}")
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        if not hosts or any(not h.strip() for h in hosts.split(",")):
+            raise ConfigurationError(
+                f"nats URL needs host:port[,host:port]: {redact(url)} (e.g. nats://127.0.0.1:4222)"
+            )
+        prefix = f"{userinfo}@" if userinfo else ""
+        servers = [urlunsplit((parts.scheme, prefix + h, "", "", "")) for h in hosts.split(",")]
+        options: dict[str, Any] = {}
+        for key, value in parse_qsl(parts.query):
+            try:
+                if key == "timeout":
+                    options["timeout"] = float(value)
+                elif key == "duplicate_window":
+                    options["duplicate_window"] = float(value)
+                elif key == "stream":
+                    options["stream"] = value
+                elif key == "subjects":
+                    options["subjects"] = [s for s in value.split(",") if s]
+                else:
+                    raise ConfigurationError(
+                        f"unknown nats URL option {key!r}: use timeout, stream, subjects"
+                        " or duplicate_window"
+                    )
+            except ValueError:
+                raise ConfigurationError(
+                    f"nats URL option {key}={value!r} is not a number"
+                ) from None
+        return cls(servers, **options)
+
+    def __repr__(self) -> str:
+        return f"NatsPublisher(servers={[redact(s) for s in self._servers]!r})"
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect if the server is up; if it is down, the first batch retries the connect.
+
+        A broker outage at start must not crash the relay: events simply wait in
+        the table, as they do during any other outage.
+        """
+        try:
+            await self._ensure_connected()
+        except Exception as exc:
+            log.warning("NATS not reachable at start (%s); will retry", redact(str(exc)))
+
+    async def _ensure_connected(self) -> Any:
+        async with self._connect_lock:
+            if self._nc is None or self._nc.is_closed:
+                # A finite reconnect budget: with -1, nats-py's first connect never
+                # returns while the server is down. Once the client gives up and
+                # closes, the next batch connects afresh, so nothing is lost by it.
+                self._nc = await asyncio.wait_for(
+                    nats.connect(
+                        self._servers,
+                        name="outboxkit-relay",
+                        connect_timeout=2,
+                        allow_reconnect=True,
+                        max_reconnect_attempts=10,
+                        reconnect_time_wait=0.5,
+                        error_cb=self._on_error,
+                        disconnected_cb=self._on_disconnected,
+                        reconnected_cb=self._on_reconnected,
+                        closed_cb=self._on_closed,
+                    ),
+                    timeout=_CONNECT_TIMEOUT,
+                )
+                self._js = self._nc.jetstream(timeout=self._timeout)
+            if not self._stream_ready:
+                await self._ensure_stream()
+            return self._js
+
+    async def _ensure_stream(self) -> None:
+        assert self._stream is not None
+        try:
+            await self._js.stream_info(self._stream)
+        except nats.js.errors.NotFoundError:
+            from nats.js.api import StreamConfig
+
+            with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently
+                await self._js.add_stream(
+                    StreamConfig(
+                        name=self._stream,
+                        subjects=self._subjects,
+                        duplicate_window=self._duplicate_window,
+                    )
+                )
+            log.info("created JetStream stream %s for %s", self._stream, self._subjects)
+        self._stream_ready = True
+
+    async def _on_error(self, exc: Exception) -> None:
+        self._log_rate_limited("NATS client error: %s", redact(str(exc) or type(exc).__name__))
+
+    async def _on_disconnected(self) -> None:
+        self._log_rate_limited("disconnected from NATS; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("reconnected to NATS")
+
+    async def _on_closed(self) -> None:
+        log.debug("NATS connection closed")
+
+    def _log_rate_limited(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_INTERVAL:
+            self._last_log = now
+            log.warning(msg, *args)
+
+    async def close(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5.0)
+
+    # -- publishing ---------------------------------------------------------------
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        js = await self._ensure_connected()
+        if not self._nc.is_connected:
+            # Fail fast instead of buffering into a dead socket and timing out per message.
+            raise ConnectionError("not connected to NATS (reconnecting)")
+        return list(await asyncio.gather(*(self._publish_one(js, m) for m in messages)))
+
+    async def _publish_one(self, js: Any, message: OutboundMessage) -> PublishResult:
+        try:
+            await js.publish(
+                message.topic,
+                message.payload,
+                timeout=self._timeout,
+                stream=self._stream,
+                headers=_headers(message),
+            )
+        except (nats.errors.BadSubjectError, nats.errors.MaxPayloadError) as exc:
+            return PublishResult.permanent(f"nats: {exc} (subject {message.topic!r})", "rejected")
+        except nats.js.errors.NoStreamResponseError:
+            return PublishResult.retry(
+                f"nats: no JetStream stream stores subject {message.topic!r}; create one"
+                " (or give the relay ?stream=NAME&subjects=...)",
+                "no_stream",
+            )
+        except nats.js.errors.APIError as exc:
+            text = f"nats: {exc.description or exc} (err_code {exc.err_code})"
+            if exc.err_code in _PERMANENT_API_CODES:
+                return PublishResult.permanent(text, f"api_{exc.err_code}")
+            return PublishResult.retry(text, f"api_{exc.err_code}")
+        except (nats.errors.TimeoutError, TimeoutError):
+            return PublishResult.retry(
+                f"nats: no PubAck within {self._timeout:g}s", "publish_timeout"
+            )
+        except Exception as exc:
+            return PublishResult.retry(
+                f"nats: {type(exc).__name__}: {redact(str(exc))}", type(exc).__name__
+            )
+        return PublishResult.success()
+
+
+def _headers(message: OutboundMessage) -> dict[str, str]:
+    # User headers first: they cannot override the dedup id or the CloudEvents attributes.
+    headers = message.user_headers()
+    for name, value in message.cloudevents_attributes().items():
+        if name == "datacontenttype":
+            headers["content-type"] = value
+        else:
+            headers[f"ce-{name}"] = value
+    headers["Nats-Msg-Id"] = str(message.event_id)
+    return headers
