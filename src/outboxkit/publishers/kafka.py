@@ -269,11 +269,16 @@ class KafkaPublisher:
 
 
 def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
-    headers = [("idempotency-key", str(message.event_id).encode())]
+    # User headers may not shadow the dedup key or the CloudEvents attributes.
+    headers = [
+        (k, v.encode())
+        for k, v in message.user_headers().items()
+        if k != "idempotency-key" and not k.startswith("ce_")
+    ]
+    headers.append(("idempotency-key", str(message.event_id).encode()))
     for name, value in message.cloudevents_attributes().items():
         if name == "datacontenttype":
             headers.append(("content-type", value.encode()))
         else:
             headers.append((f"ce_{name}", value.encode()))
-    headers.extend((k, v.encode()) for k, v in message.user_headers().items())
     return headers

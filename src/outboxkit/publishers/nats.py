@@ -125,16 +125,17 @@ class NatsPublisher:
     async def _ensure_connected(self) -> Any:
         async with self._connect_lock:
             if self._nc is None or self._nc.is_closed:
-                # A finite reconnect budget: with -1, nats-py's first connect never
-                # returns while the server is down. Once the client gives up and
-                # closes, the next batch connects afresh, so nothing is lost by it.
+                # A small reconnect budget: with -1, nats-py's first connect never
+                # returns while the server is down, and a long budget makes every
+                # batch of an outage wait it out. Once the client gives up and closes,
+                # the next batch connects afresh; the relay's retry backoff paces it.
                 self._nc = await asyncio.wait_for(
                     nats.connect(
                         self._servers,
                         name="outboxkit-relay",
                         connect_timeout=2,
                         allow_reconnect=True,
-                        max_reconnect_attempts=10,
+                        max_reconnect_attempts=2,
                         reconnect_time_wait=0.5,
                         error_cb=self._on_error,
                         disconnected_cb=self._on_disconnected,

@@ -1,0 +1,69 @@
+"""Run every benchmark against servers started from wheels; JSON lands in bench/results/.
+
+    make bench                       # embedded PostgreSQL 18, fsync on
+    python bench/run_all.py --dsn postgresql://postgres@127.0.0.1/postgres   # your server
+
+Each benchmark is its own script (run one alone with ``--help``); this runner
+only provides a server and a scratch database for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from outboxkit.embedded import EmbeddedPostgres
+
+HERE = Path(__file__).parent
+BENCHMARKS: list[tuple[str, list[str]]] = [
+    ("write_overhead.py", ["--rounds", "3000"]),
+]
+
+
+def _with_db(admin_dsn: str, name: str) -> str:
+    return psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dsn", help="admin DSN of a PostgreSQL to use instead of an embedded one")
+    args = ap.parse_args()
+
+    server = None
+    admin_dsn = args.dsn
+    if admin_dsn is None:
+        # fsync stays on: commit latency is what the write benchmark measures.
+        server = EmbeddedPostgres(fsync=True)
+        server.start()
+        admin_dsn = server.dsn
+    failed = 0
+    try:
+        for script, extra in BENCHMARKS:
+            db = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+            try:
+                print(f"\n== {script}", flush=True)
+                cmd = [sys.executable, str(HERE / script), "--dsn", _with_db(admin_dsn, db), *extra]
+                failed += subprocess.run(cmd, check=False).returncode != 0
+            finally:
+                with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                    conn.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                            sql.Identifier(db)
+                        )
+                    )
+    finally:
+        if server is not None:
+            server.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
