@@ -104,7 +104,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # Client libraries are chatty at INFO about reconnects we already report.
-    for noisy in ("nats", "psycopg", "asyncio"):
+    for noisy in ("nats", "psycopg", "asyncio", "httpx", "aiormq", "aio_pika", "botocore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
@@ -165,7 +165,16 @@ def migrate(dsn: str | None, table: str, print_sql: bool) -> None:
     envvar="OUTBOXKIT_BROKER",
     required=True,
     show_envvar=True,
-    help="Broker URL: kafka://host:9092[,host2:9092] or nats://host:4222.",
+    help="Broker URL: kafka://, nats://, amqp[s]://, redis[s]://, sqs://QUEUE or an http[s]://"
+    " webhook; options per broker in docs/brokers.md.",
+)
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    metavar="[type:|aggregate:|topic:]GLOB=DEST",
+    help="Publish events whose event_type (or aggregate_type, or topic) matches GLOB to DEST"
+    " instead of their topic; repeatable, first match wins. E.g. --route 'order.*=orders'.",
 )
 @table_option
 @click.option("--batch-size", default=500, show_default=True, help="Events claimed per batch.")
@@ -222,6 +231,7 @@ def relay(
     lease: float,
     max_attempts: int,
     retention: str,
+    routes: tuple[str, ...],
     relay_id: str | None,
     retry_base: float,
     retry_cap: float,
@@ -246,7 +256,9 @@ def relay(
 
     setup_logging(log_level, log_format)
     try:
-        publisher = from_url(broker)
+        from outboxkit.publishers.routing import with_routes
+
+        publisher = with_routes(from_url(broker), routes)
         engine = Relay(
             dsn,
             publisher,

@@ -12,6 +12,13 @@ __all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
 _SCHEMES = {
     "kafka": "outboxkit.publishers.kafka:KafkaPublisher",
     "nats": "outboxkit.publishers.nats:NatsPublisher",
+    "amqp": "outboxkit.publishers.rabbitmq:RabbitMQPublisher",
+    "amqps": "outboxkit.publishers.rabbitmq:RabbitMQPublisher",
+    "redis": "outboxkit.publishers.redis:RedisStreamsPublisher",
+    "rediss": "outboxkit.publishers.redis:RedisStreamsPublisher",
+    "sqs": "outboxkit.publishers.sqs:SqsPublisher",
+    "http": "outboxkit.publishers.webhook:WebhookPublisher",
+    "https": "outboxkit.publishers.webhook:WebhookPublisher",
 }
 
 

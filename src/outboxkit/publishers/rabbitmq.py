@@ -1,0 +1,356 @@
+"""RabbitMQ publisher: aio-pika with publisher confirms, persistent messages, ``mandatory``.
+
+A message counts as published only when the broker acks it. RabbitMQ acks a
+persistent message once every queue it was routed to has it (on disk for
+durable classic queues, on a quorum of nodes for quorum queues). A message no
+queue is bound for is *returned* (``mandatory=True``), and a nack means the
+broker could not take it: both are retried, never reported as success, so a
+missing binding delays events instead of dropping them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+import aiormq.exceptions
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+
+log = logging.getLogger("outboxkit.rabbitmq")
+
+DEFAULT_EXCHANGE = "outboxkit"
+_EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
+_DEFAULT_TIMEOUT = 10.0
+_CONNECT_TIMEOUT = 5.0
+# RabbitMQ's max_message_size: 128 MiB up to 3.13, 16 MiB from 4.0. Checked before
+# sending because the broker answers an oversized message by closing the channel,
+# which fails every other publish in flight on it.
+_DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+_MAX_ROUTING_KEY_BYTES = 255
+# Query options aiormq itself understands (TLS files, heartbeat, ...): passed through.
+_CLIENT_OPTIONS = {
+    "heartbeat",
+    "name",
+    "auth",
+    "cafile",
+    "capath",
+    "cadata",
+    "keyfile",
+    "certfile",
+    "no_verify_ssl",
+}
+_LOG_INTERVAL = 10.0
+_OVERSIZED = re.compile(r"message size (\d+) is larger than configured max size")
+
+
+class RabbitMQPublisher:
+    """Publishes events to one exchange, routing key = topic, with confirms.
+
+    The exchange is declared durable at start (``declare=false`` when the
+    relay's user may not declare it and an operator owns it). ``exchange=``
+    (empty) publishes through the default exchange, straight to the queue
+    named by the topic.
+    """
+
+    name = "rabbitmq"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        exchange: str = DEFAULT_EXCHANGE,
+        exchange_type: str = "topic",
+        declare: bool = True,
+        timeout: float = _DEFAULT_TIMEOUT,
+        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        if exchange_type not in _EXCHANGE_TYPES:
+            raise ConfigurationError(
+                f"rabbitmq exchange_type {exchange_type!r} is not one of"
+                f" {', '.join(_EXCHANGE_TYPES)}"
+            )
+        if timeout <= 0:
+            raise ConfigurationError("rabbitmq timeout must be positive (seconds)")
+        if max_message_bytes < 1:
+            raise ConfigurationError("rabbitmq max_message_bytes must be at least 1")
+        if exchange.startswith("amq.") and declare:
+            # amq.* exchanges exist already and may not be declared by clients.
+            declare = False
+        self._url = url
+        self._exchange_name = exchange
+        self._exchange_type = exchange_type
+        self._declare = declare and exchange != ""
+        self._timeout = timeout
+        self._max_message_bytes = max_message_bytes
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._connect_lock = asyncio.Lock()
+        self._last_log = 0.0
+
+    @classmethod
+    def from_url(cls, url: str) -> RabbitMQPublisher:
+        """``amqp[s]://user:pass@host:5672/vhost?exchange=NAME&exchange_type=topic&timeout=10``.
+
+        Other options: ``declare=false`` (use an existing exchange as is),
+        ``max_message_bytes=N``; aiormq's own (``heartbeat``, ``cafile``,
+        ``certfile``, ``keyfile``, ...) are passed through.
+        """
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("amqp", "amqps"):
+            raise ConfigurationError(f"not an amqp:// or amqps:// URL: {redact(url)}")
+        if not parts.hostname:
+            raise ConfigurationError(
+                f"rabbitmq URL needs a host: {redact(url)}"
+                " (e.g. amqp://guest:guest@127.0.0.1:5672/?exchange=events)"
+            )
+        try:
+            _ = parts.port
+        except ValueError:
+            raise ConfigurationError(f"rabbitmq URL has an invalid port: {redact(url)}") from None
+        options: dict[str, Any] = {}
+        passthrough: list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key == "exchange":
+                options["exchange"] = value
+            elif key == "exchange_type":
+                options["exchange_type"] = value.lower()
+            elif key == "declare":
+                options["declare"] = _parse_bool(key, value)
+            elif key in ("timeout", "max_message_bytes"):
+                try:
+                    options[key] = float(value) if key == "timeout" else int(value)
+                except ValueError:
+                    raise ConfigurationError(
+                        f"rabbitmq URL option {key}={value!r} is not a number"
+                    ) from None
+            elif key in _CLIENT_OPTIONS:
+                passthrough.append((key, value))
+            else:
+                raise ConfigurationError(
+                    f"unknown rabbitmq URL option {key!r}: use exchange, exchange_type, timeout,"
+                    " declare, max_message_bytes, or one of aiormq's"
+                    f" ({', '.join(sorted(_CLIENT_OPTIONS))})"
+                )
+        client_url = urlunsplit(parts._replace(query=urlencode(passthrough), fragment=""))
+        return cls(client_url, **options)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQPublisher(url={redact(self._url)!r}, exchange={self._exchange_name!r})"
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and declare the exchange if the broker is up; otherwise the first batch does.
+
+        A broker outage at start must not crash the relay: events wait in the
+        table. A configuration the broker refuses (wrong credentials, an
+        exchange of another type) is logged here and reported on every batch.
+        """
+        try:
+            await self._ensure_exchange()
+        except Exception as exc:
+            log.warning("RabbitMQ not ready at start (%s); will retry", _describe(exc))
+
+    async def _ensure_exchange(self) -> AbstractExchange:
+        async with self._connect_lock:
+            if self._channel is not None and self._channel.is_closed:
+                self._channel = self._exchange = None
+            connection = self._connection
+            if connection is None or not _is_open(connection):
+                await self._drop_connection()
+                connection = await aio_pika.connect(self._url, timeout=_CONNECT_TIMEOUT)
+                self._connection = connection
+            if self._channel is None:
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=False)
+                self._channel = channel
+                try:
+                    self._exchange = await self._open_exchange(channel)
+                except BaseException:
+                    self._channel = None
+                    with contextlib.suppress(Exception):
+                        await channel.close()
+                    raise
+            assert self._exchange is not None
+            return self._exchange
+
+    async def _open_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+        if self._exchange_name == "":
+            return channel.default_exchange
+        if not self._declare:
+            return await channel.get_exchange(self._exchange_name, ensure=True)
+        try:
+            return await channel.declare_exchange(
+                self._exchange_name,
+                self._exchange_type,
+                durable=True,
+                timeout=self._timeout,
+            )
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            raise ConfigurationError(
+                f"rabbitmq exchange {self._exchange_name!r} exists with other settings ({exc});"
+                f" set exchange_type= to its type, use another exchange=, or declare=false"
+            ) from None
+
+    async def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = self._exchange = None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 5.0)
+
+    async def close(self) -> None:
+        async with self._connect_lock:
+            await self._drop_connection()
+
+    # -- publishing ---------------------------------------------------------------
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        exchange = await self._ensure_exchange()
+        results = await asyncio.gather(*(self._publish_one(exchange, m) for m in messages))
+        if any(r.error_class == "channel_closed" for r in results):
+            # The next batch opens a fresh channel (and connection, if that went too).
+            self._log_rate_limited("RabbitMQ channel lost mid-batch; reopening on the next batch")
+        return list(results)
+
+    async def _publish_one(
+        self, exchange: AbstractExchange, message: OutboundMessage
+    ) -> PublishResult:
+        routing_key = message.topic
+        where = f"exchange {self._exchange_name!r} with routing key {routing_key!r}"
+        if len(routing_key.encode()) > _MAX_ROUTING_KEY_BYTES:
+            return PublishResult.permanent(
+                f"rabbitmq: routing key (the topic) is longer than {_MAX_ROUTING_KEY_BYTES} bytes",
+                "routing_key_too_long",
+            )
+        if len(message.payload) > self._max_message_bytes:
+            return PublishResult.permanent(
+                f"rabbitmq: message of {len(message.payload)} bytes is over max_message_bytes="
+                f"{self._max_message_bytes} (the broker's max_message_size)",
+                "message_too_large",
+            )
+        try:
+            confirmation = await exchange.publish(
+                _message(message), routing_key, mandatory=True, timeout=self._timeout
+            )
+        except aiormq.exceptions.DeliveryError as exc:
+            # str(exc) would embed the whole message; the frame name says enough.
+            frame = type(exc.frame).__name__
+            return PublishResult.retry(
+                f"rabbitmq: broker nacked the message ({frame}) for {where}", "nack"
+            )
+        except TimeoutError:
+            return PublishResult.retry(
+                f"rabbitmq: no publisher confirm within {self._timeout:g}s for {where}",
+                "publish_timeout",
+            )
+        except (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError) as exc:
+            return self._channel_lost(exc, where, message)
+        except (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError) as exc:
+            return self._channel_lost(exc, where, message)
+        except Exception as exc:
+            return PublishResult.retry(f"rabbitmq: {_describe(exc)}", type(exc).__name__)
+        if isinstance(confirmation, aiormq.spec.Basic.Ack):
+            return PublishResult.success()
+        if isinstance(confirmation, aiormq.abc.DeliveredMessage):
+            reply = getattr(confirmation.delivery, "reply_text", "") or "NO_ROUTE"
+            return PublishResult.retry(
+                f"rabbitmq: unroutable, returned by the broker ({reply}): no queue is bound to"
+                f" {where}; bind a queue (or fix the route) and the event is retried",
+                "unroutable",
+            )
+        return PublishResult.retry(
+            f"rabbitmq: unexpected confirmation {type(confirmation).__name__} for {where}",
+            "no_ack",
+        )
+
+    def _channel_lost(
+        self, exc: BaseException, where: str, message: OutboundMessage
+    ) -> PublishResult:
+        text = _describe(exc)
+        too_large = _OVERSIZED.search(str(exc))
+        if too_large and int(too_large.group(1)) == len(message.payload):
+            # The broker closed the channel over this very message (over its
+            # max_message_size); the others in flight on the channel are retried.
+            return PublishResult.permanent(f"rabbitmq: {text}", "message_too_large")
+        if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+            return PublishResult.retry(
+                f"rabbitmq: {text} — does the exchange exist? ({where})", "not_found"
+            )
+        return PublishResult.retry(
+            f"rabbitmq: connection or channel lost: {text}", "channel_closed"
+        )
+
+    def _log_rate_limited(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_INTERVAL:
+            self._last_log = now
+            log.warning(msg, *args)
+
+
+def _message(message: OutboundMessage) -> aio_pika.Message:
+    return aio_pika.Message(
+        message.payload,
+        headers=_headers(message),
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=str(message.event_id),
+        timestamp=message.created_at,
+        type=message.event_type,
+        app_id="outboxkit",
+    )
+
+
+def _headers(message: OutboundMessage) -> dict[str, Any]:
+    """Application headers: user headers, then ``idempotency-key``, then ``cloudEvents_*``.
+
+    The CloudEvents AMQP binding prefixes attributes with ``cloudEvents_``; the
+    data content type travels as the ``content_type`` property instead. User
+    headers may not shadow the dedup key or an attribute.
+    """
+    result: dict[str, Any] = {
+        k: v
+        for k, v in message.user_headers().items()
+        if k != "idempotency-key" and not k.startswith("cloudEvents_")
+    }
+    result["idempotency-key"] = str(message.event_id)
+    for name, value in message.cloudevents_attributes().items():
+        if name != "datacontenttype":
+            result[f"cloudEvents_{name}"] = value
+    return result
+
+
+def _is_open(connection: AbstractConnection | None) -> bool:
+    # aio-pika marks a connection closed only when close() is called; a connection the
+    # broker or the network dropped shows on the underlying aiormq connection.
+    if connection is None or connection.is_closed or connection.transport is None:
+        return False
+    return not connection.transport.connection.is_closed
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"rabbitmq URL option {key}={value!r} must be true or false")

@@ -1,0 +1,283 @@
+"""Redis Streams publisher: one ``XADD`` per event, the whole batch in one pipelined round trip.
+
+Redis confirms a write by replying to it; there is no stronger acknowledgement.
+How durable a reply is depends on the server: with ``appendonly yes`` and
+``appendfsync always`` the write is on disk before the reply, with the
+defaults it can be lost in a crash. ``wait_replicas=N`` adds ``WAIT N`` to the
+pipeline, so a batch counts as published only once N replicas have it.
+
+With ``dedup_window=SECONDS`` each event is added by a Lua script that first
+claims ``outboxkit:dedup:<topic>:<event_id>`` with ``SET NX EX``: a batch
+re-published after a relay crash adds nothing the stream already has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+
+log = logging.getLogger("outboxkit.redis")
+
+DEDUP_KEY_PREFIX = "outboxkit:dedup:"
+_DEFAULT_TIMEOUT = 10.0
+_CONNECT_TIMEOUT = 5.0
+
+# KEYS[1] dedup key, KEYS[2] stream; ARGV[1] window (s), ARGV[2] MAXLEN (0: none), ARGV[3..] fields.
+# A script runs atomically. If XADD fails (e.g. the key holds another type) the dedup
+# key is removed again, or the retry would skip the event forever.
+_DEDUP_XADD = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return 0
+end
+local reply
+if tonumber(ARGV[2]) > 0 then
+  reply = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+else
+  reply = redis.pcall('XADD', KEYS[2], '*', unpack(ARGV, 3))
+end
+if type(reply) == 'table' and reply.err then
+  redis.call('DEL', KEYS[1])
+  return reply
+end
+return 1
+"""
+
+# redis-py options that may ride in the URL query (TLS files, client name, ...).
+_CLIENT_OPTIONS_PREFIXES = ("ssl_",)
+_CLIENT_OPTIONS = {"client_name", "protocol"}
+
+
+class RedisStreamsPublisher:
+    """Appends events to the stream named by the topic, fields per the outboxkit wire format.
+
+    Fields: ``data`` (payload bytes), ``ce_<attr>`` for every CloudEvents
+    attribute, ``headers`` (JSON object of the user headers, absent when empty).
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        maxlen: int | None = None,
+        dedup_window: int = 0,
+        timeout: float = _DEFAULT_TIMEOUT,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> None:
+        if maxlen is not None and maxlen < 1:
+            raise ConfigurationError("redis maxlen must be at least 1 (or left out: no trimming)")
+        if dedup_window < 0:
+            raise ConfigurationError("redis dedup_window must be >= 0 seconds (0: off)")
+        if timeout <= 0 or wait_timeout <= 0:
+            raise ConfigurationError("redis timeout and wait_timeout must be positive (seconds)")
+        if wait_replicas < 0:
+            raise ConfigurationError("redis wait_replicas must be >= 0")
+        self._url = url
+        self._maxlen = maxlen
+        self._dedup_window = dedup_window
+        self._timeout = timeout
+        self._wait_replicas = wait_replicas
+        self._wait_ms = max(1, round(wait_timeout * 1000))
+        self._client: Any = None
+        self._script_sha: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStreamsPublisher:
+        """``redis[s]://[:password@]host:6379/0?maxlen=N&dedup_window=SECONDS&timeout=10``.
+
+        Also ``wait_replicas=N&wait_timeout=SECONDS`` (``WAIT`` after each
+        batch) and redis-py's ``ssl_*`` and ``client_name`` options.
+        """
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("redis", "rediss"):
+            raise ConfigurationError(f"not a redis:// or rediss:// URL: {redact(url)}")
+        if not parts.hostname:
+            raise ConfigurationError(
+                f"redis URL needs a host: {redact(url)} (e.g. redis://127.0.0.1:6379/0)"
+            )
+        try:
+            _ = parts.port
+        except ValueError:
+            raise ConfigurationError(f"redis URL has an invalid port: {redact(url)}") from None
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(
+                f"redis URL path must be a database number such as /0, not /{db}"
+            )
+        options: dict[str, Any] = {}
+        passthrough: list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in ("maxlen", "dedup_window", "wait_replicas"):
+                options[key] = _number(key, value, int)
+            elif key in ("timeout", "wait_timeout"):
+                options[key] = _number(key, value, float)
+            elif key in _CLIENT_OPTIONS or key.startswith(_CLIENT_OPTIONS_PREFIXES):
+                passthrough.append((key, value))
+            else:
+                raise ConfigurationError(
+                    f"unknown redis URL option {key!r}: use maxlen, dedup_window, timeout,"
+                    " wait_replicas, wait_timeout, client_name or ssl_*"
+                )
+        client_url = urlunsplit(parts._replace(query=urlencode(passthrough), fragment=""))
+        return cls(client_url, **options)
+
+    def __repr__(self) -> str:
+        return f"RedisStreamsPublisher(url={redact(self._url)!r})"
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Check the server answers; if it is down, the first batch tries again."""
+        client = self._ensure_client()
+        try:
+            await client.ping()
+            if self._dedup_window:
+                self._script_sha = await client.script_load(_DEDUP_XADD)
+        except Exception as exc:
+            log.warning("Redis not reachable at start (%s); will retry", _describe(exc))
+
+    def _ensure_client(self) -> Any:
+        if self._client is None:
+            # No client-side retries: re-sending a pipeline after a lost reply only
+            # doubles what the relay's own retry does, and hides outages for longer.
+            self._client = redis.asyncio.Redis.from_url(
+                self._url,
+                socket_timeout=self._timeout,
+                socket_connect_timeout=min(_CONNECT_TIMEOUT, self._timeout),
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=30,
+            )
+        return self._client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.aclose(), 5.0)
+
+    # -- publishing ---------------------------------------------------------------
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        client = self._ensure_client()
+        results: list[PublishResult | None] = [None] * len(messages)
+        todo = list(range(len(messages)))
+        for _ in range(2):  # a second pass only if the server lost our script (restart)
+            replies = await self._send(client, [messages[i] for i in todo])
+            if isinstance(replies, str):
+                return [PublishResult.retry(replies, "connection")] * len(messages)
+            again: list[int] = []
+            for i, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    again.append(i)
+                else:
+                    results[i] = _result(reply, messages[i])
+            if not again:
+                break
+            self._script_sha = None
+            todo = again
+        missing = PublishResult.retry("redis: the dedup script was not loaded", "no_script")
+        return [r if r is not None else missing for r in results]
+
+    async def _send(self, client: Any, messages: Sequence[OutboundMessage]) -> list[Any] | str:
+        """One pipelined round trip; per-command errors come back in place of replies.
+
+        Returns the error text instead when the whole round trip failed.
+        """
+        try:
+            if self._dedup_window and self._script_sha is None:
+                self._script_sha = await client.script_load(_DEDUP_XADD)
+            async with client.pipeline(transaction=False) as pipe:
+                for message in messages:
+                    self._queue(pipe, message)
+                if self._wait_replicas:
+                    pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            return f"redis: server unreachable or not answering: {_describe(exc)}"
+        except redis.exceptions.RedisError as exc:
+            return f"redis: {_describe(exc)}"
+        if self._wait_replicas:
+            acked = replies.pop()
+            if isinstance(acked, int) and acked < self._wait_replicas:
+                error = PublishResult.retry(
+                    f"redis: written to the primary, but only {acked} of {self._wait_replicas}"
+                    f" replica(s) acknowledged within {self._wait_ms} ms (WAIT)",
+                    "replicas",
+                )
+                return [r if isinstance(r, Exception) else error for r in replies]
+        return replies
+
+    def _queue(self, pipe: Any, message: OutboundMessage) -> None:
+        fields = _fields(message)
+        if self._dedup_window:
+            args: list[Any] = [self._dedup_window, self._maxlen or 0]
+            for name, value in fields.items():
+                args += [name, value]
+            pipe.evalsha(
+                self._script_sha,
+                2,
+                f"{DEDUP_KEY_PREFIX}{message.topic}:{message.event_id}",
+                message.topic,
+                *args,
+            )
+        elif self._maxlen:
+            pipe.xadd(message.topic, fields, maxlen=self._maxlen, approximate=True)
+        else:
+            pipe.xadd(message.topic, fields)
+
+
+def _result(reply: Any, message: OutboundMessage) -> PublishResult:
+    if isinstance(reply, PublishResult):
+        return reply
+    if not isinstance(reply, Exception):
+        return PublishResult.success()  # a stream entry id, or 0/1 from the dedup script
+    text = _describe(reply)
+    if "WRONGTYPE" in str(reply):
+        # The key holds something other than a stream; no retry changes that.
+        return PublishResult.permanent(
+            f"redis: key {message.topic!r} exists and is not a stream ({text});"
+            " rename the key or route the topic elsewhere, then `outboxkit replay`",
+            "wrong_type",
+        )
+    return PublishResult.retry(f"redis: {text}", type(reply).__name__)
+
+
+def _fields(message: OutboundMessage) -> dict[str, bytes | str]:
+    fields: dict[str, bytes | str] = {"data": message.payload}
+    for name, value in message.cloudevents_attributes().items():
+        fields[f"ce_{name}"] = value
+    user = message.user_headers()
+    if user:
+        fields["headers"] = orjson.dumps(user)
+    return fields
+
+
+def _number(key: str, value: str, kind: type[int] | type[float]) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise ConfigurationError(f"redis URL option {key}={value!r} is not {noun}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

@@ -1,0 +1,101 @@
+"""Topic routing: map event types or aggregate types to broker destinations.
+
+For tables whose ``topic`` column holds domain names rather than broker
+destinations. A :class:`RoutingPublisher` wraps any publisher and rewrites
+each message's topic before delegating, so the relay and the table stay as
+they are. Rules are tried in order; the first match wins; an event no rule
+matches keeps its topic.
+
+Rule syntax (``outboxkit relay --route RULE``, repeatable)::
+
+    order.*=orders                 event_type glob → destination
+    type:invoice.paid=billing      the same, explicit
+    aggregate:customer=customers   aggregate_type glob → destination
+    topic:legacy.*=archive         topic glob → destination
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+
+_FIELDS = {"type": "event_type", "aggregate": "aggregate_type", "topic": "topic"}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One rule: when ``field`` matches the glob ``pattern``, publish to ``destination``."""
+
+    field: str
+    pattern: str
+    destination: str
+
+    @classmethod
+    def parse(cls, rule: str) -> Route:
+        """``[type:|aggregate:|topic:]GLOB=DESTINATION``."""
+        selector, sep, destination = rule.partition("=")
+        selector, destination = selector.strip(), destination.strip()
+        if not sep or not selector or not destination:
+            raise ConfigurationError(
+                f"route {rule!r} is not PATTERN=DESTINATION; e.g. 'order.*=orders' or"
+                " 'aggregate:customer=customers'"
+            )
+        prefix, colon, pattern = selector.partition(":")
+        if colon and prefix in _FIELDS:
+            field = _FIELDS[prefix]
+        else:
+            field, pattern = "event_type", selector
+        if not pattern:
+            raise ConfigurationError(f"route {rule!r} has an empty pattern")
+        return cls(field, pattern, destination)
+
+    def matches(self, message: OutboundMessage) -> bool:
+        value = getattr(message, self.field)
+        return value is not None and fnmatch.fnmatchcase(value, self.pattern)
+
+    def __str__(self) -> str:
+        prefix = {v: k for k, v in _FIELDS.items()}[self.field]
+        return f"{prefix}:{self.pattern}={self.destination}"
+
+
+class RoutingPublisher:
+    """Rewrites each message's topic by the first matching :class:`Route`, then delegates."""
+
+    def __init__(self, inner: Publisher, routes: Iterable[Route | str]) -> None:
+        self.inner = inner
+        self.routes = [r if isinstance(r, Route) else Route.parse(r) for r in routes]
+        if not self.routes:
+            raise ConfigurationError("RoutingPublisher needs at least one route")
+        self.name = inner.name
+
+    def __repr__(self) -> str:
+        return f"RoutingPublisher({self.inner!r}, routes={[str(r) for r in self.routes]!r})"
+
+    def destination(self, message: OutboundMessage) -> str:
+        for route in self.routes:
+            if route.matches(message):
+                return route.destination
+        return message.topic
+
+    def route(self, message: OutboundMessage) -> OutboundMessage:
+        topic = self.destination(message)
+        return message if topic == message.topic else dataclasses.replace(message, topic=topic)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        return await self.inner.publish_batch([self.route(m) for m in messages])
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def with_routes(publisher: Publisher, routes: Sequence[str]) -> Publisher:
+    """``publisher`` wrapped in a :class:`RoutingPublisher`, or as is without routes."""
+    return RoutingPublisher(publisher, routes) if routes else publisher

@@ -1,0 +1,255 @@
+"""The RabbitMQ publisher against the machine's RabbitMQ, through the real relay.
+
+Every test declares its own exchange and queues (unique names) and deletes them after.
+Faults are real: a TCP proxy cuts the relay's connection; a relay process is SIGKILLed
+after publishing a batch and before settling it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aio_pika
+import pytest
+
+from outboxkit import Event
+from outboxkit.publishers.rabbitmq import RabbitMQPublisher
+from tests.support.local_brokers import rabbitmq_url
+from tests.support.relay_crash import settles_stalled
+from tests.support.relaying import (
+    count,
+    make_events,
+    rows,
+    running_relay,
+    spawn_relay,
+    wait_for,
+    write_events,
+)
+from tests.support.servers import unique_name
+
+
+class Rabbit:
+    """One test's exchange on the shared broker, and queues bound to it to read back."""
+
+    def __init__(self, url: str, channel: aio_pika.abc.AbstractChannel) -> None:
+        self.url = url
+        self.channel = channel
+        self.exchange = unique_name("outboxkit-test")
+        self.queues: list[aio_pika.abc.AbstractQueue] = []
+
+    def broker_url(self, *, port: int | None = None, **options: str) -> str:
+        parts = urlsplit(self.url)
+        netloc = parts.netloc if port is None else f"{parts.netloc.rsplit(':', 1)[0]}:{port}"
+        query = "&".join(f"{k}={v}" for k, v in {"exchange": self.exchange, **options}.items())
+        return f"{parts.scheme}://{netloc}{parts.path or '/'}?{query}"
+
+    async def bind(self, routing_pattern: str = "#") -> aio_pika.abc.AbstractQueue:
+        await self.channel.declare_exchange(self.exchange, "topic", durable=True)
+        queue = await self.channel.declare_queue(unique_name("outboxkit-test-q"), durable=True)
+        self.queues.append(queue)
+        await queue.bind(self.exchange, routing_pattern)
+        return queue
+
+    async def read(
+        self, queue: aio_pika.abc.AbstractQueue, n: int, timeout: float = 20.0
+    ) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        """Up to `n` messages (fewer on timeout), then whatever else is already queued."""
+        deadline = time.monotonic() + timeout
+        got: list[aio_pika.abc.AbstractIncomingMessage] = []
+        while time.monotonic() < deadline:
+            message = await queue.get(no_ack=True, fail=False)
+            if message is not None:
+                got.append(message)
+            elif len(got) >= n:
+                break
+            else:
+                await asyncio.sleep(0.05)
+        return got
+
+    async def depth(self, queue: aio_pika.abc.AbstractQueue) -> int:
+        declared = await self.channel.declare_queue(queue.name, passive=True)
+        return declared.declaration_result.message_count or 0
+
+
+@pytest.fixture
+async def rabbit() -> AsyncIterator[Rabbit]:
+    url = rabbitmq_url()
+    connection = await aio_pika.connect(url, timeout=10)
+    channel = await connection.channel()
+    helper = Rabbit(url, channel)
+    try:
+        yield helper
+    finally:
+        for queue in helper.queues:
+            await queue.delete(if_unused=False, if_empty=False)
+        await channel.exchange_delete(helper.exchange)
+        await connection.close()
+
+
+def _ids(messages: list[Any]) -> list[str]:
+    return [m.headers["idempotency-key"] for m in messages]
+
+
+async def test_committed_events_arrive_at_rabbitmq_with_properties_headers_and_payload_bytes(
+    db_dsn: str, rabbit: Rabbit
+) -> None:
+    queue = await rabbit.bind("orders.#")
+    events = make_events("orders.placed", 30)
+    forger = Event(
+        topic="orders.placed",
+        event_type="order.forged",
+        payload=b"\x00\xffraw",
+        headers={"idempotency-key": "forged", "cloudEvents_id": "forged", "x-app": "1"},
+    )
+    events.append(forger)
+    write_events(db_dsn, events)
+    async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):
+        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+    messages = await rabbit.read(queue, len(events))
+    by_id = {m.message_id: m for m in messages}
+    assert set(by_id) == {str(e.event_id) for e in events}
+    assert len(messages) == len(events)
+    for e in events:
+        m = by_id[str(e.event_id)]
+        headers = m.headers
+        assert m.body == e.payload
+        assert m.routing_key == "orders.placed"
+        assert m.type == e.event_type
+        assert m.app_id == "outboxkit"
+        assert m.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert m.timestamp is not None
+        assert headers["idempotency-key"] == str(e.event_id)
+        assert headers["cloudEvents_id"] == str(e.event_id)
+        assert headers["cloudEvents_type"] == e.event_type
+        assert headers["cloudEvents_specversion"] == "1.0"
+        assert "cloudEvents_datacontenttype" not in headers
+        if e is forger:
+            assert m.content_type == "application/octet-stream"
+            assert headers["x-app"] == "1"
+            assert "cloudEvents_subject" not in headers
+        else:
+            assert m.content_type == "application/json"
+            assert headers["cloudEvents_source"] == "/outboxkit/order"
+            assert headers["cloudEvents_subject"] == e.aggregate_id
+            assert headers["cloudEvents_partitionkey"] == e.key
+            assert headers["tenant"] == "acme"
+            assert headers["traceparent"] == e.headers["traceparent"]
+
+
+async def test_unroutable_event_is_retried_with_a_clear_error_until_a_queue_is_bound(
+    db_dsn: str, rabbit: Rabbit
+) -> None:
+    event = Event(topic="invoices.paid", event_type="invoice.paid", payload={"n": 1})
+    write_events(db_dsn, [event])
+    publisher = RabbitMQPublisher.from_url(rabbit.broker_url(timeout="5"))
+    async with running_relay(db_dsn, publisher, retry_base=0.2, retry_cap=0.5, max_attempts=100):
+        await wait_for(
+            lambda: count(db_dsn, "attempts >= 2 AND last_error IS NOT NULL") == 1,
+            what="a retried, unroutable event",
+        )
+        [row] = rows(db_dsn)
+        assert row["status"] == 0, "pending: retried, not dead-lettered"
+        assert "unroutable" in row["last_error"]
+        assert repr(rabbit.exchange) in row["last_error"]
+        assert "'invoices.paid'" in row["last_error"]
+        queue = await rabbit.bind("invoices.*")
+        await wait_for(lambda: count(db_dsn) == 0, what="delivered once a queue is bound")
+    [message] = await rabbit.read(queue, 1)
+    assert message.message_id == str(event.event_id)
+
+
+async def test_message_over_max_message_bytes_is_dead_lettered_at_once(
+    db_dsn: str, rabbit: Rabbit
+) -> None:
+    queue = await rabbit.bind()
+    big = Event(topic="files", event_type="file.stored", payload=b"x" * 5000)
+    small = Event(topic="files", event_type="file.stored", payload=b"ok")
+    write_events(db_dsn, [big, small])
+    publisher = RabbitMQPublisher.from_url(rabbit.broker_url(max_message_bytes="4096"))
+    async with running_relay(db_dsn, publisher):
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="both settled")
+    [dead] = rows(db_dsn)
+    assert dead["event_id"] == big.event_id
+    assert (dead["status"], dead["attempts"]) == (2, 1), "failed on the first attempt"
+    assert "max_message_bytes=4096" in dead["last_error"]
+    assert [m.message_id for m in await rabbit.read(queue, 1)] == [str(small.event_id)]
+
+
+async def test_connection_cut_mid_stream_loses_nothing(
+    db_dsn: str, rabbit: Rabbit, proxy_factory: Any
+) -> None:
+    queue = await rabbit.bind()
+    parts = urlsplit(rabbit.url)
+    proxy = proxy_factory(parts.hostname or "127.0.0.1", parts.port or 5672)
+    publisher = RabbitMQPublisher.from_url(rabbit.broker_url(port=proxy.port, timeout="2"))
+    events: list[Event] = []
+    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
+        for wave in range(6):
+            batch = make_events(f"orders.w{wave}", 25)
+            write_events(db_dsn, batch)
+            events += batch
+            if wave == 2:
+                proxy.cut()
+            if wave == 3:  # written during the outage
+                await wait_for(
+                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
+                    what="publishes failing while the connection is cut",
+                )
+            await asyncio.sleep(0.1)
+        assert count(db_dsn) > 0, "the backlog waits in the table"
+        proxy.resume()
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
+        assert relay.stats.retried > 0
+    ids = _ids(await rabbit.read(queue, len(events)))
+    assert set(ids) == {str(e.event_id) for e in events}, "nothing lost"
+
+
+@pytest.mark.slow
+async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
+    db_dsn: str, rabbit: Rabbit, tmp_path: Path
+) -> None:
+    queue = await rabbit.bind()
+    killed_batch = make_events("orders.placed", 40)
+    write_events(db_dsn, killed_batch)
+    with settles_stalled(db_dsn):
+        doomed = spawn_relay(
+            db_dsn,
+            rabbit.broker_url(),
+            tmp_path / "relay-a.log",
+            "--relay-id",
+            "relay-a",
+            "--lease",
+            "3",
+            "--batch-size",
+            "40",
+        )
+        try:
+            await wait_for(
+                lambda: _depth_at_least(rabbit, queue, 40),
+                timeout=30,
+                what="relay-a to publish its whole batch",
+            )
+            doomed.send_signal(signal.SIGKILL)
+            assert doomed.wait(10) == -signal.SIGKILL
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
+    later = make_events("orders.placed", 20)
+    write_events(db_dsn, later)
+    async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
+    ids = _ids(await rabbit.read(queue, 100))
+    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
+    duplicates = len(ids) - len(set(ids))
+    assert 0 < duplicates <= 40, "only the killed batch is published twice"
+
+
+async def _depth_at_least(rabbit: Rabbit, queue: aio_pika.abc.AbstractQueue, n: int) -> bool:
+    return await rabbit.depth(queue) >= n

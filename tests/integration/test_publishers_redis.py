@@ -1,0 +1,302 @@
+"""The Redis Streams publisher against real redis-servers, through the real relay.
+
+The machine's Redis carries the plain tests (unique stream names, deleted after); outage
+tests start a redis-server of their own with `appendfsync always` and SIGKILL it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio
+
+from outboxkit import Event
+from outboxkit.publishers.base import OutboundMessage
+from outboxkit.publishers.redis import DEDUP_KEY_PREFIX, RedisStreamsPublisher
+from tests.support.local_brokers import OwnRedis, redis_url
+from tests.support.relay_crash import settles_stalled
+from tests.support.relaying import (
+    count,
+    make_events,
+    rows,
+    running_relay,
+    spawn_relay,
+    wait_for,
+    write_events,
+)
+from tests.support.servers import unique_name
+
+
+class Streams:
+    """Stream names of one test on a Redis server, read back and deleted after."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: Any = redis.asyncio.Redis.from_url(url)
+        self.names: list[str] = []
+
+    def name(self, prefix: str = "orders") -> str:
+        stream = unique_name(f"outboxkit-test-{prefix}")
+        self.names.append(stream)
+        return stream
+
+    async def entries(self, stream: str) -> list[dict[bytes, bytes]]:
+        return [fields for _id, fields in await self.client.xrange(stream)]
+
+    async def ids(self, *streams: str) -> list[str]:
+        return [f[b"ce_id"].decode() for s in streams for f in await self.entries(s)]
+
+    async def cleanup(self) -> None:
+        if self.names:
+            await self.client.delete(*self.names)
+            for stream in self.names:
+                keys = await self.client.keys(f"{DEDUP_KEY_PREFIX}{stream}:*")
+                if keys:
+                    await self.client.delete(*keys)
+        await self.client.aclose()
+
+
+@pytest.fixture
+async def streams() -> AsyncIterator[Streams]:
+    helper = Streams(redis_url())
+    try:
+        yield helper
+    finally:
+        await helper.cleanup()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()
+
+
+def _message(topic: str, event: Event) -> OutboundMessage:
+    import datetime as dt
+
+    return OutboundMessage(
+        event_id=event.event_id,
+        topic=topic,
+        key=event.key,
+        event_type=event.event_type,
+        aggregate_type=event.aggregate_type,
+        aggregate_id=event.aggregate_id,
+        payload=event.payload,
+        headers=event.headers,
+        created_at=dt.datetime.now(dt.UTC),
+    )
+
+
+async def test_committed_events_arrive_in_redis_streams_with_fields_and_payload_bytes(
+    db_dsn: str, streams: Streams
+) -> None:
+    stream = streams.name()
+    events = make_events(stream, 30)
+    bare = Event(topic=stream, event_type="order.raw", payload=b"\x00\xff raw bytes")
+    events.append(bare)
+    write_events(db_dsn, events)
+    async with running_relay(db_dsn, RedisStreamsPublisher.from_url(streams.url)):
+        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+    entries = await streams.entries(stream)
+    assert [f[b"ce_id"].decode() for f in entries] == [str(e.event_id) for e in events], (
+        "every event once, in outbox order"
+    )
+    for e, fields in zip(events, entries, strict=True):
+        assert fields[b"data"] == e.payload
+        assert fields[b"ce_type"] == e.event_type.encode()
+        assert fields[b"ce_specversion"] == b"1.0"
+        assert fields[b"ce_time"]
+        if e is bare:
+            assert fields[b"ce_datacontenttype"] == b"application/octet-stream"
+            assert fields[b"ce_source"] == b"/outboxkit"
+            assert b"headers" not in fields, "no user headers, no field"
+            assert b"ce_subject" not in fields and b"ce_partitionkey" not in fields
+        else:
+            assert fields[b"ce_datacontenttype"] == b"application/json"
+            assert fields[b"ce_source"] == b"/outboxkit/order"
+            assert fields[b"ce_subject"] == e.aggregate_id.encode()  # type: ignore[union-attr]
+            assert fields[b"ce_partitionkey"] == e.key.encode()  # type: ignore[union-attr]
+            assert orjson.loads(fields[b"headers"]) == e.headers
+
+
+async def test_maxlen_trims_the_stream_approximately(streams: Streams) -> None:
+    stream = streams.name()
+    publisher = RedisStreamsPublisher.from_url(streams.url + "?maxlen=10")
+    await publisher.start()
+    try:
+        events = make_events(stream, 400)
+        results = await publisher.publish_batch([_message(stream, e) for e in events])
+    finally:
+        await publisher.close()
+    assert all(r.ok for r in results)
+    length = await streams.client.xlen(stream)
+    assert 10 <= length < 400, "MAXLEN ~ 10 trimmed whole nodes"
+    assert (await streams.ids(stream))[-1] == str(events[-1].event_id)
+
+
+async def test_dedup_window_adds_a_republished_event_once_and_reports_success(
+    streams: Streams,
+) -> None:
+    stream = streams.name()
+    publisher = RedisStreamsPublisher.from_url(streams.url + "?dedup_window=60")
+    await publisher.start()
+    try:
+        event = make_events(stream, 1)[0]
+        first = await publisher.publish_batch([_message(stream, event)])
+        again = await publisher.publish_batch([_message(stream, event)] * 2)
+    finally:
+        await publisher.close()
+    assert [r.ok for r in first + again] == [True, True, True]
+    assert await streams.ids(stream) == [str(event.event_id)]
+    ttl = await streams.client.ttl(f"{DEDUP_KEY_PREFIX}{stream}:{event.event_id}")
+    assert 0 < ttl <= 60
+
+
+async def test_key_of_another_type_dead_letters_at_once_and_leaves_no_dedup_mark(
+    db_dsn: str, streams: Streams
+) -> None:
+    stream = streams.name()
+    await streams.client.set(stream, "not a stream")
+    [event] = make_events(stream, 1)
+    write_events(db_dsn, [event])
+    publisher = RedisStreamsPublisher.from_url(streams.url + "?dedup_window=60")
+    async with running_relay(db_dsn, publisher):
+        await wait_for(lambda: count(db_dsn, "status = 2") == 1, what="dead-lettered")
+    [row] = rows(db_dsn)
+    assert row["attempts"] == 1
+    assert "is not a stream" in row["last_error"]
+    assert not await streams.client.exists(f"{DEDUP_KEY_PREFIX}{stream}:{event.event_id}"), (
+        "the failed XADD released its dedup mark, so a replay is not skipped"
+    )
+
+
+async def test_too_few_replicas_for_wait_is_retried_with_a_clear_error(
+    db_dsn: str, streams: Streams
+) -> None:
+    stream = streams.name()
+    write_events(db_dsn, make_events(stream, 3))
+    url = streams.url + "?wait_replicas=1&wait_timeout=0.1"
+    async with running_relay(db_dsn, RedisStreamsPublisher.from_url(url)):
+        await wait_for(lambda: count(db_dsn, "last_error IS NOT NULL") == 3, what="retries")
+    assert count(db_dsn, "status = 0") == 3, "pending, not dead-lettered"
+    assert "only 0 of 1 replica(s) acknowledged" in rows(db_dsn)[0]["last_error"]
+
+
+async def test_redis_killed_mid_stream_and_restarted_loses_nothing(
+    db_dsn: str, own_redis: OwnRedis
+) -> None:
+    stream = unique_name("orders")
+    publisher = RedisStreamsPublisher.from_url(own_redis.url + "?timeout=1")
+    events: list[Event] = []
+    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
+        for wave in range(6):
+            batch = make_events(stream, 25)
+            write_events(db_dsn, batch)
+            events += batch
+            if wave == 2:
+                own_redis.kill()
+            if wave == 3:  # written during the outage
+                await wait_for(
+                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
+                    what="publishes failing while Redis is down",
+                )
+            await asyncio.sleep(0.1)
+        assert count(db_dsn) > 0, "the backlog waits in the table"
+        own_redis.start()
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
+        assert relay.stats.retried > 0
+    reader = Streams(own_redis.url)
+    try:
+        ids = await reader.ids(stream)
+    finally:
+        await reader.client.aclose()
+    assert set(ids) == {str(e.event_id) for e in events}, "nothing acknowledged was lost"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dedup", [False, True], ids=["plain", "dedup"])
+async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
+    db_dsn: str, streams: Streams, tmp_path: Path, dedup: bool
+) -> None:
+    stream = streams.name()
+    url = streams.url + ("?dedup_window=300" if dedup else "")
+    killed_batch = make_events(stream, 40)
+    write_events(db_dsn, killed_batch)
+    with settles_stalled(db_dsn):
+        doomed = spawn_relay(
+            db_dsn,
+            url,
+            tmp_path / "relay-a.log",
+            "--relay-id",
+            "relay-a",
+            "--lease",
+            "3",
+            "--batch-size",
+            "40",
+        )
+        try:
+            await wait_for(
+                lambda: _length_at_least(streams, stream, 40),
+                timeout=30,
+                what="relay-a to publish its whole batch",
+            )
+            doomed.send_signal(signal.SIGKILL)
+            assert doomed.wait(10) == -signal.SIGKILL
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
+    later = make_events(stream, 20)
+    write_events(db_dsn, later)
+    async with running_relay(db_dsn, RedisStreamsPublisher.from_url(url)):
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
+    ids = await streams.ids(stream)
+    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
+    duplicates = len(ids) - len(set(ids))
+    if dedup:
+        assert duplicates == 0, "the dedup script absorbed the re-published batch"
+    else:
+        assert 0 < duplicates <= 40, "only the killed batch is published twice"
+
+
+async def _length_at_least(streams: Streams, stream: str, n: int) -> bool:
+    return int(await streams.client.xlen(stream)) >= n
+
+
+async def test_relay_command_routes_event_and_aggregate_types_to_their_streams(
+    db_dsn: str, streams: Streams, tmp_path: Path
+) -> None:
+    orders, customers = streams.name("orders"), streams.name("customers")
+    placed = Event(topic="domain", event_type="order.placed", payload={"n": 1})
+    moved = Event(
+        topic="domain", event_type="address.changed", aggregate_type="customer", payload={}
+    )
+    other = Event(topic=streams.name("unrouted"), event_type="invoice.paid", payload={})
+    write_events(db_dsn, [placed, moved, other])
+    relay = spawn_relay(
+        db_dsn,
+        streams.url,
+        tmp_path / "relay.log",
+        "--route",
+        f"order.*={orders}",
+        "--route",
+        f"aggregate:customer={customers}",
+    )
+    try:
+        await wait_for(lambda: count(db_dsn) == 0, timeout=30, what="the relay process drains")
+        relay.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(relay.wait, 15) == 0
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert await streams.ids(orders) == [str(placed.event_id)]
+    assert await streams.ids(customers) == [str(moved.event_id)]
+    assert await streams.ids(other.topic) == [str(other.event_id)], "no rule: keeps its topic"

@@ -1,0 +1,203 @@
+"""The SQS publisher against moto's SQS server (real HTTP, real boto3), through the real relay."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxkit import Event
+from outboxkit.publishers.sqs import SqsPublisher
+from tests.support.moto_sqs import MotoSqs
+from tests.support.relay_crash import settles_stalled
+from tests.support.relaying import (
+    count,
+    make_events,
+    rows,
+    running_relay,
+    spawn_relay,
+    wait_for,
+    write_events,
+)
+from tests.support.servers import unique_name
+
+
+@pytest.fixture
+def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoSqs]:
+    # Dummy credentials through the normal boto3 chain; relay processes inherit them.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = MotoSqs()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _ids(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["MessageAttributes"]["ce_id"]["StringValue"] for m in messages]
+
+
+def _attrs(message: dict[str, Any]) -> dict[str, str]:
+    return {k: v["StringValue"] for k, v in message["MessageAttributes"].items()}
+
+
+async def test_committed_events_arrive_in_sqs_with_attributes_and_payload(
+    db_dsn: str, sqs: MotoSqs
+) -> None:
+    queue = unique_name("orders")
+    queue_url = sqs.create_queue(queue)
+    events = make_events("orders", 25)
+    raw = Event(topic="orders", event_type="file.raw", payload=b"\x00\xff\xfe binary")
+    control = Event(topic="orders", event_type="note.added", payload="bell \x07 ✓".encode())
+    events += [raw, control]
+    write_events(db_dsn, events)
+    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url(queue))):
+        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+    messages = await asyncio.to_thread(sqs.drain, queue_url)
+    by_id = {_attrs(m)["ce_id"]: m for m in messages}
+    assert set(by_id) == {str(e.event_id) for e in events}
+    assert len(messages) == len(events)
+    for e in events:
+        message = by_id[str(e.event_id)]
+        attrs = _attrs(message)
+        assert len(attrs) <= 10, "SQS allows at most 10 message attributes"
+        assert attrs["ce_type"] == e.event_type
+        assert attrs["ce_specversion"] == "1.0"
+        assert attrs["ce_time"]
+        if e in (raw, control):
+            # not valid UTF-8, or characters SQS refuses in a body: base64
+            assert attrs["content-transfer-encoding"] == "base64"
+            assert base64.b64decode(message["Body"]) == e.payload
+            assert "ce_partitionkey" not in attrs and "headers" not in attrs
+        else:
+            assert "content-transfer-encoding" not in attrs
+            assert message["Body"].encode() == e.payload
+            assert attrs["content-type"] == "application/json"
+            assert attrs["ce_source"] == "/outboxkit/order"
+            assert attrs["ce_subject"] == e.aggregate_id
+            assert attrs["ce_partitionkey"] == e.key
+            assert json.loads(attrs["headers"]) == e.headers
+    assert _attrs(by_id[str(raw.event_id)])["content-type"] == "application/octet-stream"
+
+
+async def test_fifo_queue_groups_by_key_and_deduplicates_by_event_id(
+    db_dsn: str, sqs: MotoSqs
+) -> None:
+    queue = unique_name("orders") + ".fifo"
+    queue_url = sqs.create_queue(queue)
+    events = make_events("orders", 30, keys=3)
+    keyless = Event(topic="orders", event_type="order.note", payload={"n": 1})
+    events.append(keyless)
+    write_events(db_dsn, events)
+    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url(queue))):
+        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+    messages = await asyncio.to_thread(sqs.drain, queue_url)
+    assert sorted(_ids(messages)) == sorted(str(e.event_id) for e in events)
+    for m in messages:
+        assert m["Attributes"]["MessageDeduplicationId"] == _attrs(m)["ce_id"]
+        expected_group = _attrs(m).get("ce_partitionkey", "orders")  # keyless: the topic
+        assert m["Attributes"]["MessageGroupId"] == expected_group
+    for key in ("customer-0", "customer-1", "customer-2"):
+        in_queue = [_attrs(m)["ce_id"] for m in messages if _attrs(m).get("ce_partitionkey") == key]
+        assert in_queue == [str(e.event_id) for e in events if e.key == key], "per-key order"
+
+
+async def test_message_over_the_queue_limit_and_a_missing_queue_are_dead_lettered_at_once(
+    db_dsn: str, sqs: MotoSqs
+) -> None:
+    queue = unique_name("files")
+    queue_url = sqs.create_queue(queue, MaximumMessageSize="262144")
+    big = Event(topic=queue, event_type="file.stored", payload=b"x" * 270_000)
+    fits = Event(topic=queue, event_type="file.stored", payload=b"y" * 200_000)
+    lost = Event(topic=unique_name("nowhere"), event_type="file.stored", payload=b"z")
+    write_events(db_dsn, [big, fits, lost])
+    # one queue per topic: sqs://{topic}
+    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url("{topic}"))):
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="all settled")
+    dead = {r["event_id"]: r for r in rows(db_dsn)}
+    assert set(dead) == {big.event_id, lost.event_id}
+    assert all(r["status"] == 2 and r["attempts"] == 1 for r in dead.values()), "at once"
+    assert "over the queue's limit of 262144 bytes" in dead[big.event_id]["last_error"]
+    assert "does not exist" in dead[lost.event_id]["last_error"]
+    assert _ids(await asyncio.to_thread(sqs.drain, queue_url)) == [str(fits.event_id)]
+
+
+async def test_sqs_stopped_mid_stream_and_restarted_loses_nothing(
+    db_dsn: str, sqs: MotoSqs
+) -> None:
+    queue = unique_name("orders")
+    queue_url = sqs.create_queue(queue)
+    publisher = SqsPublisher.from_url(sqs.url(queue, timeout="2"))
+    events: list[Event] = []
+    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
+        for wave in range(6):
+            batch = make_events("orders", 25)
+            write_events(db_dsn, batch)
+            events += batch
+            if wave == 2:
+                await asyncio.to_thread(sqs.stop)
+            if wave == 3:  # written during the outage
+                await wait_for(
+                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
+                    what="publishes failing while SQS is down",
+                )
+            await asyncio.sleep(0.1)
+        assert count(db_dsn) > 0, "the backlog waits in the table"
+        await asyncio.to_thread(sqs.start)
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
+        assert relay.stats.retried > 0
+    ids = _ids(await asyncio.to_thread(sqs.drain, queue_url))
+    assert set(ids) == {str(e.event_id) for e in events}, "nothing lost"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
+async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
+    db_dsn: str, sqs: MotoSqs, tmp_path: Path, fifo: bool
+) -> None:
+    queue = unique_name("orders") + (".fifo" if fifo else "")
+    queue_url = sqs.create_queue(queue)
+    killed_batch = make_events("orders", 40)
+    write_events(db_dsn, killed_batch)
+    with settles_stalled(db_dsn):
+        doomed = spawn_relay(
+            db_dsn,
+            sqs.url(queue),
+            tmp_path / "relay-a.log",
+            "--relay-id",
+            "relay-a",
+            "--lease",
+            "3",
+            "--batch-size",
+            "40",
+        )
+        try:
+            await wait_for(
+                lambda: sqs.depth(queue_url) >= 40,
+                timeout=30,
+                what="relay-a to publish its whole batch",
+            )
+            doomed.send_signal(signal.SIGKILL)
+            assert doomed.wait(10) == -signal.SIGKILL
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
+    later = make_events("orders", 20)
+    write_events(db_dsn, later)
+    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url(queue))):
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
+    ids = _ids(await asyncio.to_thread(sqs.drain, queue_url))
+    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
+    duplicates = len(ids) - len(set(ids))
+    if fifo:
+        assert duplicates == 0, "MessageDeduplicationId absorbed the re-published batch"
+    else:
+        assert 0 < duplicates <= 40, "only the killed batch is published twice"

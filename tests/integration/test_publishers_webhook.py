@@ -1,0 +1,235 @@
+"""The webhook publisher against a real local HTTP server, through the real relay.
+
+Signatures are checked with the `standardwebhooks` package, an implementation
+independent of outboxkit's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from standardwebhooks import Webhook
+
+from outboxkit import Event
+from outboxkit.publishers.base import OutboundMessage
+from outboxkit.publishers.webhook import WebhookPublisher
+from tests.support.relay_crash import settles_stalled
+from tests.support.relaying import (
+    count,
+    make_events,
+    rows,
+    running_relay,
+    spawn_relay,
+    wait_for,
+    write_events,
+)
+from tests.support.webhook_server import WebhookServer
+
+SECRET = "whsec_" + base64.b64encode(b"outboxkit test secret, 32 bytes!").decode()
+
+
+@pytest.fixture
+def server() -> Iterator[WebhookServer]:
+    hooks = WebhookServer()
+    hooks.start()
+    yield hooks
+    hooks.stop()
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("OUTBOXKIT_TEST_WEBHOOK_SECRET", SECRET)
+    return "OUTBOXKIT_TEST_WEBHOOK_SECRET"
+
+
+def _publisher(server: WebhookServer, path: str = "/hooks", **options: str) -> WebhookPublisher:
+    query = "&".join(f"{k}={v}" for k, v in {"timeout": "2", **options}.items())
+    return WebhookPublisher.from_url(f"{server.url(path)}?{query}")
+
+
+async def test_events_are_posted_signed_with_cloudevents_headers_and_payload_bytes(
+    db_dsn: str, server: WebhookServer, secret_env: str
+) -> None:
+    events = make_events("orders/eu", 20)
+    raw = Event(
+        topic="orders/eu",
+        event_type="file.raw",
+        payload=b'{"raw": true}',
+        headers={"webhook-id": "forged", "ce-id": "forged", "Idempotency-Key": "forged"},
+    )
+    events.append(raw)
+    write_events(db_dsn, events)
+    publisher = _publisher(
+        server, "/hooks/{topic}/{event_type}", secret_env=secret_env, source="outboxkit"
+    )
+    assert SECRET not in repr(publisher)
+    async with running_relay(db_dsn, publisher):
+        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+    by_id = {r.headers["webhook-id"]: r for r in server.requests}
+    assert set(by_id) == {str(e.event_id) for e in events}
+    assert len(server.requests) == len(events)
+    verifier = Webhook(SECRET)
+    for e in events:
+        request = by_id[str(e.event_id)]
+        verifier.verify(request.body, request.headers, json_parse=False)  # raises if forged
+        assert request.body == e.payload
+        assert request.path == f"/hooks/orders%2Feu/{e.event_type}?source=outboxkit"
+        assert request.headers["idempotency-key"] == str(e.event_id)
+        assert request.headers["ce-id"] == str(e.event_id)
+        assert request.headers["ce-type"] == e.event_type
+        assert request.headers["ce-specversion"] == "1.0"
+        assert request.headers["ce-time"]
+        assert request.headers["webhook-signature"].startswith("v1,")
+        if e is raw:
+            assert request.headers["content-type"] == "application/octet-stream"
+        else:
+            assert request.headers["content-type"] == "application/json"
+            assert request.headers["ce-source"] == "/outboxkit/order"
+            assert request.headers["ce-subject"] == e.aggregate_id
+            assert request.headers["ce-partitionkey"] == e.key
+            assert request.headers["tenant"] == "acme"
+            assert request.headers["traceparent"] == e.headers["traceparent"]
+
+
+@pytest.mark.parametrize("status", [400, 413])
+async def test_client_error_is_dead_lettered_at_once_with_status_and_body_excerpt(
+    db_dsn: str, server: WebhookServer, status: int
+) -> None:
+    [event] = make_events("orders", 1)
+    write_events(db_dsn, [event])
+    server.answer(status, body=b"invalid order: " + b"z" * 2000)
+    async with running_relay(db_dsn, _publisher(server)):
+        await wait_for(lambda: count(db_dsn, "status = 2") == 1, what="dead-lettered")
+    [row] = rows(db_dsn)
+    assert row["attempts"] == 1, "no retry for a 4xx"
+    assert f"HTTP {status}" in row["last_error"]
+    assert "invalid order: zzz" in row["last_error"]
+    assert len(row["last_error"]) < 300 + 100, "a short excerpt of the body, not all of it"
+    assert len(server.requests) == 1
+
+
+async def test_server_error_is_retried_then_delivered(db_dsn: str, server: WebhookServer) -> None:
+    [event] = make_events("orders", 1)
+    write_events(db_dsn, [event])
+    server.answer(503, times=2, body=b"warming up")
+    async with running_relay(db_dsn, _publisher(server)) as relay:
+        await wait_for(lambda: count(db_dsn) == 0, what="delivered")
+    assert server.received_ids() == [str(event.event_id)] * 3
+    assert relay.stats.retried == 2
+    assert "HTTP 503: warming up" in (relay.stats.last_error or "")
+
+
+async def test_retry_after_holds_the_next_request_back(db_dsn: str, server: WebhookServer) -> None:
+    events = make_events("orders", 2)
+    write_events(db_dsn, events[:1])
+    server.answer(429, headers={"Retry-After": "2"})
+    async with running_relay(db_dsn, _publisher(server), retry_base=0.05, retry_cap=0.1) as relay:
+        await wait_for(lambda: len(server.requests) >= 1, what="the first request")
+        write_events(db_dsn, events[1:])  # a second event for the same origin meanwhile
+        await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="delivered after the wait")
+    first, *later = server.requests
+    gap = min(r.at for r in later) - first.at
+    assert gap >= 1.9, f"next request {gap:.2f}s after a Retry-After: 2"
+    assert sorted(server.received_ids()[1:]) == sorted(str(e.event_id) for e in events)
+    assert "Retry-After 2s" in (relay.stats.last_error or "")
+
+
+async def test_retry_after_longer_than_the_wait_budget_is_not_sent_and_says_so(
+    server: WebhookServer,
+) -> None:
+    server.answer(503, headers={"Retry-After": "120"})
+    publisher = _publisher(server, max_retry_after_wait="1")
+    await publisher.start()
+    try:
+        message = _message()
+        [first] = await publisher.publish_batch([message])
+        [second] = await publisher.publish_batch([message])
+    finally:
+        await publisher.close()
+    assert first.retryable and "Retry-After 120s" in (first.error or "")
+    assert second.retryable and "not sent" in (second.error or "")
+    assert "Retry-After" in (second.error or "")
+    assert len(server.requests) == 1, "nothing sent to the origin before Retry-After"
+
+
+async def test_receiver_down_mid_stream_and_back_loses_nothing(
+    db_dsn: str, server: WebhookServer
+) -> None:
+    events: list[Event] = []
+    async with running_relay(db_dsn, _publisher(server), batch_size=20) as relay:
+        for wave in range(6):
+            batch = make_events("orders", 15)
+            write_events(db_dsn, batch)
+            events += batch
+            if wave == 2:
+                await asyncio.to_thread(server.stop)
+            if wave == 3:  # written during the outage
+                await wait_for(
+                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
+                    what="posts failing while the receiver is down",
+                )
+            await asyncio.sleep(0.1)
+        assert count(db_dsn) > 0, "the backlog waits in the table"
+        await asyncio.to_thread(server.start)
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
+        assert relay.stats.retried > 0
+    assert set(server.received_ids()) == {str(e.event_id) for e in events}, "nothing lost"
+
+
+@pytest.mark.slow
+async def test_relay_killed_after_posting_a_batch_duplicates_at_most_that_batch(
+    db_dsn: str, server: WebhookServer, tmp_path: Path
+) -> None:
+    killed_batch = make_events("orders", 40)
+    write_events(db_dsn, killed_batch)
+    with settles_stalled(db_dsn):
+        doomed = spawn_relay(
+            db_dsn,
+            server.url(),
+            tmp_path / "relay-a.log",
+            "--relay-id",
+            "relay-a",
+            "--lease",
+            "3",
+            "--batch-size",
+            "40",
+        )
+        try:
+            await wait_for(
+                lambda: len(server.requests) >= 40,
+                timeout=30,
+                what="relay-a to post its whole batch",
+            )
+            doomed.send_signal(signal.SIGKILL)
+            assert doomed.wait(10) == -signal.SIGKILL
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+    later = make_events("orders", 20)
+    write_events(db_dsn, later)
+    async with running_relay(db_dsn, _publisher(server)):
+        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
+    ids = server.received_ids()
+    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
+    assert 0 < len(ids) - len(set(ids)) <= 40, "only the killed batch is posted twice"
+
+
+def _message() -> OutboundMessage:
+    [event] = make_events("orders", 1)
+    return OutboundMessage(
+        event_id=event.event_id,
+        topic=event.topic,
+        key=event.key,
+        event_type=event.event_type,
+        aggregate_type=event.aggregate_type,
+        aggregate_id=event.aggregate_id,
+        payload=event.payload,
+        headers=event.headers,
+        created_at=dt.datetime.now(dt.UTC),
+    )
