@@ -233,3 +233,20 @@ def _message() -> OutboundMessage:
         headers=event.headers,
         created_at=dt.datetime.now(dt.UTC),
     )
+
+
+async def test_a_long_retry_after_schedules_the_next_try_instead_of_burning_attempts(
+    db_dsn: str, server: WebhookServer
+) -> None:
+    write_events(db_dsn, make_events("orders", 1))
+    server.answer(503, headers={"Retry-After": "120"})
+    publisher = _publisher(server, max_retry_after_wait="1")
+    async with running_relay(db_dsn, publisher, retry_base=0.05, retry_cap=0.1, max_attempts=3):
+        await wait_for(lambda: count(db_dsn, "last_error IS NOT NULL") == 1, what="a failure")
+        await asyncio.sleep(1.0)  # backoff alone would have retried many times by now
+    [row] = rows(db_dsn)
+    assert row["attempts"] == 1, "one request, one attempt: the wait is not spent retrying"
+    assert row["status"] == 0, "still pending, not dead-lettered"
+    wait = (row["available_at"] - dt.datetime.now(dt.UTC)).total_seconds()
+    assert 100 < wait <= 120, f"next try scheduled after the Retry-After, not in {wait:.0f}s"
+    assert len(server.requests) == 1

@@ -68,14 +68,21 @@ class PublishResult:
     error: str | None = None
     retryable: bool = True
     error_class: str = field(default="", compare=False)
+    #: Seconds the broker asked us to wait (HTTP ``Retry-After``): the next try is
+    #: scheduled no earlier, so a long wait does not burn attempts.
+    retry_after: float | None = field(default=None, compare=False)
 
     @classmethod
     def success(cls) -> PublishResult:
         return _SUCCESS
 
     @classmethod
-    def retry(cls, error: str, error_class: str = "transient") -> PublishResult:
-        return cls(ok=False, error=error, retryable=True, error_class=error_class)
+    def retry(
+        cls, error: str, error_class: str = "transient", *, retry_after: float | None = None
+    ) -> PublishResult:
+        return cls(
+            ok=False, error=error, retryable=True, error_class=error_class, retry_after=retry_after
+        )
 
     @classmethod
     def permanent(cls, error: str, error_class: str = "rejected") -> PublishResult:

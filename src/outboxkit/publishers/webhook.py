@@ -178,6 +178,7 @@ class WebhookPublisher:
                     f"webhook: not sent: {redact(origin)} asked to wait (Retry-After) another"
                     f" {wait:.1f}s",
                     "retry_after",
+                    retry_after=wait,
                 )
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -226,7 +227,7 @@ class WebhookPublisher:
                     self._not_before.get(origin, 0.0), time.monotonic() + delay
                 )
                 text += f" (Retry-After {delay:g}s: nothing is sent to {redact(origin)} before)"
-            return PublishResult.retry(text, f"http_{status}")
+            return PublishResult.retry(text, f"http_{status}", retry_after=delay)
         if 300 <= status < 400:
             location = response.headers.get("location", "")
             text += f" (redirects are not followed; point the URL at {redact(location)})"

@@ -346,9 +346,8 @@ class Relay:
                 dead.append((claimed, result))
             else:
                 fail_status.append(PENDING)
-                fail_delay.append(
-                    full_jitter(claimed.attempts, base=self.retry_base, cap=self.retry_cap)
-                )
+                delay = full_jitter(claimed.attempts, base=self.retry_base, cap=self.retry_cap)
+                fail_delay.append(max(delay, result.retry_after or 0.0))
                 retried.append((claimed, result))
 
         if published:
