@@ -1,0 +1,216 @@
+"""NATS JetStream runner: a durable pull consumer, acked only after the database commit.
+
+A failed delivery is ``nak``-ed with a backoff delay; JetStream redelivers it.
+After ``max_deliveries`` failed deliveries the message is published to the
+dead-letter subject (stored by a stream you own, confirmed by its PubAck) and
+then terminated, so it is never redelivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import nats
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from outboxkit._redact import redact
+from outboxkit.consumers.base import (
+    EnvelopeError,
+    Handler,
+    ReceivedEvent,
+    _Runner,
+    from_cloudevents,
+)
+from outboxkit.errors import ConfigurationError
+from outboxkit.inbox import Inbox
+
+log = logging.getLogger("outboxkit.consumer.nats")
+
+_ACK_TIMEOUT = 5.0
+
+
+def decode(
+    subject: str, data: bytes, headers: dict[str, str] | None, delivery_count: int = 1
+) -> ReceivedEvent:
+    """The event in a JetStream message published by the NATS publisher (``ce-*`` headers)."""
+    attributes: dict[str, str] = {}
+    user: dict[str, str] = {}
+    content_type = None
+    for name, value in (headers or {}).items():
+        if name.startswith("ce-"):
+            attributes[name[3:]] = value
+        elif name == "content-type":
+            content_type = value
+        elif not name.startswith("Nats-"):
+            user[name] = value
+    return from_cloudevents(
+        topic=subject,
+        payload=data,
+        attributes=attributes,
+        headers=user,
+        content_type=content_type,
+        delivery_count=delivery_count,
+        fallback_id=(headers or {}).get("Nats-Msg-Id"),
+    )
+
+
+class NatsConsumer(_Runner):
+    """Consumes ``subject`` from ``stream`` with the durable pull consumer ``durable``.
+
+    ``await NatsConsumer(dsn, handler, consumer="billing", servers="nats://127.0.0.1:4222",
+    stream="ORDERS", subject="orders.>").run()`` runs until :meth:`stop`.
+    The durable consumer is created if missing (explicit acks, ``max_deliver``
+    one above ``max_deliveries`` so the last failed delivery is still ours to
+    dead-letter).
+    """
+
+    broker = "nats"
+
+    def __init__(
+        self,
+        dsn: str,
+        handler: Handler,
+        *,
+        consumer: str,
+        servers: str | list[str],
+        stream: str,
+        subject: str,
+        durable: str | None = None,
+        dead_letter_subject: str | None = None,
+        inbox: Inbox | None = None,
+        max_deliveries: int = 5,
+        retry_delay: float = 1.0,
+        ack_wait: float = 30.0,
+        batch: int = 10,
+        fetch_timeout: float = 1.0,
+    ) -> None:
+        super().__init__(
+            dsn,
+            handler,
+            consumer=consumer,
+            inbox=inbox,
+            max_deliveries=max_deliveries,
+            retry_delay=retry_delay,
+        )
+        if not stream or not subject:
+            raise ConfigurationError("nats consumer needs stream= and subject=")
+        self.servers = [servers] if isinstance(servers, str) else list(servers)
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable or consumer.replace(".", "_").replace(" ", "_")
+        self.dead_letter_subject = dead_letter_subject
+        self.ack_wait = ack_wait
+        self.batch = batch
+        self.fetch_timeout = fetch_timeout
+        self._js: Any = None
+
+    async def run(self) -> None:
+        """Fetch, apply and acknowledge until :meth:`stop` is called."""
+        nc = await nats.connect(
+            self.servers,
+            name=f"outboxkit-consumer-{self.consumer}",
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+        try:
+            self._js = nc.jetstream(timeout=10.0)
+            sub = await self._js.pull_subscribe(
+                self.subject,
+                durable=self.durable,
+                stream=self.stream,
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    max_deliver=self.max_deliveries + 1,
+                    ack_wait=self.ack_wait,
+                ),
+            )
+            while not self.stopping:
+                try:
+                    messages = await sub.fetch(self.batch, timeout=self.fetch_timeout)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except nats.errors.ConnectionClosedError:
+                    raise
+                except Exception as exc:
+                    log.warning("nats fetch failed: %s", redact(str(exc) or type(exc).__name__))
+                    await self._sleep_or_stop(0.5)
+                    continue
+                for msg in messages:
+                    await self._handle(msg)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5.0)
+            await self._close_db()
+
+    async def _handle(self, msg: Any) -> None:
+        delivered = int(msg.metadata.num_delivered or 1)
+        try:
+            event = decode(msg.subject, msg.data, msg.headers, delivered)
+        except EnvelopeError as exc:
+            await self._dead_letter(msg, str(exc))
+            return
+        if await self._apply(event):
+            with contextlib.suppress(Exception):
+                # Confirmed by the server; if the ack is lost the redelivery is a duplicate.
+                await msg.ack_sync(timeout=_ACK_TIMEOUT)
+            return
+        if delivered >= self.max_deliveries and self.dead_letter_subject:
+            await self._dead_letter(msg, f"failed {delivered} deliveries")
+        else:
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=self._backoff(delivered))
+
+    async def _dead_letter(self, msg: Any, reason: str) -> None:
+        if not self.dead_letter_subject:
+            log.error(
+                "nats consumer %r: dropping message %s on %s (%s); set dead_letter_subject=",
+                self.consumer,
+                msg.metadata.sequence.stream,
+                msg.subject,
+                reason,
+            )
+            with contextlib.suppress(Exception):
+                await msg.term()
+            return
+        # Keep the dedup id; drop the publisher's Nats-Expected-* checks meant for its stream.
+        headers = {
+            k: v
+            for k, v in (msg.headers or {}).items()
+            if not k.startswith("Nats-") or k == "Nats-Msg-Id"
+        }
+        headers.update(
+            {
+                "outboxkit-dead-letter-reason": reason,
+                "outboxkit-consumer": self.consumer,
+                "outboxkit-original-subject": msg.subject,
+            }
+        )
+        try:
+            await self._js.publish(self.dead_letter_subject, msg.data, headers=headers)
+        except Exception as exc:
+            # Not stored anywhere yet: let JetStream redeliver it rather than lose it.
+            log.error(
+                "nats consumer %r: cannot dead-letter to %r: %s",
+                self.consumer,
+                self.dead_letter_subject,
+                redact(str(exc) or type(exc).__name__),
+            )
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=self._backoff(self.max_deliveries))
+            return
+        self.stats.dead_lettered += 1
+        log.warning(
+            "nats consumer %r: message on %s dead-lettered to %s (%s)",
+            self.consumer,
+            msg.subject,
+            self.dead_letter_subject,
+            reason,
+        )
+        with contextlib.suppress(Exception):
+            await msg.term()

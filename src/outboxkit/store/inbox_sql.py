@@ -1,0 +1,146 @@
+"""The inbox's PostgreSQL side: its schema, its statements, and the migrate/purge that run them.
+
+Kept apart from ``postgres.py`` (the outbox's statements) because a consumer's
+database usually has an inbox and no outbox. Table names go through the same
+validation and quoting (:func:`parse_table`, :func:`quote_table`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from outboxkit.errors import SchemaError
+from outboxkit.store.postgres import MIGRATION_LOCK, migration_lock_key, parse_table, quote_table
+
+DEFAULT_INBOX_TABLE = "processed_events"
+
+# The primary key is the dedup: a second insert of the pair waits for the first
+# transaction, then inserts nothing (or, if the first rolled back, takes its place).
+CREATE_INBOX = """
+CREATE TABLE IF NOT EXISTS {table} (
+    consumer_name text NOT NULL,
+    event_id      uuid NOT NULL,
+    processed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, event_id)
+);
+-- retention deletes the oldest records first, in small batches
+CREATE INDEX IF NOT EXISTS {index_processed_at} ON {table} (processed_at);
+"""
+# RETURNING makes "inserted or not" one fetch in every driver (rowcount is not uniform).
+MARK_PROCESSED = """
+INSERT INTO {table} (consumer_name, event_id) VALUES (%s, %s::uuid)
+ON CONFLICT DO NOTHING RETURNING true
+"""
+IS_PROCESSED = (
+    "SELECT EXISTS (SELECT 1 FROM {table} WHERE consumer_name = %s AND event_id = %s::uuid)"
+)
+PURGE_PROCESSED_BATCH = """
+DELETE FROM {table} WHERE (consumer_name, event_id) IN (
+    SELECT consumer_name, event_id FROM {table}
+    WHERE processed_at < now() - make_interval(secs => %(age)s)
+      AND (%(consumer)s::text IS NULL OR consumer_name = %(consumer)s)
+    ORDER BY processed_at LIMIT %(limit)s
+)
+"""
+COUNT_PURGEABLE_PROCESSED = """
+SELECT count(*) FROM {table}
+WHERE processed_at < now() - make_interval(secs => %(age)s)
+  AND (%(consumer)s::text IS NULL OR consumer_name = %(consumer)s)
+"""
+
+
+class InboxStatements:
+    """The statements of one inbox table, rendered once with its quoted name."""
+
+    def __init__(self, table: str = DEFAULT_INBOX_TABLE) -> None:
+        schema, name = parse_table(table)
+        self.table = table
+        self.qualified = quote_table(schema, name)
+        slots = {
+            "table": self.qualified,
+            "index_processed_at": quote_table(None, f"{name}_processed_at_idx"[:63]),
+        }
+        self.create = CREATE_INBOX.format(**slots)
+        self.mark = MARK_PROCESSED.format(**slots)
+        self.is_processed = IS_PROCESSED.format(**slots)
+        self.purge_batch = PURGE_PROCESSED_BATCH.format(**slots)
+        self.count_purgeable = COUNT_PURGEABLE_PROCESSED.format(**slots)
+
+    def ddl(self) -> str:
+        """The inbox schema as one script, for users who run their own migration tool."""
+        return self.create.strip() + "\n"
+
+
+def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> None:
+    """Create the inbox table and its index if missing; safe to run twice or concurrently."""
+    stmts = InboxStatements(table)
+    with psycopg.connect(conninfo) as conn, conn.transaction():
+        # Two concurrent CREATE ... IF NOT EXISTS can still collide in the catalog.
+        conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
+        conn.execute(stmts.create)
+
+
+def purge_inbox(
+    conninfo: str,
+    *,
+    older_than: dt.timedelta,
+    table: str = DEFAULT_INBOX_TABLE,
+    consumer: str | None = None,
+    batch_size: int = 1000,
+    pause: float = 0.0,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete inbox records older than ``older_than`` in short transactions; returns the count.
+
+    Keep the records longer than any redelivery can arrive (broker retention,
+    relay retries): a purged record no longer stops a late duplicate.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    stmts = InboxStatements(table)
+    params = {"age": older_than.total_seconds(), "consumer": consumer, "limit": batch_size}
+    total = 0
+    with _connect(conninfo, table) as conn:
+        while True:
+            deleted = conn.execute(stmts.purge_batch, params).rowcount
+            total += deleted
+            if progress is not None:
+                progress(deleted)
+            if deleted < batch_size:
+                return total
+            if pause:
+                time.sleep(pause)
+
+
+def count_inbox_purgeable(
+    conninfo: str,
+    *,
+    older_than: dt.timedelta,
+    table: str = DEFAULT_INBOX_TABLE,
+    consumer: str | None = None,
+) -> int:
+    """How many records a purge would delete (for a progress bar)."""
+    stmts = InboxStatements(table)
+    params = {"age": older_than.total_seconds(), "consumer": consumer}
+    with _connect(conninfo, table) as conn:
+        row = conn.execute(stmts.count_purgeable, params).fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextmanager
+def _connect(conninfo: str, table: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            yield conn
+    except pg_errors.UndefinedTable:
+        raise SchemaError(
+            f"inbox table {table!r} not found: run `outboxkit migrate --inbox"
+            f" --inbox-table {table}`"
+        ) from None
