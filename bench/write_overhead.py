@@ -1,28 +1,46 @@
 """Write overhead: the reference business transaction with and without the outbox write.
 
-Variants are interleaved per transaction in a fresh random order each round,
-with an A/A control (the plain transaction against itself) so the machine's
-noise is visible next to the effect. Prints a table and writes JSON.
+Every write path the library offers (psycopg sync and async, asyncpg,
+SQLAlchemy sync and async) is measured against its own plain baseline: the
+same transaction through the same driver without the outbox write. Within a
+path the variants are interleaved per transaction in a fresh random order each
+round, with an A/A control (the plain transaction against itself) so the
+machine's noise is visible next to the effect. Paths take turns in blocks of
+rounds. Each variant gets its median, its overhead against the baseline and a
+95 % confidence interval of that ratio (bootstrap over rounds, paired). Prints
+a table and writes JSON.
 
-    python bench/write_overhead.py --dsn postgresql://postgres@127.0.0.1/bench --rounds 3000
+    python bench/write_overhead.py --dsn postgresql://postgres@127.0.0.1/bench
+    OUTBOXKIT_BENCH_WRITE_ROUNDS=20000 python bench/write_overhead.py --dsn ...   # longer
+
+The reference transaction (issue 5): insert an order, insert 3 order lines,
+update 3 stock rows, commit; ``synchronous_commit=on``; one connection.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import platform
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import orjson
 import psycopg
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
+from outboxkit.store.postgres import Statements
 
 SCHEMA = """
 DROP TABLE IF EXISTS bench_order_lines, bench_orders, bench_stock;
@@ -33,108 +51,630 @@ CREATE TABLE bench_order_lines (id bigserial PRIMARY KEY, order_id bigint NOT NU
 CREATE TABLE bench_stock (sku int PRIMARY KEY, qty int NOT NULL);
 INSERT INTO bench_stock SELECT g, 1000000000 FROM generate_series(1, 1000) g;
 """
+TARGET_PCT = 2.0
+AA_TOLERANCE_PCT = 1.0
+BLOCK_ROUNDS = 250  # paths take turns every this many rounds
+WARMUP_ROUNDS = 100  # per path: prepared statements, caches, connection state
+BOOTSTRAP_RESAMPLES = 500
+PAYLOAD = {"order": 1, "customer": "customer-1", "lines": [1, 2, 3], "total_cents": 4200}
+
+# The business statements in each driver's parameter style.
+NEW_ORDER = "INSERT INTO bench_orders (customer, total_cents) VALUES (%s, %s) RETURNING id"
+NEW_LINE = "INSERT INTO bench_order_lines (order_id, sku, qty) VALUES (%s, %s, %s)"
+TAKE_STOCK = "UPDATE bench_stock SET qty = qty - 1 WHERE sku = %s"
+PG_NEW_ORDER = "INSERT INTO bench_orders (customer, total_cents) VALUES ($1, $2) RETURNING id"
+PG_NEW_LINE = "INSERT INTO bench_order_lines (order_id, sku, qty) VALUES ($1, $2, $3)"
+PG_TAKE_STOCK = "UPDATE bench_stock SET qty = qty - 1 WHERE sku = $1"
+SA_NEW_ORDER = sa.text(
+    "INSERT INTO bench_orders (customer, total_cents) VALUES (:c, :t) RETURNING id"
+)
+SA_NEW_LINE = sa.text("INSERT INTO bench_order_lines (order_id, sku, qty) VALUES (:o, :s, :q)")
+SA_TAKE_STOCK = sa.text("UPDATE bench_stock SET qty = qty - 1 WHERE sku = :s")
+
+SyncTx = Callable[[], None]
+AsyncTx = Callable[[], Awaitable[None]]
 
 
-def business(conn: psycopg.Connection[Any], rng: random.Random) -> int:
-    order_id = conn.execute(
-        "INSERT INTO bench_orders (customer, total_cents) VALUES (%s, %s) RETURNING id",
-        (f"customer-{rng.randrange(1000)}", rng.randrange(100, 100000)),
-    ).fetchone()[0]  # type: ignore[index]
-    skus = rng.sample(range(1, 1001), 3)
-    for sku in skus:
-        conn.execute(
-            "INSERT INTO bench_order_lines (order_id, sku, qty) VALUES (%s, %s, %s)",
-            (order_id, sku, 1),
+class Order:
+    """The random inputs of one business transaction (drawn outside the timed section)."""
+
+    __slots__ = ("customer", "skus", "total")
+
+    def __init__(self, rng: random.Random) -> None:
+        self.customer = f"customer-{rng.randrange(1000)}"
+        self.total = rng.randrange(100, 100000)
+        self.skus = rng.sample(range(1, 1001), 3)
+
+
+def order_event(order_id: int) -> Event:
+    return Event(topic="orders", event_type="order.placed", key=str(order_id), payload=PAYLOAD)
+
+
+# -- the transaction, per driver ----------------------------------------------------
+
+
+def psycopg_business(conn: psycopg.Connection[Any], o: Order) -> int:
+    row = conn.execute(NEW_ORDER, (o.customer, o.total)).fetchone()
+    assert row is not None
+    order_id = int(row[0])
+    for sku in o.skus:
+        conn.execute(NEW_LINE, (order_id, sku, 1))
+    for sku in sorted(o.skus):
+        conn.execute(TAKE_STOCK, (sku,))
+    return order_id
+
+
+async def psycopg_async_business(conn: psycopg.AsyncConnection[Any], o: Order) -> int:
+    cur = await conn.execute(NEW_ORDER, (o.customer, o.total))
+    row = await cur.fetchone()
+    assert row is not None
+    order_id = int(row[0])
+    for sku in o.skus:
+        await conn.execute(NEW_LINE, (order_id, sku, 1))
+    for sku in sorted(o.skus):
+        await conn.execute(TAKE_STOCK, (sku,))
+    return order_id
+
+
+async def asyncpg_business(conn: asyncpg.Connection, o: Order) -> int:
+    order_id = int(await conn.fetchval(PG_NEW_ORDER, o.customer, o.total))
+    for sku in o.skus:
+        await conn.execute(PG_NEW_LINE, order_id, sku, 1)
+    for sku in sorted(o.skus):
+        await conn.execute(PG_TAKE_STOCK, sku)
+    return order_id
+
+
+def sqlalchemy_business(session: Session, o: Order) -> int:
+    order_id = int(session.execute(SA_NEW_ORDER, {"c": o.customer, "t": o.total}).scalar_one())
+    for sku in o.skus:
+        session.execute(SA_NEW_LINE, {"o": order_id, "s": sku, "q": 1})
+    for sku in sorted(o.skus):
+        session.execute(SA_TAKE_STOCK, {"s": sku})
+    return order_id
+
+
+async def sqlalchemy_async_business(session: AsyncSession, o: Order) -> int:
+    result = await session.execute(SA_NEW_ORDER, {"c": o.customer, "t": o.total})
+    order_id = int(result.scalar_one())
+    for sku in o.skus:
+        await session.execute(SA_NEW_LINE, {"o": order_id, "s": sku, "q": 1})
+    for sku in sorted(o.skus):
+        await session.execute(SA_TAKE_STOCK, {"s": sku})
+    return order_id
+
+
+# -- paths: each builds its variants (name -> one timed transaction) ------------------
+
+
+class WritePath:
+    """One write path: its connection and its variants, all sharing ``self.order``."""
+
+    name = ""
+    is_async = False
+
+    def __init__(self, dsn: str, rng: random.Random) -> None:
+        self.dsn = dsn
+        self.rng = rng
+        self.order = Order(rng)
+        self.variants: dict[str, Any] = {}
+
+    def next_order(self) -> None:
+        self.order = Order(self.rng)
+
+
+class PsycopgSync(WritePath):
+    name = "psycopg (sync)"
+
+    def __init__(self, dsn: str, rng: random.Random) -> None:
+        super().__init__(dsn, rng)
+        conn = psycopg.connect(dsn, autocommit=True)
+        self.conn = conn
+        stmts = Statements("outbox")
+
+        def plain() -> None:
+            with conn.transaction():
+                psycopg_business(conn, self.order)
+
+        def outbox(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with conn.transaction():
+                    ob.put(conn, order_event(psycopg_business(conn, self.order)))
+
+            return run
+
+        def before() -> None:
+            # The write as it was before the cursor reuse: a new cursor per call.
+            with conn.transaction():
+                e = order_event(psycopg_business(conn, self.order))
+                conn.execute(stmts.insert_one, _params(e))
+
+        def pipelined() -> None:
+            # The technique the issue suggests: the INSERT rides in COMMIT's round trip
+            # (psycopg pipeline mode). Kept as a measured reference, not a library API.
+            tx = conn.transaction()
+            tx.__enter__()
+            try:
+                e = order_event(psycopg_business(conn, self.order))
+            except BaseException as exc:
+                tx.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            with conn.pipeline():
+                conn.execute(stmts.insert_one, _params(e))
+                tx.__exit__(None, None, None)
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.put, notify off": outbox(Outbox(notify=False)),
+            "outbox.put, notify on": outbox(Outbox()),
+            "ref: conn.execute per put (before)": before,
+            "ref: INSERT pipelined with COMMIT": pipelined,
+        }
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PsycopgPipeline(WritePath):
+    name = "psycopg (sync), pipeline mode"
+
+    def __init__(self, dsn: str, rng: random.Random) -> None:
+        super().__init__(dsn, rng)
+        conn = psycopg.connect(dsn, autocommit=True)
+        self.conn = conn
+
+        # The application runs its transaction in pipeline mode: statements whose
+        # results it does not need are queued and sent with the next round trip, and
+        # the outbox INSERT queues with them (reading the order id forces one sync).
+        def plain() -> None:
+            with conn.pipeline(), conn.transaction():
+                psycopg_business(conn, self.order)
+
+        def outbox(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with conn.pipeline(), conn.transaction():
+                    ob.put(conn, order_event(psycopg_business(conn, self.order)))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.put, notify off": outbox(Outbox(notify=False)),
+            "outbox.put, notify on": outbox(Outbox()),
+        }
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class SqlAlchemySync(WritePath):
+    name = "SQLAlchemy Session (psycopg)"
+
+    def __init__(self, dsn: str, rng: random.Random) -> None:
+        super().__init__(dsn, rng)
+        self.engine = sa.create_engine(
+            dsn.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
         )
-    for sku in sorted(skus):
-        conn.execute("UPDATE bench_stock SET qty = qty - 1 WHERE sku = %s", (sku,))
-    return int(order_id)
+        engine = self.engine
+
+        def plain() -> None:
+            with Session(engine) as session, session.begin():
+                sqlalchemy_business(session, self.order)
+
+        def outbox(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with Session(engine) as session, session.begin():
+                    ob.put(session, order_event(sqlalchemy_business(session, self.order)))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.put, notify off": outbox(Outbox(notify=False)),
+            "outbox.put, notify on": outbox(Outbox()),
+        }
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+class PsycopgAsync(WritePath):
+    name = "psycopg (async)"
+    is_async = True
+
+    async def open(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        self.conn = conn
+
+        async def plain() -> None:
+            async with conn.transaction():
+                await psycopg_async_business(conn, self.order)
+
+        def outbox(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with conn.transaction():
+                    order_id = await psycopg_async_business(conn, self.order)
+                    await ob.aput(conn, order_event(order_id))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.aput, notify off": outbox(Outbox(notify=False)),
+            "outbox.aput, notify on": outbox(Outbox()),
+        }
+
+    async def aclose(self) -> None:
+        await self.conn.close()
+
+
+class Asyncpg(WritePath):
+    name = "asyncpg"
+    is_async = True
+
+    async def open(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        self.conn = conn
+
+        async def plain() -> None:
+            async with conn.transaction():
+                await asyncpg_business(conn, self.order)
+
+        def outbox(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with conn.transaction():
+                    await ob.aput(conn, order_event(await asyncpg_business(conn, self.order)))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.aput, notify off": outbox(Outbox(notify=False)),
+            "outbox.aput, notify on": outbox(Outbox()),
+        }
+
+    async def aclose(self) -> None:
+        await self.conn.close()
+
+
+class SqlAlchemyAsync(WritePath):
+    name = "SQLAlchemy AsyncSession (asyncpg)"
+    is_async = True
+
+    async def open(self) -> None:
+        self.engine = create_async_engine(
+            self.dsn.replace("postgresql://", "postgresql+asyncpg://", 1), pool_size=1
+        )
+        engine = self.engine
+
+        async def plain() -> None:
+            async with AsyncSession(engine) as session, session.begin():
+                await sqlalchemy_async_business(session, self.order)
+
+        def outbox(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with AsyncSession(engine) as session, session.begin():
+                    order_id = await sqlalchemy_async_business(session, self.order)
+                    await ob.aput(session, order_event(order_id))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.aput, notify off": outbox(Outbox(notify=False)),
+            "outbox.aput, notify on": outbox(Outbox()),
+        }
+
+    async def aclose(self) -> None:
+        await self.engine.dispose()
+
+
+def _params(e: Event) -> tuple[Any, ...]:
+    headers = orjson.dumps(e.headers).decode() if e.headers else "{}"
+    return (
+        e.event_id,
+        e.topic,
+        e.key,
+        e.event_type,
+        e.aggregate_type,
+        e.aggregate_id,
+        e.payload,
+        headers,
+    )
+
+
+# -- timing -------------------------------------------------------------------------
+
+
+def run_sync_block(path: WritePath, rounds: int, timings: Timings) -> None:
+    items = list(path.variants.items())
+    for _ in range(rounds):
+        path.rng.shuffle(items)
+        for name, tx in items:
+            path.next_order()
+            c0 = time.thread_time_ns()
+            t0 = time.perf_counter_ns()
+            tx()
+            t1 = time.perf_counter_ns()
+            timings.wall[name].append((t1 - t0) / 1e6)
+            timings.cpu[name].append((time.thread_time_ns() - c0) / 1e6)
+
+
+async def run_async_block(path: WritePath, rounds: int, timings: Timings) -> None:
+    items = list(path.variants.items())
+    for _ in range(rounds):
+        path.rng.shuffle(items)
+        for name, tx in items:
+            path.next_order()
+            c0 = time.thread_time_ns()
+            t0 = time.perf_counter_ns()
+            await tx()
+            t1 = time.perf_counter_ns()
+            timings.wall[name].append((t1 - t0) / 1e6)
+            timings.cpu[name].append((time.thread_time_ns() - c0) / 1e6)
+
+
+class Timings:
+    """Per variant: wall-clock latency and this process's CPU time, in ms, one per round."""
+
+    def __init__(self, variants: dict[str, Any]) -> None:
+        self.wall: dict[str, list[float]] = {v: [] for v in variants}
+        self.cpu: dict[str, list[float]] = {v: [] for v in variants}
+
+
+def wal_bytes_per_tx(path: WritePath, n: int = 300) -> dict[str, float]:
+    """WAL bytes each variant writes per transaction (one variant at a time, untimed)."""
+    out = {}
+    with psycopg.connect(path.dsn, autocommit=True) as probe:
+
+        def lsn() -> Any:
+            row = probe.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+            assert row is not None
+            return row[0]
+
+        for name, tx in path.variants.items():
+            if name == "plain (A/A control)":
+                continue
+            start = lsn()
+            for _ in range(n):
+                path.next_order()
+                tx()
+            row = probe.execute("SELECT pg_wal_lsn_diff(%s, %s)", (lsn(), start)).fetchone()
+            assert row is not None
+            out[name] = round(float(row[0]) / n, 1)
+    return out
+
+
+def ratio_ci(
+    xs: list[float], base: list[float], rng: random.Random, resamples: int
+) -> tuple[float, float]:
+    """95 % bootstrap interval of median(xs)/median(base), resampling whole rounds.
+
+    Round i of every variant ran back to back, so resampling rounds keeps each
+    variant paired with the baseline of the same moment (the noise they shared).
+    """
+    n = min(len(xs), len(base))
+    indices = range(n)
+    ratios = []
+    for _ in range(resamples):
+        pick = rng.choices(indices, k=n)
+        ratios.append(
+            statistics.median([xs[i] for i in pick]) / statistics.median([base[i] for i in pick])
+        )
+    ratios.sort()
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def summarise(
+    path: WritePath, timings: Timings, rng: random.Random, resamples: int
+) -> list[dict[str, Any]]:
+    base = timings.wall["plain (A)"]
+    base_med = statistics.median(base)
+    base_cpu = statistics.median(timings.cpu["plain (A)"])
+    out = []
+    for name, xs in timings.wall.items():
+        cpu = statistics.median(timings.cpu[name])
+        med = statistics.median(xs)
+        lo, hi = (1.0, 1.0) if xs is base else ratio_ci(xs, base, rng, resamples)
+        overhead = (med / base_med - 1) * 100
+        row: dict[str, Any] = {
+            "path": path.name,
+            "variant": name,
+            "rounds": len(xs),
+            "median_ms": round(med, 4),
+            "p99_ms": round(sorted(xs)[int(len(xs) * 0.99) - 1], 4),
+            "overhead_pct": round(overhead, 2),
+            "ci95_pct": [round((lo - 1) * 100, 2), round((hi - 1) * 100, 2)],
+            "client_cpu_ms": round(cpu, 4),
+            "client_cpu_extra_us": round((cpu - base_cpu) * 1000, 1),
+        }
+        if name.startswith(("outbox", "ref:")):
+            row["target_met"] = overhead <= TARGET_PCT
+        out.append(row)
+    return out
+
+
+def server_facts(dsn: str) -> dict[str, Any]:
+    names = (
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "full_page_writes",
+        "wal_level",
+        "shared_buffers",
+        "max_wal_size",
+        "checkpoint_timeout",
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)", (list(names),)
+        ).fetchall()
+    return {
+        name: f"{setting}{'' if unit is None else ' x ' + unit}" for name, setting, unit in rows
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    mem_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "cpu_model": _cpu_model(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dsn", required=True)
-    ap.add_argument("--rounds", type=int, default=3000)
-    ap.add_argument("--out", default="bench/results/write_overhead.json")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=int(os.environ.get("OUTBOXKIT_BENCH_WRITE_ROUNDS", "2000")),
+        help="rounds per path (env OUTBOXKIT_BENCH_WRITE_ROUNDS; default 2000, about 3 min)",
+    )
+    ap.add_argument(
+        "--paths",
+        default="all",
+        help="comma-separated subset of: psycopg, psycopg-pipeline, psycopg-async, asyncpg,"
+        " sqlalchemy, sqlalchemy-async (default: all)",
+    )
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "write_overhead.json"))
+    ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
 
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("DROP TABLE IF EXISTS outbox, outboxkit_schema_versions")
     migrate(args.dsn)
-    rng = random.Random(7)
-    with_notify, without_notify = Outbox(), Outbox(notify=False)
-    payload = {"order": 1, "customer": "customer-1", "lines": [1, 2, 3], "total_cents": 4200}
 
-    def plain(conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            business(conn, rng)
-
-    def outbox(ob: Outbox) -> Callable[[psycopg.Connection[Any]], None]:
-        def run(conn: psycopg.Connection[Any]) -> None:
-            with conn.transaction():
-                order_id = business(conn, rng)
-                ob.put(
-                    conn,
-                    Event(
-                        topic="orders",
-                        event_type="order.placed",
-                        key=str(order_id),
-                        payload=payload,
-                    ),
-                )
-
-        return run
-
-    variants: dict[str, Callable[[psycopg.Connection[Any]], None]] = {
-        "plain (A)": plain,
-        "plain (A/A control)": plain,
-        "outbox, notify off": outbox(without_notify),
-        "outbox, notify on": outbox(with_notify),
+    all_paths: dict[str, type[WritePath]] = {
+        "psycopg": PsycopgSync,
+        "psycopg-pipeline": PsycopgPipeline,
+        "psycopg-async": PsycopgAsync,
+        "asyncpg": Asyncpg,
+        "sqlalchemy": SqlAlchemySync,
+        "sqlalchemy-async": SqlAlchemyAsync,
     }
-    timings: dict[str, list[float]] = {k: [] for k in variants}
-    with psycopg.connect(args.dsn, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        for _ in range(200):  # warm-up: prepared statements, caches
-            for fn in variants.values():
-                fn(conn)
-        for _ in range(args.rounds):
-            order = list(variants.items())
-            rng.shuffle(order)
-            for name, fn in order:
-                t0 = time.perf_counter_ns()
-                fn(conn)
-                timings[name].append((time.perf_counter_ns() - t0) / 1e6)
-        server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+    chosen = list(all_paths) if args.paths == "all" else args.paths.split(",")
+    rng = random.Random(args.seed)
+    loop = asyncio.new_event_loop()
+    paths: list[WritePath] = []
+    for key in chosen:
+        path = all_paths[key](args.dsn, random.Random(rng.random()))
+        if path.is_async:
+            loop.run_until_complete(path.open())  # type: ignore[attr-defined]
+        paths.append(path)
 
-    base = statistics.median(timings["plain (A)"])
-    results = []
-    print(f"{'variant':<24} {'median ms':>10} {'p99 ms':>8} {'vs plain':>9}")
-    for name, xs in timings.items():
-        xs.sort()
-        med = statistics.median(xs)
-        p99 = xs[int(len(xs) * 0.99) - 1]
-        delta = (med / base - 1) * 100
-        results.append({"variant": name, "median_ms": med, "p99_ms": p99, "overhead_pct": delta})
-        print(f"{name:<24} {med:>10.3f} {p99:>8.3f} {delta:>+8.1f}%")
+    timings = {p.name: Timings(p.variants) for p in paths}
+    started = time.time()
+    for path in paths:  # warm-up, discarded
+        scratch = Timings(path.variants)
+        if path.is_async:
+            loop.run_until_complete(run_async_block(path, WARMUP_ROUNDS, scratch))
+        else:
+            run_sync_block(path, WARMUP_ROUNDS, scratch)
+    done = 0
+    while done < args.rounds:
+        block = min(BLOCK_ROUNDS, args.rounds - done)
+        rng.shuffle(paths)
+        for path in paths:
+            if path.is_async:
+                loop.run_until_complete(run_async_block(path, block, timings[path.name]))
+            else:
+                run_sync_block(path, block, timings[path.name])
+        done += block
+        print(f"  {done}/{args.rounds} rounds, {time.time() - started:.0f} s", flush=True)
+    elapsed = time.time() - started
+    loadavg_end = os.getloadavg()
+    wal = {p.name: wal_bytes_per_tx(p) for p in paths if not p.is_async}
+    for path in paths:
+        if path.is_async:
+            loop.run_until_complete(path.aclose())  # type: ignore[attr-defined]
+        else:
+            path.close()  # type: ignore[attr-defined]
+    loop.close()
+
+    order = {k: i for i, k in enumerate(all_paths.values())}
+    paths.sort(key=lambda p: order[type(p)])
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        results += summarise(path, timings[path.name], rng, BOOTSTRAP_RESAMPLES)
+    for r in results:
+        if r["path"] in wal and r["variant"] in wal[r["path"]]:
+            r["wal_bytes_per_tx"] = wal[r["path"]][r["variant"]]
+
+    print(
+        f"\n{'path':<34} {'variant':<36} {'median ms':>9} {'overhead':>9} {'95% CI':>16}"
+        f" {'client CPU':>10} {'WAL B/tx':>8}"
+    )
+    noisy = []
+    for r in results:
+        lo, hi = r["ci95_pct"]
+        wal_b = r.get("wal_bytes_per_tx")
+        print(
+            f"{r['path']:<34} {r['variant']:<36} {r['median_ms']:>9.3f}"
+            f" {r['overhead_pct']:>+8.1f}% [{lo:>+6.1f}, {hi:>+6.1f}]"
+            f" {r['client_cpu_extra_us']:>+8.0f}us {'' if wal_b is None else f'{wal_b:8.0f}'}"
+        )
+        if r["variant"] == "plain (A/A control)" and abs(r["overhead_pct"]) > AA_TOLERANCE_PCT:
+            noisy.append(r["path"])
+    if noisy:
+        print(
+            f"\nA/A control beyond ±{AA_TOLERANCE_PCT} % for {', '.join(noisy)}:"
+            " the machine was noisy; re-run (more rounds, or a quieter moment)."
+        )
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    machine = machine_facts()
+    machine["loadavg_end"] = loadavg_end
     out.write_text(
         json.dumps(
             {
                 "benchmark": "write_overhead",
-                "rounds": args.rounds,
-                "server_version": server,
-                "machine": {
-                    "cpus": __import__("os").cpu_count(),
-                    "python": platform.python_version(),
-                },
-                "date": time.strftime("%Y-%m-%d"),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "rounds_per_path": args.rounds,
+                "elapsed_s": round(elapsed, 1),
+                "target_pct": TARGET_PCT,
+                "aa_tolerance_pct": AA_TOLERANCE_PCT,
+                "noisy_paths": noisy,
+                "machine": machine,
+                "server": server_facts(args.dsn),
                 "results": results,
             },
             indent=2,
         )
+        + "\n"
     )
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

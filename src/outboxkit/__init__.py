@@ -12,6 +12,7 @@ from outboxkit.errors import (
     SchemaError,
 )
 from outboxkit.events import Event
+from outboxkit.inbox import Inbox
 from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from_url
 from outboxkit.relay import Relay, RelayStats
 from outboxkit.store.migrate import migrate
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "Event",
+    "Inbox",
     "InvalidEventError",
     "NotInTransactionError",
     "OutboundMessage",

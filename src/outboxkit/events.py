@@ -10,6 +10,7 @@ import orjson
 from uuid_utils.compat import uuid7
 
 from outboxkit.errors import InvalidEventError
+from outboxkit.tracing import capture as _capture_trace_context
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 _MAX_TOPIC_CHARS = 1024
@@ -101,6 +102,8 @@ class Event:
                         f"header {hname!r} must be a string, got {type(hvalue).__name__}"
                     )
                 clean_headers[hname] = hvalue
+        # W3C traceparent/tracestate of the active span, if any (a dict lookup otherwise).
+        _capture_trace_context(clean_headers)
         if not is_json and "content-type" not in clean_headers:
             # JSON is the default content type and costs no bytes; say so only for raw bytes.
             clean_headers["content-type"] = "application/octet-stream"

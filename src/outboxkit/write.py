@@ -67,6 +67,13 @@ class Outbox:
         else:
             self._one, self._many = self._sql.insert_one, self._sql.insert_many
         self._one_dollar, self._many_dollar = numbered(self._one), numbered(self._many)
+        # One reusable psycopg cursor per Outbox, for the connection it last wrote
+        # through: conn.execute() would build a cursor and look up the parameter
+        # dumpers on every call (~10 % of the write's cost, see docs/benchmarks.md).
+        # A (connection, cursor) tuple is swapped atomically, so sharing an Outbox
+        # across threads costs at most a new cursor, never a wrong one.
+        self._sync_cursor: tuple[Any, Any] | None = None
+        self._async_cursor: tuple[Any, Any] | None = None
 
     def __repr__(self) -> str:
         return f"Outbox(table={self.table!r}, notify={self.notify})"
@@ -110,7 +117,13 @@ class Outbox:
     def _execute_sync(self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]) -> None:
         if isinstance(conn, psycopg.Connection):
             _check_psycopg(conn)
-            conn.execute(stmt, params)
+            cached = self._sync_cursor
+            if cached is not None and cached[0] is conn:
+                cursor = cached[1]
+            else:
+                cursor = conn.cursor()
+                self._sync_cursor = (conn, cursor)
+            cursor.execute(stmt, params)
             return
         sa = _sqlalchemy_sync_connection(conn)
         if sa is not None:
@@ -139,7 +152,13 @@ class Outbox:
     ) -> None:
         if isinstance(conn, psycopg.AsyncConnection):
             _check_psycopg(conn)
-            await conn.execute(stmt, params)
+            cached = self._async_cursor
+            if cached is not None and cached[0] is conn:
+                acursor = cached[1]
+            else:
+                acursor = conn.cursor()
+                self._async_cursor = (conn, acursor)
+            await acursor.execute(stmt, params)
             return
         if _is_asyncpg_connection(conn):
             if conn.is_closed() or not conn.is_in_transaction():
@@ -168,12 +187,18 @@ class Outbox:
 def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     if conn.closed:
         raise NotInTransactionError("the psycopg connection is closed")
-    status = conn.info.transaction_status
+    status = conn.pgconn.transaction_status  # conn.info builds a new object per access
     if status == TransactionStatus.INERROR:
         raise NotInTransactionError(
             "the transaction has already failed (an earlier statement raised);"
             " roll back and retry the whole unit of work"
         )
+    if status == TransactionStatus.ACTIVE:
+        # Pipeline mode: statements are queued and libpq cannot tell whether a BEGIN
+        # is among them without a round trip. psycopg counts its open transaction()
+        # blocks; a non-autocommit connection has begun one implicitly.
+        if not conn.autocommit or getattr(conn, "_num_transactions", 0) > 0:
+            return
     if conn.autocommit and status != TransactionStatus.INTRANS:
         raise NotInTransactionError(
             "the psycopg connection is in autocommit mode with no transaction open;"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
 import sqlalchemy as sa
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -73,23 +77,73 @@ def test_put_many_keeps_the_order_of_the_events(shop_dsn: str) -> None:
     assert [r["event_id"] for r in rows(shop_dsn)] == [e.event_id for e in events]
 
 
-def test_put_many_sends_a_single_statement(shop_dsn: str) -> None:
-    """One round trip however many events: the adapter makes exactly one execute call."""
+def _client_round_trips(conn: psycopg.Connection[Any], work: Callable[[], None]) -> list[str]:
+    """The messages that end a client round trip (Sync, simple Query) while ``work`` runs."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            work()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().splitlines()
+    sent = [line.split("\t") for line in lines if line.startswith("F\t")]
+    return [fields[2].strip() for fields in sent if fields[2].strip() in ("Sync", "Query")]
+
+
+def test_put_many_is_one_round_trip_however_many_events(shop_dsn: str) -> None:
     outbox = Outbox()
-    with psycopg.connect(shop_dsn) as conn:
-        calls = 0
-        original = conn.execute
-
-        def counting_execute(*args: object, **kwargs: object) -> object:
-            nonlocal calls
-            calls += 1
-            return original(*args, **kwargs)  # type: ignore[arg-type]
-
-        conn.execute = counting_execute  # type: ignore[method-assign]
-        with conn.transaction():
-            outbox.put_many(conn, [_event(i) for i in range(1000)])
-    assert calls == 1
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        sent = _client_round_trips(
+            conn, lambda: outbox.put_many(conn, [_event(i) for i in range(1000)])
+        )
+    assert sent == ["Sync"]
     assert count(shop_dsn) == 1000
+
+
+def test_one_outbox_writes_through_many_connections_and_threads(shop_dsn: str) -> None:
+    """The reused cursor follows the connection: each event lands in its own transaction."""
+    outbox = Outbox(notify=False)
+    with psycopg.connect(shop_dsn) as a, psycopg.connect(shop_dsn) as b:
+        with a.transaction(), b.transaction():
+            outbox.put(a, _event(1))
+            outbox.put(b, _event(2))
+            outbox.put(a, _event(3))
+            b.execute("SELECT 1")  # b's transaction stays open until the with exits
+        with pytest.raises(RuntimeError), a.transaction():
+            outbox.put(a, _event(4))
+            raise RuntimeError("rolled back")
+    orders = [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)]
+    assert sorted(orders) == [1, 2, 3]
+
+    def writer(first: int) -> None:
+        with psycopg.connect(shop_dsn) as conn:
+            for i in range(first, first + 50):
+                with conn.transaction():
+                    outbox.put(conn, _event(i))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(writer, [100, 200, 300, 400]))
+    orders = [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)]
+    assert sorted(orders) == [
+        1,
+        2,
+        3,
+        *range(100, 150),
+        *range(200, 250),
+        *range(300, 350),
+        *range(400, 450),
+    ]
+
+
+def test_a_closed_connection_is_refused_after_it_was_written_through(shop_dsn: str) -> None:
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        outbox.put(conn, _event(1))
+    with pytest.raises(NotInTransactionError, match="closed"):
+        outbox.put(conn, _event(2))
+    assert count(shop_dsn) == 1
 
 
 def test_an_empty_put_many_is_a_no_op(shop_dsn: str) -> None:

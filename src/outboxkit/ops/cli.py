@@ -17,6 +17,7 @@ from rich.table import Table
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.ops.logs import setup_logging
 
 console = Console()
 err_console = Console(stderr=True)
@@ -37,6 +38,18 @@ table_option = click.option(
     show_default=True,
     show_envvar=True,
     help=_TABLE_HELP,
+)
+
+inbox_option = click.option(
+    "--inbox", is_flag=True, help="Act on the consumer inbox table instead of the outbox."
+)
+inbox_table_option = click.option(
+    "--inbox-table",
+    envvar="OUTBOXKIT_INBOX_TABLE",
+    default="processed_events",
+    show_default=True,
+    show_envvar=True,
+    help="Inbox table name (with --inbox), optionally schema-qualified.",
 )
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
@@ -74,40 +87,6 @@ def _run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
         _fail(str(exc), 2)
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": redact(record.getMessage()),
-        }
-        if record.exc_info:
-            entry["exc"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry)
-
-
-class _RedactingFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(
-            _RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # Client libraries are chatty at INFO about reconnects we already report.
-    for noisy in ("nats", "psycopg", "asyncio", "httpx", "aiormq", "aio_pika", "botocore"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="outboxkit")
 def main() -> None:
@@ -132,17 +111,25 @@ def main() -> None:
 @click.option("--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=_DSN_HELP)
 @table_option
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
-def migrate(dsn: str | None, table: str, print_sql: bool) -> None:
+@inbox_option
+@inbox_table_option
+def migrate(dsn: str | None, table: str, print_sql: bool, inbox: bool, inbox_table: str) -> None:
     """Create or upgrade the outbox table (idempotent; safe from several processes at once).
+
+    With --inbox, create the consumer-side inbox table (processed_events) instead.
 
     \b
     Examples:
       outboxkit migrate --dsn postgresql://app@db/shop
       outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
+      outboxkit migrate --inbox --dsn postgresql://app@db/billing
     """
     from outboxkit.store.migrate import migrate as run_migrate
     from outboxkit.store.postgres import Statements
 
+    if inbox:
+        _migrate_inbox(dsn, inbox_table, print_sql)
+        return
     if print_sql:
         try:
             click.echo(Statements(table).ddl(), nl=False)
@@ -153,6 +140,21 @@ def migrate(dsn: str | None, table: str, print_sql: bool) -> None:
         _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
     version = _run_guarded(run_migrate, dsn, table=table)
     console.print(f"[green]✓[/] outbox table [bold]{table}[/] is at schema version {version}")
+
+
+def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
+    from outboxkit.store.inbox_sql import InboxStatements, migrate_inbox
+
+    if print_sql:
+        try:
+            click.echo(InboxStatements(inbox_table).ddl(), nl=False)
+        except ConfigurationError as exc:
+            _fail(str(exc), 2)
+        return
+    if not dsn:
+        _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    _run_guarded(migrate_inbox, dsn, table=inbox_table)
+    console.print(f"[green]✓[/] inbox table [bold]{inbox_table}[/] is ready")
 
 
 # -- relay --------------------------------------------------------------------------
@@ -220,7 +222,37 @@ def migrate(dsn: str | None, table: str, print_sql: bool) -> None:
     show_default=True,
 )
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per line (ts, level, logger, msg, fields) for log pipelines.",
+)
+@click.option(
+    "--log-interval",
+    default=30.0,
+    show_default=True,
+    help="Seconds between INFO summaries of claims and publishes (failures are logged at once).",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="OUTBOXKIT_METRICS_PORT",
+    show_envvar=True,
+    default=None,
+    help="Serve /metrics (Prometheus), /healthz and /readyz on this port [default: off].",
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",  # noqa: S104 - scraped from other hosts/pods by design
+    show_default=True,
+    help="Interface for --metrics-port.",
+)
+@click.option(
+    "--gauge-interval",
+    default=5.0,
+    show_default=True,
+    help="Seconds between reads of the table gauges (backlog, failed, oldest pending age).",
 )
 def relay(
     dsn: str,
@@ -239,6 +271,10 @@ def relay(
     shutdown_timeout: float,
     log_level: str,
     log_format: str,
+    log_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    gauge_interval: float,
 ) -> None:
     """Publish events from the outbox to a broker until stopped (SIGTERM/SIGINT).
 
@@ -259,6 +295,9 @@ def relay(
         from outboxkit.publishers.routing import with_routes
 
         publisher = with_routes(from_url(broker), routes)
+        observer, metrics = _relay_observer(
+            dsn, table, metrics_port, gauge_interval, broker, log_interval
+        )
         engine = Relay(
             dsn,
             publisher,
@@ -273,6 +312,7 @@ def relay(
             retry_cap=retry_cap,
             listen=not no_listen,
             shutdown_timeout=shutdown_timeout,
+            observer=observer,
         )
     except OutboxkitError as exc:
         _fail(str(exc), 2)
@@ -281,12 +321,51 @@ def relay(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)
-        await engine.run()
+        logging.getLogger("outboxkit.cli").info("relay from %s to %s", redact(dsn), redact(broker))
+        if metrics is None or metrics_port is None:
+            await engine.run()
+            return
+        from outboxkit.ops.http import metrics_app, serving
+
+        metrics.attach(engine)
+        async with serving(metrics_app(metrics), metrics_host, metrics_port):
+            gauges = asyncio.create_task(metrics.run_gauges())
+            try:
+                await engine.run()
+            finally:
+                gauges.cancel()
+                await asyncio.gather(gauges, return_exceptions=True)
 
     try:
         asyncio.run(_main())
     except OutboxkitError as exc:
         _fail(str(exc), 2)
+
+
+def _relay_observer(
+    dsn: str,
+    table: str,
+    metrics_port: int | None,
+    gauge_interval: float,
+    broker: str,
+    log_interval: float,
+) -> tuple[Any, Any]:
+    """Summary logs, batch spans (with opentelemetry) and, with --metrics-port, metrics."""
+    from urllib.parse import urlsplit
+
+    from outboxkit import tracing
+    from outboxkit.relay.observer import BatchTracing, Observers, SummaryLog
+
+    observers: list[Any] = [SummaryLog(interval=log_interval)]
+    if tracing.available():
+        observers.append(BatchTracing(system=urlsplit(broker).scheme.lower()))
+    metrics = None
+    if metrics_port is not None:
+        from outboxkit.ops.metrics import RelayMetrics
+
+        metrics = RelayMetrics(dsn, table=table, gauge_interval=gauge_interval)
+        observers.append(metrics)
+    return Observers(*observers), metrics
 
 
 # -- status -------------------------------------------------------------------------
@@ -453,18 +532,57 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
 )
 @click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
 @click.option("--json", "as_json", is_flag=True)
-def purge(dsn: str, table: str, older_than: str, batch_size: int, as_json: bool) -> None:
-    """Delete published rows (retention=keep) older than a duration, in small batches."""
+@inbox_option
+@inbox_table_option
+@click.option("--consumer", default=None, help="With --inbox: only this consumer's records.")
+def purge(
+    dsn: str,
+    table: str,
+    older_than: str,
+    batch_size: int,
+    as_json: bool,
+    inbox: bool,
+    inbox_table: str,
+    consumer: str | None,
+) -> None:
+    """Delete published rows (retention=keep) older than a duration, in small batches.
+
+    With --inbox, delete inbox records older than the duration instead; keep
+    them longer than any redelivery can arrive (a purged record no longer
+    stops a late duplicate).
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from outboxkit.store import admin
+    from outboxkit.store import admin, inbox_sql
 
     age = parse_duration(older_than)
+
+    def run_purge(**kw: Any) -> Any:
+        if inbox:
+            return _run_guarded(
+                inbox_sql.purge_inbox,
+                dsn,
+                older_than=age,
+                table=inbox_table,
+                consumer=consumer,
+                batch_size=batch_size,
+                **kw,
+            )
+        return _run_guarded(admin.purge, dsn, table, older_than=age, batch_size=batch_size, **kw)
+
     if as_json:
-        n = _run_guarded(admin.purge, dsn, table, older_than=age, batch_size=batch_size)
-        click.echo(json.dumps({"deleted": n}))
+        click.echo(json.dumps({"deleted": run_purge()}))
         return
-    total = _run_guarded(admin.count_purgeable, dsn, table, age)
+    if inbox:
+        total = _run_guarded(
+            inbox_sql.count_inbox_purgeable,
+            dsn,
+            older_than=age,
+            table=inbox_table,
+            consumer=consumer,
+        )
+    else:
+        total = _run_guarded(admin.count_purgeable, dsn, table, age)
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -474,15 +592,65 @@ def purge(dsn: str, table: str, older_than: str, batch_size: int, as_json: bool)
         transient=True,
     ) as progress:
         task = progress.add_task("purging", total=total)
-        n = _run_guarded(
-            admin.purge,
-            dsn,
-            table,
-            older_than=age,
-            batch_size=batch_size,
-            progress=lambda k: progress.advance(task, k),
-        )
-    console.print(f"[green]✓[/] deleted {n} published row(s) older than {older_than}")
+        n = run_purge(progress=lambda k: progress.advance(task, k))
+    what = "inbox record(s)" if inbox else "published row(s)"
+    console.print(f"[green]✓[/] deleted {n} {what} older than {older_than}")
+
+
+# -- dashboard ----------------------------------------------------------------------
+
+
+@main.command()
+@dsn_option
+@table_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--admin-token",
+    envvar="OUTBOXKIT_ADMIN_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Enables replay/discard for whoever enters this token [default: read-only].",
+)
+@click.option(
+    "--sample-interval", default=2.0, show_default=True, help="Seconds between table reads."
+)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def dashboard(
+    dsn: str,
+    table: str,
+    host: str,
+    port: int,
+    admin_token: str | None,
+    sample_interval: float,
+    log_format: str,
+) -> None:
+    """Serve a web page with live throughput, backlog, topics and dead letters.
+
+    Read-only unless started with --admin-token (or OUTBOXKIT_ADMIN_TOKEN): then
+    failed events can be replayed or discarded by whoever enters the token;
+    every action is logged.
+
+    \b
+    Example:
+      OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
+    """
+    from aiohttp import web
+
+    from outboxkit.ops.dashboard import Dashboard, dashboard_app
+    from outboxkit.store import admin
+
+    setup_logging("info", log_format)
+    _run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
+    board = Dashboard(dsn, table=table, admin_token=admin_token, sample_interval=sample_interval)
+    mode = "replay/discard enabled (token)" if admin_token else "read-only"
+    console.print(f"outboxkit dashboard on [bold]http://{host}:{port}/[/] ({mode})")
+    try:
+        web.run_app(dashboard_app(board), host=host, port=port, print=None, access_log=None)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port", 2)
 
 
 # -- demo ---------------------------------------------------------------------------

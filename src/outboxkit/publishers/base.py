@@ -48,6 +48,11 @@ class OutboundMessage:
             attrs["subject"] = self.aggregate_id
         if self.key is not None:
             attrs["partitionkey"] = self.key
+        # CloudEvents distributed-tracing extension: the write-time W3C trace context.
+        for name in ("traceparent", "tracestate"):
+            value = self.headers.get(name)
+            if value:
+                attrs[name] = value
         return attrs
 
     def user_headers(self) -> dict[str, str]:

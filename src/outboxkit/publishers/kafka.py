@@ -51,7 +51,8 @@ _SHORTCUTS = {
 _DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,  # no duplicates or reordering from producer retries
     "acks": "all",  # confirmed only once every in-sync replica has it
-    "linger.ms": 5,
+    # The relay hands over a whole batch at once: waiting for more only adds latency.
+    "linger.ms": 0,
     "delivery.timeout.ms": 20_000,  # report a failure before the relay's lease runs out
     "client.id": "outboxkit",
     "socket.keepalive.enable": True,
@@ -230,42 +231,66 @@ class KafkaPublisher:
         waiter = _BatchWaiter(asyncio.get_running_loop(), len(messages))
         self._pending.add(waiter)
         try:
+            # A plain loop, not a coroutine per message: produce() only enqueues, so the
+            # loop yields only when librdkafka's local queue is full.
+            produce = producer.produce
+            on_delivery = waiter.on_delivery
             for i, message in enumerate(messages):
-                await self._produce(producer, waiter, i, message)
+                key = message.key.encode() if message.key is not None else None
+                callback = functools.partial(on_delivery, i)
+                try:
+                    produce(
+                        message.topic,
+                        value=message.payload,
+                        key=key,
+                        headers=_headers(message),
+                        on_delivery=callback,
+                    )
+                except BufferError:
+                    await self._produce_when_room(producer, waiter, i, message, key, callback)
+                except KafkaException as exc:
+                    waiter.report(i, _produce_error(exc))
+                except (TypeError, ValueError) as exc:
+                    waiter.report(i, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
             await asyncio.shield(waiter.future)
         finally:
             self._pending.discard(waiter)
         return [r if r is not None else PublishResult.retry("no report") for r in waiter.results]
 
-    async def _produce(
-        self, producer: Any, waiter: _BatchWaiter, index: int, message: OutboundMessage
+    async def _produce_when_room(
+        self,
+        producer: Any,
+        waiter: _BatchWaiter,
+        index: int,
+        message: OutboundMessage,
+        key: bytes | None,
+        callback: Any,
     ) -> None:
-        headers = _headers(message)
-        key = message.key.encode() if message.key is not None else None
-        callback = functools.partial(waiter.on_delivery, index)
+        """Local queue full: the poller is draining it; retry the produce shortly."""
         while True:
+            await asyncio.sleep(0.005)
             try:
                 producer.produce(
                     message.topic,
                     value=message.payload,
                     key=key,
-                    headers=headers,
+                    headers=_headers(message),
                     on_delivery=callback,
                 )
                 return
             except BufferError:
-                # Local queue full: the poller is draining it; give it a moment.
-                await asyncio.sleep(0.005)
+                continue
             except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                result = (
-                    _classify(err) if err is not None else PublishResult.retry(str(exc), "kafka")
-                )
-                waiter.report(index, result)
+                waiter.report(index, _produce_error(exc))
                 return
             except (TypeError, ValueError) as exc:
                 waiter.report(index, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
                 return
+
+
+def _produce_error(exc: KafkaException) -> PublishResult:
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return _classify(err) if err is not None else PublishResult.retry(str(exc), "kafka")
 
 
 def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
@@ -275,8 +300,9 @@ def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
         for k, v in message.user_headers().items()
         if k != "idempotency-key" and not k.startswith("ce_")
     ]
-    headers.append(("idempotency-key", str(message.event_id).encode()))
-    for name, value in message.cloudevents_attributes().items():
+    attributes = message.cloudevents_attributes()
+    headers.append(("idempotency-key", attributes["id"].encode()))
+    for name, value in attributes.items():
         if name == "datacontenttype":
             headers.append(("content-type", value.encode()))
         else:

@@ -29,6 +29,7 @@ from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, SchemaError
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
 from outboxkit.relay.backoff import Backoff, full_jitter
+from outboxkit.relay.observer import RelayObserver, default_observer
 from outboxkit.store.postgres import FAILED, PENDING, Statements
 
 log = logging.getLogger("outboxkit.relay")
@@ -100,6 +101,7 @@ class Relay:
         listen: bool = True,
         shutdown_timeout: float = 10.0,
         publish_timeout: float | None = None,
+        observer: RelayObserver | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError("batch_size must be at least 1")
@@ -129,6 +131,8 @@ class Relay:
         # would re-claim rows this one is still publishing.
         self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
         self.stats = RelayStats()
+        # Metrics, tracing and summary logs hook in here (relay/observer.py).
+        self.observer: RelayObserver = observer if observer is not None else default_observer()
         self._sql = Statements(table)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -250,6 +254,7 @@ class Relay:
     async def _claim(self) -> _Batch | None:
         conn = await self._connection("claim")
         token = uuid.uuid4()
+        started = time.perf_counter()
         try:
             cur = await conn.execute(
                 self._sql.claim_batch,
@@ -259,6 +264,8 @@ class Relay:
                     "relay_id": self.relay_id,
                     "limit": self.batch_size,
                 },
+                # Binary results: payloads arrive as raw bytes instead of hex text to decode.
+                binary=True,
             )
             records = await cur.fetchall()
         except pg_errors.UndefinedTable:
@@ -267,6 +274,7 @@ class Relay:
                 f" {conn.info.dbname!r}: run `outboxkit migrate --dsn ... --table {self.table}`"
             ) from None
         self._db_backoff.reset()
+        self.observer.claimed(len(records), time.perf_counter() - started)
         if not records:
             return None
         rows = [
@@ -296,7 +304,11 @@ class Relay:
 
     async def _process(self, batch: _Batch) -> None:
         try:
-            results = await self._publish(batch)
+            messages = [c.message for c in batch.rows]
+            with self.observer.publishing(messages):
+                started = time.perf_counter()
+                results = await self._publish(batch)
+                self.observer.published(messages, results, time.perf_counter() - started)
             await self._settle(batch, results)
         except psycopg.Error as exc:
             # Unsettled rows keep their lease and are published again after it expires.
@@ -349,6 +361,11 @@ class Relay:
                 delay = full_jitter(claimed.attempts, base=self.retry_base, cap=self.retry_cap)
                 fail_delay.append(max(delay, result.retry_after or 0.0))
                 retried.append((claimed, result))
+        self.observer.settled(
+            [c.message for c, r in zip(batch.rows, results, strict=True) if r.ok],
+            [(c.message, r) for c, r in retried],
+            [(c.message, r) for c, r in dead],
+        )
 
         if published:
             stmt = (

@@ -158,3 +158,59 @@ def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:
     with _connect(dsn, table) as conn:
         row = conn.execute(sql.count_purgeable, (older_than.total_seconds(),)).fetchone()
     return int(row[0]) if row else 0
+
+
+def discard(dsn: str, table: str = "outbox", *, ids: list[int]) -> int:
+    """Delete dead-lettered events for good; rows not in status failed are left alone."""
+    if not ids:
+        raise ValueError("say which failed events to discard: at least one row id")
+    sql = Statements(table)
+    with _connect(dsn, table) as conn:
+        return conn.execute(sql.discard_failed_by_id, (ids,)).rowcount
+
+
+def last_event_id(dsn: str, table: str = "outbox") -> int:
+    """The last row id handed out (identity sequence): events written so far, for throughput."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn:
+        row = conn.execute(sql.last_event_id, (sql.qualified,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+@dataclass
+class LiveStatus:
+    """A cheap reading for live views: bounded counts (published rows are not read)."""
+
+    status: OutboxStatus
+    last_id: int
+    truncated: bool
+
+
+def live_status(dsn: str, table: str = "outbox", *, cap: int = 100_000) -> LiveStatus:
+    """Pending, in-flight and failed per topic from the partial indexes, at most ``cap`` rows each.
+
+    Unlike :func:`status` it never counts published rows, so polling it every
+    few seconds costs the same however large a ``retention=keep`` table grows.
+    """
+    sql = Statements(table)
+    report = OutboxStatus(table=table)
+    topics: dict[str, TopicStatus] = {}
+    with _connect(dsn, table) as conn:
+        pending = conn.execute(sql.metrics_pending_by_topic, {"cap": cap}).fetchall()
+        failed = conn.execute(sql.metrics_failed_by_topic, {"cap": cap}).fetchall()
+        max_row = conn.execute(sql.last_event_id, (sql.qualified,)).fetchone()
+    for topic, n_pending, n_in_flight, oldest in pending:
+        topics[topic] = TopicStatus(topic, n_pending, n_in_flight, 0, 0, oldest)
+    for topic, n_failed in failed:
+        topics.setdefault(topic, TopicStatus(topic, 0, 0, 0, 0, None)).failed = n_failed
+    for t in sorted(topics.values(), key=lambda t: t.topic):
+        report.topics.append(t)
+        report.pending += t.pending
+        report.in_flight += t.in_flight
+        report.failed += t.failed
+        if t.oldest_pending_age_s is not None:
+            report.oldest_pending_age_s = max(
+                report.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
+            )
+    truncated = report.pending + report.in_flight >= cap or report.failed >= cap
+    return LiveStatus(report, int(max_row[0]) if max_row else 0, truncated)

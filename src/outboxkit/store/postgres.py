@@ -223,6 +223,29 @@ COUNT_PURGEABLE = """
 SELECT count(*) FROM {table}
 WHERE status = 1 AND published_at < now() - make_interval(secs => %s)
 """
+# Metric gauges, read every few seconds by each relay: only pending and failed
+# rows (partial indexes), never published ones, and at most %(cap)s rows each, so
+# the cost stays flat however large the table or the backlog grows.
+METRICS_PENDING_BY_TOPIC = """
+SELECT topic,
+       count(*) FILTER (WHERE NOT (claim_token IS NOT NULL AND available_at > now())),
+       count(*) FILTER (WHERE claim_token IS NOT NULL AND available_at > now()),
+       extract(epoch FROM now() - min(created_at))::float8
+FROM (SELECT topic, claim_token, available_at, created_at FROM {table}
+      WHERE status = 0 ORDER BY available_at, id LIMIT %(cap)s) AS p
+GROUP BY topic
+"""
+METRICS_FAILED_BY_TOPIC = """
+SELECT topic, count(*)
+FROM (SELECT topic FROM {table} WHERE status = 2 ORDER BY id LIMIT %(cap)s) AS f
+GROUP BY topic
+"""
+# The last id the table's identity sequence handed out (max(id) would go back down as
+# published rows are deleted): with the backlog, how many events left the outbox since the
+# last reading (dashboard throughput). The parameter is the quoted table name.
+LAST_EVENT_ID = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0)"
+# Discard deletes a dead letter for good (the operator decided it must never be published).
+DISCARD_FAILED_BY_ID = "DELETE FROM {table} WHERE id = ANY(%s) AND status = 2"
 
 
 class Statements:
@@ -267,6 +290,10 @@ class Statements:
         self.replay_all_failed = r(REPLAY_ALL_FAILED)
         self.purge_published_batch = r(PURGE_PUBLISHED_BATCH)
         self.count_purgeable = r(COUNT_PURGEABLE)
+        self.metrics_pending_by_topic = r(METRICS_PENDING_BY_TOPIC)
+        self.metrics_failed_by_topic = r(METRICS_FAILED_BY_TOPIC)
+        self.last_event_id = LAST_EVENT_ID
+        self.discard_failed_by_id = r(DISCARD_FAILED_BY_ID)
 
     def ddl(self) -> str:
         """The whole schema as one script, for users who run their own migration tool."""

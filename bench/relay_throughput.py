@@ -1,0 +1,338 @@
+"""Relay throughput against the two ceilings of this machine, side by side in one run.
+
+Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
+(Tansu, in memory) with one relay; measures, on the same rows:
+
+* ceiling (a): a bare confluent-kafka producer sending the same messages from memory;
+* ceiling (b): a bare SQL loop running only the relay's own claim + settle statements
+  (imported from ``outboxkit.store.postgres``), no publishing;
+* the relay in one process (events/s from first claim to last settled ack);
+* the "delete in a transaction held across the publish" pattern (DB part alone, and
+  with Kafka), evaluated, not offered;
+* 1 vs 2 ``outboxkit relay`` processes (steady-state rate, 2 %..98 % drained);
+* the relay to NATS JetStream.
+
+    python bench/relay_throughput.py --dsn postgresql://postgres@127.0.0.1/bench [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from _common import (
+    TOPIC,
+    ensure_topic,
+    fmt_rate,
+    kafka_broker,
+    prepare,
+    reload,
+    remaining,
+    save,
+    server_facts,
+)
+
+from outboxkit import OutboundMessage, Relay
+from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
+from outboxkit.publishers.kafka import KafkaPublisher
+from outboxkit.publishers.kafka import _headers as kafka_headers
+from outboxkit.store.postgres import Statements
+
+SEED_COLUMNS = (
+    "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers, now()"
+)
+
+
+def seed_messages(dsn: str, limit: int) -> list[OutboundMessage]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f"SELECT {SEED_COLUMNS} FROM bench_seed LIMIT %s", (limit,)
+        ).fetchall()
+    return [
+        OutboundMessage(
+            event_id=r[0],
+            topic=TOPIC,
+            key=r[2],
+            event_type=r[3],
+            aggregate_type=r[4],
+            aggregate_id=r[5],
+            payload=bytes(r[6]),
+            headers=r[7],
+            created_at=r[8],
+        )
+        for r in rows
+    ]
+
+
+# -- ceiling (a): the broker -------------------------------------------------------
+
+
+def kafka_ceiling(bootstrap: str, messages: list[OutboundMessage]) -> dict[str, Any]:
+    """The same messages, key and headers as the relay sends, produced from memory."""
+    from confluent_kafka import Producer
+
+    prepared = [
+        (m.key.encode() if m.key else None, m.payload, kafka_headers(m)) for m in messages
+    ]
+    producer = Producer({**KAFKA_DEFAULTS, "bootstrap.servers": bootstrap})
+    acked = 0
+    errors = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal acked, errors
+        if err is None:
+            acked += 1
+        else:
+            errors += 1
+
+    t0 = time.perf_counter()
+    for key, value, headers in prepared:
+        while True:
+            try:
+                producer.produce(TOPIC, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.001)
+        producer.poll(0)
+    producer.flush(60)
+    elapsed = time.perf_counter() - t0
+    return {"events": len(prepared), "acked": acked, "errors": errors, "seconds": elapsed,
+            "rate": acked / elapsed}
+
+
+# -- ceiling (b): the relay's own SQL ---------------------------------------------------
+
+
+def sql_ceiling(dsn: str, n: int, batch: int) -> dict[str, Any]:
+    """Claim + fenced delete, sequential on one connection: the database work of a relay."""
+    stmts = Statements("outbox")
+    reload(dsn, limit=n)
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        t0 = time.perf_counter()
+        while True:
+            token = uuid.uuid4()
+            rows = conn.execute(
+                stmts.claim_batch,
+                {"lease": 30.0, "token": token, "relay_id": "sql-ceiling", "limit": batch},
+            ).fetchall()
+            if not rows:
+                break
+            conn.execute(stmts.settle_published_delete, ([r[0] for r in rows], token))
+            done += len(rows)
+        elapsed = time.perf_counter() - t0
+    return {"events": done, "seconds": elapsed, "rate": done / elapsed, "batch": batch}
+
+
+# -- the relay ------------------------------------------------------------------------
+
+
+async def _relay_run(
+    dsn: str, publisher: Any, n: int, **options: Any
+) -> dict[str, Any]:
+    await publisher.start()
+    relay = Relay(dsn, publisher, listen=False, poll_interval=0.05, **options)
+    t0 = time.perf_counter()
+    task = asyncio.create_task(relay.run())
+    while relay.stats.published < n and not task.done():
+        await asyncio.sleep(0.002)
+    elapsed = time.perf_counter() - t0
+    relay.stop()
+    await task
+    return {
+        "events": relay.stats.published,
+        "seconds": elapsed,
+        "rate": relay.stats.published / elapsed,
+        "batches": relay.stats.batches,
+        "options": options,
+    }
+
+
+def relay_kafka(dsn: str, bootstrap: str, n: int, **options: Any) -> dict[str, Any]:
+    reload(dsn, limit=n)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
+    return asyncio.run(_relay_run(dsn, publisher, n, **options))
+
+
+def relay_nats(dsn: str, n: int) -> dict[str, Any]:
+    from outboxkit.embedded import EmbeddedNats
+    from outboxkit.publishers.nats import NatsPublisher
+
+    with EmbeddedNats() as server:
+        reload(dsn, limit=n)
+        publisher = NatsPublisher.from_url(
+            f"{server.url}?stream=BENCH&subjects={TOPIC.split('.')[0]}.>"
+        )
+        return asyncio.run(_relay_run(dsn, publisher, n))
+
+
+# -- the "delete in a transaction held across the publish" pattern -----------------------
+
+# Evaluated here, not offered by the library: see docs/benchmarks.md for its failure modes.
+DELETE_HELD = """
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox WHERE status = 0 AND available_at <= now()
+    ORDER BY available_at, id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, key, payload, headers
+"""
+
+
+def delete_held(dsn: str, n: int, batch: int, bootstrap: str | None) -> dict[str, Any]:
+    """BEGIN; DELETE … RETURNING; publish and wait for acks; COMMIT — sequential."""
+    producer = None
+    if bootstrap is not None:
+        from confluent_kafka import Producer
+
+        producer = Producer({**KAFKA_DEFAULTS, "bootstrap.servers": bootstrap})
+    reload(dsn, limit=n)
+    done = 0
+    with psycopg.connect(dsn) as conn:
+        t0 = time.perf_counter()
+        while True:
+            with conn.transaction():
+                rows = conn.execute(DELETE_HELD, (batch,)).fetchall()
+                if producer is not None:
+                    for r in rows:
+                        headers = [("idempotency-key", str(r[1]).encode())]
+                        headers += [(k, v.encode()) for k, v in r[4].items()]
+                        producer.produce(TOPIC, value=r[3], key=r[2].encode(), headers=headers)
+                    if producer.flush(30) != 0:
+                        raise RuntimeError("kafka did not confirm the batch")
+            if not rows:
+                break
+            done += len(rows)
+        elapsed = time.perf_counter() - t0
+    return {"events": done, "seconds": elapsed, "rate": done / elapsed, "batch": batch}
+
+
+# -- relay processes ------------------------------------------------------------------
+
+
+def relay_processes(dsn: str, broker_url: str, n: int, procs: int) -> dict[str, Any]:
+    """``outboxkit relay`` × procs; the steady rate while 2 %..98 % of the rows drain."""
+    reload(dsn, limit=n)
+    logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
+    env = {**os.environ, "OUTBOXKIT_DSN": dsn}
+    children = []
+    for i in range(procs):
+        log = (logdir / f"relay{i}.log").open("wb")
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "outboxkit", "relay", "--broker", broker_url,
+                 "--no-listen", "--poll-interval", "0.05", "--log-level", "warning"],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+        )
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            left = remaining(dsn)
+            samples.append((time.perf_counter(), left))
+            if left == 0:
+                break
+            time.sleep(0.1)
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(30)
+    hi, lo = n * 0.98, n * 0.02
+    start = next(s for s in samples if s[1] <= hi)
+    end = next(s for s in samples if s[1] <= lo)
+    rate = (start[1] - end[1]) / (end[0] - start[0])
+    return {"processes": procs, "events": n, "rate": rate, "window_s": end[0] - start[0]}
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = max(runs, key=lambda r: r["rate"])
+    return {**out, "runs": [round(r["rate"]) for r in runs],
+            "median_rate": statistics.median(r["rate"] for r in runs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=2, help="runs per contender; best is kept")
+    ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
+    ap.add_argument("--quick", action="store_true", help="20 000 events, one run each")
+    ap.add_argument("--skip-nats", action="store_true")
+    args = ap.parse_args()
+    n = 20_000 if args.quick else args.events
+    repeat = 1 if args.quick else args.repeat
+
+    t_prep = time.perf_counter()
+    payload_bytes = prepare(args.dsn, n)
+    print(f"prepared {n} events (avg payload {payload_bytes:.0f} B) in"
+          f" {time.perf_counter() - t_prep:.1f}s")
+    results: dict[str, Any] = {"events": n, "payload_bytes": payload_bytes,
+                               "machine": server_facts(args.dsn)}
+    with kafka_broker(args.kafka) as bootstrap:
+        ensure_topic(bootstrap, TOPIC)
+        messages = seed_messages(args.dsn, n)
+        # Interleave contenders round by round so machine noise hits all of them alike.
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for _ in range(repeat):
+            runs.setdefault("kafka_ceiling", []).append(kafka_ceiling(bootstrap, messages))
+            runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500))
+            runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n))
+        for name, rs in runs.items():
+            results[name] = best(rs)
+        lower = min(results["kafka_ceiling"]["rate"], results["sql_ceiling"]["rate"])
+        results["relay_vs_lower_ceiling"] = results["relay"]["rate"] / lower
+
+        # Tuning: batch size and in-flight window.
+        sweep = []
+        for batch, window in ((200, 2), (500, 1), (1000, 2), (500, 4), (2000, 3)):
+            r = relay_kafka(args.dsn, bootstrap, n, batch_size=batch, max_in_flight=window)
+            sweep.append({"batch_size": batch, "max_in_flight": window, "rate": r["rate"]})
+        results["relay_sweep"] = sweep
+
+        results["delete_held_sql"] = delete_held(args.dsn, n, 500, None)
+        results["delete_held_kafka"] = delete_held(args.dsn, n, 500, bootstrap)
+
+        url = f"kafka://{bootstrap}"
+        results["processes_1"] = relay_processes(args.dsn, url, n, 1)
+        results["processes_2"] = relay_processes(args.dsn, url, n, 2)
+    if not args.skip_nats:
+        results["nats"] = relay_nats(args.dsn, n)
+
+    print(f"\nrelay throughput, {n} events, {payload_bytes:.0f}-byte payloads")
+    rows = [
+        ("ceiling (a) bare confluent-kafka producer", results["kafka_ceiling"]["rate"]),
+        ("ceiling (b) bare SQL claim + settle loop", results["sql_ceiling"]["rate"]),
+        ("outboxkit relay -> Kafka (1 process, in-process)", results["relay"]["rate"]),
+        ("delete-in-held-tx, DB only", results["delete_held_sql"]["rate"]),
+        ("delete-in-held-tx -> Kafka, sequential", results["delete_held_kafka"]["rate"]),
+        ("outboxkit relay CLI x1 (steady)", results["processes_1"]["rate"]),
+        ("outboxkit relay CLI x2 (steady)", results["processes_2"]["rate"]),
+    ]
+    if "nats" in results:
+        rows.append(("outboxkit relay -> NATS JetStream", results["nats"]["rate"]))
+    for label, rate in rows:
+        print(f"  {label:<52} {fmt_rate(rate):>12}")
+    for s in sweep:
+        print(f"  sweep batch={s['batch_size']:<5} in_flight={s['max_in_flight']}"
+              f"{'':<24} {fmt_rate(s['rate']):>12}")
+    print(f"  relay / lower ceiling = {results['relay_vs_lower_ceiling']:.0%} (target >= 90 %)")
+    save("relay_throughput", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+// outboxkit dashboard: polls the JSON API and renders with textContent only.
+// Payloads, headers and errors are attacker-controlled: never innerHTML with data.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const WINDOW_S = 15 * 60;
+const TOKEN_KEY = "outboxkit-admin-token";
+let readOnly = true;
+let pollMs = 2000;
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 120) return seconds.toFixed(1) + " s";
+  if (seconds < 7200) return (seconds / 60).toFixed(1) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+async function api(path, options) {
+  const response = await fetch(path, options);
+  let body = null;
+  try { body = await response.json(); } catch (_e) { body = null; }
+  if (!response.ok) {
+    const message = body && body.error ? body.error : response.status + " " + response.statusText;
+    throw new Error(message);
+  }
+  return body;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+function toast(message) {
+  const box = $("toast");
+  box.textContent = message;
+  box.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { box.hidden = true; }, 4000);
+}
+
+function chart(container, points, key) {
+  const w = 600, h = 170, left = 44, right = 8, top = 8, bottom = 20;
+  const now = Date.now() / 1000;
+  const data = points.filter((p) => p[key] !== null && p[key] !== undefined && now - p.t <= WINDOW_S);
+  const max = Math.max(1, ...data.map((p) => p[key]));
+  const x = (t) => left + (w - left - right) * (1 - (now - t) / WINDOW_S);
+  const y = (v) => top + (h - top - bottom) * (1 - v / max);
+  const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, preserveAspectRatio: "none", role: "img" });
+  for (const frac of [0, 0.5, 1]) {
+    root.appendChild(svg("line", { x1: left, x2: w - right, y1: y(max * frac), y2: y(max * frac), class: "grid" }));
+    const label = svg("text", { x: left - 4, y: y(max * frac) + 3, "text-anchor": "end", class: "axis" });
+    label.textContent = (max * frac >= 100 ? Math.round(max * frac) : +(max * frac).toFixed(1)).toString();
+    root.appendChild(label);
+  }
+  for (const [t, text] of [[now - WINDOW_S, "-15 min"], [now - WINDOW_S / 3 * 2, "-10 min"], [now - WINDOW_S / 3, "-5 min"], [now, "now"]]) {
+    const label = svg("text", { x: x(t), y: h - 4, "text-anchor": t === now ? "end" : "middle", class: "axis" });
+    label.textContent = text;
+    root.appendChild(label);
+  }
+  if (data.length > 0) {
+    const coords = data.map((p) => `${x(p.t).toFixed(1)},${y(p[key]).toFixed(1)}`);
+    const base = y(0).toFixed(1);
+    root.appendChild(svg("polygon", {
+      points: `${x(data[0].t).toFixed(1)},${base} ${coords.join(" ")} ${x(data[data.length - 1].t).toFixed(1)},${base}`,
+      class: "area",
+    }));
+    root.appendChild(svg("polyline", { points: coords.join(" "), class: "line" }));
+  }
+  container.replaceChildren(root);
+}
+
+function cell(row, text, cls) {
+  row.appendChild(el("td", text, cls));
+}
+
+function renderOverview(data) {
+  readOnly = data.read_only;
+  pollMs = Math.max(1000, (data.sample_interval || 2) * 1000);
+  $("table-name").textContent = data.table;
+  const mode = $("mode");
+  mode.textContent = readOnly ? "read-only" : (token() ? "admin" : "admin token needed for actions");
+  mode.className = "badge" + (readOnly ? "" : " admin");
+  $("token-form").hidden = readOnly;
+  showError(data.error ? "cannot read the outbox: " + data.error : "");
+  const s = data.status;
+  if (!s) return;
+  $("total-backlog").textContent = String(s.pending);
+  $("total-in-flight").textContent = String(s.in_flight);
+  $("total-failed").textContent = String(s.failed);
+  $("total-failed").className = "num" + (s.failed > 0 ? " bad" : "");
+  $("oldest-age").textContent = age(s.oldest_pending_age_s);
+  const history = data.history.map((p) => ({ ...p, pending: p.backlog + p.in_flight }));
+  const last = history.filter((p) => p.throughput !== null).pop();
+  $("throughput").textContent = last ? last.throughput.toFixed(1) + " /s" : "–";
+  chart($("chart-throughput"), history, "throughput");
+  chart($("chart-backlog"), history, "pending");
+  const body = $("topics").tBodies[0];
+  const rows = s.topics.map((t) => {
+    const row = el("tr");
+    row.dataset.topic = t.topic;
+    cell(row, t.topic);
+    cell(row, t.pending, "n");
+    cell(row, t.in_flight, "n");
+    cell(row, t.failed, "n");
+    cell(row, age(t.oldest_pending_age_s), "n");
+    return row;
+  });
+  body.replaceChildren(...rows);
+}
+
+function actionButton(label, cls, run) {
+  const button = el("button", label, cls);
+  button.type = "button";
+  button.disabled = readOnly;
+  button.title = readOnly ? "read-only: start the dashboard with --admin-token" : "";
+  button.addEventListener("click", run);
+  return button;
+}
+
+async function act(id, verb) {
+  if (verb === "discard" && !window.confirm(`Discard failed event ${id} for good?`)) return;
+  try {
+    await api(`/api/events/${encodeURIComponent(id)}/${verb}`, {
+      method: "POST",
+      headers: { "X-Outboxkit-Token": token() },
+    });
+    toast(`event ${id}: ${verb === "replay" ? "replayed (back to pending)" : "discarded"}`);
+    if (String($("detail-id").textContent) === String(id)) $("detail").hidden = true;
+    await refresh();
+  } catch (e) {
+    toast(`${verb} of event ${id} failed: ${e.message}`);
+  }
+}
+
+function renderFailed(rows) {
+  $("failed-count").textContent = `(${rows.length}${rows.length >= 100 ? "+" : ""})`;
+  $("no-failed").hidden = rows.length > 0;
+  const body = $("failed").tBodies[0];
+  body.replaceChildren(...rows.map((r) => {
+    const row = el("tr");
+    row.dataset.id = r.id;
+    cell(row, r.id, "n");
+    cell(row, r.topic);
+    cell(row, r.event_type);
+    cell(row, r.attempts, "n");
+    cell(row, r.last_error || "", "err");
+    cell(row, r.created_at ? new Date(r.created_at).toLocaleString() : "");
+    const actions = el("td");
+    actions.append(
+      actionButton("view", "view", () => showEvent(r.id)),
+      " ",
+      actionButton("replay", "primary replay", () => act(r.id, "replay")),
+      " ",
+      actionButton("discard", "danger discard", () => act(r.id, "discard")),
+    );
+    actions.querySelector(".view").disabled = false;
+    actions.querySelector(".view").title = "";
+    row.appendChild(actions);
+    return row;
+  }));
+}
+
+function kvRows(tbody, entries) {
+  tbody.replaceChildren(...entries.map(([k, v]) => {
+    const row = el("tr");
+    cell(row, k);
+    cell(row, v === null || v === undefined ? "" : (typeof v === "object" ? JSON.stringify(v) : v));
+    return row;
+  }));
+}
+
+async function showEvent(id) {
+  try {
+    const e = await api(`/api/events/${encodeURIComponent(id)}`);
+    $("detail-id").textContent = String(e.id);
+    const fields = ["event_id", "topic", "key", "event_type", "aggregate_type", "aggregate_id",
+      "status", "attempts", "last_error", "created_at", "available_at", "claimed_by", "published_at"];
+    kvRows($("detail-fields").tBodies[0], fields.map((f) => [f, e[f]]));
+    kvRows($("detail-headers").tBodies[0], Object.entries(e.headers || {}));
+    $("detail-payload").textContent = e.payload;
+    $("detail-payload-info").textContent =
+      `(${e.payload_kind}, ${e.payload_bytes} bytes${e.payload_truncated ? ", cut to the first 64 KiB" : ""})`;
+    $("detail").hidden = false;
+    $("detail").scrollIntoView({ block: "nearest" });
+  } catch (err) {
+    toast(`event ${id}: ${err.message}`);
+  }
+}
+
+async function refresh() {
+  try {
+    const [overview, failed] = await Promise.all([api("/api/overview"), api("/api/failed?limit=100")]);
+    renderOverview(overview);
+    renderFailed(failed);
+    document.body.dataset.loaded = String(Date.now());
+  } catch (e) {
+    showError("dashboard API unreachable: " + e.message);
+  }
+}
+
+async function loop() {
+  await refresh();
+  setTimeout(loop, pollMs);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token").value = token();
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value);
+    toast("admin token set for this tab");
+    refresh();
+  });
+  $("detail-close").addEventListener("click", () => { $("detail").hidden = true; });
+  loop();
+});

@@ -1,0 +1,345 @@
+"""Prometheus metrics of a relay: counters and histograms from its hooks, gauges from the table.
+
+Labels are the topic and the error class only, never an event id or key, so
+the number of series stays flat however many events flow. The table gauges
+(backlog, in flight, failed, oldest pending age) are read by one background
+task every ``gauge_interval`` seconds with two bounded queries on the partial
+indexes (see ``METRICS_*`` in store/postgres.py), not at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from outboxkit._redact import redact
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.relay.engine import RelayStats
+from outboxkit.relay.observer import Failure, RelayObserver
+from outboxkit.store.postgres import Statements
+
+log = logging.getLogger("outboxkit.metrics")
+
+#: Created-to-confirmed latency: from milliseconds (caught up) to an hour (outage backlog).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: Broker round trip of one batch.
+RTT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+CLAIM_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+BATCH_SIZE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+#: Rows each gauge query reads at most; beyond it the counts saturate (see `gauges_truncated`).
+DEFAULT_GAUGE_ROW_CAP = 100_000
+#: Longest error class kept as a label value (classes are type names, this only guards typos).
+_MAX_CLASS_CHARS = 64
+
+
+@dataclass
+class TableSnapshot:
+    """The last reading of the table gauges."""
+
+    backlog: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+    oldest_pending_age: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+    read_at: float | None = None  # time.time() of the last successful read
+    read_seconds: float = 0.0
+    error: str | None = None
+
+
+class RelayMetrics(RelayObserver):
+    """Collects a relay's metrics in its own registry; pass it as the relay's observer.
+
+    ``attach(relay)`` lets it export the relay's own counters (lease lost, database
+    reconnects); ``run_gauges()`` is the background task reading the table.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str = "outbox",
+        registry: CollectorRegistry | None = None,
+        gauge_interval: float = 5.0,
+        gauge_row_cap: int = DEFAULT_GAUGE_ROW_CAP,
+        process_metrics: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.gauge_interval = gauge_interval
+        self.gauge_row_cap = gauge_row_cap
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.snapshot = TableSnapshot()
+        self.stats: RelayStats | None = None
+        self.relay_id = ""
+        self.last_claim_at: float | None = None
+        self.broker_error: str | None = None
+        self._sql = Statements(table)
+        self._known_topics: set[str] = set()
+        r = self.registry
+        self.published_total = Counter(
+            "outboxkit_events_published",
+            "Events the broker confirmed.",
+            ["topic"],
+            registry=r,
+        )
+        self.failures_total = Counter(
+            "outboxkit_publish_failures",
+            "Failed publish attempts (each retried or dead-lettered event counts once per try).",
+            ["topic", "error_class"],
+            registry=r,
+        )
+        self.retried_total = Counter(
+            "outboxkit_events_retried",
+            "Failed attempts that were scheduled for another try.",
+            ["topic", "error_class"],
+            registry=r,
+        )
+        self.dead_lettered_total = Counter(
+            "outboxkit_events_dead_lettered",
+            "Events moved to status failed (out of attempts, or rejected for good).",
+            ["topic", "error_class"],
+            registry=r,
+        )
+        self.claimed_total = Counter(
+            "outboxkit_events_claimed", "Rows claimed (leased) for publishing.", registry=r
+        )
+        self.publish_latency = Histogram(
+            "outboxkit_publish_latency_seconds",
+            "From the event's created_at (write commit) to the broker's confirmation.",
+            ["topic"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.broker_rtt = Histogram(
+            "outboxkit_broker_round_trip_seconds",
+            "Time the publisher took to get one batch confirmed by the broker.",
+            buckets=RTT_BUCKETS,
+            registry=r,
+        )
+        self.claim_duration = Histogram(
+            "outboxkit_claim_duration_seconds",
+            "Duration of the claim statement (including empty claims when idle).",
+            buckets=CLAIM_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.claim_batch_size = Histogram(
+            "outboxkit_claim_batch_size",
+            "Rows returned per non-empty claim.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        r.register(_StateCollector(self))
+        if process_metrics:
+            ProcessCollector(registry=r)
+
+    def attach(self, relay: Any) -> None:
+        """Export the relay's own counters (``relay.stats``) and its id."""
+        self.stats = relay.stats
+        self.relay_id = relay.relay_id
+
+    # -- relay hooks -------------------------------------------------------------
+
+    def claimed(self, count: int, seconds: float) -> None:
+        self.last_claim_at = time.monotonic()
+        self.claim_duration.observe(seconds)
+        if count:
+            self.claimed_total.inc(count)
+            self.claim_batch_size.observe(count)
+
+    def published(
+        self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
+    ) -> None:
+        self.broker_rtt.observe(seconds)
+        ok = sum(1 for r in results if r.ok)
+        if ok or not results:
+            self.broker_error = None
+            return
+        # Nothing of the batch confirmed: the broker is down or refusing; /readyz says so.
+        first = results[0]
+        self.broker_error = redact(f"{first.error_class or 'error'}: {first.error or ''}")[:300]
+
+    def settled(
+        self,
+        published: Sequence[OutboundMessage],
+        retried: Sequence[Failure],
+        dead: Sequence[Failure],
+    ) -> None:
+        now = dt.datetime.now(dt.UTC)
+        per_topic: dict[str, int] = {}
+        for m in published:
+            per_topic[m.topic] = per_topic.get(m.topic, 0) + 1
+            self.publish_latency.labels(m.topic).observe(
+                max(0.0, (now - m.created_at).total_seconds())
+            )
+        for topic, n in per_topic.items():
+            self.published_total.labels(topic).inc(n)
+        for counter, failures in ((self.retried_total, retried), (self.dead_lettered_total, dead)):
+            for message, result in failures:
+                cls = _error_class(result)
+                counter.labels(message.topic, cls).inc()
+                self.failures_total.labels(message.topic, cls).inc()
+
+    # -- table gauges --------------------------------------------------------------
+
+    async def refresh_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Read the table gauges once (two bounded statements)."""
+        started = time.perf_counter()
+        snap = TableSnapshot()
+        cap = {"cap": self.gauge_row_cap}
+        cur = await conn.execute(self._sql.metrics_pending_by_topic, cap)
+        pending_rows = 0
+        for topic, pending, in_flight, oldest in await cur.fetchall():
+            snap.backlog[topic] = pending
+            snap.in_flight[topic] = in_flight
+            snap.oldest_pending_age[topic] = max(0.0, oldest or 0.0)
+            pending_rows += pending + in_flight
+        cur = await conn.execute(self._sql.metrics_failed_by_topic, cap)
+        failed_rows = 0
+        for topic, failed in await cur.fetchall():
+            snap.failed[topic] = failed
+            failed_rows += failed
+        snap.truncated = pending_rows >= self.gauge_row_cap or failed_rows >= self.gauge_row_cap
+        # A topic that drained reports 0 rather than vanishing (alerts compare with 0).
+        self._known_topics |= set(snap.backlog) | set(snap.failed)
+        for topic in self._known_topics:
+            for gauge in (snap.backlog, snap.in_flight, snap.failed, snap.oldest_pending_age):
+                gauge.setdefault(topic, 0)
+        snap.read_at = time.time()
+        snap.read_seconds = time.perf_counter() - started
+        self.snapshot = snap
+
+    async def run_gauges(self, stop: asyncio.Event | None = None) -> None:
+        """Refresh the table gauges every ``gauge_interval`` seconds until cancelled or stopped."""
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while stop is None or not stop.is_set():
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = await psycopg.AsyncConnection.connect(
+                            self.dsn,
+                            autocommit=True,
+                            connect_timeout=10,
+                            application_name="outboxkit-relay:metrics",
+                        )
+                    await self.refresh_gauges(conn)
+                except psycopg.Error as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    self.snapshot.error = redact(f"{type(exc).__name__}: {first}")
+                    log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                        conn = None
+                if stop is None:
+                    await asyncio.sleep(self.gauge_interval)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=self.gauge_interval)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    # -- readiness -------------------------------------------------------------------
+
+    def not_ready_reason(self) -> str | None:
+        """None when ready; otherwise why not, for /readyz's body."""
+        snap = self.snapshot
+        stale_after = 3 * self.gauge_interval + 5
+        if snap.error is not None:
+            return f"database unreachable: {snap.error}"
+        if snap.read_at is None and self.last_claim_at is None:
+            return "starting: no successful database read yet"
+        if snap.read_at is not None and time.time() - snap.read_at > stale_after:
+            return f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
+        if self.broker_error is not None:
+            return f"broker not confirming: {self.broker_error}"
+        return None
+
+
+def _error_class(result: PublishResult) -> str:
+    cls = result.error_class or ("rejected" if not result.retryable else "transient")
+    return cls[:_MAX_CLASS_CHARS]
+
+
+class _StateCollector(Collector):
+    """Exports the table snapshot and the relay's own counters at scrape time (no I/O)."""
+
+    def __init__(self, metrics: RelayMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.m.snapshot
+        for name, doc, values in (
+            (
+                "outboxkit_backlog",
+                "Pending events not leased by a relay (due now or waiting for a retry).",
+                snap.backlog,
+            ),
+            ("outboxkit_in_flight", "Pending events leased by a relay right now.", snap.in_flight),
+            ("outboxkit_failed", "Dead-lettered events (status failed).", snap.failed),
+            (
+                "outboxkit_oldest_pending_age_seconds",
+                "Age (now - created_at) of the oldest pending event, per topic.",
+                snap.oldest_pending_age,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["topic"])
+            for topic, value in sorted(values.items()):
+                family.add_metric([topic], value)
+            yield family
+        yield GaugeMetricFamily(
+            "outboxkit_gauges_truncated",
+            "1 when a table gauge query hit its row cap: counts are lower bounds.",
+            value=1 if snap.truncated else 0,
+        )
+        yield GaugeMetricFamily(
+            "outboxkit_gauges_read_timestamp_seconds",
+            "Unix time of the last successful read of the table gauges.",
+            value=snap.read_at or 0,
+        )
+        yield GaugeMetricFamily(
+            "outboxkit_gauges_read_duration_seconds",
+            "How long the last read of the table gauges took.",
+            value=snap.read_seconds,
+        )
+        stats = self.m.stats
+        for name, doc, value in (
+            (
+                "outboxkit_lease_lost",
+                "Rows another relay re-claimed before this one settled them (lease too short?).",
+                stats.lease_lost if stats else 0,
+            ),
+            (
+                "outboxkit_db_reconnects",
+                "Database errors that made the relay reconnect and back off.",
+                stats.db_reconnects if stats else 0,
+            ),
+            (
+                "outboxkit_leases_released",
+                "Leases handed back at shutdown without publishing.",
+                stats.released if stats else 0,
+            ),
+            (
+                "outboxkit_batches",
+                "Non-empty batches claimed.",
+                stats.batches if stats else 0,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        info = GaugeMetricFamily(
+            "outboxkit_relay_info", "Constant 1, labelled with the relay id.", labels=["relay_id"]
+        )
+        info.add_metric([self.m.relay_id or "unknown"], 1)
+        yield info

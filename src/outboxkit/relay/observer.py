@@ -1,0 +1,176 @@
+"""Hooks the relay calls at each step, so metrics, traces and logs stay out of its loops.
+
+The engine calls one :class:`RelayObserver`; :class:`Observers` fans out to several.
+Every hook must be cheap and must not raise: it runs on the relay's hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+from outboxkit import tracing
+from outboxkit._redact import redact
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+
+log = logging.getLogger("outboxkit.relay")
+
+#: A failed message with the attempt number it failed on.
+Failure = tuple[OutboundMessage, PublishResult]
+
+
+class RelayObserver:
+    """No-op base: subclass and override the hooks you need."""
+
+    def claimed(self, count: int, seconds: float) -> None:
+        """A claim statement returned ``count`` rows (0 when idle) in ``seconds``."""
+
+    @contextlib.contextmanager
+    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+        """Wraps one batch's publish (tracing opens its batch span here)."""
+        yield
+
+    def published(
+        self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
+    ) -> None:
+        """The broker answered a batch (``seconds`` = broker round trip), before settling."""
+
+    def settled(
+        self,
+        published: Sequence[OutboundMessage],
+        retried: Sequence[Failure],
+        dead: Sequence[Failure],
+    ) -> None:
+        """Outcome of a batch as it is written to the table."""
+
+
+class Observers(RelayObserver):
+    """Several observers behind one; a failing observer is logged, never propagated."""
+
+    def __init__(self, *observers: RelayObserver) -> None:
+        self.observers = list(observers)
+
+    def claimed(self, count: int, seconds: float) -> None:
+        for o in self.observers:
+            _safely(o.claimed, count, seconds)
+
+    @contextlib.contextmanager
+    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for o in self.observers:
+                try:
+                    stack.enter_context(o.publishing(messages))
+                except Exception:
+                    log.exception("relay observer %r failed", o)
+            yield
+
+    def published(
+        self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
+    ) -> None:
+        for o in self.observers:
+            _safely(o.published, messages, results, seconds)
+
+    def settled(
+        self,
+        published: Sequence[OutboundMessage],
+        retried: Sequence[Failure],
+        dead: Sequence[Failure],
+    ) -> None:
+        for o in self.observers:
+            _safely(o.settled, published, retried, dead)
+
+
+def _safely(hook: object, *args: object) -> None:
+    try:
+        hook(*args)  # type: ignore[operator]
+    except Exception:
+        log.exception("relay observer hook %r failed", hook)
+
+
+class SummaryLog(RelayObserver):
+    """One INFO line per ``interval`` with what the relay did since the last one.
+
+    Failures are logged by the engine as they happen (WARNING/ERROR); this keeps
+    the steady state to a line per interval however many batches flow.
+    """
+
+    def __init__(self, interval: float = 30.0) -> None:
+        self.interval = interval
+        self._since = time.monotonic()
+        self._claims = self._claimed = self._published = self._retried = self._dead = 0
+        self._claim_seconds = 0.0
+
+    def claimed(self, count: int, seconds: float) -> None:
+        self._claims += 1
+        self._claimed += count
+        self._claim_seconds += seconds
+        self._maybe_log()
+
+    def settled(
+        self,
+        published: Sequence[OutboundMessage],
+        retried: Sequence[Failure],
+        dead: Sequence[Failure],
+    ) -> None:
+        self._published += len(published)
+        self._retried += len(retried)
+        self._dead += len(dead)
+        self._maybe_log()
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._since
+        if elapsed < self.interval:
+            return
+        if self._claimed or self._published or self._retried or self._dead:
+            log.info(
+                "relay summary: %d claims (%.1f ms avg) claimed=%d published=%d retried=%d"
+                " dead_lettered=%d in %.0fs (%.1f events/s)",
+                self._claims,
+                1000 * self._claim_seconds / max(self._claims, 1),
+                self._claimed,
+                self._published,
+                self._retried,
+                self._dead,
+                elapsed,
+                self._published / elapsed,
+                extra={
+                    "claims": self._claims,
+                    "claimed": self._claimed,
+                    "published": self._published,
+                    "retried": self._retried,
+                    "dead_lettered": self._dead,
+                    "interval_s": round(elapsed, 3),
+                },
+            )
+        self._since = now
+        self._claims = self._claimed = self._published = self._retried = self._dead = 0
+        self._claim_seconds = 0.0
+
+
+class BatchTracing(RelayObserver):
+    """One OpenTelemetry span per published batch, linked to each event's write-time trace."""
+
+    def __init__(self, system: str = "") -> None:
+        self.system = system
+
+    @contextlib.contextmanager
+    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+        with tracing.batch_span(messages, self.system):
+            yield
+
+    def published(
+        self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
+    ) -> None:
+        failures = [r for r in results if not r.ok]
+        error = redact(f"{failures[0].error_class}: {failures[0].error}") if failures else None
+        tracing.record_batch_outcome(len(results) - len(failures), len(failures), error)
+
+
+def default_observer() -> RelayObserver:
+    """Summary logs, plus batch spans when opentelemetry is installed."""
+    if tracing.available():
+        return Observers(SummaryLog(), BatchTracing())
+    return SummaryLog()

@@ -1,0 +1,104 @@
+"""Structured logs of a full relay run: JSON lines, failures with their context, no secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.parse
+import uuid
+from pathlib import Path
+from typing import Any
+
+from outboxkit import Event
+from outboxkit.embedded import free_port
+from tests.support.relaying import count, wait_for, write_events
+from tests.support.servers import ensure_stream
+
+PASSWORD = "Sup3r-s3cret-" + uuid.uuid4().hex[:8]
+PAYLOAD_MARK = "payload-body-" + uuid.uuid4().hex[:8]
+
+
+def _with_password(dsn: str, host_port: str) -> str:
+    """The test server trusts loopback, so the password is carried but never checked."""
+    parts = urllib.parse.urlsplit(dsn)
+    return parts._replace(netloc=f"{parts.username}:{PASSWORD}@{host_port}").geturl()
+
+
+async def test_a_full_relay_run_logs_json_with_failure_context_and_never_the_password(
+    db_dsn: str, nats_server: Any, proxy_factory: Any, tmp_path: Path
+) -> None:
+    root = f"l{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    good, poison = f"{root}.orders", f"nostream{uuid.uuid4().hex[:8]}"
+    write_events(
+        db_dsn,
+        [Event(topic=good, event_type="x", payload={"m": PAYLOAD_MARK}) for _ in range(20)]
+        + [Event(topic=poison, event_type="x", payload={"m": PAYLOAD_MARK})],
+    )
+    port = urllib.parse.urlsplit(db_dsn).port
+    assert port is not None
+    proxy = proxy_factory("127.0.0.1", port)
+    dsn = _with_password(db_dsn, f"127.0.0.1:{proxy.port}")
+    nats = urllib.parse.urlsplit(nats_server.url)
+    broker = f"nats://outboxkit:{PASSWORD}@{nats.hostname}:{nats.port}?timeout=1"
+    env = {**os.environ, "OUTBOXKIT_DSN": dsn, "OUTBOXKIT_BROKER": broker}
+    log_path = tmp_path / "relay.log"
+    cmd = [sys.executable, "-m", "outboxkit", "relay", "--log-format", "json"]
+    args = ["--log-level", "debug", "--log-interval", "0.2", "--max-attempts", "2"]
+    args += ["--retry-base", "0.1", "--retry-cap", "0.2", "--poll-interval", "0.2"]
+    args += ["--metrics-port", str(free_port()), "--metrics-host", "127.0.0.1"]
+    relay = _start(cmd + args, log_path, env)
+    try:
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, timeout=30, what="settled")
+        proxy.cut()  # database outage: reconnect warnings carry psycopg's messages
+        await wait_for(
+            lambda: "database unavailable" in log_path.read_text(), timeout=20, what="outage log"
+        )
+        proxy.resume()
+        write_events(db_dsn, [Event(topic=good, event_type="x", payload={"m": PAYLOAD_MARK})])
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, timeout=30, what="recovered")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        code = relay.wait(30)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert all({"ts", "level", "logger", "msg"} <= set(entry) for entry in lines)
+    retried = [e for e in lines if e["level"] == "warning" and "will retry" in e["msg"]]
+    assert retried and all(
+        f"topic={poison}" in e["msg"] and "attempt=1" in e["msg"] and "error_class=" in e["msg"]
+        for e in retried
+    )
+    [dead] = [e for e in lines if e["level"] == "error" and "dead-lettered" in e["msg"]]
+    assert f"topic={poison}" in dead["msg"] and "event_id=" in dead["msg"]
+    summaries = [e for e in lines if e["msg"].startswith("relay summary")]
+    assert summaries and sum(e["published"] for e in summaries) >= 20
+    assert any("database unavailable" in e["msg"] for e in lines)
+
+    # every output of the run and of the CLI's help and errors, grepped for the secret
+    help_text = _run(["relay", "--help"], env)
+    bad_db = _run(["status"], {**env, "OUTBOXKIT_DSN": _with_password(db_dsn, "127.0.0.1:1")})
+    assert bad_db.returncode == 3 and "cannot reach the database" in bad_db.stderr
+    for output in (text, help_text.stdout, help_text.stderr, bad_db.stdout, bad_db.stderr):
+        assert PASSWORD not in output
+    assert PAYLOAD_MARK not in text, "payload bodies are never logged"
+    assert f"nats://outboxkit:***@{nats.hostname}" in text, "the URLs are logged, masked"
+
+
+def _start(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outboxkit", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

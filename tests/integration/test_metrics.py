@@ -1,0 +1,241 @@
+"""Prometheus metrics, /healthz and /readyz of a real relay against PostgreSQL and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from outboxkit import Event
+from outboxkit.embedded import free_port
+from outboxkit.ops.metrics import RelayMetrics
+from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.store.postgres import Statements
+from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events
+from tests.support.servers import ensure_stream
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def _get(url: str) -> tuple[int, str]:
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as resp:
+        return resp.status, await resp.text()
+
+
+def _samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _via(proxy_port: int, dsn: str) -> str:
+    parts = urllib.parse.urlsplit(dsn)
+    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy_port}").geturl()
+
+
+def _events(topic: str, n: int, key: Callable[[int], str] | None = None) -> list[Event]:
+    return [
+        Event(
+            topic=topic,
+            event_type="order.placed",
+            payload={"i": i},
+            key=key(i) if key else None,
+        )
+        for i in range(n)
+    ]
+
+
+async def test_relay_serves_metrics_health_and_readiness_that_follows_the_database(
+    db_dsn: str, nats_server: Any, proxy_factory: Any, tmp_path: Path
+) -> None:
+    root = f"m{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    good, poison = f"{root}.orders", f"nostream{uuid.uuid4().hex[:8]}.orders"
+    write_events(db_dsn, _events(good, 25) + _events(poison, 2))
+    pg_port = urllib.parse.urlsplit(db_dsn).port
+    assert pg_port is not None
+    proxy = proxy_factory("127.0.0.1", pg_port)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    relay = spawn_relay(
+        _via(proxy.port, db_dsn),
+        nats_server.url + "?timeout=1",
+        tmp_path / "relay.log",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+        "--gauge-interval",
+        "0.3",
+        "--max-attempts",
+        "1",
+        "--poll-interval",
+        "0.2",
+    )
+    try:
+
+        async def scrape() -> Samples:
+            status, text = await _get(f"{base}/metrics")
+            assert status == 200
+            return _samples(text)
+
+        async def settled() -> bool:
+            try:
+                s = await scrape()
+            except aiohttp.ClientError:
+                return False
+            return (
+                _value(s, "outboxkit_events_published_total", topic=good) == 25
+                and _value(s, "outboxkit_failed", topic=poison) == 2
+            )
+
+        await wait_for(settled, timeout=30, interval=0.2, what="25 published and 2 failed")
+        s = await scrape()
+        assert _value(s, "outboxkit_publish_latency_seconds_count", topic=good) == 25
+        assert _value(s, "outboxkit_events_claimed_total") == 27
+        dead = {
+            labels: v
+            for (name, labels), v in s.items()
+            if name == "outboxkit_events_dead_lettered_total"
+        }
+        assert sum(dead.values()) == 2
+        [(labels)] = dead
+        assert dict(labels)["topic"] == poison
+        assert dict(labels)["error_class"], "dead letters are labelled with their error class"
+        assert _value(s, "outboxkit_backlog", topic=good) == 0, "a drained topic reports 0"
+        assert _value(s, "outboxkit_broker_round_trip_seconds_count") >= 1
+        assert _value(s, "outboxkit_claim_batch_size_count") >= 1
+        assert _value(s, "outboxkit_gauges_read_timestamp_seconds") > time.time() - 60
+        assert await _get(f"{base}/healthz") == (200, "ok\n")
+        # every metric the shipped alert rules use is in this real relay's output
+        rules = yaml.safe_load(
+            (Path(__file__).parents[2] / "deploy/prometheus/outboxkit-alerts.yml").read_text()
+        )
+        exprs = " ".join(r["expr"] for g in rules["groups"] for r in g["rules"])
+        scraped = {name for name, _labels in s}
+        missing = set(re.findall(r"\boutboxkit_[a-z0-9_]+", exprs)) - scraped
+        assert not missing, f"alert rules use metrics the relay did not export: {missing}"
+
+        # /readyz: ready once the last batch confirmed; 503 with the reason when the DB is cut
+        write_events(db_dsn, _events(good, 3))
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="later events published")
+
+        async def ready_is(code: int) -> bool:
+            return (await _get(f"{base}/readyz"))[0] == code
+
+        await wait_for(lambda: ready_is(200), timeout=15, what="/readyz 200")
+        proxy.cut()
+        await wait_for(lambda: ready_is(503), timeout=15, what="/readyz 503 while the DB is cut")
+        _status, body = await _get(f"{base}/readyz")
+        assert "database unreachable" in body
+        assert (await _get(f"{base}/healthz"))[0] == 200, "alive even when not ready"
+        proxy.resume()
+        await wait_for(lambda: ready_is(200), timeout=20, what="/readyz 200 after the DB is back")
+        s = await scrape()
+        assert _value(s, "outboxkit_db_reconnects_total") >= 1
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(30) == 0, (tmp_path / "relay.log").read_text()[-3000:]
+
+
+def _series(metrics: RelayMetrics) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in metrics.registry.collect()
+        if not family.name.startswith("process_")
+        for s in family.samples
+    }
+
+
+async def test_series_count_stays_flat_while_10000_events_with_distinct_keys_pass(
+    db_dsn: str, nats_server: Any
+) -> None:
+    root = f"c{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    topics = [f"{root}.a", f"{root}.b"]
+
+    def batch(start: int, n: int) -> list[Event]:
+        return [
+            Event(
+                topic=topics[i % 2],
+                event_type="order.placed",
+                payload={"i": i},
+                key=f"customer-{uuid.uuid4()}",  # a new key for every event
+                aggregate_id=str(i),
+            )
+            for i in range(start, start + n)
+        ]
+
+    metrics = RelayMetrics(db_dsn, gauge_interval=0.2, process_metrics=False)
+    publisher = NatsPublisher.from_url(nats_server.url)
+    async with running_relay(db_dsn, publisher, observer=metrics, batch_size=500) as relay:
+        metrics.attach(relay)
+        gauges = asyncio.create_task(metrics.run_gauges())
+        try:
+            write_events(db_dsn, batch(0, 1000))
+            await wait_for(lambda: count(db_dsn) == 0, timeout=60, what="first 1000 published")
+            await asyncio.sleep(0.5)  # let the gauge task read the drained table once more
+            first = _series(metrics)
+            write_events(db_dsn, batch(1000, 9000))
+            await wait_for(lambda: count(db_dsn) == 0, timeout=90, what="10000 published")
+            await asyncio.sleep(0.5)
+            after = _series(metrics)
+        finally:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
+    published = sum(
+        metrics.registry.get_sample_value("outboxkit_events_published_total", {"topic": t}) or 0
+        for t in topics
+    )
+    assert published == 10_000
+    assert after == first, f"new series appeared: {sorted(after - first)[:10]}"
+    assert len(after) < 200
+    labels = {k for _name, ls in after for k, _v in ls}
+    assert labels <= {"topic", "error_class", "le", "relay_id"}
+
+
+def test_gauge_queries_read_only_the_partial_indexes_never_the_published_rows(
+    db_dsn: str,
+) -> None:
+    sql = Statements()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, topic, event_type, payload, status, published_at)"
+            " SELECT gen_random_uuid(), 'old', 'x', '\\x00', 1, now()"
+            " FROM generate_series(1, 200000)"
+        )
+        conn.execute(
+            "INSERT INTO outbox (event_id, topic, event_type, payload, status)"
+            " SELECT gen_random_uuid(), 't' || (i % 3), 'x', '\\x00', (i % 2) * 2"
+            " FROM generate_series(1, 300) AS i"
+        )
+        conn.execute("ANALYZE outbox")
+        for stmt in (sql.metrics_pending_by_topic, sql.metrics_failed_by_topic):
+            plan = "\n".join(
+                r[0] for r in conn.execute("EXPLAIN " + stmt, {"cap": 100_000}).fetchall()
+            )
+            assert "Seq Scan" not in plan, plan
+            assert "_pending_idx" in plan or "_failed_idx" in plan, plan
+        started = time.perf_counter()
+        rows = conn.execute(sql.metrics_pending_by_topic, {"cap": 100_000}).fetchall()
+        elapsed = time.perf_counter() - started
+    assert sorted((r[0], r[1]) for r in rows) == [("t0", 50), ("t1", 50), ("t2", 50)]
+    assert elapsed < 1.0
