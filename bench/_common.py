@@ -107,7 +107,13 @@ def server_facts(dsn: str) -> dict[str, Any]:
         mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
         facts["ram_gb"] = round(int(mem) / 1024 / 1024, 1)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "wal_level"):
+        for name in (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "shared_buffers",
+            "wal_level",
+        ):
             row = conn.execute(f"SHOW {name}").fetchone()
             facts[f"pg_{name}"] = row[0] if row else None
     return facts

@@ -56,8 +56,12 @@ class Relay:
         self.dsn = dsn
         self.batch_size = batch_size
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-             "linger.ms": 5}
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+            }
         )
         self.sent = 0
         self.failed = 0
@@ -101,8 +105,12 @@ def bench(dsn: str, bootstrap: str, topic: str, n: int, batch_size: int) -> dict
     t0 = time.perf_counter()
     relay.drain()
     elapsed = time.perf_counter() - t0
-    return {"events": relay.sent, "seconds": elapsed, "rate": relay.sent / elapsed,
-            "batch_size": batch_size}
+    return {
+        "events": relay.sent,
+        "seconds": elapsed,
+        "rate": relay.sent / elapsed,
+        "batch_size": batch_size,
+    }
 
 
 def main() -> None:

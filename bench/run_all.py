@@ -1,6 +1,8 @@
 """Run every benchmark against servers started from wheels; JSON lands in bench/results/.
 
-    make bench                       # embedded PostgreSQL 18, fsync on
+    make bench                       # embedded PostgreSQL 18, fsync on (~25 min)
+    make bench ARGS=--quick          # smoke run of every benchmark (a few minutes)
+    python bench/run_all.py --only relay_throughput latency
     python bench/run_all.py --dsn postgresql://postgres@127.0.0.1/postgres   # your server
 
 Each benchmark is its own script (run one alone with ``--help``); this runner
@@ -22,8 +24,21 @@ from outboxkit.embedded import EmbeddedPostgres
 
 HERE = Path(__file__).parent
 BENCHMARKS: list[tuple[str, list[str]]] = [
-    ("write_overhead.py", ["--rounds", "3000"]),
+    ("write_overhead.py", []),  # rounds: OUTBOXKIT_BENCH_WRITE_ROUNDS (default 3000)
+    ("relay_throughput.py", []),
+    ("alternatives.py", []),
+    ("latency.py", []),
+    ("memory_and_plan.py", []),
+    ("table_health.py", []),
 ]
+# The relay benchmarks take --quick (a smoke run of a few minutes in all).
+QUICK_CAPABLE = {
+    "relay_throughput.py",
+    "alternatives.py",
+    "latency.py",
+    "memory_and_plan.py",
+    "table_health.py",
+}
 
 
 def _with_db(admin_dsn: str, name: str) -> str:
@@ -33,6 +48,8 @@ def _with_db(admin_dsn: str, name: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", help="admin DSN of a PostgreSQL to use instead of an embedded one")
+    ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, short durations")
+    ap.add_argument("--only", nargs="+", metavar="SCRIPT", help="run only these scripts")
     args = ap.parse_args()
 
     server = None
@@ -45,6 +62,14 @@ def main() -> int:
     failed = 0
     try:
         for script, extra in BENCHMARKS:
+            if (
+                args.only
+                and script not in args.only
+                and script.removesuffix(".py") not in args.only
+            ):
+                continue
+            if args.quick and script in QUICK_CAPABLE:
+                extra = [*extra, "--quick"]
             db = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
             with psycopg.connect(admin_dsn, autocommit=True) as conn:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))

@@ -104,6 +104,60 @@ def psycopg_business(conn: psycopg.Connection[Any], o: Order) -> int:
     return order_id
 
 
+def psycopg_business_attached(conn: psycopg.Connection[Any], o: Order, ob: Outbox) -> int:
+    """The transaction with the event attached to the first order line's INSERT."""
+    row = conn.execute(NEW_ORDER, (o.customer, o.total)).fetchone()
+    assert row is not None
+    order_id = int(row[0])
+    first, *others = o.skus
+    ob.execute_with(conn, NEW_LINE, (order_id, first, 1), events=[order_event(order_id)])
+    for sku in others:
+        conn.execute(NEW_LINE, (order_id, sku, 1))
+    for sku in sorted(o.skus):
+        conn.execute(TAKE_STOCK, (sku,))
+    return order_id
+
+
+async def psycopg_async_business_attached(
+    conn: psycopg.AsyncConnection[Any], o: Order, ob: Outbox
+) -> int:
+    cur = await conn.execute(NEW_ORDER, (o.customer, o.total))
+    row = await cur.fetchone()
+    assert row is not None
+    order_id = int(row[0])
+    first, *others = o.skus
+    await ob.aexecute_with(conn, NEW_LINE, (order_id, first, 1), events=[order_event(order_id)])
+    for sku in others:
+        await conn.execute(NEW_LINE, (order_id, sku, 1))
+    for sku in sorted(o.skus):
+        await conn.execute(TAKE_STOCK, (sku,))
+    return order_id
+
+
+# The floor: the event row written by the business statement itself (no statement,
+# no round trip of its own); the key comes from the order id on the server.
+ORDER_WITH_EVENT = """
+WITH o AS (INSERT INTO bench_orders (customer, total_cents) VALUES (%s, %s) RETURNING id),
+     e AS (INSERT INTO outbox (event_id, topic, key, event_type, payload)
+           SELECT %s, %s, o.id::text, %s, %s FROM o)
+SELECT id FROM o
+"""
+
+
+def psycopg_business_with_event(conn: psycopg.Connection[Any], o: Order) -> int:
+    e = Event(topic="orders", event_type="order.placed", payload=PAYLOAD)
+    row = conn.execute(
+        ORDER_WITH_EVENT, (o.customer, o.total, e.event_id, e.topic, e.event_type, e.payload)
+    ).fetchone()
+    assert row is not None
+    order_id = int(row[0])
+    for sku in o.skus:
+        conn.execute(NEW_LINE, (order_id, sku, 1))
+    for sku in sorted(o.skus):
+        conn.execute(TAKE_STOCK, (sku,))
+    return order_id
+
+
 async def psycopg_async_business(conn: psycopg.AsyncConnection[Any], o: Order) -> int:
     cur = await conn.execute(NEW_ORDER, (o.customer, o.total))
     row = await cur.fetchone()
@@ -203,13 +257,27 @@ class PsycopgSync(WritePath):
                 conn.execute(stmts.insert_one, _params(e))
                 tx.__exit__(None, None, None)
 
+        def same_statement() -> None:
+            with conn.transaction():
+                psycopg_business_with_event(conn, self.order)
+
+        def attached(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with conn.transaction():
+                    psycopg_business_attached(conn, self.order, ob)
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.put, notify off": outbox(Outbox(notify=False)),
             "outbox.put, notify on": outbox(Outbox()),
+            "outbox.execute_with, notify off": attached(Outbox(notify=False)),
+            "outbox.execute_with, notify on": attached(Outbox()),
             "ref: conn.execute per put (before)": before,
             "ref: INSERT pipelined with COMMIT": pipelined,
+            "ref: event in the order's statement": same_statement,
         }
 
     def close(self) -> None:
@@ -301,11 +369,20 @@ class PsycopgAsync(WritePath):
 
             return run
 
+        def attached(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with conn.transaction():
+                    await psycopg_async_business_attached(conn, self.order, ob)
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.aput, notify off": outbox(Outbox(notify=False)),
             "outbox.aput, notify on": outbox(Outbox()),
+            "outbox.aexecute_with, notify off": attached(Outbox(notify=False)),
+            "outbox.aexecute_with, notify on": attached(Outbox()),
         }
 
     async def aclose(self) -> None:
@@ -557,8 +634,8 @@ def main() -> None:
     ap.add_argument(
         "--rounds",
         type=int,
-        default=int(os.environ.get("OUTBOXKIT_BENCH_WRITE_ROUNDS", "2000")),
-        help="rounds per path (env OUTBOXKIT_BENCH_WRITE_ROUNDS; default 2000, about 3 min)",
+        default=int(os.environ.get("OUTBOXKIT_BENCH_WRITE_ROUNDS", "3000")),
+        help="rounds per path (env OUTBOXKIT_BENCH_WRITE_ROUNDS; default 3000: 3-4 min)",
     )
     ap.add_argument(
         "--paths",

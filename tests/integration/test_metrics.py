@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -89,6 +90,7 @@ async def test_relay_serves_metrics_health_and_readiness_that_follows_the_databa
         "1",
         "--poll-interval",
         "0.2",
+        "--dashboard",
     )
     try:
 
@@ -125,6 +127,14 @@ async def test_relay_serves_metrics_health_and_readiness_that_follows_the_databa
         assert _value(s, "outboxkit_claim_batch_size_count") >= 1
         assert _value(s, "outboxkit_gauges_read_timestamp_seconds") > time.time() - 60
         assert await _get(f"{base}/healthz") == (200, "ok\n")
+        status, page = await _get(f"{base}/dashboard")
+        assert status == 200 and "static/app.js" in page, "the relay serves the dashboard too"
+
+        async def dashboard_shows_failed() -> bool:
+            status, overview = await _get(f"{base}/dashboard/api/overview")
+            return status == 200 and json.loads(overview)["status"]["failed"] == 2
+
+        await wait_for(dashboard_shows_failed, timeout=15, what="the relay's dashboard")
         # every metric the shipped alert rules use is in this real relay's output
         rules = yaml.safe_load(
             (Path(__file__).parents[2] / "deploy/prometheus/outboxkit-alerts.yml").read_text()

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, InvalidEventError, NotInTransactionError, Outbox
+from outboxkit.store.postgres import Statements
 from tests.support.relaying import count, rows
 
 ORDERS = "CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL)"
@@ -100,6 +101,44 @@ def test_put_many_is_one_round_trip_however_many_events(shop_dsn: str) -> None:
         )
     assert sent == ["Sync"]
     assert count(shop_dsn) == 1000
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_put_in_pipeline_mode_rides_the_pipeline_and_stays_atomic(
+    shop_dsn: str, autocommit: bool
+) -> None:
+    """In a pipelined transaction the INSERT is queued with the others: no round trip of its own."""
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn, autocommit=autocommit) as conn:
+
+        def pipelined(*events: Event) -> Callable[[], None]:
+            def run() -> None:
+                with conn.pipeline(), conn.transaction():
+                    conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+                    if events:
+                        outbox.put(conn, events[0])
+                        outbox.put_many(conn, events[1:])
+
+            return run
+
+        without = _client_round_trips(conn, pipelined())
+        with_events = _client_round_trips(conn, pipelined(_event(1), _event(2), _event(3)))
+        with pytest.raises(RuntimeError), conn.pipeline(), conn.transaction():
+            conn.execute("INSERT INTO orders (customer) VALUES ('bob')")
+            outbox.put(conn, _event(4))
+            raise RuntimeError("rolled back")
+    assert with_events == without
+    assert count(shop_dsn, table="orders") == 2
+    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1, 2, 3]
+
+
+def test_pipeline_mode_without_a_transaction_is_refused(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        with conn.pipeline():
+            conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
+            with pytest.raises(NotInTransactionError, match="autocommit"):
+                Outbox().put(conn, _event(1))
+    assert count(shop_dsn) == 0
 
 
 def test_one_outbox_writes_through_many_connections_and_threads(shop_dsn: str) -> None:
@@ -317,3 +356,163 @@ async def test_sqlalchemy_async_session_and_connection_adapters(shop_dsn: str, d
         await engine.dispose()
     stored = rows(shop_dsn)
     assert [json.loads(bytes(r["payload"]))["order"] for r in stored] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_sqlalchemy_async_write_after_other_statements_commits_and_rolls_back_with_them(
+    shop_dsn: str, driver: str
+) -> None:
+    """Once the session's transaction has begun, the INSERT goes straight to the driver."""
+    engine = create_async_engine(shop_dsn.replace("postgresql://", f"postgresql+{driver}://"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(sa.text("INSERT INTO orders (customer) VALUES ('ada')"))
+            await Outbox().aput(session, _event(1))
+        async with AsyncSession(engine) as session:
+            with pytest.raises(RuntimeError):
+                async with session.begin():
+                    await session.execute(sa.text("INSERT INTO orders (customer) VALUES ('bob')"))
+                    await Outbox().aput(session, _event(2))
+                    await Outbox().aput_many(session, [_event(3)])
+                    raise RuntimeError("rolled back")
+    finally:
+        await engine.dispose()
+    assert count(shop_dsn, table="orders") == 1
+    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1]
+
+
+def test_sqlalchemy_session_write_commits_and_rolls_back_with_the_session(shop_dsn: str) -> None:
+    engine = sa.create_engine(shop_dsn.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with Session(engine) as session, pytest.raises(RuntimeError), session.begin():
+            Outbox().put(session, _event(1))  # the first statement of the transaction
+            session.execute(sa.text("INSERT INTO orders (customer) VALUES ('ada')"))
+            raise RuntimeError("rolled back")
+        with Session(engine) as session, session.begin():
+            Outbox().put(session, _event(2))
+            session.execute(sa.text("INSERT INTO orders (customer) VALUES ('bob')"))
+    finally:
+        engine.dispose()
+    assert count(shop_dsn, table="orders") == 1
+    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [2]
+
+
+# -- events in the caller's own statement --------------------------------------------
+
+
+def test_execute_with_writes_the_events_in_the_callers_statement(shop_dsn: str) -> None:
+    outbox = Outbox()
+    first, second = _event(1), _event(2)
+    with psycopg.connect(shop_dsn) as listener:
+        listener.execute(f"LISTEN {Statements('outbox').channel}")
+        listener.commit()
+        with psycopg.connect(shop_dsn) as conn:
+            with conn.transaction():  # BEGIN is sent here, before the trace starts
+                cursors: list[psycopg.Cursor[Any]] = []
+                sent = _client_round_trips(
+                    conn,
+                    lambda: cursors.append(
+                        outbox.execute_with(
+                            conn,
+                            "INSERT INTO orders (customer) VALUES (%s) RETURNING id, customer",
+                            ("ada",),
+                            events=[first],
+                        )
+                    ),
+                )
+                assert cursors[0].fetchone() == (1, "ada")
+                outbox.execute_with(
+                    conn,
+                    "UPDATE orders SET customer = %s WHERE id = %s",
+                    ("eve", 1),
+                    events=[second],
+                )
+        notes = list(listener.notifies(timeout=10, stop_after=1))
+    assert sent == ["Sync"]
+    assert [n.channel for n in notes] == [Statements("outbox").channel]
+    stored = rows(shop_dsn)
+    assert [r["event_id"] for r in stored] == [first.event_id, second.event_id]
+    assert stored[0]["key"] == "customer-1"
+    assert (stored[0]["aggregate_type"], stored[0]["aggregate_id"]) == ("order", "1")
+    assert bytes(stored[0]["payload"]) == b'{"order":1}'
+    assert stored[0]["headers"] == {"tenant": "acme"}
+
+
+def test_execute_with_rolls_back_with_the_transaction(shop_dsn: str) -> None:
+    outbox = Outbox(notify=False)
+    with psycopg.connect(shop_dsn) as conn, pytest.raises(RuntimeError), conn.transaction():
+        outbox.execute_with(
+            conn, "INSERT INTO orders (customer) VALUES (%s)", ("ada",), events=[_event(1)]
+        )
+        raise RuntimeError("rolled back")
+    assert count(shop_dsn, table="orders") == 0
+    assert count(shop_dsn) == 0
+
+
+def test_execute_with_writes_the_events_even_when_the_statement_matches_nothing(
+    shop_dsn: str,
+) -> None:
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        cur = Outbox().execute_with(
+            conn,
+            "UPDATE orders SET customer = %s WHERE id = %s",
+            ("eve", 42),
+            events=[_event(1), _event(2)],
+        )
+        assert cur.rowcount == 0
+    assert count(shop_dsn) == 2
+
+
+def test_execute_with_merges_into_the_statements_own_with_list(shop_dsn: str) -> None:
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn) as conn, conn.transaction():
+        cur = outbox.execute_with(
+            conn,
+            "with recursive n(i) AS (SELECT %s::int UNION ALL SELECT i + 1 FROM n WHERE i < %s)"
+            " INSERT INTO orders (customer) SELECT 'c' || i FROM n RETURNING customer",
+            (1, 3),
+            events=[_event(1), _event(2), _event(3)],
+        )
+        assert [r[0] for r in cur.fetchall()] == ["c1", "c2", "c3"]
+    assert count(shop_dsn, table="orders") == 3
+    assert count(shop_dsn) == 3
+
+
+def test_execute_with_refuses_what_put_refuses_and_runs_nothing(shop_dsn: str) -> None:
+    outbox = Outbox()
+    insert = "INSERT INTO orders (customer) VALUES (%s)"
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        with pytest.raises(NotInTransactionError, match="autocommit"):
+            outbox.execute_with(conn, insert, ("ada",), events=[_event(1)])
+        with pytest.raises(TypeError, match="positional"):
+            outbox.execute_with(conn, insert, {"c": "ada"}, events=[_event(1)])  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError):
+            outbox.execute_with(conn, insert, ("ada",), events=[{"topic": "t"}])  # type: ignore[list-item]
+    engine = sa.create_engine(shop_dsn.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with Session(engine) as session, session.begin():
+            with pytest.raises(TypeError, match="put"):
+                outbox.execute_with(session, insert, ("ada",), events=[_event(1)])  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
+    assert count(shop_dsn, table="orders") == 0
+    assert count(shop_dsn) == 0
+
+
+async def test_aexecute_with_on_psycopg_async(shop_dsn: str) -> None:
+    outbox = Outbox()
+    async with await psycopg.AsyncConnection.connect(shop_dsn) as conn:
+        async with conn.transaction():
+            cur = await outbox.aexecute_with(
+                conn,
+                "INSERT INTO orders (customer) VALUES (%s) RETURNING id",
+                ("ada",),
+                events=[_event(1)],
+            )
+            assert await cur.fetchone() == (1,)
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await outbox.aexecute_with(conn, "SELECT %s", (1,), events=[_event(2)])
+                raise RuntimeError("rolled back")
+    assert count(shop_dsn, table="orders") == 1
+    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1]

@@ -71,12 +71,15 @@ async def main(minutes: float) -> None:
             )
 
         current = relay()
-        task = asyncio.create_task(current.run())
+        task: asyncio.Task[None] | None = asyncio.create_task(current.run())
         total = minutes * 60
         outage = (total * 0.45, total * 0.65)
         started = time.monotonic()
         i = poisoned = 0
-        while (elapsed := time.monotonic() - started) < total:
+        shooting = asyncio.Event()
+        shot: asyncio.Task[None] | None = None
+        # Traffic keeps flowing while the screenshot is taken.
+        while (elapsed := time.monotonic() - started) < total + 15:
             if outage[0] <= elapsed < outage[1] and task is not None:
                 current.stop()
                 await task
@@ -91,32 +94,38 @@ async def main(minutes: float) -> None:
                 poisoned += 1
                 await asyncio.to_thread(_write, dsn, "billing.invoices", 1, i)  # no stream: fails
             i += rate
+            if elapsed >= total and not shooting.is_set():
+                shooting.set()
+                shot = asyncio.create_task(_screenshot(port))
             await asyncio.sleep(0.25)
-        await asyncio.sleep(4)
-
-        from playwright.async_api import async_playwright
-
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-            )
-            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-            await page.goto(f"http://127.0.0.1:{port}/")
-            await page.fill("#token", "demo-token")
-            await page.click("#token-save")
-            await page.wait_for_selector("#failed tbody tr")
-            await page.locator("#failed tbody tr button.view").first.click()
-            await page.wait_for_selector("#detail:not([hidden])")
-            await page.wait_for_timeout(4500)  # the toast fades
-            OUT.parent.mkdir(parents=True, exist_ok=True)
-            await page.screenshot(path=str(OUT), full_page=True)
-            await browser.close()
+        if shot is not None:
+            await shot
         if task is not None:
             current.stop()
             await task
         with contextlib.suppress(Exception):
             await runner.cleanup()
     print(f"wrote {OUT}")
+
+
+async def _screenshot(port: int) -> None:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.fill("#token", "demo-token")
+        await page.click("#token-save")
+        await page.wait_for_selector("#failed tbody tr")
+        await page.locator("#failed tbody tr button.view").first.click()
+        await page.wait_for_selector("#detail:not([hidden])")
+        await page.wait_for_timeout(4500)  # the toast fades
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(OUT), full_page=True)
+        await browser.close()
 
 
 if __name__ == "__main__":

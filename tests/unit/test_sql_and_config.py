@@ -7,7 +7,7 @@ import datetime as dt
 import click
 import pytest
 
-from outboxkit import ConfigurationError
+from outboxkit import ConfigurationError, Event, Outbox
 from outboxkit._redact import redact
 from outboxkit.ops.cli import parse_duration
 from outboxkit.relay.backoff import Backoff, full_jitter
@@ -108,3 +108,29 @@ def test_reconnect_backoff_never_busy_loops_and_resets() -> None:
 )
 def test_redact_masks_passwords(text: str, secret: str) -> None:
     assert secret not in redact(text)
+
+
+def test_events_attached_to_a_statement_come_first_in_text_and_parameters() -> None:
+    event = Event(topic="orders", event_type="order.placed", payload={"id": 1}, key="k")
+    plain_stmt, plain_params = Outbox(notify=False)._attached(
+        "INSERT INTO orders (c) VALUES (%s)", ("ada",), [event]
+    )
+    assert plain_stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
+    assert plain_stmt.endswith(")\nINSERT INTO orders (c) VALUES (%s)")
+    assert plain_params == [*plain_params[:8], "ada"]
+    assert plain_params[0] == event.event_id
+    assert "pg_notify" not in plain_stmt
+
+    merged, params = Outbox()._attached(
+        "  with recursive n AS (SELECT %s) SELECT * FROM n", (7,), [event, event]
+    )
+    assert merged.startswith("  with recursive outboxkit_events AS (INSERT")
+    assert "RETURNING pg_notify(%s, ''))," in merged
+    assert merged.endswith(",\nn AS (SELECT %s) SELECT * FROM n")
+    assert params[-2:] == ["outboxkit_outbox", 7]
+    assert params[0] == [event.event_id, event.event_id]
+    assert merged.count("%s") == len(params)
+
+
+def test_attaching_no_events_leaves_the_statement_alone() -> None:
+    assert Outbox()._attached("SELECT %s", [1], []) == ("SELECT %s", [1])

@@ -249,6 +249,19 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     help="Interface for --metrics-port.",
 )
 @click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Also serve the web dashboard at /dashboard/ on --metrics-port (see `dashboard`).",
+)
+@click.option(
+    "--admin-token",
+    envvar="OUTBOXKIT_ADMIN_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="With --dashboard: enables replay/discard for whoever enters it [default: read-only].",
+)
+@click.option(
     "--gauge-interval",
     default=5.0,
     show_default=True,
@@ -274,6 +287,8 @@ def relay(
     log_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    with_dashboard: bool,
+    admin_token: str | None,
     gauge_interval: float,
 ) -> None:
     """Publish events from the outbox to a broker until stopped (SIGTERM/SIGINT).
@@ -291,6 +306,8 @@ def relay(
     from outboxkit.relay import Relay
 
     setup_logging(log_level, log_format)
+    if with_dashboard and metrics_port is None:
+        _fail("--dashboard is served on the metrics port: give --metrics-port too", 2)
     try:
         from outboxkit.publishers.routing import with_routes
 
@@ -328,7 +345,12 @@ def relay(
         from outboxkit.ops.http import metrics_app, serving
 
         metrics.attach(engine)
-        async with serving(metrics_app(metrics), metrics_host, metrics_port):
+        board = None
+        if with_dashboard:
+            from outboxkit.ops.dashboard import Dashboard, dashboard_app
+
+            board = dashboard_app(Dashboard(dsn, table=table, admin_token=admin_token))
+        async with serving(metrics_app(metrics, dashboard=board), metrics_host, metrics_port):
             gauges = asyncio.create_task(metrics.run_gauges())
             try:
                 await engine.run()

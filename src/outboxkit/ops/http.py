@@ -1,4 +1,4 @@
-"""The relay's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+"""The relay's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz and /dashboard/.
 
 They run in the relay's own event loop (aiohttp), so a wedged loop shows up as a
 failing ``/healthz`` instead of a process that looks alive.
@@ -19,8 +19,10 @@ from outboxkit.ops.metrics import RelayMetrics
 log = logging.getLogger("outboxkit.http")
 
 
-def metrics_app(metrics: RelayMetrics) -> web.Application:
-    """The aiohttp application serving one relay's metrics and health."""
+def metrics_app(
+    metrics: RelayMetrics, *, dashboard: web.Application | None = None
+) -> web.Application:
+    """The aiohttp application serving one relay's metrics and health (and the dashboard)."""
 
     async def scrape(_request: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -39,6 +41,13 @@ def metrics_app(metrics: RelayMetrics) -> web.Application:
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if dashboard is not None:
+
+        async def to_dashboard(_request: web.Request) -> web.Response:
+            raise web.HTTPFound("/dashboard/")
+
+        app.router.add_get("/dashboard", to_dashboard)
+        app.add_subapp("/dashboard/", dashboard)
     return app
 
 

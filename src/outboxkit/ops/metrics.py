@@ -161,11 +161,10 @@ class RelayMetrics(RelayObserver):
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         self.broker_rtt.observe(seconds)
-        ok = sum(1 for r in results if r.ok)
-        if ok or not results:
+        if not results or any(r.ok or not r.retryable for r in results):
             self.broker_error = None
             return
-        # Nothing of the batch confirmed: the broker is down or refusing; /readyz says so.
+        # Nothing of the batch confirmed, all retryable: the broker is down or refusing.
         first = results[0]
         self.broker_error = redact(f"{first.error_class or 'error'}: {first.error or ''}")[:300]
 

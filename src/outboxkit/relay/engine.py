@@ -29,7 +29,7 @@ from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, SchemaError
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
 from outboxkit.relay.backoff import Backoff, full_jitter
-from outboxkit.relay.observer import RelayObserver, default_observer
+from outboxkit.relay.observer import Observers, RelayObserver, default_observer
 from outboxkit.store.postgres import FAILED, PENDING, Statements
 
 log = logging.getLogger("outboxkit.relay")
@@ -132,7 +132,10 @@ class Relay:
         self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
         self.stats = RelayStats()
         # Metrics, tracing and summary logs hook in here (relay/observer.py).
-        self.observer: RelayObserver = observer if observer is not None else default_observer()
+        # A hook that raises is logged, never allowed to break a batch (Observers guards it).
+        self.observer: RelayObserver = (
+            default_observer() if observer is None else Observers.guarding(observer)
+        )
         self._sql = Statements(table)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()

@@ -123,6 +123,12 @@ FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
 NOTIFY_SUFFIX = "SELECT pg_notify(%s, '')"
+# Events attached to the caller's own statement (Outbox.execute_with) as a
+# data-modifying CTE: PostgreSQL runs it exactly once whatever the main statement
+# does, and RETURNING carries the notification (a plain SELECT CTE nobody
+# references would not run).
+ATTACHED_EVENTS = "outboxkit_events AS ({insert})"
+ATTACHED_EVENTS_NOTIFY = "outboxkit_events AS ({insert} RETURNING pg_notify(%s, ''))"
 
 # --- relay --------------------------------------------------------------------
 
@@ -276,6 +282,10 @@ class Statements:
         self.insert_many = r(INSERT_MANY)
         self.insert_one_notify = f"WITH ins AS ({self.insert_one}) {NOTIFY_SUFFIX}"
         self.insert_many_notify = f"WITH ins AS ({self.insert_many}) {NOTIFY_SUFFIX}"
+        self.attached_one = ATTACHED_EVENTS.format(insert=self.insert_one)
+        self.attached_many = ATTACHED_EVENTS.format(insert=self.insert_many.strip())
+        self.attached_one_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_one)
+        self.attached_many_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_many.strip())
         self.claim_batch = r(CLAIM_BATCH)
         self.settle_published_delete = r(SETTLE_PUBLISHED_DELETE)
         self.settle_published_keep = r(SETTLE_PUBLISHED_KEEP)

@@ -167,7 +167,10 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         )
 
     async def failed(request: web.Request) -> web.Response:
-        limit = min(int(request.query.get("limit", "100") or 100), 1000)
+        try:
+            limit = max(1, min(int(request.query.get("limit", "100")), 1000))
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit must be a number of rows") from None
         rows = await asyncio.to_thread(
             admin.list_failed, dashboard.dsn, dashboard.table, limit=limit
         )

@@ -139,7 +139,7 @@ function actionButton(label, cls, run) {
 async function act(id, verb) {
   if (verb === "discard" && !window.confirm(`Discard failed event ${id} for good?`)) return;
   try {
-    await api(`/api/events/${encodeURIComponent(id)}/${verb}`, {
+    await api(`api/events/${encodeURIComponent(id)}/${verb}`, {
       method: "POST",
       headers: { "X-Outboxkit-Token": token() },
     });
@@ -190,7 +190,7 @@ function kvRows(tbody, entries) {
 
 async function showEvent(id) {
   try {
-    const e = await api(`/api/events/${encodeURIComponent(id)}`);
+    const e = await api(`api/events/${encodeURIComponent(id)}`);
     $("detail-id").textContent = String(e.id);
     const fields = ["event_id", "topic", "key", "event_type", "aggregate_type", "aggregate_id",
       "status", "attempts", "last_error", "created_at", "available_at", "claimed_by", "published_at"];
@@ -208,7 +208,7 @@ async function showEvent(id) {
 
 async function refresh() {
   try {
-    const [overview, failed] = await Promise.all([api("/api/overview"), api("/api/failed?limit=100")]);
+    const [overview, failed] = await Promise.all([api("api/overview"), api("api/failed?limit=100")]);
     renderOverview(overview);
     renderFailed(failed);
     document.body.dataset.loaded = String(Date.now());

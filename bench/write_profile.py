@@ -1,0 +1,175 @@
+"""Where the write overhead goes: the pieces of one outbox write, measured one by one.
+
+Companion of ``write_overhead.py`` (not run by ``make bench``). Each piece is
+added to the same reference transaction, driven through raw libpq calls so the
+driver's own cost shows separately, interleaved per round against the plain
+transaction; then the server's cost per INSERT in bulk, and the plan and WAL of
+one INSERT. Prints what docs/benchmarks.md summarises under "Where the
+microseconds go".
+
+    python bench/write_profile.py --dsn postgresql://postgres@127.0.0.1/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import ClientCursor
+
+from outboxkit import Event, Outbox
+from outboxkit.store.migrate import migrate
+
+SCHEMA = """
+DROP TABLE IF EXISTS bench_order_lines, bench_orders, bench_stock, bench_small;
+CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text NOT NULL,
+                           total_cents int NOT NULL, created_at timestamptz DEFAULT now());
+CREATE TABLE bench_order_lines (id bigserial PRIMARY KEY, order_id bigint NOT NULL,
+                                sku int NOT NULL, qty int NOT NULL);
+CREATE TABLE bench_stock (sku int PRIMARY KEY, qty int NOT NULL);
+CREATE TABLE bench_small (id bigserial PRIMARY KEY, v text);
+INSERT INTO bench_stock SELECT g, 1000000000 FROM generate_series(1, 1000) g;
+"""
+PAYLOAD = {"order": 1, "customer": "customer-1", "lines": [1, 2, 3], "total_cents": 4200}
+COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"
+
+
+def event() -> Event:
+    return Event(topic="orders", event_type="order.placed", key="1", payload=PAYLOAD)
+
+
+def row(e: Event) -> tuple[Any, ...]:
+    return (
+        e.event_id,
+        e.topic,
+        e.key,
+        e.event_type,
+        e.aggregate_type,
+        e.aggregate_id,
+        e.payload,
+        "{}",
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--rounds", type=int, default=1500)
+    args = ap.parse_args()
+
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("DROP TABLE IF EXISTS outbox, outboxkit_schema_versions")
+    migrate(args.dsn)
+    rng = random.Random(11)
+    conn = psycopg.connect(args.dsn, autocommit=True)
+    pg = conn.pgconn
+    literal = ClientCursor(conn)
+    insert = Outbox(notify=False)._sql.insert_one
+    cursor = conn.cursor()
+
+    def raw(query: bytes) -> Any:
+        pg.send_query(query)
+        last = None
+        while (result := pg.get_result()) is not None:
+            if result.error_message:
+                raise RuntimeError(result.error_message.decode())
+            last = result
+        return last
+
+    def business() -> None:
+        customer, total = f"c-{rng.randrange(1000)}", rng.randrange(100, 100000)
+        result = raw(
+            f"INSERT INTO bench_orders (customer, total_cents) VALUES ('{customer}', {total})"
+            " RETURNING id".encode()
+        )
+        order_id = int(result.get_value(0, 0))
+        skus = rng.sample(range(1, 1001), 3)
+        for sku in skus:
+            line = (
+                f"INSERT INTO bench_order_lines (order_id, sku, qty) VALUES ({order_id}, {sku}, 1)"
+            )
+            raw(line.encode())
+        for sku in sorted(skus):
+            raw(f"UPDATE bench_stock SET qty = qty - 1 WHERE sku = {sku}".encode())
+
+    prebuilt = literal.mogrify(insert, row(event())).encode()
+    e0 = event()
+
+    def tx(
+        extra: Callable[[], object] | None = None, commit: bytes = b"COMMIT"
+    ) -> Callable[[], None]:
+        def run() -> None:
+            raw(b"BEGIN")
+            business()
+            if extra is not None:
+                extra()
+            raw(commit)
+
+        return run
+
+    put_outbox = Outbox(notify=False)
+
+    pieces: dict[str, Callable[[], None]] = {
+        "plain (A)": tx(),
+        "plain (A/A control)": tx(),
+        "+ SELECT 1, raw libpq": tx(lambda: raw(b"SELECT 1")),
+        "+ SELECT 1, psycopg cursor": tx(lambda: cursor.execute("SELECT 1")),
+        "+ Event(...) only, nothing sent": tx(event),
+        "+ 40-byte row in COMMIT's message": tx(
+            commit=b"INSERT INTO bench_small (v) VALUES ('" + b"x" * 40 + b"'); COMMIT"
+        ),
+        "+ outbox INSERT pre-built, in COMMIT's message": tx(commit=prebuilt + b"; COMMIT"),
+        "+ outbox INSERT, psycopg cursor (prepared)": tx(lambda: cursor.execute(insert, row(e0))),
+        "+ Outbox.put (Event built in the transaction)": tx(lambda: put_outbox.put(conn, event())),
+    }
+
+    timings: dict[str, list[float]] = {k: [] for k in pieces}
+    items = list(pieces.items())
+    for i in range(args.rounds + 200):
+        rng.shuffle(items)
+        for name, fn in items:
+            t0 = time.perf_counter_ns()
+            fn()
+            if i >= 200:
+                timings[name].append((time.perf_counter_ns() - t0) / 1000)
+    base = statistics.median(timings["plain (A)"])
+    print(f"{'piece added to the reference transaction':<50} {'median us':>10} {'extra':>8}")
+    for name, xs in timings.items():
+        med = statistics.median(xs)
+        print(f"{name:<50} {med:>10.0f} {(med / base - 1) * 100:>+7.1f}%")
+
+    print("\nserver cost per INSERT, 2000 in one simple-query message (hot):")
+    conn.execute(
+        "DROP TABLE IF EXISTS outbox_pk_only; CREATE TABLE outbox_pk_only (LIKE outbox"
+        " INCLUDING DEFAULTS INCLUDING IDENTITY); ALTER TABLE outbox_pk_only ADD PRIMARY KEY (id)"
+    )
+    for table in ("outbox", "outbox_pk_only"):
+        stmt = Outbox(table, notify=False)._sql.insert_one
+        batch = b";".join(literal.mogrify(stmt, row(event())).encode() for _ in range(2000))
+        best: float = float("inf")
+        for _ in range(3):
+            raw(b"BEGIN")
+            start = time.perf_counter()
+            raw(batch)
+            best = min(best, time.perf_counter() - start)
+            raw(b"ROLLBACK")
+        print(f"  {table:<16} {best / 2000 * 1e6:6.1f} us per literal INSERT")
+
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute(f"EXPLAIN (ANALYZE, WAL, BUFFERS) {insert}", row(event())).fetchall()
+    print("\nEXPLAIN (ANALYZE, WAL, BUFFERS) of one INSERT:")
+    for (line,) in plan:
+        print(f"  {line}")
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()
