@@ -34,6 +34,19 @@ PGQ_TOPIC = "bench.pgqueuer"
 NAIVE_TOPIC = "bench.naive"
 
 
+def _asyncpg_args(dsn: str) -> dict[str, Any]:
+    """asyncpg takes URLs only; the runner hands out libpq key=value strings too."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    names = {
+        "host": "host",
+        "port": "port",
+        "user": "user",
+        "password": "password",
+        "dbname": "database",
+    }
+    return {names[k]: v for k, v in params.items() if k in names and v is not None}
+
+
 class AsyncProducer:
     """confluent-kafka with a poll thread; ``send`` resolves on the delivery report."""
 
@@ -77,7 +90,7 @@ class AsyncProducer:
 async def _pgq_load(dsn: str, n: int) -> None:
     from pgqueuer import AsyncpgDriver, Queries
 
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(**_asyncpg_args(dsn))
     try:
         queries = Queries(AsyncpgDriver(conn))
         with contextlib.suppress(Exception):  # a previous run's objects
@@ -104,7 +117,7 @@ async def _pgq_drain(dsn: str, bootstrap: str, n: int, batch_size: int) -> dict[
     from pgqueuer.types import QueueExecutionMode
 
     producer = AsyncProducer(bootstrap)
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(**_asyncpg_args(dsn))
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
     done = 0
 

@@ -134,6 +134,17 @@ async def psycopg_async_business_attached(
     return order_id
 
 
+async def asyncpg_business_attached(conn: asyncpg.Connection, o: Order, ob: Outbox) -> int:
+    order_id = int(await conn.fetchval(PG_NEW_ORDER, o.customer, o.total))
+    first, *others = o.skus
+    await ob.aexecute_with(conn, PG_NEW_LINE, (order_id, first, 1), events=[order_event(order_id)])
+    for sku in others:
+        await conn.execute(PG_NEW_LINE, order_id, sku, 1)
+    for sku in sorted(o.skus):
+        await conn.execute(PG_TAKE_STOCK, sku)
+    return order_id
+
+
 # The floor: the event row written by the business statement itself (no statement,
 # no round trip of its own); the key comes from the order id on the server.
 ORDER_WITH_EVENT = """
@@ -408,11 +419,20 @@ class Asyncpg(WritePath):
 
             return run
 
+        def attached(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with conn.transaction():
+                    await asyncpg_business_attached(conn, self.order, ob)
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.aput, notify off": outbox(Outbox(notify=False)),
             "outbox.aput, notify on": outbox(Outbox()),
+            "outbox.aexecute_with, notify off": attached(Outbox(notify=False)),
+            "outbox.aexecute_with, notify on": attached(Outbox()),
         }
 
     async def aclose(self) -> None:

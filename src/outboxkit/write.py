@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 import psycopg
@@ -19,9 +19,13 @@ from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.store.postgres import Statements, numbered
 
+if TYPE_CHECKING:
+    import asyncpg
+
 _EMPTY_HEADERS = "{}"
 # A caller's statement that has its own WITH list: the events join that list.
 _LEADING_WITH = re.compile(r"\s*WITH(\s+RECURSIVE)?\s+", re.IGNORECASE)
+_DOLLAR_PARAM = re.compile(r"\$(\d+)")
 _Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str]
 
 
@@ -161,7 +165,8 @@ class Outbox:
         statement and no round trip of their own, about half the cost of
         :meth:`put` (docs/benchmarks.md). They are written once whatever
         ``query`` matches, and commit or roll back with the transaction, like
-        :meth:`put`. Returns the cursor, for ``RETURNING`` rows. psycopg only.
+        :meth:`put`. Returns the cursor, for ``RETURNING`` rows. psycopg; see
+        :meth:`aexecute_with` for psycopg async and asyncpg.
         """
         if not isinstance(conn, psycopg.Connection):
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
@@ -169,6 +174,7 @@ class Outbox:
         _check_psycopg(conn)
         return conn.execute(stmt, all_params)
 
+    @overload
     async def aexecute_with(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -176,16 +182,46 @@ class Outbox:
         params: Sequence[Any] = (),
         *,
         events: Iterable[Event],
-    ) -> psycopg.AsyncCursor[Any]:
-        """Async :meth:`execute_with` for psycopg's ``AsyncConnection``."""
-        if not isinstance(conn, psycopg.AsyncConnection):
-            raise _unsupported_attach(conn, "aexecute_with", "psycopg.AsyncConnection")
-        stmt, all_params = self._attached(query, params, events)
-        _check_psycopg(conn)
-        return await conn.execute(stmt, all_params)
+    ) -> psycopg.AsyncCursor[Any]: ...
+
+    @overload
+    async def aexecute_with(
+        self,
+        conn: asyncpg.Connection,
+        query: str,
+        params: Sequence[Any] = (),
+        *,
+        events: Iterable[Event],
+    ) -> list[asyncpg.Record]: ...
+
+    async def aexecute_with(
+        self,
+        conn: Any,
+        query: str,
+        params: Sequence[Any] = (),
+        *,
+        events: Iterable[Event],
+    ) -> Any:
+        """Async :meth:`execute_with`: psycopg ``AsyncConnection`` or asyncpg ``Connection``.
+
+        With psycopg, ``query`` uses ``%s`` and the cursor is returned; with
+        asyncpg, ``query`` uses ``$1 … $n`` and the rows (``conn.fetch``) are
+        returned, an empty list for a statement without ``RETURNING``.
+        """
+        if isinstance(conn, psycopg.AsyncConnection):
+            stmt, all_params = self._attached(query, params, events)
+            _check_psycopg(conn)
+            return await conn.execute(stmt, all_params)
+        if _is_asyncpg_connection(conn):
+            stmt, all_params = self._attached(query, params, events, dollar=True)
+            _check_asyncpg(conn)
+            return await conn.fetch(stmt, *all_params)
+        raise _unsupported_attach(
+            conn, "aexecute_with", "psycopg.AsyncConnection or asyncpg.Connection"
+        )
 
     def _attached(
-        self, query: str, params: Sequence[Any], events: Iterable[Event]
+        self, query: str, params: Sequence[Any], events: Iterable[Event], *, dollar: bool = False
     ) -> tuple[str, list[Any]]:
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {_type_name(query)}")
@@ -206,13 +242,20 @@ class Outbox:
             event_params = [list(column) for column in zip(*rows, strict=True)]
         if self.notify:
             event_params.append(sql.channel)
-        # The events' CTE comes first in the text, so its parameters come first.
+        if dollar:
+            # $n parameters: the caller's keep their numbers, the events' follow them.
+            taken = max((int(n) for n in _DOLLAR_PARAM.findall(query)), default=0)
+            cte = numbered(cte, start=taken + 1)
+            all_params = [*params, *event_params]
+        else:
+            # %s parameters: the events' CTE comes first in the text, so theirs do too.
+            all_params = [*event_params, *params]
         leading = _LEADING_WITH.match(query)
         if leading:
             stmt = f"{query[: leading.end()]}{cte},\n{query[leading.end() :]}"
         else:
             stmt = f"WITH {cte}\n{query}"
-        return stmt, [*event_params, *params]
+        return stmt, all_params
 
     # -- async ----------------------------------------------------------------
 
@@ -241,11 +284,7 @@ class Outbox:
             await acursor.execute(stmt, params)
             return
         if _is_asyncpg_connection(conn):
-            if conn.is_closed() or not conn.is_in_transaction():
-                raise NotInTransactionError(
-                    "asyncpg connection has no open transaction; write inside"
-                    " `async with conn.transaction():` so the event commits with your change"
-                )
+            _check_asyncpg(conn)
             await conn.execute(stmt_dollar, *params)
             return
         sa = await _sqlalchemy_async_connection(conn)
@@ -294,6 +333,14 @@ def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
         raise NotInTransactionError(
             "the psycopg connection is in autocommit mode with no transaction open;"
             " write inside `with conn.transaction():` so the event commits with your change"
+        )
+
+
+def _check_asyncpg(conn: Any) -> None:
+    if conn.is_closed() or not conn.is_in_transaction():
+        raise NotInTransactionError(
+            "asyncpg connection has no open transaction; write inside"
+            " `async with conn.transaction():` so the event commits with your change"
         )
 
 

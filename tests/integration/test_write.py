@@ -516,3 +516,46 @@ async def test_aexecute_with_on_psycopg_async(shop_dsn: str) -> None:
                 raise RuntimeError("rolled back")
     assert count(shop_dsn, table="orders") == 1
     assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1]
+
+
+async def test_aexecute_with_on_asyncpg_numbers_the_events_after_the_callers_parameters(
+    shop_dsn: str,
+) -> None:
+    outbox = Outbox()
+    conn = await asyncpg.connect(shop_dsn)
+    try:
+        with pytest.raises(NotInTransactionError, match="transaction"):
+            await outbox.aexecute_with(conn, "SELECT $1::int", (1,), events=[_event(9)])
+        async with conn.transaction():
+            rows_back = await outbox.aexecute_with(
+                conn,
+                "INSERT INTO orders (customer) VALUES ($1), ($2) RETURNING id, customer",
+                ("ada", "bob"),
+                events=[_event(1)],
+            )
+            assert [tuple(r) for r in rows_back] == [(1, "ada"), (2, "bob")]
+            assert (
+                await outbox.aexecute_with(
+                    conn,
+                    "WITH gone AS (DELETE FROM orders WHERE customer = $1 RETURNING id)"
+                    " SELECT count(*) FROM gone",
+                    ("bob",),
+                    events=[_event(2), _event(3)],
+                )
+            )[0][0] == 1
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await outbox.aexecute_with(
+                    conn, "INSERT INTO orders (customer) VALUES ($1)", ("eve",), events=[_event(4)]
+                )
+                raise RuntimeError("rolled back")
+    finally:
+        await conn.close()
+    assert [r["customer"] for r in _orders(shop_dsn)] == ["ada"]
+    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1, 2, 3]
+
+
+def _orders(dsn: str) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute("SELECT id, customer FROM orders ORDER BY id").fetchall()

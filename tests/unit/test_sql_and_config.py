@@ -134,3 +134,17 @@ def test_events_attached_to_a_statement_come_first_in_text_and_parameters() -> N
 
 def test_attaching_no_events_leaves_the_statement_alone() -> None:
     assert Outbox()._attached("SELECT %s", [1], []) == ("SELECT %s", [1])
+
+
+def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters() -> None:
+    event = Event(topic="orders", event_type="order.placed", payload={"id": 1})
+    stmt, params = Outbox()._attached(
+        "UPDATE stock SET qty = qty - $2 WHERE sku = $1", (7, 1), [event], dollar=True
+    )
+    assert stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
+    assert "VALUES ($3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING pg_notify($11, '')" in stmt
+    assert stmt.endswith("\nUPDATE stock SET qty = qty - $2 WHERE sku = $1")
+    assert params[:2] == [7, 1]
+    assert params[2] == event.event_id
+    assert params[-1] == "outboxkit_outbox"
+    assert len(params) == 11

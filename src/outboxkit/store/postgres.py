@@ -317,9 +317,9 @@ class Statements:
         return "\n\n".join(parts) + "\n"
 
 
-def numbered(statement: str) -> str:
+def numbered(statement: str, start: int = 1) -> str:
     """Turn psycopg's positional ``%s`` into PostgreSQL's ``$1, $2 ...`` (asyncpg)."""
-    counter = iter(range(1, 1000))
+    counter = iter(range(start, start + 1000))
     return re.sub(r"%s", lambda _m: f"${next(counter)}", statement)
 
 
