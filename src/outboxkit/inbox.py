@@ -17,18 +17,18 @@ from typing import Any
 
 import psycopg
 
+from outboxkit._transactions import (
+    check_dbapi_autocommit,
+    check_psycopg,
+    for_paramstyle,
+    is_asyncpg_connection,
+    sqlalchemy_async_connection,
+    sqlalchemy_sync_connection,
+    type_name,
+)
 from outboxkit.errors import NotInTransactionError
 from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements
 from outboxkit.store.postgres import numbered
-from outboxkit.write import (
-    _check_dbapi_autocommit,
-    _check_psycopg,
-    _for_paramstyle,
-    _is_asyncpg_connection,
-    _sqlalchemy_async_connection,
-    _sqlalchemy_sync_connection,
-    _type_name,
-)
 
 __all__ = ["Inbox"]
 
@@ -76,13 +76,13 @@ class Inbox:
     ) -> bool:
         params = (_consumer(consumer), _event_id(event_id))
         if isinstance(conn, psycopg.Connection):
-            _check_psycopg(conn)
+            check_psycopg(conn)
             row = conn.execute(stmt, params).fetchone()
             return bool(row and row[0])
-        sa = _sqlalchemy_sync_connection(conn)
+        sa = sqlalchemy_sync_connection(conn)
         if sa is not None:
-            _check_dbapi_autocommit(sa.connection.dbapi_connection, conn)
-            sql = _for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar)
+            check_dbapi_autocommit(sa.connection.dbapi_connection, conn)
+            sql = for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar)
             first = sa.exec_driver_sql(sql, (params[0], str(params[1]))).first()
             return bool(first and first[0])
         raise _unsupported(conn, async_api=False)
@@ -111,23 +111,23 @@ class Inbox:
     ) -> bool:
         params = (_consumer(consumer), _event_id(event_id))
         if isinstance(conn, psycopg.AsyncConnection):
-            _check_psycopg(conn)
+            check_psycopg(conn)
             cur = await conn.execute(stmt, params)
             row = await cur.fetchone()
             return bool(row and row[0])
-        if _is_asyncpg_connection(conn):
+        if is_asyncpg_connection(conn):
             if conn.is_closed() or not conn.is_in_transaction():
                 raise NotInTransactionError(
                     "asyncpg connection has no open transaction; use the inbox inside"
                     " `async with conn.transaction():` so the record commits with your change"
                 )
             return bool(await conn.fetchval(stmt_dollar, *params))
-        sa = await _sqlalchemy_async_connection(conn)
+        sa = await sqlalchemy_async_connection(conn)
         if sa is not None:
             sync_conn = sa.sync_connection
             assert sync_conn is not None
-            _check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
-            sql = _for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar)
+            check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
+            sql = for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar)
             result = await sa.exec_driver_sql(sql, (params[0], str(params[1])))
             first = result.first()
             return bool(first and first[0])
@@ -150,7 +150,7 @@ def _event_id(event_id: uuid.UUID | str) -> uuid.UUID:
 
 
 def _unsupported(conn: Any, *, async_api: bool) -> Exception:
-    name = _type_name(conn)
+    name = type_name(conn)
     if "pool" in name.lower():
         return NotInTransactionError(
             f"got a connection pool ({name}); take a connection and use the inbox inside"

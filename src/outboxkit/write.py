@@ -13,8 +13,18 @@ from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 import psycopg
-from psycopg.pq import TransactionStatus
 
+from outboxkit._transactions import (
+    check_asyncpg,
+    check_dbapi_autocommit,
+    check_psycopg,
+    for_paramstyle,
+    is_asyncpg_connection,
+    sqlalchemy_async_connection,
+    sqlalchemy_sync_connection,
+    stringify_ids,
+    type_name,
+)
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.store.postgres import Statements, numbered
@@ -41,11 +51,6 @@ def _row(event: Event) -> _Row:
         event.payload,
         headers,
     )
-
-
-def _type_name(obj: object) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class Outbox:
@@ -89,7 +94,7 @@ class Outbox:
 
     def _check(self, event: object) -> Event:
         if not isinstance(event, Event):
-            raise InvalidEventError(f"expected an outboxkit.Event, got {_type_name(event)}")
+            raise InvalidEventError(f"expected an outboxkit.Event, got {type_name(event)}")
         event.check_size(self.max_payload_bytes)
         return event
 
@@ -123,7 +128,7 @@ class Outbox:
 
     def _execute_sync(self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]) -> None:
         if isinstance(conn, psycopg.Connection):
-            _check_psycopg(conn)
+            check_psycopg(conn)
             cached = self._sync_cursor
             if cached is not None and cached[0] is conn:
                 cursor = cached[1]
@@ -132,10 +137,10 @@ class Outbox:
                 self._sync_cursor = (conn, cursor)
             cursor.execute(stmt, params)
             return
-        sa = _sqlalchemy_sync_connection(conn)
+        sa = sqlalchemy_sync_connection(conn)
         if sa is not None:
             dbapi = sa.connection.dbapi_connection
-            _check_dbapi_autocommit(dbapi, conn)
+            check_dbapi_autocommit(dbapi, conn)
             if isinstance(dbapi, psycopg.Connection):
                 # Straight to the driver, in the transaction SQLAlchemy began (psycopg
                 # begins it with the first statement, as it would for SQLAlchemy):
@@ -143,7 +148,7 @@ class Outbox:
                 self._execute_sync(dbapi, stmt, stmt_dollar, params)
                 return
             sa.exec_driver_sql(
-                _for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar), _stringify_ids(params)
+                for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar), stringify_ids(params)
             )
             return
         raise _unsupported(conn, async_api=False)
@@ -171,7 +176,7 @@ class Outbox:
         if not isinstance(conn, psycopg.Connection):
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
         stmt, all_params = self._attached(query, params, events)
-        _check_psycopg(conn)
+        check_psycopg(conn)
         return conn.execute(stmt, all_params)
 
     @overload
@@ -210,11 +215,11 @@ class Outbox:
         """
         if isinstance(conn, psycopg.AsyncConnection):
             stmt, all_params = self._attached(query, params, events)
-            _check_psycopg(conn)
+            check_psycopg(conn)
             return await conn.execute(stmt, all_params)
-        if _is_asyncpg_connection(conn):
+        if is_asyncpg_connection(conn):
             stmt, all_params = self._attached(query, params, events, dollar=True)
-            _check_asyncpg(conn)
+            check_asyncpg(conn)
             return await conn.fetch(stmt, *all_params)
         raise _unsupported_attach(
             conn, "aexecute_with", "psycopg.AsyncConnection or asyncpg.Connection"
@@ -224,7 +229,7 @@ class Outbox:
         self, query: str, params: Sequence[Any], events: Iterable[Event], *, dollar: bool = False
     ) -> tuple[str, list[Any]]:
         if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {_type_name(query)}")
+            raise TypeError(f"query must be a str, got {type_name(query)}")
         if isinstance(params, Mapping):
             raise TypeError(
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
@@ -274,7 +279,7 @@ class Outbox:
         self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]
     ) -> None:
         if isinstance(conn, psycopg.AsyncConnection):
-            _check_psycopg(conn)
+            check_psycopg(conn)
             cached = self._async_cursor
             if cached is not None and cached[0] is conn:
                 acursor = cached[1]
@@ -283,162 +288,35 @@ class Outbox:
                 self._async_cursor = (conn, acursor)
             await acursor.execute(stmt, params)
             return
-        if _is_asyncpg_connection(conn):
-            _check_asyncpg(conn)
+        if is_asyncpg_connection(conn):
+            check_asyncpg(conn)
             await conn.execute(stmt_dollar, *params)
             return
-        sa = await _sqlalchemy_async_connection(conn)
+        sa = await sqlalchemy_async_connection(conn)
         if sa is not None:
             sync_conn = sa.sync_connection
             assert sync_conn is not None
-            _check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
+            check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
             driver = sync_conn.connection.driver_connection
             if isinstance(driver, psycopg.AsyncConnection):
                 # As in the sync path: psycopg begins the transaction if it has not yet.
                 await self._execute_async(driver, stmt, stmt_dollar, params)
                 return
-            if _is_asyncpg_connection(driver) and driver.is_in_transaction():
+            if is_asyncpg_connection(driver) and driver.is_in_transaction():
                 # SQLAlchemy's asyncpg adapter begins lazily, on its first statement;
                 # once it has, the raw connection's transaction is the session's.
                 await driver.execute(stmt_dollar, *params)
                 return
             await sa.exec_driver_sql(
-                _for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar),
-                _stringify_ids(params),
+                for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar),
+                stringify_ids(params),
             )
             return
         raise _unsupported(conn, async_api=True)
 
 
-# -- driver checks ---------------------------------------------------------------
-
-
-def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    if conn.closed:
-        raise NotInTransactionError("the psycopg connection is closed")
-    status = conn.pgconn.transaction_status  # conn.info builds a new object per access
-    if status == TransactionStatus.INERROR:
-        raise NotInTransactionError(
-            "the transaction has already failed (an earlier statement raised);"
-            " roll back and retry the whole unit of work"
-        )
-    # Pipeline mode: statements are queued and libpq cannot tell whether a BEGIN is
-    # among them without a round trip. psycopg counts its open transaction() blocks;
-    # a non-autocommit connection has begun one implicitly.
-    if status == TransactionStatus.ACTIVE and (
-        not conn.autocommit or getattr(conn, "_num_transactions", 0) > 0
-    ):
-        return
-    if conn.autocommit and status != TransactionStatus.INTRANS:
-        raise NotInTransactionError(
-            "the psycopg connection is in autocommit mode with no transaction open;"
-            " write inside `with conn.transaction():` so the event commits with your change"
-        )
-
-
-def _check_asyncpg(conn: Any) -> None:
-    if conn.is_closed() or not conn.is_in_transaction():
-        raise NotInTransactionError(
-            "asyncpg connection has no open transaction; write inside"
-            " `async with conn.transaction():` so the event commits with your change"
-        )
-
-
-def _check_dbapi_autocommit(dbapi_conn: Any, original: Any) -> None:
-    if getattr(dbapi_conn, "autocommit", False):
-        raise NotInTransactionError(
-            f"{_type_name(original)} runs with isolation_level='AUTOCOMMIT';"
-            " each statement would commit on its own, so the event could not be atomic"
-            " with your change"
-        )
-
-
-def _for_paramstyle(paramstyle: str, stmt: str, stmt_dollar: str) -> str:
-    if paramstyle in ("format", "pyformat"):
-        return stmt
-    if paramstyle == "numeric_dollar":
-        return stmt_dollar
-    raise NotImplementedError(f"unsupported DB-API paramstyle {paramstyle!r}")
-
-
-def _stringify_ids(params: Sequence[Any]) -> tuple[Any, ...]:
-    # Generic DB-API drivers (psycopg2) do not all adapt uuid.UUID; text casts fine.
-    first = params[0]
-    ids = [str(u) for u in first] if isinstance(first, list) else str(first)
-    return (ids, *params[1:])
-
-
-def _is_asyncpg_connection(conn: Any) -> bool:
-    module = type(conn).__module__
-    if not module.startswith("asyncpg"):
-        return False
-    if hasattr(conn, "acquire") and not hasattr(conn, "is_in_transaction"):
-        raise NotInTransactionError(
-            "got an asyncpg pool; acquire a connection and write inside"
-            " `async with conn.transaction():`"
-        )
-    return hasattr(conn, "is_in_transaction")
-
-
-def _sqlalchemy_sync_connection(conn: Any) -> Any:
-    """The SQLAlchemy ``Connection`` behind a Session/Connection, checked; else None."""
-    module = type(conn).__module__
-    if not module.startswith("sqlalchemy"):
-        return None
-    from sqlalchemy.engine import Connection, Engine
-    from sqlalchemy.orm import Session
-
-    if isinstance(conn, Session):
-        if not conn.in_transaction():
-            raise NotInTransactionError(
-                "the SQLAlchemy Session has no transaction begun; write inside"
-                " `with session.begin():` so the event commits with your change"
-            )
-        return conn.connection()
-    if isinstance(conn, Connection):
-        if conn.closed or not conn.in_transaction():
-            raise NotInTransactionError(
-                "the SQLAlchemy Connection has no transaction begun; write inside"
-                " `with conn.begin():` (or engine.begin()) so the event commits with your change"
-            )
-        return conn
-    if isinstance(conn, Engine):
-        raise NotInTransactionError(
-            "got a SQLAlchemy Engine; pass the Connection or Session of your transaction"
-        )
-    return None
-
-
-async def _sqlalchemy_async_connection(conn: Any) -> Any:
-    module = type(conn).__module__
-    if not module.startswith("sqlalchemy"):
-        return None
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-
-    if isinstance(conn, AsyncSession):
-        if not conn.in_transaction():
-            raise NotInTransactionError(
-                "the SQLAlchemy AsyncSession has no transaction begun; write inside"
-                " `async with session.begin():` so the event commits with your change"
-            )
-        return await conn.connection()
-    if isinstance(conn, AsyncConnection):
-        if conn.closed or not conn.in_transaction():
-            raise NotInTransactionError(
-                "the SQLAlchemy AsyncConnection has no transaction begun; write inside"
-                " `async with conn.begin():` so the event commits with your change"
-            )
-        return conn
-    if isinstance(conn, AsyncEngine):
-        raise NotInTransactionError(
-            "got a SQLAlchemy AsyncEngine; pass the AsyncConnection or AsyncSession"
-            " of your transaction"
-        )
-    return None
-
-
 def _unsupported(conn: Any, *, async_api: bool) -> Exception:
-    name = _type_name(conn)
+    name = type_name(conn)
     if "pool" in name.lower():
         return NotInTransactionError(
             f"got a connection pool ({name}); take a connection and write inside its transaction"
@@ -458,7 +336,7 @@ def _unsupported(conn: Any, *, async_api: bool) -> Exception:
 
 def _unsupported_attach(conn: Any, method: str, expected: str) -> Exception:
     return TypeError(
-        f"{method}() needs a {expected}, got {_type_name(conn)};"
+        f"{method}() needs a {expected}, got {type_name(conn)};"
         " with other drivers write the events with put()/aput()"
     )
 
