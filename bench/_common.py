@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,8 +121,10 @@ def server_facts(dsn: str) -> dict[str, Any]:
 
 
 def save(name: str, data: dict[str, Any]) -> Path:
+    """Write results JSON; a --quick smoke run goes to NAME.quick.json and keeps the figures."""
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    quick = "--quick" in sys.argv
+    path = RESULTS / f"{name}{'.quick' if quick else ''}.json"
     data = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **data}
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"-> {path}")

@@ -212,7 +212,8 @@ def main() -> None:
         f"{args.rate:.0f} events/s per table for {seconds / 60:.0f} min"
         f" (keep: purge > 30 s every 10 s)"
     )
-    plot(series, IMG / "bench_table_health.png", title)
+    png = "bench_table_health.quick.png" if args.quick else "bench_table_health.png"
+    plot(series, IMG / png, title)
     print("\ntable health", title)
     for mode in TABLES:
         r = results[mode]

@@ -597,6 +597,22 @@ def summarise(
     return out
 
 
+def _as_url(dsn: str) -> str:
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    from urllib.parse import quote
+
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = quote(str(parts.pop("user", "postgres")), safe="")
+    password = parts.pop("password", None)
+    auth = user + (":" + quote(str(password), safe="") if password else "")
+    host = str(parts.pop("host", "127.0.0.1"))
+    port = parts.pop("port", 5432)
+    dbname = quote(str(parts.pop("dbname", "postgres")), safe="")
+    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in parts.items())
+    return f"postgresql://{auth}@{host}:{port}/{dbname}" + (f"?{query}" if query else "")
+
+
 def server_facts(dsn: str) -> dict[str, Any]:
     names = (
         "server_version",
@@ -665,7 +681,16 @@ def main() -> None:
     )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "write_overhead.json"))
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 300 rounds, results to write_overhead.quick.json (figures kept)",
+    )
     args = ap.parse_args()
+    args.dsn = _as_url(args.dsn)  # asyncpg and SQLAlchemy take URLs, not key=value conninfo
+    if args.quick:
+        args.rounds = min(args.rounds, 300)
+        args.out = args.out.replace(".json", ".quick.json")
 
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -194,3 +195,47 @@ def _now() -> Any:
     import datetime as dt
 
     return dt.datetime.now(dt.UTC)
+
+
+async def test_a_consumer_runner_continues_the_write_time_trace(
+    db_dsn: str, nats_server: Any, spans: Any
+) -> None:
+    from outboxkit.consumers.base import ReceivedEvent
+    from outboxkit.consumers.nats import NatsConsumer
+    from outboxkit.store.inbox_sql import migrate_inbox
+
+    migrate_inbox(db_dsn)
+    root = f"tc{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    with trace.get_tracer("shop").start_as_current_span("place order") as write:
+        event = Event(topic=f"{root}.orders", event_type="order.placed", payload={"id": 1})
+    write_events(db_dsn, [event])
+    seen: list[tuple[int, int]] = []
+
+    async def handler(_tx: Any, received: ReceivedEvent) -> None:
+        ctx = trace.get_current_span().get_span_context()
+        seen.append((ctx.trace_id, ctx.span_id))
+
+    runner = NatsConsumer(
+        db_dsn,
+        handler,
+        consumer="billing",
+        servers=nats_server.url,
+        stream=root.upper(),
+        subject=f"{root}.>",
+        fetch_timeout=0.2,
+    )
+    consuming = asyncio.create_task(runner.run())
+    try:
+        async with running_relay(db_dsn, NatsPublisher.from_url(nats_server.url)):
+            await wait_for(lambda: len(seen) == 1, what="the event handled")
+    finally:
+        runner.stop()
+        await asyncio.wait_for(consuming, 30)
+    write_ctx = write.get_span_context()
+    assert seen[0][0] == write_ctx.trace_id, "the handler runs in the write's trace"
+    [consumed] = [s for s in spans.get_finished_spans() if s.kind == trace.SpanKind.CONSUMER]
+    assert consumed.parent is not None and consumed.parent.span_id == write_ctx.span_id
+    assert consumed.context.span_id == seen[0][1]
+    assert consumed.attributes["messaging.destination.name"] == f"{root}.orders"
+    assert consumed.attributes["messaging.message.id"] == str(event.event_id)

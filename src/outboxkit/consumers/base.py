@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from outboxkit import tracing
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.inbox import Inbox
@@ -150,9 +151,16 @@ async def _invoke(
     then rolled back and nothing of this delivery remains.
     """
     conn = await db.connection()
-    async with conn.transaction(), inbox.ahandle(conn, consumer, event.event_id) as fresh:
-        if fresh:
-            await handler(conn, event)
+    attributes = {
+        "messaging.destination.name": event.topic,
+        "messaging.message.id": str(event.event_id),
+        "messaging.consumer.group.name": consumer,
+    }
+    # A CONSUMER span continuing the trace the event carries from its write (no-op without otel).
+    with tracing.consumer_span(f"{event.topic} process", event.headers, attributes):
+        async with conn.transaction(), inbox.ahandle(conn, consumer, event.event_id) as fresh:
+            if fresh:
+                await handler(conn, event)
     return fresh
 
 
