@@ -73,6 +73,7 @@ async def test_a_full_relay_run_logs_json_with_failure_context_and_never_the_pas
         f"topic={poison}" in e["msg"] and "attempt=1" in e["msg"] and "error_class=" in e["msg"]
         for e in retried
     )
+    assert all(e["topic"] == poison and e["event_id"] and e["error_class"] for e in retried)
     [dead] = [e for e in lines if e["level"] == "error" and "dead-lettered" in e["msg"]]
     assert f"topic={poison}" in dead["msg"] and "event_id=" in dead["msg"]
     summaries = [e for e in lines if e["msg"].startswith("relay summary")]

@@ -386,17 +386,21 @@ class Relay:
             self.stats.retried += len(retried)
             self.stats.dead_lettered += len(dead)
             self.stats.last_error = fail_error[0]
-            if retried:
-                first, res = retried[0]
+            for claimed, res in retried:  # every failure, one line each: ids are greppable
                 log.warning(
-                    "publish failed for %d event(s), will retry: topic=%s event_id=%s"
-                    " attempt=%d error_class=%s error=%s",
-                    len(retried),
-                    first.message.topic,
-                    first.message.event_id,
-                    first.attempts,
+                    "publish failed, will retry: topic=%s event_id=%s attempt=%d"
+                    " error_class=%s error=%s",
+                    claimed.message.topic,
+                    claimed.message.event_id,
+                    claimed.attempts,
                     res.error_class,
                     redact(res.error or ""),
+                    extra={
+                        "topic": claimed.message.topic,
+                        "event_id": str(claimed.message.event_id),
+                        "attempt": claimed.attempts,
+                        "error_class": res.error_class,
+                    },
                 )
             for claimed, res in dead:
                 log.error(
@@ -407,6 +411,12 @@ class Relay:
                     claimed.message.event_id,
                     res.error_class,
                     redact(res.error or ""),
+                    extra={
+                        "topic": claimed.message.topic,
+                        "event_id": str(claimed.message.event_id),
+                        "attempt": claimed.attempts,
+                        "error_class": res.error_class,
+                    },
                 )
 
     def _check_fenced(self, batch: _Batch, done: int | None, expected: int) -> None:
