@@ -118,7 +118,13 @@ def claim_plan(dsn: str, pending: int) -> dict[str, Any]:
             "SELECT count(*) FILTER (WHERE status = 1), count(*) FILTER (WHERE status = 0)"
             " FROM outbox"
         ).fetchone()
-        params = {"lease": 30.0, "token": uuid.uuid4(), "relay_id": "explain", "limit": 500}
+        params = {
+            "lease": 30.0,
+            "token": uuid.uuid4(),
+            "relay_id": "explain",
+            "limit": 500,
+            "commit": "off",
+        }
         with conn.transaction(force_rollback=True):
             # Render the statement with its parameters bound, then EXPLAIN it.
             query = psycopg.ClientCursor(conn).mogrify(stmts.claim_batch, params)

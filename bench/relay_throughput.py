@@ -118,8 +118,12 @@ def kafka_ceiling(bootstrap: str, messages: list[OutboundMessage]) -> dict[str, 
 # -- ceiling (b): the relay's own SQL ---------------------------------------------------
 
 
-def sql_ceiling(dsn: str, n: int, batch: int) -> dict[str, Any]:
-    """Claim + fenced delete, sequential on one connection: the database work of a relay."""
+def sql_ceiling(dsn: str, n: int, batch: int, *, commit: str | None = "off") -> dict[str, Any]:
+    """Claim + fenced delete, sequential on one connection: the database work of a relay.
+
+    The relay's own statements with the relay's own parameters: binary results, and
+    ``commit`` as the relay passes it ('off' by default, None with ``synchronous_commit``).
+    """
     stmts = Statements("outbox")
     reload(dsn, limit=n)
     done = 0
@@ -127,16 +131,26 @@ def sql_ceiling(dsn: str, n: int, batch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         while True:
             token = uuid.uuid4()
-            rows = conn.execute(
-                stmts.claim_batch,
-                {"lease": 30.0, "token": token, "relay_id": "sql-ceiling", "limit": batch},
-            ).fetchall()
+            params = {
+                "lease": 30.0,
+                "token": token,
+                "relay_id": "sql-ceiling",
+                "limit": batch,
+                "commit": commit,
+            }
+            rows = conn.execute(stmts.claim_batch, params, binary=True).fetchall()
             if not rows:
                 break
-            conn.execute(stmts.settle_published_delete, ([r[0] for r in rows], token))
+            conn.execute(stmts.settle_published_delete, ([r[0] for r in rows], token, commit))
             done += len(rows)
         elapsed = time.perf_counter() - t0
-    return {"events": done, "seconds": elapsed, "rate": done / elapsed, "batch": batch}
+    return {
+        "events": done,
+        "seconds": elapsed,
+        "rate": done / elapsed,
+        "batch": batch,
+        "synchronous_commit": commit is None,
+    }
 
 
 # -- the relay ------------------------------------------------------------------------

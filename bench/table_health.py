@@ -64,7 +64,13 @@ def claim_latency_ms(conn: psycopg.Connection[Any], stmts: Statements) -> float:
     with conn.transaction(force_rollback=True):
         conn.execute(
             stmts.claim_batch,
-            {"lease": 30.0, "token": uuid.uuid4(), "relay_id": "probe", "limit": 500},
+            {
+                "lease": 30.0,
+                "token": uuid.uuid4(),
+                "relay_id": "probe",
+                "limit": 500,
+                "commit": "off",
+            },
         ).fetchall()
     return (time.perf_counter() - t) * 1000
 

@@ -91,7 +91,13 @@ def test_concurrent_claims_never_return_the_same_row(db_dsn: str) -> None:
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             start.wait()
             while True:
-                params = {"lease": 30.0, "token": uuid.uuid4(), "relay_id": "t", "limit": 37}
+                params = {
+                    "lease": 30.0,
+                    "token": uuid.uuid4(),
+                    "relay_id": "t",
+                    "limit": 37,
+                    "commit": None,
+                }
                 got = conn.execute(claim, params).fetchall()
                 if not got:
                     break
@@ -248,7 +254,13 @@ def test_claim_uses_the_pending_index_with_a_million_published_rows(db_dsn: str)
         )
         conn.execute("ANALYZE outbox")
         claim = Statements().claim_batch
-        params = {"lease": 30.0, "token": uuid.uuid4(), "relay_id": "plan", "limit": 500}
+        params = {
+            "lease": 30.0,
+            "token": uuid.uuid4(),
+            "relay_id": "plan",
+            "limit": 500,
+            "commit": None,
+        }
         with conn.transaction():
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim, params).fetchone()
             raise psycopg.Rollback()  # EXPLAIN ANALYZE ran the claim: undo it

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import DEFAULT_CONTENT_TYPE, OutboundMessage, PublishResult
 
 log = logging.getLogger("outboxkit.kafka")
 
@@ -58,6 +58,8 @@ _DEFAULTS: dict[str, Any] = {
     "socket.keepalive.enable": True,
 }
 _ERROR_LOG_INTERVAL = 10.0
+_SUCCESS = PublishResult.success()
+_WARM_UP_TIMEOUT = 2.0
 
 
 def _classify(err: KafkaError) -> PublishResult:
@@ -83,15 +85,24 @@ class _BatchWaiter:
     def report(self, index: int, result: PublishResult) -> None:
         with self._lock:
             if self.results[index] is not None:
+                return  # reported twice (a purge at close, then the close's own sweep)
+            self.results[index] = result
+            self.remaining -= 1
+            if self.remaining:
+                return
+        self.loop.call_soon_threadsafe(_set_done, self.future)
+
+    def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
+        # Runs in the poll thread once per message: kept to one call and one lock.
+        result = _SUCCESS if err is None else _classify(err)
+        with self._lock:
+            if self.results[index] is not None:
                 return
             self.results[index] = result
             self.remaining -= 1
-            done = self.remaining == 0
-        if done:
-            self.loop.call_soon_threadsafe(_set_done, self.future)
-
-    def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
-        self.report(index, PublishResult.success() if err is None else _classify(err))
+            if self.remaining:
+                return
+        self.loop.call_soon_threadsafe(_set_done, self.future)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -158,7 +169,17 @@ class KafkaPublisher:
     # -- lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:
-        self._ensure_producer()
+        producer = self._ensure_producer()
+        # Connect and fetch metadata now: librdkafka otherwise does it on the first
+        # produce, and an idempotent producer's first delivery then waits ~0.5 s
+        # (its producer-id handshake runs on a timer). A broker that is down is not
+        # an error here: publishing retries until it is back.
+        try:
+            await asyncio.to_thread(producer.list_topics, None, _WARM_UP_TIMEOUT)
+        except KafkaException as exc:
+            log.warning(
+                "kafka not reachable at start (%s); publishing will retry", redact(str(exc))
+            )
 
     def _ensure_producer(self) -> Any:
         if self._fatal is not None:
@@ -236,7 +257,7 @@ class KafkaPublisher:
             produce = producer.produce
             on_delivery = waiter.on_delivery
             for i, message in enumerate(messages):
-                key = message.key.encode() if message.key is not None else None
+                key = message.key  # librdkafka takes str keys as UTF-8
                 callback = functools.partial(on_delivery, i)
                 try:
                     produce(
@@ -263,7 +284,7 @@ class KafkaPublisher:
         waiter: _BatchWaiter,
         index: int,
         message: OutboundMessage,
-        key: bytes | None,
+        key: str | None,
         callback: Any,
     ) -> None:
         """Local queue full: the poller is draining it; retry the produce shortly."""
@@ -293,18 +314,49 @@ def _produce_error(exc: KafkaException) -> PublishResult:
     return _classify(err) if err is not None else PublishResult.retry(str(exc), "kafka")
 
 
+_SPECVERSION = ("ce_specversion", b"1.0")
+_DEFAULT_CONTENT_TYPE = ("content-type", DEFAULT_CONTENT_TYPE.encode())
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+@functools.lru_cache(maxsize=1024)
+def _source(aggregate_type: str | None) -> bytes:
+    return f"/outboxkit/{aggregate_type}".encode() if aggregate_type else b"/outboxkit"
+
+
 def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
-    # User headers may not shadow the dedup key or the CloudEvents attributes.
-    headers = [
-        (k, v.encode())
-        for k, v in message.user_headers().items()
-        if k != "idempotency-key" and not k.startswith("ce_")
-    ]
-    attributes = message.cloudevents_attributes()
-    headers.append(("idempotency-key", attributes["id"].encode()))
-    for name, value in attributes.items():
-        if name == "datacontenttype":
-            headers.append(("content-type", value.encode()))
-        else:
-            headers.append((f"ce_{name}", value.encode()))
+    """User headers, ``idempotency-key``, then CloudEvents ``ce_*`` (binary mode).
+
+    The same list ``OutboundMessage.cloudevents_attributes`` describes, built
+    without the intermediate dicts: this runs once per event on the relay's hot path.
+    """
+    event_id = str(message.event_id).encode()
+    headers: list[tuple[str, bytes]] = []
+    content_type = _DEFAULT_CONTENT_TYPE
+    user = message.headers
+    if user:
+        # User headers may not shadow the dedup key or the CloudEvents attributes.
+        for k, v in user.items():
+            if k == "content-type":
+                content_type = ("content-type", v.encode())
+            elif k != "idempotency-key" and not k.startswith("ce_"):
+                headers.append((k, v.encode()))
+    headers += (
+        ("idempotency-key", event_id),
+        _SPECVERSION,
+        ("ce_id", event_id),
+        ("ce_type", message.event_type.encode()),
+        ("ce_source", _source(message.aggregate_type)),
+        ("ce_time", message.created_at.isoformat().encode()),
+        content_type,
+    )
+    if message.aggregate_id is not None:
+        headers.append(("ce_subject", message.aggregate_id.encode()))
+    if message.key is not None:
+        headers.append(("ce_partitionkey", message.key.encode()))
+    if user:
+        for name in _TRACE_HEADERS:
+            value = user.get(name)
+            if value:
+                headers.append((f"ce_{name}", value.encode()))
     return headers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 import socket
 import time
@@ -59,20 +60,19 @@ class RelayStats:
     started_at: float = field(default_factory=time.monotonic)
 
 
-@dataclass(frozen=True, slots=True)
-class _Claimed:
-    id: int
-    attempts: int
-    message: OutboundMessage
-
-
 class _Batch:
-    __slots__ = ("claimed_at", "rows", "token")
+    """One claim: the rows' ids and their messages, in outbox order, and the fencing token."""
 
-    def __init__(self, token: uuid.UUID, rows: list[_Claimed]) -> None:
+    __slots__ = ("claimed_at", "ids", "messages", "token")
+
+    def __init__(self, token: uuid.UUID, ids: list[int], messages: list[OutboundMessage]) -> None:
         self.token = token
-        self.rows = rows
+        self.ids = ids
+        self.messages = messages
         self.claimed_at = time.monotonic()
+
+
+_ROW_ID = operator.itemgetter(0)
 
 
 class Relay:
@@ -102,6 +102,7 @@ class Relay:
         shutdown_timeout: float = 10.0,
         publish_timeout: float | None = None,
         observer: RelayObserver | None = None,
+        synchronous_commit: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError("batch_size must be at least 1")
@@ -130,6 +131,11 @@ class Relay:
         # The publish must give up well before the lease does, or another relay
         # would re-claim rows this one is still publishing.
         self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
+        # The relay's own writes (claims, settles) commit without waiting for a WAL
+        # flush unless asked: a database crash can then only cause re-publication,
+        # never loss (see store/postgres.py), and each batch saves two fsync waits.
+        self.synchronous_commit = synchronous_commit
+        self._commit: str | None = None if synchronous_commit else "off"
         self.stats = RelayStats()
         # Metrics, tracing and summary logs hook in here (relay/observer.py).
         # A hook that raises is logged, never allowed to break a batch (Observers guards it).
@@ -225,7 +231,7 @@ class Relay:
             task = asyncio.create_task(self._process(batch))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
-            if len(batch.rows) < self.batch_size:
+            if len(batch.ids) < self.batch_size:
                 # Caught up: wait for a NOTIFY or the poll interval. A full batch
                 # loops straight back and claims N+1 while N is being published.
                 await self._wait_for_work()
@@ -234,6 +240,12 @@ class Relay:
         """Wait for an in-flight slot; False once stopping (even while slots are busy)."""
         if self._stopping.is_set():
             return False
+        if not self._slots.locked():
+            # A free slot is taken without yielding to the event loop, so the next claim
+            # is sent to the database before the batch just claimed starts producing:
+            # the claim's database time then overlaps the publisher's CPU time.
+            await self._slots.acquire()
+            return True
         acquire = asyncio.ensure_future(self._slots.acquire())
         stop = asyncio.ensure_future(self._stopping.wait())
         await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,6 +278,7 @@ class Relay:
                     "token": token,
                     "relay_id": self.relay_id,
                     "limit": self.batch_size,
+                    "commit": self._commit,
                 },
                 # Binary results: payloads arrive as raw bytes instead of hex text to decode.
                 binary=True,
@@ -280,34 +293,19 @@ class Relay:
         self.observer.claimed(len(records), time.perf_counter() - started)
         if not records:
             return None
-        rows = [
-            _Claimed(
-                id=r[0],
-                attempts=r[9],
-                message=OutboundMessage(
-                    event_id=r[1],
-                    topic=r[2],
-                    key=r[3],
-                    event_type=r[4],
-                    aggregate_type=r[5],
-                    aggregate_id=r[6],
-                    payload=r[7],
-                    headers=r[8],
-                    created_at=r[10],
-                    attempt=r[9],
-                ),
-            )
-            for r in records
-        ]
-        # The claim's UPDATE returns rows in no particular order; publish in outbox order.
-        rows.sort(key=lambda c: c.id)
-        self.stats.claimed += len(rows)
+        # The claim returns rows in primary-key order in practice, not by contract:
+        # sorting an already sorted list costs one pass.
+        records.sort(key=_ROW_ID)
+        ids = [r[0] for r in records]
+        # Positional construction: the claim returns OutboundMessage's fields in order.
+        messages = [OutboundMessage(*r[1:]) for r in records]
+        self.stats.claimed += len(ids)
         self.stats.batches += 1
-        return _Batch(token, rows)
+        return _Batch(token, ids, messages)
 
     async def _process(self, batch: _Batch) -> None:
         try:
-            messages = [c.message for c in batch.rows]
+            messages = batch.messages
             with self.observer.publishing(messages):
                 started = time.perf_counter()
                 results = await self._publish(batch)
@@ -324,7 +322,7 @@ class Relay:
             self._slots.release()
 
     async def _publish(self, batch: _Batch) -> Sequence[PublishResult]:
-        messages = [c.message for c in batch.rows]
+        messages = batch.messages
         try:
             results = await asyncio.wait_for(
                 self.publisher.publish_batch(messages), timeout=self.publish_timeout
@@ -341,83 +339,89 @@ class Relay:
         return results
 
     async def _settle(self, batch: _Batch, results: Sequence[PublishResult]) -> None:
+        ids, messages = batch.ids, batch.messages
+        if all(r.ok for r in results):  # the common case: one pass, no per-row lists
+            self.observer.settled(messages, (), ())
+            await self._settle_published(batch, ids)
+            return
         published: list[int] = []
+        published_messages: list[OutboundMessage] = []
         fail_ids: list[int] = []
         fail_status: list[int] = []
         fail_delay: list[float] = []
         fail_error: list[str] = []
-        dead: list[tuple[_Claimed, PublishResult]] = []
-        retried: list[tuple[_Claimed, PublishResult]] = []
-        for claimed, result in zip(batch.rows, results, strict=True):
+        dead: list[tuple[OutboundMessage, PublishResult]] = []
+        retried: list[tuple[OutboundMessage, PublishResult]] = []
+        for row_id, message, result in zip(ids, messages, results, strict=True):
             if result.ok:
-                published.append(claimed.id)
+                published.append(row_id)
+                published_messages.append(message)
                 continue
             error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
-            fail_ids.append(claimed.id)
+            fail_ids.append(row_id)
             fail_error.append(error)
-            if not result.retryable or claimed.attempts >= self.max_attempts:
+            if not result.retryable or message.attempt >= self.max_attempts:
                 fail_status.append(FAILED)
                 fail_delay.append(0.0)
-                dead.append((claimed, result))
+                dead.append((message, result))
             else:
                 fail_status.append(PENDING)
-                delay = full_jitter(claimed.attempts, base=self.retry_base, cap=self.retry_cap)
+                delay = full_jitter(message.attempt, base=self.retry_base, cap=self.retry_cap)
                 fail_delay.append(max(delay, result.retry_after or 0.0))
-                retried.append((claimed, result))
-        self.observer.settled(
-            [c.message for c, r in zip(batch.rows, results, strict=True) if r.ok],
-            [(c.message, r) for c, r in retried],
-            [(c.message, r) for c, r in dead],
-        )
+                retried.append((message, result))
+        self.observer.settled(published_messages, retried, dead)
 
         if published:
-            stmt = (
-                self._sql.settle_published_delete
-                if self.retention == "delete"
-                else self._sql.settle_published_keep
-            )
-            done = await self._settle_statement(batch, stmt, (published, batch.token))
-            self.stats.published += len(published)
-            self._check_fenced(batch, done, len(published))
+            await self._settle_published(batch, published)
         if fail_ids:
-            params = (fail_ids, fail_status, fail_delay, fail_error, batch.token)
+            params = (fail_ids, fail_status, fail_delay, fail_error, batch.token, self._commit)
             done = await self._settle_statement(batch, self._sql.settle_failures, params)
             self._check_fenced(batch, done, len(fail_ids))
             self.stats.retried += len(retried)
             self.stats.dead_lettered += len(dead)
             self.stats.last_error = fail_error[0]
-            for claimed, res in retried:  # every failure, one line each: ids are greppable
+            for message, res in retried:  # every failure, one line each: ids are greppable
                 log.warning(
                     "publish failed, will retry: topic=%s event_id=%s attempt=%d"
                     " error_class=%s error=%s",
-                    claimed.message.topic,
-                    claimed.message.event_id,
-                    claimed.attempts,
+                    message.topic,
+                    message.event_id,
+                    message.attempt,
                     res.error_class,
                     redact(res.error or ""),
                     extra={
-                        "topic": claimed.message.topic,
-                        "event_id": str(claimed.message.event_id),
-                        "attempt": claimed.attempts,
+                        "topic": message.topic,
+                        "event_id": str(message.event_id),
+                        "attempt": message.attempt,
                         "error_class": res.error_class,
                     },
                 )
-            for claimed, res in dead:
+            for message, res in dead:
                 log.error(
                     "event dead-lettered after %d attempt(s): topic=%s event_id=%s"
                     " error_class=%s error=%s",
-                    claimed.attempts,
-                    claimed.message.topic,
-                    claimed.message.event_id,
+                    message.attempt,
+                    message.topic,
+                    message.event_id,
                     res.error_class,
                     redact(res.error or ""),
                     extra={
-                        "topic": claimed.message.topic,
-                        "event_id": str(claimed.message.event_id),
-                        "attempt": claimed.attempts,
+                        "topic": message.topic,
+                        "event_id": str(message.event_id),
+                        "attempt": message.attempt,
                         "error_class": res.error_class,
                     },
                 )
+
+    async def _settle_published(self, batch: _Batch, ids: list[int]) -> None:
+        stmt = (
+            self._sql.settle_published_delete
+            if self.retention == "delete"
+            else self._sql.settle_published_keep
+        )
+        done = await self._settle_statement(batch, stmt, (ids, batch.token, self._commit))
+        self.stats.published += len(ids)
+        self._check_fenced(batch, done, len(ids))
 
     def _check_fenced(self, batch: _Batch, done: int | None, expected: int) -> None:
         if done is not None and done < expected:
@@ -454,16 +458,16 @@ class Relay:
                     log.warning(
                         "giving up settling %d row(s) at shutdown: the database is unreachable;"
                         " their leases expire and they will be published again",
-                        len(batch.rows),
+                        len(batch.ids),
                     )
                     return None
                 await self._on_db_error("settle", exc)
 
     async def _release(self, batch: _Batch) -> None:
-        ids = [c.id for c in batch.rows]
+        ids = batch.ids
         try:
             conn = await self._connection("settle")
-            cur = await conn.execute(self._sql.release_leases, (ids, batch.token))
+            cur = await conn.execute(self._sql.release_leases, (ids, batch.token, self._commit))
             self.stats.released += cur.rowcount
             log.info("released %d lease(s) at shutdown", cur.rowcount)
         except psycopg.Error as exc:
