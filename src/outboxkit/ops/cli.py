@@ -181,6 +181,18 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 @table_option
 @click.option("--batch-size", default=500, show_default=True, help="Events claimed per batch.")
 @click.option(
+    "--max-in-flight",
+    default=2,
+    show_default=True,
+    help="Batches claimed but not yet settled at once: the next claim overlaps the publish.",
+)
+@click.option(
+    "--synchronous-commit",
+    is_flag=True,
+    help="Make the relay's own claims and settles wait for the WAL flush. Off by default:"
+    " losing one in a database crash only re-publishes events, never loses them.",
+)
+@click.option(
     "--poll-interval",
     default=1.0,
     show_default=True,
@@ -272,6 +284,8 @@ def relay(
     broker: str,
     table: str,
     batch_size: int,
+    max_in_flight: int,
+    synchronous_commit: bool,
     poll_interval: float,
     lease: float,
     max_attempts: int,
@@ -320,6 +334,8 @@ def relay(
             publisher,
             table=table,
             batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            synchronous_commit=synchronous_commit,
             poll_interval=poll_interval,
             lease=lease,
             max_attempts=max_attempts,

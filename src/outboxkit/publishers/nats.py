@@ -33,6 +33,8 @@ _PERMANENT_API_CODES = {_MESSAGE_TOO_LARGE, _STREAM_MISMATCH}
 _DEFAULT_TIMEOUT = 10.0
 _LOG_INTERVAL = 10.0
 _CONNECT_TIMEOUT = 5.0
+# PubAcks awaited at once across the relay's in-flight batches (nats-py's default: 4000).
+_MAX_PENDING_ACKS = 65536
 
 
 class NatsPublisher:
@@ -144,7 +146,9 @@ class NatsPublisher:
                     ),
                     timeout=_CONNECT_TIMEOUT,
                 )
-                self._js = self._nc.jetstream(timeout=self._timeout)
+                self._js = self._nc.jetstream(
+                    timeout=self._timeout, publish_async_max_pending=_MAX_PENDING_ACKS
+                )
             if not self._stream_ready:
                 await self._ensure_stream()
             return self._js
@@ -200,39 +204,64 @@ class NatsPublisher:
         if not self._nc.is_connected:
             # Fail fast instead of buffering into a dead socket and timing out per message.
             raise ConnectionError("not connected to NATS (reconnecting)")
-        return list(await asyncio.gather(*(self._publish_one(js, m) for m in messages)))
+        # publish_async sends every message at once with its reply subject under one
+        # wildcard subscription; the PubAcks then resolve one future each. (A request
+        # per message costs a subscription lookup, a timer and a task per event: about
+        # a fifth of the throughput.) One deadline covers the whole batch.
+        results: list[PublishResult | None] = [None] * len(messages)
+        waiting: dict[asyncio.Future[Any], int] = {}
+        for i, message in enumerate(messages):
+            try:
+                future = await js.publish_async(
+                    message.topic, message.payload, stream=self._stream, headers=_headers(message)
+                )
+            except Exception as exc:
+                results[i] = _classify(exc, message.topic, self._timeout)
+            else:
+                waiting[future] = i
+        if waiting:
+            done, pending = await asyncio.wait(waiting, timeout=self._timeout)
+            for future in pending:
+                future.cancel()  # frees its slot in nats-py's pending-ack table
+                results[waiting[future]] = _classify(TimeoutError(), "", self._timeout)
+            for future in done:
+                i = waiting[future]
+                error = (
+                    ConnectionError("publish cancelled")
+                    if future.cancelled()
+                    else future.exception()
+                )
+                results[i] = (
+                    _SUCCESS
+                    if error is None
+                    else _classify(error, messages[i].topic, self._timeout)
+                )
+        return [r if r is not None else PublishResult.retry("no PubAck", "nats") for r in results]
 
-    async def _publish_one(self, js: Any, message: OutboundMessage) -> PublishResult:
-        try:
-            await js.publish(
-                message.topic,
-                message.payload,
-                timeout=self._timeout,
-                stream=self._stream,
-                headers=_headers(message),
-            )
-        except (nats.errors.BadSubjectError, nats.errors.MaxPayloadError) as exc:
-            return PublishResult.permanent(f"nats: {exc} (subject {message.topic!r})", "rejected")
-        except nats.js.errors.NoStreamResponseError:
-            return PublishResult.retry(
-                f"nats: no JetStream stream stores subject {message.topic!r}; create one"
-                " (or give the relay ?stream=NAME&subjects=...)",
-                "no_stream",
-            )
-        except nats.js.errors.APIError as exc:
-            text = f"nats: {exc.description or exc} (err_code {exc.err_code})"
-            if exc.err_code in _PERMANENT_API_CODES:
-                return PublishResult.permanent(text, f"api_{exc.err_code}")
-            return PublishResult.retry(text, f"api_{exc.err_code}")
-        except (nats.errors.TimeoutError, TimeoutError):
-            return PublishResult.retry(
-                f"nats: no PubAck within {self._timeout:g}s", "publish_timeout"
-            )
-        except Exception as exc:
-            return PublishResult.retry(
-                f"nats: {type(exc).__name__}: {redact(str(exc))}", type(exc).__name__
-            )
-        return PublishResult.success()
+
+_SUCCESS = PublishResult.success()
+
+
+def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:
+    """The verdict on one message from the exception its publish or PubAck raised."""
+    if isinstance(exc, nats.errors.BadSubjectError | nats.errors.MaxPayloadError):
+        return PublishResult.permanent(f"nats: {exc} (subject {topic!r})", "rejected")
+    if isinstance(exc, nats.js.errors.NoStreamResponseError):
+        return PublishResult.retry(
+            f"nats: no JetStream stream stores subject {topic!r}; create one"
+            " (or give the relay ?stream=NAME&subjects=...)",
+            "no_stream",
+        )
+    if isinstance(exc, nats.js.errors.APIError):
+        text = f"nats: {exc.description or exc} (err_code {exc.err_code})"
+        if exc.err_code in _PERMANENT_API_CODES:
+            return PublishResult.permanent(text, f"api_{exc.err_code}")
+        return PublishResult.retry(text, f"api_{exc.err_code}")
+    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
+        return PublishResult.retry(f"nats: no PubAck within {timeout:g}s", "publish_timeout")
+    return PublishResult.retry(
+        f"nats: {type(exc).__name__}: {redact(str(exc))}", type(exc).__name__
+    )
 
 
 def _headers(message: OutboundMessage) -> dict[str, str]:
