@@ -172,3 +172,54 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
 
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}/s"
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """The pid of the process listening on the bootstrap port (the embedded Tansu), if local."""
+    import psutil
+
+    port = int(bootstrap.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            return conn.pid
+    return None
+
+
+class CpuMeter:
+    """CPU seconds spent between ``start()`` and ``stop()``: the whole machine, this
+    process (all its threads, librdkafka's included) and the broker process.
+
+    ``db_and_rest`` = machine - this process - broker: PostgreSQL's backends, mostly,
+    on a machine where nothing else runs.
+    """
+
+    def __init__(self, broker: int | None = None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._broker = psutil.Process(broker) if broker else None
+
+    def _busy(self) -> tuple[float, float, float]:
+        t = self._psutil.cpu_times()
+        machine = t.user + t.system + t.nice + t.irq + t.softirq
+        mine = sum(self._me.cpu_times()[:2])
+        broker = sum(self._broker.cpu_times()[:2]) if self._broker else 0.0
+        return machine, mine, broker
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._c0 = self._busy()
+
+    def stop(self, events: int) -> dict[str, float]:
+        wall = time.perf_counter() - self._t0
+        machine, mine, broker = (b - a for a, b in zip(self._c0, self._busy(), strict=True))
+        per = 1e6 / max(events, 1)
+        return {
+            "wall_s": wall,
+            "cores_busy": machine / wall,
+            "us_per_event_total": machine * per,
+            "us_per_event_client": mine * per,
+            "us_per_event_broker": broker * per,
+            "us_per_event_db_and_rest": (machine - mine - broker) * per,
+        }

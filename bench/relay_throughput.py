@@ -5,8 +5,13 @@ Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
 
 * ceiling (a): a bare confluent-kafka producer sending the same messages from memory;
 * ceiling (b): a bare SQL loop running only the relay's own claim + settle statements
-  (imported from ``outboxkit.store.postgres``), no publishing;
-* the relay in one process (events/s from first claim to last settled ack);
+  (imported from ``outboxkit.store.postgres``) with the relay's parameters, no publishing;
+  also with ``synchronous_commit`` (every relay commit waits for its WAL flush);
+* the CPU each of them spends per event (machine, client process, broker), and the
+  bound that follows for a process that must do both jobs on the same cores;
+* the relay in one process (events/s from first claim to last settled ack), with
+  library defaults and tuned for Kafka (batch 1 000, 4 in flight), and a sweep;
+* the relay engine with a publisher that confirms at once (the database side alone);
 * the "delete in a transaction held across the publish" pattern (DB part alone, and
   with Kafka), evaluated, not offered;
 * 1 vs 2 ``outboxkit relay`` processes (steady-state rate, 2 %..98 % drained);
@@ -34,6 +39,8 @@ from typing import Any
 import psycopg
 from _common import (
     TOPIC,
+    CpuMeter,
+    broker_pid,
     ensure_topic,
     fmt_rate,
     kafka_broker,
@@ -44,7 +51,7 @@ from _common import (
     server_facts,
 )
 
-from outboxkit import OutboundMessage, Relay
+from outboxkit import OutboundMessage, PublishResult, Relay
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.kafka import _headers as kafka_headers
@@ -77,12 +84,15 @@ def seed_messages(dsn: str, limit: int) -> list[OutboundMessage]:
 # -- ceiling (a): the broker -------------------------------------------------------
 
 
-def kafka_ceiling(bootstrap: str, messages: list[OutboundMessage]) -> dict[str, Any]:
+def kafka_ceiling(
+    bootstrap: str, messages: list[OutboundMessage], meter: CpuMeter
+) -> dict[str, Any]:
     """The same messages, key and headers as the relay sends, produced from memory."""
     from confluent_kafka import Producer
 
     prepared = [(m.key.encode() if m.key else None, m.payload, kafka_headers(m)) for m in messages]
     producer = Producer({**KAFKA_DEFAULTS, "bootstrap.servers": bootstrap})
+    producer.list_topics(timeout=10)  # connected, as the relay's publisher is after start()
     acked = 0
     errors = 0
 
@@ -93,6 +103,7 @@ def kafka_ceiling(bootstrap: str, messages: list[OutboundMessage]) -> dict[str, 
         else:
             errors += 1
 
+    meter.start()
     t0 = time.perf_counter()
     for key, value, headers in prepared:
         while True:
@@ -112,13 +123,16 @@ def kafka_ceiling(bootstrap: str, messages: list[OutboundMessage]) -> dict[str, 
         "errors": errors,
         "seconds": elapsed,
         "rate": acked / elapsed,
+        "cpu": meter.stop(acked),
     }
 
 
 # -- ceiling (b): the relay's own SQL ---------------------------------------------------
 
 
-def sql_ceiling(dsn: str, n: int, batch: int, *, commit: str | None = "off") -> dict[str, Any]:
+def sql_ceiling(
+    dsn: str, n: int, batch: int, meter: CpuMeter, *, commit: str | None = "off"
+) -> dict[str, Any]:
     """Claim + fenced delete, sequential on one connection: the database work of a relay.
 
     The relay's own statements with the relay's own parameters: binary results, and
@@ -128,6 +142,7 @@ def sql_ceiling(dsn: str, n: int, batch: int, *, commit: str | None = "off") -> 
     reload(dsn, limit=n)
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
+        meter.start()
         t0 = time.perf_counter()
         while True:
             token = uuid.uuid4()
@@ -150,20 +165,26 @@ def sql_ceiling(dsn: str, n: int, batch: int, *, commit: str | None = "off") -> 
         "rate": done / elapsed,
         "batch": batch,
         "synchronous_commit": commit is None,
+        "cpu": meter.stop(done),
     }
 
 
 # -- the relay ------------------------------------------------------------------------
 
 
-async def _relay_run(dsn: str, publisher: Any, n: int, **options: Any) -> dict[str, Any]:
-    await publisher.start()
+async def _relay_run(
+    dsn: str, publisher: Any, n: int, meter: CpuMeter | None = None, **options: Any
+) -> dict[str, Any]:
+    await publisher.start()  # connected before the clock starts, as in a running relay
     relay = Relay(dsn, publisher, listen=False, poll_interval=0.05, **options)
+    if meter is not None:
+        meter.start()
     t0 = time.perf_counter()
     task = asyncio.create_task(relay.run())
     while relay.stats.published < n and not task.done():  # noqa: ASYNC110 (polling is the probe)
         await asyncio.sleep(0.002)
     elapsed = time.perf_counter() - t0
+    cpu = meter.stop(relay.stats.published) if meter is not None else None
     relay.stop()
     await task
     return {
@@ -172,13 +193,37 @@ async def _relay_run(dsn: str, publisher: Any, n: int, **options: Any) -> dict[s
         "rate": relay.stats.published / elapsed,
         "batches": relay.stats.batches,
         "options": options,
+        "cpu": cpu,
     }
 
 
-def relay_kafka(dsn: str, bootstrap: str, n: int, **options: Any) -> dict[str, Any]:
+def relay_kafka(
+    dsn: str, bootstrap: str, n: int, meter: CpuMeter | None = None, **options: Any
+) -> dict[str, Any]:
     n = reload(dsn, limit=n)
     publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
-    return asyncio.run(_relay_run(dsn, publisher, n, **options))
+    return asyncio.run(_relay_run(dsn, publisher, n, meter, **options))
+
+
+class ConfirmAtOnce:
+    """A publisher whose broker confirms everything at once: the engine's database side alone."""
+
+    name = "confirm-at-once"
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def publish_batch(self, messages: Any) -> list[PublishResult]:
+        await asyncio.sleep(0)
+        return [PublishResult.success()] * len(messages)
+
+
+def relay_null(dsn: str, n: int, meter: CpuMeter, **options: Any) -> dict[str, Any]:
+    n = reload(dsn, limit=n)
+    return asyncio.run(_relay_run(dsn, ConfirmAtOnce(), n, meter, **options))
 
 
 def relay_nats(dsn: str, n: int) -> dict[str, Any]:
@@ -271,7 +316,7 @@ def relay_processes(dsn: str, broker_url: str, n: int, procs: int) -> dict[str, 
             samples.append((time.perf_counter(), left))
             if left == 0:
                 break
-            time.sleep(0.1)
+            time.sleep(0.25)
     finally:
         for child in children:
             child.terminate()
@@ -297,17 +342,26 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def cpu_per_event(runs: list[dict[str, Any]]) -> float:
+    """Median machine CPU (µs) per event over a contender's runs."""
+    return statistics.median(r["cpu"]["us_per_event_total"] for r in runs)
+
+
+TUNED = {"batch_size": 1000, "max_in_flight": 4}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--repeat", type=int, default=2, help="runs per contender; best is kept")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of the main contenders")
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
-    ap.add_argument("--quick", action="store_true", help="20 000 events, one run each")
+    ap.add_argument("--quick", action="store_true", help="20 000 events, one round")
     ap.add_argument("--skip-nats", action="store_true")
     args = ap.parse_args()
     n = 20_000 if args.quick else args.events
     repeat = 1 if args.quick else args.repeat
+    cores = os.cpu_count() or 1
 
     t_prep = time.perf_counter()
     payload_bytes = prepare(args.dsn, n)
@@ -322,26 +376,49 @@ def main() -> None:
     }
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
+        meter = CpuMeter(broker_pid(bootstrap))
         # Interleave contenders round by round so machine noise hits all of them alike.
         runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(repeat):
             messages = seed_messages(args.dsn, n)
-            runs.setdefault("kafka_ceiling", []).append(kafka_ceiling(bootstrap, messages))
+            runs.setdefault("kafka_ceiling", []).append(kafka_ceiling(bootstrap, messages, meter))
             del messages  # 200 000 objects would slow the in-process relay's garbage collector
             gc.collect()
-            runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500))
-            runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n))
+            runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500, meter))
+            runs.setdefault("sql_ceiling_sync", []).append(
+                sql_ceiling(args.dsn, n, 500, meter, commit=None)
+            )
+            runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n, meter))
+            runs.setdefault("relay_tuned", []).append(
+                relay_kafka(args.dsn, bootstrap, n, meter, **TUNED)
+            )
         for name, rs in runs.items():
             results[name] = best(rs)
         lower = min(results["kafka_ceiling"]["rate"], results["sql_ceiling"]["rate"])
         results["relay_vs_lower_ceiling"] = results["relay"]["rate"] / lower
+        results["relay_tuned_vs_lower_ceiling"] = results["relay_tuned"]["rate"] / lower
+        # A relay does both ceilings' work on the same cores: CPU per event adds up.
+        both = cpu_per_event(runs["kafka_ceiling"]) + cpu_per_event(runs["sql_ceiling"])
+        results["cpu_bound"] = {
+            "cores": cores,
+            "us_per_event_kafka_ceiling": cpu_per_event(runs["kafka_ceiling"]),
+            "us_per_event_sql_ceiling": cpu_per_event(runs["sql_ceiling"]),
+            "us_per_event_relay": cpu_per_event(runs["relay"]),
+            "us_per_event_relay_tuned": cpu_per_event(runs["relay_tuned"]),
+            "rate": cores * 1e6 / both,
+        }
+        results["relay_vs_cpu_bound"] = results["relay"]["rate"] / results["cpu_bound"]["rate"]
 
-        # Tuning: batch size and in-flight window.
+        # Tuning: batch size and in-flight window; the relay's commits made synchronous.
         sweep = []
-        for batch, window in ((500, 1), (1000, 4), (2000, 4)):
+        for batch, window in ((500, 1), (500, 4), (1000, 2), (2000, 4), (1000, 8)):
             r = relay_kafka(args.dsn, bootstrap, n, batch_size=batch, max_in_flight=window)
             sweep.append({"batch_size": batch, "max_in_flight": window, "rate": r["rate"]})
         results["relay_sweep"] = sweep
+        results["relay_synchronous_commit"] = relay_kafka(
+            args.dsn, bootstrap, n, meter, synchronous_commit=True
+        )
+        results["engine_confirm_at_once"] = relay_null(args.dsn, n, meter)
 
         results["delete_held_sql"] = delete_held(args.dsn, n, 500, None)
         results["delete_held_kafka"] = delete_held(args.dsn, n, 500, bootstrap)
@@ -354,24 +431,42 @@ def main() -> None:
 
     print(f"\nrelay throughput, {n} events, {payload_bytes:.0f}-byte payloads")
     rows = [
-        ("ceiling (a) bare confluent-kafka producer", results["kafka_ceiling"]["rate"]),
-        ("ceiling (b) bare SQL claim + settle loop", results["sql_ceiling"]["rate"]),
-        ("outboxkit relay -> Kafka (1 process, in-process)", results["relay"]["rate"]),
-        ("delete-in-held-tx, DB only", results["delete_held_sql"]["rate"]),
-        ("delete-in-held-tx -> Kafka, sequential", results["delete_held_kafka"]["rate"]),
-        ("outboxkit relay CLI x1 (steady)", results["processes_1"]["rate"]),
-        ("outboxkit relay CLI x2 (steady)", results["processes_2"]["rate"]),
+        ("ceiling (a) bare confluent-kafka producer", results["kafka_ceiling"]),
+        ("ceiling (b) bare SQL claim + settle loop", results["sql_ceiling"]),
+        ("  same, synchronous commits", results["sql_ceiling_sync"]),
+        ("outboxkit relay -> Kafka, defaults", results["relay"]),
+        ("outboxkit relay -> Kafka, batch 1000 x 4", results["relay_tuned"]),
+        ("outboxkit relay, synchronous commits", results["relay_synchronous_commit"]),
+        ("engine, publisher confirms at once (DB side)", results["engine_confirm_at_once"]),
+        ("delete-in-held-tx, DB only", results["delete_held_sql"]),
+        ("delete-in-held-tx -> Kafka, sequential", results["delete_held_kafka"]),
+        ("outboxkit relay CLI x1 (steady)", results["processes_1"]),
+        ("outboxkit relay CLI x2 (steady)", results["processes_2"]),
     ]
     if "nats" in results:
-        rows.append(("outboxkit relay -> NATS JetStream", results["nats"]["rate"]))
-    for label, rate in rows:
-        print(f"  {label:<52} {fmt_rate(rate):>12}")
+        rows.append(("outboxkit relay -> NATS JetStream", results["nats"]))
+    for label, r in rows:
+        cpu = r.get("cpu")
+        extra = (
+            f"  {cpu['us_per_event_total']:5.1f} us CPU/event ({cpu['cores_busy']:.2f} cores)"
+            if cpu
+            else ""
+        )
+        print(f"  {label:<48} {fmt_rate(r['rate']):>12}{extra}")
     for s in sweep:
         print(
             f"  sweep batch={s['batch_size']:<5} in_flight={s['max_in_flight']}"
-            f"{'':<24} {fmt_rate(s['rate']):>12}"
+            f"{'':<20} {fmt_rate(s['rate']):>12}"
         )
-    print(f"  relay / lower ceiling = {results['relay_vs_lower_ceiling']:.0%} (target >= 90 %)")
+    bound = results["cpu_bound"]
+    print(
+        f"  CPU bound for doing (a) and (b) on {cores} cores: {fmt_rate(bound['rate'])}"
+        f" -> relay at {results['relay_vs_cpu_bound']:.0%} of it"
+    )
+    print(
+        f"  relay / lower ceiling = {results['relay_vs_lower_ceiling']:.0%}"
+        f" (tuned {results['relay_tuned_vs_lower_ceiling']:.0%}; target >= 90 %)"
+    )
     save("relay_throughput", results)
 
 
