@@ -10,7 +10,7 @@ Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
 * the CPU each of them spends per event (machine, client process, broker), and the
   bound that follows for a process that must do both jobs on the same cores;
 * the relay in one process (events/s from first claim to last settled ack), with
-  library defaults and tuned for Kafka (batch 1 000, 4 in flight), and a sweep;
+  library defaults (for Kafka: batch 1 000, 4 in flight), the generic 500 x 2, and a sweep;
 * the relay engine with a publisher that confirms at once (the database side alone);
 * the "delete in a transaction held across the publish" pattern (DB part alone, and
   with Kafka), evaluated, not offered;
@@ -92,7 +92,10 @@ def kafka_ceiling(
 
     prepared = [(m.key.encode() if m.key else None, m.payload, kafka_headers(m)) for m in messages]
     producer = Producer({**KAFKA_DEFAULTS, "bootstrap.servers": bootstrap})
-    producer.list_topics(timeout=10)  # connected, as the relay's publisher is after start()
+    # Connected and past the idempotent producer's id handshake (which otherwise holds
+    # the first delivery for up to 0.5 s), as the relay's publisher is in the relay runs.
+    producer.produce(TOPIC, b"warm-up")
+    producer.flush(10)
     acked = 0
     errors = 0
 
@@ -173,9 +176,16 @@ def sql_ceiling(
 
 
 async def _relay_run(
-    dsn: str, publisher: Any, n: int, meter: CpuMeter | None = None, **options: Any
+    dsn: str,
+    publisher: Any,
+    n: int,
+    meter: CpuMeter | None = None,
+    warm_up: OutboundMessage | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     await publisher.start()  # connected before the clock starts, as in a running relay
+    if warm_up is not None:
+        await publisher.publish_batch([warm_up])
     relay = Relay(dsn, publisher, listen=False, poll_interval=0.05, **options)
     if meter is not None:
         meter.start()
@@ -200,9 +210,10 @@ async def _relay_run(
 def relay_kafka(
     dsn: str, bootstrap: str, n: int, meter: CpuMeter | None = None, **options: Any
 ) -> dict[str, Any]:
+    warm_up = seed_messages(dsn, 1)[0]
     n = reload(dsn, limit=n)
     publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
-    return asyncio.run(_relay_run(dsn, publisher, n, meter, **options))
+    return asyncio.run(_relay_run(dsn, publisher, n, meter, warm_up, **options))
 
 
 class ConfirmAtOnce:
@@ -235,7 +246,7 @@ def relay_nats(dsn: str, n: int) -> dict[str, Any]:
         publisher = NatsPublisher.from_url(
             f"{server.url}?stream=BENCH&subjects={TOPIC.split('.')[0]}.>"
         )
-        return asyncio.run(_relay_run(dsn, publisher, n))
+        return asyncio.run(_relay_run(dsn, publisher, n, None, seed_messages(dsn, 1)[0]))
 
 
 # -- the "delete in a transaction held across the publish" pattern -----------------------
@@ -347,7 +358,8 @@ def cpu_per_event(runs: list[dict[str, Any]]) -> float:
     return statistics.median(r["cpu"]["us_per_event_total"] for r in runs)
 
 
-TUNED = {"batch_size": 1000, "max_in_flight": 4}
+# The shape a relay uses for brokers without a batch_shape of their own (webhooks, SQS, AMQP).
+GENERIC = {"batch_size": 500, "max_in_flight": 2}
 
 
 def main() -> None:
@@ -389,14 +401,14 @@ def main() -> None:
                 sql_ceiling(args.dsn, n, 500, meter, commit=None)
             )
             runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n, meter))
-            runs.setdefault("relay_tuned", []).append(
-                relay_kafka(args.dsn, bootstrap, n, meter, **TUNED)
+            runs.setdefault("relay_generic", []).append(
+                relay_kafka(args.dsn, bootstrap, n, meter, **GENERIC)
             )
         for name, rs in runs.items():
             results[name] = best(rs)
         lower = min(results["kafka_ceiling"]["rate"], results["sql_ceiling"]["rate"])
         results["relay_vs_lower_ceiling"] = results["relay"]["rate"] / lower
-        results["relay_tuned_vs_lower_ceiling"] = results["relay_tuned"]["rate"] / lower
+        results["relay_generic_vs_lower_ceiling"] = results["relay_generic"]["rate"] / lower
         # A relay does both ceilings' work on the same cores: CPU per event adds up.
         both = cpu_per_event(runs["kafka_ceiling"]) + cpu_per_event(runs["sql_ceiling"])
         results["cpu_bound"] = {
@@ -404,14 +416,14 @@ def main() -> None:
             "us_per_event_kafka_ceiling": cpu_per_event(runs["kafka_ceiling"]),
             "us_per_event_sql_ceiling": cpu_per_event(runs["sql_ceiling"]),
             "us_per_event_relay": cpu_per_event(runs["relay"]),
-            "us_per_event_relay_tuned": cpu_per_event(runs["relay_tuned"]),
+            "us_per_event_relay_generic": cpu_per_event(runs["relay_generic"]),
             "rate": cores * 1e6 / both,
         }
         results["relay_vs_cpu_bound"] = results["relay"]["rate"] / results["cpu_bound"]["rate"]
 
         # Tuning: batch size and in-flight window; the relay's commits made synchronous.
         sweep = []
-        for batch, window in ((500, 1), (500, 4), (1000, 2), (2000, 4), (1000, 8)):
+        for batch, window in ((500, 1), (500, 4), (1000, 2), (2000, 4), (1000, 8), (2000, 8)):
             r = relay_kafka(args.dsn, bootstrap, n, batch_size=batch, max_in_flight=window)
             sweep.append({"batch_size": batch, "max_in_flight": window, "rate": r["rate"]})
         results["relay_sweep"] = sweep
@@ -434,8 +446,8 @@ def main() -> None:
         ("ceiling (a) bare confluent-kafka producer", results["kafka_ceiling"]),
         ("ceiling (b) bare SQL claim + settle loop", results["sql_ceiling"]),
         ("  same, synchronous commits", results["sql_ceiling_sync"]),
-        ("outboxkit relay -> Kafka, defaults", results["relay"]),
-        ("outboxkit relay -> Kafka, batch 1000 x 4", results["relay_tuned"]),
+        ("outboxkit relay -> Kafka, defaults (1000 x 4)", results["relay"]),
+        ("outboxkit relay -> Kafka, batch 500 x 2", results["relay_generic"]),
         ("outboxkit relay, synchronous commits", results["relay_synchronous_commit"]),
         ("engine, publisher confirms at once (DB side)", results["engine_confirm_at_once"]),
         ("delete-in-held-tx, DB only", results["delete_held_sql"]),
@@ -465,7 +477,7 @@ def main() -> None:
     )
     print(
         f"  relay / lower ceiling = {results['relay_vs_lower_ceiling']:.0%}"
-        f" (tuned {results['relay_tuned_vs_lower_ceiling']:.0%}; target >= 90 %)"
+        f" (500 x 2: {results['relay_generic_vs_lower_ceiling']:.0%}; target >= 90 %)"
     )
     save("relay_throughput", results)
 

@@ -418,3 +418,20 @@ def test_relay_command_refuses_a_bad_route_before_starting() -> None:
     )
     assert result.exit_code == 2
     assert "PATTERN=DESTINATION" in result.output
+
+
+def test_relay_batch_shape_follows_the_publisher_unless_given() -> None:
+    from outboxkit import Relay
+    from outboxkit.publishers.kafka import KafkaPublisher
+    from outboxkit.publishers.routing import with_routes
+    from outboxkit.publishers.webhook import WebhookPublisher
+
+    kafka = KafkaPublisher({"bootstrap.servers": "127.0.0.1:9"})
+    relay = Relay("postgresql://x", kafka)
+    assert (relay.batch_size, relay.max_in_flight) == (1000, 4)
+    routed = Relay("postgresql://x", with_routes(kafka, ["order.*=orders"]))
+    assert (routed.batch_size, routed.max_in_flight) == (1000, 4)
+    hook = Relay("postgresql://x", WebhookPublisher.from_url("http://127.0.0.1:9/{topic}"))
+    assert (hook.batch_size, hook.max_in_flight) == (500, 2)
+    given = Relay("postgresql://x", kafka, batch_size=50, max_in_flight=1)
+    assert (given.batch_size, given.max_in_flight) == (50, 1)

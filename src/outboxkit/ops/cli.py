@@ -179,12 +179,18 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     " instead of their topic; repeatable, first match wins. E.g. --route 'order.*=orders'.",
 )
 @table_option
-@click.option("--batch-size", default=500, show_default=True, help="Events claimed per batch.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Events claimed per batch [default: 1000 for kafka, nats, redis; 500 otherwise].",
+)
 @click.option(
     "--max-in-flight",
-    default=2,
-    show_default=True,
-    help="Batches claimed but not yet settled at once: the next claim overlaps the publish.",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Batches claimed but not yet settled at once, so the next claim overlaps the"
+    " publish [default: 4 for kafka, nats, redis; 2 otherwise].",
 )
 @click.option(
     "--synchronous-commit",
@@ -283,8 +289,8 @@ def relay(
     dsn: str,
     broker: str,
     table: str,
-    batch_size: int,
-    max_in_flight: int,
+    batch_size: int | None,
+    max_in_flight: int | None,
     synchronous_commit: bool,
     poll_interval: float,
     lease: float,

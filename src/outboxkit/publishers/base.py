@@ -102,6 +102,28 @@ class PublishResult:
 _SUCCESS = PublishResult(ok=True)
 
 
+#: (batch_size, max_in_flight) a relay uses unless told otherwise.
+DEFAULT_BATCH_SHAPE = (500, 2)
+
+
+def batch_shape(publisher: object) -> tuple[int, int]:
+    """The batch shape a publisher suits best: its ``batch_shape`` attribute, if it has one.
+
+    Brokers that confirm a batch in one round trip and keep a deep pipeline (Kafka,
+    NATS, Redis) move more events per second with larger, overlapping batches; a
+    broker confirming per message at a fixed concurrency (webhooks, SQS, RabbitMQ)
+    would only queue them, closer to the publish deadline.
+    """
+    shape = getattr(publisher, "batch_shape", None)
+    if (
+        isinstance(shape, tuple)
+        and len(shape) == 2
+        and all(isinstance(v, int) and v >= 1 for v in shape)
+    ):
+        return shape[0], shape[1]
+    return DEFAULT_BATCH_SHAPE
+
+
 @runtime_checkable
 class Publisher(Protocol):
     """What the relay needs from a broker. One small module per broker implements it.

@@ -46,6 +46,8 @@ class NatsPublisher:
     """
 
     name = "nats"
+    #: Whole batches confirmed in one round trip: large batches, four in flight.
+    batch_shape = (1000, 4)
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 
 _FIELDS = {"type": "event_type", "aggregate": "aggregate_type", "topic": "topic"}
 
@@ -72,6 +72,7 @@ class RoutingPublisher:
         if not self.routes:
             raise ConfigurationError("RoutingPublisher needs at least one route")
         self.name = inner.name
+        self.batch_shape = batch_shape(inner)
 
     def __repr__(self) -> str:
         return f"RoutingPublisher({self.inner!r}, routes={[str(r) for r in self.routes]!r})"

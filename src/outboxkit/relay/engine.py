@@ -28,7 +28,7 @@ from psycopg.types.json import set_json_loads
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, SchemaError
-from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
 from outboxkit.store.postgres import FAILED, PENDING, Statements
@@ -89,7 +89,7 @@ class Relay:
         publisher: Publisher,
         *,
         table: str = "outbox",
-        batch_size: int = 500,
+        batch_size: int | None = None,
         poll_interval: float = 1.0,
         lease: float = 30.0,
         max_attempts: int = 10,
@@ -97,13 +97,17 @@ class Relay:
         relay_id: str | None = None,
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
-        max_in_flight: int = 2,
+        max_in_flight: int | None = None,
         listen: bool = True,
         shutdown_timeout: float = 10.0,
         publish_timeout: float | None = None,
         observer: RelayObserver | None = None,
         synchronous_commit: bool = False,
     ) -> None:
+        # Unset: the shape the publisher suits best (1000 x 4 for Kafka, NATS and Redis).
+        shape = batch_shape(publisher)
+        batch_size = shape[0] if batch_size is None else batch_size
+        max_in_flight = shape[1] if max_in_flight is None else max_in_flight
         if batch_size < 1:
             raise ConfigurationError("batch_size must be at least 1")
         if lease <= 0 or poll_interval <= 0:
@@ -173,12 +177,15 @@ class Relay:
             raise RuntimeError("this Relay is already running")
         self._running = True
         log.info(
-            "relay %s starting: table=%s publisher=%s batch_size=%d lease=%.1fs",
+            "relay %s starting: table=%s publisher=%s batch_size=%d max_in_flight=%d"
+            " lease=%.1fs synchronous_commit=%s",
             self.relay_id,
             self.table,
             self.publisher.name,
             self.batch_size,
+            self.max_in_flight,
             self.lease,
+            "on" if self.synchronous_commit else "off",
         )
         await self.publisher.start()
         listener = asyncio.create_task(self._listen()) if self.listen else None
