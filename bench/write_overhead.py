@@ -272,6 +272,13 @@ class PsycopgSync(WritePath):
             with conn.transaction():
                 psycopg_business_with_event(conn, self.order)
 
+        def with_commit(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with ob.transaction(conn) as tx:
+                    tx.put(order_event(psycopg_business(conn, self.order)))
+
+            return run
+
         def attached(ob: Outbox) -> SyncTx:
             def run() -> None:
                 with conn.transaction():
@@ -284,10 +291,12 @@ class PsycopgSync(WritePath):
             "plain (A/A control)": plain,
             "outbox.put, notify off": outbox(Outbox(notify=False)),
             "outbox.put, notify on": outbox(Outbox()),
+            "outbox.transaction, notify off": with_commit(Outbox(notify=False)),
+            "outbox.transaction, notify on": with_commit(Outbox()),
             "outbox.execute_with, notify off": attached(Outbox(notify=False)),
             "outbox.execute_with, notify on": attached(Outbox()),
             "ref: conn.execute per put (before)": before,
-            "ref: INSERT pipelined with COMMIT": pipelined,
+            "ref: psycopg pipeline() for INSERT + COMMIT": pipelined,
             "ref: event in the order's statement": same_statement,
         }
 
@@ -387,11 +396,20 @@ class PsycopgAsync(WritePath):
 
             return run
 
+        def with_commit(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with ob.atransaction(conn) as tx:
+                    tx.put(order_event(await psycopg_async_business(conn, self.order)))
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.aput, notify off": outbox(Outbox(notify=False)),
             "outbox.aput, notify on": outbox(Outbox()),
+            "outbox.atransaction, notify off": with_commit(Outbox(notify=False)),
+            "outbox.atransaction, notify on": with_commit(Outbox()),
             "outbox.aexecute_with, notify off": attached(Outbox(notify=False)),
             "outbox.aexecute_with, notify on": attached(Outbox()),
         }

@@ -4,6 +4,7 @@ Write events in the same transaction as your business change with
 :class:`Outbox`; publish them with at-least-once delivery with :class:`Relay`.
 """
 
+from outboxkit.commit import OutboxTransaction
 from outboxkit.errors import (
     ConfigurationError,
     InvalidEventError,
@@ -28,6 +29,7 @@ __all__ = [
     "NotInTransactionError",
     "OutboundMessage",
     "Outbox",
+    "OutboxTransaction",
     "OutboxkitError",
     "PublishResult",
     "Publisher",

@@ -8,6 +8,7 @@ no transaction begun), because that is the dual-write problem again.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -25,6 +26,7 @@ from outboxkit._transactions import (
     stringify_ids,
     type_name,
 )
+from outboxkit.commit import OutboxTransaction
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.store.postgres import Statements, numbered
@@ -79,6 +81,12 @@ class Outbox:
         else:
             self._one, self._many = self._sql.insert_one, self._sql.insert_many
         self._one_dollar, self._many_dollar = numbered(self._one), numbered(self._many)
+        # Outbox.transaction(): the INSERT in $n style and a prepared-statement name per
+        # notify variant; the name follows the text, so Outbox objects can share it.
+        self._commit_insert: dict[bool, tuple[bytes, bytes]] = {}
+        for notify, stmt in ((False, self._sql.insert_one), (True, self._sql.insert_one_notify)):
+            text = numbered(stmt).encode()
+            self._commit_insert[notify] = (text, b"outboxkit_put_%08x" % zlib.crc32(text))
         # One reusable psycopg cursor per Outbox, for the connection it last wrote
         # through: conn.execute() would build a cursor and look up the parameter
         # dumpers on every call (~10 % of the write's cost, see docs/benchmarks.md).
@@ -152,6 +160,27 @@ class Outbox:
             )
             return
         raise _unsupported(conn, async_api=False)
+
+    # -- events written with the COMMIT ------------------------------------------
+
+    def transaction(self, conn: psycopg.Connection[Any]) -> OutboxTransaction:
+        """A transaction whose events are written in the COMMIT's round trip (psycopg).
+
+        Use it instead of ``with conn.transaction():``; ``tx.put(event)`` validates
+        and queues, and at the end of the block the events' INSERTs and the COMMIT
+        go to the server as one pipeline: the cheapest write of this library
+        (docs/benchmarks.md). An exception in the block rolls back and sends nothing.
+        The INSERT is a prepared statement unless ``conn.prepare_threshold`` is None::
+
+            with outbox.transaction(conn) as tx:
+                conn.execute("INSERT INTO orders ...")
+                tx.put(Event(topic="orders", event_type="order.placed", payload=...))
+        """
+        return OutboxTransaction(self, conn)
+
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> OutboxTransaction:
+        """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
+        return OutboxTransaction(self, conn)
 
     # -- events in the caller's own statement -----------------------------------
 

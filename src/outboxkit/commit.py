@@ -1,0 +1,278 @@
+"""``Outbox.transaction()``: the events are written in the round trip of the COMMIT.
+
+A separate INSERT costs a round trip of its own, which on a ~1 ms, nine-statement
+transaction is most of the outbox's price (docs/benchmarks.md). Here the events
+are only validated and encoded when the application calls ``put``; at the end of
+the block they travel with the COMMIT in one libpq pipeline — a prepared INSERT
+per event, then COMMIT, then one Sync — so the write adds no round trip at all.
+
+Atomicity does not change: the INSERTs run inside the transaction, before the
+COMMIT. If one fails, PostgreSQL skips the COMMIT, the transaction is rolled
+back and the error is raised; if the block raises, the events were never sent.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Generator, Iterable
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.waiting import Ready, Wait
+
+from outboxkit._transactions import type_name
+from outboxkit.errors import NotInTransactionError
+from outboxkit.events import Event
+
+if TYPE_CHECKING:
+    from outboxkit.write import Outbox
+
+_IDLE = pq.TransactionStatus.IDLE
+_INTRANS = pq.TransactionStatus.INTRANS
+_INERROR = pq.TransactionStatus.INERROR
+_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+_SYNC = pq.ExecStatus.PIPELINE_SYNC
+# Parameter types of the INSERT (event_id, topic, key, event_type, aggregate_type,
+# aggregate_id, payload, headers[, channel]), all sent in binary.
+_UUID, _TEXT, _BYTEA, _JSONB = 2950, 25, 17, 3802
+_TYPES = [_UUID, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _JSONB]
+_JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
+_TYPES_NOTIFY = [*_TYPES, _TEXT]
+_Send = Callable[[], object]
+# Connections on which the INSERT is already prepared, by statement name.
+_prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+
+
+def _params(event: Event) -> list[bytes | None]:
+    """The INSERT's parameters in binary: encoding happens once, at ``put``."""
+    return [
+        event.event_id.bytes,
+        event.topic.encode(),
+        event.key.encode() if event.key is not None else None,
+        event.event_type.encode(),
+        event.aggregate_type.encode() if event.aggregate_type is not None else None,
+        event.aggregate_id.encode() if event.aggregate_id is not None else None,
+        event.payload,
+        b"\x01" + orjson.dumps(event.headers) if event.headers else _JSONB_EMPTY,
+    ]
+
+
+class OutboxTransaction:
+    """A transaction whose events are written with its COMMIT. Use it via
+    :meth:`Outbox.transaction` (``with``) or :meth:`Outbox.atransaction` (``async with``).
+
+    ``put``/``put_many`` only validate and queue: nothing is sent before the block
+    ends. Without an exception the events are inserted and the transaction
+    committed in one round trip; with one it is rolled back and nothing is sent.
+    """
+
+    def __init__(self, outbox: Outbox, conn: Any) -> None:
+        self.outbox = outbox
+        self.connection = conn
+        self._rows: list[list[bytes | None]] = []
+        self._active = False
+
+    # -- the application's side ---------------------------------------------------
+
+    def put(self, event: Event) -> None:
+        """Queue ``event``: validated now, written with the COMMIT."""
+        self._require_active()
+        self._rows.append(_params(self.outbox._check(event)))
+
+    def put_many(self, events: Iterable[Event]) -> None:
+        """Queue several events (all validated before any is queued)."""
+        self._require_active()
+        rows = [_params(self.outbox._check(e)) for e in events]
+        self._rows.extend(rows)
+
+    def _require_active(self) -> None:
+        if not self._active:
+            raise NotInTransactionError(
+                "this outbox transaction is not open: put() belongs inside its `with` block"
+            )
+
+    # -- opening and closing ----------------------------------------------------------
+
+    def _opening(self) -> bool:
+        """Check the connection; True if a BEGIN must be sent now (autocommit mode)."""
+        conn = self.connection
+        if conn.closed:
+            raise NotInTransactionError("the psycopg connection is closed")
+        if getattr(conn, "_pipeline", None) is not None:
+            raise NotInTransactionError(
+                "Outbox.transaction() cannot run inside conn.pipeline(): it commits through"
+                " a pipeline of its own"
+            )
+        if getattr(conn, "_num_transactions", 0) > 0:
+            raise NotInTransactionError(
+                "Outbox.transaction() would commit inside an open `with conn.transaction():`"
+                " block; use it instead of that block (or use outbox.put() inside it)"
+            )
+        status = conn.pgconn.transaction_status
+        if status == _INERROR:
+            raise NotInTransactionError(
+                "the connection's transaction has already failed; roll it back first"
+            )
+        self._active = True
+        return bool(conn.autocommit and status == _IDLE)
+
+    def _commands(self) -> tuple[list[_Send], dict[int, bytes]]:
+        """BEGIN if nothing has begun the transaction yet, the INSERTs, COMMIT.
+
+        Also returns the positions of Prepare commands, so a Prepare the server
+        skipped (after an earlier error) is not taken for done.
+        """
+        conn = self.connection
+        pgconn = conn.pgconn
+        sends: list[_Send] = []
+        prepares: dict[int, bytes] = {}
+        if pgconn.transaction_status == _IDLE:
+            sends.append(partial(pgconn.send_query_params, b"BEGIN", None))
+        ob = self.outbox
+        # prepare_threshold=None is how psycopg users say "behind PgBouncer, no named
+        # prepared statements": then each INSERT is parsed on its own.
+        prepare = conn.prepare_threshold is not None
+        done = _prepared.setdefault(conn, set()) if prepare else set()
+        for i, row in enumerate(self._rows):
+            notify = ob.notify and i == 0  # PostgreSQL folds repeats of one notification
+            stmt, name = ob._commit_insert[notify]
+            params = [*row, ob._sql.channel.encode()] if notify else row
+            types = _TYPES_NOTIFY if notify else _TYPES
+            formats = [1] * len(params)
+            if not prepare:
+                sends.append(partial(pgconn.send_query_params, stmt, params, types, formats))
+                continue
+            if name not in done:
+                prepares[len(sends)] = name
+                sends.append(partial(pgconn.send_prepare, name, stmt, types))
+                done.add(name)
+            sends.append(partial(pgconn.send_query_prepared, name, params, formats))
+        sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
+        return sends, prepares
+
+    def _run(self) -> Generator[Wait, Ready, None]:
+        """The commit as a generator for ``conn.wait()``: raises the server's error."""
+        conn = self.connection
+        sends, prepares = self._commands()
+        statuses, error = yield from _pipeline(conn.pgconn, sends)
+        for index, name in prepares.items():
+            if index >= len(statuses) or statuses[index] not in _OK:
+                _prepared.get(conn, set()).discard(name)
+        if isinstance(error, pg_errors.InvalidSqlStatementName):
+            # The session lost its prepared statements (DEALLOCATE ALL, DISCARD ALL, a
+            # pooler's reset): this transaction is rolled back, the next one prepares again.
+            _prepared.pop(conn, None)
+        if error is not None:
+            raise error
+
+    def _finish_sync(self, exc: BaseException | None) -> None:
+        conn = self.connection
+        self._active = False
+        try:
+            if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
+                conn.wait(self._run())
+        finally:
+            self._rows = []
+            # Rolled back: the block raised, or the pipeline failed (the server
+            # skipped the COMMIT after the error; the transaction is still open).
+            if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+                conn.rollback()
+
+    async def _finish_async(self, exc: BaseException | None) -> None:
+        conn = self.connection
+        self._active = False
+        try:
+            if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
+                await conn.wait(self._run())
+        finally:
+            self._rows = []
+            if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+                await conn.rollback()
+
+    # -- context managers -------------------------------------------------------------
+
+    def __enter__(self) -> OutboxTransaction:
+        if not isinstance(self.connection, psycopg.Connection):
+            raise _unsupported(self.connection, "transaction", "psycopg.Connection")
+        if self._opening():
+            self.connection.execute("BEGIN")
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._finish_sync(exc)
+
+    async def __aenter__(self) -> OutboxTransaction:
+        if not isinstance(self.connection, psycopg.AsyncConnection):
+            raise _unsupported(self.connection, "atransaction", "psycopg.AsyncConnection")
+        if self._opening():
+            await self.connection.execute("BEGIN")
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._finish_async(exc)
+
+
+def _pipeline(
+    pgconn: Any, sends: list[_Send]
+) -> Generator[Wait, Ready, tuple[list[pq.ExecStatus], Exception | None]]:
+    """Send ``sends`` and one Sync as a pipeline; read every result up to the Sync.
+
+    Returns each command's result status, in order, and the first error the server
+    reported (it skips the rest of the pipeline after one). Runs under
+    ``conn.wait()``, so the same code serves sync and async connections.
+    """
+    pgconn.enter_pipeline_mode()
+    statuses: list[pq.ExecStatus] = []
+    error: Exception | None = None
+    try:
+        for send in sends:
+            send()
+        pgconn.pipeline_sync()
+        while pgconn.flush():
+            while not (yield Wait.W):
+                pass
+        synced = False
+        while not synced:
+            while not (yield Wait.R):
+                pass
+            pgconn.consume_input()
+            nulls = 0
+            while not synced and nulls < 2 and not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    nulls += 1  # the end of a command's results; twice: nothing more yet
+                    continue
+                nulls = 0
+                status = pq.ExecStatus(result.status)
+                if status == _SYNC:
+                    synced = True
+                    continue
+                statuses.append(status)
+                if status not in _OK and error is None:
+                    error = _error(result, pgconn)
+    finally:
+        if pgconn.pipeline_status:
+            pgconn.exit_pipeline_mode()
+    return statuses, error
+
+
+def _error(result: Any, pgconn: Any) -> Exception:
+    if result.status == pq.ExecStatus.PIPELINE_ABORTED:
+        return pg_errors.InFailedSqlTransaction("pipeline aborted")
+    return pg_errors.error_from_result(result, encoding=getattr(pgconn, "_encoding", "utf-8"))
+
+
+def _unsupported(conn: Any, method: str, expected: str) -> Exception:
+    return TypeError(
+        f"Outbox.{method}() needs a {expected}, got {type_name(conn)};"
+        " with other drivers use put()/aput() inside your own transaction"
+    )
