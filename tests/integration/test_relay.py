@@ -269,3 +269,61 @@ def test_claim_uses_the_pending_index_with_a_million_published_rows(db_dsn: str)
         assert "outbox_pending_idx" in text
         assert "Seq Scan" not in text
         assert "'Node Type': 'Sort'" not in text, "the index order serves ORDER BY"
+
+
+def test_claim_never_scans_the_table_while_a_backlog_drains(db_dsn: str) -> None:
+    """With `IN (SELECT ...)` the planner hash-joined the locked ids against a sequential
+    scan of the whole table once it was small enough; the claim must stay on the indexes."""
+    claim = Statements().claim_batch
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, topic, event_type, payload)"
+            " SELECT gen_random_uuid(), 't', 'x', convert_to(repeat('x', 300), 'UTF8')"
+            " FROM generate_series(1, 20000)"
+        )
+        conn.execute("VACUUM ANALYZE outbox")
+        for limit in (500, 1000):
+            params = {
+                "lease": 30.0,
+                "token": uuid.uuid4(),
+                "relay_id": "plan",
+                "limit": limit,
+                "commit": "off",
+            }
+            with conn.transaction():
+                plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim, params).fetchone()
+                raise psycopg.Rollback()
+            assert plan is not None
+            text = str(plan[0])
+            assert "Seq Scan" not in text, text
+            assert "Hash" not in text, text
+            assert "outbox_pkey" in text and "outbox_pending_idx" in text
+
+
+def test_relay_statements_commit_asynchronously_without_changing_the_session(
+    db_dsn: str,
+) -> None:
+    """The relay's claim and settle set synchronous_commit for their own transaction only."""
+    write_events(db_dsn, make_events("async-commit", 10))
+    sql = Statements()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")  # the test server may run with it off
+        token = uuid.uuid4()
+        params = {"lease": 30.0, "token": token, "relay_id": "t", "limit": 5, "commit": "off"}
+        claimed = conn.execute(sql.claim_batch, params).fetchall()
+        assert len(claimed) == 5
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        # Inside one transaction the setting is visible, and it is gone after it.
+        with conn.transaction():
+            ids = [r[0] for r in claimed]
+            done = conn.execute(sql.settle_published_delete, (ids, token, "off"))
+            assert done.rowcount == 5
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        # None keeps whatever the session has (the relay's synchronous_commit=True).
+        conn.execute("SET synchronous_commit = remote_apply")
+        with conn.transaction():
+            params = {**params, "token": uuid.uuid4(), "commit": None}
+            assert len(conn.execute(sql.claim_batch, params).fetchall()) == 5
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("remote_apply",)
+    assert count(db_dsn) == 5
