@@ -155,7 +155,7 @@ class OutboxTransaction:
         sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
         return sends, prepares
 
-    def _run(self) -> Generator[Wait, Ready, None]:
+    def _run(self) -> Generator[Wait, Ready | int, None]:
         """The commit as a generator for ``conn.wait()``: raises the server's error."""
         conn = self.connection
         sends, prepares = self._commands()
@@ -223,7 +223,7 @@ class OutboxTransaction:
 
 def _pipeline(
     pgconn: Any, sends: list[_Send]
-) -> Generator[Wait, Ready, tuple[list[pq.ExecStatus], Exception | None]]:
+) -> Generator[Wait, Ready | int, tuple[list[pq.ExecStatus], Exception | None]]:
     """Send ``sends`` and one Sync as a pipeline; read every result up to the Sync.
 
     Returns each command's result status, in order, and the first error the server

@@ -61,6 +61,8 @@ _ERROR_LOG_INTERVAL = 10.0
 _SUCCESS = PublishResult.success()
 _WARM_UP_TIMEOUT = 2.0
 _YIELD_EVERY = 128
+_SMALL_BATCH = 100  # fewer messages than this are sent without lingering
+_FLUSH_WAIT = 1.0  # seconds a small batch's flush may wait for its deliveries
 
 
 def _classify(err: KafkaError) -> PublishResult:
@@ -280,6 +282,12 @@ class KafkaPublisher:
                     # Let the event loop in between: the relay's next claim result is
                     # read and the one after it sent without waiting for the whole batch.
                     await asyncio.sleep(0)
+            if len(messages) < _SMALL_BATCH and self._config.get("linger.ms") not in (0, "0"):
+                # A small batch means the relay has caught up: latency matters more than
+                # fuller requests. librdkafka sends at once, ignoring linger.ms, while a
+                # flush() is waiting; run one in a worker thread (it returns when these
+                # are delivered) instead of letting the batch wait out the linger.
+                asyncio.get_running_loop().run_in_executor(None, producer.flush, _FLUSH_WAIT)
             await asyncio.shield(waiter.future)
         finally:
             self._pending.discard(waiter)
