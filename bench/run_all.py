@@ -25,6 +25,7 @@ from outboxkit.embedded import EmbeddedPostgres
 HERE = Path(__file__).parent
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("write_overhead.py", []),  # rounds: OUTBOXKIT_BENCH_WRITE_ROUNDS (default 3000)
+    ("write_profile.py", []),  # where the write's microseconds go
     ("relay_throughput.py", []),
     ("alternatives.py", []),
     ("latency.py", []),
@@ -35,6 +36,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
 # *.quick.json so the committed figures stay those of the last full run.
 QUICK_CAPABLE = {
     "write_overhead.py",
+    "write_profile.py",
     "relay_throughput.py",
     "alternatives.py",
     "latency.py",
