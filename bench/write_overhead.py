@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, Outbox
+from outboxkit.commit import _pipeline as commit_pipeline
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import Statements
 
@@ -279,6 +280,27 @@ class PsycopgSync(WritePath):
 
             return run
 
+        emit = b"SELECT pg_logical_emit_message(true, 'outboxkit', $1::bytea)"
+        emit_prepared = [False]
+
+        def wal_message() -> None:
+            # What a WAL-only outbox would cost (DESIGN §5, not built): the event as a
+            # transactional logical-decoding message, prepared, in the COMMIT's round
+            # trip, the way Outbox.transaction() sends its INSERT. No table, no index.
+            pg = conn.pgconn
+            conn.execute("BEGIN")  # as conn.transaction() does on an autocommit connection
+            e = order_event(psycopg_business(conn, self.order))
+            content = orjson.dumps({"id": str(e.event_id), "topic": e.topic}) + e.payload
+            sends: list[Callable[[], object]] = []
+            if not emit_prepared[0]:
+                sends.append(lambda: pg.send_prepare(b"bench_emit", emit, [17]))
+                emit_prepared[0] = True
+            sends.append(lambda: pg.send_query_prepared(b"bench_emit", [content], [1]))
+            sends.append(lambda: pg.send_query_params(b"COMMIT", None))
+            _statuses, error = conn.wait(commit_pipeline(pg, sends))
+            if error is not None:
+                raise error
+
         def attached(ob: Outbox) -> SyncTx:
             def run() -> None:
                 with conn.transaction():
@@ -298,6 +320,7 @@ class PsycopgSync(WritePath):
             "ref: conn.execute per put (before)": before,
             "ref: psycopg pipeline() for INSERT + COMMIT": pipelined,
             "ref: event in the order's statement": same_statement,
+            "ref: WAL-only message with COMMIT (not a table row)": wal_message,
         }
 
     def close(self) -> None:
