@@ -13,6 +13,7 @@ back and the error is raised; if the block raises, the events were never sent.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
@@ -176,11 +177,16 @@ class OutboxTransaction:
         try:
             if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
                 conn.wait(self._run())
-        finally:
+        except BaseException:
             self._rows = []
-            # Rolled back: the block raised, or the pipeline failed (the server
-            # skipped the COMMIT after the error; the transaction is still open).
-            if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+            with contextlib.suppress(psycopg.Error):  # never hide the error that matters
+                if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+                    conn.rollback()
+            raise
+        self._rows = []
+        if exc is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
+            # The block raised: roll back, without hiding its exception behind ours.
+            with contextlib.suppress(psycopg.Error):
                 conn.rollback()
 
     async def _finish_async(self, exc: BaseException | None) -> None:
@@ -189,9 +195,15 @@ class OutboxTransaction:
         try:
             if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
                 await conn.wait(self._run())
-        finally:
+        except BaseException:
             self._rows = []
-            if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+            with contextlib.suppress(psycopg.Error):
+                if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+                    await conn.rollback()
+            raise
+        self._rows = []
+        if exc is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
+            with contextlib.suppress(psycopg.Error):
                 await conn.rollback()
 
     # -- context managers -------------------------------------------------------------
