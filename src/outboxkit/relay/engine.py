@@ -81,6 +81,12 @@ class Relay:
     Run it with ``await relay.run()`` (returns after :meth:`stop`), or use
     ``outboxkit relay`` which adds signal handling. Several relays may share one
     table: ``FOR UPDATE SKIP LOCKED`` and leases keep their claims apart.
+
+    ``batch_size`` and ``max_in_flight`` default to the publisher's ``batch_shape``
+    (1000 and 4 for Kafka, NATS and Redis; 500 and 2 otherwise). The relay's own
+    claims and settles commit without waiting for the WAL flush unless
+    ``synchronous_commit=True``: a database crash can then cause re-publication,
+    never loss (docs/architecture.md).
     """
 
     def __init__(
