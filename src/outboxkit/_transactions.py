@@ -19,7 +19,10 @@ def type_name(obj: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+def check_psycopg_usable(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+) -> TransactionStatus:
+    """Refuse a closed connection or a failed transaction; return the transaction status."""
     if conn.closed:
         raise NotInTransactionError("the psycopg connection is closed")
     status = conn.pgconn.transaction_status  # conn.info builds a new object per access
@@ -28,6 +31,11 @@ def check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) 
             "the transaction has already failed (an earlier statement raised);"
             " roll back and retry the whole unit of work"
         )
+    return TransactionStatus(status)
+
+
+def check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    status = check_psycopg_usable(conn)
     # Pipeline mode: statements are queued and libpq cannot tell whether a BEGIN is
     # among them without a round trip. psycopg counts its open transaction() blocks;
     # a non-autocommit connection has begun one implicitly.

@@ -26,7 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.waiting import Ready, Wait
 
-from outboxkit._transactions import type_name
+from outboxkit._transactions import check_psycopg_usable, type_name
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 _IDLE = pq.TransactionStatus.IDLE
 _INTRANS = pq.TransactionStatus.INTRANS
-_INERROR = pq.TransactionStatus.INERROR
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 # Parameter types of the INSERT (event_id, topic, key, event_type, aggregate_type,
@@ -44,6 +43,8 @@ _UUID, _TEXT, _BYTEA, _JSONB = 2950, 25, 17, 3802
 _TYPES = [_UUID, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _JSONB]
 _JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
 _TYPES_NOTIFY = [*_TYPES, _TEXT]
+_FORMATS = [1] * len(_TYPES)  # every parameter in binary
+_FORMATS_NOTIFY = [1] * len(_TYPES_NOTIFY)
 _Send = Callable[[], object]
 # Connections on which the INSERT is already prepared, by statement name.
 _prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
@@ -102,8 +103,7 @@ class OutboxTransaction:
     def _opening(self) -> bool:
         """Check the connection; True if a BEGIN must be sent now (autocommit mode)."""
         conn = self.connection
-        if conn.closed:
-            raise NotInTransactionError("the psycopg connection is closed")
+        status = check_psycopg_usable(conn)
         if getattr(conn, "_pipeline", None) is not None:
             raise NotInTransactionError(
                 "Outbox.transaction() cannot run inside conn.pipeline(): it commits through"
@@ -113,11 +113,6 @@ class OutboxTransaction:
             raise NotInTransactionError(
                 "Outbox.transaction() would commit inside an open `with conn.transaction():`"
                 " block; use it instead of that block (or use outbox.put() inside it)"
-            )
-        status = conn.pgconn.transaction_status
-        if status == _INERROR:
-            raise NotInTransactionError(
-                "the connection's transaction has already failed; roll it back first"
             )
         self._active = True
         return bool(conn.autocommit and status == _IDLE)
@@ -143,8 +138,7 @@ class OutboxTransaction:
             notify = ob.notify and i == 0  # PostgreSQL folds repeats of one notification
             stmt, name = ob._commit_insert[notify]
             params = [*row, ob._sql.channel.encode()] if notify else row
-            types = _TYPES_NOTIFY if notify else _TYPES
-            formats = [1] * len(params)
+            types, formats = (_TYPES_NOTIFY, _FORMATS_NOTIFY) if notify else (_TYPES, _FORMATS)
             if not prepare:
                 sends.append(partial(pgconn.send_query_params, stmt, params, types, formats))
                 continue

@@ -98,16 +98,7 @@ class _BatchWaiter:
         self.loop.call_soon_threadsafe(_set_done, self.future)
 
     def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
-        # Runs in the poll thread once per message: kept to one call and one lock.
-        result = _SUCCESS if err is None else _classify(err)
-        with self._lock:
-            if self.results[index] is not None:
-                return
-            self.results[index] = result
-            self.remaining -= 1
-            if self.remaining:
-                return
-        self.loop.call_soon_threadsafe(_set_done, self.future)
+        self.report(index, _SUCCESS if err is None else _classify(err))
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
