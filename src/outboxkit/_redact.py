@@ -1,16 +1,128 @@
-"""Keep secrets out of logs and errors: passwords in DSNs and URLs are masked."""
+"""Keep secrets out of logs, stored errors and HTTP answers: every text goes through :func:`redact`.
+
+Three nets, widest last:
+
+* URL userinfo — ``nats://TOKEN@host`` and ``amqp://user:pw@host`` — is masked whatever the scheme;
+* secret-looking parameters — ``?token=``, ``api_key=``, ``sslpassword=`` in a query string or a
+  libpq ``key=value`` DSN, ``"password": "…"`` in JSON, ``Bearer …`` — have their value masked;
+* the secrets of the configured URLs (:func:`remember_secrets`) are masked anywhere in free text,
+  since a client library's error may quote a token without the URL around it.
+"""
 
 from __future__ import annotations
 
 import re
+import threading
+from urllib.parse import unquote
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^\s/]*)@")
-_KV_PASSWORD = re.compile(
-    r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
+MASK = "***"
+
+_SCHEME = r"[a-zA-Z][a-zA-Z0-9+.-]*://"
+# Everything between "scheme://" and the last "@" of the authority is userinfo.
+_USERINFO = re.compile(rf"(?P<scheme>{_SCHEME})(?P<info>[^\s/?#@]*(?:@[^\s/?#@]*)*)@")
+# Names whose value is a secret wherever they appear (query string, DSN, JSON, free text).
+_SECRET_WORDS = "|".join(  # names of secrets, not secrets
+    (
+        r"passw(?:or)?d|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key",
+        r"private[_-]?key|signature|credentials?|session[_-]?key|auth[_-]?key",
+    )
 )
+_SECRET_NAME = rf"(?<![\w.-])[\w.-]*(?:{_SECRET_WORDS})[\w.-]*"
+# Short names that are secrets only as URL query parameters (after ? or &).
+_QUERY_NAME = r"(?<=[?&])(?:sig|key|auth|pass|pw|jwt|nkey|seed|sas|code)"
+_VALUE = r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s&#;\"']+"
+_NAMED = re.compile(
+    rf"(?P<head>(?:{_SECRET_NAME}|{_QUERY_NAME})(?:\s*=\s*|[\"']?\s*:\s+|[\"']\s*:\s*))"
+    rf"(?P<value>{_VALUE})",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"\b(?P<head>(?:Bearer|Basic)\s+)(?P<value>[A-Za-z0-9._~+/=-]{8,})")
+# A lone name before "@" is a user name, not a token, for these schemes.
+_USER_SCHEMES = frozenset(
+    {"postgres", "postgresql", "amqp", "amqps", "redis", "rediss", "mysql", "sqs"}
+)
+#: Shorter secrets are masked in their URL or parameter, never searched for in free text.
+MIN_KNOWN_SECRET = 6
+_MAX_KNOWN = 64
+
+_known: dict[str, None] = {}  # ordered set: oldest first
+_known_re: re.Pattern[str] | None = None
+_lock = threading.Lock()
 
 
 def redact(text: str) -> str:
-    """Mask ``user:secret@`` in URLs and ``password=secret`` in key/value DSNs."""
-    text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}***@", text)
-    return _KV_PASSWORD.sub(lambda m: f"{m.group('head')}***", text)
+    """``text`` with every URL userinfo, secret-looking parameter and known secret masked."""
+    pattern = _known_re
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    text = _USERINFO.sub(_mask_userinfo, text)
+    text = _NAMED.sub(_mask_value, text)
+    return _BEARER.sub(_mask_value, text)
+
+
+def remember_secrets(url_or_dsn: str) -> None:
+    """Mask the secrets of this URL or DSN wherever they later appear, even without the URL.
+
+    Called for the configured database and broker URLs; cheap and idempotent.
+    """
+    found = [s for s in _secrets_of(url_or_dsn) if len(s) >= MIN_KNOWN_SECRET]
+    if not found:
+        return
+    global _known_re
+    with _lock:
+        for secret in found:
+            _known.pop(secret, None)
+            _known[secret] = None
+        while len(_known) > _MAX_KNOWN:
+            del _known[next(iter(_known))]
+        # Longest first, so a secret that contains another is masked whole.
+        ordered = sorted(_known, key=len, reverse=True)
+        _known_re = re.compile("|".join(re.escape(s) for s in ordered))
+
+
+def forget_secrets() -> None:
+    """Drop every remembered secret (tests)."""
+    global _known_re
+    with _lock:
+        _known.clear()
+        _known_re = None
+
+
+def _secrets_of(text: str) -> set[str]:
+    found: set[str] = set()
+    for m in _USERINFO.finditer(text):
+        user, colon, password = m.group("info").partition(":")
+        scheme = m.group("scheme")[:-3].lower()
+        if colon:
+            found.add(password)
+        elif scheme not in _USER_SCHEMES:
+            found.add(user)  # token-only userinfo: nats://TOKEN@host
+    for m in _NAMED.finditer(text):
+        found.add(_unquote_value(m.group("value")))
+    found |= {unquote(s) for s in found}
+    found.discard("")
+    return found
+
+
+def _unquote_value(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    info = m.group("info")
+    if not info or info == MASK:
+        return m.group(0)
+    user, colon, _password = info.partition(":")
+    if colon and user != MASK:
+        return f"{m.group('scheme')}{user}:{MASK}@"
+    return f"{m.group('scheme')}{MASK}@"
+
+
+def _mask_value(m: re.Match[str]) -> str:
+    value = m.group("value")
+    if value in (MASK, f'"{MASK}"', f"'{MASK}'"):
+        return m.group(0)
+    quote = value[0] if value[:1] in ("'", '"') and len(value) >= 2 else ""
+    return f"{m.group('head')}{quote}{MASK}{quote}"

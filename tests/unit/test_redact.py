@@ -1,0 +1,149 @@
+"""The redactor: every userinfo, every secret-looking parameter, the configured secrets anywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from outboxkit._redact import forget_secrets, redact, remember_secrets
+
+TOKEN = "s3cr3tT0ken-9f8e7d"
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry() -> Iterator[None]:
+    forget_secrets()
+    yield
+    forget_secrets()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # token-only userinfo, whatever the scheme
+        (f"nats://{TOKEN}@127.0.0.1:4222", "nats://***@127.0.0.1:4222"),
+        (f"https://{TOKEN}@hooks.example.com/x", "https://***@hooks.example.com/x"),
+        (f"tls://{TOKEN}@h:4222", "tls://***@h:4222"),
+        # user:password keeps the user name
+        (f"postgresql://app:{TOKEN}@db:5432/shop", "postgresql://app:***@db:5432/shop"),
+        (f"amqp://guest:{TOKEN}@mq/", "amqp://guest:***@mq/"),
+        (f"redis://:{TOKEN}@r:6379/0", "redis://:***@r:6379/0"),
+        # a password holding "@" or ":" is masked whole, the host stays
+        ("nats://u:p@ss:w@h:4222", "nats://u:***@h:4222"),
+        # in free text, among others
+        (
+            f"nats: error connecting to nats://{TOKEN}@127.0.0.1:4222 (refused); retrying",
+            "nats: error connecting to nats://***@127.0.0.1:4222 (refused); retrying",
+        ),
+        (
+            f"servers nats://a:{TOKEN}@h1:1,nats://{TOKEN}@h2:2",
+            "servers nats://a:***@h1:1,nats://***@h2:2",
+        ),
+    ],
+)
+def test_every_userinfo_is_masked(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "token",
+        "api_key",
+        "apikey",
+        "api-key",
+        "ssl_password",
+        "sslpassword",
+        "password",
+        "passwd",
+        "client_secret",
+        "secret",
+        "access_key",
+        "aws_secret_access_key",
+        "X-Amz-Signature",
+        "X-Amz-Security-Token",
+        "sig",
+        "signature",
+        "key",
+        "auth",
+        "jwt",
+        "nkey",
+    ],
+)
+def test_secret_query_parameters_are_masked(query: str) -> None:
+    url = f"https://h.example.com/hook?topic=orders&{query}={TOKEN}&page=2#frag"
+    out = redact(url)
+    assert TOKEN not in out
+    assert out == f"https://h.example.com/hook?topic=orders&{query}=***&page=2#frag"
+    first = redact(f"nats://h:4222?{query}={TOKEN}")
+    assert first == f"nats://h:4222?{query}=***"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # libpq key=value DSNs, quoted or not
+        (
+            f"host=db port=5432 user=app password={TOKEN} dbname=shop",
+            "host=db port=5432 user=app password=*** dbname=shop",
+        ),
+        ("host=db password='pa ss\\'word' dbname=shop", "host=db password='***' dbname=shop"),
+        (f"host=db sslpassword = {TOKEN} x=1", "host=db sslpassword = *** x=1"),
+        # JSON and YAML-ish
+        (f'{{"user": "a", "password": "{TOKEN}"}}', '{"user": "a", "password": "***"}'),
+        (f"api_key: {TOKEN}", "api_key: ***"),
+        # HTTP credentials
+        (f"Authorization: Bearer {TOKEN}", "Authorization: Bearer ***"),
+    ],
+)
+def test_dsn_json_and_header_secrets_are_masked(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "publish failed, will retry: topic=orders event_id=1 attempt=2 error_class=timeout",
+        "nats://127.0.0.1:4222",
+        "kafka://b1:9092,b2:9092",
+        'FATAL:  password authentication failed for user "app"',
+        "fe_sendauth: no password supplied",
+        "https://example.com/hooks/{topic}?keyed=1&topic=a",
+        "relay summary: 3 claims claimed=10 published=10",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_redaction_is_idempotent() -> None:
+    text = (
+        f"nats://{TOKEN}@h nats://u:{TOKEN}@h ?token={TOKEN} password='{TOKEN}' "
+        f'"secret": "{TOKEN}" Bearer {TOKEN}'
+    )
+    once = redact(text)
+    assert TOKEN not in once
+    assert redact(once) == once
+
+
+def test_secrets_of_configured_urls_are_masked_anywhere_in_free_text() -> None:
+    pw = "hunter2-Pa%40ss"  # percent-encoded in the URL, decoded by the client
+    remember_secrets(f"nats://{TOKEN}@127.0.0.1:4222")
+    remember_secrets(f"postgresql://app:{pw}@db/shop?sslpassword=keyfile-pass")
+    remember_secrets("https://h/hook?api_key=abcdef123456")
+    text = (
+        f"nats: 'Authorization Violation' for {TOKEN}; "
+        "auth failed with hunter2-Pa@ss; key abcdef123456 and keyfile-pass"
+    )
+    out = redact(text)
+    for secret in (TOKEN, "hunter2-Pa@ss", "abcdef123456", "keyfile-pass"):
+        assert secret not in out
+    assert out.startswith("nats: 'Authorization Violation' for ***;")
+
+
+def test_user_names_and_short_secrets_are_not_searched_in_free_text() -> None:
+    remember_secrets("postgresql://postgres@db/shop")  # a user name, not a token
+    remember_secrets("nats://abc@h:4222")  # too short to mask in prose
+    assert redact("postgres says abc") == "postgres says abc"
+    assert redact("nats://abc@h:4222") == "nats://***@h:4222", "still masked in its URL"
