@@ -38,6 +38,7 @@ from tests.support.servers import (
     create_database,
     drop_database,
     require_or_skip,
+    stop_without_postgres,
     unique_name,
 )
 
@@ -53,7 +54,10 @@ _S = TypeVar("_S", EmbeddedNats, EmbeddedKafka)
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    """The PostgreSQL of this session: `.dsn` (admin, database `postgres`) and `.dsn_for(db)`."""
+    """The PostgreSQL of this session: `.dsn` (admin, database `postgres`) and `.dsn_for(db)`.
+
+    Without one the run ends with a single line saying why (see `stop_without_postgres`).
+    """
     dsn = os.environ.get(PG_DSN_ENV)
     if dsn:
         check_postgres(dsn)
@@ -63,7 +67,7 @@ def pg_server() -> Iterator[PgServer]:
         server = EmbeddedPostgres(fsync=False)
         server.start()
     except EmbeddedServerUnavailable as exc:
-        require_or_skip(f"no PostgreSQL for the tests: {exc}")
+        stop_without_postgres(f"the embedded one could not start: {exc}")
     try:
         yield server
     finally:

@@ -207,8 +207,9 @@ async def test_relay_reconnects_after_its_database_connections_are_terminated(
     assert len(set(_kafka_ids(messages))) == 40
 
 
-async def test_relay_survives_a_postgres_restart(kafka_broker: Any, tmp_path: Path) -> None:
-    with EmbeddedPostgres(tmp_path / "pg", fsync=False) as pg:
+async def test_relay_survives_a_postgres_restart(kafka_broker: Any) -> None:
+    # Its own temporary data directory: under root, tmp_path (0700) is out of the server's reach.
+    with EmbeddedPostgres(fsync=False) as pg:
         pg.start()
         migrate(pg.dsn)
         topic = f"orders-{uuid.uuid4().hex[:8]}"

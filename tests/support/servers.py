@@ -32,6 +32,20 @@ def require_or_skip(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def stop_without_postgres(reason: str) -> NoReturn:
+    """End the run with one line saying why there is no PostgreSQL and how to give it one.
+
+    Nearly every integration test needs PostgreSQL: failing each of them repeats one cause
+    140 times, and skipping them turns a broken set-up into a green run. Tests that need no
+    server (tests/unit) still run when selected on their own.
+    """
+    pytest.exit(
+        f"no PostgreSQL for the tests: {reason} — to use one you run, set "
+        f"{PG_DSN_ENV}=postgresql://USER@HOST:5432/postgres",
+        returncode=pytest.ExitCode.TESTS_FAILED,
+    )
+
+
 def unique_name(prefix: str) -> str:
     """A name no other test (or concurrent test session) uses: `prefix_<12 hex>`."""
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
@@ -83,11 +97,16 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 def check_postgres(dsn: str) -> None:
-    """Skip (or fail, in CI) when the configured PostgreSQL does not answer."""
+    """End the run with one line when the configured PostgreSQL does not answer."""
     try:
         psycopg.connect(dsn, connect_timeout=5).close()
     except psycopg.Error as exc:
-        require_or_skip(f"PostgreSQL at {PG_DSN_ENV}={redact(dsn)} is not reachable: {exc}")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        pytest.exit(
+            f"no PostgreSQL for the tests: {PG_DSN_ENV}={redact(dsn)} is not reachable: {first}"
+            f" — start it, or unset {PG_DSN_ENV} to use the embedded one",
+            returncode=pytest.ExitCode.TESTS_FAILED,
+        )
 
 
 # --------------------------------------------------------------------------- NATS

