@@ -25,3 +25,121 @@ class ConfigurationError(OutboxkitError, ValueError):
 
 class SchemaError(OutboxkitError):
     """The outbox table is missing or older than this release expects."""
+
+
+class TableNotFoundError(SchemaError):
+    """The outbox (or inbox) table does not exist in the database: it needs ``migrate``."""
+
+
+class MissingExtraError(OutboxkitError, ModuleNotFoundError):
+    """A broker or driver needs a client library that is not installed.
+
+    Also a ``ModuleNotFoundError``, so code that guards an optional import keeps working.
+    """
+
+
+# The client library each optional feature imports, and the extra that installs it.
+_EXTRAS = {
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "pamqp": "rabbitmq",
+    "redis": "redis",
+    "boto3": "sqs",
+    "botocore": "sqs",
+    "httpx": "webhook",
+    "asyncpg": "asyncpg",
+    "sqlalchemy": "sqlalchemy",
+    "confluent_kafka": "kafka",
+    "nats": "nats",
+    "opentelemetry": "otel",
+}
+# Import names whose distribution is spelled differently on PyPI.
+_DISTRIBUTIONS = {
+    "aio_pika": "aio-pika",
+    "confluent_kafka": "confluent-kafka",
+    "nats": "nats-py",
+    "opentelemetry": "opentelemetry-api",
+}
+_UNDEFINED_TABLE = "42P01"
+
+
+def missing_extra(exc: ModuleNotFoundError, needed_by: str) -> MissingExtraError:
+    """The one-line error for ``exc``: which library ``needed_by`` needs and the pip command.
+
+    ``needed_by`` names the feature, e.g. "the amqp:// broker".
+    """
+    top = (exc.name or "").partition(".")[0]
+    dist = _DISTRIBUTIONS.get(top, top.replace("_", "-") or "a client library")
+    extra = _EXTRAS.get(top)
+    if extra is not None and extra in _declared_extras():
+        command = f"pip install 'outboxkit[{extra}]'"
+    else:
+        command = f"pip install '{dist}'"
+    error = MissingExtraError(f"{needed_by} needs {dist}, which is not installed: {command}")
+    error.name = exc.name
+    return error
+
+
+def _declared_extras() -> frozenset[str]:
+    """The extras this installed outboxkit declares (an extra may not exist in every release)."""
+    from importlib import metadata
+
+    try:
+        return frozenset(metadata.metadata("outboxkit").get_all("Provides-Extra") or ())
+    except metadata.PackageNotFoundError:  # running from a source tree without install
+        return frozenset(_EXTRAS.values())
+
+
+def is_undefined_table(exc: BaseException) -> bool:
+    """Did the database say "relation does not exist" (SQLSTATE 42P01), through any driver?
+
+    psycopg and asyncpg errors carry ``sqlstate``, psycopg2's ``pgcode``; SQLAlchemy
+    wraps them (``orig``) and its asyncpg adapter chains them (``__cause__``).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if state == _UNDEFINED_TABLE:
+            return True
+        stack += [getattr(current, "orig", None), current.__cause__]
+    return False
+
+
+def table_missing(table: str, *, in_transaction: bool = False) -> TableNotFoundError:
+    """The error for a missing outbox table, with the command that creates it."""
+    message = (
+        f"outbox table {table!r} does not exist in this database: create it with"
+        f" `outboxkit migrate --dsn … --table {table}` (or add `outboxkit migrate --print-sql`"
+        " to your own migrations)"
+    )
+    if in_transaction:
+        message += "; the transaction this write ran in has failed: roll it back"
+    return TableNotFoundError(message)
+
+
+def outbox_table_missing(
+    exc: BaseException, table: str, *, with_callers_sql: bool = False
+) -> TableNotFoundError | None:
+    """outboxkit's error for a driver's undefined-table error ``exc`` on a write, else None.
+
+    Every write path calls it the same way::
+
+        except Exception as exc:
+            if (missing := outbox_table_missing(exc, self.table)) is not None:
+                raise missing from exc
+            raise
+
+    ``with_callers_sql``: the statement also ran the caller's SQL (``execute_with``), so
+    the missing relation may be theirs; only an error that names the outbox table counts.
+    """
+    if not is_undefined_table(exc):
+        return None
+    if with_callers_sql and f'"{table}"' not in str(exc):
+        # The server quotes the relation as written: "outbox" or "schema.outbox".
+        return None
+    return table_missing(table, in_transaction=True)

@@ -27,7 +27,7 @@ from outboxkit._transactions import (
     type_name,
 )
 from outboxkit.commit import OutboxTransaction
-from outboxkit.errors import InvalidEventError, NotInTransactionError
+from outboxkit.errors import InvalidEventError, NotInTransactionError, outbox_table_missing
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.store.postgres import Statements, numbered
 
@@ -126,13 +126,24 @@ class Outbox:
     def put(self, conn: Any, event: Event) -> None:
         """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
         params = self._params_one(event)
-        self._execute_sync(conn, self._one, self._one_dollar, params)
+        try:
+            self._execute_sync(conn, self._one, self._one_dollar, params)
+        except Exception as exc:
+            if (missing := outbox_table_missing(exc, self.table)) is not None:
+                raise missing from exc
+            raise
 
     def put_many(self, conn: Any, events: Iterable[Event]) -> None:
         """Append ``events`` in one statement and one round trip, however many."""
         params = self._params_many(events)
-        if params is not None:
+        if params is None:
+            return
+        try:
             self._execute_sync(conn, self._many, self._many_dollar, params)
+        except Exception as exc:
+            if (missing := outbox_table_missing(exc, self.table)) is not None:
+                raise missing from exc
+            raise
 
     def _execute_sync(self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]) -> None:
         if isinstance(conn, psycopg.Connection):
@@ -206,7 +217,13 @@ class Outbox:
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
         stmt, all_params = self._attached(query, params, events)
         check_psycopg(conn)
-        return conn.execute(stmt, all_params)
+        try:
+            return conn.execute(stmt, all_params)
+        except Exception as exc:
+            missing = outbox_table_missing(exc, self.table, with_callers_sql=True)
+            if missing is not None:
+                raise missing from exc
+            raise
 
     @overload
     async def aexecute_with(
@@ -242,14 +259,20 @@ class Outbox:
         asyncpg, ``query`` uses ``$1 … $n`` and the rows (``conn.fetch``) are
         returned, an empty list for a statement without ``RETURNING``.
         """
-        if isinstance(conn, psycopg.AsyncConnection):
-            stmt, all_params = self._attached(query, params, events)
-            check_psycopg(conn)
-            return await conn.execute(stmt, all_params)
-        if is_asyncpg_connection(conn):
-            stmt, all_params = self._attached(query, params, events, dollar=True)
-            check_asyncpg(conn)
-            return await conn.fetch(stmt, *all_params)
+        try:
+            if isinstance(conn, psycopg.AsyncConnection):
+                stmt, all_params = self._attached(query, params, events)
+                check_psycopg(conn)
+                return await conn.execute(stmt, all_params)
+            if is_asyncpg_connection(conn):
+                stmt, all_params = self._attached(query, params, events, dollar=True)
+                check_asyncpg(conn)
+                return await conn.fetch(stmt, *all_params)
+        except Exception as exc:
+            missing = outbox_table_missing(exc, self.table, with_callers_sql=True)
+            if missing is not None:
+                raise missing from exc
+            raise
         raise _unsupported_attach(
             conn, "aexecute_with", "psycopg.AsyncConnection or asyncpg.Connection"
         )
@@ -296,13 +319,24 @@ class Outbox:
     async def aput(self, conn: Any, event: Event) -> None:
         """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
         params = self._params_one(event)
-        await self._execute_async(conn, self._one, self._one_dollar, params)
+        try:
+            await self._execute_async(conn, self._one, self._one_dollar, params)
+        except Exception as exc:
+            if (missing := outbox_table_missing(exc, self.table)) is not None:
+                raise missing from exc
+            raise
 
     async def aput_many(self, conn: Any, events: Iterable[Event]) -> None:
         """Async :meth:`put_many`."""
         params = self._params_many(events)
-        if params is not None:
+        if params is None:
+            return
+        try:
             await self._execute_async(conn, self._many, self._many_dollar, params)
+        except Exception as exc:
+            if (missing := outbox_table_missing(exc, self.table)) is not None:
+                raise missing from exc
+            raise
 
     async def _execute_async(
         self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]

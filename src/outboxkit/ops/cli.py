@@ -14,13 +14,19 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from outboxkit._redact import redact
-from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.errors import ConfigurationError, OutboxkitError, missing_extra
 from outboxkit.ops.logs import setup_logging
 
-console = Console()
-err_console = Console(stderr=True)
+# Messages, table names, topics and errors are data, never markup: "outboxkit[embedded]"
+# must print as written. Styled output is built from Text objects instead.
+console = Console(markup=False, highlight=False)
+err_console = Console(stderr=True, markup=False, highlight=False)
+
+#: Where the documentation lives; help texts link to pages under it.
+DOCS_URL = "https://github.com/outboxkit/outboxkit/blob/main/docs"
 
 _DSN_HELP = (
     "PostgreSQL connection string, e.g. postgresql://app@127.0.0.1:5432/shop."
@@ -68,8 +74,13 @@ def parse_duration(text: str) -> dt.timedelta:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {redact(message)}")
+    # soft_wrap: one line whatever the terminal width, so it greps and pastes whole.
+    err_console.print(Text.assemble(("error:", "bold red"), " ", redact(message)), soft_wrap=True)
     sys.exit(code)
+
+
+def _ok(message: str) -> None:
+    console.print(Text.assemble(("✓", "green"), " ", message), soft_wrap=True)
 
 
 def _run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -87,7 +98,22 @@ def _run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
         _fail(str(exc), 2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """A command that needs a library this install lacks says which extra brings it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            if isinstance(exc, OutboxkitError):
+                _fail(str(exc), 2)
+            _fail(str(missing_extra(exc, f"`outboxkit {ctx.invoked_subcommand}`")), 2)
+
+
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="outboxkit")
 def main() -> None:
     """outboxkit — the transactional outbox for PostgreSQL.
@@ -138,12 +164,13 @@ def migrate(dsn: str | None, table: str, print_sql: bool, inbox: bool, inbox_tab
         return
     if not dsn:
         _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    version = _run_guarded(run_migrate, dsn, table=table)
-    console.print(f"[green]✓[/] outbox table [bold]{table}[/] is at schema version {version}")
+    result = _run_guarded(run_migrate, dsn, table=table)
+    _ok(result.describe())
 
 
 def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
-    from outboxkit.store.inbox_sql import InboxStatements, migrate_inbox
+    from outboxkit.store.inbox_sql import InboxStatements
+    from outboxkit.store.migrate import migrate_inbox
 
     if print_sql:
         try:
@@ -153,8 +180,8 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
         return
     if not dsn:
         _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    _run_guarded(migrate_inbox, dsn, table=inbox_table)
-    console.print(f"[green]✓[/] inbox table [bold]{inbox_table}[/] is ready")
+    result = _run_guarded(migrate_inbox, dsn, table=inbox_table)
+    _ok(result.describe())
 
 
 # -- relay --------------------------------------------------------------------------
@@ -168,7 +195,7 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     required=True,
     show_envvar=True,
     help="Broker URL: kafka://, nats://, amqp[s]://, redis[s]://, sqs://QUEUE or an http[s]://"
-    " webhook; options per broker in docs/brokers.md.",
+    f" webhook; options per broker: {DOCS_URL}/brokers.md",
 )
 @click.option(
     "--route",
@@ -441,30 +468,32 @@ def status(dsn: str, table: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.as_dict()))
         return
-    tbl = Table(title=f"outbox {table}", title_justify="left")
+    tbl = Table(title=Text(f"{table} by topic"), title_justify="left")
     for col in ("topic", "pending", "in flight", "failed", "published", "oldest pending"):
         tbl.add_column(col, justify="left" if col == "topic" else "right")
     for t in report.topics:
         tbl.add_row(
-            t.topic,
+            Text(t.topic),
             str(t.pending),
             str(t.in_flight),
-            f"[red]{t.failed}[/]" if t.failed else "0",
+            Text(str(t.failed), style="red") if t.failed else "0",
             str(t.published),
             _age(t.oldest_pending_age_s),
         )
     tbl.add_section()
     tbl.add_row(
-        "[bold]total[/]",
+        Text("total", style="bold"),
         str(report.pending),
         str(report.in_flight),
-        f"[bold red]{report.failed}[/]" if report.failed else "0",
+        Text(str(report.failed), style="bold red") if report.failed else "0",
         str(report.published),
         _age(report.oldest_pending_age_s),
     )
     console.print(tbl)
     if report.failed:
-        console.print("[yellow]dead letters present:[/] see `outboxkit failed list`")
+        console.print(
+            Text.assemble(("dead letters present:", "yellow"), " see `outboxkit failed list`")
+        )
 
 
 # -- failed / replay / purge --------------------------------------------------------
@@ -493,7 +522,13 @@ def _jsonable(value: Any) -> Any:
 @dsn_option
 @table_option
 @click.option("--topic", default=None, help="Only this topic.")
-@click.option("--limit", default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="List at most this many events (the oldest first).",
+)
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
 def failed_list(dsn: str, table: str, topic: str | None, limit: int, as_json: bool) -> None:
     """List dead-lettered events, oldest first."""
@@ -504,19 +539,19 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int, as_json: bo
         click.echo(json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows]))
         return
     if not rows:
-        console.print("[green]no failed events[/]")
+        console.print(Text("no failed events", style="green"))
         return
-    tbl = Table(title=f"failed events in {table}", title_justify="left")
+    tbl = Table(title=Text(f"failed events in {table}"), title_justify="left")
     for col in ("id", "event id", "topic", "type", "attempts", "last error"):
         tbl.add_column(col, overflow="fold")
     for r in rows:
         tbl.add_row(
             str(r["id"]),
             str(r["event_id"]),
-            r["topic"],
-            r["event_type"],
+            Text(r["topic"]),
+            Text(r["event_type"]),
             str(r["attempts"]),
-            (r["last_error"] or "")[:120],
+            Text((r["last_error"] or "")[:120]),
         )
     console.print(tbl)
     console.print("replay with: outboxkit replay --id ID | --topic T | --all-failed")
@@ -526,7 +561,7 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int, as_json: bo
 @click.argument("ref")
 @dsn_option
 @table_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
 def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     """Show one event (by row id or event id), headers and payload included."""
     from outboxkit.store import admin
@@ -538,13 +573,13 @@ def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
-    tbl = Table(show_header=False, title=f"event {ref}", title_justify="left")
+    tbl = Table(show_header=False, title=Text(f"event {ref}"), title_justify="left")
     tbl.add_column("field", style="bold")
     tbl.add_column("value", overflow="fold")
     for k, v in data.items():
         text = json.dumps(v, indent=2) if isinstance(v, dict | list) else str(v)
-        tbl.add_row(k, text[:4000])
-    console.print(tbl, markup=False)
+        tbl.add_row(k, Text(text[:4000]))
+    console.print(tbl)
 
 
 @main.command()
@@ -565,7 +600,7 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
     n = _run_guarded(
         admin.replay, dsn, table, ids=list(ids) or None, topic=topic, all_failed=all_failed
     )
-    console.print(f"[green]✓[/] {n} event(s) back to pending")
+    _ok(f"{n} event(s) back to pending")
 
 
 @main.command()
@@ -575,7 +610,7 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
     "--older-than", required=True, help="Age of published rows to delete, e.g. 7d, 12h, 1h30m."
 )
 @click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help='Print {"deleted": N} only, for programs.')
 @inbox_option
 @inbox_table_option
 @click.option("--consumer", default=None, help="With --inbox: only this consumer's records.")
@@ -638,7 +673,7 @@ def purge(
         task = progress.add_task("purging", total=total)
         n = run_purge(progress=lambda k: progress.advance(task, k))
     what = "inbox record(s)" if inbox else "published row(s)"
-    console.print(f"[green]✓[/] deleted {n} {what} older than {older_than}")
+    _ok(f"deleted {n} {what} older than {older_than}")
 
 
 # -- dashboard ----------------------------------------------------------------------
@@ -681,8 +716,6 @@ def dashboard(
     Example:
       OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
     """
-    from aiohttp import web
-
     from outboxkit.ops.dashboard import Dashboard, dashboard_app
     from outboxkit.store import admin
 
@@ -690,11 +723,36 @@ def dashboard(
     _run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
     board = Dashboard(dsn, table=table, admin_token=admin_token, sample_interval=sample_interval)
     mode = "replay/discard enabled (token)" if admin_token else "read-only"
-    console.print(f"outboxkit dashboard on [bold]http://{host}:{port}/[/] ({mode})")
     try:
-        web.run_app(dashboard_app(board), host=host, port=port, print=None, access_log=None)
-    except OSError as exc:
-        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port", 2)
+        asyncio.run(_serve_dashboard(dashboard_app(board), host, port, mode))
+    except OutboxkitError as exc:
+        _fail(str(exc), 2)
+
+
+async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
+    """Serve until SIGINT/SIGTERM; the URL is announced only once the port is bound."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port"
+            ) from None
+        bound = runner.addresses[0][1] if runner.addresses else port  # --port 0: the real one
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{bound}/"
+        console.print(Text.assemble("outboxkit dashboard on ", (url, "bold"), f" ({mode})"))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 # -- demo ---------------------------------------------------------------------------

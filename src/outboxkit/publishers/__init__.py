@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, missing_extra
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
 
 __all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
@@ -36,6 +36,11 @@ def from_url(url: str) -> Publisher:
     module_name, _, class_name = target.partition(":")
     import importlib
 
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("outboxkit"):
+            raise
+        raise missing_extra(exc, f"the {scheme}:// broker") from exc
     publisher: Publisher = getattr(module, class_name).from_url(url)
     return publisher

@@ -107,6 +107,16 @@ INSERT INTO {versions} (table_name, version) VALUES (%s, %s)
 ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()
 """
 TABLE_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+# What `migrate` finds missing: relations (tables, indexes) by quoted qualified name,
+# then columns of one table by name.
+MISSING_RELATIONS = "SELECT r FROM unnest(%s::text[]) AS r WHERE to_regclass(r) IS NULL"
+MISSING_COLUMNS = """
+SELECT c FROM unnest(%s::text[]) AS c
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_attribute
+    WHERE attrelid = to_regclass(%s) AND attname = c AND attnum > 0 AND NOT attisdropped
+)
+"""
 
 # --- write side ---------------------------------------------------------------
 
