@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from outboxkit.drivers import psycopg_private as private
 from outboxkit.errors import NotInTransactionError
 
 
@@ -40,7 +41,7 @@ def check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) 
     # among them without a round trip. psycopg counts its open transaction() blocks;
     # a non-autocommit connection has begun one implicitly.
     if status == TransactionStatus.ACTIVE and (
-        not conn.autocommit or getattr(conn, "_num_transactions", 0) > 0
+        not conn.autocommit or private.open_transaction_blocks(conn) > 0
     ):
         return
     if conn.autocommit and status != TransactionStatus.INTRANS:

@@ -14,7 +14,6 @@ back and the error is raised; if the block raises, the events were never sent.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from types import TracebackType
@@ -27,6 +26,7 @@ from psycopg import pq
 from psycopg.waiting import Ready, Wait
 
 from outboxkit._transactions import check_psycopg_usable, type_name
+from outboxkit.drivers import psycopg_private as private
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
 
@@ -45,9 +45,9 @@ _JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON tex
 _TYPES_NOTIFY = [*_TYPES, _TEXT]
 _FORMATS = [1] * len(_TYPES)  # every parameter in binary
 _FORMATS_NOTIFY = [1] * len(_TYPES_NOTIFY)
+_TYPES_KEY = tuple(_TYPES)
+_TYPES_NOTIFY_KEY = tuple(_TYPES_NOTIFY)
 _Send = Callable[[], object]
-# Connections on which the INSERT is already prepared, by statement name.
-_prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
 
 
 def _params(event: Event) -> list[bytes | None]:
@@ -104,12 +104,12 @@ class OutboxTransaction:
         """Check the connection; True if a BEGIN must be sent now (autocommit mode)."""
         conn = self.connection
         status = check_psycopg_usable(conn)
-        if getattr(conn, "_pipeline", None) is not None:
+        if private.in_pipeline(conn):
             raise NotInTransactionError(
                 "Outbox.transaction() cannot run inside conn.pipeline(): it commits through"
                 " a pipeline of its own"
             )
-        if getattr(conn, "_num_transactions", 0) > 0:
+        if private.open_transaction_blocks(conn) > 0:
             raise NotInTransactionError(
                 "Outbox.transaction() would commit inside an open `with conn.transaction():`"
                 " block; use it instead of that block (or use outbox.put() inside it)"
@@ -117,23 +117,22 @@ class OutboxTransaction:
         self._active = True
         return bool(conn.autocommit and status == _IDLE)
 
-    def _commands(self) -> tuple[list[_Send], dict[int, bytes]]:
+    def _commands(self) -> tuple[list[_Send], dict[int, tuple[private.Key, bytes]]]:
         """BEGIN if nothing has begun the transaction yet, the INSERTs, COMMIT.
 
-        Also returns the positions of Prepare commands, so a Prepare the server
-        skipped (after an earlier error) is not taken for done.
+        Also returns the positions of the Prepare commands with their cache keys:
+        a Prepare the server skipped (after an earlier error) is not taken for done.
         """
         conn = self.connection
         pgconn = conn.pgconn
         sends: list[_Send] = []
-        prepares: dict[int, bytes] = {}
+        prepares: dict[int, tuple[private.Key, bytes]] = {}
         if pgconn.transaction_status == _IDLE:
             sends.append(partial(pgconn.send_query_params, b"BEGIN", None))
         ob = self.outbox
         # prepare_threshold=None is how psycopg users say "behind PgBouncer, no named
         # prepared statements": then each INSERT is parsed on its own.
         prepare = conn.prepare_threshold is not None
-        done = _prepared.setdefault(conn, set()) if prepare else set()
         for i, row in enumerate(self._rows):
             notify = ob.notify and i == 0  # PostgreSQL folds repeats of one notification
             stmt, name = ob._commit_insert[notify]
@@ -142,10 +141,10 @@ class OutboxTransaction:
             if not prepare:
                 sends.append(partial(pgconn.send_query_params, stmt, params, types, formats))
                 continue
-            if name not in done:
-                prepares[len(sends)] = name
+            key = (stmt, _TYPES_NOTIFY_KEY if notify else _TYPES_KEY)
+            if (key, name) not in prepares.values() and private.prepared_name(conn, key) != name:
+                prepares[len(sends)] = (key, name)
                 sends.append(partial(pgconn.send_prepare, name, stmt, types))
-                done.add(name)
             sends.append(partial(pgconn.send_query_prepared, name, params, formats))
         sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
         return sends, prepares
@@ -153,15 +152,18 @@ class OutboxTransaction:
     def _run(self) -> Generator[Wait, Ready | int, None]:
         """The commit as a generator for ``conn.wait()``: raises the server's error."""
         conn = self.connection
+        if conn.prepare_threshold is not None:
+            yield from private.flush_deallocations(conn)
         sends, prepares = self._commands()
         statuses, error = yield from _pipeline(conn.pgconn, sends)
-        for index, name in prepares.items():
-            if index >= len(statuses) or statuses[index] not in _OK:
-                _prepared.get(conn, set()).discard(name)
+        for index, (key, name) in prepares.items():
+            if index < len(statuses) and statuses[index] in _OK:
+                private.remember_prepared(conn, key, name)
         if isinstance(error, pg_errors.InvalidSqlStatementName):
-            # The session lost its prepared statements (DEALLOCATE ALL, DISCARD ALL, a
-            # pooler's reset): this transaction is rolled back, the next one prepares again.
-            _prepared.pop(conn, None)
+            # The session lost its prepared statements behind psycopg's back (a pooler's
+            # reset): this transaction is rolled back, the next one prepares again.
+            for notify, (stmt, _) in self.outbox._commit_insert.items():
+                private.forget_prepared(conn, (stmt, _TYPES_NOTIFY_KEY if notify else _TYPES_KEY))
         if error is not None:
             raise error
 
@@ -170,7 +172,8 @@ class OutboxTransaction:
         self._active = False
         try:
             if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
-                conn.wait(self._run())
+                with conn.lock:  # as psycopg's own transaction(): one user of the socket
+                    conn.wait(self._run())
         except BaseException:
             self._rows = []
             with contextlib.suppress(psycopg.Error):  # never hide the error that matters
@@ -188,7 +191,8 @@ class OutboxTransaction:
         self._active = False
         try:
             if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
-                await conn.wait(self._run())
+                async with conn.lock:
+                    await conn.wait(self._run())
         except BaseException:
             self._rows = []
             with contextlib.suppress(psycopg.Error):
@@ -274,7 +278,7 @@ def _pipeline(
 def _error(result: Any, pgconn: Any) -> Exception:
     if result.status == pq.ExecStatus.PIPELINE_ABORTED:
         return pg_errors.InFailedSqlTransaction("pipeline aborted")
-    return pg_errors.error_from_result(result, encoding=getattr(pgconn, "_encoding", "utf-8"))
+    return pg_errors.error_from_result(result, encoding=private.encoding(pgconn))
 
 
 def _unsupported(conn: Any, method: str, expected: str) -> Exception:

@@ -123,24 +123,6 @@ def test_a_failing_event_insert_rolls_the_business_change_back_and_raises(shop_d
     assert count(shop_dsn) == 1
 
 
-def test_a_lost_prepared_statement_fails_the_transaction_cleanly_then_recovers(
-    shop_dsn: str,
-) -> None:
-    outbox = Outbox()
-    with psycopg.connect(shop_dsn, autocommit=True) as conn:
-        with outbox.transaction(conn) as tx:
-            tx.put(_event(1))
-        conn.execute("DEALLOCATE ALL")  # as a pooler resetting the session would
-        with pytest.raises(psycopg.errors.InvalidSqlStatementName), outbox.transaction(conn) as tx:
-            conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
-            tx.put(_event(2))
-        with outbox.transaction(conn) as tx:
-            conn.execute("INSERT INTO orders (customer) VALUES ('bob')")
-            tx.put(_event(3))
-    assert _orders(shop_dsn) == 1
-    assert [json.loads(bytes(r["payload"]))["order"] for r in rows(shop_dsn)] == [1, 3]
-
-
 def test_invalid_event_raises_at_put_and_nothing_commits(shop_dsn: str) -> None:
     outbox = Outbox(max_payload_bytes=10)
     with psycopg.connect(shop_dsn, autocommit=True) as conn:

@@ -1,0 +1,1 @@
+"""Database driver glue: what outboxkit needs from each driver, behind one small surface."""
