@@ -1,0 +1,268 @@
+"""The README runs as written: every ```python block, and the NATS relay command line.
+
+Each block runs as its own program (a file, a subprocess), reading the database from
+OUTBOXKIT_DSN and the brokers from OUTBOXKIT_BROKER / KAFKA_BOOTSTRAP as a user's
+environment would give them. A block may be skipped only when an HTML comment
+``<!-- not-runnable: why -->`` stands right before it. Blocks that run until SIGTERM (a
+relay, a consumer) are stopped with SIGTERM and must exit 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outboxkit import Event, Outbox
+from tests.support.relaying import count, rows
+from tests.support.servers import consume_nats
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
+NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")
+SERVICE_MARK = "signal.SIGTERM"  # a block that runs until it is told to stop
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    not_runnable: str | None
+
+    @property
+    def is_service(self) -> bool:
+        return SERVICE_MARK in self.code
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def readme_blocks(text: str | None = None) -> list[Block]:
+    """Every fenced block of the README, dedented, with the reason it may not run (if given)."""
+    lines = (text if text is not None else README.read_text()).splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        start, indent = i, opening["indent"]
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            i += 1
+        body = [line.removeprefix(indent) for line in lines[start + 1 : i]]
+        code = textwrap.dedent("\n".join(body))
+        previous = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
+        marker = NOT_RUNNABLE.match(previous)
+        blocks.append(Block(start + 1, opening["lang"], code + "\n", marker and marker["reason"]))
+        i += 1
+    return blocks
+
+
+PYTHON_BLOCKS = [b for b in readme_blocks() if b.lang == "python"]
+RUNNABLE = [b for b in PYTHON_BLOCKS if b.not_runnable is None]
+
+
+def test_every_block_says_what_it_is() -> None:
+    """No bare fences: a reader (and this test) must know which blocks are Python programs."""
+    bare = [str(b) for b in readme_blocks() if not b.lang]
+    assert not bare, f"README code blocks without a language (```sh, ```sql, ```text): {bare}"
+
+
+def test_python_blocks_are_programs() -> None:
+    """Runnable blocks compile as modules (no top-level await) and hold no `...` placeholders."""
+    assert len(RUNNABLE) >= 5, "the README lost its runnable examples"
+    assert len(PYTHON_BLOCKS) - len(RUNNABLE) <= 1, "not-runnable is for rare exceptions"
+    for block in RUNNABLE:
+        tree = compile(block.code, str(block), "exec", ast.PyCF_ONLY_AST)  # no top-level await
+        ellipses = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value is ...]
+        assert not ellipses, f"{block}: a `...` placeholder does not run"
+        assert "OUTBOXKIT_DSN" in block.code or "dsn" not in block.code, (
+            f"{block}: read the DSN from OUTBOXKIT_DSN"
+        )
+
+
+def test_the_marker_is_recognised() -> None:
+    text = "x\n<!-- not-runnable: needs a Django project -->\n\n```python\nimport django\n```\n"
+    (block,) = readme_blocks(text)
+    assert block.not_runnable == "needs a Django project"
+    assert block.code == "import django\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+def test_block_runs_alone(block: Block, empty_db_dsn: str, kafka_broker, tmp_path: Path) -> None:
+    """Pasted alone into a file, on a database without any table, the block runs."""
+    program = _Program(block, tmp_path, _env(empty_db_dsn, kafka_broker))
+    if block.is_service:
+        time.sleep(3)  # it must come up and keep running until told to stop
+        program.stop()
+    program.wait_ok()
+
+
+@pytest.mark.slow
+def test_readme_top_to_bottom(empty_db_dsn: str, kafka_broker, tmp_path: Path) -> None:
+    """In order on one database: the writes' events are relayed to Kafka and invoiced once."""
+    env = _env(empty_db_dsn, kafka_broker)
+    invoices: set[tuple[int, int]] = set()
+    for block in RUNNABLE:
+        program = _Program(block, tmp_path, env)
+        if "Relay(" in block.code:
+            _until(lambda: count(empty_db_dsn) == 0, program, "the relay to publish every event")
+            program.stop()
+        elif "Consumer(" in block.code:
+            ordered = _query(empty_db_dsn, "SELECT id, total FROM orders")
+            assert ordered, "the write snippets placed no order"
+
+            def invoiced(ordered: set[tuple[int, ...]] = ordered) -> bool:
+                try:
+                    invoices.update(_query(empty_db_dsn, "SELECT order_id, total FROM invoices"))
+                except psycopg.errors.UndefinedTable:  # the block has not created it yet
+                    return False
+                return invoices >= ordered
+
+            _until(invoiced, program, f"invoices for the orders {sorted(ordered)}")
+            program.stop()
+        program.wait_ok()
+    orders = _query(empty_db_dsn, "SELECT id, total FROM orders")
+    assert invoices == orders
+    assert _query(empty_db_dsn, "SELECT count(*) FROM invoices") == {(len(orders),)}, "twice?"
+    assert _query(empty_db_dsn, "SELECT count(*) FROM processed_events") == {(len(orders),)}
+
+
+@pytest.mark.slow
+def test_readme_nats_relay_command_works_on_a_fresh_server(
+    db_dsn: str, fresh_nats, tmp_path: Path
+) -> None:
+    """The README's `outboxkit relay --broker 'nats://…'` line creates its stream and publishes.
+
+    Without the stream options the same event is not published (no stream stores the
+    subject) and its last error says what to do: the line in the README must carry them.
+    """
+    line = next(
+        ln.split("#")[0]
+        for b in readme_blocks()
+        if b.lang == "sh"
+        for ln in b.code.splitlines()
+        if ln.startswith("outboxkit relay --broker") and "nats://" in ln
+    )
+    argv = [sys.executable, "-m", "outboxkit", *shlex.split(line)[1:]]
+    broker = next(a for a in argv if a.startswith("nats://"))
+    host = broker.split("//")[1].split("?")[0]
+    assert "stream=" in broker and "subjects=" in broker, f"README's NATS relay line: {line}"
+    env = {**os.environ, "OUTBOXKIT_DSN": db_dsn}
+    fresh_url = fresh_nats.url.rstrip("/")
+    plain = [a.split("?")[0].replace(host, fresh_url.split("//")[1]) for a in argv]
+    as_written = [a.replace(f"nats://{host}", fresh_url) for a in argv]
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
+        Outbox().put(conn, Event(topic="orders", event_type="order.placed", payload={"n": 1}))
+
+    # The failure the options close: a fresh server has no stream for "orders".
+    log = tmp_path / "relay.log"
+    with log.open("wb") as out:
+        relay = subprocess.Popen(plain, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: bool(rows(db_dsn, "last_error IS NOT NULL")), 20, "a failed publish")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(timeout=30)
+    (row,) = rows(db_dsn)
+    assert "no JetStream stream" in row["last_error"] and "stream=" in row["last_error"]
+
+    with log.open("wb") as out:
+        relay = subprocess.Popen(as_written, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: count(db_dsn) == 0, 30, "the README's relay to publish")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(timeout=30)
+    assert relay.returncode == 0, log.read_text()
+    stream = broker.split("stream=")[1].split("&")[0]
+    received = asyncio.run(consume_nats(fresh_nats.url, stream, "orders", 1))
+    assert [m.headers["Nats-Msg-Id"] for m in received] == [str(row["event_id"])]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _env(dsn: str, kafka) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OUTBOXKIT_DSN": dsn,
+        "OUTBOXKIT_BROKER": kafka.url,
+        "KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+class _Program:
+    """One README block written to a file and started as `python file.py`."""
+
+    def __init__(self, block: Block, directory: Path, env: dict[str, str]) -> None:
+        self.block = block
+        path = directory / f"readme_line_{block.line}.py"
+        path.write_text(block.code)
+        self.log = directory / f"readme_line_{block.line}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(path)],
+            cwd=directory,
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            pytest.fail(f"{self.block} exited by itself ({self.proc.returncode}):\n{self.output()}")
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait_ok(self) -> None:
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"{self.block} did not finish within 60 s:\n{self.output()}")
+        assert code == 0, f"{self.block} exited with {code}:\n{self.output()}"
+        assert "Traceback" not in self.output(), f"{self.block}:\n{self.output()}"
+
+
+def _until(condition: Callable[[], bool], program: _Program, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        if program.proc.poll() is not None:
+            pytest.fail(f"{program.block} exited ({program.proc.returncode}):\n{program.output()}")
+        if time.monotonic() > deadline:
+            program.proc.kill()
+            pytest.fail(f"{program.block}: timed out waiting for {what}:\n{program.output()}")
+        time.sleep(0.2)
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def _query(dsn: str, sql: str) -> set[tuple[int, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return {tuple(r) for r in conn.execute(sql)}  # type: ignore[arg-type]
