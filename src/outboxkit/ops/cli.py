@@ -289,15 +289,35 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 )
 @click.option(
     "--metrics-host",
-    default="0.0.0.0",  # noqa: S104 - scraped from other hosts/pods by design
+    default="127.0.0.1",
     show_default=True,
-    help="Interface for --metrics-port.",
+    help="Interface for --metrics-port; 0.0.0.0 to be scraped from other hosts or pods"
+    " (see docs/operations.md: with --dashboard that shows payloads to whoever reaches it).",
+)
+@click.option(
+    "--metrics-max-topics",
+    default=100,
+    show_default=True,
+    help="Topics with series of their own (the busiest); the rest are labelled (other).",
+)
+@click.option(
+    "--metrics-topic",
+    "metrics_topics",
+    multiple=True,
+    help="Label exactly these topics (repeat it), the rest as (other) [default: the busiest].",
 )
 @click.option(
     "--dashboard",
     "with_dashboard",
     is_flag=True,
     help="Also serve the web dashboard at /dashboard/ on --metrics-port (see `dashboard`).",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="With --dashboard: a Host name it answers to besides IP addresses and localhost"
+    " (repeat it; names not listed are refused against DNS rebinding).",
 )
 @click.option(
     "--admin-token",
@@ -334,7 +354,10 @@ def relay(
     log_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_max_topics: int,
+    metrics_topics: tuple[str, ...],
     with_dashboard: bool,
+    allow_hosts: tuple[str, ...],
     admin_token: str | None,
     gauge_interval: float,
 ) -> None:
@@ -360,8 +383,26 @@ def relay(
 
         publisher = with_routes(from_url(broker), routes)
         observer, metrics = _relay_observer(
-            dsn, table, metrics_port, gauge_interval, broker, log_interval
+            dsn,
+            table,
+            metrics_port,
+            gauge_interval,
+            broker,
+            log_interval,
+            max_topics=metrics_max_topics,
+            topics=metrics_topics or None,
         )
+        board_state = None
+        if with_dashboard:
+            from outboxkit.ops.dashboard import Dashboard
+
+            board_state = Dashboard(
+                dsn,
+                table=table,
+                admin_token=admin_token,
+                host=metrics_host,
+                allowed_hosts=allow_hosts,
+            )
         engine = Relay(
             dsn,
             publisher,
@@ -384,6 +425,9 @@ def relay(
         _fail(str(exc), 2)
 
     async def _main() -> None:
+        from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
+
+        raise_open_file_limit()  # HTTP clients must not take the sockets the relay needs
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)
@@ -391,14 +435,12 @@ def relay(
         if metrics is None or metrics_port is None:
             await engine.run()
             return
-        from outboxkit.ops.http import metrics_app, serving
-
         metrics.attach(engine)
         board = None
-        if with_dashboard:
-            from outboxkit.ops.dashboard import Dashboard, dashboard_app
+        if board_state is not None:
+            from outboxkit.ops.dashboard import dashboard_app
 
-            board = dashboard_app(Dashboard(dsn, table=table, admin_token=admin_token))
+            board = dashboard_app(board_state)
         async with serving(metrics_app(metrics, dashboard=board), metrics_host, metrics_port):
             gauges = asyncio.create_task(metrics.run_gauges())
             try:
@@ -420,6 +462,9 @@ def _relay_observer(
     gauge_interval: float,
     broker: str,
     log_interval: float,
+    *,
+    max_topics: int = 100,
+    topics: tuple[str, ...] | None = None,
 ) -> tuple[Any, Any]:
     """Summary logs, batch spans (with opentelemetry) and, with --metrics-port, metrics."""
     from urllib.parse import urlsplit
@@ -434,7 +479,9 @@ def _relay_observer(
     if metrics_port is not None:
         from outboxkit.ops.metrics import RelayMetrics
 
-        metrics = RelayMetrics(dsn, table=table, gauge_interval=gauge_interval)
+        metrics = RelayMetrics(
+            dsn, table=table, gauge_interval=gauge_interval, max_topics=max_topics, topics=topics
+        )
         observers.append(metrics)
     return Observers(*observers), metrics
 
@@ -695,6 +742,13 @@ def purge(
     "--sample-interval", default=2.0, show_default=True, help="Seconds between table reads."
 )
 @click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="A Host name the page answers to besides IP addresses and localhost (repeat it;"
+    " names not listed are refused against DNS rebinding).",
+)
+@click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
 def dashboard(
@@ -704,6 +758,7 @@ def dashboard(
     port: int,
     admin_token: str | None,
     sample_interval: float,
+    allow_hosts: tuple[str, ...],
     log_format: str,
 ) -> None:
     """Serve a web page with live throughput, backlog, topics and dead letters.
@@ -721,7 +776,17 @@ def dashboard(
 
     setup_logging("info", log_format)
     _run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
-    board = Dashboard(dsn, table=table, admin_token=admin_token, sample_interval=sample_interval)
+    try:
+        board = Dashboard(
+            dsn,
+            table=table,
+            admin_token=admin_token,
+            sample_interval=sample_interval,
+            host=host,
+            allowed_hosts=allow_hosts,
+        )
+    except OutboxkitError as exc:
+        _fail(str(exc), 2)
     mode = "replay/discard enabled (token)" if admin_token else "read-only"
     try:
         asyncio.run(_serve_dashboard(dashboard_app(board), host, port, mode))
@@ -731,13 +796,15 @@ def dashboard(
 
 async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
     """Serve until SIGINT/SIGTERM; the URL is announced only once the port is bound."""
-    from aiohttp import web
+    from outboxkit.ops.http import GuardedSite, raise_open_file_limit
+    from outboxkit.ops.http import runner as http_runner
 
-    runner = web.AppRunner(app, access_log=None)
+    raise_open_file_limit()
+    runner = http_runner(app)  # capped connections and header time, as the relay's
     await runner.setup()
     try:
         try:
-            await web.TCPSite(runner, host, port).start()
+            await GuardedSite(runner, host, port).start()
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port"

@@ -1,31 +1,249 @@
 """The relay's HTTP endpoints: /metrics (Prometheus), /healthz, /readyz and /dashboard/.
 
 They run in the relay's own event loop (aiohttp), so a wedged loop shows up as a
-failing ``/healthz`` instead of a process that looks alive.
+failing ``/healthz`` instead of a process that looks alive. Because they share
+that loop with the relay, nothing served here may hold it: the scrape renders in
+a thread, and every server outboxkit runs goes through :class:`GuardedSite`,
+which bounds connections and header time so slow or many clients cannot starve
+the relay of file descriptors (its database and broker connections).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import resource
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.ops._throttle import Throttled
 from outboxkit.ops.metrics import RelayMetrics
 
 log = logging.getLogger("outboxkit.http")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one HTTP client, or many, may take from a process that also relays events."""
+
+    #: Connections served at once; more are answered 503 and closed at once.
+    max_connections: int = 64
+    #: Seconds a connection may take to send its request line and headers.
+    header_timeout: float = 10.0
+    #: Seconds an idle keep-alive connection is kept.
+    keepalive_timeout: float = 15.0
+    #: Never more than this fraction of the soft open-file limit goes to HTTP clients.
+    fd_share: float = 0.25
+
+    def connection_cap(self) -> int:
+        """``max_connections``, lowered to leave the relay's own sockets their descriptors."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(4, min(self.max_connections, int(soft * self.fd_share)))
+
+
+DEFAULT_LIMITS = ServerLimits()
+#: Seconds between two log lines about refused connections or failing accepts.
+_LOG_EVERY = 30.0
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 32\r\nConnection: close\r\n\r\ntoo many connections, try later\n"
+)
+
+
+class _Gate:
+    """Counts a site's open connections and refuses those beyond the cap."""
+
+    def __init__(self, cap: int, where: str) -> None:
+        self.cap = cap
+        self.where = where
+        self.open = 0
+        self.refused = 0
+        self._log = Throttled(log, _LOG_EVERY)
+
+    def admit(self) -> bool:
+        if self.open >= self.cap:
+            self.refused += 1
+            self._log(
+                logging.WARNING,
+                "http %s: %d connections open, refusing more (total refused %d)",
+                self.where,
+                self.open,
+                self.refused,
+            )
+            return False
+        self.open += 1
+        return True
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """aiohttp's protocol behind a connection cap and a header deadline.
+
+    aiohttp reads headers for as long as a client cares to send them; a few
+    hundred such clients held every descriptor of the relay (slow loris).
+    """
+
+    def __init__(self, inner: asyncio.Protocol, gate: _Gate, header_timeout: float) -> None:
+        self._inner = inner
+        self._gate = gate
+        self._header_timeout = header_timeout
+        self._admitted = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if not self._gate.admit():
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self._admitted = True
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(self._header_timeout, self._too_slow)
+        self._inner.connection_made(transport)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            return
+        if self._deadline is not None:
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen:
+                self._deadline.cancel()
+                self._deadline = None
+                self._tail = b""
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._admitted else None
+
+    def pause_writing(self) -> None:
+        if self._admitted:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._admitted:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._transport = None
+        if self._admitted:
+            self._admitted = False
+            self._gate.open -= 1
+            self._inner.connection_lost(exc)
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections are capped and must send their headers in time."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        limits: ServerLimits = DEFAULT_LIMITS,
+    ) -> None:
+        super().__init__(runner)
+        self._host = host
+        self._port = port
+        self._limits = limits
+        self.gate = _Gate(limits.connection_cap(), f"{host}:{port}")
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when asked for port 0)."""
+        sockets = getattr(self._server, "sockets", None)
+        return int(sockets[0].getsockname()[1]) if sockets else self._port
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        gate, timeout = self.gate, self._limits.header_timeout
+
+        def protocol() -> asyncio.Protocol:
+            return _GuardedProtocol(server(), gate, timeout)
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            protocol, self._host, self._port, backlog=128, reuse_address=True
+        )
+
+
+def runner(app: web.Application, limits: ServerLimits = DEFAULT_LIMITS) -> web.AppRunner:
+    """An AppRunner whose idle keep-alive connections (and slow later requests) time out."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout)
+
+
+class _Scrape:
+    """Renders the registry in a thread, one render at a time, shared by concurrent scrapes.
+
+    ``generate_latest`` is plain Python: on the loop, a large registry stalled
+    the relay for seconds (in-flight batches timed out and were published twice).
+    """
+
+    def __init__(self, metrics: RelayMetrics, *, reuse_seconds: float = 1.0) -> None:
+        self.metrics = metrics
+        self.reuse_seconds = reuse_seconds
+        self.renders = 0
+        self._body = b""
+        self._rendered_at = -reuse_seconds
+        self._running: asyncio.Task[bytes] | None = None
+
+    async def body(self) -> bytes:
+        if time.monotonic() - self._rendered_at < self.reuse_seconds:
+            return self._body
+        if self._running is None:
+            self._running = asyncio.create_task(self._render())
+        # shield: a scraper that hangs up must not cancel the render others wait for
+        return await asyncio.shield(self._running)
+
+    async def _render(self) -> bytes:
+        try:
+            body = await asyncio.to_thread(generate_latest, self.metrics.registry)
+            self.renders += 1
+            self._body, self._rendered_at = body, time.monotonic()
+            return body
+        finally:
+            self._running = None
+
+
+_SCRAPE_KEY = web.AppKey("scrape", _Scrape)
 
 
 def metrics_app(
     metrics: RelayMetrics, *, dashboard: web.Application | None = None
 ) -> web.Application:
     """The aiohttp application serving one relay's metrics and health (and the dashboard)."""
+    scraper = _Scrape(metrics)
 
     async def scrape(_request: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
+        body = await scraper.body()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
@@ -38,6 +256,7 @@ def metrics_app(
         return web.Response(status=503, text=f"not ready: {reason}\n")
 
     app = web.Application()
+    app[_SCRAPE_KEY] = scraper
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -51,21 +270,98 @@ def metrics_app(
     return app
 
 
-@contextlib.asynccontextmanager
-async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[web.AppRunner]:
-    """Serve ``app`` on host:port for the duration of the block."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+def raise_open_file_limit() -> int:
+    """Raise the soft open-file limit to the hard one; return the soft limit now in force.
+
+    Distributions start services at a soft limit of 1024 while allowing far more:
+    the relay should not be the process that runs out first.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+    return soft
+
+
+@contextlib.contextmanager
+def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """Rate-limit asyncio's "socket.accept() out of system resource" reports.
+
+    asyncio logs one with a traceback for every failed accept; out of
+    descriptors, that was 170 MB of log in 80 seconds.
+    """
+    previous = loop.get_exception_handler()
+    throttled = Throttled(log, _LOG_EVERY)
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", ""))
+        if message.startswith("socket.accept()"):
+            exc = context.get("exception")
+            throttled(logging.ERROR, "http: %s: %s", message, exc)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
     try:
-        site = web.TCPSite(runner, host, port)
+        yield
+    finally:
+        loop.set_exception_handler(previous)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    what: str = "/metrics /healthz /readyz",
+    option: str = "--metrics-port",
+) -> AsyncIterator[GuardedSite]:
+    """Serve ``app`` on host:port for the duration of the block, behind :class:`ServerLimits`."""
+    run = runner(app, limits)
+    await run.setup()
+    try:
+        site = GuardedSite(run, host, port, limits=limits)
         try:
             await site.start()
         except OSError as exc:
             raise ConfigurationError(
-                f"cannot serve metrics on {host}:{port} ({exc.strerror or exc});"
-                " choose another --metrics-port"
+                f"cannot serve {what} on {host}:{port} ({exc.strerror or exc});"
+                f" choose another {option}"
             ) from None
-        log.info("serving http://%s:%d (/metrics /healthz /readyz)", host, port)
-        yield runner
+        log.info(
+            "serving http://%s:%d (%s; at most %d connections)",
+            host,
+            site.port,
+            what,
+            site.gate.cap,
+        )
+        with _quiet_accept_errors(asyncio.get_running_loop()):
+            yield site
     finally:
-        await runner.cleanup()
+        await run.cleanup()
+
+
+async def serve_forever(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    what: str = "dashboard",
+    option: str = "--port",
+) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with serving(app, host, port, limits=limits, what=what, option=option):
+        await stop.wait()

@@ -44,9 +44,16 @@ class OutboxStatus:
         return asdict(self)
 
 
+#: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
+Source = str | psycopg.Connection[Any]
+
+
 @contextmanager
-def _connect(dsn: str, table: str) -> Iterator[psycopg.Connection[Any]]:
+def _connect(dsn: Source, table: str) -> Iterator[psycopg.Connection[Any]]:
     try:
+        if isinstance(dsn, psycopg.Connection):
+            yield dsn
+            return
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
             yield conn
     except pg_errors.UndefinedTable:
@@ -75,7 +82,7 @@ def status(dsn: str, table: str = "outbox") -> OutboxStatus:
 
 
 def list_failed(
-    dsn: str, table: str = "outbox", *, topic: str | None = None, limit: int = 100
+    dsn: Source, table: str = "outbox", *, topic: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
     """Dead-lettered events, oldest first, without their payloads."""
     sql = Statements(table)
@@ -84,7 +91,7 @@ def list_failed(
         return cur.fetchall()
 
 
-def get_event(dsn: str, ref: str, table: str = "outbox") -> dict[str, Any] | None:
+def get_event(dsn: Source, ref: str, table: str = "outbox") -> dict[str, Any] | None:
     """One event by outbox row id or by event id (UUID)."""
     sql = Statements(table)
     with _connect(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -103,7 +110,7 @@ def get_event(dsn: str, ref: str, table: str = "outbox") -> dict[str, Any] | Non
 
 
 def replay(
-    dsn: str,
+    dsn: Source,
     table: str = "outbox",
     *,
     ids: list[int] | None = None,
@@ -160,7 +167,7 @@ def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:
     return int(row[0]) if row else 0
 
 
-def discard(dsn: str, table: str = "outbox", *, ids: list[int]) -> int:
+def discard(dsn: Source, table: str = "outbox", *, ids: list[int]) -> int:
     """Delete dead-lettered events for good; rows not in status failed are left alone."""
     if not ids:
         raise ValueError("say which failed events to discard: at least one row id")
@@ -186,7 +193,7 @@ class LiveStatus:
     truncated: bool
 
 
-def live_status(dsn: str, table: str = "outbox", *, cap: int = 100_000) -> LiveStatus:
+def live_status(dsn: Source, table: str = "outbox", *, cap: int = 100_000) -> LiveStatus:
     """Pending, in-flight and failed per topic from the partial indexes, at most ``cap`` rows each.
 
     Unlike :func:`status` it never counts published rows, so polling it every

@@ -5,6 +5,10 @@ SVG charts, no build step). Read-only unless started with an admin token;
 replay and discard require it in the ``X-Outboxkit-Token`` header and are
 logged. The page renders every value with ``textContent``: payloads and errors
 are attacker-controlled text.
+
+It also faces hostile clients: it answers only to the Host names it was given
+(DNS rebinding), slows down token guessing, reuses a few database connections
+instead of opening one per request, and lists at most ``max_topics`` topics.
 """
 
 from __future__ import annotations
@@ -13,17 +17,22 @@ import asyncio
 import collections
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from aiohttp import web
 
 from outboxkit._redact import redact
+from outboxkit.errors import ConfigurationError
+from outboxkit.ops._throttle import Throttled
 from outboxkit.store import admin
 
 log = logging.getLogger("outboxkit.dashboard")
@@ -34,6 +43,20 @@ HISTORY_SECONDS = 15 * 60
 #: Payload bytes shown in the event view; the rest is cut (and said so).
 MAX_PAYLOAD_CHARS = 64 * 1024
 TOKEN_HEADER = "X-Outboxkit-Token"  # noqa: S105 - a header name, not a secret
+#: Shortest admin token accepted: guessing must stay hopeless even at the allowed rate.
+MIN_TOKEN_CHARS = 16
+#: Wrong tokens a client may send per window before it is answered 429 until the window ends.
+TOKEN_FAILURES_ALLOWED = 5
+#: ... and all clients together (many addresses must not multiply the guessing rate).
+TOKEN_FAILURES_ALLOWED_IN_ALL = 50
+TOKEN_FAILURE_WINDOW = 60.0
+#: Topics listed; the rest are summed in one row (a table with 100 000 topics stays readable).
+DEFAULT_MAX_TOPICS = 100
+OTHER_TOPICS = "(other)"
+#: Database connections kept and used at once (requests beyond wait their turn).
+POOL_SIZE = 2
+#: Largest outbox row id (bigint): longer digit strings are refused before the database.
+_MAX_ROW_ID = 2**63 - 1
 _SECURITY_HEADERS = {
     # Only our own script and style; no inline script, so injected markup cannot run.
     "Content-Security-Policy": (
@@ -45,6 +68,7 @@ _SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 _APP_KEY = web.AppKey("dashboard", object)
+_T = TypeVar("_T")
 
 
 class Dashboard:
@@ -57,35 +81,49 @@ class Dashboard:
         table: str = "outbox",
         admin_token: str | None = None,
         sample_interval: float = 2.0,
+        host: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        max_topics: int = DEFAULT_MAX_TOPICS,
     ) -> None:
+        """``host``: the address it is served on; with ``allowed_hosts``, the Host names
+        it answers to besides IP addresses and localhost."""
+        if admin_token and len(admin_token) < MIN_TOKEN_CHARS:
+            raise ConfigurationError(
+                f"the admin token is {len(admin_token)} characters long; use at least"
+                f" {MIN_TOKEN_CHARS} random ones, e.g. `openssl rand -hex 16`"
+            )
         self.dsn = dsn
         self.table = table
         self.admin_token = admin_token or None
         self.sample_interval = sample_interval
+        self.max_topics = max_topics
+        self.allowed_hosts = _allowed_hosts(host, allowed_hosts)
+        self.connections = _Connections(dsn)
+        self.attempts = _TokenAttempts()
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(2, int(HISTORY_SECONDS / sample_interval) + 1)
         )
         self.latest: admin.LiveStatus | None = None
         self.error: str | None = None
         self._previous: tuple[float, int, int] | None = None
-        self._topics: set[str] = set()
+        self._topics: dict[str, float] = {}  # listed topic -> last time it had rows
 
     async def sample(self) -> None:
         """Read the table once and append a point to the history."""
         try:
-            live = await asyncio.to_thread(admin.live_status, self.dsn, self.table)
+            live = await self.connections.run(admin.live_status, self.table)
         except Exception as exc:
-            self.error = redact(f"{type(exc).__name__}: {exc}")[:500]
-            log.warning("dashboard: reading the outbox failed: %s", self.error)
+            error = redact(f"{type(exc).__name__}: {exc}")[:500]
+            if error != self.error:  # once per outage, not once per sample
+                log.warning("dashboard: reading the outbox failed: %s", error)
+            self.error = error
             return
+        if self.error is not None:
+            log.info("dashboard: reading the outbox works again")
         self.error = None
         now = time.time()
         s = live.status
-        # A topic that drained stays in the table with zeros instead of vanishing.
-        shown = {t.topic for t in s.topics}
-        s.topics.extend(admin.TopicStatus(t, 0, 0, 0, 0, None) for t in self._topics - shown)
-        s.topics.sort(key=lambda t: t.topic)
-        self._topics |= shown
+        s.topics = self._bounded_topics(s.topics, now)
         remaining = s.pending + s.in_flight + s.failed
         throughput: float | None = None
         if self._previous is not None:
@@ -106,6 +144,40 @@ class Dashboard:
             }
         )
 
+    def _bounded_topics(
+        self, topics: list[admin.TopicStatus], now: float
+    ) -> list[admin.TopicStatus]:
+        """The busiest ``max_topics`` topics, the rest summed as one row.
+
+        A listed topic that drained stays with zeros (instead of vanishing) for
+        the history's length, then leaves the list.
+        """
+        topics.sort(key=lambda t: (-(t.pending + t.in_flight + t.failed), t.topic))
+        listed, rest = topics[: self.max_topics], topics[self.max_topics :]
+        for t in listed:
+            self._topics[t.topic] = now
+        present = {t.topic for t in listed}
+        for name, seen in list(self._topics.items()):
+            if name in present:
+                continue
+            if now - seen > HISTORY_SECONDS or len(listed) >= self.max_topics:
+                del self._topics[name]
+            else:
+                listed.append(admin.TopicStatus(name, 0, 0, 0, 0, None))
+        if rest:
+            other = admin.TopicStatus(OTHER_TOPICS, 0, 0, 0, 0, None)
+            for t in rest:
+                other.pending += t.pending
+                other.in_flight += t.in_flight
+                other.failed += t.failed
+                if t.oldest_pending_age_s is not None:
+                    other.oldest_pending_age_s = max(
+                        other.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
+                    )
+            listed.append(other)
+        listed.sort(key=lambda t: (t.topic == OTHER_TOPICS, t.topic))
+        return listed
+
     async def run_sampler(self) -> None:
         while True:
             await self.sample()
@@ -117,6 +189,135 @@ class Dashboard:
             given.encode(), self.admin_token.encode()
         )
 
+    def host_allowed(self, request: web.Request) -> bool:
+        """Whether the Host header names this dashboard (not a name rebound to it)."""
+        raw = request.headers.get("Host")
+        if raw is None:
+            return True  # HTTP/1.0 without Host: not a browser, so not DNS rebinding
+        return _host_ok(raw, self.allowed_hosts)
+
+
+def _allowed_hosts(host: str | None, extra: Iterable[str]) -> frozenset[str]:
+    names = {h.strip().lower().rstrip(".") for h in extra if h.strip()}
+    names.add(socket.gethostname().lower())
+    if host:
+        names.add(host.lower().strip("[]"))
+    return frozenset(names)
+
+
+def _host_ok(raw: str, allowed: frozenset[str]) -> bool:
+    """IP literals and localhost always; other names only when allowed.
+
+    A DNS rebinding attack makes a browser send the attacker's name as Host; it
+    can never make it send an IP literal or a name the operator listed.
+    """
+    host = raw.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else ""
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    host = host.rstrip(".")
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return host == "localhost" or host.endswith(".localhost") or host in allowed
+
+
+class _TokenAttempts:
+    """Wrong admin tokens per client address, and in all, over a sliding window."""
+
+    def __init__(
+        self,
+        per_client: int = TOKEN_FAILURES_ALLOWED,
+        in_all: int = TOKEN_FAILURES_ALLOWED_IN_ALL,
+        window: float = TOKEN_FAILURE_WINDOW,
+    ) -> None:
+        self.per_client = per_client
+        self.in_all = in_all
+        self.window = window
+        self._failures: collections.deque[tuple[float, str]] = collections.deque()
+        self._log = Throttled(log, window)
+
+    def _expire(self, now: float) -> None:
+        while self._failures and now - self._failures[0][0] > self.window:
+            self._failures.popleft()
+
+    def retry_after(self, who: str) -> float | None:
+        """Seconds until ``who`` may try again; None when it may try now."""
+        now = time.monotonic()
+        self._expire(now)
+        mine = [t for t, w in self._failures if w == who]
+        if len(mine) >= self.per_client:
+            return self.window - (now - mine[-self.per_client])
+        if len(self._failures) >= self.in_all:
+            return self.window - (now - self._failures[-self.in_all][0])
+        return None
+
+    def failed(self, who: str, what: str) -> None:
+        now = time.monotonic()
+        self._failures.append((now, who))
+        # the deque never holds more than the global allowance plus one window's refusals
+        while len(self._failures) > 2 * self.in_all:
+            self._failures.popleft()
+        self._log(
+            logging.WARNING,
+            "dashboard: refused %s from %s: wrong admin token",
+            what,
+            who,
+        )
+
+
+class _Connections:
+    """A few database connections the dashboard reuses, and a bound on their use.
+
+    One new connection per request let a busy page (or a hostile client) take
+    every connection the database allows, the relay's included.
+    """
+
+    def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
+        self.dsn = dsn
+        self.size = size
+        self.opened = 0
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._slots: asyncio.Semaphore | None = None
+
+    async def run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(connection, *args, **kwargs)`` in a thread, on a kept connection."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.size)
+        async with self._slots:
+            try:
+                return await asyncio.to_thread(self._call, fn, args, kwargs, reuse=True)
+            except psycopg.OperationalError:
+                # a kept connection the server closed meanwhile: once more on a new one
+                return await asyncio.to_thread(self._call, fn, args, kwargs, reuse=False)
+
+    def _call(self, fn: Callable[..., _T], args: Any, kwargs: Any, *, reuse: bool) -> _T:
+        conn = self._idle.pop() if reuse and self._idle else None
+        if conn is None or conn.closed or conn.broken:
+            conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=10,
+                application_name="outboxkit-dashboard",
+            )
+            self.opened += 1
+        try:
+            result = fn(conn, *args, **kwargs)
+        except BaseException:
+            conn.close()
+            raise
+        self._idle.append(conn)
+        return result
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
@@ -124,7 +325,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _row_id(request: web.Request) -> int:
     ref = request.match_info["id"]
-    if not ref.isdigit():
+    # str.isdigit() admits "²" and other digits int() refuses: ASCII only, and within bigint
+    if not (ref.isascii() and ref.isdigit()) or len(ref) > 19 or int(ref) > _MAX_ROW_ID:
         raise web.HTTPBadRequest(text="event ids in the dashboard are outbox row ids (digits)")
     return int(ref)
 
@@ -171,14 +373,12 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
             limit = max(1, min(int(request.query.get("limit", "100")), 1000))
         except ValueError:
             raise web.HTTPBadRequest(text="limit must be a number of rows") from None
-        rows = await asyncio.to_thread(
-            admin.list_failed, dashboard.dsn, dashboard.table, limit=limit
-        )
+        rows = await dashboard.connections.run(admin.list_failed, dashboard.table, limit=limit)
         return _json(rows)
 
     async def event(request: web.Request) -> web.Response:
-        row = await asyncio.to_thread(
-            admin.get_event, dashboard.dsn, str(_row_id(request)), dashboard.table
+        row = await dashboard.connections.run(
+            admin.get_event, str(_row_id(request)), dashboard.table
         )
         if row is None:
             return _json({"error": "no such event (published and deleted, or discarded)"}, 404)
@@ -201,13 +401,16 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
                 return _json(
                     {"error": "the dashboard is read-only: restart it with --admin-token"}, 403
                 )
-            if not dashboard.authorized(request):
-                log.warning(
-                    "dashboard: refused %s of event row %d from %s: wrong admin token",
-                    name,
-                    row_id,
-                    request.remote,
+            who = request.remote or "unknown"
+            wait = dashboard.attempts.retry_after(who)
+            if wait is not None:
+                return web.json_response(
+                    {"error": "too many wrong admin tokens: try again later"},
+                    status=429,
+                    headers={"Retry-After": str(max(1, int(wait + 1)))},
                 )
+            if not dashboard.authorized(request):
+                dashboard.attempts.failed(who, f"{name} of event row {row_id}")
                 return _json({"error": "wrong or missing admin token"}, 403)
             n = await run(row_id)
             log.warning(
@@ -226,10 +429,22 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         return handler
 
     async def replay(row_id: int) -> int:
-        return await asyncio.to_thread(admin.replay, dashboard.dsn, dashboard.table, ids=[row_id])
+        return await dashboard.connections.run(admin.replay, dashboard.table, ids=[row_id])
 
     async def discard(row_id: int) -> int:
-        return await asyncio.to_thread(admin.discard, dashboard.dsn, dashboard.table, ids=[row_id])
+        return await dashboard.connections.run(admin.discard, dashboard.table, ids=[row_id])
+
+    @web.middleware
+    async def known_host(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if not dashboard.host_allowed(request):
+            return web.Response(
+                status=403,
+                text="this dashboard does not answer to that Host name: open it by IP address"
+                " or localhost, or start it with --allow-host NAME\n",
+            )
+        return await handler(request)
 
     @web.middleware
     async def security_headers(
@@ -241,7 +456,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
             response.headers["Cache-Control"] = "no-store"
         return response
 
-    app = web.Application(middlewares=[security_headers])
+    app = web.Application(middlewares=[security_headers, known_host])
     app[_APP_KEY] = dashboard
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC)
@@ -257,6 +472,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await asyncio.to_thread(dashboard.connections.close)
 
     app.cleanup_ctx.append(sampler)
     return app
