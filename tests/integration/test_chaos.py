@@ -1,0 +1,33 @@
+"""The chaos run (tests/support/chaos.py): nothing lost, nothing phantom, no duplicate.
+
+The suite runs a short version (OUTBOXKIT_CHAOS_SECONDS, default 60 s of writing);
+``make chaos`` runs a long one and writes its report to bench/results/chaos.json.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.chaos import ChaosRun
+
+SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "60"))
+REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(int(SECONDS) + 420)
+def test_chaos_run_loses_nothing_publishes_no_phantom_and_no_duplicate(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    report = ChaosRun(db_dsn, tmp_path / "chaos", seconds=SECONDS, seed=1).run()
+    print(report.to_json())
+    if REPORT:
+        Path(REPORT).write_text(report.to_json() + "\n")
+    assert report.committed > 0
+    assert report.rolled_back > 0
+    assert report.poison > 0
+    assert sum(report.faults.values()) >= SECONDS / 6
+    assert report.violations() == [], report.to_json()
