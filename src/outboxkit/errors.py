@@ -110,10 +110,13 @@ def is_undefined_table(exc: BaseException) -> bool:
     return False
 
 
-def table_missing(table: str, *, in_transaction: bool = False) -> TableNotFoundError:
+def table_missing(
+    table: str, *, in_transaction: bool = False, database: str | None = None
+) -> TableNotFoundError:
     """The error for a missing outbox table, with the command that creates it."""
+    where = f"database {database!r}" if database else "this database"
     message = (
-        f"outbox table {table!r} does not exist in this database: create it with"
+        f"outbox table {table!r} does not exist in {where}: create it with"
         f" `outboxkit migrate --dsn … --table {table}` (or add `outboxkit migrate --print-sql`"
         " to your own migrations)"
     )

@@ -25,9 +25,6 @@ from outboxkit.ops.logs import setup_logging
 console = Console(markup=False, highlight=False)
 err_console = Console(stderr=True, markup=False, highlight=False)
 
-#: Where the documentation lives; help texts link to pages under it.
-DOCS_URL = "https://github.com/outboxkit/outboxkit/blob/main/docs"
-
 _DSN_HELP = (
     "PostgreSQL connection string, e.g. postgresql://app@127.0.0.1:5432/shop."
     " Prefer the OUTBOXKIT_DSN environment variable: it keeps the password out of `ps`."
@@ -195,7 +192,7 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     required=True,
     show_envvar=True,
     help="Broker URL: kafka://, nats://, amqp[s]://, redis[s]://, sqs://QUEUE or an http[s]://"
-    f" webhook; options per broker: {DOCS_URL}/brokers.md",
+    " webhook; the options of each are linked below.",
 )
 @click.option(
     "--route",
@@ -265,6 +262,8 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
     show_default=True,
+    help="info: start-up, the first batch, periodic summaries and every failure;"
+    " debug adds a line per failed event.",
 )
 @click.option(
     "--log-format",
@@ -292,7 +291,8 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     default="127.0.0.1",
     show_default=True,
     help="Interface for --metrics-port; 0.0.0.0 to be scraped from other hosts or pods"
-    " (see docs/operations.md: with --dashboard that shows payloads to whoever reaches it).",
+    " (see the operations guide linked below: with --dashboard that shows payloads to"
+    " whoever reaches it).",
 )
 @click.option(
     "--metrics-max-topics",
@@ -371,6 +371,11 @@ def relay(
     Example:
       OUTBOXKIT_DSN=postgresql://app:secret@db/shop \\
         outboxkit relay --broker kafka://kafka-1:9092,kafka-2:9092
+
+    \b
+    Broker URLs and their options, and the operations guide:
+      https://github.com/outboxkit/outboxkit/blob/main/docs/brokers.md
+      https://github.com/outboxkit/outboxkit/blob/main/docs/operations.md
     """
     from outboxkit.publishers import from_url
     from outboxkit.relay import Relay
@@ -749,7 +754,11 @@ def purge(
     " names not listed are refused against DNS rebinding).",
 )
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per line, for log pipelines (actions taken are logged).",
 )
 def dashboard(
     dsn: str,

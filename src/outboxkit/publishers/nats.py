@@ -74,6 +74,7 @@ class NatsPublisher:
         self._stream_ready = not (stream and self._subjects)
         self._connect_lock = asyncio.Lock()
         self._last_log = 0.0
+        self._closing = False  # set while close() runs: that disconnect is ours, not an outage
 
     @classmethod
     def from_url(cls, url: str) -> NatsPublisher:
@@ -177,6 +178,9 @@ class NatsPublisher:
         self._log_rate_limited("NATS client error: %s", redact(str(exc) or type(exc).__name__))
 
     async def _on_disconnected(self) -> None:
+        if self._closing:
+            log.debug("disconnected from NATS (closed by the relay)")
+            return
         self._log_rate_limited("disconnected from NATS; reconnecting")
 
     async def _on_reconnected(self) -> None:
@@ -194,8 +198,12 @@ class NatsPublisher:
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None and not nc.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(nc.close(), 5.0)
+            self._closing = True
+            try:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(nc.close(), 5.0)
+            finally:
+                self._closing = False
 
     # -- publishing ---------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from psycopg import sql
 from psycopg.types.json import set_json_loads
 
 from outboxkit._redact import redact
-from outboxkit.errors import ConfigurationError, SchemaError
+from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
@@ -37,6 +37,8 @@ log = logging.getLogger("outboxkit.relay")
 
 Retention = Literal["delete", "keep"]
 _MAX_ERROR_CHARS = 2000
+# The start-up count of pending events stops here: it reads the pending index only.
+_PENDING_CAP = 100_000
 
 
 def default_relay_id() -> str:
@@ -193,7 +195,15 @@ class Relay:
             self.lease,
             "on" if self.synchronous_commit else "off",
         )
+        # The table first: a missing table fails here, before any broker is contacted.
+        try:
+            await self._check_table()
+        except BaseException:
+            await self._close_connections()
+            self._running = False
+            raise
         await self.publisher.start()
+        log.info("publisher %s started; claiming batches", self.publisher.name)
         listener = asyncio.create_task(self._listen()) if self.listen else None
         try:
             await self._claim_loop()
@@ -215,6 +225,33 @@ class Relay:
                 self.stats.dead_lettered,
                 self.stats.released,
             )
+
+    async def _check_table(self) -> None:
+        """Say what the relay found at start; raise if the table is missing.
+
+        An unreachable database is not fatal here: the claim loop retries it.
+        """
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self._sql.metrics_pending_by_topic, {"cap": _PENDING_CAP})
+            pending = sum(row[1] + row[2] for row in await cur.fetchall())
+        except pg_errors.UndefinedTable:
+            database = self._claim_conn.info.dbname if self._claim_conn else None
+            raise table_missing(self.table, database=database) from None
+        except psycopg.Error as exc:
+            log.warning(
+                "database not reachable at start (%s); retrying",
+                redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)),
+            )
+            return
+        log.info(
+            "connected to database %s on %s; table %s found with %s%d pending event(s)",
+            conn.info.dbname,
+            conn.info.host,
+            self.table,
+            "at least " if pending >= _PENDING_CAP else "",
+            pending,
+        )
 
     # -- the loop -----------------------------------------------------------------
 
@@ -433,6 +470,13 @@ class Relay:
             else self._sql.settle_published_keep
         )
         done = await self._settle_statement(batch, stmt, (ids, batch.token, self._commit))
+        if not self.stats.published:
+            log.info(
+                "first batch published: %d event(s) via %s in %.0f ms",
+                len(ids),
+                self.publisher.name,
+                1000 * (time.monotonic() - batch.claimed_at),
+            )
         self.stats.published += len(ids)
         self._check_fenced(batch, done, len(ids))
 

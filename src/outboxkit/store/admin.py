@@ -14,7 +14,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from outboxkit.errors import SchemaError
+from outboxkit.errors import table_missing
 from outboxkit.store.postgres import Statements
 
 STATUS_NAMES = {0: "pending", 1: "published", 2: "failed"}
@@ -57,9 +57,7 @@ def _connect(dsn: Source, table: str) -> Iterator[psycopg.Connection[Any]]:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
             yield conn
     except pg_errors.UndefinedTable:
-        raise SchemaError(
-            f"outbox table {table!r} not found: run `outboxkit migrate --table {table}`"
-        ) from None
+        raise table_missing(table) from None
 
 
 def status(dsn: str, table: str = "outbox") -> OutboxStatus:
