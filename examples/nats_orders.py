@@ -1,0 +1,103 @@
+"""NATS JetStream: orders and their events written atomically, relayed, invoiced exactly once.
+
+    OUTBOXKIT_DSN=postgresql://postgres@localhost/postgres NATS_URL=nats://127.0.0.1:4222 \\
+        python examples/nats_orders.py
+
+Exits 0 once every order it placed has its invoice. In production the relay
+(`outboxkit relay --broker 'nats://...?stream=...'`) and the consumer run as
+processes of their own.
+"""
+
+import asyncio
+import os
+
+import nats
+import psycopg
+
+from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit.consumers.base import ReceivedEvent
+from outboxkit.consumers.nats import NatsConsumer
+from outboxkit.store.inbox_sql import migrate_inbox
+
+DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+STREAM = os.environ.get("NATS_STREAM", "ORDERS")
+TOPIC = os.environ.get("ORDERS_TOPIC", "orders")
+
+
+def place_orders(totals: list[int]) -> list[int]:
+    """The application's write: each order row and its event in one transaction."""
+    outbox = Outbox()
+    order_ids = []
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        for total in totals:
+            with outbox.transaction(conn) as tx:
+                (order_id,) = conn.execute(
+                    "INSERT INTO orders (total) VALUES (%s) RETURNING id", (total,)
+                ).fetchone()
+                tx.put(
+                    Event(
+                        topic=TOPIC,
+                        event_type="order.placed",
+                        key=f"order-{order_id}",
+                        payload={"order_id": order_id, "total": total},
+                    )
+                )
+            order_ids.append(order_id)
+    return order_ids
+
+
+async def invoice(tx: psycopg.AsyncConnection, event: ReceivedEvent) -> None:
+    """Runs once per event, in the transaction that records it in the inbox."""
+    order = event.json()
+    await tx.execute(
+        "INSERT INTO invoices (order_id, total) VALUES (%s, %s)",
+        (order["order_id"], order["total"]),
+    )
+
+
+async def main() -> None:
+    migrate(DSN)  # the outbox table (or: outboxkit migrate)
+    migrate_inbox(DSN)  # processed_events (or: outboxkit migrate --inbox)
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, total int)")
+        conn.execute("CREATE TABLE IF NOT EXISTS invoices (order_id int PRIMARY KEY, total int)")
+    await create_stream()
+    order_ids = place_orders([4200, 1700, 990])
+
+    relay = Relay(DSN, from_url(f"{NATS_URL}?stream={STREAM}"))  # publishes into STREAM only
+    billing = NatsConsumer(
+        DSN, invoice, consumer="billing", servers=NATS_URL, stream=STREAM, subject=TOPIC
+    )
+    running = [asyncio.create_task(relay.run()), asyncio.create_task(billing.run())]
+    try:
+        await asyncio.wait_for(invoiced(order_ids), timeout=60)
+    finally:
+        relay.stop()  # finishes in-flight batches, hands back the rest
+        billing.stop()  # finishes the message in hand
+        await asyncio.gather(*running)
+    print(f"placed and invoiced orders {order_ids} through NATS stream {STREAM!r}")
+
+
+async def create_stream() -> None:
+    """The stream that stores the topic (the relay can create it too: ?stream=S&subjects=T)."""
+    nc = await nats.connect(NATS_URL)
+    try:
+        await nc.jetstream().add_stream(name=STREAM, subjects=[TOPIC])  # no-op if it exists
+    finally:
+        await nc.close()
+
+
+async def invoiced(order_ids: list[int]) -> None:
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        while True:
+            cur = await conn.execute(
+                "SELECT count(*) FROM invoices WHERE order_id = ANY(%s)", (order_ids,)
+            )
+            if (await cur.fetchone())[0] == len(order_ids):
+                return
+            await asyncio.sleep(0.2)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

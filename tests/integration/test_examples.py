@@ -1,0 +1,145 @@
+"""examples/ run as a user runs them: `python examples/<broker>_orders.py` against real servers.
+
+Each example places orders, relays their events through its broker and invoices them
+through an inbox consumer, then exits 0. The test checks the database afterwards: one
+invoice per order, one inbox record per event, nothing left in the outbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.servers import unique_name
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TESTED = {
+    "kafka_orders.py",
+    "nats_orders.py",
+    "rabbitmq_orders.py",
+    "redis_orders.py",
+    "sqs_orders.py",
+    "webhook_orders.py",
+}
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_example_is_tested() -> None:
+    programs = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
+    assert programs == TESTED, f"examples without a test, or tests without one: {programs ^ TESTED}"
+
+
+def test_kafka(empty_db_dsn: str, kafka_broker) -> None:
+    _run("kafka_orders.py", empty_db_dsn, KAFKA_BOOTSTRAP=kafka_broker.bootstrap)
+
+
+def test_nats(empty_db_dsn: str, nats_server) -> None:
+    stream = unique_name("ORDERS")
+    _run("nats_orders.py", empty_db_dsn, NATS_URL=nats_server.url, NATS_STREAM=stream)
+
+
+def test_rabbitmq(empty_db_dsn: str) -> None:
+    from tests.support.local_brokers import rabbitmq_url
+
+    _run(
+        "rabbitmq_orders.py",
+        empty_db_dsn,
+        RABBITMQ_URL=rabbitmq_url(),
+        RABBITMQ_EXCHANGE=unique_name("shop"),
+        RABBITMQ_QUEUE=unique_name("billing"),
+    )
+
+
+def test_redis_twice_on_one_database(empty_db_dsn: str) -> None:
+    """A second run sets up nothing twice and invoices only its own new orders."""
+    from tests.support.local_brokers import redis_url
+
+    topic = unique_name("orders")
+    _run("redis_orders.py", empty_db_dsn, REDIS_URL=redis_url(), ORDERS_TOPIC=topic)
+    _run("redis_orders.py", empty_db_dsn, REDIS_URL=redis_url(), ORDERS_TOPIC=topic, orders=6)
+
+
+def test_sqs(empty_db_dsn: str) -> None:
+    from tests.support.moto_sqs import MotoSqs
+
+    moto = MotoSqs()
+    moto.start()
+    try:
+        _run(
+            "sqs_orders.py",
+            empty_db_dsn,
+            SQS_ENDPOINT_URL=moto.endpoint,
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+        )
+    finally:
+        moto.stop()
+
+
+def test_webhook(empty_db_dsn: str) -> None:
+    _run("webhook_orders.py", empty_db_dsn)
+
+
+def test_webhook_receiver_rejects_what_the_secret_did_not_sign(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The example's receiver checks the signature over the raw bytes, not just its presence."""
+    from outboxkit.publishers.webhook import decode_secret, sign
+
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    monkeypatch.setenv("ORDERS_HOOK_SECRET", secret)
+    spec = importlib.util.spec_from_file_location("webhook_orders", EXAMPLES / "webhook_orders.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    body, event_id, timestamp = b'{"order_id": 1, "total": 4200}', "e-1", "1700000000"
+    headers = {"webhook-id": event_id, "webhook-timestamp": timestamp}
+    genuine = sign(decode_secret(secret), event_id, timestamp, body)
+    forged = sign(b"another key", event_id, timestamp, body)
+    assert example.signed({**headers, "webhook-signature": genuine}, body)
+    assert example.signed({**headers, "webhook-signature": f"{forged} {genuine}"}, body)
+    assert not example.signed({**headers, "webhook-signature": forged}, body)
+    assert not example.signed({**headers, "webhook-signature": genuine}, body + b" ")
+    assert not example.signed({**headers, "webhook-id": "e-2", "webhook-signature": genuine}, body)
+    assert not example.signed(headers, body)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _run(example: str, dsn: str, *, orders: int = 3, **env: str) -> None:
+    """Run one example to completion and check what it left in the database."""
+    env.setdefault("ORDERS_TOPIC", unique_name("orders"))
+    try:
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / example)],
+            env={**os.environ, "OUTBOXKIT_DSN": dsn, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{example} did not finish within 120 s:\n{exc.stdout}\n{exc.stderr}")
+    output = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"{example} exited with {done.returncode}:\n{output}"
+    assert "Traceback" not in output, output
+    assert "invoiced" in done.stdout, output
+    with psycopg.connect(dsn) as conn:
+        placed = conn.execute("SELECT id, total FROM orders ORDER BY id").fetchall()
+        invoiced = conn.execute("SELECT order_id, total FROM invoices ORDER BY order_id").fetchall()
+        (records,) = conn.execute("SELECT count(*) FROM processed_events").fetchone() or (0,)
+        (left,) = conn.execute("SELECT count(*) FROM outbox").fetchone() or (0,)
+    assert len(placed) == orders
+    assert invoiced == placed, "every order invoiced exactly once"
+    assert records == orders, "one inbox record per event"
+    assert left == 0, "the relay published (and deleted) every event"
