@@ -357,7 +357,7 @@ class _Demo:
             return
         servers = [s for _n, s in named]
         names = " and ".join(n for n, _s in named)
-        self.console.print(f"starting embedded {names} …", highlight=False)
+        self.console.print(f"starting embedded {names} …", markup=False, highlight=False)
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
             futures = [pool.submit(s.start) for s in servers]
             for (name, _server), future in zip(named, futures, strict=True):
@@ -986,7 +986,7 @@ def _print_table(console: Console, report: dict[str, Any]) -> None:
         highlight=False,
     )
     if "relay_logs" in report:
-        console.print(f"  relay logs: {report['relay_logs']}", highlight=False)
+        console.print(f"  relay logs: {report['relay_logs']}", markup=False, highlight=False)
 
 
 def run_demo(
