@@ -81,6 +81,10 @@ class PublishResult:
     #: Seconds the broker asked us to wait (HTTP ``Retry-After``): the next try is
     #: scheduled no earlier, so a long wait does not burn attempts.
     retry_after: float | None = field(default=None, compare=False)
+    #: False when the broker never judged the message because the publisher's own client
+    #: failed (a fenced Kafka producer, recreated): the relay hands the row back without
+    #: counting the attempt, so a client failure cannot dead-letter healthy events.
+    counts_attempt: bool = field(default=True, compare=False)
 
     @classmethod
     def success(cls) -> PublishResult:
@@ -97,6 +101,20 @@ class PublishResult:
     @classmethod
     def permanent(cls, error: str, error_class: str = "rejected") -> PublishResult:
         return cls(ok=False, error=error, retryable=False, error_class=error_class)
+
+    @classmethod
+    def hand_back(
+        cls, error: str, error_class: str = "handed_back", *, retry_after: float | None = None
+    ) -> PublishResult:
+        """Not tried, through no fault of the message: publish it again, attempt not counted."""
+        return cls(
+            ok=False,
+            error=error,
+            retryable=True,
+            error_class=error_class,
+            retry_after=retry_after,
+            counts_attempt=False,
+        )
 
 
 _SUCCESS = PublishResult(ok=True)

@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -26,6 +26,8 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import DEFAULT_CONTENT_TYPE, OutboundMessage, PublishResult
 
 log = logging.getLogger("outboxkit.kafka")
+# librdkafka's own lines; `outboxkit relay` lowers their ERRORs and rate-limits them.
+_librdkafka_log = logging.getLogger("outboxkit.kafka.librdkafka")
 
 # Errors no retry can fix for this message as it is: dead-letter at once.
 _PERMANENT = {
@@ -39,6 +41,19 @@ _PERMANENT = {
 # Unknown topic with auto-creation off: DESIGN §3 dead-letters it rather than
 # retrying for hours; `outboxkit replay --topic` brings it back once created.
 _UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+# Failures of the producer, not of the message (fenced, sequence lost, purged from its queue):
+# the message is handed back untried, its attempt not counted.
+_PRODUCER_FAILED = {
+    KafkaError._FATAL,
+    KafkaError._FENCED,
+    KafkaError._PURGE_QUEUE,
+    KafkaError._PURGE_INFLIGHT,
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+    KafkaError.PRODUCER_FENCED,
+}
 
 # URL query shortcuts → librdkafka names; dotted keys pass through unchanged.
 _SHORTCUTS = {
@@ -65,11 +80,22 @@ _WARM_UP_TIMEOUT = 2.0
 _YIELD_EVERY = 128
 _SMALL_BATCH = 100  # fewer messages than this are sent without lingering
 _FLUSH_WAIT = 1.0  # seconds a small batch's flush may wait for its deliveries
+# A producer that fails fatally again soon after being recreated waits before the next
+# recreation, doubling from 1 s up to 30 s (a first fatal error recreates at once).
+_RECREATE_BACKOFF = (1.0, 30.0)
+_RECREATE_RECENT = 60.0
+
+
+def _is_fatal(err: KafkaError) -> bool:
+    """librdkafka's fatal state: the producer accepts nothing more and must be replaced."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
 
 
 def _classify(err: KafkaError) -> PublishResult:
     text = f"kafka {err.name()}: {err.str()}"
     code = err.code()
+    if code in _PRODUCER_FAILED or err.fatal():
+        return PublishResult.hand_back(text, err.name())
     if code in _PERMANENT or code in _UNKNOWN_TOPIC:
         return PublishResult.permanent(text, err.name())
     return PublishResult.retry(text, err.name())
@@ -78,13 +104,21 @@ def _classify(err: KafkaError) -> PublishResult:
 class _BatchWaiter:
     """Collects the delivery reports of one batch; wakes the loop when the last one lands."""
 
-    __slots__ = ("_lock", "future", "loop", "remaining", "results")
+    __slots__ = ("_lock", "future", "generation", "loop", "on_fatal", "remaining", "results")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        n: int,
+        generation: int,
+        on_fatal: Callable[[int, KafkaError], None],
+    ) -> None:
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
         self.results: list[PublishResult | None] = [None] * n
         self.remaining = n
+        self.generation = generation  # of the producer the batch was produced with
+        self.on_fatal = on_fatal
         self._lock = threading.Lock()
 
     def report(self, index: int, result: PublishResult) -> None:
@@ -98,7 +132,18 @@ class _BatchWaiter:
         self.loop.call_soon_threadsafe(_set_done, self.future)
 
     def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
-        self.report(index, _SUCCESS if err is None else _classify(err))
+        if err is None:
+            self.report(index, _SUCCESS)
+            return
+        if _is_fatal(err):
+            self.on_fatal(self.generation, err)
+        self.report(index, _classify(err))
+
+    def hand_back_rest(self, result: PublishResult) -> None:
+        """Every message without a report yet gets `result` (its producer is gone)."""
+        for i, current in enumerate(self.results):
+            if current is None:
+                self.report(i, result)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -126,9 +171,16 @@ class KafkaPublisher:
         self._producer: Any = None
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
-        self._fatal: KafkaError | None = None
         self._pending: set[_BatchWaiter] = set()
         self._last_error_log = 0.0
+        # Fatal-error recovery: which producer is current, what failed it, when to replace it.
+        self._generation = 0
+        self._fatal: KafkaError | None = None
+        self._fatal_lock = threading.Lock()
+        self._handed_back = 0
+        self._recreate_at = 0.0
+        self._recreate_delay = 0.0
+        self._recreated_at = -_RECREATE_RECENT
 
     @classmethod
     def from_url(cls, url: str) -> KafkaPublisher:
@@ -180,43 +232,112 @@ class KafkaPublisher:
             )
 
     def _ensure_producer(self) -> Any:
-        if self._fatal is not None:
-            # An idempotent producer that hit a fatal error (fenced, sequence gap) is
-            # unusable; a new one gets a new producer id. Its queue was already failed.
-            log.warning("recreating the Kafka producer after a fatal error: %s", self._fatal.str())
-            self._shutdown_producer(flush=False)
-            self._fatal = None
         if self._producer is None:
+            generation = self._generation + 1
             try:
                 self._producer = Producer(
-                    {**self._config, "error_cb": self._on_error, "logger": log}
+                    {
+                        **self._config,
+                        "error_cb": functools.partial(self._on_error, generation),
+                        "logger": _librdkafka_log,
+                    }
                 )
             except KafkaException as exc:
                 raise ConfigurationError(f"invalid kafka configuration: {exc}") from None
+            self._generation = generation
             self._stop_polling.clear()
             self._poller = threading.Thread(
                 target=self._poll_forever,
-                args=(self._producer,),
+                args=(self._producer, generation),
                 name="outboxkit-kafka-poll",
                 daemon=True,
             )
             self._poller.start()
         return self._producer
 
-    def _poll_forever(self, producer: Any) -> None:
+    def _poll_forever(self, producer: Any, generation: int) -> None:
+        # Nothing may end this loop but close(): without it no delivery report is served
+        # and every batch in flight waits for the relay's publish timeout.
         while not self._stop_polling.is_set():
-            producer.poll(0.1)
+            try:
+                producer.poll(0.1)
+            except Exception as exc:  # confluent-kafka raises fatal errors from poll()
+                self._on_exception(generation, exc, "poll")
 
-    def _on_error(self, err: KafkaError) -> None:
+    def _on_exception(self, generation: int, exc: Exception, where: str) -> None:
+        """An exception from produce/poll/flush: a fatal one retires the producer."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and _is_fatal(err):
+            self._producer_failed(generation, err)
+            return
+        now = time.monotonic()
+        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+            self._last_error_log = now
+            log.warning("kafka %s failed: %s", where, redact(f"{type(exc).__name__}: {exc}"))
+        if where == "poll":
+            self._stop_polling.wait(0.1)  # not a busy loop if poll() keeps raising
+
+    def _on_error(self, generation: int, err: KafkaError) -> None:
         """Client-level errors (broker unreachable, fatal producer state); runs in the poller."""
-        if err.fatal():
-            self._fatal = err
-            log.error("kafka producer fatal error: %s", err.str())
+        if _is_fatal(err):
+            self._producer_failed(generation, err)
             return
         now = time.monotonic()
         if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now
             log.warning("kafka client error: %s: %s", err.name(), err.str())
+
+    def _producer_failed(self, generation: int, err: KafkaError) -> None:
+        """Producer `generation` hit librdkafka's fatal state; any thread may report it.
+
+        It will deliver nothing more (its idempotence state is gone: fenced, unknown producer
+        id, sequence gap), so what it has not confirmed is handed back at once, attempts not
+        counted, and the next batch recreates the producer (a new one gets a new producer id).
+        """
+        with self._fatal_lock:
+            if generation != self._generation:
+                return  # a late report from a producer already replaced
+            if self._fatal is not None:
+                if self._fatal.code() == KafkaError._FATAL:
+                    self._fatal = err  # the underlying cause is more useful than "_FATAL"
+                return
+            self._fatal = err
+            self._recreate_at = time.monotonic() + self._recreate_delay
+        result = PublishResult.hand_back(
+            f"kafka producer failed fatally ({err.name()}: {err.str()}); published again by a"
+            " new producer",
+            "producer_fatal",
+        )
+        for waiter in list(self._pending):
+            if waiter.generation == generation:
+                self._handed_back += sum(r is None for r in waiter.results)
+                waiter.hand_back_rest(result)
+
+    def _recreate_after_fatal(self) -> float:
+        """Replace a fatally failed producer; 0, or the seconds before it may be replaced."""
+        fatal = self._fatal
+        assert fatal is not None
+        now = time.monotonic()
+        if now < self._recreate_at:
+            return self._recreate_at - now
+        low, high = _RECREATE_BACKOFF
+        recent = now - self._recreated_at < _RECREATE_RECENT
+        self._recreate_delay = min(max(2 * self._recreate_delay, low), high) if recent else 0.0
+        self._recreated_at = now
+        handed_back, self._handed_back = self._handed_back, 0
+        log.warning(
+            "kafka producer failed fatally (%s: %s); recreating it with a new producer id."
+            " %d event(s) it had not confirmed are handed back and published again,"
+            " attempts not counted",
+            fatal.name(),
+            redact(fatal.str()),
+            handed_back,
+            extra={"error_class": fatal.name()},
+        )
+        self._shutdown_producer(flush=False)
+        with self._fatal_lock:
+            self._fatal = None
+        return 0.0
 
     async def close(self) -> None:
         await asyncio.to_thread(self._shutdown_producer, flush=True)
@@ -229,25 +350,35 @@ class KafkaPublisher:
         if self._poller is not None:
             self._poller.join()
             self._poller = None
-        if flush:
-            producer.flush(self._close_timeout)
+        # A fatally failed producer raises from flush() and poll(); it has nothing to flush.
+        if flush and self._fatal is None:
+            with contextlib.suppress(KafkaException):
+                producer.flush(self._close_timeout)
         # Whatever could not be delivered is reported as failed, so no batch waits forever.
         with contextlib.suppress(KafkaException):
             producer.purge()
-        producer.poll(0)
+        with contextlib.suppress(KafkaException):
+            producer.poll(0)
         self._producer = None
+        closed = PublishResult.hand_back("kafka producer closed before confirming", "closed")
         for waiter in list(self._pending):
-            for i, result in enumerate(waiter.results):
-                if result is None:
-                    waiter.report(i, PublishResult.retry("kafka producer closed", "closed"))
+            waiter.hand_back_rest(closed)
 
     # -- publishing ---------------------------------------------------------------
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
             return []
+        if self._fatal is not None:
+            wait = self._recreate_after_fatal()
+            if wait:
+                # Failed fatally again soon after being recreated: rows wait, untried.
+                error = f"kafka producer failed fatally again; recreated in {wait:.1f}s"
+                result = PublishResult.hand_back(error, "producer_fatal", retry_after=wait)
+                return [result] * len(messages)
         producer = self._ensure_producer()
-        waiter = _BatchWaiter(asyncio.get_running_loop(), len(messages))
+        loop = asyncio.get_running_loop()
+        waiter = _BatchWaiter(loop, len(messages), self._generation, self._producer_failed)
         self._pending.add(waiter)
         try:
             # A plain loop, not a coroutine per message: produce() only enqueues, so the
@@ -268,7 +399,9 @@ class KafkaPublisher:
                 except BufferError:
                     await self._produce_when_room(producer, waiter, i, message, key, callback)
                 except KafkaException as exc:
-                    waiter.report(i, _produce_error(exc))
+                    self._produce_failed(waiter, i, exc)
+                    if not waiter.remaining:
+                        break  # the producer failed fatally: the rest is handed back
                 except (TypeError, ValueError) as exc:
                     waiter.report(i, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
                 if i % _YIELD_EVERY == _YIELD_EVERY - 1:
@@ -280,7 +413,7 @@ class KafkaPublisher:
                 # fuller requests. librdkafka sends at once, ignoring linger.ms, while a
                 # flush() is waiting; run one in a worker thread (it returns when these
                 # are delivered) instead of letting the batch wait out the linger.
-                asyncio.get_running_loop().run_in_executor(None, _flush_quietly, producer)
+                loop.run_in_executor(None, self._flush, producer, waiter.generation)
             await asyncio.shield(waiter.future)
         finally:
             self._pending.discard(waiter)
@@ -310,22 +443,27 @@ class KafkaPublisher:
             except BufferError:
                 continue
             except KafkaException as exc:
-                waiter.report(index, _produce_error(exc))
+                self._produce_failed(waiter, index, exc)
                 return
             except (TypeError, ValueError) as exc:
                 waiter.report(index, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
                 return
 
+    def _produce_failed(self, waiter: _BatchWaiter, index: int, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and _is_fatal(err):
+            self._producer_failed(waiter.generation, err)
+            result = PublishResult.hand_back(f"kafka {err.name()}: {err.str()}", "producer_fatal")
+            waiter.hand_back_rest(result)
+            return
+        waiter.report(index, _classify(err) if err else PublishResult.retry(str(exc), "kafka"))
 
-def _flush_quietly(producer: Any) -> None:
-    """Wait (in a worker thread) for the queued messages; their reports carry the outcome."""
-    with contextlib.suppress(Exception):
-        producer.flush(_FLUSH_WAIT)
-
-
-def _produce_error(exc: KafkaException) -> PublishResult:
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-    return _classify(err) if err is not None else PublishResult.retry(str(exc), "kafka")
+    def _flush(self, producer: Any, generation: int) -> None:
+        """Wait (in a worker thread) for the queued messages; their reports carry the outcome."""
+        try:
+            producer.flush(_FLUSH_WAIT)
+        except Exception as exc:  # a fatal error surfaces here too, not only in poll()
+            self._on_exception(generation, exc, "flush")
 
 
 _SPECVERSION = ("ce_specversion", b"1.0")

@@ -400,6 +400,13 @@ class Relay:
         fail_status: list[int] = []
         fail_delay: list[float] = []
         fail_error: list[str] = []
+        fail_refund: list[int] = []
+        handed_back = 0
+        if any(r.ok for r in results):
+            self._broker_backoff.reset()
+            outage_delay = 0.0
+        else:
+            outage_delay = self._broker_backoff.next_delay()
         dead: list[tuple[OutboundMessage, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
         for row_id, message, result in zip(ids, messages, results, strict=True):
@@ -410,6 +417,14 @@ class Relay:
             error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
             fail_ids.append(row_id)
             fail_error.append(error)
+            if not result.counts_attempt:
+                # Never tried (the publisher's own client failed): back in line, attempt refunded.
+                fail_status.append(PENDING)
+                fail_delay.append(max(result.retry_after or 0.0, outage_delay))
+                fail_refund.append(1)
+                handed_back += 1
+                continue
+            fail_refund.append(0)
             if not result.retryable or message.attempt >= self.max_attempts:
                 fail_status.append(FAILED)
                 fail_delay.append(0.0)
@@ -424,9 +439,20 @@ class Relay:
         if published:
             await self._settle_published(batch, published)
         if fail_ids:
-            params = (fail_ids, fail_status, fail_delay, fail_error, batch.token, self._commit)
+            params = (
+                fail_ids,
+                fail_status,
+                fail_delay,
+                fail_error,
+                fail_refund,
+                batch.token,
+                self._commit,
+            )
             done = await self._settle_statement(batch, self._sql.settle_failures, params)
             self._check_fenced(batch, done, len(fail_ids))
+            self.stats.released += handed_back
+            if handed_back:  # the publisher logged why, once; not a line per event
+                log.debug("handed back %d event(s) untried, attempts not counted", handed_back)
             self.stats.retried += len(retried)
             self.stats.dead_lettered += len(dead)
             self.stats.last_error = fail_error[0]

@@ -190,14 +190,16 @@ WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 """
 # Failures of one batch in one statement: each row gets its own delay, error and
 # next state (pending again, or failed once out of attempts or rejected for good).
+# `refund` gives back the claim's attempt of a row the publisher handed back untried.
 SETTLE_FAILURES = """
 UPDATE {table} AS o
 SET status = u.next_status,
     available_at = now() + make_interval(secs => u.delay),
     last_error = u.error,
-    claim_token = NULL
-FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[])
-     AS u(id, next_status, delay, error)
+    claim_token = NULL,
+    attempts = greatest(o.attempts - u.refund, 0)
+FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[])
+     AS u(id, next_status, delay, error, refund)
 WHERE o.id = u.id AND o.claim_token = %s AND {commit_positional}
 """
 # On shutdown: hand unpublished rows back at once, and give back the attempt.
