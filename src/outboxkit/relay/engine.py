@@ -402,11 +402,6 @@ class Relay:
         fail_error: list[str] = []
         fail_refund: list[int] = []
         handed_back = 0
-        if any(r.ok for r in results):
-            self._broker_backoff.reset()
-            outage_delay = 0.0
-        else:
-            outage_delay = self._broker_backoff.next_delay()
         dead: list[tuple[OutboundMessage, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
         for row_id, message, result in zip(ids, messages, results, strict=True):
@@ -420,7 +415,7 @@ class Relay:
             if not result.counts_attempt:
                 # Never tried (the publisher's own client failed): back in line, attempt refunded.
                 fail_status.append(PENDING)
-                fail_delay.append(max(result.retry_after or 0.0, outage_delay))
+                fail_delay.append(result.retry_after or 0.0)
                 fail_refund.append(1)
                 handed_back += 1
                 continue
