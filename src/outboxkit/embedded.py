@@ -111,15 +111,18 @@ class _ServerProcess:
     def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         """Run a helper command (initdb) as the server's user, capturing its output."""
         uid, gid = self._run_as or (None, None)
-        return subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            check=False,
-            user=uid,
-            group=gid,
-            extra_groups=None if uid is None else [],
-        )
+        try:
+            return subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                check=False,
+                user=uid,
+                group=gid,
+                extra_groups=None if uid is None else [],
+            )
+        except OSError as exc:  # e.g. a binary its user may not execute (noexec mount)
+            raise EmbeddedServerUnavailable(f"could not run {args[0]}: {exc}") from exc
 
     def start(self) -> None:
         """Start the server and wait until it accepts clients; a no-op if it is running."""

@@ -304,7 +304,10 @@ def test_non_root_runs_the_wheels_binaries_as_itself(tmp_path: Path) -> None:
     else:  # as root, the non-root path is that of user nobody
         python = _python_for("nobody")
         if python is None:
-            pytest.skip(f"user nobody can run no Python {sys.version_info[:2]} with psycopg")
+            pytest.skip(
+                f"user nobody can run no Python {sys.version[:4]} with this checkout's packages"
+                f" ({_site_packages()}): a clone under /root is out of its reach"
+            )
         env = {"PYTHONPATH": os.pathsep.join([str(SRC), _site_packages()]), "PATH": "/usr/bin"}
         report = _run_probe(env, Path("/"), python, pwd.getpwnam("nobody").pw_uid)
 
