@@ -15,6 +15,7 @@ from tests.support.chaos import ChaosRun
 
 SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "60"))
 REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
+KEEP = os.environ.get("OUTBOXKIT_CHAOS_DIR")  # keep the logs there, for a person to read
 
 
 @pytest.mark.slow
@@ -22,7 +23,8 @@ REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
 def test_chaos_run_loses_nothing_publishes_no_phantom_and_no_duplicate(
     db_dsn: str, tmp_path: Path
 ) -> None:
-    report = ChaosRun(db_dsn, tmp_path / "chaos", seconds=SECONDS, seed=1).run()
+    workdir = Path(KEEP) if KEEP else tmp_path / "chaos"
+    report = ChaosRun(db_dsn, workdir, seconds=SECONDS, seed=1).run()
     print(report.to_json())
     if REPORT:
         Path(REPORT).write_text(report.to_json() + "\n")

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops._throttle import Throttled
 from outboxkit.ops.metrics import RelayMetrics
@@ -253,7 +254,7 @@ def metrics_app(
         reason = metrics.not_ready_reason()
         if reason is None:
             return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"not ready: {reason}\n")
+        return web.Response(status=503, text=f"not ready: {redact(reason)}\n")
 
     app = web.Application()
     app[_SCRAPE_KEY] = scraper

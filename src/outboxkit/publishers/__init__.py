@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from outboxkit._redact import remember_secrets
 from outboxkit.errors import ConfigurationError, missing_extra
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
 
@@ -28,6 +29,7 @@ def from_url(url: str) -> Publisher:
     Broker modules are imported lazily, so a deployment needs only the client
     library of the broker it uses.
     """
+    remember_secrets(url)  # a client's error may quote its token without the URL
     scheme = urlsplit(url).scheme.lower()
     target = _SCHEMES.get(scheme)
     if target is None:

@@ -26,11 +26,12 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import set_json_loads
 
-from outboxkit._redact import redact
+from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
+from outboxkit.relay.outage import OutageLog
 from outboxkit.store.postgres import FAILED, PENDING, Statements
 
 log = logging.getLogger("outboxkit.relay")
@@ -127,6 +128,7 @@ class Relay:
         if max_in_flight < 1:
             raise ConfigurationError("max_in_flight must be at least 1")
         self.dsn = dsn
+        remember_secrets(dsn)  # masked in any log line or stored error that quotes it
         self.publisher = publisher
         self.table = table
         self.batch_size = batch_size
@@ -154,6 +156,8 @@ class Relay:
         self.observer: RelayObserver = (
             default_observer() if observer is None else Observers.guarding(observer)
         )
+        # Publish failures are logged as outages, a few lines per relay (relay/outage.py).
+        self.outage = OutageLog()
         self._sql = Statements(table)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -163,6 +167,10 @@ class Relay:
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
         self._settle_lock = asyncio.Lock()
         self._db_backoff = Backoff(base=0.2, cap=10.0)
+        # Paces rows handed back untried while the broker is unreachable: attempts are
+        # not counted then (an outage must not dead-letter healthy events), so the
+        # rows' own backoff does not grow; this one does, per relay, until a publish works.
+        self._broker_backoff = Backoff(base=retry_base, cap=retry_cap)
         self._running = False
 
     def __repr__(self) -> str:
@@ -341,6 +349,7 @@ class Relay:
             ) from None
         self._db_backoff.reset()
         self.observer.claimed(len(records), time.perf_counter() - started)
+        self.outage.claimed(len(records), 0.0)
         if not records:
             return None
         # The claim returns rows in primary-key order in practice, not by contract:
@@ -380,6 +389,10 @@ class Relay:
         except TimeoutError:
             error = f"publish not confirmed within {self.publish_timeout:.1f}s"
             return [PublishResult.retry(error, "publish_timeout")] * len(messages)
+        except (ConnectionError, OSError) as exc:  # TimeoutError was caught above
+            # The broker was never reached: nothing about these messages was judged.
+            error = redact(f"{type(exc).__name__}: {exc}")
+            return [PublishResult.hand_back(error, type(exc).__name__)] * len(messages)
         except Exception as exc:
             error = redact(f"{type(exc).__name__}: {exc}")
             return [PublishResult.retry(error, type(exc).__name__)] * len(messages)
@@ -392,6 +405,7 @@ class Relay:
         ids, messages = batch.ids, batch.messages
         if all(r.ok for r in results):  # the common case: one pass, no per-row lists
             self.observer.settled(messages, (), ())
+            self.outage.settled(messages, (), ())
             await self._settle_published(batch, ids)
             return
         published: list[int] = []
@@ -402,6 +416,11 @@ class Relay:
         fail_error: list[str] = []
         fail_refund: list[int] = []
         handed_back = 0
+        outage_delay = 0.0
+        if any(r.ok for r in results):
+            self._broker_backoff.reset()
+        elif any(not r.counts_attempt for r in results):
+            outage_delay = self._broker_backoff.next_delay()
         dead: list[tuple[OutboundMessage, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
         for row_id, message, result in zip(ids, messages, results, strict=True):
@@ -415,7 +434,7 @@ class Relay:
             if not result.counts_attempt:
                 # Never tried (the publisher's own client failed): back in line, attempt refunded.
                 fail_status.append(PENDING)
-                fail_delay.append(result.retry_after or 0.0)
+                fail_delay.append(max(result.retry_after or 0.0, outage_delay))
                 fail_refund.append(1)
                 handed_back += 1
                 continue
@@ -430,6 +449,7 @@ class Relay:
                 fail_delay.append(max(delay, result.retry_after or 0.0))
                 retried.append((message, result))
         self.observer.settled(published_messages, retried, dead)
+        self.outage.settled(published_messages, retried, dead)
 
         if published:
             await self._settle_published(batch, published)
@@ -451,8 +471,9 @@ class Relay:
             self.stats.retried += len(retried)
             self.stats.dead_lettered += len(dead)
             self.stats.last_error = fail_error[0]
-            for message, res in retried:  # every failure, one line each: ids are greppable
-                log.warning(
+            # Every failure, one line each at DEBUG (ids are greppable); the outage is a WARNING.
+            for message, res in retried if log.isEnabledFor(logging.DEBUG) else ():
+                log.debug(
                     "publish failed, will retry: topic=%s event_id=%s attempt=%d"
                     " error_class=%s error=%s",
                     message.topic,

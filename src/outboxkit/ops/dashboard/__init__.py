@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import psycopg
 from aiohttp import web
 
-from outboxkit._redact import redact
+from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops._throttle import Throttled
 from outboxkit.store import admin
@@ -93,6 +93,7 @@ class Dashboard:
                 f" {MIN_TOKEN_CHARS} random ones, e.g. `openssl rand -hex 16`"
             )
         self.dsn = dsn
+        remember_secrets(dsn)
         self.table = table
         self.admin_token = admin_token or None
         self.sample_interval = sample_interval
@@ -331,6 +332,13 @@ def _row_id(request: web.Request) -> int:
     return int(ref)
 
 
+def _redacted_error(row: dict[str, Any]) -> dict[str, Any]:
+    """``last_error`` masked again: rows written by older versions may quote a secret."""
+    if row.get("last_error"):
+        row["last_error"] = redact(str(row["last_error"]))
+    return row
+
+
 def _payload_text(payload: bytes) -> tuple[str, str, bool]:
     """(text, kind, truncated): JSON pretty-printed, other bytes as UTF-8 with replacements."""
     truncated = len(payload) > MAX_PAYLOAD_CHARS
@@ -374,7 +382,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         except ValueError:
             raise web.HTTPBadRequest(text="limit must be a number of rows") from None
         rows = await dashboard.connections.run(admin.list_failed, dashboard.table, limit=limit)
-        return _json(rows)
+        return _json([_redacted_error(row) for row in rows])
 
     async def event(request: web.Request) -> web.Response:
         row = await dashboard.connections.run(
@@ -390,7 +398,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
             payload_bytes=len(payload),
             payload_truncated=truncated,
         )
-        return _json(row)
+        return _json(_redacted_error(row))
 
     def action(
         name: str, done: str, run: Callable[[int], Awaitable[int]]
