@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
+from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from outboxkit._transactions import check_psycopg_usable, type_name
 from outboxkit.drivers import psycopg_private as private
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
+from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 
 if TYPE_CHECKING:
     from outboxkit.write import Outbox
@@ -87,9 +89,11 @@ class OutboxTransaction:
         self._rows.append(_params(self.outbox._check(event)))
 
     def put_many(self, events: Iterable[Event]) -> None:
-        """Queue several events (all validated before any is queued)."""
+        """Queue several events, at most 10 000 per call (all validated before any is queued)."""
         self._require_active()
-        rows = [_params(self.outbox._check(e)) for e in events]
+        rows = [_params(self.outbox._check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
+        if len(rows) > MAX_BATCH_EVENTS:
+            raise too_many_events()
         self._rows.extend(rows)
 
     def _require_active(self) -> None:

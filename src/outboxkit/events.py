@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 from uuid_utils.compat import uuid7
 
+from outboxkit import limits
 from outboxkit.errors import InvalidEventError
 from outboxkit.tracing import capture as _capture_trace_context
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-_MAX_TOPIC_CHARS = 1024
 
 
 def new_event_id() -> uuid.UUID:
@@ -64,20 +64,25 @@ class Event:
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise InvalidEventError("event topic must be a non-empty string")
-        if len(topic) > _MAX_TOPIC_CHARS:
-            raise InvalidEventError(f"event topic is longer than {_MAX_TOPIC_CHARS} characters")
+        if (problem := limits.topic_problem(topic)) is not None:
+            raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         if not isinstance(event_type, str) or not event_type.strip():
             raise InvalidEventError(f"event_type must be a non-empty string (topic {topic!r})")
-        for name, value in (
-            ("key", key),
-            ("aggregate_type", aggregate_type),
-            ("aggregate_id", aggregate_id),
+        for name, value, max_bytes in (
+            ("event_type", event_type, limits.MAX_EVENT_TYPE_BYTES),
+            ("key", key, limits.MAX_KEY_BYTES),
+            ("aggregate_type", aggregate_type, limits.MAX_AGGREGATE_TYPE_BYTES),
+            ("aggregate_id", aggregate_id, limits.MAX_AGGREGATE_ID_BYTES),
         ):
-            if value is not None and not isinstance(value, str):
+            if value is None:
+                continue
+            if not isinstance(value, str):
                 raise InvalidEventError(
                     f"{name} must be a string or None, got {type(value).__name__}"
                     " (convert ids with str())"
                 )
+            if (problem := limits.text_problem(name, value, max_bytes)) is not None:
+                raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         if isinstance(payload, bytes | bytearray | memoryview):
             self.payload = bytes(payload)
             is_json = False
@@ -102,6 +107,8 @@ class Event:
                         f"header {hname!r} must be a string, got {type(hvalue).__name__}"
                     )
                 clean_headers[hname] = hvalue
+            if (problem := limits.headers_problem(clean_headers)) is not None:
+                raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         # W3C traceparent/tracestate of the active span, if any (a dict lookup otherwise).
         _capture_trace_context(clean_headers)
         if not is_json and "content-type" not in clean_headers:
@@ -115,13 +122,23 @@ class Event:
         self.aggregate_id = aggregate_id
         self.headers = clean_headers
 
-    def check_size(self, max_payload_bytes: int) -> None:
-        """Refuse payloads the outbox was configured not to carry."""
+    def check_size(
+        self, max_payload_bytes: int, max_key_bytes: int = limits.DEFAULT_MAX_KEY_BYTES
+    ) -> None:
+        """Refuse payloads and keys the outbox was configured not to carry."""
         if len(self.payload) > max_payload_bytes:
             raise InvalidEventError(
                 f"payload of {self.event_type!r} is {len(self.payload)} bytes,"
                 f" over max_payload_bytes={max_payload_bytes}"
             )
+        if self.key is not None and len(self.key) * 4 > max_key_bytes:  # cheap when short
+            size = len(self.key.encode("utf-8", "surrogatepass"))
+            if size > max_key_bytes:
+                raise InvalidEventError(
+                    f"key of {self.event_type!r} is {size} bytes, over max_key_bytes="
+                    f"{max_key_bytes}; keys are ids (Outbox(max_key_bytes=...) raises the"
+                    f" limit up to {limits.MAX_KEY_BYTES})"
+                )
 
     def __repr__(self) -> str:
         return (

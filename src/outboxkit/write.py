@@ -7,6 +7,7 @@ no transaction begun), because that is the dual-write problem again.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,12 @@ from outboxkit._transactions import (
 from outboxkit.commit import OutboxTransaction
 from outboxkit.errors import InvalidEventError, NotInTransactionError, outbox_table_missing
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
+from outboxkit.limits import (
+    DEFAULT_MAX_KEY_BYTES,
+    MAX_BATCH_EVENTS,
+    MAX_KEY_BYTES,
+    too_many_events,
+)
 from outboxkit.store.postgres import Statements, numbered
 
 if TYPE_CHECKING:
@@ -61,6 +68,10 @@ class Outbox:
     ``notify`` sends one ``NOTIFY`` per transaction (PostgreSQL delivers it on
     commit and folds repeats) so an idle relay wakes at once; turn it off to
     save its commit-time cost and rely on the relay's polling.
+
+    ``max_payload_bytes`` (1 MiB) and ``max_key_bytes`` (1 KiB, at most 64 KiB) bound
+    what one event may carry; the other fields have fixed limits (``outboxkit.limits``).
+    ``put_many`` takes at most 10 000 events per call.
     """
 
     def __init__(
@@ -69,12 +80,16 @@ class Outbox:
         *,
         notify: bool = True,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
     ) -> None:
         if max_payload_bytes <= 0:
             raise ValueError("max_payload_bytes must be positive")
+        if not 0 < max_key_bytes <= MAX_KEY_BYTES:
+            raise ValueError(f"max_key_bytes must be between 1 and {MAX_KEY_BYTES}")
         self.table = table
         self.notify = notify
         self.max_payload_bytes = max_payload_bytes
+        self.max_key_bytes = max_key_bytes
         self._sql = Statements(table)
         if notify:
             self._one, self._many = self._sql.insert_one_notify, self._sql.insert_many_notify
@@ -103,8 +118,15 @@ class Outbox:
     def _check(self, event: object) -> Event:
         if not isinstance(event, Event):
             raise InvalidEventError(f"expected an outboxkit.Event, got {type_name(event)}")
-        event.check_size(self.max_payload_bytes)
+        event.check_size(self.max_payload_bytes, self.max_key_bytes)
         return event
+
+    def _check_all(self, events: Iterable[Event]) -> list[_Row]:
+        """The rows of ``events``, every one checked; refuses more than a batch's worth."""
+        rows = [_row(self._check(e)) for e in itertools.islice(events, MAX_BATCH_EVENTS + 1)]
+        if len(rows) > MAX_BATCH_EVENTS:
+            raise too_many_events()
+        return rows
 
     def _params_one(self, event: object) -> list[Any]:
         params: list[Any] = list(_row(self._check(event)))
@@ -113,7 +135,7 @@ class Outbox:
         return params
 
     def _params_many(self, events: Iterable[Event]) -> list[Any] | None:
-        rows = [_row(self._check(e)) for e in events]
+        rows = self._check_all(events)
         if not rows:
             return None
         params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
@@ -134,7 +156,7 @@ class Outbox:
             raise
 
     def put_many(self, conn: Any, events: Iterable[Event]) -> None:
-        """Append ``events`` in one statement and one round trip, however many."""
+        """Append ``events`` (at most 10 000) in one statement and one round trip."""
         params = self._params_many(events)
         if params is None:
             return
@@ -287,7 +309,7 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
-        rows = [_row(self._check(e)) for e in events]
+        rows = self._check_all(events)
         if not rows:
             return query, list(params)
         sql = self._sql

@@ -105,8 +105,11 @@ async def test_committed_events_arrive_at_rabbitmq_with_properties_headers_and_p
         topic="orders.placed",
         event_type="order.forged",
         payload=b"\x00\xffraw",
-        headers={"idempotency-key": "forged", "cloudEvents_id": "forged", "x-app": "1"},
+        headers={"x-app": "1"},
     )
+    # Event() refuses reserved names now; a row written before that still reaches the
+    # relay, and the publisher drops them.
+    forger.headers.update({"idempotency-key": "forged", "cloudEvents_id": "forged"})
     events.append(forger)
     write_events(db_dsn, events)
     async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):

@@ -61,8 +61,10 @@ async def test_events_are_posted_signed_with_cloudevents_headers_and_payload_byt
         topic="orders/eu",
         event_type="file.raw",
         payload=b'{"raw": true}',
-        headers={"webhook-id": "forged", "ce-id": "forged", "Idempotency-Key": "forged"},
     )
+    # Event() refuses reserved names now; a row written before that still reaches the
+    # relay, and the publisher drops them.
+    raw.headers.update({"webhook-id": "forged", "ce-id": "forged", "Idempotency-Key": "forged"})
     events.append(raw)
     write_events(db_dsn, events)
     publisher = _publisher(

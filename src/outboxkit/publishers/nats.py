@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
+from outboxkit import limits
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
@@ -75,6 +77,8 @@ class NatsPublisher:
         self._connect_lock = asyncio.Lock()
         self._last_log = 0.0
         self._closing = False  # set while close() runs: that disconnect is ours, not an outage
+        # Subjects already judged (topics repeat): their verdict, None when publishable.
+        self._subjects_seen: dict[str, str | None] = {}
 
     @classmethod
     def from_url(cls, url: str) -> NatsPublisher:
@@ -207,6 +211,33 @@ class NatsPublisher:
 
     # -- publishing ---------------------------------------------------------------
 
+    def _problem(self, message: OutboundMessage) -> str | None:
+        """Why ``message`` must not reach the server, or None (see ``_subject_problem``).
+
+        Checked here and not only at ``Event()``: rows written by older versions or by
+        plain SQL, and topics rewritten by routes, reach the relay too.
+        """
+        subject = message.topic
+        verdict = self._subjects_seen.get(subject, _UNSEEN)
+        if verdict is _UNSEEN:
+            verdict = _subject_problem(subject)
+            if len(self._subjects_seen) >= _SUBJECTS_SEEN_MAX:
+                self._subjects_seen.clear()
+            self._subjects_seen[subject] = verdict
+        if verdict is not None:
+            return verdict
+        headers = message.headers
+        if headers:
+            if (problem := limits.wire_headers_problem(headers)) is not None:
+                return problem
+            for name in headers:
+                if name[:5].lower() == "nats-":
+                    return (
+                        f"header {name!r} is reserved by NATS (the server acts on Nats-*"
+                        " headers: dedup ids, rollups, expected sequences); not published"
+                    )
+        return None
+
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
             return []
@@ -221,6 +252,11 @@ class NatsPublisher:
         results: list[PublishResult | None] = [None] * len(messages)
         waiting: dict[asyncio.Future[Any], int] = {}
         for i, message in enumerate(messages):
+            problem = self._problem(message)
+            if problem is not None:
+                # Never sent: a client that does not check would let the server act on it.
+                results[i] = PublishResult.permanent(f"nats: {problem}", "invalid_message")
+                continue
             try:
                 future = await js.publish_async(
                     message.topic, message.payload, stream=self._stream, headers=_headers(message)
@@ -250,6 +286,43 @@ class NatsPublisher:
 
 
 _SUCCESS = PublishResult.success()
+_UNSEEN = "unseen"
+_SUBJECTS_SEEN_MAX = 10_000
+# Whitespace and control characters end or split a protocol line; never in a subject.
+_SUBJECT_BAD = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _subject_problem(subject: str) -> str | None:
+    """Why ``subject`` is not a NATS publish subject, or None.
+
+    No whitespace or control characters (a CR LF would end the PUB line and start a
+    command of the event's choosing), no empty tokens (``a..b``, a leading or
+    trailing dot) and no wildcards: ``*`` and ``>`` only make sense when subscribing.
+    """
+    if not subject:
+        return "empty subject"
+    if _SUBJECT_BAD.search(subject):
+        return f"subject {subject[:80]!r} contains whitespace or a control character"
+    tokens = subject.split(".")
+    if "" in tokens:
+        return f"subject {subject[:80]!r} has an empty token (leading, trailing or double dot)"
+    if "*" in subject or ">" in subject:
+        return f"subject {subject[:80]!r} contains a wildcard (* or >): publish to a concrete one"
+    return None
+
+
+# The connection failed, not the message: such a publish is handed back untried, so a
+# broker outage cannot burn attempts and dead-letter healthy events.
+_UNREACHABLE = (
+    nats.errors.NoServersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.ConnectionReconnectingError,
+    ConnectionError,
+    OSError,
+)
 
 
 def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:

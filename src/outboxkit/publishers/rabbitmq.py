@@ -6,6 +6,10 @@ durable classic queues, on a quorum of nodes for quorum queues). A message no
 queue is bound for is *returned* (``mandatory=True``), and a nack means the
 broker could not take it: both are retried, never reported as success, so a
 missing binding delays events instead of dropping them.
+
+On the default exchange (``exchange=``) the routing key is a queue name: there
+``routing_key_prefix=`` (a namespace) or ``allow=`` (topic globs) keeps events
+from filling queues of other applications (see ``Destinations``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.routing import Destinations
 
 log = logging.getLogger("outboxkit.rabbitmq")
 
@@ -75,6 +80,8 @@ class RabbitMQPublisher:
         declare: bool = True,
         timeout: float = _DEFAULT_TIMEOUT,
         max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+        routing_key_prefix: str = "",
+        allow: Sequence[str] = (),
     ) -> None:
         if exchange_type not in _EXCHANGE_TYPES:
             raise ConfigurationError(
@@ -94,6 +101,7 @@ class RabbitMQPublisher:
         self._declare = declare and exchange != ""
         self._timeout = timeout
         self._max_message_bytes = max_message_bytes
+        self.destinations = Destinations(routing_key_prefix, tuple(allow))
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
@@ -105,7 +113,8 @@ class RabbitMQPublisher:
         """``amqp[s]://user:pass@host:5672/vhost?exchange=NAME&exchange_type=topic&timeout=10``.
 
         Other options: ``declare=false`` (use an existing exchange as is),
-        ``max_message_bytes=N``; aiormq's own (``heartbeat``, ``cafile``,
+        ``max_message_bytes=N``, ``routing_key_prefix=P`` and ``allow=GLOB,GLOB``
+        (the destinations events may reach); aiormq's own (``heartbeat``, ``cafile``,
         ``certfile``, ``keyfile``, ...) are passed through.
         """
         parts = urlsplit(url)
@@ -129,6 +138,10 @@ class RabbitMQPublisher:
                 options["exchange_type"] = value.lower()
             elif key == "declare":
                 options["declare"] = _parse_bool(key, value)
+            elif key == "routing_key_prefix":
+                options[key] = value
+            elif key == "allow":
+                options[key] = Destinations.parse_allow(value)
             elif key in ("timeout", "max_message_bytes"):
                 try:
                     options[key] = float(value) if key == "timeout" else int(value)
@@ -141,7 +154,7 @@ class RabbitMQPublisher:
             else:
                 raise ConfigurationError(
                     f"unknown rabbitmq URL option {key!r}: use exchange, exchange_type, timeout,"
-                    " declare, max_message_bytes, or one of aiormq's"
+                    " declare, max_message_bytes, routing_key_prefix, allow, or one of aiormq's"
                     f" ({', '.join(sorted(_CLIENT_OPTIONS))})"
                 )
         client_url = urlunsplit(parts._replace(query=urlencode(passthrough), fragment=""))
@@ -159,6 +172,14 @@ class RabbitMQPublisher:
         table. A configuration the broker refuses (wrong credentials, an
         exchange of another type) is logged here and reported on every batch.
         """
+        if self._exchange_name == "" and not self.destinations.restricted:
+            log.warning(
+                "rabbitmq publisher on the default exchange without routing_key_prefix= or"
+                " allow=: an event's topic can name any queue of the vhost, so an event"
+                " could fill another application's queue; set routing_key_prefix= or"
+                " allow=GLOB,... in the broker URL, or publish through an exchange"
+                " (docs/brokers.md#rabbitmq)"
+            )
         try:
             await self._ensure_exchange()
         except Exception as exc:
@@ -230,7 +251,9 @@ class RabbitMQPublisher:
     async def _publish_one(
         self, exchange: AbstractExchange, message: OutboundMessage
     ) -> PublishResult:
-        routing_key = message.topic
+        routing_key, refused = self.destinations.resolve(message.topic)
+        if routing_key is None:
+            return PublishResult.permanent(f"rabbitmq: {refused}", "not_allowed")
         where = f"exchange {self._exchange_name!r} with routing key {routing_key!r}"
         if len(routing_key.encode()) > _MAX_ROUTING_KEY_BYTES:
             return PublishResult.permanent(

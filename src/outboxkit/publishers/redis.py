@@ -9,6 +9,10 @@ pipeline, so a batch counts as published only once N replicas have it.
 With ``dedup_window=SECONDS`` each event is added by a Lua script that first
 claims ``outboxkit:dedup:<topic>:<event_id>`` with ``SET NX EX``: a batch
 re-published after a relay crash adds nothing the stream already has.
+
+A topic is a key name: ``stream_prefix=`` keeps every stream in a namespace and
+``allow=`` lists the topics that may be published (see ``Destinations``); without
+either an event could append to, or trim, any stream of the database.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from redis.backoff import NoBackoff
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.routing import Destinations
 
 log = logging.getLogger("outboxkit.redis")
 
@@ -81,6 +86,8 @@ class RedisStreamsPublisher:
         timeout: float = _DEFAULT_TIMEOUT,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        stream_prefix: str = "",
+        allow: Sequence[str] = (),
     ) -> None:
         if maxlen is not None and maxlen < 1:
             raise ConfigurationError("redis maxlen must be at least 1 (or left out: no trimming)")
@@ -98,13 +105,15 @@ class RedisStreamsPublisher:
         self._wait_ms = max(1, round(wait_timeout * 1000))
         self._client: Any = None
         self._script_sha: str | None = None
+        self.destinations = Destinations(stream_prefix, tuple(allow))
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsPublisher:
-        """``redis[s]://[:password@]host:6379/0?maxlen=N&dedup_window=SECONDS&timeout=10``.
+        """``redis[s]://[:password@]host:6379/0?stream_prefix=outbox:&maxlen=N&dedup_window=S``.
 
-        Also ``wait_replicas=N&wait_timeout=SECONDS`` (``WAIT`` after each
-        batch) and redis-py's ``ssl_*`` and ``client_name`` options.
+        Also ``allow=GLOB,GLOB`` (topics that may be published), ``timeout``,
+        ``wait_replicas=N&wait_timeout=SECONDS`` (``WAIT`` after each batch) and
+        redis-py's ``ssl_*`` and ``client_name`` options.
         """
         parts = urlsplit(url)
         if parts.scheme.lower() not in ("redis", "rediss"):
@@ -129,12 +138,16 @@ class RedisStreamsPublisher:
                 options[key] = _number(key, value, int)
             elif key in ("timeout", "wait_timeout"):
                 options[key] = _number(key, value, float)
+            elif key == "stream_prefix":
+                options[key] = value
+            elif key == "allow":
+                options[key] = Destinations.parse_allow(value)
             elif key in _CLIENT_OPTIONS or key.startswith(_CLIENT_OPTIONS_PREFIXES):
                 passthrough.append((key, value))
             else:
                 raise ConfigurationError(
-                    f"unknown redis URL option {key!r}: use maxlen, dedup_window, timeout,"
-                    " wait_replicas, wait_timeout, client_name or ssl_*"
+                    f"unknown redis URL option {key!r}: use stream_prefix, allow, maxlen,"
+                    " dedup_window, timeout, wait_replicas, wait_timeout, client_name or ssl_*"
                 )
         client_url = urlunsplit(parts._replace(query=urlencode(passthrough), fragment=""))
         return cls(client_url, **options)
@@ -146,6 +159,13 @@ class RedisStreamsPublisher:
 
     async def start(self) -> None:
         """Check the server answers; if it is down, the first batch tries again."""
+        if not self.destinations.restricted:
+            log.warning(
+                "redis publisher without stream_prefix= or allow=: an event's topic can name"
+                " any key of the database, so an event could append to (or, with maxlen,"
+                " trim) another application's stream; set stream_prefix=NAMESPACE: or"
+                " allow=GLOB,... in the broker URL (docs/brokers.md#redis-streams)"
+            )
         client = self._ensure_client()
         try:
             await client.ping()
@@ -180,17 +200,28 @@ class RedisStreamsPublisher:
             return []
         client = self._ensure_client()
         results: list[PublishResult | None] = [None] * len(messages)
-        todo = list(range(len(messages)))
+        streams: list[str] = [""] * len(messages)
+        todo: list[int] = []
+        for i, message in enumerate(messages):
+            stream, refused = self.destinations.resolve(message.topic)
+            if stream is None:
+                results[i] = PublishResult.permanent(f"redis: {refused}", "not_allowed")
+            else:
+                streams[i] = stream
+                todo.append(i)
         for _ in range(2):  # a second pass only if the server lost our script (restart)
-            replies = await self._send(client, [messages[i] for i in todo])
+            if not todo:
+                break
+            replies = await self._send(client, [(messages[i], streams[i]) for i in todo])
             if isinstance(replies, str):
-                return [PublishResult.retry(replies, "connection")] * len(messages)
+                error = PublishResult.retry(replies, "connection")
+                return [r if r is not None else error for r in results]
             again: list[int] = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     again.append(i)
                 else:
-                    results[i] = _result(reply, messages[i])
+                    results[i] = _result(reply, streams[i])
             if not again:
                 break
             self._script_sha = None
@@ -198,7 +229,9 @@ class RedisStreamsPublisher:
         missing = PublishResult.retry("redis: the dedup script was not loaded", "no_script")
         return [r if r is not None else missing for r in results]
 
-    async def _send(self, client: Any, messages: Sequence[OutboundMessage]) -> list[Any] | str:
+    async def _send(
+        self, client: Any, messages: Sequence[tuple[OutboundMessage, str]]
+    ) -> list[Any] | str:
         """One pipelined round trip; per-command errors come back in place of replies.
 
         Returns the error text instead when the whole round trip failed.
@@ -207,8 +240,8 @@ class RedisStreamsPublisher:
             if self._dedup_window and self._script_sha is None:
                 self._script_sha = await client.script_load(_DEDUP_XADD)
             async with client.pipeline(transaction=False) as pipe:
-                for message in messages:
-                    self._queue(pipe, message)
+                for message, stream in messages:
+                    self._queue(pipe, message, stream)
                 if self._wait_replicas:
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
@@ -227,7 +260,7 @@ class RedisStreamsPublisher:
                 return [r if isinstance(r, Exception) else error for r in replies]
         return replies
 
-    def _queue(self, pipe: Any, message: OutboundMessage) -> None:
+    def _queue(self, pipe: Any, message: OutboundMessage, stream: str) -> None:
         fields = _fields(message)
         if self._dedup_window:
             args: list[Any] = [self._dedup_window, self._maxlen or 0]
@@ -236,17 +269,17 @@ class RedisStreamsPublisher:
             pipe.evalsha(
                 self._script_sha,
                 2,
-                f"{DEDUP_KEY_PREFIX}{message.topic}:{message.event_id}",
-                message.topic,
+                f"{DEDUP_KEY_PREFIX}{stream}:{message.event_id}",
+                stream,
                 *args,
             )
         elif self._maxlen:
-            pipe.xadd(message.topic, fields, maxlen=self._maxlen, approximate=True)
+            pipe.xadd(stream, fields, maxlen=self._maxlen, approximate=True)
         else:
-            pipe.xadd(message.topic, fields)
+            pipe.xadd(stream, fields)
 
 
-def _result(reply: Any, message: OutboundMessage) -> PublishResult:
+def _result(reply: Any, stream: str) -> PublishResult:
     if isinstance(reply, PublishResult):
         return reply
     if not isinstance(reply, Exception):
@@ -255,7 +288,7 @@ def _result(reply: Any, message: OutboundMessage) -> PublishResult:
     if "WRONGTYPE" in str(reply):
         # The key holds something other than a stream; no retry changes that.
         return PublishResult.permanent(
-            f"redis: key {message.topic!r} exists and is not a stream ({text});"
+            f"redis: key {stream!r} exists and is not a stream ({text});"
             " rename the key or route the topic elsewhere, then `outboxkit replay`",
             "wrong_type",
         )

@@ -12,6 +12,9 @@ Rule syntax (``outboxkit relay --route RULE``, repeatable)::
     type:invoice.paid=billing      the same, explicit
     aggregate:customer=customers   aggregate_type glob → destination
     topic:legacy.*=archive         topic glob → destination
+
+:class:`Destinations` is the other side: the namespace (prefix) or allow-list a
+publisher keeps the topics it is handed in, applied after any route.
 """
 
 from __future__ import annotations
@@ -95,6 +98,57 @@ class RoutingPublisher:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Destinations:
+    """Which broker destinations a publisher may address: a namespace, an allow-list, or both.
+
+    On Redis a topic is a key name and on RabbitMQ's default exchange a queue name, so
+    without either an event can write to (or, with ``maxlen``, trim) any stream, or
+    fill any queue, the relay's credentials reach. ``prefix`` is put in front of every
+    topic (``orders`` → ``outbox:orders``: nothing outside the namespace is reachable);
+    ``allow`` is a list of globs a topic must match (before the prefix). A topic
+    refused is dead-lettered with the reason, never published.
+    """
+
+    prefix: str = ""
+    allow: tuple[str, ...] = ()
+    _verdicts: dict[str, tuple[str | None, str | None]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @staticmethod
+    def parse_allow(value: str) -> tuple[str, ...]:
+        """``a.*,billing`` → ``("a.*", "billing")``; empty items are ignored."""
+        globs = tuple(g.strip() for g in value.split(",") if g.strip())
+        if not globs:
+            raise ConfigurationError("allow= needs at least one topic glob, e.g. allow=orders.*")
+        return globs
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.prefix or self.allow)
+
+    def resolve(self, topic: str) -> tuple[str | None, str | None]:
+        """``(destination, None)``, or ``(None, why)`` for a topic outside the allow-list."""
+        verdict = self._verdicts.get(topic)
+        if verdict is None:
+            if self.allow and not any(fnmatch.fnmatchcase(topic, g) for g in self.allow):
+                verdict = (
+                    None,
+                    f"topic {topic[:80]!r} is not in the publisher's allow-list"
+                    f" (allow={','.join(self.allow)})",
+                )
+            else:
+                verdict = (self.prefix + topic, None)
+            if len(self._verdicts) >= _VERDICTS_MAX:  # topics repeat: a small, bounded cache
+                self._verdicts.clear()
+            self._verdicts[topic] = verdict
+        return verdict
+
+
+_VERDICTS_MAX = 10_000
 
 
 def with_routes(publisher: Publisher, routes: Sequence[str]) -> Publisher:

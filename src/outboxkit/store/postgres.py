@@ -15,6 +15,7 @@ import zlib
 from psycopg import sql
 
 from outboxkit.errors import ConfigurationError
+from outboxkit.limits import STORE_MAX_HEADERS_BYTES, STORE_MAX_TEXT_BYTES
 
 # Row states. Claimed rows stay PENDING: the lease lives in available_at.
 PENDING = 0
@@ -164,19 +165,31 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # lets the planner hash-join against a sequential scan of the whole table once the
 # table is small enough, which made the claim 20 % slower while a backlog drained.)
 # RETURNING lists the columns in OutboundMessage's field order after the id.
+#
+# A row over the sizes the relay loads (a field of a row written around Event(), by
+# plain SQL or an older version: outboxkit.limits) is dead-lettered by the claim
+# itself and never returned, so it cannot fill the relay's memory. The sizes come
+# from the row headers (octet_length of a TOASTed value reads no data); the headers'
+# JSON text is rendered only for the rare row whose stored headers are large.
 CLAIM_BATCH = """
+WITH batch AS MATERIALIZED (
+    SELECT id, {oversized} AS oversized FROM {table}
+    WHERE status = 0 AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), oversized AS (
+    UPDATE {table} AS d
+    SET status = 2, attempts = d.attempts + 1, claim_token = NULL,
+        claimed_by = %(relay_id)s, last_error = {oversized_error}
+    WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NOT NULL))
+)
 UPDATE {table} AS o
 SET attempts = o.attempts + 1,
     available_at = now() + make_interval(secs => %(lease)s),
     claim_token = %(token)s,
     claimed_by = %(relay_id)s
-WHERE o.id = ANY(ARRAY(
-    SELECT id FROM {table}
-    WHERE status = 0 AND available_at <= now()
-    ORDER BY available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)) AND {commit_named}
+WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NULL)) AND {commit_named}
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
           o.payload, o.headers, o.created_at, o.attempts
 """
@@ -287,6 +300,33 @@ LAST_EVENT_ID = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%
 DISCARD_FAILED_BY_ID = "DELETE FROM {table} WHERE id = ANY(%s) AND status = 2"
 
 
+def _oversized(alias: str) -> str:
+    """SQL: the name and size of the first field over what the relay loads, or NULL."""
+    text, headers = STORE_MAX_TEXT_BYTES, STORE_MAX_HEADERS_BYTES
+    whens = "".join(
+        f" WHEN octet_length({alias}{column}) > {text}"
+        f" THEN '{column} is ' || octet_length({alias}{column}) || ' bytes'"
+        for column in ("topic", "key", "event_type", "aggregate_type", "aggregate_id")
+    )
+    big_headers = (
+        f"CASE WHEN pg_column_size({alias}headers) > 1024"
+        f" THEN octet_length({alias}headers::text) > {headers} ELSE false END"
+    )
+    return (
+        f"CASE{whens} WHEN {big_headers}"
+        f" THEN 'headers are ' || octet_length({alias}headers::text) || ' bytes of JSON' END"
+    )
+
+
+def _oversized_error(alias: str) -> str:
+    return (
+        f"'relay: ' || {_oversized(alias)} || ', over what the relay loads"
+        f" ({STORE_MAX_TEXT_BYTES} bytes per text field, {STORE_MAX_HEADERS_BYTES} of"
+        " headers): the row was written around outboxkit.Event (plain SQL or an older"
+        " version), dead-lettered unread. Fix the row and replay it, or discard it'"
+    )
+
+
 class Statements:
     """The statements of one outbox table, rendered once with its quoted name."""
 
@@ -321,7 +361,9 @@ class Statements:
         self.attached_many = ATTACHED_EVENTS.format(insert=self.insert_many.strip())
         self.attached_one_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_one)
         self.attached_many_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_many.strip())
-        self.claim_batch = r(CLAIM_BATCH)
+        self.claim_batch = CLAIM_BATCH.format(
+            **slots, oversized=_oversized(""), oversized_error=_oversized_error("d.")
+        )
         self.settle_published_delete = r(SETTLE_PUBLISHED_DELETE)
         self.settle_published_keep = r(SETTLE_PUBLISHED_KEEP)
         self.settle_failures = r(SETTLE_FAILURES)
