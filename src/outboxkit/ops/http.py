@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
@@ -39,8 +41,8 @@ class ServerLimits:
     max_connections: int = 64
     #: Seconds a connection may take to send its request line and headers.
     header_timeout: float = 10.0
-    #: Seconds an idle keep-alive connection is kept.
-    keepalive_timeout: float = 15.0
+    #: Seconds an idle keep-alive connection is kept (a browser polls every 2 s).
+    keepalive_timeout: float = 5.0
     #: Never more than this fraction of the soft open-file limit goes to HTTP clients.
     fd_share: float = 0.25
 
@@ -62,21 +64,41 @@ _BUSY = (
 
 
 class _Gate:
-    """Counts a site's open connections and refuses those beyond the cap."""
+    """Counts a site's open connections and keeps them under the cap.
+
+    At the cap, the connection that has waited longest for its headers is
+    dropped to make room (a slow-loris client, most likely: a real one sends its
+    headers in a millisecond), so a health probe still gets through a flood;
+    only when every connection is busy with a request is the newcomer refused.
+    """
 
     def __init__(self, cap: int, where: str) -> None:
         self.cap = cap
         self.where = where
         self.open = 0
         self.refused = 0
+        self.dropped = 0
+        self.waiting: dict[_GuardedProtocol, None] = {}  # in header phase, oldest first
         self._log = Throttled(log, _LOG_EVERY)
 
     def admit(self) -> bool:
+        if self.open >= self.cap and self.waiting:
+            self.dropped += 1
+            next(iter(self.waiting)).drop()
+            self._log(
+                logging.WARNING,
+                "http %s: %d connections open (the cap), dropping the slowest to send its"
+                " headers (%d dropped, %d refused so far)",
+                self.where,
+                self.cap,
+                self.dropped,
+                self.refused,
+            )
         if self.open >= self.cap:
             self.refused += 1
             self._log(
                 logging.WARNING,
-                "http %s: %d connections open, refusing more (total refused %d)",
+                "http %s: %d connections busy (the cap), refusing more (%d refused so far)",
                 self.where,
                 self.open,
                 self.refused,
@@ -89,15 +111,18 @@ class _Gate:
 class _GuardedProtocol(asyncio.Protocol):
     """aiohttp's protocol behind a connection cap and a header deadline.
 
-    aiohttp reads headers for as long as a client cares to send them; a few
-    hundred such clients held every descriptor of the relay (slow loris).
+    aiohttp reads headers for as long as a client cares to send them; 1 100
+    such clients held every descriptor of the relay (slow loris). Any bytes
+    after a complete header block start the next request's headers (the
+    endpoints take no request bodies), so keep-alive requests are bounded too.
     """
 
     def __init__(self, inner: asyncio.Protocol, gate: _Gate, header_timeout: float) -> None:
         self._inner = inner
         self._gate = gate
         self._header_timeout = header_timeout
-        self._admitted = False
+        self._counted = False  # holds one of the gate's slots
+        self._started = False  # the inner protocol saw connection_made
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""
         self._transport: asyncio.Transport | None = None
@@ -109,48 +134,63 @@ class _GuardedProtocol(asyncio.Protocol):
             transport.write(_BUSY)
             transport.close()
             return
-        self._admitted = True
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.call_later(self._header_timeout, self._too_slow)
+        self._counted = self._started = True
+        self._await_headers()
         self._inner.connection_made(transport)
 
-    def _too_slow(self) -> None:
-        self._deadline = None
+    def _await_headers(self) -> None:
+        self._gate.waiting[self] = None
+        self._deadline = asyncio.get_running_loop().call_later(self._header_timeout, self.drop)
+
+    def _headers_done(self) -> None:
+        self._gate.waiting.pop(self, None)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _release(self) -> None:
+        self._headers_done()
+        if self._counted:
+            self._counted = False
+            self._gate.open -= 1
+
+    def drop(self) -> None:
+        """Close the connection now (too slow, or making room for a new one)."""
+        self._release()
         if self._transport is not None:
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted:
+        if not self._started:
             return
+        if self._deadline is None and self._counted:
+            self._await_headers()
+            self._tail = b""
         if self._deadline is not None:
             seen = self._tail + data
             if b"\r\n\r\n" in seen:
-                self._deadline.cancel()
-                self._deadline = None
+                self._headers_done()
                 self._tail = b""
             else:
                 self._tail = seen[-3:]
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._admitted else None
+        return self._inner.eof_received() if self._started else None
 
     def pause_writing(self) -> None:
-        if self._admitted:
+        if self._started:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._admitted:
+        if self._started:
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._release()
         self._transport = None
-        if self._admitted:
-            self._admitted = False
-            self._gate.open -= 1
+        if self._started:
+            self._started = False
             self._inner.connection_lost(exc)
 
 
@@ -202,7 +242,7 @@ def runner(app: web.Application, limits: ServerLimits = DEFAULT_LIMITS) -> web.A
 
 
 class _Scrape:
-    """Renders the registry in a thread, one render at a time, shared by concurrent scrapes.
+    """Renders the registry in its own thread, one render at a time, shared by concurrent scrapes.
 
     ``generate_latest`` is plain Python: on the loop, a large registry stalled
     the relay for seconds (in-flight batches timed out and were published twice).
@@ -215,6 +255,13 @@ class _Scrape:
         self._body = b""
         self._rendered_at = -reuse_seconds
         self._running: asyncio.Task[bytes] | None = None
+        # its own thread: the loop's default executor may be full of blocking calls
+        self._thread: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
 
     async def body(self) -> bytes:
         if time.monotonic() - self._rendered_at < self.reuse_seconds:
@@ -225,8 +272,11 @@ class _Scrape:
         return await asyncio.shield(self._running)
 
     async def _render(self) -> bytes:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="outboxkit-scrape")
+        loop = asyncio.get_running_loop()
         try:
-            body = await asyncio.to_thread(generate_latest, self.metrics.registry)
+            body = await loop.run_in_executor(self._thread, _render, self.metrics.registry)
             self.renders += 1
             self._body, self._rendered_at = body, time.monotonic()
             return body
@@ -234,7 +284,25 @@ class _Scrape:
             self._running = None
 
 
-_SCRAPE_KEY = web.AppKey("scrape", _Scrape)
+#: Where the app keeps its scrape renderer (``app[SCRAPE_KEY].renders`` counts renders).
+SCRAPE_KEY = web.AppKey("scrape", _Scrape)
+
+
+def _render(registry: CollectorRegistry) -> bytes:
+    """``generate_latest`` with the cyclic garbage collector paused.
+
+    A render allocates objects per sample; with a large registry those
+    allocations set off full collections, which hold the GIL, and so the relay's
+    loop, for hundreds of milliseconds on a big heap. The render makes no cycles;
+    collection resumes when it returns.
+    """
+    if not gc.isenabled():
+        return generate_latest(registry)
+    gc.disable()
+    try:
+        return generate_latest(registry)
+    finally:
+        gc.enable()
 
 
 def metrics_app(
@@ -257,7 +325,12 @@ def metrics_app(
         return web.Response(status=503, text=f"not ready: {redact(reason)}\n")
 
     app = web.Application()
-    app[_SCRAPE_KEY] = scraper
+    app[SCRAPE_KEY] = scraper
+
+    async def stop_rendering(_app: web.Application) -> None:
+        scraper.close()
+
+    app.on_cleanup.append(stop_rendering)
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -189,6 +189,7 @@ class RelayMetrics(RelayObserver):
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
         self._other_seen = False
+        self._reported: str | None = None  # the not-ready detail last logged
         r = self.registry
         self.published_total = Counter(
             "outboxkit_events_published",
@@ -392,18 +393,35 @@ class RelayMetrics(RelayObserver):
     # -- readiness -------------------------------------------------------------------
 
     def not_ready_reason(self) -> str | None:
-        """None when ready; otherwise why not, for /readyz's body."""
+        """None when ready; otherwise why not, for /readyz's body.
+
+        Whoever reaches the port reads it, so it names the kind of failure only
+        (an error class), never a server, host, port or role; the full error goes
+        to the relay's log, once each time the reason changes.
+        """
         snap = self.snapshot
         stale_after = 3 * self.gauge_interval + 5
+        reason: str | None = None
+        detail: str | None = None
         if snap.error is not None:
-            return f"database unreachable: {snap.error}"
-        if snap.read_at is None and self.last_claim_at is None:
-            return "starting: no successful database read yet"
-        if snap.read_at is not None and time.time() - snap.read_at > stale_after:
-            return f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
-        if self.broker_error is not None:
-            return f"broker not confirming: {self.broker_error}"
-        return None
+            reason, detail = f"database unreachable ({_kind(snap.error)})", snap.error
+        elif snap.read_at is None and self.last_claim_at is None:
+            reason = "starting: no successful database read yet"
+        elif snap.read_at is not None and time.time() - snap.read_at > stale_after:
+            reason = f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
+        elif self.broker_error is not None:
+            reason = f"broker not confirming ({_kind(self.broker_error)})"
+            detail = self.broker_error
+        if detail is not None and detail != self._reported:
+            log.warning("not ready: %s: %s", reason, detail)
+        self._reported = detail
+        return reason
+
+
+def _kind(error: str) -> str:
+    """The class name that starts ``"Class: message"``, or a neutral word."""
+    head = error.split(":", 1)[0].strip()
+    return head if head.isidentifier() and len(head) <= _MAX_CLASS_CHARS else "error"
 
 
 def _error_class(result: PublishResult) -> str:
