@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,9 @@ import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
+
+import psycopg
+import pytest
 
 from outboxkit import Event
 from outboxkit.embedded import free_port
@@ -68,12 +72,15 @@ async def test_a_full_relay_run_logs_json_with_failure_context_and_never_the_pas
 
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert all({"ts", "level", "logger", "msg"} <= set(entry) for entry in lines)
-    retried = [e for e in lines if e["level"] == "warning" and "will retry" in e["msg"]]
+    # each failure at DEBUG, with its context; the failing state is one WARNING
+    retried = [e for e in lines if e["level"] == "debug" and "will retry" in e["msg"]]
     assert retried and all(
         f"topic={poison}" in e["msg"] and "attempt=1" in e["msg"] and "error_class=" in e["msg"]
         for e in retried
     )
     assert all(e["topic"] == poison and e["event_id"] and e["error_class"] for e in retried)
+    [failing] = [e for e in lines if e["msg"].startswith("publishing failing")]
+    assert failing["level"] == "warning" and f"topic={poison}" in failing["msg"]
     [dead] = [e for e in lines if e["level"] == "error" and "dead-lettered" in e["msg"]]
     assert f"topic={poison}" in dead["msg"] and "event_id=" in dead["msg"]
     summaries = [e for e in lines if e["msg"].startswith("relay summary")]
@@ -103,3 +110,47 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
         text=True,
         timeout=60,
     )
+
+
+FORGED_LINE = "2026-01-01 00:00:00,000 WARNING outboxkit.audit: admin password reset by root"
+RECORD_START = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+async def test_a_topic_with_a_newline_cannot_forge_a_log_line(
+    db_dsn: str, tmp_path: Path, fmt: str
+) -> None:
+    forged = f"forge{uuid.uuid4().hex[:6]}\n{FORGED_LINE}\r\x1b[1A\x85"
+    # Written as another writer (or an older outboxkit) could: the relay must log it safely.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox (event_id, topic, key, event_type, payload, headers)"
+            " VALUES (%s, %s, %s, 'x', '{}', '{}'::jsonb)",
+            (uuid.uuid4(), forged, forged),
+        )
+    broker = f"nats://127.0.0.1:{free_port()}?timeout=1"  # nothing listens: every publish fails
+    env = {**os.environ, "OUTBOXKIT_DSN": db_dsn, "OUTBOXKIT_BROKER": broker}
+    cmd = [sys.executable, "-m", "outboxkit", "relay", "--log-format", fmt, "--log-level", "debug"]
+    cmd += ["--max-attempts", "1", "--poll-interval", "0.2"]
+    log_path = tmp_path / "relay.log"
+    relay = _start(cmd, log_path, env)
+    try:
+        await wait_for(lambda: count(db_dsn, "status = 2") == 1, timeout=30, what="dead-letter")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        code = relay.wait(30)
+    raw = log_path.read_bytes()
+    text = raw.decode()
+    assert code == 0, text[-3000:]
+    assert b"\r" not in raw and b"\x1b" not in raw and "\x85" not in text
+    lines = text.splitlines()
+    assert not [line for line in lines if line.startswith(FORGED_LINE[:30])]
+    if fmt == "json":
+        entries = [json.loads(line) for line in lines]
+        logged = [e for e in entries if forged in e["msg"]]
+    else:
+        assert all(RECORD_START.match(line) or line.startswith("    ") for line in lines), text
+        logged = [line for line in lines if f"\\n{FORGED_LINE}\\r\\x1b[1A\\x85" in line]
+    assert logged, "the topic was logged (escaped), e.g. in the dead-letter line"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import logging
+import uuid
 
 import pytest
 
 from outboxkit.ops.logs import JsonFormatter, RedactingFormatter
+from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.relay.observer import SummaryLog
+from outboxkit.relay.outage import OutageLog
 
 DSN = "postgresql://app:hunter2@db:5432/shop"
 
@@ -75,3 +80,137 @@ def test_summary_is_logged_at_most_once_per_interval(
         now[0] += 60
         summary.claimed(0, 0.001)  # idle for a whole interval: no line
         assert count() == 3
+
+
+FORGED = "orders\n2026-01-01 00:00:00,000 WARNING outboxkit.audit: admin login ok\r\x1b[2K\x85"
+
+
+def test_text_lines_escape_control_characters_in_every_value() -> None:
+    fmt = RedactingFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    text = fmt.format(_record("publish failed: topic=%s key=%r", FORGED, "k\u2028x"))
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text and "\x85" not in text
+    assert "topic=orders\\n2026-01-01 00:00:00,000 WARNING outboxkit.audit:" in text
+    assert "\\r\\x1b[2K\\x85" in text and "\\u2028" in text
+
+
+def test_text_tracebacks_keep_their_lines_indented_so_none_reads_as_a_record() -> None:
+    fmt = RedactingFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError(f"bad topic {FORGED}")
+    except ValueError:
+        import sys
+
+        record = _record("failed")
+        record.exc_info = sys.exc_info()
+    text = fmt.format(record)
+    first, *rest = text.split("\n")
+    assert first == "WARNING failed"
+    assert rest and all(line.startswith("    ") for line in rest), text
+    assert "\x1b" not in text and "\r" not in text
+
+
+def test_json_lines_escape_every_control_character() -> None:
+    line = JsonFormatter().format(_record("topic=%s", FORGED, topic=FORGED + "\u2029"))
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert "\x85" not in line and "\u2029" not in line
+    entry = json.loads(line)
+    assert entry["msg"] == f"topic={FORGED}", "escapes decode to the value logged"
+    assert entry["topic"] == FORGED + "\u2029"
+
+
+def test_library_lines_are_held_back_per_kind_and_librdkafka_errors_become_warnings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outboxkit.ops.logs import LIBRDKAFKA_LOGGER, LibraryLogLimiter
+
+    now = [100.0]
+    monkeypatch.setattr("outboxkit.ops.logs.time.monotonic", lambda: now[0])
+    limiter = LibraryLogLimiter(interval=60.0)
+
+    def rec(name: str, level: int, msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    fail = ("FAIL", "rdkafka#producer-1", "Connect to ipv4#127.0.0.1:9092 failed: refused")
+    passed = []
+    for _ in range(170):  # librdkafka's lines in 10 s with the broker down
+        r = rec(LIBRDKAFKA_LOGGER, logging.ERROR, "%s [%s] %s", *fail)
+        if limiter.filter(r):
+            passed.append(r)
+        now[0] += 10 / 170
+    other = rec(LIBRDKAFKA_LOGGER, logging.ERROR, "%s [%s] %s", "ERROR", "rdkafka", "x")
+    assert limiter.filter(other), "another facility is another kind"
+    assert len(passed) == 1 and passed[0].levelname == "WARNING"
+    nats_line = rec("nats.aio.client", logging.ERROR, "nats: encountered error")
+    assert limiter.filter(nats_line) and not limiter.filter(nats_line)
+    own = rec("outboxkit.relay", logging.WARNING, "x")
+    assert all(limiter.filter(own) for _ in range(5)), "outboxkit's own lines are not limited"
+    now[0] += 60
+    r = rec(LIBRDKAFKA_LOGGER, logging.ERROR, "%s [%s] %s", *fail)
+    assert limiter.filter(r)
+    assert r.getMessage().endswith("(169 similar line(s) held back)")
+
+
+def _messages(n: int, attempt: int = 1, topic: str = "orders") -> list[OutboundMessage]:
+    now = dt.datetime.now(dt.UTC)
+    return [
+        OutboundMessage(uuid.uuid4(), topic, None, "x", None, None, b"{}", {}, now, attempt)
+        for _ in range(n)
+    ]
+
+
+def test_an_outage_is_one_warning_a_reminder_per_interval_and_one_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    outage = OutageLog(max_attempts=10, remind_every=30.0, recover_after=5.0, clock=lambda: now[0])
+    backlog = _messages(3000)
+    down = PublishResult.retry("ConnectionError: not connected", "ConnectionError")
+    handed_back = PublishResult.hand_back("nats: not connected (reconnecting)", "connection")
+    with caplog.at_level(logging.DEBUG, logger="outboxkit.relay"):
+        for step in range(500):  # 50 s down: batches of 1000 failing every 0.1 s
+            batch = backlog[(step % 3) * 1000 : (step % 3 + 1) * 1000]
+            outage.claimed(1000, 0.0)
+            result = down if step % 2 else handed_back
+            outage.published(batch, [result] * 1000, 0.0)
+            now[0] += 0.1
+        assert outage.failing and outage.waiting == 3000
+        for i in range(3):
+            batch = backlog[i * 1000 : (i + 1) * 1000]
+            outage.published(batch, [PublishResult.success()] * 1000, 0.0)
+            now[0] += 1
+        assert outage.failing, "not over until nothing failed for recover_after"
+        now[0] += 5
+        outage.claimed(0, 0.0)
+    assert not outage.failing and outage.waiting == 0
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [lvl for lvl, _ in lines] == ["WARNING", "WARNING", "INFO"], lines
+    assert lines[0][1].startswith("publishing failing: connection: nats: not connected")
+    assert "topic=orders" in lines[0][1]
+    assert "still failing after 30s: 300000 failed publishes" in lines[1][1]
+    assert "3000 events waiting" in lines[1][1]
+    assert (
+        "recovered after 50s: 500000 failed publishes, 0 dead-lettered, 3000 events delayed"
+        in (lines[2][1])
+    )
+
+
+def test_dead_letters_leave_the_waiting_count_and_a_poison_event_flaps_no_more_than_its_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    outage = OutageLog(max_attempts=2, remind_every=30.0, recover_after=5.0, clock=lambda: now[0])
+    healthy = PublishResult.success()
+    poison = PublishResult.retry("no stream", "no_stream")
+    with caplog.at_level(logging.INFO, logger="outboxkit.relay"):
+        [first] = _messages(1)
+        outage.published([first, *_messages(9)], [poison] + [healthy] * 9, 0.0)
+        assert outage.failing and outage.waiting == 1
+        last = dataclasses.replace(first, attempt=2)
+        outage.published([last], [poison], 0.0)  # its last attempt: dead-lettered
+        assert outage.waiting == 0
+        for _ in range(100):  # healthy traffic afterwards, one batch a second
+            now[0] += 1
+            outage.published(_messages(5), [healthy] * 5, 0.0)
+    assert not outage.failing
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert "1 dead-lettered" in caplog.records[1].getMessage()

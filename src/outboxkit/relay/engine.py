@@ -157,7 +157,7 @@ class Relay:
             default_observer() if observer is None else Observers.guarding(observer)
         )
         # Publish failures are logged as outages, a few lines per relay (relay/outage.py).
-        self.outage = OutageLog()
+        self.outage = OutageLog(max_attempts=max_attempts)
         self._sql = Statements(table)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -369,6 +369,7 @@ class Relay:
                 started = time.perf_counter()
                 results = await self._publish(batch)
                 self.observer.published(messages, results, time.perf_counter() - started)
+                self.outage.published(messages, results, 0.0)
             await self._settle(batch, results)
         except psycopg.Error as exc:
             # Unsettled rows keep their lease and are published again after it expires.
@@ -405,7 +406,6 @@ class Relay:
         ids, messages = batch.ids, batch.messages
         if all(r.ok for r in results):  # the common case: one pass, no per-row lists
             self.observer.settled(messages, (), ())
-            self.outage.settled(messages, (), ())
             await self._settle_published(batch, ids)
             return
         published: list[int] = []
@@ -449,7 +449,6 @@ class Relay:
                 fail_delay.append(max(delay, result.retry_after or 0.0))
                 retried.append((message, result))
         self.observer.settled(published_messages, retried, dead)
-        self.outage.settled(published_messages, retried, dead)
 
         if published:
             await self._settle_published(batch, published)
