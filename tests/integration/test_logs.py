@@ -137,7 +137,10 @@ async def test_a_topic_with_a_newline_cannot_forge_a_log_line(
     log_path = tmp_path / "relay.log"
     relay = _start(cmd, log_path, env)
     try:
-        await wait_for(lambda: count(db_dsn, "status = 2") == 1, timeout=30, what="dead-letter")
+        # dead-lettered (refused subject) or failing (no server): either line names the topic
+        await wait_for(
+            lambda: forged[:11] in log_path.read_text(), timeout=30, what="the topic logged"
+        )
     finally:
         relay.send_signal(signal.SIGTERM)
         code = relay.wait(30)
@@ -153,4 +156,4 @@ async def test_a_topic_with_a_newline_cannot_forge_a_log_line(
     else:
         assert all(RECORD_START.match(line) or line.startswith("    ") for line in lines), text
         logged = [line for line in lines if f"\\n{FORGED_LINE}\\r\\x1b[1A\\x85" in line]
-    assert logged, "the topic was logged (escaped), e.g. in the dead-letter line"
+    assert logged, "the topic was logged (escaped)"
