@@ -524,6 +524,8 @@ def _params(e: Event) -> tuple[Any, ...]:
         e.aggregate_id,
         e.payload,
         headers,
+        e.occurred_at,
+        e.schema_version,
     )
 
 

@@ -55,6 +55,8 @@ def row(e: Event) -> tuple[Any, ...]:
         e.aggregate_id,
         e.payload,
         "{}",
+        e.occurred_at,
+        e.schema_version,
     )
 
 

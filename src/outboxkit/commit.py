@@ -14,6 +14,8 @@ back and the error is raised; if the block raises, the events were never sent.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import struct
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from itertools import islice
@@ -40,9 +42,9 @@ _INTRANS = pq.TransactionStatus.INTRANS
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 # Parameter types of the INSERT (event_id, topic, key, event_type, aggregate_type,
-# aggregate_id, payload, headers[, channel]), all sent in binary.
-_UUID, _TEXT, _BYTEA, _JSONB = 2950, 25, 17, 3802
-_TYPES = [_UUID, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _JSONB]
+# aggregate_id, payload, headers, occurred_at, schema_version[, channel]), all in binary.
+_UUID, _TEXT, _BYTEA, _JSONB, _TIMESTAMPTZ = 2950, 25, 17, 3802, 1184
+_TYPES = [_UUID, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _JSONB, _TIMESTAMPTZ, _TEXT]
 _JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
 _TYPES_NOTIFY = [*_TYPES, _TEXT]
 _FORMATS = [1] * len(_TYPES)  # every parameter in binary
@@ -50,6 +52,10 @@ _FORMATS_NOTIFY = [1] * len(_TYPES_NOTIFY)
 _TYPES_KEY = tuple(_TYPES)
 _TYPES_NOTIFY_KEY = tuple(_TYPES_NOTIFY)
 _Send = Callable[[], object]
+# timestamptz binary format: microseconds since 2000-01-01 UTC, a big-endian int64.
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+_INT64 = struct.Struct(">q")
 
 
 def _params(event: Event) -> list[bytes | None]:
@@ -63,6 +69,8 @@ def _params(event: Event) -> list[bytes | None]:
         event.aggregate_id.encode() if event.aggregate_id is not None else None,
         event.payload,
         b"\x01" + orjson.dumps(event.headers) if event.headers else _JSONB_EMPTY,
+        _INT64.pack((event.occurred_at - _PG_EPOCH) // _MICROSECOND),
+        event.schema_version.encode() if event.schema_version is not None else None,
     ]
 
 

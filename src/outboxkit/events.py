@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,8 @@ from outboxkit.errors import InvalidEventError
 from outboxkit.tracing import capture as _capture_trace_context
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: Longest ``schema_version`` string: a version label ("3", "2.1", "2024-06-01"), not a schema.
+MAX_SCHEMA_VERSION_CHARS = 64
 
 
 def new_event_id() -> uuid.UUID:
@@ -28,6 +31,13 @@ class Event:
     other value is encoded as JSON with orjson. Every check happens at
     construction, so a bad event fails in the caller's code before anything
     reaches the database.
+
+    ``occurred_at`` is when the fact happened (a timezone-aware datetime; default:
+    now, at construction) and is what every broker sends as the event's time —
+    not the row's ``created_at``, which only says when the outbox got it.
+    ``schema_version`` labels the payload's shape (a string of up to 64
+    printable characters, or a non-negative int, carried as its decimal string)
+    so consumers can tell versions apart without parsing the payload.
     """
 
     __slots__ = (
@@ -37,7 +47,9 @@ class Event:
         "event_type",
         "headers",
         "key",
+        "occurred_at",
         "payload",
+        "schema_version",
         "topic",
     )
 
@@ -49,6 +61,8 @@ class Event:
     aggregate_type: str | None
     aggregate_id: str | None
     headers: dict[str, str]
+    occurred_at: dt.datetime
+    schema_version: str | None
 
     def __init__(
         self,
@@ -61,6 +75,8 @@ class Event:
         aggregate_id: str | None = None,
         headers: Mapping[str, str] | None = None,
         event_id: uuid.UUID | None = None,
+        occurred_at: dt.datetime | None = None,
+        schema_version: str | int | None = None,
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise InvalidEventError("event topic must be a non-empty string")
@@ -114,6 +130,8 @@ class Event:
         if not is_json and "content-type" not in clean_headers:
             # JSON is the default content type and costs no bytes; say so only for raw bytes.
             clean_headers["content-type"] = "application/octet-stream"
+        self.occurred_at = _occurred_at(occurred_at)
+        self.schema_version = _schema_version(schema_version)
         self.event_id = event_id if event_id is not None else new_event_id()
         self.topic = topic
         self.event_type = event_type
@@ -141,8 +159,43 @@ class Event:
                 )
 
     def __repr__(self) -> str:
+        version = f" schema_version={self.schema_version!r}," if self.schema_version else ""
         return (
             f"Event(event_id={self.event_id!s}, topic={self.topic!r},"
-            f" event_type={self.event_type!r}, key={self.key!r},"
+            f" event_type={self.event_type!r}, key={self.key!r},{version}"
             f" payload=<{len(self.payload)} bytes>)"
         )
+
+
+def _occurred_at(value: dt.datetime | None) -> dt.datetime:
+    """When the fact happened: the application's aware datetime, or now."""
+    if value is None:
+        return dt.datetime.now(dt.UTC)
+    if not isinstance(value, dt.datetime):
+        raise InvalidEventError(f"occurred_at must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidEventError(
+            "occurred_at must be timezone-aware (a naive datetime is ambiguous);"
+            " e.g. datetime.now(timezone.utc) or dt.replace(tzinfo=timezone.utc)"
+        )
+    return value
+
+
+def _schema_version(value: str | int | None) -> str | None:
+    """The payload's schema version as the string every broker carries, or None."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidEventError(f"schema_version must not be negative, got {value}")
+        return str(value)
+    if not isinstance(value, str):
+        raise InvalidEventError(
+            f"schema_version must be a string or an int, got {type(value).__name__}"
+        )
+    if not value or len(value) > MAX_SCHEMA_VERSION_CHARS or not value.isprintable():
+        raise InvalidEventError(
+            f"schema_version must be 1 to {MAX_SCHEMA_VERSION_CHARS} printable characters,"
+            f" got {value!r} (a version label such as 3 or '2.1', not the schema itself)"
+        )
+    return value

@@ -45,7 +45,7 @@ _EMPTY_HEADERS = "{}"
 # A caller's statement that has its own WITH list: the events join that list.
 _LEADING_WITH = re.compile(r"\s*WITH(\s+RECURSIVE)?\s+", re.IGNORECASE)
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
-_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str]
+_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None]
 
 
 def _row(event: Event) -> _Row:
@@ -59,6 +59,8 @@ def _row(event: Event) -> _Row:
         event.aggregate_id,
         event.payload,
         headers,
+        event.occurred_at,
+        event.schema_version,
     )
 
 

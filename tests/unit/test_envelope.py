@@ -9,21 +9,26 @@ from typing import Any
 
 import pytest
 
+from outboxkit._cloudevents import decode_header_value, encode_header_value
 from outboxkit.consumers import kafka as kafka_consumer
 from outboxkit.consumers import nats as nats_consumer
 from outboxkit.consumers import rabbitmq as rabbitmq_consumer
 from outboxkit.consumers import redis as redis_consumer
 from outboxkit.consumers import sqs as sqs_consumer
 from outboxkit.consumers.base import EnvelopeError, ReceivedEvent, from_cloudevents
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, InvalidEventError
+from outboxkit.events import Event
 from outboxkit.publishers import kafka as kafka_publisher
 from outboxkit.publishers import nats as nats_publisher
 from outboxkit.publishers import rabbitmq as rabbitmq_publisher
 from outboxkit.publishers import redis as redis_publisher
 from outboxkit.publishers import sqs as sqs_publisher
 from outboxkit.publishers.base import OutboundMessage
+from outboxkit.publishers.webhook import WebhookPublisher
 
 CREATED = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+# When the fact happened: before the row was written, at another offset, with microseconds.
+OCCURRED = dt.datetime(2026, 11, 22, 15, 29, 58, 123456, tzinfo=dt.timezone(dt.timedelta(hours=5)))
 
 
 def outbound(payload: bytes = b'{"order": 7}', **headers: str) -> OutboundMessage:
@@ -41,6 +46,8 @@ def outbound(payload: bytes = b'{"order": 7}', **headers: str) -> OutboundMessag
             **headers,
         },
         created_at=CREATED,
+        occurred_at=OCCURRED,
+        schema_version="3",
     )
 
 
@@ -54,7 +61,8 @@ def assert_same(event: ReceivedEvent, message: OutboundMessage, topic: str = "or
     assert event.payload == message.payload
     assert event.headers == message.user_headers()
     assert event.content_type == message.content_type
-    assert event.occurred_at == CREATED
+    assert event.occurred_at == OCCURRED
+    assert event.schema_version == "3"
 
 
 def test_kafka_record_round_trips() -> None:
@@ -137,3 +145,107 @@ def test_runner_options_are_checked() -> None:
         )
     with pytest.raises(ConfigurationError, match="stream"):
         RedisStreamsConsumer("dbname=x", handler, consumer="c", url="redis://h", streams=[])
+
+
+# -- ce-* header values of the HTTP and NATS bindings (§3.1.3.2) ---------------------------
+
+HOSTILE = ["100%41", "München", 'say "hi" ', "%", "%zz%C0%A0", "🚀 € 日本", "tab\tcr\r", "~!#$&'()"]
+
+
+def test_percent_encoding_is_the_bindings_example_and_round_trips() -> None:
+    # The example of the HTTP binding 1.0.2 §3.1.3.2, byte for byte (upper-case hex).
+    assert encode_header_value("Euro \u20ac \U0001f600") == "Euro%20%E2%82%AC%20%F0%9F%98%80"
+    assert encode_header_value("100%41") == "100%2541"
+    assert encode_header_value("order.placed") == "order.placed"  # plain ASCII untouched
+    for value in HOSTILE:
+        encoded = encode_header_value(value)
+        assert encoded.isascii() and encoded.isprintable()
+        assert " " not in encoded and '"' not in encoded
+        assert decode_header_value(encoded) == value
+
+
+def test_percent_decoding_accepts_what_the_binding_allows_and_rejects_bad_utf8() -> None:
+    assert decode_header_value("M%c3%bcnchen") == "München"  # lower-case hex
+    assert decode_header_value("%41BC") == "ABC"  # unnecessarily encoded
+    assert decode_header_value('"quoted \\"value\\" %25"') == 'quoted "value" %'
+    with pytest.raises(ValueError, match="not UTF-8"):
+        decode_header_value("%C0%A0")  # overlong encoding of a space: MUST be rejected
+
+
+def test_nats_message_with_a_non_utf8_attribute_is_an_envelope_error() -> None:
+    headers = {"ce-id": str(uuid.uuid4()), "ce-subject": "%FF"}
+    with pytest.raises(EnvelopeError, match="ce-subject"):
+        nats_consumer.decode("orders", b"{}", headers)
+
+
+def test_nats_and_webhook_headers_encode_hostile_attributes_kafka_and_amqp_do_not() -> None:
+    message = outbound()
+    message.aggregate_id = "100%41 München"
+    message.schema_version = 'v2 "beta"'
+    nats = nats_publisher._headers(message)
+    assert nats["ce-subject"] == "100%2541%20M%C3%BCnchen"
+    assert nats["ce-schemaversion"] == "v2%20%22beta%22"
+    assert nats["ce-datacontenttype"] == "application/json"
+    assert nats_consumer.decode("orders", b"{}", nats).aggregate_id == "100%41 München"
+    webhook = dict(WebhookPublisher("http://127.0.0.1/hooks")._headers(message, b"{}"))
+    assert webhook[b"ce-subject"] == b"100%2541%20M%C3%BCnchen"
+    assert webhook[b"content-type"] == b"application/json"  # an HTTP header: not encoded
+    kafka = dict(kafka_publisher._headers(message))
+    assert kafka["ce_subject"] == "100%41 München".encode()
+    amqp = rabbitmq_publisher._headers(message)
+    assert amqp["cloudEvents_subject"] == "100%41 München"
+
+
+# -- occurred_at and schema_version ---------------------------------------------------------
+
+
+def test_occurred_at_defaults_to_now_and_must_be_timezone_aware() -> None:
+    before = dt.datetime.now(dt.UTC)
+    event = Event(topic="t", event_type="x", payload={})
+    assert before <= event.occurred_at <= dt.datetime.now(dt.UTC)
+    assert event.schema_version is None
+    assert Event(topic="t", event_type="x", payload={}, occurred_at=OCCURRED).occurred_at == (
+        OCCURRED
+    )
+    with pytest.raises(InvalidEventError, match="timezone-aware"):
+        Event(topic="t", event_type="x", payload={}, occurred_at=dt.datetime(2026, 1, 1))
+    with pytest.raises(InvalidEventError, match="must be a datetime"):
+        Event(topic="t", event_type="x", payload={}, occurred_at="2026-01-01")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("given", "stored"), [(3, "3"), (0, "0"), ("2.1", "2.1"), ("v 2", "v 2")])
+def test_schema_version_is_a_short_label_ints_as_decimal_strings(given: Any, stored: str) -> None:
+    assert Event(topic="t", event_type="x", payload={}, schema_version=given).schema_version == (
+        stored
+    )
+
+
+@pytest.mark.parametrize("bad", [True, -1, 2.0, "", "x" * 65, "two\nlines", b"3"])
+def test_schema_version_refuses_what_is_not_a_version_label(bad: Any) -> None:
+    with pytest.raises(InvalidEventError, match="schema_version"):
+        Event(topic="t", event_type="x", payload={}, schema_version=bad)
+
+
+def test_rows_from_before_schema_version_2_send_created_at_as_the_time() -> None:
+    message = outbound()
+    message.occurred_at = None
+    assert message.cloudevents_attributes()["time"] == CREATED.isoformat()
+    assert kafka_publisher._timestamp_ms(message) == 1795348800000
+    message.occurred_at = OCCURRED
+    assert kafka_publisher._timestamp_ms(message) == 1795343398123  # exact, truncated to ms
+    assert rabbitmq_publisher._message(message).timestamp is not None
+
+
+def test_sqs_schema_version_rides_in_headers_when_all_ten_attributes_are_taken() -> None:
+    message = outbound(b"\xff binary", **{"content-type": "application/octet-stream"})
+    entry, _ = sqs_publisher._entry(0, message, fifo=False)
+    attributes = entry["MessageAttributes"]
+    assert len(attributes) == 10
+    assert "ce_schemaversion" not in attributes
+    received = {"Body": entry["MessageBody"], "MessageAttributes": attributes}
+    event = sqs_consumer.decode("orders", received)
+    assert event.schema_version == "3"
+    assert "ce_schemaversion" not in event.headers
+    message.headers = {}  # room left: it is an attribute of its own
+    entry, _ = sqs_publisher._entry(0, message, fifo=False)
+    assert entry["MessageAttributes"]["ce_schemaversion"]["StringValue"] == "3"

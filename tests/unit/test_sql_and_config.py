@@ -117,7 +117,7 @@ def test_events_attached_to_a_statement_come_first_in_text_and_parameters() -> N
     )
     assert plain_stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
     assert plain_stmt.endswith(")\nINSERT INTO orders (c) VALUES (%s)")
-    assert plain_params == [*plain_params[:8], "ada"]
+    assert plain_params == [*plain_params[:10], "ada"]  # the event's ten columns, then yours
     assert plain_params[0] == event.event_id
     assert "pg_notify" not in plain_stmt
 
@@ -142,9 +142,12 @@ def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters()
         "UPDATE stock SET qty = qty - $2 WHERE sku = $1", (7, 1), [event], dollar=True
     )
     assert stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
-    assert "VALUES ($3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING pg_notify($11, '')" in stmt
+    assert (
+        "VALUES ($3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11::timestamptz, $12::text)"
+        " RETURNING pg_notify($13, '')"
+    ) in stmt
     assert stmt.endswith("\nUPDATE stock SET qty = qty - $2 WHERE sku = $1")
     assert params[:2] == [7, 1]
     assert params[2] == event.event_id
     assert params[-1] == "outboxkit_outbox"
-    assert len(params) == 11
+    assert len(params) == 13

@@ -44,8 +44,10 @@ class ReceivedEvent:
     """An event as a consumer receives it, whatever the broker.
 
     ``headers`` are the application's headers (``traceparent`` included); the
-    CloudEvents attributes are decoded into the fields. ``delivery_count`` is
-    the broker's count where it keeps one (1 on the first delivery).
+    CloudEvents attributes are decoded into the fields (``time`` into
+    ``occurred_at``, the ``schemaversion`` extension into ``schema_version``).
+    ``delivery_count`` is the broker's count where it keeps one (1 on the first
+    delivery).
     """
 
     event_id: uuid.UUID
@@ -57,8 +59,11 @@ class ReceivedEvent:
     aggregate_type: str | None = None
     aggregate_id: str | None = None
     content_type: str = DEFAULT_CONTENT_TYPE
+    #: When the fact happened (``Event.occurred_at``, CloudEvents ``time``).
     occurred_at: dt.datetime | None = None
     delivery_count: int = 1
+    #: ``Event.schema_version`` as a string (CloudEvents extension ``schemaversion``), if set.
+    schema_version: str | None = None
 
     def json(self) -> Any:
         """The payload decoded as JSON (the default content type)."""
@@ -115,6 +120,7 @@ def from_cloudevents(
         content_type=content_type or attributes.get("datacontenttype") or DEFAULT_CONTENT_TYPE,
         occurred_at=occurred_at,
         delivery_count=delivery_count,
+        schema_version=attributes.get("schemaversion"),
     )
 
 

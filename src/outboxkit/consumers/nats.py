@@ -17,6 +17,7 @@ import nats
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from outboxkit._cloudevents import decode_header_value
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
     EnvelopeError,
@@ -36,14 +37,22 @@ _ACK_TIMEOUT = 5.0
 def decode(
     subject: str, data: bytes, headers: dict[str, str] | None, delivery_count: int = 1
 ) -> ReceivedEvent:
-    """The event in a JetStream message published by the NATS publisher (``ce-*`` headers)."""
+    """The event in a JetStream message published by the NATS publisher (``ce-*`` headers).
+
+    Attribute values are percent-decoded as the NATS binding requires; a value
+    whose encoded bytes are not UTF-8 makes the message an :class:`EnvelopeError`.
+    """
     attributes: dict[str, str] = {}
     user: dict[str, str] = {}
     content_type = None
     for name, value in (headers or {}).items():
-        if name.startswith("ce-"):
-            attributes[name[3:]] = value
-        elif name == "content-type":
+        lowered = name.lower()
+        if lowered.startswith("ce-"):
+            try:
+                attributes[lowered[3:]] = decode_header_value(value)
+            except ValueError as exc:
+                raise EnvelopeError(f"message on {subject!r}: {name}: {exc}") from None
+        elif lowered == "content-type":
             content_type = value
         elif not name.startswith("Nats-"):
             user[name] = value
@@ -52,7 +61,7 @@ def decode(
         payload=data,
         attributes=attributes,
         headers=user,
-        content_type=content_type,
+        content_type=attributes.get("datacontenttype") or content_type,
         delivery_count=delivery_count,
         fallback_id=(headers or {}).get("Nats-Msg-Id"),
     )

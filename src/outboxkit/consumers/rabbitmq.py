@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from typing import Any
 
@@ -32,17 +33,28 @@ from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer.rabbitmq")
 
-_CE_PREFIX = "cloudEvents_"
+# The AMQP binding allows either separator; outboxkit sends "_" (JMS-compatible).
+_CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
+_CE_PREFIX_LEN = len("cloudEvents_")
 
 
 def decode(message: AbstractMessage, routing_key: str, delivery_count: int = 1) -> ReceivedEvent:
-    """The event in an AMQP message sent by the RabbitMQ publisher (routing key = topic)."""
+    """The event in an AMQP message sent by the RabbitMQ publisher (routing key = topic).
+
+    Attribute values are UTF-8 strings as they are (no percent-encoding in AMQP);
+    a native AMQP timestamp for ``time`` is accepted too, as the binding requires.
+    """
     attributes: dict[str, str] = {}
     user: dict[str, str] = {}
     for name, value in (message.headers or {}).items():
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        if name.startswith(_CE_PREFIX):
-            attributes[name[len(_CE_PREFIX) :]] = text
+        if isinstance(value, bytes):
+            text = value.decode()
+        elif isinstance(value, dt.datetime):
+            text = (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
+        else:
+            text = str(value)
+        if name.startswith(_CE_PREFIXES):
+            attributes[name[_CE_PREFIX_LEN:]] = text
         elif name != "idempotency-key" and not name.startswith("x-"):
             user[name] = text
     if "type" not in attributes and message.type:

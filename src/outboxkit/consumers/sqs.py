@@ -54,6 +54,8 @@ def decode(queue: str, message: dict[str, Any]) -> ReceivedEvent:
                 raise EnvelopeError(f"message of queue {queue!r} has unreadable headers") from None
             if isinstance(decoded, dict):
                 user = {str(k): str(v) for k, v in decoded.items()}
+    if "ce_schemaversion" in user:  # no attribute slot was left for it (SQS allows 10)
+        attributes.setdefault("schemaversion", user.pop("ce_schemaversion"))
     body = str(message.get("Body", ""))
     if base64_body:
         try:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from outboxkit._cloudevents import encode_header_value
+
 DEFAULT_CONTENT_TYPE = "application/json"
 
 
@@ -30,35 +32,62 @@ class OutboundMessage:
     headers: dict[str, str]
     created_at: dt.datetime
     attempt: int = 1
+    #: When the fact happened (``Event.occurred_at``); None only for rows written before
+    #: schema version 2, which fall back to ``created_at``.
+    occurred_at: dt.datetime | None = None
+    schema_version: str | None = None
 
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", DEFAULT_CONTENT_TYPE)
 
+    @property
+    def time(self) -> dt.datetime:
+        """The event's time on every broker (CloudEvents ``time``, message timestamps)."""
+        return self.occurred_at if self.occurred_at is not None else self.created_at
+
     def cloudevents_attributes(self) -> dict[str, str]:
         """CloudEvents 1.0 attributes (binary mode), without a binding's prefix.
 
-        Every broker binding carries the same metadata: Kafka/AMQP as ``ce_*``
-        headers, NATS and HTTP as ``ce-*`` headers.
+        Every broker binding carries the same metadata: Kafka as ``ce_*`` and AMQP
+        as ``cloudEvents_*`` headers holding the UTF-8 values as they are; NATS and
+        HTTP as percent-encoded ``ce-*`` headers (:meth:`cloudevents_headers`).
+        ``schemaversion`` is outboxkit's extension attribute for ``Event.schema_version``.
         """
         attrs = {
             "specversion": "1.0",
             "id": str(self.event_id),
             "type": self.event_type,
             "source": f"/outboxkit/{self.aggregate_type}" if self.aggregate_type else "/outboxkit",
-            "time": self.created_at.isoformat(),
+            "time": self.time.isoformat(),
             "datacontenttype": self.content_type,
         }
         if self.aggregate_id is not None:
             attrs["subject"] = self.aggregate_id
         if self.key is not None:
             attrs["partitionkey"] = self.key
+        if self.schema_version is not None:
+            attrs["schemaversion"] = self.schema_version
         # CloudEvents distributed-tracing extension: the write-time W3C trace context.
         for name in ("traceparent", "tracestate"):
             value = self.headers.get(name)
             if value:
                 attrs[name] = value
         return attrs
+
+    def cloudevents_headers(self) -> dict[str, str]:
+        """``ce-<attr>`` headers of the HTTP and NATS bindings, values percent-encoded.
+
+        Those bindings allow only printable ASCII in a header: space, ``"``, ``%``
+        and anything else are sent as ``%XX`` UTF-8 bytes (HTTP binding 1.0.2
+        §3.1.3.2), so the CloudEvents SDKs decode every attribute exactly.
+        ``datacontenttype`` is left to the caller (HTTP carries it as ``content-type``).
+        """
+        return {
+            f"ce-{name}": encode_header_value(value)
+            for name, value in self.cloudevents_attributes().items()
+            if name != "datacontenttype"
+        }
 
     def user_headers(self) -> dict[str, str]:
         """Headers written by the application (content-type is carried as a CE attribute)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import logging
 import threading
@@ -394,6 +395,7 @@ class KafkaPublisher:
                         value=message.payload,
                         key=key,
                         headers=_headers(message),
+                        timestamp=_timestamp_ms(message),
                         on_delivery=callback,
                     )
                 except BufferError:
@@ -437,6 +439,7 @@ class KafkaPublisher:
                     value=message.payload,
                     key=key,
                     headers=_headers(message),
+                    timestamp=_timestamp_ms(message),
                     on_delivery=callback,
                 )
                 return
@@ -466,9 +469,20 @@ class KafkaPublisher:
             self._on_exception(generation, exc, "flush")
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MILLISECOND = dt.timedelta(milliseconds=1)
 _SPECVERSION = ("ce_specversion", b"1.0")
 _DEFAULT_CONTENT_TYPE = ("content-type", DEFAULT_CONTENT_TYPE.encode())
 _TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _timestamp_ms(message: OutboundMessage) -> int:
+    """The record's CreateTime: when the event occurred, as on every other broker.
+
+    (Topics with ``message.timestamp.type=LogAppendTime`` replace it with the
+    broker's append time.)
+    """
+    return (message.time - _EPOCH) // _MILLISECOND
 
 
 @functools.lru_cache(maxsize=1024)
@@ -499,13 +513,15 @@ def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
         ("ce_id", event_id),
         ("ce_type", message.event_type.encode()),
         ("ce_source", _source(message.aggregate_type)),
-        ("ce_time", message.created_at.isoformat().encode()),
+        ("ce_time", message.time.isoformat().encode()),
         content_type,
     )
     if message.aggregate_id is not None:
         headers.append(("ce_subject", message.aggregate_id.encode()))
     if message.key is not None:
         headers.append(("ce_partitionkey", message.key.encode()))
+    if message.schema_version is not None:
+        headers.append(("ce_schemaversion", message.schema_version.encode()))
     if user:
         for name in _TRACE_HEADERS:
             value = user.get(name)

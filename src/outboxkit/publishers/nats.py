@@ -22,6 +22,7 @@ import nats.errors
 import nats.js.errors
 
 from outboxkit import limits
+from outboxkit._cloudevents import encode_header_value
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
@@ -349,11 +350,12 @@ def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:
 
 def _headers(message: OutboundMessage) -> dict[str, str]:
     # User headers first: they cannot override the dedup id or the CloudEvents attributes.
+    # The NATS binding maps every attribute to ce-<attr>, datacontenttype included, with
+    # the HTTP binding's percent-encoding; content-type stays for readers of earlier versions.
     headers = message.user_headers()
-    for name, value in message.cloudevents_attributes().items():
-        if name == "datacontenttype":
-            headers["content-type"] = value
-        else:
-            headers[f"ce-{name}"] = value
+    content_type = message.content_type
+    headers["content-type"] = content_type
+    headers.update(message.cloudevents_headers())
+    headers["ce-datacontenttype"] = encode_header_value(content_type)
     headers["Nats-Msg-Id"] = str(message.event_id)
     return headers

@@ -332,7 +332,7 @@ def _message(message: OutboundMessage) -> aio_pika.Message:
         content_type=message.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=str(message.event_id),
-        timestamp=message.created_at,
+        timestamp=message.time,  # when the event occurred, as on every broker
         type=message.event_type,
         app_id="outboxkit",
     )

@@ -44,6 +44,7 @@ _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _SQS_TEXT = re.compile("^[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*$")
 _NO_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 _PLACEHOLDER = "{topic}"
+_MAX_ATTRIBUTES = 10  # message attributes SQS accepts per message
 
 
 class SqsPublisher:
@@ -53,7 +54,9 @@ class SqsPublisher:
     ``ce_type``, ``ce_source``, ``ce_time``, ``ce_specversion``,
     ``content-type``, ``ce_subject`` and ``ce_partitionkey`` when present,
     ``headers`` (JSON of user headers) when there are any, and
-    ``content-transfer-encoding: base64`` when the body had to be encoded.
+    ``content-transfer-encoding: base64`` when the body had to be encoded;
+    ``ce_schemaversion`` when the event has one (inside ``headers`` when the
+    other nine are all present).
     """
 
     name = "sqs"
@@ -347,6 +350,13 @@ def _attributes(message: OutboundMessage, *, base64_body: bool) -> dict[str, str
         if name in ce:
             attributes[f"ce_{name}"] = ce[name]
     user = message.user_headers()
+    version = ce.get("schemaversion")
+    if version is not None:
+        if len(attributes) + bool(user) + base64_body < _MAX_ATTRIBUTES:
+            attributes["ce_schemaversion"] = version
+        else:
+            # All ten attributes taken: the version rides in the headers object.
+            user = {**user, "ce_schemaversion": version}
     if user:
         attributes["headers"] = orjson.dumps(user).decode()
     if base64_body:

@@ -27,7 +27,7 @@ import string
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import httpx
 
@@ -42,6 +42,11 @@ _RETRY_STATUSES = {408, 425, 429}
 _DEFAULT_TIMEOUT = 10.0
 _DEFAULT_CONCURRENCY = 16
 _EXCERPT_CHARS = 300
+# A response body is read up to this many bytes, within the timeout: the verdict needs
+# the status and an excerpt, and a receiver streaming forever must not fill the relay's memory.
+_MAX_BODY = 64 * 1024
+_DEFAULT_MAX_RETRY_AFTER = 3600.0  # the longest Retry-After honoured (seconds)
+_MAX_RETRY_AFTER_LIMIT = 30 * 86400.0
 _SECRET_PREFIX = "whsec_"  # noqa: S105 -- the Standard Webhooks prefix, not a secret
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 # Headers outboxkit sets; a user header of the same name (any case) is dropped.
@@ -68,10 +73,15 @@ class WebhookPublisher:
         timeout: float = _DEFAULT_TIMEOUT,
         concurrency: int = _DEFAULT_CONCURRENCY,
         max_retry_after_wait: float | None = None,
+        max_retry_after: float = _DEFAULT_MAX_RETRY_AFTER,
     ) -> None:
         _check_template(url_template)
         if timeout <= 0:
             raise ConfigurationError("webhook timeout must be positive (seconds)")
+        if not 0 < max_retry_after <= _MAX_RETRY_AFTER_LIMIT:
+            raise ConfigurationError(
+                "webhook max_retry_after must be positive and at most 30 days (seconds)"
+            )
         if concurrency < 1:
             raise ConfigurationError("webhook concurrency must be at least 1")
         if secret is not None and not secret:
@@ -83,6 +93,8 @@ class WebhookPublisher:
         # A short Retry-After is waited out within the batch; a longer one is
         # reported as a retry without sending, and the relay's backoff paces it.
         self._max_wait = max_retry_after_wait if max_retry_after_wait is not None else timeout
+        # A receiver's Retry-After is honoured up to this; beyond it the relay tries again then.
+        self._max_retry_after = max_retry_after
         self._slots = asyncio.Semaphore(concurrency)
         self._not_before: dict[str, float] = {}  # origin -> monotonic time
         self._client: httpx.AsyncClient | None = None
@@ -93,7 +105,9 @@ class WebhookPublisher:
 
         ``secret_env`` names the environment variable that holds the signing
         secret (``whsec_<base64>`` as Standard Webhooks issues them, or plain
-        base64). ``timeout``, ``concurrency`` and ``secret_env`` are removed
+        base64). ``max_retry_after`` caps the wait a receiver's ``Retry-After`` can
+        impose (seconds, default one hour). ``timeout``, ``concurrency``,
+        ``max_retry_after_wait``, ``max_retry_after`` and ``secret_env`` are removed
         from the query; any other query parameter is sent to the receiver.
         """
         parts = urlsplit(url)
@@ -113,7 +127,7 @@ class WebhookPublisher:
                     "never put the webhook secret in the URL (it would show in `ps` and logs);"
                     " put it in an environment variable and pass ?secret_env=NAME"
                 )
-            elif key in ("timeout", "concurrency", "max_retry_after_wait"):
+            elif key in ("timeout", "concurrency", "max_retry_after_wait", "max_retry_after"):
                 try:
                     options[key] = int(value) if key == "concurrency" else float(value)
                 except ValueError:
@@ -145,7 +159,8 @@ class WebhookPublisher:
                     max_keepalive_connections=self._concurrency,
                 ),
                 follow_redirects=False,
-                headers={"user-agent": "outboxkit-webhook"},
+                # Raw bytes, never a compressed body: the read is capped before decoding.
+                headers={"user-agent": "outboxkit-webhook", "accept-encoding": "identity"},
             )
         return self._client
 
@@ -197,7 +212,8 @@ class WebhookPublisher:
         headers: list[tuple[bytes, bytes]],
     ) -> PublishResult:
         try:
-            response = await client.post(url, content=body, headers=headers)
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                content = await self._read_body(response)
         except httpx.TimeoutException as exc:
             return PublishResult.retry(
                 f"webhook: no response from {redact(origin)} within {self._timeout:g}s"
@@ -210,18 +226,36 @@ class WebhookPublisher:
             return PublishResult.retry(
                 f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "connection"
             )
-        return self._verdict(origin, response)
+        return self._verdict(origin, response, content)
 
-    def _verdict(self, origin: str, response: httpx.Response) -> PublishResult:
+    async def _read_body(self, response: httpx.Response) -> bytes:
+        """The body's first `_MAX_BODY` bytes, read within the timeout; the rest is dropped.
+
+        Leaving the stream unread closes the connection instead of returning it to the pool.
+        """
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._timeout):
+                async for chunk in response.aiter_raw():
+                    chunks.append(chunk[: _MAX_BODY - size])
+                    size += len(chunks[-1])
+                    if size >= _MAX_BODY:
+                        break
+        except (TimeoutError, httpx.TransportError):
+            pass  # the status is what counts; the body is only an excerpt for the error
+        return b"".join(chunks)
+
+    def _verdict(self, origin: str, response: httpx.Response, content: bytes) -> PublishResult:
         status = response.status_code
         if 200 <= status < 300:
             return PublishResult.success()
-        excerpt = _excerpt(response)
+        excerpt = _excerpt(content)
         text = f"webhook: {redact(origin)} answered HTTP {status}" + (
             f": {excerpt}" if excerpt else ""
         )
         if status in _RETRY_STATUSES or status >= 500:
-            delay = _retry_after(response.headers.get("retry-after"))
+            delay = _retry_after(response.headers.get("retry-after"), self._max_retry_after)
             if delay is not None:
                 self._not_before[origin] = max(
                     self._not_before.get(origin, 0.0), time.monotonic() + delay
@@ -240,6 +274,13 @@ class WebhookPublisher:
             values["key"] = message.key
         elif "{key}" in self._template:
             raise ValueError("the webhook URL uses {key} but the event has no key")
+        for name, value in values.items():
+            if "{" + name + "}" in self._template and _has_dot_segment(value):
+                raise ValueError(
+                    f"the event's {name} {value!r} is or contains a '.' or '..' path segment"
+                    " (possibly percent-encoded): put in the webhook URL it would send the"
+                    f" request to another path; refused (rename the {name})"
+                )
         return self._template.format_map({k: quote(v, safe="") for k, v in values.items()})
 
     def _headers(self, message: OutboundMessage, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -248,11 +289,8 @@ class WebhookPublisher:
             for k, v in message.user_headers().items()
             if k.lower() not in _RESERVED and not k.lower().startswith("ce-")
         }
-        for name, value in message.cloudevents_attributes().items():
-            if name == "datacontenttype":
-                headers["content-type"] = value
-            else:
-                headers[f"ce-{name}"] = value
+        headers["content-type"] = message.content_type
+        headers.update(message.cloudevents_headers())  # percent-encoded (HTTP binding)
         event_id = str(message.event_id)
         timestamp = str(int(time.time()))
         headers["Idempotency-Key"] = event_id
@@ -329,22 +367,33 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+def _has_dot_segment(value: str) -> bool:
+    """True if `value`, percent-decoded as often as a server might, has a `.` or `..` segment."""
+    for _ in range(4):  # %252e%252e -> %2e%2e -> ..
+        decoded = unquote(value)
+        if decoded == value:
+            break
+        value = decoded
+    return any(segment in (".", "..") for segment in re.split(r"[/\\]", value))
+
+
+def _retry_after(value: str | None, cap: float = _DEFAULT_MAX_RETRY_AFTER) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), at most `cap`."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():
+        return min(float(value), cap)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        delay = when.timestamp() - time.time()
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return min(max(0.0, delay), cap)
 
 
-def _excerpt(response: httpx.Response) -> str:
-    text = response.content[: _EXCERPT_CHARS * 4].decode("utf-8", "replace")
+def _excerpt(content: bytes) -> str:
+    text = content[: _EXCERPT_CHARS * 4].decode("utf-8", "replace")
     text = " ".join(text.split())
     return redact(text[:_EXCERPT_CHARS])
 

@@ -22,7 +22,7 @@ PENDING = 0
 PUBLISHED = 1
 FAILED = 2
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -91,6 +91,15 @@ CREATE INDEX IF NOT EXISTS {index_pending} ON {table} (available_at, id) WHERE s
 CREATE INDEX IF NOT EXISTS {index_failed} ON {table} (id) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS {index_published} ON {table} (published_at) WHERE status = 1;
 """,
+    # When the fact happened (set by the application, distinct from created_at) and the
+    # payload's schema version. Rows written before this version keep occurred_at NULL
+    # (the claim falls back to created_at): no table rewrite, and the default applies
+    # only to rows inserted from now on, including by writers not yet upgraded.
+    2: """
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS occurred_at timestamptz;
+ALTER TABLE {table} ALTER COLUMN occurred_at SET DEFAULT now();
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS schema_version text;
+""",
 }
 
 CREATE_VERSION_TABLE = """
@@ -121,15 +130,22 @@ WHERE NOT EXISTS (
 
 # --- write side ---------------------------------------------------------------
 
-_COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"
+_COLUMNS = (
+    "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,"
+    " occurred_at, schema_version"
+)
 
-INSERT_ONE = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
+INSERT_ONE = (
+    f"INSERT INTO {{table}} ({_COLUMNS})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::timestamptz, %s::text)"
+)
 # One statement, one round trip, for any number of events.
 INSERT_MANY = f"""
 INSERT INTO {{table}} ({_COLUMNS})
-SELECT e, t, k, y, at, ai, p, h::jsonb
+SELECT e, t, k, y, at, ai, p, h::jsonb, oa, sv
 FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-            %s::bytea[], %s::text[]) AS u(e, t, k, y, at, ai, p, h)
+            %s::bytea[], %s::text[], %s::timestamptz[], %s::text[])
+     AS u(e, t, k, y, at, ai, p, h, oa, sv)
 """
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
@@ -164,7 +180,8 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # index, then update exactly those rows through the primary key. (`IN (SELECT ...)`
 # lets the planner hash-join against a sequential scan of the whole table once the
 # table is small enough, which made the claim 20 % slower while a backlog drained.)
-# RETURNING lists the columns in OutboundMessage's field order after the id.
+# RETURNING lists the columns in OutboundMessage's field order after the id;
+# occurred_at is NULL only in rows written before schema version 2.
 #
 # A row over the sizes the relay loads (a field of a row written around Event(), by
 # plain SQL or an older version: outboxkit.limits) is dead-lettered by the claim
@@ -191,7 +208,8 @@ SET attempts = o.attempts + 1,
     claimed_by = %(relay_id)s
 WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NULL)) AND {commit_named}
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
-          o.payload, o.headers, o.created_at, o.attempts
+          o.payload, o.headers, o.created_at, o.attempts,
+          coalesce(o.occurred_at, o.created_at), o.schema_version
 """
 SETTLE_PUBLISHED_DELETE = (
     "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}"
