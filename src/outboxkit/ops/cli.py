@@ -104,6 +104,8 @@ class _Commands(click.Group):
         except ModuleNotFoundError as exc:
             if isinstance(exc, OutboxkitError):
                 _fail(str(exc), 2)
+            if (exc.name or "outboxkit").startswith("outboxkit"):
+                raise  # a broken install or a bug: the traceback is what helps
             _fail(str(missing_extra(exc, f"`outboxkit {ctx.invoked_subcommand}`")), 2)
 
 
