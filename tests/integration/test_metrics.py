@@ -16,11 +16,12 @@ from typing import Any
 import aiohttp
 import psycopg
 import yaml
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outboxkit import Event
 from outboxkit.embedded import free_port
-from outboxkit.ops.metrics import RelayMetrics
+from outboxkit.ops.metrics import OTHER_TOPICS, RelayMetrics, TopicLabels
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store.postgres import Statements
 from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events
@@ -175,17 +176,18 @@ def _series(metrics: RelayMetrics) -> set[tuple[str, tuple[tuple[str, str], ...]
     }
 
 
-async def test_series_count_stays_flat_while_10000_events_with_distinct_keys_pass(
+async def test_series_stay_bounded_while_10000_events_with_distinct_topics_and_keys_pass(
     db_dsn: str, nats_server: Any
 ) -> None:
     root = f"c{uuid.uuid4().hex[:8]}"
     await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
-    topics = [f"{root}.a", f"{root}.b"]
+    hot = f"{root}.hot"
 
     def batch(start: int, n: int) -> list[Event]:
+        # one event in three on the busy topic, every other one on a topic of its own
         return [
             Event(
-                topic=topics[i % 2],
+                topic=hot if i % 3 == 0 else f"{root}.t{i}",
                 event_type="order.placed",
                 payload={"i": i},
                 key=f"customer-{uuid.uuid4()}",  # a new key for every event
@@ -194,32 +196,47 @@ async def test_series_count_stays_flat_while_10000_events_with_distinct_keys_pas
             for i in range(start, start + n)
         ]
 
-    metrics = RelayMetrics(db_dsn, gauge_interval=0.2, process_metrics=False)
+    labels = TopicLabels(20, rerank_every=0.3, idle_after=1.0)
+    metrics = RelayMetrics(db_dsn, gauge_interval=0.2, process_metrics=False, topic_labels=labels)
     publisher = NatsPublisher.from_url(nats_server.url)
+
+    def topics_of(series: set[tuple[str, tuple[tuple[str, str], ...]]]) -> set[str]:
+        return {v for _name, ls in series for k, v in ls if k == "topic"}
+
     async with running_relay(db_dsn, publisher, observer=metrics, batch_size=500) as relay:
         metrics.attach(relay)
         gauges = asyncio.create_task(metrics.run_gauges())
         try:
             write_events(db_dsn, batch(0, 1000))
             await wait_for(lambda: count(db_dsn) == 0, timeout=60, what="first 1000 published")
-            await asyncio.sleep(0.5)  # let the gauge task read the drained table once more
             first = _series(metrics)
             write_events(db_dsn, batch(1000, 9000))
             await wait_for(lambda: count(db_dsn) == 0, timeout=90, what="10000 published")
-            await asyncio.sleep(0.5)
+            during = _series(metrics)
+            hot_published = metrics.registry.get_sample_value(
+                "outboxkit_events_published_total", {"topic": hot}
+            )
+            other_published = metrics.registry.get_sample_value(
+                "outboxkit_events_published_total", {"topic": OTHER_TOPICS}
+            )
+            await asyncio.sleep(2.0)  # idle for longer than idle_after: drained topics leave
             after = _series(metrics)
         finally:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
-    published = sum(
-        metrics.registry.get_sample_value("outboxkit_events_published_total", {"topic": t}) or 0
-        for t in topics
-    )
-    assert published == 10_000
-    assert after == first, f"new series appeared: {sorted(after - first)[:10]}"
-    assert len(after) < 200
-    labels = {k for _name, ls in after for k, _v in ls}
-    assert labels <= {"topic", "error_class", "le", "relay_id"}
+    assert metrics.registry.get_sample_value("outboxkit_events_claimed_total") == 10_000
+    assert hot_published == 3334, "the busiest topic keeps its own series throughout"
+    assert other_published is not None and other_published > 0
+    for series in (first, during, after):
+        assert len(topics_of(series)) <= 21, sorted(topics_of(series))[:30]
+        assert len(series) < 21 * 30 + 50  # about 28 series per labelled topic
+    assert hot in topics_of(during) and OTHER_TOPICS in topics_of(during)
+    assert topics_of(after) <= {OTHER_TOPICS}, "series of drained topics are dropped"
+    assert len(after) <= len(first)
+    names = {k for _name, ls in during for k, _v in ls}
+    assert names <= {"topic", "error_class", "le", "relay_id"}
+    # the scrape's size follows the labelled topics, not the 6 667 that passed
+    assert len(generate_latest(metrics.registry)) < 200_000
 
 
 def test_gauge_queries_read_only_the_partial_indexes_never_the_published_rows(

@@ -234,6 +234,7 @@ class GuardedSite(web.BaseSite):
         self._server = await loop.create_server(
             protocol, self._host, self._port, backlog=128, reuse_address=True
         )
+        self.gate.where = f"{self._host}:{self.port}"
 
 
 def runner(app: web.Application, limits: ServerLimits = DEFAULT_LIMITS) -> web.AppRunner:

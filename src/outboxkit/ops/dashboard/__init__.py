@@ -84,6 +84,7 @@ class Dashboard:
         host: str | None = None,
         allowed_hosts: Iterable[str] = (),
         max_topics: int = DEFAULT_MAX_TOPICS,
+        token_failure_window: float = TOKEN_FAILURE_WINDOW,
     ) -> None:
         """``host``: the address it is served on; with ``allowed_hosts``, the Host names
         it answers to besides IP addresses and localhost."""
@@ -100,7 +101,7 @@ class Dashboard:
         self.max_topics = max_topics
         self.allowed_hosts = _allowed_hosts(host, allowed_hosts)
         self.connections = _Connections(dsn)
-        self.attempts = _TokenAttempts()
+        self.attempts = _TokenAttempts(window=token_failure_window)
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(2, int(HISTORY_SECONDS / sample_interval) + 1)
         )
