@@ -7,7 +7,9 @@ invoice per order, one inbox record per event, nothing left in the outbox.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -43,28 +45,38 @@ def test_kafka(empty_db_dsn: str, kafka_broker) -> None:
 
 def test_nats(empty_db_dsn: str, nats_server) -> None:
     stream = unique_name("ORDERS")
-    _run("nats_orders.py", empty_db_dsn, NATS_URL=nats_server.url, NATS_STREAM=stream)
+    try:
+        _run("nats_orders.py", empty_db_dsn, NATS_URL=nats_server.url, NATS_STREAM=stream)
+    finally:
+        asyncio.run(_delete_nats_stream(nats_server.url, stream))
 
 
 def test_rabbitmq(empty_db_dsn: str) -> None:
     from tests.support.local_brokers import rabbitmq_url
 
-    _run(
-        "rabbitmq_orders.py",
-        empty_db_dsn,
-        RABBITMQ_URL=rabbitmq_url(),
-        RABBITMQ_EXCHANGE=unique_name("shop"),
-        RABBITMQ_QUEUE=unique_name("billing"),
-    )
+    url, exchange, queue = rabbitmq_url(), unique_name("shop"), unique_name("billing")
+    try:
+        _run(
+            "rabbitmq_orders.py",
+            empty_db_dsn,
+            RABBITMQ_URL=url,
+            RABBITMQ_EXCHANGE=exchange,
+            RABBITMQ_QUEUE=queue,
+        )
+    finally:
+        asyncio.run(_delete_rabbitmq(url, exchange, queue))
 
 
 def test_redis_twice_on_one_database(empty_db_dsn: str) -> None:
     """A second run sets up nothing twice and invoices only its own new orders."""
     from tests.support.local_brokers import redis_url
 
-    topic = unique_name("orders")
-    _run("redis_orders.py", empty_db_dsn, REDIS_URL=redis_url(), ORDERS_TOPIC=topic)
-    _run("redis_orders.py", empty_db_dsn, REDIS_URL=redis_url(), ORDERS_TOPIC=topic, orders=6)
+    url, topic = redis_url(), unique_name("orders")
+    try:
+        _run("redis_orders.py", empty_db_dsn, REDIS_URL=url, ORDERS_TOPIC=topic)
+        _run("redis_orders.py", empty_db_dsn, REDIS_URL=url, ORDERS_TOPIC=topic, orders=6)
+    finally:
+        asyncio.run(_delete_redis_streams(url, topic, f"{topic}:dead"))
 
 
 def test_sqs(empty_db_dsn: str) -> None:
@@ -143,3 +155,34 @@ def _run(example: str, dsn: str, *, orders: int = 3, **env: str) -> None:
     assert invoiced == placed, "every order invoiced exactly once"
     assert records == orders, "one inbox record per event"
     assert left == 0, "the relay published (and deleted) every event"
+
+
+async def _delete_nats_stream(url: str, stream: str) -> None:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
+    try:
+        with contextlib.suppress(Exception):
+            await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+async def _delete_rabbitmq(url: str, exchange: str, queue: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(url, timeout=5)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(queue)
+        await channel.exchange_delete(exchange)
+
+
+async def _delete_redis_streams(url: str, *streams: str) -> None:
+    import redis.asyncio as redis
+
+    client = redis.from_url(url)
+    try:
+        await client.delete(*streams)
+    finally:
+        await client.aclose()
