@@ -38,8 +38,20 @@ log = logging.getLogger("outboxkit.relay")
 
 Retention = Literal["delete", "keep"]
 _MAX_ERROR_CHARS = 2000
+_MAX_RETRY_DELAY = 30 * 86400.0  # the longest wait a settle schedules (seconds)
 # The start-up count of pending events stops here: it reads the pending index only.
 _PENDING_CAP = 100_000
+
+
+def _bounded(retry_after: float | None) -> float:
+    """A publisher's ``retry_after`` as a delay the settle can store.
+
+    The settle adds it to ``now()``: 1e20 s (a receiver's absurd Retry-After) overflowed
+    the timestamp and failed every settle of the row. NaN and negatives mean no delay.
+    """
+    if retry_after is None or not retry_after > 0:
+        return 0.0
+    return min(retry_after, _MAX_RETRY_DELAY)
 
 
 def default_relay_id() -> str:
@@ -241,8 +253,9 @@ class Relay:
         """
         try:
             conn = await self._connection("claim")
-            cur = await conn.execute(self._sql.metrics_pending_by_topic, {"cap": _PENDING_CAP})
-            pending = sum(row[1] + row[2] for row in await cur.fetchall())
+            cur = await conn.execute(self._sql.count_pending_capped, {"cap": _PENDING_CAP})
+            row = await cur.fetchone()
+            pending = int(row[0]) if row else 0
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise table_missing(self.table, database=database) from None
@@ -434,7 +447,7 @@ class Relay:
             if not result.counts_attempt:
                 # Never tried (the publisher's own client failed): back in line, attempt refunded.
                 fail_status.append(PENDING)
-                fail_delay.append(max(result.retry_after or 0.0, outage_delay))
+                fail_delay.append(max(_bounded(result.retry_after), outage_delay))
                 fail_refund.append(1)
                 handed_back += 1
                 continue
@@ -446,7 +459,7 @@ class Relay:
             else:
                 fail_status.append(PENDING)
                 delay = full_jitter(message.attempt, base=self.retry_base, cap=self.retry_cap)
-                fail_delay.append(max(delay, result.retry_after or 0.0))
+                fail_delay.append(max(delay, _bounded(result.retry_after)))
                 retried.append((message, result))
         self.observer.settled(published_messages, retried, dead)
 
