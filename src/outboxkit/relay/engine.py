@@ -253,8 +253,9 @@ class Relay:
         """
         try:
             conn = await self._connection("claim")
-            cur = await conn.execute(self._sql.metrics_pending_by_topic, {"cap": _PENDING_CAP})
-            pending = sum(row[1] + row[2] for row in await cur.fetchall())
+            cur = await conn.execute(self._sql.count_pending_capped, {"cap": _PENDING_CAP})
+            row = await cur.fetchone()
+            pending = int(row[0]) if row else 0
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise table_missing(self.table, database=database) from None

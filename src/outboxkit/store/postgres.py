@@ -305,6 +305,10 @@ FROM (SELECT topic, claim_token, available_at, created_at FROM {table}
       WHERE status = 0 ORDER BY available_at, id LIMIT %(cap)s) AS p
 GROUP BY topic
 """
+# The relay's start-up line: pending rows through the pending index, counted up to a cap.
+COUNT_PENDING_CAPPED = (
+    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 0 LIMIT %(cap)s) AS p"
+)
 METRICS_FAILED_BY_TOPIC = """
 SELECT topic, count(*)
 FROM (SELECT topic FROM {table} WHERE status = 2 ORDER BY id LIMIT %(cap)s) AS f
@@ -396,6 +400,7 @@ class Statements:
         self.purge_published_batch = r(PURGE_PUBLISHED_BATCH)
         self.count_purgeable = r(COUNT_PURGEABLE)
         self.metrics_pending_by_topic = r(METRICS_PENDING_BY_TOPIC)
+        self.count_pending_capped = r(COUNT_PENDING_CAPPED)
         self.metrics_failed_by_topic = r(METRICS_FAILED_BY_TOPIC)
         self.last_event_id = LAST_EVENT_ID
         self.discard_failed_by_id = r(DISCARD_FAILED_BY_ID)
