@@ -61,6 +61,9 @@ _DISTRIBUTIONS = {
     "opentelemetry": "opentelemetry-api",
 }
 _UNDEFINED_TABLE = "42P01"
+_UNDEFINED_COLUMN = "42703"
+# Columns added by later schema versions: a write that misses one hit an older table.
+_NEWER_COLUMNS = ("occurred_at", "schema_version")
 
 
 def missing_extra(exc: ModuleNotFoundError, needed_by: str) -> MissingExtraError:
@@ -96,6 +99,10 @@ def is_undefined_table(exc: BaseException) -> bool:
     psycopg and asyncpg errors carry ``sqlstate``, psycopg2's ``pgcode``; SQLAlchemy
     wraps them (``orig``) and its asyncpg adapter chains them (``__cause__``).
     """
+    return _has_sqlstate(exc, _UNDEFINED_TABLE)
+
+
+def _has_sqlstate(exc: BaseException, sqlstate: str) -> bool:
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -104,7 +111,7 @@ def is_undefined_table(exc: BaseException) -> bool:
             continue
         seen.add(id(current))
         state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
-        if state == _UNDEFINED_TABLE:
+        if state == sqlstate:
             return True
         stack += [getattr(current, "orig", None), current.__cause__]
     return False
@@ -127,8 +134,10 @@ def table_missing(
 
 def outbox_table_missing(
     exc: BaseException, table: str, *, with_callers_sql: bool = False
-) -> TableNotFoundError | None:
+) -> SchemaError | None:
     """outboxkit's error for a driver's undefined-table error ``exc`` on a write, else None.
+
+    Also for a column of a later schema version the table lacks (not migrated yet).
 
     Every write path calls it the same way::
 
@@ -140,6 +149,16 @@ def outbox_table_missing(
     ``with_callers_sql``: the statement also ran the caller's SQL (``execute_with``), so
     the missing relation may be theirs; only an error that names the outbox table counts.
     """
+    if _has_sqlstate(exc, _UNDEFINED_COLUMN):
+        text = str(exc)
+        if any(f'"{column}"' in text for column in _NEWER_COLUMNS):
+            return SchemaError(
+                f"outbox table {table!r} is older than this outboxkit (the server says: "
+                f"{text.strip().splitlines()[0]}): upgrade it with `outboxkit migrate --dsn …"
+                f" --table {table}` before deploying writers and relays of this version;"
+                " the transaction this write ran in has failed: roll it back"
+            )
+        return None
     if not is_undefined_table(exc):
         return None
     if with_callers_sql and f'"{table}"' not in str(exc):
