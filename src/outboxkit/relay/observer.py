@@ -97,8 +97,9 @@ def _safely(hook: object, *args: object) -> None:
 class SummaryLog(RelayObserver):
     """One INFO line per ``interval`` with what the relay did since the last one.
 
-    Failures are logged by the engine as they happen (WARNING/ERROR); this keeps
-    the steady state to a line per interval however many batches flow.
+    Publish failures are logged as outages (relay/outage.py: a WARNING when they start,
+    an INFO when they end; each failure at DEBUG) and dead letters one ERROR each; this
+    keeps the steady state to a line per interval however many batches flow.
     """
 
     def __init__(self, interval: float = 30.0) -> None:
