@@ -303,7 +303,12 @@ class KafkaPublisher:
                     self._fatal = err  # the underlying cause is more useful than "_FATAL"
                 return
             self._fatal = err
-            self._recreate_at = time.monotonic() + self._recreate_delay
+            # Failing again soon after a recreation: wait longer before the next one.
+            now = time.monotonic()
+            low, high = _RECREATE_BACKOFF
+            recent = now - self._recreated_at < _RECREATE_RECENT
+            self._recreate_delay = min(max(2 * self._recreate_delay, low), high) if recent else 0.0
+            self._recreate_at = now + self._recreate_delay
         result = PublishResult.hand_back(
             f"kafka producer failed fatally ({err.name()}: {err.str()}); published again by a"
             " new producer",
@@ -321,9 +326,6 @@ class KafkaPublisher:
         now = time.monotonic()
         if now < self._recreate_at:
             return self._recreate_at - now
-        low, high = _RECREATE_BACKOFF
-        recent = now - self._recreated_at < _RECREATE_RECENT
-        self._recreate_delay = min(max(2 * self._recreate_delay, low), high) if recent else 0.0
         self._recreated_at = now
         handed_back, self._handed_back = self._handed_back, 0
         log.warning(
