@@ -30,7 +30,7 @@ from psycopg.waiting import Ready, Wait
 
 from outboxkit._transactions import check_psycopg_usable, type_name
 from outboxkit.drivers import psycopg_private as private
-from outboxkit.errors import NotInTransactionError
+from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 
@@ -177,6 +177,8 @@ class OutboxTransaction:
             for notify, (stmt, _) in self.outbox._commit_insert.items():
                 private.forget_prepared(conn, (stmt, _TYPES_NOTIFY_KEY if notify else _TYPES_KEY))
         if error is not None:
+            if missing := outbox_table_missing(error, self.outbox.table, rolled_back=True):
+                raise missing from error
             raise error
 
     def _finish_sync(self, exc: BaseException | None) -> None:

@@ -118,7 +118,11 @@ def _has_sqlstate(exc: BaseException, sqlstate: str) -> bool:
 
 
 def table_missing(
-    table: str, *, in_transaction: bool = False, database: str | None = None
+    table: str,
+    *,
+    in_transaction: bool = False,
+    database: str | None = None,
+    rolled_back: bool = False,
 ) -> TableNotFoundError:
     """The error for a missing outbox table, with the command that creates it."""
     where = f"database {database!r}" if database else "this database"
@@ -127,13 +131,15 @@ def table_missing(
         f" `outboxkit migrate --dsn … --table {table}` (or add `outboxkit migrate --print-sql`"
         " to your own migrations)"
     )
-    if in_transaction:
+    if rolled_back:
+        message += "; the transaction was rolled back"
+    elif in_transaction:
         message += "; the transaction this write ran in has failed: roll it back"
     return TableNotFoundError(message)
 
 
 def outbox_table_missing(
-    exc: BaseException, table: str, *, with_callers_sql: bool = False
+    exc: BaseException, table: str, *, with_callers_sql: bool = False, rolled_back: bool = False
 ) -> SchemaError | None:
     """outboxkit's error for a driver's undefined-table error ``exc`` on a write, else None.
 
@@ -148,6 +154,7 @@ def outbox_table_missing(
 
     ``with_callers_sql``: the statement also ran the caller's SQL (``execute_with``), so
     the missing relation may be theirs; only an error that names the outbox table counts.
+    ``rolled_back``: outboxkit already rolled the transaction back (``Outbox.transaction()``).
     """
     if _has_sqlstate(exc, _UNDEFINED_COLUMN):
         text = str(exc)
@@ -156,7 +163,11 @@ def outbox_table_missing(
                 f"outbox table {table!r} is older than this outboxkit (the server says: "
                 f"{text.strip().splitlines()[0]}): upgrade it with `outboxkit migrate --dsn …"
                 f" --table {table}` before deploying writers and relays of this version;"
-                " the transaction this write ran in has failed: roll it back"
+                + (
+                    " the transaction was rolled back"
+                    if rolled_back
+                    else " the transaction this write ran in has failed: roll it back"
+                )
             )
         return None
     if not is_undefined_table(exc):
@@ -164,4 +175,4 @@ def outbox_table_missing(
     if with_callers_sql and f'"{table}"' not in str(exc):
         # The server quotes the relation as written: "outbox" or "schema.outbox".
         return None
-    return table_missing(table, in_transaction=True)
+    return table_missing(table, in_transaction=True, rolled_back=rolled_back)

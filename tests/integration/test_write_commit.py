@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from outboxkit import InvalidEventError, NotInTransactionError, Outbox
+from outboxkit.errors import TableNotFoundError
 from tests.integration.test_write import _client_round_trips, _event
 from tests.integration.test_write import shop_dsn as shop_dsn  # the fixture, shared
 from tests.support.relaying import count, rows
@@ -110,11 +111,12 @@ def test_a_failing_event_insert_rolls_the_business_change_back_and_raises(shop_d
     Here the INSERT runs before the COMMIT in the same pipeline: when it fails, nothing commits."""
     with psycopg.connect(shop_dsn, autocommit=True) as conn:
         with (
-            pytest.raises(psycopg.errors.UndefinedTable),
+            pytest.raises(TableNotFoundError, match="outboxkit migrate.*was rolled back") as info,
             Outbox(table="missing").transaction(conn) as tx,
         ):
             conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
             tx.put(_event())
+        assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with Outbox().transaction(conn) as tx:  # the connection works on
             conn.execute("INSERT INTO orders (customer) VALUES ('bob')")
@@ -163,7 +165,7 @@ async def test_async_outbox_transaction_commits_and_rolls_back(shop_dsn: str) ->
                 await conn.execute("INSERT INTO orders (customer) VALUES ('bob')")
                 tx.put(_event(2))
                 raise RuntimeError("rolled back")
-        with pytest.raises(psycopg.errors.UndefinedTable):
+        with pytest.raises(TableNotFoundError, match="was rolled back"):
             async with Outbox(table="missing").atransaction(conn) as tx:
                 await conn.execute("INSERT INTO orders (customer) VALUES ('eve')")
                 tx.put(_event(3))
