@@ -182,7 +182,7 @@ async def test_a_message_the_broker_will_never_accept_is_dead_lettered_at_once(
 ) -> None:
     good_topic = _topic()
     good = make_events(good_topic, 3)
-    bad = Event(topic="not a valid topic!", event_type="x", payload={})
+    bad = Event(topic="not-a-valid-topic!", event_type="x", payload={})  # Kafka: [A-Za-z0-9._-]
     write_events(db_dsn, [good[0], bad, *good[1:]])
     async with running_relay(db_dsn, KafkaPublisher.from_url(kafka_broker.url), max_attempts=10):
         await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="settled")
