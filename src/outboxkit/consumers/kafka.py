@@ -15,7 +15,12 @@ import contextlib
 import logging
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from outboxkit.errors import missing_extra
+
+try:
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
+    raise missing_extra(exc, "outboxkit.consumers.kafka") from exc
 
 from outboxkit.consumers.base import (
     EnvelopeError,

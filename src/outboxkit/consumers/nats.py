@@ -13,9 +13,14 @@ import contextlib
 import logging
 from typing import Any
 
-import nats
-import nats.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from outboxkit.errors import missing_extra
+
+try:
+    import nats
+    import nats.errors
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
+    raise missing_extra(exc, "outboxkit.consumers.nats") from exc
 
 from outboxkit._cloudevents import decode_header_value
 from outboxkit._redact import redact

@@ -18,8 +18,13 @@ import datetime as dt
 import logging
 from typing import Any
 
-import aio_pika
-from aio_pika.abc import AbstractIncomingMessage, AbstractMessage
+from outboxkit.errors import missing_extra
+
+try:
+    import aio_pika
+    from aio_pika.abc import AbstractIncomingMessage, AbstractMessage
+except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
+    raise missing_extra(exc, "outboxkit.consumers.rabbitmq") from exc
 
 from outboxkit.consumers.base import (
     EnvelopeError,

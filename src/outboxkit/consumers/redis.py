@@ -17,8 +17,14 @@ import socket
 from typing import Any
 
 import orjson
-import redis.asyncio
-import redis.exceptions
+
+from outboxkit.errors import missing_extra
+
+try:
+    import redis.asyncio
+    import redis.exceptions
+except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
+    raise missing_extra(exc, "outboxkit.consumers.redis") from exc
 
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (

@@ -16,8 +16,13 @@ import contextlib
 import logging
 from typing import Any
 
-import boto3
-import botocore.config
+from outboxkit.errors import missing_extra
+
+try:
+    import boto3
+    import botocore.config
+except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
+    raise missing_extra(exc, "outboxkit.consumers.sqs") from exc
 import orjson
 
 from outboxkit._redact import redact
