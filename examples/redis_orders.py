@@ -21,6 +21,8 @@ from outboxkit.store.inbox_sql import migrate_inbox
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 TOPIC = os.environ.get("ORDERS_TOPIC", "orders")
+# The relay's streams live under a prefix: no event can name another application's keys.
+PREFIX = "outbox:"
 
 
 def place_orders(totals: list[int]) -> list[int]:
@@ -62,8 +64,11 @@ async def main() -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS invoices (order_id int PRIMARY KEY, total int)")
     order_ids = place_orders([4200, 1700, 990])
 
-    relay = Relay(DSN, from_url(REDIS_URL))  # stream = topic
-    billing = RedisStreamsConsumer(DSN, invoice, consumer="billing", url=REDIS_URL, streams=TOPIC)
+    relay_url = f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}stream_prefix={PREFIX}"
+    relay = Relay(DSN, from_url(relay_url))  # stream = prefix + topic
+    billing = RedisStreamsConsumer(
+        DSN, invoice, consumer="billing", url=REDIS_URL, streams=PREFIX + TOPIC
+    )
     running = [asyncio.create_task(relay.run()), asyncio.create_task(billing.run())]
     try:
         await asyncio.wait_for(invoiced(order_ids), timeout=60)
@@ -71,7 +76,7 @@ async def main() -> None:
         relay.stop()  # finishes in-flight batches, hands back the rest
         billing.stop()  # finishes the message in hand
         await asyncio.gather(*running)
-    print(f"placed and invoiced orders {order_ids} through Redis stream {TOPIC!r}")
+    print(f"placed and invoiced orders {order_ids} through Redis stream {PREFIX + TOPIC!r}")
 
 
 async def invoiced(order_ids: list[int]) -> None:

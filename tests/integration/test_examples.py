@@ -76,7 +76,8 @@ def test_redis_twice_on_one_database(empty_db_dsn: str) -> None:
         _run("redis_orders.py", empty_db_dsn, REDIS_URL=url, ORDERS_TOPIC=topic)
         _run("redis_orders.py", empty_db_dsn, REDIS_URL=url, ORDERS_TOPIC=topic, orders=6)
     finally:
-        asyncio.run(_delete_redis_streams(url, topic, f"{topic}:dead"))
+        stream = f"outbox:{topic}"  # the example's stream_prefix
+        asyncio.run(_delete_redis_streams(url, stream, f"{stream}:dead"))
 
 
 def test_sqs(empty_db_dsn: str) -> None:
