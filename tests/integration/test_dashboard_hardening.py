@@ -23,7 +23,7 @@ from outboxkit import Event
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.dashboard import OTHER_TOPICS, POOL_SIZE, Dashboard, dashboard_app
 from outboxkit.ops.http import serving
-from tests.support.relaying import count, write_events
+from tests.support.relaying import count, wait_for, write_events
 
 TOKEN = "t0ken-" + uuid.uuid4().hex
 
@@ -141,54 +141,60 @@ async def test_malformed_event_ids_are_answered_400_not_500(db_dsn: str) -> None
             assert resp.status == 404, "the largest bigint is a valid id, just absent"
 
 
-def _dashboard_connections(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'outboxkit-dashboard' AND datname = current_database()"
-        ).fetchone()
+def _connections(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(open now, opened ever) of the test's database, this connection left out."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pg_stat_activity"
+        "        WHERE datname = current_database() AND pid <> pg_backend_pid()),"
+        " sessions FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
     assert row is not None
-    return int(row[0])
+    return int(row[0]), int(row[1])
 
 
 async def test_a_burst_of_requests_reuses_a_few_database_connections(db_dsn: str) -> None:
     row_id = _failed_event(db_dsn)
     board = Dashboard(db_dsn, admin_token=TOKEN, sample_interval=0.2)
-    seen: list[int] = []
+    open_now: list[int] = []
     # 300 requests at once over 32 connections (beyond the server's cap of 64 it answers 503)
     connector = aiohttp.TCPConnector(limit=32)
-    async with served(board) as url, aiohttp.ClientSession(connector=connector) as s:
+    with psycopg.connect(db_dsn, autocommit=True) as watch_conn:
+        _open, sessions_before = _connections(watch_conn)
+        async with served(board) as url, aiohttp.ClientSession(connector=connector) as s:
 
-        async def get(path: str) -> int:
-            async with s.get(f"{url}{path}") as resp:
-                await resp.read()
-                return resp.status
+            async def get(path: str) -> int:
+                async with s.get(f"{url}{path}") as resp:
+                    await resp.read()
+                    return resp.status
 
-        async def watch() -> None:
-            while True:
-                seen.append(await asyncio.to_thread(_dashboard_connections, db_dsn))
-                await asyncio.sleep(0.05)
+            async def watch() -> None:
+                while True:
+                    open_now.append((await asyncio.to_thread(_connections, watch_conn))[0])
+                    await asyncio.sleep(0.05)
 
-        watcher = asyncio.create_task(watch())
-        try:
-            paths = ["/api/overview", "/api/failed", f"/api/events/{row_id}"] * 100
-            statuses = await asyncio.gather(*(get(p) for p in paths))
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-        assert statuses == [200] * len(paths)
-        assert board.connections.opened <= POOL_SIZE, board.connections.opened
-        assert seen and max(seen) <= POOL_SIZE, seen
+            watcher = asyncio.create_task(watch())
+            try:
+                paths = ["/api/overview", "/api/failed", f"/api/events/{row_id}"] * 100
+                statuses = await asyncio.gather(*(get(p) for p in paths))
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            assert statuses == [200] * len(paths)
+            _open, sessions_after = _connections(watch_conn)
+            opened = sessions_after - sessions_before
+            assert opened <= POOL_SIZE, f"{opened} database connections for 300 requests"
+            assert open_now and max(open_now) <= POOL_SIZE, open_now
 
-        # the server ends the kept connections: the next requests reconnect, once
-        with psycopg.connect(db_dsn, autocommit=True) as conn:
-            conn.execute(
+            # the server ends the kept connections: the next requests reconnect, once
+            watch_conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'outboxkit-dashboard'"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
-        assert await get(f"/api/events/{row_id}") == 200
-        assert await get("/api/failed") == 200
-    assert _dashboard_connections(db_dsn) == 0, "closed with the app"
+            assert await get(f"/api/events/{row_id}") == 200
+            assert await get("/api/failed") == 200
+        await wait_for(
+            lambda: _connections(watch_conn)[0] == 0, timeout=10, what="closed with the app"
+        )
 
 
 async def test_the_topic_list_stays_bounded_with_300_topics(db_dsn: str) -> None:

@@ -284,6 +284,7 @@ class _Connections:
         self.dsn = dsn
         self.size = size
         self.opened = 0
+        self.closed = False
         self._idle: list[psycopg.Connection[Any]] = []
         self._slots: asyncio.Semaphore | None = None
 
@@ -313,10 +314,14 @@ class _Connections:
         except BaseException:
             conn.close()
             raise
-        self._idle.append(conn)
+        if self.closed:  # a call still running when the app stopped
+            conn.close()
+        else:
+            self._idle.append(conn)
         return result
 
     def close(self) -> None:
+        self.closed = True
         while self._idle:
             self._idle.pop().close()
 
