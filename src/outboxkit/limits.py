@@ -69,10 +69,13 @@ RESERVED_HEADER_NAMES = frozenset(
 
 def text_problem(name: str, value: str, max_bytes: int) -> str | None:
     """Why ``value`` cannot be the event's ``name`` field, or None."""
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        return f"{name} is {size} bytes, over the limit of {max_bytes}"
-    if _CONTROL.search(value):
+    # Fast path (every event pays it): a UTF-8 character is at most 4 bytes, and a
+    # printable string holds no control character.
+    if len(value) * 4 > max_bytes:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            return f"{name} is {size} bytes, over the limit of {max_bytes}"
+    if not value.isprintable() and _CONTROL.search(value):
         return f"{name} contains a control character (NUL, CR, LF, ...): {_excerpt(value)}"
     return None
 
@@ -82,18 +85,18 @@ def topic_problem(topic: str) -> str | None:
     if not topic:
         return "topic is empty"
     problem = text_problem("topic", topic, MAX_TOPIC_BYTES)
-    if problem is None and _TOPIC_BAD.search(topic):
+    # Every whitespace character but the ASCII space is also not printable.
+    if problem is None and (" " in topic or not topic.isprintable()) and _TOPIC_BAD.search(topic):
         problem = f"topic contains whitespace: {_excerpt(topic)}"
     return problem
 
 
 def header_problem(name: str, value: str) -> str | None:
     """Why ``name: value`` cannot travel as a header on every broker, or None."""
-    if len(name.encode()) > MAX_HEADER_NAME_BYTES:
-        return f"header name {_excerpt(name)} is over {MAX_HEADER_NAME_BYTES} bytes"
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_HEADER_VALUE_BYTES:
-        return f"header {name!r} is {size} bytes, over the limit of {MAX_HEADER_VALUE_BYTES}"
+    if len(value) * 4 > MAX_HEADER_VALUE_BYTES:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_HEADER_VALUE_BYTES:
+            return f"header {name!r} is {size} bytes, over the limit of {MAX_HEADER_VALUE_BYTES}"
     return wire_header_problem(name, value)
 
 
@@ -103,20 +106,17 @@ def wire_header_problem(name: str, value: str) -> str | None:
     What a publisher checks before sending: a CR, LF or NUL in a value, or a name
     that is not a token, would end the header line and let the event write the next.
     """
-    if not _TOKEN.fullmatch(name):
-        return (
-            f"header name {_excerpt(name)} is not an HTTP token"
-            " (letters, digits and !#$%&'*+-.^_`|~ only)"
-        )
-    if _HEADER_VALUE_BAD.search(value):
+    problem = _name_verdict(name)[0]
+    if problem is not None:
+        return problem
+    if not value.isprintable() and _HEADER_VALUE_BAD.search(value):
         return f"header {name!r} contains a control character (NUL, CR, LF, ...): {_excerpt(value)}"
     return None
 
 
 def is_reserved_header(name: str) -> bool:
     """True for a name outboxkit or a broker interprets (see ``RESERVED_HEADER_*``)."""
-    lowered = name.lower()
-    return lowered in RESERVED_HEADER_NAMES or lowered.startswith(RESERVED_HEADER_PREFIXES)
+    return _name_verdict(name)[1]
 
 
 def wire_headers_problem(headers: Mapping[str, str]) -> str | None:
@@ -125,6 +125,32 @@ def wire_headers_problem(headers: Mapping[str, str]) -> str | None:
         if (problem := wire_header_problem(name, value)) is not None:
             return problem
     return None
+
+
+# Header names repeat from event to event: each is judged once (a bounded cache).
+_NAME_VERDICTS: dict[str, tuple[str | None, bool]] = {}
+_NAME_VERDICTS_MAX = 4096
+
+
+def _name_verdict(name: str) -> tuple[str | None, bool]:
+    """``(why the name is not a valid header name or None, whether it is reserved)``."""
+    verdict = _NAME_VERDICTS.get(name)
+    if verdict is None:
+        problem: str | None = None
+        if len(name.encode("utf-8", "surrogatepass")) > MAX_HEADER_NAME_BYTES:
+            problem = f"header name {_excerpt(name)} is over {MAX_HEADER_NAME_BYTES} bytes"
+        elif not _TOKEN.fullmatch(name):
+            problem = (
+                f"header name {_excerpt(name)} is not an HTTP token"
+                " (letters, digits and !#$%&'*+-.^_`|~ only)"
+            )
+        lowered = name.lower()
+        reserved = lowered in RESERVED_HEADER_NAMES or lowered.startswith(RESERVED_HEADER_PREFIXES)
+        verdict = (problem, reserved)
+        if len(_NAME_VERDICTS) >= _NAME_VERDICTS_MAX:
+            _NAME_VERDICTS.clear()
+        _NAME_VERDICTS[name] = verdict
+    return verdict
 
 
 def headers_problem(headers: Mapping[str, str], *, allow_reserved: bool = False) -> str | None:

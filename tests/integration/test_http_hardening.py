@@ -463,3 +463,54 @@ async def test_readyz_says_why_without_naming_servers_hosts_or_roles(
         relay.wait(30)
     log = log_path.read_text()
     assert "not ready: database unreachable" in log, "the details go to the relay's log"
+
+
+# A server out of descriptors: every one is taken, so accept() fails with EMFILE.
+_STARVED_SERVER = """
+import asyncio, logging, os, resource, sys
+from aiohttp import web
+from outboxkit.ops.http import serving
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+async def main():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    async with serving(web.Application(), "127.0.0.1", int(sys.argv[1])):
+        hog = []
+        try:
+            while True:
+                hog.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        print("starved", flush=True)
+        await asyncio.sleep(float(sys.argv[2]))
+asyncio.run(main())
+"""
+
+
+async def test_accept_errors_out_of_descriptors_are_logged_once_per_interval() -> None:
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _STARVED_SERVER,
+        str(port),
+        "8",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert server.stdout is not None
+    assert await asyncio.wait_for(server.stdout.readline(), 30) == b"starved\n"
+    deadline = time.monotonic() + 6
+    attempts = 0
+    while time.monotonic() < deadline:  # clients keep knocking; each accept fails
+        with contextlib.suppress(OSError, TimeoutError):
+            _r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
+            w.close()
+        attempts += 1
+        await asyncio.sleep(0.05)
+    _out, err = await server.communicate()
+    log = err.decode()
+    assert server.returncode == 0, log[-2000:]
+    # asyncio's own handler wrote one traceback per failed accept (one per second here)
+    assert log.count("socket.accept() out of system resource") == 1, log[-3000:]
+    assert "Too many open files" in log and "Traceback" not in log, log[-3000:]
+    assert attempts > 20

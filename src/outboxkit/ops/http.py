@@ -15,9 +15,8 @@ import contextlib
 import gc
 import logging
 import resource
-import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +209,7 @@ class GuardedSite(web.BaseSite):
         self._port = port
         self._limits = limits
         self.gate = _Gate(limits.connection_cap(), f"{host}:{port}")
+        self._undo_quiet: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
@@ -235,6 +235,13 @@ class GuardedSite(web.BaseSite):
             protocol, self._host, self._port, backlog=128, reuse_address=True
         )
         self.gate.where = f"{self._host}:{self.port}"
+        self._undo_quiet = _quiet_accept_errors(loop)
+
+    async def stop(self) -> None:
+        if self._undo_quiet is not None:
+            self._undo_quiet()
+            self._undo_quiet = None
+        await super().stop()
 
 
 def runner(app: web.Application, limits: ServerLimits = DEFAULT_LIMITS) -> web.AppRunner:
@@ -360,9 +367,8 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-@contextlib.contextmanager
-def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
-    """Rate-limit asyncio's "socket.accept() out of system resource" reports.
+def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Rate-limit asyncio's "socket.accept() out of system resource" reports; return an undo.
 
     asyncio logs one with a traceback for every failed accept; out of
     descriptors, that was 170 MB of log in 80 seconds.
@@ -373,8 +379,7 @@ def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         message = str(context.get("message", ""))
         if message.startswith("socket.accept()"):
-            exc = context.get("exception")
-            throttled(logging.ERROR, "http: %s: %s", message, exc)
+            throttled(logging.ERROR, "http: %s: %s", message, context.get("exception"))
             return
         if previous is not None:
             previous(loop, context)
@@ -382,10 +387,12 @@ def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
-    try:
-        yield
-    finally:
-        loop.set_exception_handler(previous)
+
+    def undo() -> None:
+        if loop.get_exception_handler() is handler:
+            loop.set_exception_handler(previous)
+
+    return undo
 
 
 @contextlib.asynccontextmanager
@@ -417,26 +424,6 @@ async def serving(
             what,
             site.gate.cap,
         )
-        with _quiet_accept_errors(asyncio.get_running_loop()):
-            yield site
+        yield site
     finally:
         await run.cleanup()
-
-
-async def serve_forever(
-    app: web.Application,
-    host: str,
-    port: int,
-    *,
-    limits: ServerLimits = DEFAULT_LIMITS,
-    what: str = "dashboard",
-    option: str = "--port",
-) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    async with serving(app, host, port, limits=limits, what=what, option=option):
-        await stop.wait()

@@ -78,8 +78,8 @@ class NatsPublisher:
         self._connect_lock = asyncio.Lock()
         self._last_log = 0.0
         self._closing = False  # set while close() runs: that disconnect is ours, not an outage
-        # Subjects already judged (topics repeat): their verdict, None when publishable.
-        self._subjects_seen: dict[str, str | None] = {}
+        # Subjects and header names already judged: their verdict, None when publishable.
+        self._seen: dict[str, str | None] = {}
 
     @classmethod
     def from_url(cls, url: str) -> NatsPublisher:
@@ -218,26 +218,31 @@ class NatsPublisher:
         Checked here and not only at ``Event()``: rows written by older versions or by
         plain SQL, and topics rewritten by routes, reach the relay too.
         """
+        # Subjects and header names repeat: each is judged once (bounded caches).
+        seen = self._seen
         subject = message.topic
-        verdict = self._subjects_seen.get(subject, _UNSEEN)
+        verdict = seen.get(subject, _UNSEEN)
         if verdict is _UNSEEN:
-            verdict = _subject_problem(subject)
-            if len(self._subjects_seen) >= _SUBJECTS_SEEN_MAX:
-                self._subjects_seen.clear()
-            self._subjects_seen[subject] = verdict
+            verdict = self._remember(subject, _subject_problem(subject))
         if verdict is not None:
             return verdict
-        headers = message.headers
-        if headers:
-            if (problem := limits.wire_headers_problem(headers)) is not None:
+        for name, value in message.headers.items():
+            key = _HEADER + name
+            verdict = seen.get(key, _UNSEEN)
+            if verdict is _UNSEEN:
+                verdict = self._remember(key, _header_name_problem(name))
+            if verdict is not None:
+                return verdict
+            # A printable value is fine; otherwise a tab is, CR, LF and NUL are not.
+            if not value.isprintable() and (problem := limits.wire_header_problem(name, value)):
                 return problem
-            for name in headers:
-                if name[:5].lower() == "nats-":
-                    return (
-                        f"header {name!r} is reserved by NATS (the server acts on Nats-*"
-                        " headers: dedup ids, rollups, expected sequences); not published"
-                    )
         return None
+
+    def _remember(self, key: str, verdict: str | None) -> str | None:
+        if len(self._seen) >= _SEEN_MAX:
+            self._seen.clear()
+        self._seen[key] = verdict
+        return verdict
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
@@ -288,9 +293,20 @@ class NatsPublisher:
 
 _SUCCESS = PublishResult.success()
 _UNSEEN = "unseen"
-_SUBJECTS_SEEN_MAX = 10_000
+_HEADER = "\n"  # prefixes a header name in the verdict cache: no subject holds a newline
+_SEEN_MAX = 10_000
 # Whitespace and control characters end or split a protocol line; never in a subject.
 _SUBJECT_BAD = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _header_name_problem(name: str) -> str | None:
+    """Why ``name`` must not be sent as a NATS header name, or None."""
+    if name[:5].lower() == "nats-":
+        return (
+            f"header {name[:80]!r} is reserved by NATS (the server acts on Nats-* headers:"
+            " dedup ids, rollups, expected sequences); not published"
+        )
+    return limits.wire_header_problem(name, "")
 
 
 def _subject_problem(subject: str) -> str | None:
