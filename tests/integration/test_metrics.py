@@ -266,3 +266,43 @@ def test_gauge_queries_read_only_the_partial_indexes_never_the_published_rows(
         elapsed = time.perf_counter() - started
     assert sorted((r[0], r[1]) for r in rows) == [("t0", 50), ("t1", 50), ("t2", 50)]
     assert elapsed < 1.0
+
+
+async def test_relay_command_labels_its_busiest_topics_or_only_the_named_ones(
+    db_dsn: str, nats_server: Any, tmp_path: Path
+) -> None:
+    root = f"k{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    busy = [f"{root}.busy{i}" for i in range(3)]
+    for args in (["--metrics-max-topics", "5"], ["--metrics-topic", busy[0]]):
+        events = [e for t in busy for e in _events(t, 40)]
+        events += [e for i in range(500) for e in _events(f"{root}.rare{i}", 1)]
+        write_events(db_dsn, events)
+        port = free_port()
+        relay = spawn_relay(
+            db_dsn,
+            nats_server.url,
+            tmp_path / "relay.log",
+            "--metrics-port",
+            str(port),
+            "--gauge-interval",
+            "0.3",
+            *args,
+        )
+        try:
+            await wait_for(lambda: count(db_dsn) == 0, timeout=60, what="all published")
+            status, text = await _get(f"http://127.0.0.1:{port}/metrics")
+            assert status == 200
+            published = {
+                dict(labels)["topic"]: v
+                for (name, labels), v in _samples(text).items()
+                if name == "outboxkit_events_published_total"
+            }
+            if args[0] == "--metrics-topic":
+                assert set(published) == {busy[0], OTHER_TOPICS}
+            else:
+                assert len(published) <= 6 and OTHER_TOPICS in published, published
+            assert sum(published.values()) == len(events)
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            assert relay.wait(30) == 0, (tmp_path / "relay.log").read_text()[-3000:]
