@@ -54,7 +54,7 @@ async def main(minutes: float) -> None:
         dsn = pg.dsn_for("shop")
         migrate(dsn)
         await ensure_stream(nats.url, "SHOP", ["shop.>"])
-        board = Dashboard(dsn, admin_token="demo-token", sample_interval=2.0)
+        board = Dashboard(dsn, admin_token="demo-token-0123456789", sample_interval=2.0)
         runner = web.AppRunner(dashboard_app(board), access_log=None)
         await runner.setup()
         port = free_port()
