@@ -30,7 +30,9 @@ class Event:
     The payload is encoded once, here: a ``bytes`` payload is kept as is, any
     other value is encoded as JSON with orjson. Every check happens at
     construction, so a bad event fails in the caller's code before anything
-    reaches the database.
+    reaches the database. Every field is bounded and free of control characters,
+    and header names a broker acts on are refused (``outboxkit.limits`` says what
+    and why): a topic or a header can never inject a broker command or forge an id.
 
     ``occurred_at`` is when the fact happened (a timezone-aware datetime; default:
     now, at construction) and is what every broker sends as the event's time —
