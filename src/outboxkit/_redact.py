@@ -34,9 +34,10 @@ _SECRET_WORDS = "|".join(  # names of secrets, not secrets
 _QUERY_NAME = r"[?&](?:sig|key|auth|pass|pw|jwt|nkey|seed|sas|code)"
 _VALUE = r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s&#;\"']+"
 # The match starts at the secret word, not at the name's start ("ssl_password" matches at
-# "password"): anchoring on the word keeps the scan linear; only the value is replaced.
+# "password") and the rest of a name is bounded: the scan stays linear; only the value is
+# replaced.
 _NAMED = re.compile(
-    rf"(?P<head>(?:(?:{_SECRET_WORDS})[\w.-]*|{_QUERY_NAME})"
+    rf"(?P<head>(?:(?:{_SECRET_WORDS})[\w.-]{{0,40}}|{_QUERY_NAME})"
     rf"(?:\s*=\s*|[\"']?\s*:\s+|[\"']\s*:\s*))(?P<value>{_VALUE})",
     re.IGNORECASE,
 )

@@ -64,6 +64,9 @@ async def test_a_full_relay_run_logs_json_with_failure_context_and_never_the_pas
         proxy.resume()
         write_events(db_dsn, [Event(topic=good, event_type="x", payload={"m": PAYLOAD_MARK})])
         await wait_for(lambda: count(db_dsn, "status = 0") == 0, timeout=30, what="recovered")
+        await wait_for(
+            lambda: "database back" in log_path.read_text(), timeout=20, what="back line"
+        )
     finally:
         relay.send_signal(signal.SIGTERM)
         code = relay.wait(30)
@@ -85,7 +88,10 @@ async def test_a_full_relay_run_logs_json_with_failure_context_and_never_the_pas
     assert f"topic={poison}" in dead["msg"] and "event_id=" in dead["msg"]
     summaries = [e for e in lines if e["msg"].startswith("relay summary")]
     assert summaries and sum(e["published"] for e in summaries) >= 20
-    assert any("database unavailable" in e["msg"] for e in lines)
+    # the database outage: one WARNING (a reminder only past 30 s), one INFO when it is back
+    db = [e for e in lines if e["level"] == "warning" and e["msg"].startswith("database")]
+    assert len(db) == 1 and "database unavailable" in db[0]["msg"], db
+    assert [e for e in lines if e["level"] == "info" and e["msg"].startswith("database back")]
 
     # every output of the run and of the CLI's help and errors, grepped for the secret
     help_text = _run(["relay", "--help"], env)

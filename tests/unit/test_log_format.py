@@ -214,3 +214,34 @@ def test_dead_letters_leave_the_waiting_count_and_a_poison_event_flaps_no_more_t
     assert not outage.failing
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
     assert "1 dead-lettered" in caplog.records[1].getMessage()
+
+
+def test_a_database_outage_is_one_warning_reminders_and_one_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from outboxkit.relay.outage import FailureEpisode
+
+    now = [0.0]
+    episode = FailureEpisode("database", remind_every=30.0, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="outboxkit.relay"):
+        episode.succeeded()  # nothing failed: nothing to say
+        for _ in range(100):  # 50 s of reconnect attempts every 0.5 s
+            episode.failed("database unavailable during %s (%s)", "claim", "refused")
+            now[0] += 0.5
+        now[0] -= 0.5
+        episode.succeeded()  # too soon: another connection may still be failing
+        assert episode.started_at is not None
+        now[0] += 5
+        episode.succeeded()
+        episode.succeeded()
+    by_level = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname != "DEBUG"]
+    assert by_level == [
+        ("WARNING", "database unavailable during claim (refused)"),
+        (
+            "WARNING",
+            "database still failing after 30s (61 failures): database unavailable during claim"
+            " (refused)",
+        ),
+        ("INFO", "database back after 50s (100 failures)"),
+    ]
+    assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 98

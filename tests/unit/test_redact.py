@@ -147,3 +147,14 @@ def test_user_names_and_short_secrets_are_not_searched_in_free_text() -> None:
     remember_secrets("nats://abc@h:4222")  # too short to mask in prose
     assert redact("postgres says abc") == "postgres says abc"
     assert redact("nats://abc@h:4222") == "nats://***@h:4222", "still masked in its URL"
+
+
+def test_redaction_time_is_linear_in_the_text() -> None:
+    """A 50 MB key once reached a log line: the scan must not be quadratic."""
+    import time
+
+    remember_secrets(f"nats://{TOKEN}@h:4222")
+    for text in ("x" * 200_000, "a1" * 100_000, "token" * 40_000, ("k=v&" * 50_000)):
+        started = time.perf_counter()
+        redact(text)
+        assert time.perf_counter() - started < 0.5, text[:20]

@@ -31,7 +31,7 @@ from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
-from outboxkit.relay.outage import OutageLog
+from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.store.postgres import FAILED, PENDING, Statements
 
 log = logging.getLogger("outboxkit.relay")
@@ -170,6 +170,7 @@ class Relay:
         )
         # Publish failures are logged as outages, a few lines per relay (relay/outage.py).
         self.outage = OutageLog(max_attempts=max_attempts)
+        self._db_outage = FailureEpisode("database")
         self._sql = Statements(table)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -361,6 +362,7 @@ class Relay:
                 f" {conn.info.dbname!r}: run `outboxkit migrate --dsn ... --table {self.table}`"
             ) from None
         self._db_backoff.reset()
+        self._db_outage.succeeded()
         self.observer.claimed(len(records), time.perf_counter() - started)
         self.outage.claimed(len(records), 0.0)
         if not records:
@@ -561,6 +563,7 @@ class Relay:
                 async with self._settle_lock:
                     cur = await conn.execute(stmt, params)
                 self._db_backoff.reset()
+                self._db_outage.succeeded()
                 return cur.rowcount
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if self._stopping.is_set() and (
@@ -625,7 +628,7 @@ class Relay:
                 with contextlib.suppress(Exception):
                     await conn.close()
         delay = self._db_backoff.next_delay()
-        log.warning(
+        self._db_outage.failed(
             "database unavailable during %s (%s); reconnecting in %.2fs",
             what,
             redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__),
