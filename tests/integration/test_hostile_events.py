@@ -374,12 +374,15 @@ async def test_on_the_default_exchange_a_topic_cannot_fill_another_applications_
     # An allow-list: the event naming the victim is dead-lettered with the reason.
     allowed, refused = event(orders), event(victim)
     write_events(db_dsn, [allowed, refused])
+    # A row written by SQL with a header name the AMQP client would truncate to 128 bytes.
+    long_name = insert_raw(db_dsn, orders, headers={"x-" + "h" * 200: "1"})
     url = f"{rabbitmq_url()}?exchange=&allow=orders_*"
     async with running_relay(db_dsn, RabbitMQPublisher.from_url(url)):
         await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="outbox settled")
     dead = dead_letters(db_dsn)
-    assert list(dead) == [str(refused.event_id)]
+    assert set(dead) == {str(refused.event_id), str(long_name)}
     assert "not in the publisher's allow-list" in dead[str(refused.event_id)]["last_error"]
+    assert "is over 128 bytes" in dead[str(long_name)]["last_error"]
     assert await _depth(channel, victim) == 0
     assert await _depth(channel, orders) == 1
     # Without either, the relay says what it risks, once.

@@ -44,6 +44,9 @@ _CONNECT_TIMEOUT = 5.0
 # which fails every other publish in flight on it.
 _DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 _MAX_ROUTING_KEY_BYTES = 255
+# Header (field table) names: pamqp silently truncates longer ones to 128 bytes, which
+# would alter the event (and could merge two headers into one).
+_MAX_FIELD_NAME_BYTES = 128
 # Query options aiormq itself understands (TLS files, heartbeat, ...): passed through.
 _CLIENT_OPTIONS = {
     "heartbeat",
@@ -260,6 +263,14 @@ class RabbitMQPublisher:
                 f"rabbitmq: routing key (the topic) is longer than {_MAX_ROUTING_KEY_BYTES} bytes",
                 "routing_key_too_long",
             )
+        for name in message.headers:
+            # (4 bytes per character at most: short names skip the encode)
+            if len(name) * 4 > _MAX_FIELD_NAME_BYTES and len(name.encode()) > _MAX_FIELD_NAME_BYTES:
+                return PublishResult.permanent(
+                    f"rabbitmq: header name {name[:40]!r}… is over {_MAX_FIELD_NAME_BYTES}"
+                    " bytes (the client would truncate it)",
+                    "header_name_too_long",
+                )
         if len(message.payload) > self._max_message_bytes:
             return PublishResult.permanent(
                 f"rabbitmq: message of {len(message.payload)} bytes is over max_message_bytes="
