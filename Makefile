@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench clean install
+.PHONY: demo test lint bench chaos clean install
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -44,6 +44,14 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The long chaos run (docs/reliability.md): writers, 3 relays and NATS under random real
+# faults for CHAOS_SECONDS of writing, then the invariants checked from the broker's side.
+# `make test` runs a 60-second version. The report goes to bench/results/chaos.json.
+CHAOS_SECONDS ?= 300
+chaos: $(DEV_STAMP)
+	OUTBOXKIT_CHAOS_SECONDS=$(CHAOS_SECONDS) OUTBOXKIT_CHAOS_REPORT=bench/results/chaos.json \
+		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/test_chaos.py
 
 bench: $(DEV_STAMP)
 	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"
