@@ -83,11 +83,28 @@ class OutboundMessage:
         §3.1.3.2), so the CloudEvents SDKs decode every attribute exactly.
         ``datacontenttype`` is left to the caller (HTTP carries it as ``content-type``).
         """
-        return {
-            f"ce-{name}": encode_header_value(value)
-            for name, value in self.cloudevents_attributes().items()
-            if name != "datacontenttype"
+        # Built directly (the relay's hot path): the id, the version and the RFC 3339 time
+        # are printable ASCII without space, '"' or '%', so only free text is encoded.
+        encode = encode_header_value
+        aggregate_type = self.aggregate_type
+        headers = {
+            "ce-specversion": "1.0",
+            "ce-id": str(self.event_id),
+            "ce-type": encode(self.event_type),
+            "ce-source": encode(f"/outboxkit/{aggregate_type}") if aggregate_type else "/outboxkit",
+            "ce-time": self.time.isoformat(),
         }
+        if self.aggregate_id is not None:
+            headers["ce-subject"] = encode(self.aggregate_id)
+        if self.key is not None:
+            headers["ce-partitionkey"] = encode(self.key)
+        if self.schema_version is not None:
+            headers["ce-schemaversion"] = encode(self.schema_version)
+        for name in ("traceparent", "tracestate"):
+            value = self.headers.get(name)
+            if value:
+                headers[f"ce-{name}"] = encode(value)
+        return headers
 
     def user_headers(self) -> dict[str, str]:
         """Headers written by the application (content-type is carried as a CE attribute)."""
