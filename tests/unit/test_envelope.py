@@ -249,3 +249,20 @@ def test_sqs_schema_version_rides_in_headers_when_all_ten_attributes_are_taken()
     message.headers = {}  # room left: it is an attribute of its own
     entry, _ = sqs_publisher._entry(0, message, fifo=False)
     assert entry["MessageAttributes"]["ce_schemaversion"]["StringValue"] == "3"
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_ce_headers_are_exactly_the_attributes_percent_encoded(full: bool) -> None:
+    message = outbound()
+    if full:
+        message.aggregate_id, message.key = "100%41 München", 'say "hi"'
+        message.aggregate_type, message.schema_version = "Bücher & Co", "v 2"
+    else:
+        message.aggregate_id = message.key = message.aggregate_type = None
+        message.schema_version, message.headers = None, {}
+    expected = {
+        f"ce-{name}": encode_header_value(value)
+        for name, value in message.cloudevents_attributes().items()
+        if name != "datacontenttype"
+    }
+    assert message.cloudevents_headers() == expected
