@@ -138,6 +138,20 @@ def table_missing(
     return TableNotFoundError(message)
 
 
+def relay_schema_outdated(exc: BaseException, table: str) -> SchemaError | None:
+    """The relay's error when ``exc`` says the table lacks a column of a later schema version."""
+    text = str(exc).strip()
+    if not _has_sqlstate(exc, _UNDEFINED_COLUMN) or not any(
+        f'"{column}"' in text for column in _NEWER_COLUMNS
+    ):
+        return None
+    return SchemaError(
+        f"outbox table {table!r} is older than this outboxkit (the server says:"
+        f" {text.splitlines()[0]}): upgrade it with `outboxkit migrate --dsn … --table {table}`,"
+        " then start the relay again"
+    )
+
+
 def outbox_table_missing(
     exc: BaseException, table: str, *, with_callers_sql: bool = False, rolled_back: bool = False
 ) -> SchemaError | None:

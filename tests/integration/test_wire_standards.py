@@ -383,7 +383,7 @@ async def test_a_version_1_outbox_upgrades_in_place_and_old_rows_send_their_crea
 ) -> None:
     import psycopg
 
-    from outboxkit import Outbox
+    from outboxkit import Outbox, Relay
     from outboxkit.errors import SchemaError
     from outboxkit.store.migrate import migrate
     from outboxkit.store.postgres import SCHEMA_VERSION, Statements
@@ -400,9 +400,13 @@ async def test_a_version_1_outbox_upgrades_in_place_and_old_rows_send_their_crea
             " VALUES (%s, 'orders', 'order.placed', '{}', %s)",
             (old_id, old_created),
         )
-    # This release's writer on the old table: outboxkit's error, with the command to run.
+    # This release's writer and relay on the old table: outboxkit's error, with the command.
     with psycopg.connect(empty_db_dsn) as conn, pytest.raises(SchemaError, match="migrate"):
         Outbox().put(conn, Event(topic="orders", event_type="order.placed", payload={}))
+    recorder = _Recorder()
+    with pytest.raises(SchemaError, match="occurred_at.*outboxkit migrate"):
+        await asyncio.wait_for(Relay(empty_db_dsn, recorder).run(), 30)  # stops at start
+    assert recorder.messages == []
     migrate(empty_db_dsn)
     migrate(empty_db_dsn)  # idempotent: the second run finds everything in place
     with psycopg.connect(empty_db_dsn, autocommit=True) as conn:

@@ -27,7 +27,12 @@ from psycopg import sql
 from psycopg.types.json import set_json_loads
 
 from outboxkit._redact import redact, remember_secrets
-from outboxkit.errors import ConfigurationError, SchemaError, table_missing
+from outboxkit.errors import (
+    ConfigurationError,
+    SchemaError,
+    relay_schema_outdated,
+    table_missing,
+)
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
@@ -257,9 +262,12 @@ class Relay:
             cur = await conn.execute(self._sql.count_pending_capped, {"cap": _PENDING_CAP})
             row = await cur.fetchone()
             pending = int(row[0]) if row else 0
+            await conn.execute(self._sql.check_columns)
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise table_missing(self.table, database=database) from None
+        except pg_errors.UndefinedColumn as exc:
+            raise (relay_schema_outdated(exc, self.table) or exc) from None
         except psycopg.Error as exc:
             log.warning(
                 "database not reachable at start (%s); retrying",
