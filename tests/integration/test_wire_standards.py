@@ -431,3 +431,13 @@ async def test_a_version_1_outbox_upgrades_in_place_and_old_rows_send_their_crea
     assert by_id[new.event_id].occurred_at == OCCURRED
     assert by_id[new.event_id].schema_version == "2"
     assert by_id[new.event_id].created_at > OCCURRED  # stored apart from the row's own time
+
+
+def test_failed_show_includes_the_occurred_time_and_schema_version(db_dsn: str) -> None:
+    from outboxkit.store import admin
+
+    event = hostile_events("orders")[1]
+    write_events(db_dsn, [event])
+    row = admin.get_event(db_dsn, str(event.event_id))
+    assert row is not None
+    assert (row["occurred_at"], row["schema_version"]) == (event.occurred_at, event.schema_version)

@@ -263,8 +263,8 @@ ORDER BY id LIMIT %(limit)s
 """
 SHOW_EVENT = """
 SELECT id, event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,
-       status, attempts, available_at, claim_token, claimed_by, last_error, created_at,
-       published_at
+       schema_version, occurred_at, status, attempts, available_at, claim_token, claimed_by,
+       last_error, created_at, published_at
 FROM {table} WHERE id = %s
 """
 SHOW_EVENT_BY_EVENT_ID = SHOW_EVENT.replace("WHERE id = %s", "WHERE event_id = %s")
