@@ -22,6 +22,7 @@ try:
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.kafka") from exc
 
+from outboxkit._redact import redact
 from outboxkit.consumers.base import (
     EnvelopeError,
     Handler,
@@ -165,7 +166,9 @@ class KafkaConsumer(_Runner):
             await asyncio.to_thread(kafka.commit, message=msg, asynchronous=False)
         except Exception as exc:
             # A rebalance took the partition: the new owner redelivers, the inbox skips it.
-            log.warning("kafka consumer %r: offset commit failed: %s", self.consumer, exc)
+            log.warning(
+                "kafka consumer %r: offset commit failed: %s", self.consumer, redact(str(exc))
+            )
 
     async def _retry_later(self, kafka: Any, msg: Any, delivered: int) -> None:
         with contextlib.suppress(Exception):
@@ -189,7 +192,12 @@ class KafkaConsumer(_Runner):
         try:
             await asyncio.to_thread(self._produce_confirmed, msg.key(), msg.value(), headers)
         except Exception as exc:
-            log.error("kafka consumer %r: cannot dead-letter %s: %s", self.consumer, where, exc)
+            log.error(
+                "kafka consumer %r: cannot dead-letter %s: %s",
+                self.consumer,
+                where,
+                redact(str(exc)),
+            )
             await self._retry_later(kafka, msg, self.max_deliveries)
             return
         self._failures.pop(where, None)

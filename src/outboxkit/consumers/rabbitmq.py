@@ -26,6 +26,7 @@ try:
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.rabbitmq") from exc
 
+from outboxkit._redact import redact
 from outboxkit.consumers.base import (
     EnvelopeError,
     Handler,
@@ -179,7 +180,9 @@ class RabbitMQConsumer(_Runner):
         try:
             event = decode(message, message.routing_key or "", delivered)
         except EnvelopeError as exc:
-            log.error("rabbitmq consumer %r: rejecting a message: %s", self.consumer, exc)
+            log.error(
+                "rabbitmq consumer %r: rejecting a message: %s", self.consumer, redact(str(exc))
+            )
             await message.reject(requeue=False)
             return
         if await self._apply(event):

@@ -161,7 +161,7 @@ class SqsConsumer(_Runner):
             event = decode(self.queue, message)
         except EnvelopeError as exc:
             # Left visible-later: the queue's redrive policy moves it to the DLQ.
-            log.error("sqs consumer %r: %s", self.consumer, exc)
+            log.error("sqs consumer %r: %s", self.consumer, redact(str(exc)))
             return
         if await self._apply(event):
             # If this delete fails the message comes back and is skipped as a duplicate.

@@ -286,7 +286,7 @@ class KafkaPublisher:
         now = time.monotonic()
         if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now
-            log.warning("kafka client error: %s: %s", err.name(), err.str())
+            log.warning("kafka client error: %s: %s", err.name(), redact(err.str()))
 
     def _producer_failed(self, generation: int, err: KafkaError) -> None:
         """Producer `generation` hit librdkafka's fatal state; any thread may report it.
