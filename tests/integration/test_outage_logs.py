@@ -165,3 +165,34 @@ async def test_a_kafka_outage_keeps_librdkafka_to_a_few_warnings_and_loses_nothi
     )
     ids = {dict(m.headers() or [])["ce_id"] for m in got}
     assert len(ids) == 50 + backlog, f"every event delivered ({len(got)} messages)"
+
+
+async def test_a_missing_stream_with_a_backlog_is_one_warning_until_it_is_created(
+    db_dsn: str, fresh_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Every event of the backlog fails with no_stream: 12 157 lines in 8 s before issue 12."""
+    root = f"m{uuid.uuid4().hex[:8]}"
+    topic = f"{root}.orders"
+    write_events(db_dsn, make_events(topic, BACKLOG))
+    log_path = tmp_path / "relay.log"
+    relay = _relay(db_dsn, fresh_nats.url, log_path)
+    try:
+        await asyncio.sleep(8.0)
+        during = log_path.read_text().splitlines()
+        await ensure_stream(fresh_nats.url, root.upper(), [f"{root}.>"])
+        await wait_for(
+            lambda: count(db_dsn, "status = 0") == 0, timeout=60, what="backlog delivered"
+        )
+        await wait_for(lambda: "publishing recovered" in log_path.read_text(), timeout=20)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        code = relay.wait(30)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    levels = _levels(during)
+    warnings = levels.get("WARNING", []) + levels.get("ERROR", [])
+    sample = "\n".join(during[:20])
+    assert len(during) <= 12, f"{len(during)} lines in 8 s:\n{sample}"
+    [failing] = [line for line in warnings if "publishing failing" in line]
+    assert "no_stream" in failing and f"topic={topic}" in failing
+    assert await _stream_messages(fresh_nats.url, root.upper()) == BACKLOG
