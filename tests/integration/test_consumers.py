@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime as dt
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import unique_name
 
 MAX_DELIVERIES = 4
+OCCURRED = dt.datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=dt.timezone(dt.timedelta(hours=-3)))
 FAST = {"max_deliveries": MAX_DELIVERIES, "retry_delay": 0.05}
 CREATE_LEDGER = """
 CREATE TABLE ledger (
@@ -45,6 +47,8 @@ class Scenario:
     delivery_counts: dict[uuid.UUID, list[int]] = field(
         default_factory=lambda: collections.defaultdict(list)
     )
+    # What the handler saw of each event's schema version and occurred time.
+    envelopes: dict[uuid.UUID, tuple[str | None, dt.datetime | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def event(n: int, **extra: Any) -> Event:
@@ -56,6 +60,8 @@ class Scenario:
                 aggregate_type="order",
                 aggregate_id=str(n),
                 headers={"tenant": "acme"},
+                schema_version=2,
+                occurred_at=OCCURRED + dt.timedelta(seconds=n),
             )
 
         self.events = [event(n) for n in range(5)]
@@ -69,6 +75,7 @@ class Scenario:
 
     async def handler(self, tx: psycopg.AsyncConnection[Any], event: ReceivedEvent) -> None:
         self.attempts[event.event_id] += 1
+        self.envelopes[event.event_id] = (event.schema_version, event.occurred_at)
         self.delivery_counts[event.event_id].append(event.delivery_count)
         data = event.json()
         if data.get("poison"):
@@ -147,6 +154,8 @@ async def run_scenario(
         (e.event_id, n, e.key, "acme", "order.placed", str(n)) for n, e in enumerate(s.good)
     ]
     assert runner.stats.applied == len(s.good)
+    # the runner hands the handler the schema version and the time the event occurred
+    assert [s.envelopes[e.event_id] for e in s.good] == [("2", e.occurred_at) for e in s.good]
     # the flaky event was redelivered after its failures and applied on the third delivery
     assert s.attempts[s.flaky.event_id] == 3
     # the poison event: never applied, no inbox record, delivered max_deliveries times
