@@ -20,6 +20,7 @@ log = logging.getLogger("outboxkit.relay")
 _MAX_ERROR_CHARS = 300
 #: Failed events remembered by id, to count those waiting; past it the count says "+".
 _MAX_WAITING = 100_000
+_SUCCESS = PublishResult.success()
 
 
 class OutageLog(RelayObserver):
@@ -63,11 +64,14 @@ class OutageLog(RelayObserver):
         return len(self._waiting)
 
     def claimed(self, count: int, seconds: float) -> None:
-        self._tick(self._clock())
+        if self.started_at is not None:
+            self._tick(self._clock())
 
     def published(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
+        if self.started_at is None and not self._waiting and _all_ok(results):
+            return  # the steady state: one C-level pass, no clock read
         now = self._clock()
         waiting = self._waiting
         first: tuple[OutboundMessage, PublishResult] | None = None
@@ -176,6 +180,11 @@ class OutageLog(RelayObserver):
             },
         )
         self.started_at = None
+
+
+def _all_ok(results: Sequence[PublishResult]) -> bool:
+    # Publishers return the shared success value; list.count compares by identity first.
+    return results.count(_SUCCESS) == len(results)
 
 
 class FailureEpisode:
