@@ -26,7 +26,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import (
+    OutboundMessage,
+    PublishResult,
+    restored_since,
+    unreachable,
+)
 from outboxkit.relay.engine import RelayStats
 from outboxkit.relay.observer import Failure, RelayObserver
 from outboxkit.store.postgres import Statements
@@ -43,6 +48,9 @@ BATCH_SIZE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 DEFAULT_GAUGE_ROW_CAP = 100_000
 #: Longest error class kept as a label value (classes are type names, this only guards typos).
 _MAX_CLASS_CHARS = 64
+#: Seconds a publisher must report its broker unreachable before /readyz says so
+#: (a reconnect that takes milliseconds is not an outage).
+UNREACHABLE_AFTER = 1.0
 #: Distinct error classes labelled; further ones are counted as ``other``.
 _MAX_CLASSES = 32
 #: Topics with a series of their own by default; the others are summed as :data:`OTHER_TOPICS`.
@@ -185,6 +193,8 @@ class RelayMetrics(RelayObserver):
         self.relay_id = ""
         self.last_claim_at: float | None = None
         self.broker_error: str | None = None
+        self._broker_error_at = 0.0
+        self.publisher: object = None  # set by attach(): its ``reachability``, if any, is read
         self._sql = Statements(table)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
@@ -251,6 +261,7 @@ class RelayMetrics(RelayObserver):
         """Export the relay's own counters (``relay.stats``) and its id."""
         self.stats = relay.stats
         self.relay_id = relay.relay_id
+        self.publisher = relay.publisher
 
     # -- relay hooks -------------------------------------------------------------
 
@@ -271,6 +282,7 @@ class RelayMetrics(RelayObserver):
         # Nothing of the batch confirmed, all retryable: the broker is down or refusing.
         first = results[0]
         self.broker_error = redact(f"{first.error_class or 'error'}: {first.error or ''}")[:300]
+        self._broker_error_at = time.monotonic()
 
     def settled(
         self,
@@ -409,7 +421,15 @@ class RelayMetrics(RelayObserver):
             reason = "starting: no successful database read yet"
         elif snap.read_at is not None and time.time() - snap.read_at > stale_after:
             reason = f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
-        elif self.broker_error is not None:
+        elif (gone := unreachable(self.publisher)) is not None and gone[0] >= UNREACHABLE_AFTER:
+            # The client said so (disconnected, all brokers down): no need to wait for
+            # a publish to time out. The cause is a kind of failure, never an address.
+            reason = f"broker unreachable for {gone[0]:.0f}s ({_kind(gone[1])})"
+            detail = f"broker unreachable: {gone[1]}"
+        elif self.broker_error is not None and not restored_since(
+            self.publisher, self._broker_error_at
+        ):
+            # (a publisher that reported its broker back since: the failed batch is history)
             reason = f"broker not confirming ({_kind(self.broker_error)})"
             detail = self.broker_error
         if detail is not None and detail != self._reported:

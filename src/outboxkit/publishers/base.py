@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -188,6 +189,112 @@ def batch_shape(publisher: object) -> tuple[int, int]:
     return DEFAULT_BATCH_SHAPE
 
 
+class Reachability:
+    """Whether a publisher can reach its broker, as its client last reported it.
+
+    A publisher that has one as its ``reachability`` attribute lets the relay's
+    ``/readyz`` turn 503 within seconds of the broker going away, instead of when a
+    publish times out (0.8 x lease). Two ways to feed it, from any thread (plain
+    attribute writes, no lock):
+
+    - ``lost(cause)`` / ``restored()`` when the client itself reports its connection
+      (librdkafka's all-brokers-down, NATS's disconnected/reconnected callbacks);
+    - ``failed(cause)`` / ``succeeded()`` per request for clients that only learn it
+      by trying (HTTP, SQS): unreachable once requests have failed for ``grace``
+      seconds with no success, forgotten when nothing has failed for ``forget_after``
+      (an idle relay sends nothing that could succeed).
+
+    ``cause`` is shown by ``/readyz``: a kind of failure (``disconnected``,
+    ``ConnectError``), never a host, port or credential.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_down_since",
+        "_failing_since",
+        "_last_failure",
+        "cause",
+        "forget_after",
+        "grace",
+        "restored_at",
+    )
+
+    def __init__(
+        self,
+        *,
+        grace: float = 2.0,
+        forget_after: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grace = grace
+        self.forget_after = forget_after
+        self._clock = clock
+        self._down_since: float | None = None
+        self._failing_since: float | None = None
+        self._last_failure = 0.0
+        self.cause = ""
+        #: When (clock) it last became reachable again; failures before it are history.
+        self.restored_at: float | None = None
+
+    def lost(self, cause: str) -> None:
+        """The client says the broker is gone (all connections down)."""
+        if self._down_since is None:
+            self._down_since = self._clock()
+        self.cause = cause
+
+    def restored(self) -> None:
+        """The client is connected again, or a publish was confirmed."""
+        if self._down_since is not None or self._failing_since is not None:
+            self.restored_at = self._clock()
+            self._down_since = self._failing_since = None
+
+    def failed(self, cause: str) -> None:
+        """One request could not reach the broker (refused, reset, timed out connecting)."""
+        now = self._clock()
+        if self._failing_since is None or now - self._last_failure > self.forget_after:
+            self._failing_since = now
+        self._last_failure = now
+        self.cause = cause
+
+    succeeded = restored
+
+    def unreachable_for(self) -> float | None:
+        """Seconds the broker has been unreachable, or None while it is (believed) reachable."""
+        now = self._clock()
+        down = self._down_since
+        if down is not None:
+            return now - down
+        failing = self._failing_since
+        if (
+            failing is not None
+            and now - failing >= self.grace
+            and now - self._last_failure <= self.forget_after
+        ):
+            return now - failing
+        return None
+
+
+def unreachable(publisher: object) -> tuple[float, str] | None:
+    """(seconds, cause) when ``publisher`` reports its broker unreachable, else None.
+
+    Publishers without a ``reachability`` attribute (user publishers) are never reported:
+    the relay then learns of an outage from failing publishes only.
+    """
+    reach = getattr(publisher, "reachability", None)
+    if not isinstance(reach, Reachability):
+        return None
+    seconds = reach.unreachable_for()
+    return None if seconds is None else (seconds, reach.cause)
+
+
+def restored_since(publisher: object, when: float) -> bool:
+    """True if ``publisher`` reported its broker reachable again after ``when`` (monotonic)."""
+    reach = getattr(publisher, "reachability", None)
+    if not isinstance(reach, Reachability) or reach.restored_at is None:
+        return False
+    return reach.restored_at > when
+
+
 @runtime_checkable
 class Publisher(Protocol):
     """What the relay needs from a broker. One small module per broker implements it.
@@ -196,6 +303,11 @@ class Publisher(Protocol):
     must not raise for per-message failures; an exception means "the whole batch
     failed, retry all of it". Implementations must be safe to call
     concurrently (the relay keeps two batches in flight).
+
+    Optional: a ``reachability`` attribute holding a :class:`Reachability` that the
+    publisher updates from its client's connection events; the relay's ``/readyz``
+    reads it to answer 503 within seconds of the broker going away. A publisher
+    without one keeps working; its outages show once publishes fail.
     """
 
     name: str

@@ -24,7 +24,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import DEFAULT_CONTENT_TYPE, OutboundMessage, PublishResult
+from outboxkit.publishers.base import (
+    DEFAULT_CONTENT_TYPE,
+    OutboundMessage,
+    PublishResult,
+    Reachability,
+)
 
 log = logging.getLogger("outboxkit.kafka")
 # librdkafka's own lines; `outboxkit relay` lowers their ERRORs and rate-limits them.
@@ -85,6 +90,11 @@ _FLUSH_WAIT = 1.0  # seconds a small batch's flush may wait for its deliveries
 # recreation, doubling from 1 s up to 30 s (a first fatal error recreates at once).
 _RECREATE_BACKOFF = (1.0, 30.0)
 _RECREATE_RECENT = 60.0
+# While every broker is down, the poller asks for metadata this often (librdkafka reports
+# all-brokers-down at once, but nothing when they come back, and an idle producer sends
+# nothing whose delivery would say so).
+_PROBE_EVERY = 1.0
+_PROBE_TIMEOUT = 0.5
 
 
 def _is_fatal(err: KafkaError) -> bool:
@@ -182,6 +192,9 @@ class KafkaPublisher:
         self._recreate_at = 0.0
         self._recreate_delay = 0.0
         self._recreated_at = -_RECREATE_RECENT
+        #: Broker reachability for the relay's /readyz: lost on librdkafka's _ALL_BROKERS_DOWN,
+        #: restored by a delivered message or an answered metadata probe.
+        self.reachability = Reachability()
 
     @classmethod
     def from_url(cls, url: str) -> KafkaPublisher:
@@ -259,11 +272,24 @@ class KafkaPublisher:
     def _poll_forever(self, producer: Any, generation: int) -> None:
         # Nothing may end this loop but close(): without it no delivery report is served
         # and every batch in flight waits for the relay's publish timeout.
+        reach = self.reachability
+        next_probe = 0.0
         while not self._stop_polling.is_set():
             try:
                 producer.poll(0.1)
+                if reach.unreachable_for() is not None and time.monotonic() >= next_probe:
+                    next_probe = time.monotonic() + _PROBE_EVERY
+                    self._probe(producer)
             except Exception as exc:  # confluent-kafka raises fatal errors from poll()
                 self._on_exception(generation, exc, "poll")
+
+    def _probe(self, producer: Any) -> None:
+        """Ask for metadata: an answer means a broker is reachable again."""
+        try:
+            producer.list_topics(None, _PROBE_TIMEOUT)
+        except KafkaException:
+            return
+        self.reachability.restored()
 
     def _on_exception(self, generation: int, exc: Exception, where: str) -> None:
         """An exception from produce/poll/flush: a fatal one retires the producer."""
@@ -283,6 +309,9 @@ class KafkaPublisher:
         if _is_fatal(err):
             self._producer_failed(generation, err)
             return
+        if err.code() == KafkaError._ALL_BROKERS_DOWN and generation == self._generation:
+            # (_TRANSPORT alone names one broker: others may still serve the topics)
+            self.reachability.lost(err.name())
         now = time.monotonic()
         if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now
@@ -421,7 +450,10 @@ class KafkaPublisher:
             await asyncio.shield(waiter.future)
         finally:
             self._pending.discard(waiter)
-        return [r if r is not None else PublishResult.retry("no report") for r in waiter.results]
+        results = [r if r is not None else PublishResult.retry("no report") for r in waiter.results]
+        if any(r.ok for r in results):  # a delivery: the broker is reachable
+            self.reachability.restored()
+        return results
 
     async def _produce_when_room(
         self,

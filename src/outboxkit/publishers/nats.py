@@ -25,7 +25,7 @@ from outboxkit import limits
 from outboxkit._cloudevents import encode_header_value
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 
 log = logging.getLogger("outboxkit.nats")
 
@@ -36,6 +36,8 @@ _PERMANENT_API_CODES = {_MESSAGE_TOO_LARGE, _STREAM_MISMATCH}
 _DEFAULT_TIMEOUT = 10.0
 _LOG_INTERVAL = 10.0
 _CONNECT_TIMEOUT = 5.0
+# After the client gives up reconnecting, the publisher tries again this often (seconds).
+_RECONNECT_EVERY = 1.0
 # PubAcks awaited at once across the relay's in-flight batches (nats-py's default: 4000).
 _MAX_PENDING_ACKS = 65536
 
@@ -78,6 +80,10 @@ class NatsPublisher:
         self._connect_lock = asyncio.Lock()
         self._last_log = 0.0
         self._closing = False  # set while close() runs: that disconnect is ours, not an outage
+        #: For the relay's /readyz: lost on the client's disconnected/closed callbacks or a
+        #: failed connect, restored on reconnected or a connect.
+        self.reachability = Reachability()
+        self._reconnecting: asyncio.Task[None] | None = None
         # Subjects and header names already judged: their verdict, None when publishable.
         self._seen: dict[str, str | None] = {}
 
@@ -131,6 +137,7 @@ class NatsPublisher:
             await self._ensure_connected()
         except Exception as exc:
             log.warning("NATS not reachable at start (%s); will retry", redact(str(exc)))
+            self._reconnect_in_background()
 
     async def _ensure_connected(self) -> Any:
         async with self._connect_lock:
@@ -139,27 +146,48 @@ class NatsPublisher:
                 # returns while the server is down, and a long budget makes every
                 # batch of an outage wait it out. Once the client gives up and closes,
                 # the next batch connects afresh; the relay's retry backoff paces it.
-                self._nc = await asyncio.wait_for(
-                    nats.connect(
-                        self._servers,
-                        name="outboxkit-relay",
-                        connect_timeout=2,
-                        allow_reconnect=True,
-                        max_reconnect_attempts=2,
-                        reconnect_time_wait=0.5,
-                        error_cb=self._on_error,
-                        disconnected_cb=self._on_disconnected,
-                        reconnected_cb=self._on_reconnected,
-                        closed_cb=self._on_closed,
-                    ),
-                    timeout=_CONNECT_TIMEOUT,
-                )
+                try:
+                    self._nc = await self._connect()
+                except Exception as exc:
+                    self.reachability.lost(type(exc).__name__)
+                    raise
+                self.reachability.restored()
                 self._js = self._nc.jetstream(
                     timeout=self._timeout, publish_async_max_pending=_MAX_PENDING_ACKS
                 )
             if not self._stream_ready:
                 await self._ensure_stream()
             return self._js
+
+    async def _connect(self) -> Any:
+        return await asyncio.wait_for(
+            nats.connect(
+                self._servers,
+                name="outboxkit-relay",
+                connect_timeout=2,
+                allow_reconnect=True,
+                max_reconnect_attempts=2,
+                reconnect_time_wait=0.5,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                closed_cb=self._on_closed,
+            ),
+            timeout=_CONNECT_TIMEOUT,
+        )
+
+    def _reconnect_in_background(self) -> None:
+        """Connect again after the client gave up, so an idle relay sees the server come back."""
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while not self._closing and (self._nc is None or self._nc.is_closed):
+            await asyncio.sleep(_RECONNECT_EVERY)
+            try:
+                await self._ensure_connected()
+            except Exception as exc:
+                log.debug("NATS reconnect failed: %s", redact(f"{type(exc).__name__}: {exc}"))
 
     async def _ensure_stream(self) -> None:
         assert self._stream is not None
@@ -186,13 +214,18 @@ class NatsPublisher:
         if self._closing:
             log.debug("disconnected from NATS (closed by the relay)")
             return
+        self.reachability.lost("disconnected")
         self._log_rate_limited("disconnected from NATS; reconnecting")
 
     async def _on_reconnected(self) -> None:
+        self.reachability.restored()
         log.info("reconnected to NATS")
 
     async def _on_closed(self) -> None:
         log.debug("NATS connection closed")
+        if not self._closing:  # the client gave up reconnecting
+            self.reachability.lost("closed")
+            self._reconnect_in_background()
 
     def _log_rate_limited(self, msg: str, *args: Any) -> None:
         now = time.monotonic()
@@ -201,6 +234,9 @@ class NatsPublisher:
             log.warning(msg, *args)
 
     async def close(self) -> None:
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            self._reconnecting = None
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None and not nc.is_closed:
             self._closing = True
@@ -247,7 +283,10 @@ class NatsPublisher:
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
             return []
-        js = await self._ensure_connected()
+        try:
+            js = await self._ensure_connected()
+        except _UNREACHABLE as exc:  # the relay hands the batch back, attempts not counted
+            raise ConnectionError(f"NATS unreachable: {type(exc).__name__}: {exc}") from exc
         if not self._nc.is_connected:
             # Fail fast instead of buffering into a dead socket and timing out per message.
             raise ConnectionError("not connected to NATS (reconnecting)")
@@ -344,6 +383,11 @@ _UNREACHABLE = (
 
 def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:
     """The verdict on one message from the exception its publish or PubAck raised."""
+    if isinstance(exc, _UNREACHABLE) and not isinstance(exc, TimeoutError):
+        # (TimeoutError is an OSError: a missing PubAck is judged below, and counts.)
+        return PublishResult.hand_back(
+            f"nats: not connected ({type(exc).__name__}: {redact(str(exc))})", "unreachable"
+        )
     if isinstance(exc, nats.errors.BadSubjectError | nats.errors.MaxPayloadError):
         return PublishResult.permanent(f"nats: {exc} (subject {topic!r})", "rejected")
     if isinstance(exc, nats.js.errors.NoStreamResponseError):

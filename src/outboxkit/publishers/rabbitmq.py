@@ -30,7 +30,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.routing import Destinations
 
 log = logging.getLogger("outboxkit.rabbitmq")
@@ -60,6 +60,8 @@ _CLIENT_OPTIONS = {
     "no_verify_ssl",
 }
 _LOG_INTERVAL = 10.0
+# After the connection is lost, the publisher connects again this often (seconds).
+_RECONNECT_EVERY = 1.0
 _OVERSIZED = re.compile(r"message size (\d+) is larger than configured max size")
 
 
@@ -110,6 +112,10 @@ class RabbitMQPublisher:
         self._exchange: AbstractExchange | None = None
         self._connect_lock = asyncio.Lock()
         self._last_log = 0.0
+        #: For the relay's /readyz: lost when the connection closes under us or a connect
+        #: fails, restored by a connect (retried in the background while idle).
+        self.reachability = Reachability()
+        self._reconnecting: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> RabbitMQPublisher:
@@ -187,6 +193,7 @@ class RabbitMQPublisher:
             await self._ensure_exchange()
         except Exception as exc:
             log.warning("RabbitMQ not ready at start (%s); will retry", _describe(exc))
+            self._reconnect_in_background()
 
     async def _ensure_exchange(self) -> AbstractExchange:
         async with self._connect_lock:
@@ -195,8 +202,16 @@ class RabbitMQPublisher:
             connection = self._connection
             if connection is None or not _is_open(connection):
                 await self._drop_connection()
-                connection = await aio_pika.connect(self._url, timeout=_CONNECT_TIMEOUT)
+                try:
+                    connection = await aio_pika.connect(self._url, timeout=_CONNECT_TIMEOUT)
+                except Exception as exc:
+                    self.reachability.lost(type(exc).__name__)
+                    raise
                 self._connection = connection
+                self.reachability.restored()
+                connection.close_callbacks.add(
+                    lambda _sender, _exc, lost=connection: self._connection_closed(lost)
+                )
             if self._channel is None:
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=False)
                 self._channel = channel
@@ -228,6 +243,27 @@ class RabbitMQPublisher:
                 f" set exchange_type= to its type, use another exchange=, or declare=false"
             ) from None
 
+    def _connection_closed(self, connection: AbstractConnection) -> None:
+        if connection is not self._connection:
+            return  # closed by the publisher itself (dropped, replaced or shut down)
+        self.reachability.lost("connection closed")
+        self._reconnect_in_background()
+
+    def _reconnect_in_background(self) -> None:
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Connect again in the background, so an idle relay sees the broker come back."""
+        while not _is_open(self._connection):
+            await asyncio.sleep(_RECONNECT_EVERY)
+            try:
+                await self._ensure_exchange()
+            except Exception as exc:
+                log.debug("RabbitMQ reconnect failed: %s", _describe(exc))
+                if isinstance(exc, ConfigurationError):
+                    return  # the next batch reports it
+
     async def _drop_connection(self) -> None:
         connection, self._connection = self._connection, None
         self._channel = self._exchange = None
@@ -236,6 +272,9 @@ class RabbitMQPublisher:
                 await asyncio.wait_for(connection.close(), 5.0)
 
     async def close(self) -> None:
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            self._reconnecting = None
         async with self._connect_lock:
             await self._drop_connection()
 

@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.routing import Destinations
 
 log = logging.getLogger("outboxkit.redis")
@@ -106,6 +106,9 @@ class RedisStreamsPublisher:
         self._client: Any = None
         self._script_sha: str | None = None
         self.destinations = Destinations(stream_prefix, tuple(allow))
+        #: For the relay's /readyz: unreachable once round trips have failed to connect for a
+        #: few seconds with none answered (redis-py reports no connection events).
+        self.reachability = Reachability()
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsPublisher:
@@ -246,9 +249,12 @@ class RedisStreamsPublisher:
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            self.reachability.failed(type(exc).__name__)
             return f"redis: server unreachable or not answering: {_describe(exc)}"
         except redis.exceptions.RedisError as exc:
+            self.reachability.succeeded()  # the server answered, with an error
             return f"redis: {_describe(exc)}"
+        self.reachability.succeeded()
         if self._wait_replicas:
             acked = replies.pop()
             if isinstance(acked, int) and acked < self._wait_replicas:

@@ -76,6 +76,7 @@ class RoutingPublisher:
             raise ConfigurationError("RoutingPublisher needs at least one route")
         self.name = inner.name
         self.batch_shape = batch_shape(inner)
+        self.reachability = getattr(inner, "reachability", None)  # for /readyz, if it has one
 
     def __repr__(self) -> str:
         return f"RoutingPublisher({self.inner!r}, routes={[str(r) for r in self.routes]!r})"

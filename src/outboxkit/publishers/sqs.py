@@ -29,7 +29,7 @@ import orjson
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 
 log = logging.getLogger("outboxkit.sqs")
 
@@ -91,6 +91,9 @@ class SqsPublisher:
         self._concurrency = concurrency
         self._client: Any = None
         self._queues: dict[str, tuple[str, int]] = {}  # name -> (url, max message size)
+        #: For the relay's /readyz: unreachable once connects to the endpoint have failed for
+        #: a few seconds with no answer in between.
+        self.reachability = Reachability()
 
     @classmethod
     def from_url(cls, url: str) -> SqsPublisher:
@@ -202,6 +205,10 @@ class SqsPublisher:
 
     # -- publishing ---------------------------------------------------------------
 
+    def _maybe_unreachable(self, exc: BaseException) -> None:
+        if isinstance(exc, botocore.exceptions.EndpointConnectionError):  # refused, timed out
+            self.reachability.failed(type(exc).__name__)
+
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
             return []
@@ -237,6 +244,7 @@ class SqsPublisher:
                 results[i] = result
             return
         except Exception as exc:
+            self._maybe_unreachable(exc)
             for i in indexes:
                 results[i] = PublishResult.retry(
                     f"sqs: cannot reach SQS: {_describe(exc)}", "connection"
@@ -285,6 +293,7 @@ class SqsPublisher:
                     Entries=[entry for _, entry in chunk],
                 )
             except botocore.exceptions.ClientError as exc:
+                self.reachability.succeeded()  # SQS answered, with an error
                 result = _queue_error(queue, exc)
                 if result.error_class == "no_queue":
                     self._queues.pop(queue, None)
@@ -292,11 +301,13 @@ class SqsPublisher:
                     results[i] = result
                 return
             except Exception as exc:
+                self._maybe_unreachable(exc)
                 for i, _ in chunk:
                     results[i] = PublishResult.retry(
                         f"sqs: request failed: {_describe(exc)}", type(exc).__name__
                     )
                 return
+        self.reachability.succeeded()
         for ok in reply.get("Successful", []):
             results[int(ok["Id"])] = PublishResult.success()
         for failed in reply.get("Failed", []):

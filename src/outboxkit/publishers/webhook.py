@@ -33,7 +33,7 @@ import httpx
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 
 log = logging.getLogger("outboxkit.webhook")
 
@@ -98,6 +98,9 @@ class WebhookPublisher:
         self._slots = asyncio.Semaphore(concurrency)
         self._not_before: dict[str, float] = {}  # origin -> monotonic time
         self._client: httpx.AsyncClient | None = None
+        #: For the relay's /readyz: unreachable once connects have failed (refused, timed
+        #: out) for a few seconds with no response from any receiver in between.
+        self.reachability = Reachability()
 
     @classmethod
     def from_url(cls, url: str) -> WebhookPublisher:
@@ -213,7 +216,13 @@ class WebhookPublisher:
     ) -> PublishResult:
         try:
             async with client.stream("POST", url, content=body, headers=headers) as response:
+                self.reachability.succeeded()  # any answer, even an error status
                 content = await self._read_body(response)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            self.reachability.failed(type(exc).__name__)
+            return PublishResult.retry(
+                f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "connection"
+            )
         except httpx.TimeoutException as exc:
             return PublishResult.retry(
                 f"webhook: no response from {redact(origin)} within {self._timeout:g}s"
