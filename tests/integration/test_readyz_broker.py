@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -29,9 +31,10 @@ from outboxkit.publishers.base import Publisher, Reachability, restored_since, u
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
+from outboxkit.publishers.redis import RedisStreamsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
-from tests.support.local_brokers import rabbitmq_url
-from tests.support.relaying import count, running_relay, wait_for, write_events
+from tests.support.local_brokers import rabbitmq_url, redis_url
+from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream, unique_name
 
 DOWN_WITHIN = 5.0  # seconds from the cut to /readyz 503
@@ -112,7 +115,7 @@ def _secrets(*urls: str) -> set[str]:
     for url in urls:
         parts = urllib.parse.urlsplit(url if "://" in url else f"x://{url}")
         found |= {str(parts.port), parts.username or "", parts.password or ""}
-    return found
+    return {s for s in found if s and s != "None"}
 
 
 # ------------------------------------------------------------------------------- NATS
@@ -138,6 +141,47 @@ async def test_nats_idle_relay_readyz_follows_a_cut_link_both_ways(
         # and twice: the publisher reconnected by itself, it can lose the broker again
         await _outage(url, proxy.cut, proxy.resume, _secrets(broker, nats_server.url, db_dsn))
     print(f"nats: 503 after {down:.2f}s, 200 after {up:.2f}s")
+
+
+async def test_nats_relay_process_readyz_follows_a_cut_link_both_ways(
+    db_dsn: str, nats_server: Any, proxy_factory: Any, tmp_path: Path
+) -> None:
+    """The same through `outboxkit relay --metrics-port` (the CLI wires the publisher in)."""
+    root = unique_name("rz").replace("-", "")
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    target = urllib.parse.urlsplit(nats_server.url)
+    assert target.port is not None
+    proxy = proxy_factory("127.0.0.1", target.port)
+    broker = f"nats://127.0.0.1:{proxy.port}?timeout=2"
+    port = free_port()
+    log_path = tmp_path / "relay.log"
+    relay = spawn_relay(
+        db_dsn, broker, log_path, "--metrics-port", str(port), "--poll-interval", "0.2"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/readyz"
+        await wait_for(_answers(url), timeout=30, what="the relay's /readyz")
+        write_events(db_dsn, _events(f"{root}.a", 3))
+        await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="published")
+        down, up = await _outage(url, proxy.cut, proxy.resume, _secrets(broker, db_dsn))
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        code = relay.wait(30)
+    log = log_path.read_text()
+    assert code == 0, log[-3000:]
+    assert "not ready: broker unreachable" in log, "the reason is logged once"
+    print(f"nats (relay process): 503 after {down:.2f}s, 200 after {up:.2f}s")
+
+
+def _answers(url: str) -> Callable[[], Any]:
+    async def check() -> bool:
+        try:
+            await _readyz(url)
+        except aiohttp.ClientError:
+            return False
+        return True
+
+    return check
 
 
 async def test_nats_events_written_during_the_cut_are_published_and_readyz_recovers(
@@ -230,6 +274,48 @@ async def test_rabbitmq_idle_relay_readyz_follows_a_cut_link_both_ways(
         await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="the backlog published")
         assert count(db_dsn, "status = 2") == 0
     print(f"rabbitmq: 503 after {down:.2f}s, 200 after {up:.2f}s")
+
+
+# ------------------------------------------------------------------------------ Redis
+
+
+async def test_redis_failed_connects_turn_readyz_503_and_a_reply_turns_it_200(
+    db_dsn: str, proxy_factory: Any
+) -> None:
+    """redis-py has no connection events: round trips that cannot connect for 2 s say it."""
+    import redis.asyncio
+
+    url = redis_url()
+    parts = urllib.parse.urlsplit(url)
+    proxy = proxy_factory(parts.hostname or "127.0.0.1", parts.port or 6379)
+    prefix = f"{unique_name('rz')}:"
+    broker = f"redis://127.0.0.1:{proxy.port}{parts.path or '/0'}?stream_prefix={prefix}&timeout=2"
+    publisher = RedisStreamsPublisher.from_url(broker)
+    # failed round trips count attempts: slow retries, so none is dead-lettered meanwhile
+    options = {"retry_base": 0.5, "retry_cap": 1.0, "max_attempts": 100}
+    async with _relay_serving_readyz(db_dsn, publisher, **options) as ready:
+        write_events(db_dsn, _events("orders", 5))
+        await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="published")
+        await _until(ready, 200, 30.0)
+        proxy.cut()
+        write_events(db_dsn, _events("orders", 10))  # only a round trip can find out
+        down, body = await _until(ready, 503, 15.0)
+        assert body.startswith("not ready: broker "), body
+        await asyncio.sleep(2.5)
+        status, body = await _readyz(ready)
+        assert status == 503 and body.startswith("not ready: broker unreachable for "), body
+        assert not {s for s in _secrets(broker, url) if s.lower() in body.lower()}, body
+        proxy.resume()
+        up, _ = await _until(ready, 200, 20.0)
+        await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="the backlog published")
+    client = redis.asyncio.from_url(url)
+    try:
+        assert await client.xlen(f"{prefix}orders") >= 15
+        await client.delete(f"{prefix}orders")
+    finally:
+        await client.aclose()
+    assert down <= DOWN_WITHIN, f"{down:.1f}s"
+    assert up <= UP_WITHIN, f"{up:.1f}s"
 
 
 # --------------------------------------------------------------------------- webhooks
