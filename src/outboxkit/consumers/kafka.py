@@ -115,6 +115,9 @@ class KafkaConsumer(_Runner):
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "client.id": f"outboxkit-consumer-{consumer}",
+            # A topic created after the consumer started (the relay's first event creates
+            # it) is found within 10 s instead of librdkafka's default 5 minutes.
+            "topic.metadata.refresh.interval.ms": 10_000,
             **(config or {}),
         }
         self._failures: dict[tuple[str, int, int], int] = {}
