@@ -12,10 +12,9 @@ import os
 
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.kafka import KafkaConsumer
-from outboxkit.store.inbox_sql import migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")

@@ -14,10 +14,9 @@ import os
 import nats
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.nats import NatsConsumer
-from outboxkit.store.inbox_sql import migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")

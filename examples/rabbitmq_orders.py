@@ -13,10 +13,9 @@ import os
 
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.rabbitmq import RabbitMQConsumer
-from outboxkit.store.inbox_sql import migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")

@@ -13,10 +13,9 @@ import os
 
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.redis import RedisStreamsConsumer
-from outboxkit.store.inbox_sql import migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

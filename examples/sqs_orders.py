@@ -14,10 +14,9 @@ import os
 import boto3
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate
+from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.sqs import SqsConsumer
-from outboxkit.store.inbox_sql import migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 ENDPOINT_URL = os.environ.get("SQS_ENDPOINT_URL")  # unset: AWS itself

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 import psycopg
 from aiohttp import web
 
-from outboxkit import Event, Inbox, Outbox, Relay, from_url, migrate
-from outboxkit.store.inbox_sql import migrate_inbox
+from outboxkit import Event, Inbox, Outbox, Relay, from_url, migrate, migrate_inbox
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
 TOPIC = os.environ.get("ORDERS_TOPIC", "orders")

@@ -16,6 +16,7 @@ from outboxkit.events import Event
 from outboxkit.inbox import Inbox
 from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from_url
 from outboxkit.relay import Relay, RelayStats
+from outboxkit.store.inbox_sql import migrate_inbox
 from outboxkit.store.migrate import migrate
 from outboxkit.write import Outbox
 
@@ -39,4 +40,5 @@ __all__ = [
     "__version__",
     "from_url",
     "migrate",
+    "migrate_inbox",
 ]
