@@ -334,7 +334,10 @@ class RabbitMQPublisher:
         except (aiormq.exceptions.ChannelClosed, aiormq.exceptions.ChannelInvalidStateError) as exc:
             return self._channel_lost(exc, where, message)
         except (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError) as exc:
-            return self._channel_lost(exc, where, message)
+            result = self._channel_lost(exc, where, message)
+            if result.retryable and result.error is not None:  # the connection, not the message
+                return PublishResult.hand_back(result.error, "unreachable")
+            return result
         except Exception as exc:
             return PublishResult.retry(f"rabbitmq: {_describe(exc)}", type(exc).__name__)
         if isinstance(confirmation, aiormq.spec.Basic.Ack):

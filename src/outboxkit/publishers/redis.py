@@ -216,9 +216,8 @@ class RedisStreamsPublisher:
             if not todo:
                 break
             replies = await self._send(client, [(messages[i], streams[i]) for i in todo])
-            if isinstance(replies, str):
-                error = PublishResult.retry(replies, "connection")
-                return [r if r is not None else error for r in results]
+            if isinstance(replies, PublishResult):
+                return [r if r is not None else replies for r in results]
             again: list[int] = []
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError):
@@ -234,10 +233,11 @@ class RedisStreamsPublisher:
 
     async def _send(
         self, client: Any, messages: Sequence[tuple[OutboundMessage, str]]
-    ) -> list[Any] | str:
+    ) -> list[Any] | PublishResult:
         """One pipelined round trip; per-command errors come back in place of replies.
 
-        Returns the error text instead when the whole round trip failed.
+        Returns the verdict for every message instead when the whole round trip failed:
+        handed back untried when the server was not reached (an outage burns no attempts).
         """
         try:
             if self._dedup_window and self._script_sha is None:
@@ -250,10 +250,11 @@ class RedisStreamsPublisher:
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             self.reachability.failed(type(exc).__name__)
-            return f"redis: server unreachable or not answering: {_describe(exc)}"
+            text = f"redis: server unreachable or not answering: {_describe(exc)}"
+            return PublishResult.hand_back(text, "unreachable")
         except redis.exceptions.RedisError as exc:
             self.reachability.succeeded()  # the server answered, with an error
-            return f"redis: {_describe(exc)}"
+            return PublishResult.retry(f"redis: {_describe(exc)}", "connection")
         self.reachability.succeeded()
         if self._wait_replicas:
             acked = replies.pop()

@@ -205,9 +205,13 @@ class SqsPublisher:
 
     # -- publishing ---------------------------------------------------------------
 
-    def _maybe_unreachable(self, exc: BaseException) -> None:
-        if isinstance(exc, botocore.exceptions.EndpointConnectionError):  # refused, timed out
+    def _failed(self, exc: BaseException, text: str, error_class: str) -> PublishResult:
+        """The verdict on a request that raised: handed back untried when SQS was never
+        reached (refused, timed out), so an outage cannot burn attempts."""
+        if isinstance(exc, botocore.exceptions.EndpointConnectionError):
             self.reachability.failed(type(exc).__name__)
+            return PublishResult.hand_back(text, "unreachable")
+        return PublishResult.retry(text, error_class)
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
@@ -244,11 +248,9 @@ class SqsPublisher:
                 results[i] = result
             return
         except Exception as exc:
-            self._maybe_unreachable(exc)
+            result = self._failed(exc, f"sqs: cannot reach SQS: {_describe(exc)}", "connection")
             for i in indexes:
-                results[i] = PublishResult.retry(
-                    f"sqs: cannot reach SQS: {_describe(exc)}", "connection"
-                )
+                results[i] = result
             return
         fifo = queue.endswith(".fifo")
         chunks: list[list[tuple[int, dict[str, Any]]]] = []
@@ -301,11 +303,10 @@ class SqsPublisher:
                     results[i] = result
                 return
             except Exception as exc:
-                self._maybe_unreachable(exc)
+                text = f"sqs: request failed: {_describe(exc)}"
+                result = self._failed(exc, text, type(exc).__name__)
                 for i, _ in chunk:
-                    results[i] = PublishResult.retry(
-                        f"sqs: request failed: {_describe(exc)}", type(exc).__name__
-                    )
+                    results[i] = result
                 return
         self.reachability.succeeded()
         for ok in reply.get("Successful", []):

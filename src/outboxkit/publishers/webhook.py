@@ -220,8 +220,9 @@ class WebhookPublisher:
                 content = await self._read_body(response)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             self.reachability.failed(type(exc).__name__)
-            return PublishResult.retry(
-                f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "connection"
+            # Never delivered (no connection): handed back, so an outage burns no attempts.
+            return PublishResult.hand_back(
+                f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "unreachable"
             )
         except httpx.TimeoutException as exc:
             return PublishResult.retry(
