@@ -14,9 +14,10 @@ import uuid
 from typing import Any
 
 from outboxkit.embedded import EmbeddedNats
+from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from tests.support.relaying import count, make_events, rows, running_relay, wait_for, write_events
-from tests.support.servers import consume_nats, ensure_stream
+from tests.support.servers import consume_kafka, consume_nats, ensure_stream
 
 
 async def test_events_written_during_a_nats_outage_are_not_dead_lettered(
@@ -39,3 +40,36 @@ async def test_events_written_during_a_nats_outage_are_not_dead_lettered(
         await wait_for(lambda: count(db_dsn) == 0, timeout=30, what="the backlog to drain")
     messages = await consume_nats(fresh_nats.url, stream, subject, 220)
     assert len({m.headers["Nats-Msg-Id"] for m in messages}) == 220
+
+
+async def test_events_written_during_a_kafka_outage_are_not_dead_lettered(
+    db_dsn: str, kafka_behind_proxy: Any
+) -> None:
+    """librdkafka queues while every broker is down and times the messages out later: those
+    timeouts came back as failures and counted attempts. Now a failure while the client
+    reports all brokers down is the outage's, handed back without counting."""
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    # librdkafka gives up on a message after 2 s (before the relay's 0.8 x lease): several
+    # rounds of timeouts during the outage, each reported as a failure.
+    publisher = KafkaPublisher.from_url(f"{kafka_behind_proxy.url}?delivery_timeout_ms=2000")
+    options: dict[str, Any] = {
+        "max_attempts": 2,
+        "retry_base": 0.05,
+        "retry_cap": 0.3,
+        "lease": 3.0,
+    }
+    async with running_relay(db_dsn, publisher, **options):
+        write_events(db_dsn, make_events(topic, 20))
+        await wait_for(lambda: count(db_dsn) == 0, what="the first events to be published")
+        kafka_behind_proxy.proxy.cut()
+        write_events(db_dsn, make_events(topic, 100))
+        await asyncio.sleep(10)
+        assert count(db_dsn, "status = 2") == 0
+        kafka_behind_proxy.proxy.resume()
+        await wait_for(lambda: count(db_dsn) == 0, timeout=60, what="the backlog to drain")
+    messages = await asyncio.to_thread(
+        consume_kafka, kafka_behind_proxy.bootstrap, topic, 120, 20.0
+    )
+    ids = [dict(m.headers())["idempotency-key"] for m in messages]
+    assert len(set(ids)) == 120, "nothing lost"
+    assert len(ids) == 120, "no message queued in librdkafka before the outage came back twice"

@@ -98,8 +98,13 @@ _PROBE_TIMEOUT = 0.5
 
 
 def _is_fatal(err: KafkaError) -> bool:
-    """librdkafka's fatal state: the producer accepts nothing more and must be replaced."""
-    return bool(err.fatal()) or err.code() == KafkaError._FATAL
+    """The producer must be replaced: librdkafka's fatal state, or a producer identity the
+    broker no longer accepts (fenced, unknown id, sequence or epoch out of step). Seen after
+    a broker restart or a long outage; until replaced, every message fails the same way."""
+    return bool(err.fatal()) or err.code() in _PRODUCER_IDENTITY_LOST
+
+
+_PRODUCER_IDENTITY_LOST = _PRODUCER_FAILED - {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
 
 def _classify(err: KafkaError) -> PublishResult:

@@ -33,7 +33,13 @@ from outboxkit.errors import (
     relay_schema_outdated,
     table_missing,
 )
-from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
+from outboxkit.publishers.base import (
+    OutboundMessage,
+    Publisher,
+    PublishResult,
+    batch_shape,
+    unreachable,
+)
 from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
 from outboxkit.relay.outage import FailureEpisode, OutageLog
@@ -440,9 +446,13 @@ class Relay:
         fail_refund: list[int] = []
         handed_back = 0
         outage_delay = 0.0
+        # A retryable failure while the publisher's client reports the broker unreachable
+        # (librdkafka's all-brokers-down, a lost NATS connection) is the outage's, not the
+        # message's: handed back like a publish that was never tried.
+        broker_down = unreachable(self.publisher) is not None
         if any(r.ok for r in results):
             self._broker_backoff.reset()
-        elif any(not r.counts_attempt for r in results):
+        elif broker_down or any(not r.counts_attempt for r in results):
             outage_delay = self._broker_backoff.next_delay()
         dead: list[tuple[OutboundMessage, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
@@ -454,7 +464,7 @@ class Relay:
             error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
             fail_ids.append(row_id)
             fail_error.append(error)
-            if not result.counts_attempt:
+            if not result.counts_attempt or (broker_down and result.retryable):
                 # Never tried (the publisher's own client failed): back in line, attempt refunded.
                 fail_status.append(PENDING)
                 fail_delay.append(max(_bounded(result.retry_after), outage_delay))
