@@ -284,9 +284,10 @@ class PsycopgSync(WritePath):
         emit_prepared = [False]
 
         def wal_message() -> None:
-            # What a WAL-only outbox would cost (DESIGN §5, not built): the event as a
-            # transactional logical-decoding message, prepared, in the COMMIT's round
-            # trip, the way Outbox.transaction() sends its INSERT. No table, no index.
+            # What a WAL-only outbox would cost (docs/architecture.md, "Not built yet: the
+            # WAL relay"): the event as a transactional logical-decoding message, prepared,
+            # in the COMMIT's round trip, the way Outbox.transaction() sends its INSERT.
+            # No table, no index.
             pg = conn.pgconn
             conn.execute("BEGIN")  # as conn.transaction() does on an autocommit connection
             e = order_event(psycopg_business(conn, self.order))

@@ -44,8 +44,8 @@ _PERMANENT = {
     KafkaError.INVALID_MSG_SIZE,
     KafkaError._INVALID_ARG,
 }
-# Unknown topic with auto-creation off: DESIGN §3 dead-letters it rather than
-# retrying for hours; `outboxkit replay --topic` brings it back once created.
+# Unknown topic with auto-creation off: dead-lettered rather than retried for hours
+# (docs/architecture.md, "Settle, fenced"); `outboxkit replay --topic` brings it back once created.
 _UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
 # Failures of the producer, not of the message (fenced, sequence lost, purged from its queue):
 # the message is handed back untried, its attempt not counted.

@@ -385,8 +385,8 @@ def _queue_error(queue: str, exc: botocore.exceptions.ClientError) -> PublishRes
     code = str(error.get("Code", ""))
     text = _client_error(exc)
     if code in _NO_QUEUE:
-        # Like an unknown Kafka topic with auto-creation off (DESIGN §3): dead-letter,
-        # and `outboxkit replay --topic` once the queue exists.
+        # Like an unknown Kafka topic with auto-creation off: dead-letter, and `outboxkit
+        # replay --topic` once the queue exists (docs/architecture.md, "Settle, fenced").
         return PublishResult.permanent(
             f"sqs: queue {queue!r} does not exist ({text}); create it, then"
             " `outboxkit replay --all-failed`",
