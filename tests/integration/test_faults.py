@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
-from outboxkit.embedded import EmbeddedPostgres
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store.migrate import migrate
+from outboxkit.testing import EmbeddedPostgres
 from tests.support.relaying import (
     count,
     make_events,

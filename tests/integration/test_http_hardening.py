@@ -29,10 +29,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit import Event
-from outboxkit.embedded import free_port
 from outboxkit.ops.http import SCRAPE_KEY, ServerLimits, metrics_app, serving
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.testing import free_port
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import ensure_stream
 

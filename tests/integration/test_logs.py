@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from outboxkit import Event
-from outboxkit.embedded import free_port
+from outboxkit.testing import free_port
 from tests.support.relaying import count, wait_for, write_events
 from tests.support.servers import ensure_stream
 

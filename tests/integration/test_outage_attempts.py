@@ -13,9 +13,9 @@ import asyncio
 import uuid
 from typing import Any
 
-from outboxkit.embedded import EmbeddedNats
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.testing import EmbeddedNats
 from tests.support.relaying import count, make_events, rows, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, consume_nats, ensure_stream
 

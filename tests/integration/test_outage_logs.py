@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from outboxkit.embedded import EmbeddedNats
+from outboxkit.testing import EmbeddedNats
 from tests.support.relaying import count, make_events, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream
 

@@ -24,7 +24,6 @@ import pytest
 from aiohttp import web
 
 from outboxkit import Event
-from outboxkit.embedded import free_port
 from outboxkit.ops.http import metrics_app, serving
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.publishers.base import Publisher, Reachability, restored_since, unreachable
@@ -34,6 +33,7 @@ from outboxkit.publishers.rabbitmq import RabbitMQPublisher
 from outboxkit.publishers.redis import RedisStreamsPublisher
 from outboxkit.publishers.sqs import SqsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
+from outboxkit.testing import free_port
 from tests.support.local_brokers import rabbitmq_url, redis_url
 from tests.support.moto_sqs import MotoSqs
 from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psycopg
 
-from outboxkit.embedded import EmbeddedNats
+from outboxkit.testing import EmbeddedNats
 from tests.support.chaos_writer import LEDGER
 from tests.support.proxy import TcpProxy
 

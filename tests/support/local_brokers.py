@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from outboxkit.embedded import free_port
+from outboxkit.testing import free_port
 from tests.support.servers import port_open, require_or_skip
 
 RABBITMQ_URL_ENV = "OUTBOXKIT_TEST_RABBITMQ_URL"

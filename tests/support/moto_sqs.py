@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from outboxkit.embedded import free_port
+from outboxkit.testing import free_port
 from tests.support.servers import require_or_skip
 
 

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from psycopg import sql
 
 from outboxkit._redact import redact
-from outboxkit.embedded import EmbeddedKafka
+from outboxkit.testing import EmbeddedKafka
 from tests.support.proxy import TcpProxy
 
 REQUIRE_SERVICES_ENV = "OUTBOXKIT_REQUIRE_SERVICES"

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from outboxkit.embedded import free_port
+from outboxkit.testing import free_port
 
 
 @dataclass(frozen=True)

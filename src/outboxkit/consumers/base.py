@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import orjson
 import psycopg
 
 from outboxkit import tracing
+from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.inbox import Inbox
@@ -29,6 +29,8 @@ from outboxkit.inbox import Inbox
 log = logging.getLogger("outboxkit.consumer")
 
 DEFAULT_CONTENT_TYPE = "application/json"
+# Longest redelivery delay, whatever retry_delay and the delivery count.
+MAX_RETRY_DELAY = 60.0
 
 
 class EnvelopeError(OutboxkitError, ValueError):
@@ -255,10 +257,7 @@ class _Runner:
 
     def _backoff(self, delivery_count: int) -> float:
         """Delay before the next delivery of a failed event: full jitter, doubling, capped."""
-        if self.retry_delay == 0:
-            return 0.0
-        cap = min(self.retry_delay * 2 ** max(delivery_count - 1, 0), 60.0)
-        return random.uniform(cap / 2, cap)
+        return full_jitter(delivery_count, base=self.retry_delay, cap=MAX_RETRY_DELAY)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

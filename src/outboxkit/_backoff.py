@@ -1,4 +1,8 @@
-"""Retry delays: exponential with full jitter, so many relays do not retry in step."""
+"""Retry delays: exponential with full jitter, so many relays and consumers do not retry in step.
+
+The one backoff of the package: the relay's row retries and reconnects, and the
+consumer runners' redelivery delays (AWS's "full jitter": uniform from zero).
+"""
 
 from __future__ import annotations
 

