@@ -10,7 +10,6 @@ import pytest
 from outboxkit import ConfigurationError, Event, Outbox
 from outboxkit._redact import redact
 from outboxkit.ops.cli import parse_duration
-from outboxkit.relay.backoff import Backoff, full_jitter
 from outboxkit.store.postgres import Statements, channel_for, numbered, parse_table
 
 
@@ -80,21 +79,6 @@ def test_durations_parse(text: str, seconds: int) -> None:
 def test_bad_durations_say_how_to_write_one(text: str) -> None:
     with pytest.raises(click.BadParameter, match="units w d h m s"):
         parse_duration(text)
-
-
-def test_full_jitter_stays_within_the_capped_exponential() -> None:
-    for attempt in range(1, 40):
-        d = full_jitter(attempt, base=0.5, cap=30.0)
-        assert 0.0 <= d <= min(30.0, 0.5 * 2 ** (attempt - 1))
-
-
-def test_reconnect_backoff_never_busy_loops_and_resets() -> None:
-    b = Backoff(base=0.2, cap=5.0)
-    delays = [b.next_delay() for _ in range(20)]
-    assert min(delays) >= 0.1
-    assert max(delays) <= 5.0
-    b.reset()
-    assert b.failures == 0
 
 
 @pytest.mark.parametrize(

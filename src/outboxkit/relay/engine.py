@@ -26,6 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import set_json_loads
 
+from outboxkit._backoff import Backoff, full_jitter
 from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import (
     ConfigurationError,
@@ -40,7 +41,6 @@ from outboxkit.publishers.base import (
     batch_shape,
     unreachable,
 )
-from outboxkit._backoff import Backoff, full_jitter
 from outboxkit.relay.observer import Observers, RelayObserver, default_observer
 from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.store.postgres import FAILED, PENDING, Statements
