@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import re
 import zlib
+from enum import IntEnum
+from typing import overload
 
 from psycopg import sql
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import STORE_MAX_HEADERS_BYTES, STORE_MAX_TEXT_BYTES
 
-# Row states. Claimed rows stay PENDING: the lease lives in available_at.
-PENDING = 0
-PUBLISHED = 1
-FAILED = 2
+
+class Status(IntEnum):
+    """A row's state, as stored in ``status`` and rendered into every statement below.
+
+    Claimed rows stay PENDING: the lease lives in available_at.
+    """
+
+    PENDING = 0
+    PUBLISHED = 1
+    FAILED = 2
+
+
+PENDING, PUBLISHED, FAILED = Status.PENDING, Status.PUBLISHED, Status.FAILED
 
 SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -68,7 +79,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     aggregate_id   text,
     payload        bytea NOT NULL,
     headers        jsonb NOT NULL DEFAULT '{{}}',
-    status         smallint NOT NULL DEFAULT 0,
+    status         smallint NOT NULL DEFAULT {pending},
     attempts       integer NOT NULL DEFAULT 0,
     available_at   timestamptz NOT NULL DEFAULT now(),
     claim_token    uuid,
@@ -87,9 +98,9 @@ CREATE TABLE IF NOT EXISTS {table} (
     autovacuum_vacuum_cost_delay = 0
 );
 -- the claim walks this index in (available_at, id) order and stops after one batch
-CREATE INDEX IF NOT EXISTS {index_pending} ON {table} (available_at, id) WHERE status = 0;
-CREATE INDEX IF NOT EXISTS {index_failed} ON {table} (id) WHERE status = 2;
-CREATE INDEX IF NOT EXISTS {index_published} ON {table} (published_at) WHERE status = 1;
+CREATE INDEX IF NOT EXISTS {index_pending} ON {table} (available_at, id) WHERE status = {pending};
+CREATE INDEX IF NOT EXISTS {index_failed} ON {table} (id) WHERE status = {failed};
+CREATE INDEX IF NOT EXISTS {index_published} ON {table} (published_at) WHERE status = {published};
 """,
     # When the fact happened (set by the application, distinct from created_at) and the
     # payload's schema version. Rows written before this version keep occurred_at NULL
@@ -191,13 +202,13 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 CLAIM_BATCH = """
 WITH batch AS MATERIALIZED (
     SELECT id, {oversized} AS oversized FROM {table}
-    WHERE status = 0 AND available_at <= now()
+    WHERE status = {pending} AND available_at <= now()
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), oversized AS (
     UPDATE {table} AS d
-    SET status = 2, attempts = d.attempts + 1, claim_token = NULL,
+    SET status = {failed}, attempts = d.attempts + 1, claim_token = NULL,
         claimed_by = %(relay_id)s, last_error = {oversized_error}
     WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NOT NULL))
 )
@@ -216,7 +227,7 @@ SETTLE_PUBLISHED_DELETE = (
 )
 SETTLE_PUBLISHED_KEEP = """
 UPDATE {table}
-SET status = 1, published_at = now(), claim_token = NULL, last_error = NULL
+SET status = {published}, published_at = now(), claim_token = NULL, last_error = NULL
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 """
 # Failures of one batch in one statement: each row gets its own delay, error and
@@ -244,13 +255,15 @@ WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 
 STATUS_BY_TOPIC = """
 SELECT topic,
-       count(*) FILTER (WHERE status = 0 AND NOT (claim_token IS NOT NULL AND available_at > now()))
-           AS pending,
-       count(*) FILTER (WHERE status = 0 AND claim_token IS NOT NULL AND available_at > now())
-           AS in_flight,
-       count(*) FILTER (WHERE status = 2) AS failed,
-       count(*) FILTER (WHERE status = 1) AS published,
-       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 0))::float8
+       count(*) FILTER (
+           WHERE status = {pending} AND NOT (claim_token IS NOT NULL AND available_at > now())
+       ) AS pending,
+       count(*) FILTER (
+           WHERE status = {pending} AND claim_token IS NOT NULL AND available_at > now()
+       ) AS in_flight,
+       count(*) FILTER (WHERE status = {failed}) AS failed,
+       count(*) FILTER (WHERE status = {published}) AS published,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = {pending}))::float8
            AS oldest_pending_age_s
 FROM {table}
 GROUP BY topic
@@ -258,40 +271,39 @@ ORDER BY topic
 """
 LIST_FAILED = """
 SELECT id, event_id, topic, event_type, key, attempts, last_error, created_at
-FROM {table} WHERE status = 2 AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+FROM {table} WHERE status = {failed} AND (%(topic)s::text IS NULL OR topic = %(topic)s)
 ORDER BY id LIMIT %(limit)s
 """
-SHOW_EVENT = """
-SELECT id, event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,
-       schema_version, occurred_at, status, attempts, available_at, claim_token, claimed_by,
-       last_error, created_at, published_at
-FROM {table} WHERE id = %s
-"""
-SHOW_EVENT_BY_EVENT_ID = SHOW_EVENT.replace("WHERE id = %s", "WHERE event_id = %s")
+# `outboxkit failed show`: every column of one row, by row id or by event id.
+_EVENT_COLUMNS = """id, event_id, topic, key, event_type, aggregate_type, aggregate_id, payload,
+       headers, schema_version, occurred_at, status, attempts, available_at, claim_token,
+       claimed_by, last_error, created_at, published_at"""
+SHOW_EVENT = "SELECT {event_columns} FROM {table} WHERE id = %s"
+SHOW_EVENT_BY_EVENT_ID = "SELECT {event_columns} FROM {table} WHERE event_id = %s"
 # Replay puts dead letters back in line with a fresh attempt budget.
 REPLAY_BY_ID = """
-UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
-WHERE id = ANY(%s) AND status = 2
+UPDATE {table} SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND status = {failed}
 """
 REPLAY_BY_TOPIC = """
-UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
-WHERE status = 2 AND topic = %s
+UPDATE {table} SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL
+WHERE status = {failed} AND topic = %s
 """
 REPLAY_ALL_FAILED = """
-UPDATE {table} SET status = 0, attempts = 0, available_at = now(), claim_token = NULL
-WHERE status = 2
+UPDATE {table} SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL
+WHERE status = {failed}
 """
 # Small batches keep each transaction short and the vacuum debt bounded.
 PURGE_PUBLISHED_BATCH = """
 DELETE FROM {table} WHERE id IN (
     SELECT id FROM {table}
-    WHERE status = 1 AND published_at < now() - make_interval(secs => %s)
+    WHERE status = {published} AND published_at < now() - make_interval(secs => %s)
     ORDER BY published_at LIMIT %s
 )
 """
 COUNT_PURGEABLE = """
 SELECT count(*) FROM {table}
-WHERE status = 1 AND published_at < now() - make_interval(secs => %s)
+WHERE status = {published} AND published_at < now() - make_interval(secs => %s)
 """
 # Metric gauges, read every few seconds by each relay: only pending and failed
 # rows (partial indexes), never published ones, and at most %(cap)s rows each, so
@@ -302,7 +314,7 @@ SELECT topic,
        count(*) FILTER (WHERE claim_token IS NOT NULL AND available_at > now()),
        extract(epoch FROM now() - min(created_at))::float8
 FROM (SELECT topic, claim_token, available_at, created_at FROM {table}
-      WHERE status = 0 ORDER BY available_at, id LIMIT %(cap)s) AS p
+      WHERE status = {pending} ORDER BY available_at, id LIMIT %(cap)s) AS p
 GROUP BY topic
 """
 # The relay's start-up line: pending rows through the pending index, counted up to a cap.
@@ -310,11 +322,11 @@ GROUP BY topic
 # schema version left (the relay says "run migrate" at start instead of failing each claim).
 CHECK_COLUMNS = f"SELECT {_COLUMNS}, created_at, attempts FROM {{table}} LIMIT 0"
 COUNT_PENDING_CAPPED = (
-    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = 0 LIMIT %(cap)s) AS p"
+    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %(cap)s) AS p"
 )
 METRICS_FAILED_BY_TOPIC = """
 SELECT topic, count(*)
-FROM (SELECT topic FROM {table} WHERE status = 2 ORDER BY id LIMIT %(cap)s) AS f
+FROM (SELECT topic FROM {table} WHERE status = {failed} ORDER BY id LIMIT %(cap)s) AS f
 GROUP BY topic
 """
 # The last id the table's identity sequence handed out (max(id) would go back down as
@@ -322,7 +334,7 @@ GROUP BY topic
 # last reading (dashboard throughput). The parameter is the quoted table name.
 LAST_EVENT_ID = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0)"
 # Discard deletes a dead letter for good (the operator decided it must never be published).
-DISCARD_FAILED_BY_ID = "DELETE FROM {table} WHERE id = ANY(%s) AND status = 2"
+DISCARD_FAILED_BY_ID = "DELETE FROM {table} WHERE id = ANY(%s) AND status = {failed}"
 
 
 def _oversized(alias: str) -> str:
@@ -352,8 +364,75 @@ def _oversized_error(alias: str) -> str:
     )
 
 
+class _Sql:
+    """One named statement template of :class:`Statements`.
+
+    Its attribute name is the statement's name; on an instance it reads as the
+    text rendered for that table (a plain instance attribute, set once by
+    ``Statements.__init__``). ``aliases`` fill a slot with a statement rendered
+    before this one, e.g. ``insert="insert_one"``.
+    """
+
+    def __init__(self, template: str, **aliases: str) -> None:
+        self.template = template
+        self.aliases = aliases
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Sql: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> str: ...
+    def __get__(self, obj: object, owner: type | None = None) -> _Sql | str:
+        if obj is None:
+            return self
+        raise AttributeError(f"statement {self.name!r} was not rendered")  # pragma: no cover
+
+    def render(self, slots: dict[str, str], rendered: dict[str, str]) -> str:
+        extra = {slot: rendered[name] for slot, name in self.aliases.items()}
+        return self.template.format(**slots, **rendered, **extra).strip()
+
+
 class Statements:
-    """The statements of one outbox table, rendered once with its quoted name."""
+    """The statements of one outbox table, rendered once with its quoted name.
+
+    The class body is the table of named templates: each ``_Sql`` attribute is
+    rendered in order (a later template may embed an earlier statement by name).
+    """
+
+    create_version_table = _Sql(CREATE_VERSION_TABLE)
+    get_version = _Sql(GET_VERSION)
+    set_version = _Sql(SET_VERSION)
+    insert_one = _Sql(INSERT_ONE)
+    insert_many = _Sql(INSERT_MANY)
+    insert_one_notify = _Sql("WITH ins AS ({insert_one}) " + NOTIFY_SUFFIX)
+    insert_many_notify = _Sql("WITH ins AS ({insert_many}) " + NOTIFY_SUFFIX)
+    attached_one = _Sql(ATTACHED_EVENTS, insert="insert_one")
+    attached_many = _Sql(ATTACHED_EVENTS, insert="insert_many")
+    attached_one_notify = _Sql(ATTACHED_EVENTS_NOTIFY, insert="insert_one")
+    attached_many_notify = _Sql(ATTACHED_EVENTS_NOTIFY, insert="insert_many")
+    claim_batch = _Sql(CLAIM_BATCH)
+    settle_published_delete = _Sql(SETTLE_PUBLISHED_DELETE)
+    settle_published_keep = _Sql(SETTLE_PUBLISHED_KEEP)
+    settle_failures = _Sql(SETTLE_FAILURES)
+    release_leases = _Sql(RELEASE_LEASES)
+    status_by_topic = _Sql(STATUS_BY_TOPIC)
+    list_failed = _Sql(LIST_FAILED)
+    show_event = _Sql(SHOW_EVENT)
+    show_event_by_event_id = _Sql(SHOW_EVENT_BY_EVENT_ID)
+    replay_by_id = _Sql(REPLAY_BY_ID)
+    replay_by_topic = _Sql(REPLAY_BY_TOPIC)
+    replay_all_failed = _Sql(REPLAY_ALL_FAILED)
+    purge_published_batch = _Sql(PURGE_PUBLISHED_BATCH)
+    count_purgeable = _Sql(COUNT_PURGEABLE)
+    metrics_pending_by_topic = _Sql(METRICS_PENDING_BY_TOPIC)
+    count_pending_capped = _Sql(COUNT_PENDING_CAPPED)
+    check_columns = _Sql(CHECK_COLUMNS)
+    metrics_failed_by_topic = _Sql(METRICS_FAILED_BY_TOPIC)
+    last_event_id = _Sql(LAST_EVENT_ID)
+    discard_failed_by_id = _Sql(DISCARD_FAILED_BY_ID)
 
     def __init__(self, table: str = "outbox") -> None:
         schema, name = parse_table(table)
@@ -369,45 +448,21 @@ class Statements:
             "index_published": quote_table(None, f"{name}_published_idx"[:63]),
             "commit_named": _COMMIT_NAMED,
             "commit_positional": _COMMIT_POSITIONAL,
+            "oversized": _oversized(""),
+            "oversized_error": _oversized_error("d."),
+            "event_columns": _EVENT_COLUMNS,
+            **{state.name.lower(): str(int(state)) for state in Status},
         }
+        self.migrations = {v: ddl.format(**slots) for v, ddl in MIGRATIONS.items()}
+        rendered: dict[str, str] = {}
+        for statement in self.templates().values():
+            rendered[statement.name] = statement.render(slots, rendered)
+        self.__dict__.update(rendered)  # instance attributes: the templates stay on the class
 
-        def r(template: str) -> str:
-            return template.format(**slots)
-
-        self.migrations = {v: r(ddl) for v, ddl in MIGRATIONS.items()}
-        self.create_version_table = r(CREATE_VERSION_TABLE)
-        self.get_version = r(GET_VERSION)
-        self.set_version = r(SET_VERSION)
-        self.insert_one = r(INSERT_ONE)
-        self.insert_many = r(INSERT_MANY)
-        self.insert_one_notify = f"WITH ins AS ({self.insert_one}) {NOTIFY_SUFFIX}"
-        self.insert_many_notify = f"WITH ins AS ({self.insert_many}) {NOTIFY_SUFFIX}"
-        self.attached_one = ATTACHED_EVENTS.format(insert=self.insert_one)
-        self.attached_many = ATTACHED_EVENTS.format(insert=self.insert_many.strip())
-        self.attached_one_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_one)
-        self.attached_many_notify = ATTACHED_EVENTS_NOTIFY.format(insert=self.insert_many.strip())
-        self.claim_batch = CLAIM_BATCH.format(
-            **slots, oversized=_oversized(""), oversized_error=_oversized_error("d.")
-        )
-        self.settle_published_delete = r(SETTLE_PUBLISHED_DELETE)
-        self.settle_published_keep = r(SETTLE_PUBLISHED_KEEP)
-        self.settle_failures = r(SETTLE_FAILURES)
-        self.release_leases = r(RELEASE_LEASES)
-        self.status_by_topic = r(STATUS_BY_TOPIC)
-        self.list_failed = r(LIST_FAILED)
-        self.show_event = r(SHOW_EVENT)
-        self.show_event_by_event_id = r(SHOW_EVENT_BY_EVENT_ID)
-        self.replay_by_id = r(REPLAY_BY_ID)
-        self.replay_by_topic = r(REPLAY_BY_TOPIC)
-        self.replay_all_failed = r(REPLAY_ALL_FAILED)
-        self.purge_published_batch = r(PURGE_PUBLISHED_BATCH)
-        self.count_purgeable = r(COUNT_PURGEABLE)
-        self.metrics_pending_by_topic = r(METRICS_PENDING_BY_TOPIC)
-        self.count_pending_capped = r(COUNT_PENDING_CAPPED)
-        self.check_columns = r(CHECK_COLUMNS)
-        self.metrics_failed_by_topic = r(METRICS_FAILED_BY_TOPIC)
-        self.last_event_id = LAST_EVENT_ID
-        self.discard_failed_by_id = r(DISCARD_FAILED_BY_ID)
+    @classmethod
+    def templates(cls) -> dict[str, _Sql]:
+        """Every named template, in rendering order."""
+        return {k: v for k, v in vars(cls).items() if isinstance(v, _Sql)}
 
     def ddl(self) -> str:
         """The whole schema as one script, for users who run their own migration tool."""
