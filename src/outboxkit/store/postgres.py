@@ -222,13 +222,18 @@ RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.ag
           o.payload, o.headers, o.created_at, o.attempts,
           coalesce(o.occurred_at, o.created_at), o.schema_version
 """
+# The settles return the ids they changed: when the fence drops rows (another relay
+# re-claimed them) the relay reports exactly which rows it settled. (The relay reads
+# them only then; a full settle is told by its row count.)
 SETTLE_PUBLISHED_DELETE = (
     "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}"
+    " RETURNING id"
 )
 SETTLE_PUBLISHED_KEEP = """
 UPDATE {table}
 SET status = {published}, published_at = now(), claim_token = NULL, last_error = NULL
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
+RETURNING id
 """
 # Failures of one batch in one statement: each row gets its own delay, error and
 # next state (pending again, or failed once out of attempts or rejected for good).
@@ -243,6 +248,7 @@ SET status = u.next_status,
 FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[])
      AS u(id, next_status, delay, error, refund)
 WHERE o.id = u.id AND o.claim_token = %s AND {commit_positional}
+RETURNING o.id
 """
 # On shutdown: hand unpublished rows back at once, and give back the attempt.
 RELEASE_LEASES = """
