@@ -38,6 +38,14 @@ class MissingExtraError(OutboxkitError, ModuleNotFoundError):
     """
 
 
+class EnvelopeError(OutboxkitError, ValueError):
+    """A broker message is not an outboxkit event (no usable event id): it cannot be deduplicated.
+
+    Consumer runners dead-letter such a message (or drop it where the broker has no
+    dead-letter destination) instead of redelivering it forever.
+    """
+
+
 class EmbeddedServerUnavailable(OutboxkitError):
     """An embedded test server (``outboxkit.testing``) is missing its wheel or would not start."""
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox, Publisher
-from outboxkit.consumers.base import ReceivedEvent, _Runner
+from outboxkit.consumers.base import ConsumerRunner, ReceivedEvent
 from outboxkit.store.inbox_sql import migrate_inbox
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import unique_name
@@ -117,7 +117,7 @@ def scenario_dsn(db_dsn: str) -> str:
 async def run_scenario(
     s: Scenario,
     publisher: Publisher,
-    runner: _Runner,
+    runner: ConsumerRunner,
     *,
     dead_letters: Callable[[], Awaitable[list[str]]] | None,
     duplicate_in_outbox: bool = True,

@@ -15,8 +15,8 @@ from outboxkit.consumers import nats as nats_consumer
 from outboxkit.consumers import rabbitmq as rabbitmq_consumer
 from outboxkit.consumers import redis as redis_consumer
 from outboxkit.consumers import sqs as sqs_consumer
-from outboxkit.consumers.base import EnvelopeError, ReceivedEvent, from_cloudevents
-from outboxkit.errors import ConfigurationError, InvalidEventError
+from outboxkit.consumers.base import ReceivedEvent, from_cloudevents
+from outboxkit.errors import ConfigurationError, EnvelopeError, InvalidEventError
 from outboxkit.events import Event
 from outboxkit.publishers import kafka as kafka_publisher
 from outboxkit.publishers import nats as nats_publisher

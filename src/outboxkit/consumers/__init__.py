@@ -4,6 +4,7 @@ One module per broker (``kafka``, ``nats``, ``rabbitmq``, ``redis``, ``sqs``),
 imported on demand so a service needs only its own broker's client library.
 """
 
-from outboxkit.consumers.base import ConsumerStats, EnvelopeError, Handler, ReceivedEvent
+from outboxkit.consumers.base import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
+from outboxkit.errors import EnvelopeError
 
-__all__ = ["ConsumerStats", "EnvelopeError", "Handler", "ReceivedEvent"]
+__all__ = ["ConsumerRunner", "ConsumerStats", "EnvelopeError", "Handler", "ReceivedEvent"]

@@ -23,7 +23,7 @@ import psycopg
 from outboxkit import tracing
 from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
-from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer")
@@ -31,14 +31,6 @@ log = logging.getLogger("outboxkit.consumer")
 DEFAULT_CONTENT_TYPE = "application/json"
 # Longest redelivery delay, whatever retry_delay and the delivery count.
 MAX_RETRY_DELAY = 60.0
-
-
-class EnvelopeError(OutboxkitError, ValueError):
-    """A broker message is not an outboxkit event (no usable event id): it cannot be deduplicated.
-
-    Runners dead-letter such a message (or drop it where the broker has no
-    dead-letter destination) instead of redelivering it forever.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +177,13 @@ class ConsumerStats:
     dead_lettered: int = 0
 
 
-class _Runner:
-    """The broker-independent half of a runner: options, the handler call, stop, stats."""
+class ConsumerRunner:
+    """The broker-independent half of every consumer runner: options, handler call, stop, stats.
+
+    ``KafkaConsumer``, ``NatsConsumer`` and the others subclass it: each turns its
+    broker's message into a :class:`ReceivedEvent` and acknowledges it only after
+    the handler's transaction committed.
+    """
 
     broker = "broker"
 

@@ -24,13 +24,12 @@ except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
 
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
-    EnvelopeError,
+    ConsumerRunner,
     Handler,
     ReceivedEvent,
-    _Runner,
     from_cloudevents,
 )
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer.kafka")
@@ -70,7 +69,7 @@ def decode(
     )
 
 
-class KafkaConsumer(_Runner):
+class KafkaConsumer(ConsumerRunner):
     """Consumes ``topics`` in the consumer group ``group`` (default: the consumer name).
 
     ``config`` adds or overrides librdkafka properties (security, timeouts).

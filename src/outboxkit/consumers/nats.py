@@ -25,13 +25,12 @@ except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
 from outboxkit._cloudevents import decode_header_value
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
-    EnvelopeError,
+    ConsumerRunner,
     Handler,
     ReceivedEvent,
-    _Runner,
     from_cloudevents,
 )
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer.nats")
@@ -72,7 +71,7 @@ def decode(
     )
 
 
-class NatsConsumer(_Runner):
+class NatsConsumer(ConsumerRunner):
     """Consumes ``subject`` from ``stream`` with the durable pull consumer ``durable``.
 
     ``await NatsConsumer(dsn, handler, consumer="billing", servers="nats://127.0.0.1:4222",

@@ -28,13 +28,12 @@ except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
 
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
-    EnvelopeError,
+    ConsumerRunner,
     Handler,
     ReceivedEvent,
-    _Runner,
     from_cloudevents,
 )
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer.rabbitmq")
@@ -76,7 +75,7 @@ def decode(message: AbstractMessage, routing_key: str, delivery_count: int = 1) 
     )
 
 
-class RabbitMQConsumer(_Runner):
+class RabbitMQConsumer(ConsumerRunner):
     """Consumes ``queue``; with ``exchange=`` it declares the queue durable and binds it.
 
     ``routing_keys`` are the binding patterns (topic exchange: ``orders.#``).

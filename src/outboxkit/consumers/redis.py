@@ -28,13 +28,12 @@ except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
 
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
-    EnvelopeError,
+    ConsumerRunner,
     Handler,
     ReceivedEvent,
-    _Runner,
     from_cloudevents,
 )
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 
 log = logging.getLogger("outboxkit.consumer.redis")
@@ -69,7 +68,7 @@ def decode(stream: str, fields: dict[Any, Any], delivery_count: int = 1) -> Rece
     )
 
 
-class RedisStreamsConsumer(_Runner):
+class RedisStreamsConsumer(ConsumerRunner):
     """Consumes ``streams`` as member ``name`` of the consumer group ``group``.
 
     The group is created if missing, reading from the start of the stream

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from typing import Any
 
-from outboxkit.errors import missing_extra
+from outboxkit.errors import EnvelopeError, missing_extra
 
 try:
     import boto3
@@ -27,10 +27,9 @@ import orjson
 
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
-    EnvelopeError,
+    ConsumerRunner,
     Handler,
     ReceivedEvent,
-    _Runner,
     from_cloudevents,
 )
 from outboxkit.inbox import Inbox
@@ -80,7 +79,7 @@ def decode(queue: str, message: dict[str, Any]) -> ReceivedEvent:
     )
 
 
-class SqsConsumer(_Runner):
+class SqsConsumer(ConsumerRunner):
     """Consumes one SQS queue (standard or FIFO) with long polling.
 
     ``max_deliveries`` is only reported here (SQS counts receives itself); set
