@@ -10,8 +10,17 @@ from typing import Any
 import orjson
 from uuid_utils.compat import uuid7
 
-from outboxkit import limits
 from outboxkit.errors import InvalidEventError
+from outboxkit.limits import (
+    DEFAULT_MAX_KEY_BYTES,
+    MAX_AGGREGATE_ID_BYTES,
+    MAX_AGGREGATE_TYPE_BYTES,
+    MAX_EVENT_TYPE_BYTES,
+    MAX_KEY_BYTES,
+    headers_problem,
+    text_problem,
+    topic_problem,
+)
 from outboxkit.tracing import capture as _capture_trace_context
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -82,15 +91,15 @@ class Event:
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise InvalidEventError("event topic must be a non-empty string")
-        if (problem := limits.topic_problem(topic)) is not None:
+        if (problem := topic_problem(topic)) is not None:
             raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         if not isinstance(event_type, str) or not event_type.strip():
             raise InvalidEventError(f"event_type must be a non-empty string (topic {topic!r})")
         for name, value, max_bytes in (
-            ("event_type", event_type, limits.MAX_EVENT_TYPE_BYTES),
-            ("key", key, limits.MAX_KEY_BYTES),
-            ("aggregate_type", aggregate_type, limits.MAX_AGGREGATE_TYPE_BYTES),
-            ("aggregate_id", aggregate_id, limits.MAX_AGGREGATE_ID_BYTES),
+            ("event_type", event_type, MAX_EVENT_TYPE_BYTES),
+            ("key", key, MAX_KEY_BYTES),
+            ("aggregate_type", aggregate_type, MAX_AGGREGATE_TYPE_BYTES),
+            ("aggregate_id", aggregate_id, MAX_AGGREGATE_ID_BYTES),
         ):
             if value is None:
                 continue
@@ -99,7 +108,7 @@ class Event:
                     f"{name} must be a string or None, got {type(value).__name__}"
                     " (convert ids with str())"
                 )
-            if (problem := limits.text_problem(name, value, max_bytes)) is not None:
+            if (problem := text_problem(name, value, max_bytes)) is not None:
                 raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         if isinstance(payload, bytes | bytearray | memoryview):
             self.payload = bytes(payload)
@@ -125,7 +134,7 @@ class Event:
                         f"header {hname!r} must be a string, got {type(hvalue).__name__}"
                     )
                 clean_headers[hname] = hvalue
-            if (problem := limits.headers_problem(clean_headers)) is not None:
+            if (problem := headers_problem(clean_headers)) is not None:
                 raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         # W3C traceparent/tracestate of the active span, if any (a dict lookup otherwise).
         _capture_trace_context(clean_headers)
@@ -143,7 +152,7 @@ class Event:
         self.headers = clean_headers
 
     def check_size(
-        self, max_payload_bytes: int, max_key_bytes: int = limits.DEFAULT_MAX_KEY_BYTES
+        self, max_payload_bytes: int, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     ) -> None:
         """Refuse payloads and keys the outbox was configured not to carry."""
         if len(self.payload) > max_payload_bytes:
@@ -157,7 +166,7 @@ class Event:
                 raise InvalidEventError(
                     f"key of {self.event_type!r} is {size} bytes, over max_key_bytes="
                     f"{max_key_bytes}; keys are ids (Outbox(max_key_bytes=...) raises the"
-                    f" limit up to {limits.MAX_KEY_BYTES})"
+                    f" limit up to {MAX_KEY_BYTES})"
                 )
 
     def __repr__(self) -> str:

@@ -20,11 +20,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from outboxkit import tracing
 from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.tracing import consumer_span
 
 log = logging.getLogger("outboxkit.consumer")
 
@@ -157,7 +157,7 @@ async def _invoke(
         "messaging.consumer.group.name": consumer,
     }
     # A CONSUMER span continuing the trace the event carries from its write (no-op without otel).
-    with tracing.consumer_span(f"{event.topic} process", event.headers, attributes):
+    with consumer_span(f"{event.topic} process", event.headers, attributes):
         async with conn.transaction(), inbox.ahandle(conn, consumer, event.event_id) as fresh:
             if fresh:
                 await handler(conn, event)

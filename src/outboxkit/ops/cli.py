@@ -476,11 +476,11 @@ def _relay_observer(
     """Summary logs, batch spans (with opentelemetry) and, with --metrics-port, metrics."""
     from urllib.parse import urlsplit
 
-    from outboxkit import tracing
     from outboxkit.relay.observer import BatchTracing, Observers, SummaryLog
+    from outboxkit.tracing import available as tracing_available
 
     observers: list[Any] = [SummaryLog(interval=log_interval)]
-    if tracing.available():
+    if tracing_available():
         observers.append(BatchTracing(system=urlsplit(broker).scheme.lower()))
     metrics = None
     if metrics_port is not None:

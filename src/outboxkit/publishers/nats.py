@@ -21,10 +21,10 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from outboxkit import limits
 from outboxkit._cloudevents import encode_header_value
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
+from outboxkit.limits import wire_header_problem
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 
 log = logging.getLogger("outboxkit.nats")
@@ -270,7 +270,7 @@ class NatsPublisher:
             if verdict is not None:
                 return verdict
             # A printable value is fine; otherwise a tab is, CR, LF and NUL are not.
-            if not value.isprintable() and (problem := limits.wire_header_problem(name, value)):
+            if not value.isprintable() and (problem := wire_header_problem(name, value)):
                 return problem
         return None
 
@@ -345,7 +345,7 @@ def _header_name_problem(name: str) -> str | None:
             f"header {name[:80]!r} is reserved by NATS (the server acts on Nats-* headers:"
             " dedup ids, rollups, expected sequences); not published"
         )
-    return limits.wire_header_problem(name, "")
+    return wire_header_problem(name, "")
 
 
 def _subject_problem(subject: str) -> str | None:

@@ -11,9 +11,10 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 
-from outboxkit import tracing
 from outboxkit._redact import redact
 from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.tracing import available as tracing_available
+from outboxkit.tracing import batch_span, record_batch_outcome
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -164,7 +165,7 @@ class BatchTracing(RelayObserver):
 
     @contextlib.contextmanager
     def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
-        with tracing.batch_span(messages, self.system):
+        with batch_span(messages, self.system):
             yield
 
     def published(
@@ -172,11 +173,11 @@ class BatchTracing(RelayObserver):
     ) -> None:
         failures = [r for r in results if not r.ok]
         error = redact(f"{failures[0].error_class}: {failures[0].error}") if failures else None
-        tracing.record_batch_outcome(len(results) - len(failures), len(failures), error)
+        record_batch_outcome(len(results) - len(failures), len(failures), error)
 
 
 def default_observer() -> RelayObserver:
     """Summary logs, plus batch spans when opentelemetry is installed."""
-    if tracing.available():
+    if tracing_available():
         return Observers(SummaryLog(), BatchTracing())
     return SummaryLog()
