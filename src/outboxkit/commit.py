@@ -9,6 +9,10 @@ per event, then COMMIT, then one Sync — so the write adds no round trip at all
 Atomicity does not change: the INSERTs run inside the transaction, before the
 COMMIT. If one fails, PostgreSQL skips the COMMIT, the transaction is rolled
 back and the error is raised; if the block raises, the events were never sent.
+
+As psycopg's own ``transaction.py``: the protocol lives once, as generators, in
+:class:`BaseOutboxTransaction`; :class:`OutboxTransaction` (``with``) and
+:class:`AsyncOutboxTransaction` (``async with``) are thin shells that run them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import struct
+import zlib
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from itertools import islice
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 import psycopg
@@ -28,34 +33,33 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.waiting import Ready, Wait
 
-from outboxkit._transactions import check_psycopg_usable, type_name
 from outboxkit.drivers import psycopg_private as private
+from outboxkit.drivers import type_name
+from outboxkit.drivers.psycopg_adapter import check_usable
 from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
-
-if TYPE_CHECKING:
-    from outboxkit.write import Outbox
+from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
 
 _IDLE = pq.TransactionStatus.IDLE
-_INTRANS = pq.TransactionStatus.INTRANS
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
-# Parameter types of the INSERT (event_id, topic, key, event_type, aggregate_type,
-# aggregate_id, payload, headers, occurred_at, schema_version[, channel]), all in binary.
-_UUID, _TEXT, _BYTEA, _JSONB, _TIMESTAMPTZ = 2950, 25, 17, 3802, 1184
-_TYPES = [_UUID, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _JSONB, _TIMESTAMPTZ, _TEXT]
-_JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
-_TYPES_NOTIFY = [*_TYPES, _TEXT]
-_FORMATS = [1] * len(_TYPES)  # every parameter in binary
+# The INSERT's parameter types, all sent in binary: the outbox's columns
+# (store.postgres.WRITE_COLUMNS), then the NOTIFY channel.
+_OIDS = {"uuid": 2950, "text": 25, "bytea": 17, "jsonb": 3802, "timestamptz": 1184}
+_TYPES = [_OIDS[pg_type] for _, pg_type in WRITE_COLUMNS]
+_TYPES_NOTIFY = [*_TYPES, _OIDS["text"]]
+_FORMATS = [1] * len(_TYPES)
 _FORMATS_NOTIFY = [1] * len(_TYPES_NOTIFY)
 _TYPES_KEY = tuple(_TYPES)
 _TYPES_NOTIFY_KEY = tuple(_TYPES_NOTIFY)
+_JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
 _Send = Callable[[], object]
 # timestamptz binary format: microseconds since 2000-01-01 UTC, a big-endian int64.
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _INT64 = struct.Struct(">q")
+_Conn = TypeVar("_Conn", bound=psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
 
 
 def _params(event: Event) -> list[bytes | None]:
@@ -74,18 +78,39 @@ def _params(event: Event) -> list[bytes | None]:
     ]
 
 
-class OutboxTransaction:
-    """A transaction whose events are written with its COMMIT. Use it via
-    :meth:`Outbox.transaction` (``with``) or :meth:`Outbox.atransaction` (``async with``).
+class CommitInserts:
+    """What the commit path needs from an ``Outbox``, built once per outbox.
+
+    The INSERT in ``$n`` style with its prepared-statement name per notify variant
+    (the name follows the text, so outboxes of one table share it), the NOTIFY
+    channel, the table (for errors) and the event check (the outbox's size limits).
+    """
+
+    __slots__ = ("channel", "check", "inserts", "notify", "table")
+
+    def __init__(self, sql: Statements, *, notify: bool, check: Callable[[object], Event]) -> None:
+        self.table = sql.table
+        self.notify = notify
+        self.check = check
+        self.channel = sql.channel.encode()
+        self.inserts: dict[bool, tuple[private.Key, bytes]] = {}
+        for with_notify, stmt in ((False, sql.insert_one), (True, sql.insert_one_notify)):
+            text = numbered(stmt).encode()
+            key = (text, _TYPES_NOTIFY_KEY if with_notify else _TYPES_KEY)
+            self.inserts[with_notify] = (key, b"outboxkit_put_%08x" % zlib.crc32(text))
+
+
+class BaseOutboxTransaction(Generic[_Conn]):
+    """The protocol of a transaction whose events are written with its COMMIT.
 
     ``put``/``put_many`` only validate and queue: nothing is sent before the block
     ends. Without an exception the events are inserted and the transaction
     committed in one round trip; with one it is rolled back and nothing is sent.
     """
 
-    def __init__(self, outbox: Outbox, conn: Any) -> None:
-        self.outbox = outbox
-        self.connection = conn
+    def __init__(self, inserts: CommitInserts, conn: _Conn) -> None:
+        self._inserts = inserts
+        self.connection: _Conn = conn
         self._rows: list[list[bytes | None]] = []
         self._active = False
 
@@ -94,12 +119,13 @@ class OutboxTransaction:
     def put(self, event: Event) -> None:
         """Queue ``event``: validated now, written with the COMMIT."""
         self._require_active()
-        self._rows.append(_params(self.outbox._check(event)))
+        self._rows.append(_params(self._inserts.check(event)))
 
     def put_many(self, events: Iterable[Event]) -> None:
         """Queue several events, at most 10 000 per call (all validated before any is queued)."""
         self._require_active()
-        rows = [_params(self.outbox._check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
+        check = self._inserts.check
+        rows = [_params(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
         if len(rows) > MAX_BATCH_EVENTS:
             raise too_many_events()
         self._rows.extend(rows)
@@ -115,7 +141,7 @@ class OutboxTransaction:
     def _opening(self) -> bool:
         """Check the connection; True if a BEGIN must be sent now (autocommit mode)."""
         conn = self.connection
-        status = check_psycopg_usable(conn)
+        status = check_usable(conn)
         if private.in_pipeline(conn):
             raise NotInTransactionError(
                 "Outbox.transaction() cannot run inside conn.pipeline(): it commits through"
@@ -129,6 +155,19 @@ class OutboxTransaction:
         self._active = True
         return bool(conn.autocommit and status == _IDLE)
 
+    def _closing(self, exc: BaseException | None) -> bool:
+        """Close the block; True if there is something to commit."""
+        self._active = False
+        if exc is not None:
+            self._rows = []
+            return False
+        return bool(self._rows) or self.connection.pgconn.transaction_status != _IDLE
+
+    def _must_roll_back(self) -> bool:
+        self._rows = []
+        conn = self.connection
+        return not conn.closed and conn.pgconn.transaction_status != _IDLE
+
     def _commands(self) -> tuple[list[_Send], dict[int, tuple[private.Key, bytes]]]:
         """BEGIN if nothing has begun the transaction yet, the INSERTs, COMMIT.
 
@@ -141,32 +180,34 @@ class OutboxTransaction:
         prepares: dict[int, tuple[private.Key, bytes]] = {}
         if pgconn.transaction_status == _IDLE:
             sends.append(partial(pgconn.send_query_params, b"BEGIN", None))
-        ob = self.outbox
+        ins = self._inserts
         # prepare_threshold=None is how psycopg users say "behind PgBouncer, no named
         # prepared statements": then each INSERT is parsed on its own.
         prepare = conn.prepare_threshold is not None
         for i, row in enumerate(self._rows):
-            notify = ob.notify and i == 0  # PostgreSQL folds repeats of one notification
-            stmt, name = ob._commit_insert[notify]
-            params = [*row, ob._sql.channel.encode()] if notify else row
+            notify = ins.notify and i == 0  # PostgreSQL folds repeats of one notification
+            key, name = ins.inserts[notify]
+            params: list[bytes | None] = [*row, ins.channel] if notify else row
             types, formats = (_TYPES_NOTIFY, _FORMATS_NOTIFY) if notify else (_TYPES, _FORMATS)
             if not prepare:
-                sends.append(partial(pgconn.send_query_params, stmt, params, types, formats))
+                sends.append(partial(pgconn.send_query_params, key[0], params, types, formats))
                 continue
-            key = (stmt, _TYPES_NOTIFY_KEY if notify else _TYPES_KEY)
             if (key, name) not in prepares.values() and private.prepared_name(conn, key) != name:
                 prepares[len(sends)] = (key, name)
-                sends.append(partial(pgconn.send_prepare, name, stmt, types))
+                sends.append(partial(pgconn.send_prepare, name, key[0], types))
             sends.append(partial(pgconn.send_query_prepared, name, params, formats))
         sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
         return sends, prepares
 
-    def _run(self) -> Generator[Wait, Ready | int, None]:
+    def _commit_gen(self) -> Generator[Wait, Ready | int, None]:
         """The commit as a generator for ``conn.wait()``: raises the server's error."""
         conn = self.connection
-        if conn.prepare_threshold is not None:
-            yield from private.flush_deallocations(conn)
-        sends, prepares = self._commands()
+        try:
+            if conn.prepare_threshold is not None:
+                yield from private.flush_deallocations(conn)
+            sends, prepares = self._commands()
+        finally:
+            self._rows = []
         statuses, error = yield from _pipeline(conn.pgconn, sends)
         for index, (key, name) in prepares.items():
             if index < len(statuses) and statuses[index] in _OK:
@@ -174,55 +215,23 @@ class OutboxTransaction:
         if isinstance(error, pg_errors.InvalidSqlStatementName):
             # The session lost its prepared statements behind psycopg's back (a pooler's
             # reset): this transaction is rolled back, the next one prepares again.
-            for notify, (stmt, _) in self.outbox._commit_insert.items():
-                private.forget_prepared(conn, (stmt, _TYPES_NOTIFY_KEY if notify else _TYPES_KEY))
+            for key, _ in self._inserts.inserts.values():
+                private.forget_prepared(conn, key)
         if error is not None:
-            if missing := outbox_table_missing(error, self.outbox.table, rolled_back=True):
+            if missing := outbox_table_missing(error, self._inserts.table, rolled_back=True):
                 raise missing from error
             raise error
 
-    def _finish_sync(self, exc: BaseException | None) -> None:
-        conn = self.connection
-        self._active = False
-        try:
-            if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
-                with conn.lock:  # as psycopg's own transaction(): one user of the socket
-                    conn.wait(self._run())
-        except BaseException:
-            self._rows = []
-            with contextlib.suppress(psycopg.Error):  # never hide the error that matters
-                if not conn.closed and conn.pgconn.transaction_status != _IDLE:
-                    conn.rollback()
-            raise
-        self._rows = []
-        if exc is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
-            # The block raised: roll back, without hiding its exception behind ours.
-            with contextlib.suppress(psycopg.Error):
-                conn.rollback()
 
-    async def _finish_async(self, exc: BaseException | None) -> None:
-        conn = self.connection
-        self._active = False
-        try:
-            if exc is None and (self._rows or conn.pgconn.transaction_status != _IDLE):
-                async with conn.lock:
-                    await conn.wait(self._run())
-        except BaseException:
-            self._rows = []
-            with contextlib.suppress(psycopg.Error):
-                if not conn.closed and conn.pgconn.transaction_status != _IDLE:
-                    await conn.rollback()
-            raise
-        self._rows = []
-        if exc is not None and not conn.closed and conn.pgconn.transaction_status != _IDLE:
-            with contextlib.suppress(psycopg.Error):
-                await conn.rollback()
+class OutboxTransaction(BaseOutboxTransaction[psycopg.Connection[Any]]):
+    """A transaction whose events are written with its COMMIT: :meth:`Outbox.transaction`."""
 
-    # -- context managers -------------------------------------------------------------
+    def __init__(self, inserts: CommitInserts, conn: psycopg.Connection[Any]) -> None:
+        if not isinstance(conn, psycopg.Connection):
+            raise _unsupported(conn, "transaction", "psycopg.Connection")
+        super().__init__(inserts, conn)
 
     def __enter__(self) -> OutboxTransaction:
-        if not isinstance(self.connection, psycopg.Connection):
-            raise _unsupported(self.connection, "transaction", "psycopg.Connection")
         if self._opening():
             self.connection.execute("BEGIN")
         return self
@@ -230,11 +239,32 @@ class OutboxTransaction:
     def __exit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._finish_sync(exc)
+        conn = self.connection
+        try:
+            if self._closing(exc):
+                with conn.lock:  # as psycopg's own transaction(): one user of the socket
+                    conn.wait(self._commit_gen())
+                return
+        except BaseException:
+            self._roll_back()  # never hides the error that matters
+            raise
+        self._roll_back()  # the block raised: roll back, without hiding its exception
 
-    async def __aenter__(self) -> OutboxTransaction:
-        if not isinstance(self.connection, psycopg.AsyncConnection):
-            raise _unsupported(self.connection, "atransaction", "psycopg.AsyncConnection")
+    def _roll_back(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            if self._must_roll_back():
+                self.connection.rollback()
+
+
+class AsyncOutboxTransaction(BaseOutboxTransaction[psycopg.AsyncConnection[Any]]):
+    """:class:`OutboxTransaction` for psycopg ``AsyncConnection``: :meth:`Outbox.atransaction`."""
+
+    def __init__(self, inserts: CommitInserts, conn: psycopg.AsyncConnection[Any]) -> None:
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise _unsupported(conn, "atransaction", "psycopg.AsyncConnection")
+        super().__init__(inserts, conn)
+
+    async def __aenter__(self) -> AsyncOutboxTransaction:
         if self._opening():
             await self.connection.execute("BEGIN")
         return self
@@ -242,7 +272,21 @@ class OutboxTransaction:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._finish_async(exc)
+        conn = self.connection
+        try:
+            if self._closing(exc):
+                async with conn.lock:
+                    await conn.wait(self._commit_gen())
+                return
+        except BaseException:
+            await self._roll_back()
+            raise
+        await self._roll_back()
+
+    async def _roll_back(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            if self._must_roll_back():
+                await self.connection.rollback()
 
 
 def _pipeline(
@@ -295,7 +339,7 @@ def _error(result: Any, pgconn: Any) -> Exception:
     return pg_errors.error_from_result(result, encoding=private.encoding(pgconn))
 
 
-def _unsupported(conn: Any, method: str, expected: str) -> Exception:
+def _unsupported(conn: object, method: str, expected: str) -> Exception:
     return TypeError(
         f"Outbox.{method}() needs a {expected}, got {type_name(conn)};"
         " with other drivers use put()/aput() inside your own transaction"

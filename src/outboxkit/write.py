@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import itertools
 import re
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 import psycopg
 
-from outboxkit._transactions import (
-    check_asyncpg,
-    check_dbapi_autocommit,
-    check_psycopg,
-    for_paramstyle,
-    is_asyncpg_connection,
-    sqlalchemy_async_connection,
-    sqlalchemy_sync_connection,
-    stringify_ids,
+from outboxkit.commit import AsyncOutboxTransaction, CommitInserts, OutboxTransaction
+from outboxkit.drivers import (
+    AsyncConnection,
+    CursorCache,
+    Statement,
+    SyncConnection,
+    Use,
+    async_adapter,
+    asyncpg_adapter,
+    psycopg_adapter,
+    sync_adapter,
     type_name,
 )
-from outboxkit.commit import OutboxTransaction
-from outboxkit.errors import InvalidEventError, NotInTransactionError, outbox_table_missing
+from outboxkit.errors import InvalidEventError, outbox_table_missing
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -45,6 +45,12 @@ _EMPTY_HEADERS = "{}"
 # A caller's statement that has its own WITH list: the events join that list.
 _LEADING_WITH = re.compile(r"\s*WITH(\s+RECURSIVE)?\s+", re.IGNORECASE)
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
+_WRITE = Use(
+    action="write an outbox event",
+    inside="write inside its transaction",
+    sync_methods="put()/put_many()",
+    async_methods="`await aput()`/`aput_many()`",
+)
 _Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None]
 
 
@@ -97,20 +103,13 @@ class Outbox:
             self._one, self._many = self._sql.insert_one_notify, self._sql.insert_many_notify
         else:
             self._one, self._many = self._sql.insert_one, self._sql.insert_many
-        self._one_dollar, self._many_dollar = numbered(self._one), numbered(self._many)
-        # Outbox.transaction(): the INSERT in $n style and a prepared-statement name per
-        # notify variant; the name follows the text, so Outbox objects can share it.
-        self._commit_insert: dict[bool, tuple[bytes, bytes]] = {}
-        for notify, stmt in ((False, self._sql.insert_one), (True, self._sql.insert_one_notify)):
-            text = numbered(stmt).encode()
-            self._commit_insert[notify] = (text, b"outboxkit_put_%08x" % zlib.crc32(text))
-        # One reusable psycopg cursor per Outbox, for the connection it last wrote
-        # through: conn.execute() would build a cursor and look up the parameter
-        # dumpers on every call (~10 % of the write's cost, see docs/benchmarks.md).
-        # A (connection, cursor) tuple is swapped atomically, so sharing an Outbox
-        # across threads costs at most a new cursor, never a wrong one.
-        self._sync_cursor: tuple[Any, Any] | None = None
-        self._async_cursor: tuple[Any, Any] | None = None
+        self._one_stmt = Statement(self._one, numbered(self._one))
+        self._many_stmt = Statement(self._many, numbered(self._many))
+        self._commit = CommitInserts(self._sql, notify=notify, check=self._check)
+        # One reusable psycopg cursor per Outbox and API, for the connection it last
+        # wrote through (see CursorCache).
+        self._sync_cursor = CursorCache()
+        self._async_cursor = CursorCache()
 
     def __repr__(self) -> str:
         return f"Outbox(table={self.table!r}, notify={self.notify})"
@@ -147,54 +146,28 @@ class Outbox:
 
     # -- sync -----------------------------------------------------------------
 
-    def put(self, conn: Any, event: Event) -> None:
+    def put(self, conn: SyncConnection, event: Event) -> None:
         """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
         params = self._params_one(event)
         try:
-            self._execute_sync(conn, self._one, self._one_dollar, params)
+            sync_adapter(conn, _WRITE).execute(conn, self._one_stmt, params, self._sync_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
             raise
 
-    def put_many(self, conn: Any, events: Iterable[Event]) -> None:
+    def put_many(self, conn: SyncConnection, events: Iterable[Event]) -> None:
         """Append ``events`` (at most 10 000) in one statement and one round trip."""
         params = self._params_many(events)
         if params is None:
             return
         try:
-            self._execute_sync(conn, self._many, self._many_dollar, params)
+            adapter = sync_adapter(conn, _WRITE)
+            adapter.execute(conn, self._many_stmt, params, self._sync_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
             raise
-
-    def _execute_sync(self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]) -> None:
-        if isinstance(conn, psycopg.Connection):
-            check_psycopg(conn)
-            cached = self._sync_cursor
-            if cached is not None and cached[0] is conn:
-                cursor = cached[1]
-            else:
-                cursor = conn.cursor()
-                self._sync_cursor = (conn, cursor)
-            cursor.execute(stmt, params)
-            return
-        sa = sqlalchemy_sync_connection(conn)
-        if sa is not None:
-            dbapi = sa.connection.dbapi_connection
-            check_dbapi_autocommit(dbapi, conn)
-            if isinstance(dbapi, psycopg.Connection):
-                # Straight to the driver, in the transaction SQLAlchemy began (psycopg
-                # begins it with the first statement, as it would for SQLAlchemy):
-                # exec_driver_sql's machinery costs more client CPU than the INSERT.
-                self._execute_sync(dbapi, stmt, stmt_dollar, params)
-                return
-            sa.exec_driver_sql(
-                for_paramstyle(sa.dialect.paramstyle, stmt, stmt_dollar), stringify_ids(params)
-            )
-            return
-        raise _unsupported(conn, async_api=False)
 
     # -- events written with the COMMIT ------------------------------------------
 
@@ -211,11 +184,11 @@ class Outbox:
                 conn.execute("INSERT INTO orders ...")
                 tx.put(Event(topic="orders", event_type="order.placed", payload=...))
         """
-        return OutboxTransaction(self, conn)
+        return OutboxTransaction(self._commit, conn)
 
-    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> OutboxTransaction:
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction:
         """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
-        return OutboxTransaction(self, conn)
+        return AsyncOutboxTransaction(self._commit, conn)
 
     # -- events in the caller's own statement -----------------------------------
 
@@ -240,7 +213,7 @@ class Outbox:
         if not isinstance(conn, psycopg.Connection):
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
         stmt, all_params = self._attached(query, params, events)
-        check_psycopg(conn)
+        psycopg_adapter.check_in_transaction(conn)
         try:
             return conn.execute(stmt, all_params)
         except Exception as exc:
@@ -286,11 +259,11 @@ class Outbox:
         try:
             if isinstance(conn, psycopg.AsyncConnection):
                 stmt, all_params = self._attached(query, params, events)
-                check_psycopg(conn)
+                psycopg_adapter.check_in_transaction(conn)
                 return await conn.execute(stmt, all_params)
-            if is_asyncpg_connection(conn):
+            if asyncpg_adapter.Asyncpg.handles(type(conn)):
                 stmt, all_params = self._attached(query, params, events, dollar=True)
-                check_asyncpg(conn)
+                asyncpg_adapter.check_in_transaction(conn)
                 return await conn.fetch(stmt, *all_params)
         except Exception as exc:
             missing = outbox_table_missing(exc, self.table, with_callers_sql=True)
@@ -340,85 +313,29 @@ class Outbox:
 
     # -- async ----------------------------------------------------------------
 
-    async def aput(self, conn: Any, event: Event) -> None:
+    async def aput(self, conn: AsyncConnection, event: Event) -> None:
         """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
         params = self._params_one(event)
         try:
-            await self._execute_async(conn, self._one, self._one_dollar, params)
+            adapter = async_adapter(conn, _WRITE)
+            await adapter.execute(conn, self._one_stmt, params, self._async_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
             raise
 
-    async def aput_many(self, conn: Any, events: Iterable[Event]) -> None:
+    async def aput_many(self, conn: AsyncConnection, events: Iterable[Event]) -> None:
         """Async :meth:`put_many`."""
         params = self._params_many(events)
         if params is None:
             return
         try:
-            await self._execute_async(conn, self._many, self._many_dollar, params)
+            adapter = async_adapter(conn, _WRITE)
+            await adapter.execute(conn, self._many_stmt, params, self._async_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
             raise
-
-    async def _execute_async(
-        self, conn: Any, stmt: str, stmt_dollar: str, params: list[Any]
-    ) -> None:
-        if isinstance(conn, psycopg.AsyncConnection):
-            check_psycopg(conn)
-            cached = self._async_cursor
-            if cached is not None and cached[0] is conn:
-                acursor = cached[1]
-            else:
-                acursor = conn.cursor()
-                self._async_cursor = (conn, acursor)
-            await acursor.execute(stmt, params)
-            return
-        if is_asyncpg_connection(conn):
-            check_asyncpg(conn)
-            await conn.execute(stmt_dollar, *params)
-            return
-        sa = await sqlalchemy_async_connection(conn)
-        if sa is not None:
-            sync_conn = sa.sync_connection
-            assert sync_conn is not None
-            check_dbapi_autocommit(sync_conn.connection.dbapi_connection, conn)
-            driver = sync_conn.connection.driver_connection
-            if isinstance(driver, psycopg.AsyncConnection):
-                # As in the sync path: psycopg begins the transaction if it has not yet.
-                await self._execute_async(driver, stmt, stmt_dollar, params)
-                return
-            if is_asyncpg_connection(driver) and driver.is_in_transaction():
-                # SQLAlchemy's asyncpg adapter begins lazily, on its first statement;
-                # once it has, the raw connection's transaction is the session's.
-                await driver.execute(stmt_dollar, *params)
-                return
-            await sa.exec_driver_sql(
-                for_paramstyle(sync_conn.dialect.paramstyle, stmt, stmt_dollar),
-                stringify_ids(params),
-            )
-            return
-        raise _unsupported(conn, async_api=True)
-
-
-def _unsupported(conn: Any, *, async_api: bool) -> Exception:
-    name = type_name(conn)
-    if "pool" in name.lower():
-        return NotInTransactionError(
-            f"got a connection pool ({name}); take a connection and write inside its transaction"
-        )
-    if async_api:
-        hint = (
-            "psycopg.AsyncConnection, asyncpg.Connection or SQLAlchemy AsyncSession/AsyncConnection"
-        )
-        if isinstance(conn, psycopg.Connection) or type(conn).__module__.startswith("sqlalchemy"):
-            hint += " (this is a sync connection: use put()/put_many())"
-    else:
-        hint = "psycopg.Connection or SQLAlchemy Session/Connection"
-        if isinstance(conn, psycopg.AsyncConnection) or _looks_async(conn):
-            hint += " (this is an async connection: use `await aput()`/`aput_many()`)"
-    return TypeError(f"cannot write an outbox event through {name}; expected {hint}")
 
 
 def _unsupported_attach(conn: Any, method: str, expected: str) -> Exception:
@@ -426,7 +343,3 @@ def _unsupported_attach(conn: Any, method: str, expected: str) -> Exception:
         f"{method}() needs a {expected}, got {type_name(conn)};"
         " with other drivers write the events with put()/aput()"
     )
-
-
-def _looks_async(conn: Any) -> bool:
-    return type(conn).__module__.startswith(("asyncpg", "sqlalchemy.ext.asyncio"))

@@ -1,1 +1,70 @@
-"""Database driver glue: what outboxkit needs from each driver, behind one small surface."""
+"""Database driver glue: what outboxkit needs from each driver, behind one small surface.
+
+``base`` defines the adapter interface and the registry; each driver is one module
+(``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``) registered below.
+Adding a driver is one new module and one line here (and its type in the unions).
+``psycopg_private`` is the only place that reads psycopg's private state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import psycopg
+
+from outboxkit.drivers.asyncpg_adapter import Asyncpg
+from outboxkit.drivers.base import (
+    AsyncAdapter,
+    CursorCache,
+    Statement,
+    SyncAdapter,
+    Use,
+    async_adapter,
+    register,
+    sync_adapter,
+    type_name,
+)
+from outboxkit.drivers.psycopg_adapter import PsycopgAsync, PsycopgSync
+from outboxkit.drivers.sqlalchemy_adapter import SQLAlchemyAsync, SQLAlchemySync
+
+if TYPE_CHECKING:
+    import asyncpg
+    import asyncpg.pool
+    import sqlalchemy.engine
+    import sqlalchemy.ext.asyncio
+    import sqlalchemy.orm
+
+    #: What the sync API (``put``, ``Inbox.mark``) takes: a connection inside a
+    #: transaction. Pools, engines and sessionmakers are not in it, so a type
+    #: checker rejects them before anything runs (the adapters refuse them at run time).
+    SyncConnection: TypeAlias = (
+        psycopg.Connection[Any] | sqlalchemy.orm.Session | sqlalchemy.engine.Connection
+    )
+    #: What the async API (``aput``, ``Inbox.amark``) takes.
+    AsyncConnection: TypeAlias = (
+        psycopg.AsyncConnection[Any]
+        | asyncpg.Connection[Any]
+        | asyncpg.pool.PoolConnectionProxy[Any]
+        | sqlalchemy.ext.asyncio.AsyncSession
+        | sqlalchemy.ext.asyncio.AsyncConnection
+    )
+else:
+    SyncConnection = Any
+    AsyncConnection = Any
+
+for _adapter in (PsycopgSync(), PsycopgAsync(), Asyncpg(), SQLAlchemySync(), SQLAlchemyAsync()):
+    register(_adapter)
+
+__all__ = [
+    "AsyncAdapter",
+    "AsyncConnection",
+    "CursorCache",
+    "Statement",
+    "SyncAdapter",
+    "SyncConnection",
+    "Use",
+    "async_adapter",
+    "register",
+    "sync_adapter",
+    "type_name",
+]

@@ -141,22 +141,36 @@ WHERE NOT EXISTS (
 
 # --- write side ---------------------------------------------------------------
 
-_COLUMNS = (
-    "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,"
-    " occurred_at, schema_version"
+# The columns the write side fills, in this order, with their types. The INSERTs
+# below and Outbox.transaction()'s binary parameter types (commit.py) are built
+# from it; the rows the write encodes (write._row, commit._params) and the claim's
+# RETURNING (in OutboundMessage's field order) are pinned to it by
+# tests/unit/test_outbox_columns.py.
+WRITE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("event_id", "uuid"),
+    ("topic", "text"),
+    ("key", "text"),
+    ("event_type", "text"),
+    ("aggregate_type", "text"),
+    ("aggregate_id", "text"),
+    ("payload", "bytea"),
+    ("headers", "jsonb"),
+    ("occurred_at", "timestamptz"),
+    ("schema_version", "text"),
 )
+_COLUMNS = ", ".join(name for name, _ in WRITE_COLUMNS)
 
 INSERT_ONE = (
     f"INSERT INTO {{table}} ({_COLUMNS})"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::timestamptz, %s::text)"
+    f" VALUES ({', '.join(f'%s::{pg_type}' for _, pg_type in WRITE_COLUMNS)})"
 )
-# One statement, one round trip, for any number of events.
+# One statement, one round trip, for any number of events: one array per column
+# (the headers as text[], JSON documents cast one by one).
 INSERT_MANY = f"""
 INSERT INTO {{table}} ({_COLUMNS})
-SELECT e, t, k, y, at, ai, p, h::jsonb, oa, sv
-FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-            %s::bytea[], %s::text[], %s::timestamptz[], %s::text[])
-     AS u(e, t, k, y, at, ai, p, h, oa, sv)
+SELECT {", ".join(f"u.{name}::{pg_type}" for name, pg_type in WRITE_COLUMNS)}
+FROM unnest({", ".join(f"%s::{'text' if t == 'jsonb' else t}[]" for _, t in WRITE_COLUMNS)})
+     AS u({_COLUMNS})
 """
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
