@@ -23,6 +23,8 @@ class OutboundMessage:
     dataclass's ``__init__`` costs five times as much.
     """
 
+    # The relay builds it positionally from the claim's RETURNING (store.postgres
+    # CLAIM_BATCH): keep the two in one order (tests/unit/test_outbox_columns.py).
     event_id: uuid.UUID
     topic: str
     key: str | None
