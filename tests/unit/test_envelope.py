@@ -9,22 +9,26 @@ from typing import Any
 
 import pytest
 
-from outboxkit._cloudevents import decode_header_value, encode_header_value
 from outboxkit.consumers import kafka as kafka_consumer
 from outboxkit.consumers import nats as nats_consumer
 from outboxkit.consumers import rabbitmq as rabbitmq_consumer
 from outboxkit.consumers import redis as redis_consumer
 from outboxkit.consumers import sqs as sqs_consumer
-from outboxkit.consumers.base import ReceivedEvent, from_cloudevents
+from outboxkit.consumers.base import ReceivedEvent, from_cloudevents, from_envelope
 from outboxkit.errors import ConfigurationError, EnvelopeError, InvalidEventError
 from outboxkit.events import Event
 from outboxkit.publishers import kafka as kafka_publisher
-from outboxkit.publishers import nats as nats_publisher
 from outboxkit.publishers import rabbitmq as rabbitmq_publisher
-from outboxkit.publishers import redis as redis_publisher
 from outboxkit.publishers import sqs as sqs_publisher
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.webhook import WebhookPublisher
+from outboxkit.wire import kafka as kafka_wire
+from outboxkit.wire import nats as nats_wire
+from outboxkit.wire import rabbitmq as rabbitmq_wire
+from outboxkit.wire import redis as redis_wire
+from outboxkit.wire import sqs as sqs_wire
+from outboxkit.wire import webhook as webhook_wire
+from outboxkit.wire.cloudevents import Envelope, decode_header_value, encode_header_value
 
 CREATED = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 # When the fact happened: before the row was written, at another offset, with microseconds.
@@ -62,12 +66,83 @@ def assert_same(event: ReceivedEvent, message: OutboundMessage, topic: str = "or
     assert event.headers == message.user_headers()
     assert event.content_type == message.content_type
     assert event.occurred_at == OCCURRED
-    assert event.schema_version == "3"
+    assert event.schema_version == message.schema_version
+
+
+# -- every wire module: encode, then decode, gives the same event -------------------------
+
+
+def _via_kafka(message: OutboundMessage) -> Envelope:
+    key = message.key.encode() if message.key is not None else None
+    headers: list[tuple[str, bytes | None]] = list(kafka_wire.encode_headers(message))
+    return kafka_wire.decode(key, message.payload, headers)
+
+
+def _via_nats(message: OutboundMessage) -> Envelope:
+    return nats_wire.decode(message.payload, nats_wire.encode_headers(message))
+
+
+def _via_rabbitmq(message: OutboundMessage) -> Envelope:
+    amqp = rabbitmq_publisher._message(message)
+    return rabbitmq_wire.decode(
+        amqp.body,
+        amqp.headers,
+        content_type=amqp.content_type,
+        message_type=amqp.type,
+        message_id=amqp.message_id,
+    )
+
+
+def _via_redis(message: OutboundMessage) -> Envelope:
+    fields = redis_wire.encode(message)  # Redis hands every name and value back as bytes
+    return redis_wire.decode(
+        {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in fields.items()}
+    )
+
+
+def _via_sqs(message: OutboundMessage) -> Envelope:
+    body, attributes = sqs_wire.encode(message)
+    return sqs_wire.decode(body, attributes)
+
+
+def _via_webhook(message: OutboundMessage) -> Envelope:
+    sent = WebhookPublisher("http://127.0.0.1/hooks")._headers(message, message.payload)
+    # As a server reads them: names case-insensitive, plus what every HTTP client adds.
+    headers = {k.decode().lower(): v.decode() for k, v in sent}
+    headers |= {"host": "127.0.0.1", "user-agent": "python-httpx", "accept": "*/*"}
+    return webhook_wire.decode(message.payload, headers)
+
+
+def _hostile() -> OutboundMessage:
+    message = outbound(
+        b"\x00\xff binary \x07",
+        **{"content-type": "application/octet-stream", "tracestate": "vendor=a b,other=%41"},
+    )
+    message.key = "clé 100%41"
+    message.event_type = 'note "added" ✓'
+    message.aggregate_type = "note ✓"
+    message.aggregate_id = "100%41 München"
+    message.schema_version = 'v2 "beta"'
+    return message
+
+
+@pytest.mark.parametrize(
+    "through",
+    [_via_kafka, _via_nats, _via_rabbitmq, _via_redis, _via_sqs, _via_webhook],
+    ids=["kafka", "nats", "rabbitmq", "redis", "sqs", "webhook"],
+)
+@pytest.mark.parametrize("make", [outbound, _hostile], ids=["plain", "hostile"])
+def test_every_wire_format_decodes_what_it_encodes(through: Any, make: Any) -> None:
+    message = make()
+    event = from_envelope("orders", through(message))
+    assert_same(event, message)
+    assert event.headers["traceparent"] == message.headers["traceparent"]
+    assert event.payload == message.payload, "payload bytes unchanged"
 
 
 def test_kafka_record_round_trips() -> None:
     message = outbound()
-    headers = kafka_publisher._headers(message)
+    headers = kafka_wire.encode_headers(message)
     event = kafka_consumer.decode("orders", b"customer-7", message.payload, headers, 2)
     assert_same(event, message)
     assert event.delivery_count == 2
@@ -76,7 +151,7 @@ def test_kafka_record_round_trips() -> None:
 
 def test_nats_message_round_trips_and_drops_nats_headers() -> None:
     message = outbound()
-    headers = {**nats_publisher._headers(message), "Nats-Expected-Stream": "ORDERS"}
+    headers = {**nats_wire.encode_headers(message), "Nats-Expected-Stream": "ORDERS"}
     event = nats_consumer.decode("orders", message.payload, headers, 3)
     assert_same(event, message)
     assert event.delivery_count == 3
@@ -91,7 +166,7 @@ def test_rabbitmq_message_round_trips() -> None:
 
 def test_redis_entry_round_trips_as_redis_returns_it() -> None:
     message = outbound()
-    fields = redis_publisher._fields(message)
+    fields = redis_wire.encode(message)
     # Redis hands fields back as bytes, whatever went in.
     as_stored = {
         k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()
@@ -182,7 +257,7 @@ def test_nats_and_webhook_headers_encode_hostile_attributes_kafka_and_amqp_do_no
     message = outbound()
     message.aggregate_id = "100%41 München"
     message.schema_version = 'v2 "beta"'
-    nats = nats_publisher._headers(message)
+    nats = nats_wire.encode_headers(message)
     assert nats["ce-subject"] == "100%2541%20M%C3%BCnchen"
     assert nats["ce-schemaversion"] == "v2%20%22beta%22"
     assert nats["ce-datacontenttype"] == "application/json"
@@ -190,9 +265,9 @@ def test_nats_and_webhook_headers_encode_hostile_attributes_kafka_and_amqp_do_no
     webhook = dict(WebhookPublisher("http://127.0.0.1/hooks")._headers(message, b"{}"))
     assert webhook[b"ce-subject"] == b"100%2541%20M%C3%BCnchen"
     assert webhook[b"content-type"] == b"application/json"  # an HTTP header: not encoded
-    kafka = dict(kafka_publisher._headers(message))
+    kafka = dict(kafka_wire.encode_headers(message))
     assert kafka["ce_subject"] == "100%41 München".encode()
-    amqp = rabbitmq_publisher._headers(message)
+    amqp = rabbitmq_wire.encode_headers(message)
     assert amqp["cloudEvents_subject"] == "100%41 München"
 
 

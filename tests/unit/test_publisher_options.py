@@ -17,12 +17,13 @@ from outboxkit import ConfigurationError, from_url
 from outboxkit.ops.cli import main
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
-from outboxkit.publishers.rabbitmq import _headers as amqp_headers
 from outboxkit.publishers.rabbitmq import _message as amqp_message
-from outboxkit.publishers.redis import RedisStreamsPublisher, _fields
+from outboxkit.publishers.redis import RedisStreamsPublisher
 from outboxkit.publishers.routing import Route, RoutingPublisher, with_routes
 from outboxkit.publishers.sqs import SqsPublisher, _entry
 from outboxkit.publishers.webhook import WebhookPublisher, _retry_after, decode_secret, sign
+from outboxkit.wire.rabbitmq import encode_headers as amqp_headers
+from outboxkit.wire.redis import encode as redis_fields
 
 EVENT_ID = uuid.UUID("0190a0a0-0000-7000-8000-000000000001")
 
@@ -153,14 +154,14 @@ def test_bad_redis_urls_are_refused_with_a_hint(url: str, hint: str) -> None:
 
 
 def test_redis_fields_follow_the_wire_format() -> None:
-    fields = _fields(_message())
+    fields = redis_fields(_message())
     assert next(iter(fields)) == "data"
     assert fields["data"] == b'{"total": 1}'
     assert fields["ce_id"] == str(EVENT_ID)
     assert fields["ce_datacontenttype"] == "application/json"
     assert fields["ce_partitionkey"] == "customer-1"
     assert orjson.loads(fields["headers"]) == {"tenant": "acme"}
-    bare = _fields(_message(headers={}, key=None, aggregate_id=None))
+    bare = redis_fields(_message(headers={}, key=None, aggregate_id=None))
     assert "headers" not in bare and "ce_partitionkey" not in bare and "ce_subject" not in bare
 
 

@@ -11,9 +11,9 @@ from confluent_kafka import KafkaError
 from outboxkit import ConfigurationError, from_url
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.kafka import KafkaPublisher, _classify
-from outboxkit.publishers.kafka import _headers as kafka_headers
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.publishers.nats import _headers as nats_headers
+from outboxkit.wire.kafka import encode_headers as kafka_headers
+from outboxkit.wire.nats import encode_headers as nats_headers
 
 
 def _message(**overrides: object) -> OutboundMessage:

@@ -25,6 +25,7 @@ from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
 from outboxkit.tracing import consumer_span
+from outboxkit.wire.cloudevents import Envelope
 
 log = logging.getLogger("outboxkit.consumer")
 
@@ -116,6 +117,29 @@ def from_cloudevents(
         delivery_count=delivery_count,
         schema_version=attributes.get("schemaversion"),
     )
+
+
+def from_envelope(topic: str, envelope: Envelope, delivery_count: int = 1) -> ReceivedEvent:
+    """The event in a message a broker's wire module (``outboxkit.wire``) took apart."""
+    return from_cloudevents(
+        topic=topic,
+        payload=envelope.payload,
+        attributes=envelope.attributes,
+        headers=envelope.headers,
+        key=envelope.key,
+        content_type=envelope.content_type,
+        delivery_count=delivery_count,
+        fallback_id=envelope.fallback_id,
+    )
+
+
+def unwrap(topic: str, decode: Callable[[], Envelope], delivery_count: int = 1) -> ReceivedEvent:
+    """``from_envelope`` of ``decode()``; a message it cannot read is an :class:`EnvelopeError`."""
+    try:
+        envelope = decode()
+    except ValueError as exc:
+        raise EnvelopeError(f"message on {topic!r}: {exc}") from None
+    return from_envelope(topic, envelope, delivery_count)
 
 
 # -- the database side -------------------------------------------------------------

@@ -27,10 +27,11 @@ from outboxkit.consumers.base import (
     ConsumerRunner,
     Handler,
     ReceivedEvent,
-    from_cloudevents,
+    from_envelope,
 )
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.wire import kafka as wire
 
 log = logging.getLogger("outboxkit.consumer.kafka")
 
@@ -43,30 +44,7 @@ def decode(
     delivery_count: int = 1,
 ) -> ReceivedEvent:
     """The event in a Kafka record produced by the Kafka publisher (``ce_*`` headers)."""
-    attributes: dict[str, str] = {}
-    user: dict[str, str] = {}
-    content_type = None
-    fallback_id = None
-    for name, raw in headers or []:
-        text = raw.decode("utf-8", "replace") if raw is not None else ""
-        if name.startswith("ce_"):
-            attributes[name[3:]] = text
-        elif name == "content-type":
-            content_type = text
-        elif name == "idempotency-key":
-            fallback_id = text
-        else:
-            user[name] = text
-    return from_cloudevents(
-        topic=topic,
-        payload=value or b"",
-        attributes=attributes,
-        headers=user,
-        key=key.decode("utf-8", "replace") if key is not None else None,
-        content_type=content_type,
-        delivery_count=delivery_count,
-        fallback_id=fallback_id,
-    )
+    return from_envelope(topic, wire.decode(key, value, headers), delivery_count)
 
 
 class KafkaConsumer(ConsumerRunner):

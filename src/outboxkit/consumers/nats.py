@@ -22,16 +22,16 @@ try:
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.nats") from exc
 
-from outboxkit._cloudevents import decode_header_value
 from outboxkit._redact import redact
 from outboxkit.consumers.base import (
     ConsumerRunner,
     Handler,
     ReceivedEvent,
-    from_cloudevents,
+    unwrap,
 )
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.wire import nats as wire
 
 log = logging.getLogger("outboxkit.consumer.nats")
 
@@ -46,29 +46,7 @@ def decode(
     Attribute values are percent-decoded as the NATS binding requires; a value
     whose encoded bytes are not UTF-8 makes the message an :class:`EnvelopeError`.
     """
-    attributes: dict[str, str] = {}
-    user: dict[str, str] = {}
-    content_type = None
-    for name, value in (headers or {}).items():
-        lowered = name.lower()
-        if lowered.startswith("ce-"):
-            try:
-                attributes[lowered[3:]] = decode_header_value(value)
-            except ValueError as exc:
-                raise EnvelopeError(f"message on {subject!r}: {name}: {exc}") from None
-        elif lowered == "content-type":
-            content_type = value
-        elif not name.startswith("Nats-"):
-            user[name] = value
-    return from_cloudevents(
-        topic=subject,
-        payload=data,
-        attributes=attributes,
-        headers=user,
-        content_type=attributes.get("datacontenttype") or content_type,
-        delivery_count=delivery_count,
-        fallback_id=(headers or {}).get("Nats-Msg-Id"),
-    )
+    return unwrap(subject, lambda: wire.decode(data, headers), delivery_count)
 
 
 class NatsConsumer(ConsumerRunner):

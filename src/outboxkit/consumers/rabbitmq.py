@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 from typing import Any
 
@@ -31,16 +30,13 @@ from outboxkit.consumers.base import (
     ConsumerRunner,
     Handler,
     ReceivedEvent,
-    from_cloudevents,
+    unwrap,
 )
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.wire import rabbitmq as wire
 
 log = logging.getLogger("outboxkit.consumer.rabbitmq")
-
-# The AMQP binding allows either separator; outboxkit sends "_" (JMS-compatible).
-_CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
-_CE_PREFIX_LEN = len("cloudEvents_")
 
 
 def decode(message: AbstractMessage, routing_key: str, delivery_count: int = 1) -> ReceivedEvent:
@@ -49,29 +45,16 @@ def decode(message: AbstractMessage, routing_key: str, delivery_count: int = 1) 
     Attribute values are UTF-8 strings as they are (no percent-encoding in AMQP);
     a native AMQP timestamp for ``time`` is accepted too, as the binding requires.
     """
-    attributes: dict[str, str] = {}
-    user: dict[str, str] = {}
-    for name, value in (message.headers or {}).items():
-        if isinstance(value, bytes):
-            text = value.decode()
-        elif isinstance(value, dt.datetime):
-            text = (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
-        else:
-            text = str(value)
-        if name.startswith(_CE_PREFIXES):
-            attributes[name[_CE_PREFIX_LEN:]] = text
-        elif name != "idempotency-key" and not name.startswith("x-"):
-            user[name] = text
-    if "type" not in attributes and message.type:
-        attributes["type"] = message.type
-    return from_cloudevents(
-        topic=routing_key,
-        payload=message.body,
-        attributes=attributes,
-        headers=user,
-        content_type=message.content_type,
-        delivery_count=delivery_count,
-        fallback_id=message.message_id,
+    return unwrap(
+        routing_key,
+        lambda: wire.decode(
+            message.body,
+            message.headers,
+            content_type=message.content_type,
+            message_type=message.type,
+            message_id=message.message_id,
+        ),
+        delivery_count,
     )
 
 

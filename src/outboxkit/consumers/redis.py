@@ -16,8 +16,6 @@ import os
 import socket
 from typing import Any
 
-import orjson
-
 from outboxkit.errors import missing_extra
 
 try:
@@ -26,15 +24,16 @@ try:
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.redis") from exc
 
-from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.consumers.base import (
     ConsumerRunner,
     Handler,
     ReceivedEvent,
-    from_cloudevents,
+    unwrap,
 )
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.wire import redis as wire
 
 log = logging.getLogger("outboxkit.consumer.redis")
 
@@ -43,29 +42,7 @@ DEFAULT_DEAD_LETTER_STREAM = "{stream}:dead"
 
 def decode(stream: str, fields: dict[Any, Any], delivery_count: int = 1) -> ReceivedEvent:
     """The event in a stream entry of the Redis publisher (``data``, ``ce_*``, ``headers``)."""
-    attributes: dict[str, str] = {}
-    payload = b""
-    user: dict[str, str] = {}
-    for raw_name, value in fields.items():
-        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
-        if name == "data":
-            payload = value if isinstance(value, bytes) else str(value).encode()
-        elif name.startswith("ce_"):
-            attributes[name[3:]] = value.decode() if isinstance(value, bytes) else str(value)
-        elif name == "headers":
-            try:
-                decoded = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                raise EnvelopeError(f"entry of stream {stream!r} has unreadable headers") from None
-            if isinstance(decoded, dict):
-                user = {str(k): str(v) for k, v in decoded.items()}
-    return from_cloudevents(
-        topic=stream,
-        payload=payload,
-        attributes=attributes,
-        headers=user,
-        delivery_count=delivery_count,
-    )
+    return unwrap(stream, lambda: wire.decode(fields), delivery_count)
 
 
 class RedisStreamsConsumer(ConsumerRunner):
@@ -132,7 +109,7 @@ class RedisStreamsConsumer(ConsumerRunner):
                     await self._reclaim()
                     await self._read_new()
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                    log.warning("redis consumer %r: %s; retrying", self.consumer, _describe(exc))
+                    log.warning("redis consumer %r: %s; retrying", self.consumer, describe(exc))
                     await self._sleep_or_stop(1.0)
         finally:
             with contextlib.suppress(Exception):
@@ -227,8 +204,3 @@ class RedisStreamsConsumer(ConsumerRunner):
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

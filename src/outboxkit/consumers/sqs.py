@@ -10,8 +10,6 @@ boto3 is synchronous, so its calls run in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 from typing import Any
@@ -23,60 +21,30 @@ try:
     import botocore.config
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.sqs") from exc
-import orjson
 
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.consumers.base import (
     ConsumerRunner,
     Handler,
     ReceivedEvent,
-    from_cloudevents,
+    unwrap,
 )
 from outboxkit.inbox import Inbox
+from outboxkit.wire import sqs as wire
 
 log = logging.getLogger("outboxkit.consumer.sqs")
 
 
 def decode(queue: str, message: dict[str, Any]) -> ReceivedEvent:
     """The event in an SQS message sent by the SQS publisher (``ce_*`` message attributes)."""
-    attributes: dict[str, str] = {}
-    user: dict[str, str] = {}
-    content_type = None
-    base64_body = False
-    for name, value in (message.get("MessageAttributes") or {}).items():
-        text = str(value.get("StringValue", ""))
-        if name.startswith("ce_"):
-            attributes[name[3:]] = text
-        elif name == "content-type":
-            content_type = text
-        elif name == "content-transfer-encoding":
-            base64_body = text == "base64"
-        elif name == "headers":
-            try:
-                decoded = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                raise EnvelopeError(f"message of queue {queue!r} has unreadable headers") from None
-            if isinstance(decoded, dict):
-                user = {str(k): str(v) for k, v in decoded.items()}
-    if "ce_schemaversion" in user:  # no attribute slot was left for it (SQS allows 10)
-        attributes.setdefault("schemaversion", user.pop("ce_schemaversion"))
-    body = str(message.get("Body", ""))
-    if base64_body:
-        try:
-            payload = base64.b64decode(body, validate=True)
-        except binascii.Error:
-            raise EnvelopeError(f"message of queue {queue!r} has a broken base64 body") from None
-    else:
-        payload = body.encode("utf-8")
+    attributes = {
+        name: str(value.get("StringValue", ""))
+        for name, value in (message.get("MessageAttributes") or {}).items()
+    }
     received = int((message.get("Attributes") or {}).get("ApproximateReceiveCount", "1"))
-    return from_cloudevents(
-        topic=queue,
-        payload=payload,
-        attributes=attributes,
-        headers=user,
-        content_type=content_type,
-        delivery_count=received,
-    )
+    body = str(message.get("Body", ""))
+    return unwrap(queue, lambda: wire.decode(body, attributes), received)
 
 
 class SqsConsumer(ConsumerRunner):
@@ -141,9 +109,7 @@ class SqsConsumer(ConsumerRunner):
                         AttributeNames=["ApproximateReceiveCount"],
                     )
                 except Exception as exc:
-                    log.warning(
-                        "sqs consumer %r: receive failed: %s", self.consumer, _describe(exc)
-                    )
+                    log.warning("sqs consumer %r: receive failed: %s", self.consumer, describe(exc))
                     await self._sleep_or_stop(1.0)
                     continue
                 for message in reply.get("Messages", []):
@@ -169,7 +135,7 @@ class SqsConsumer(ConsumerRunner):
                     self._client.delete_message, QueueUrl=url, ReceiptHandle=receipt
                 )
             except Exception as exc:
-                log.warning("sqs consumer %r: delete failed: %s", self.consumer, _describe(exc))
+                log.warning("sqs consumer %r: delete failed: %s", self.consumer, describe(exc))
             return
         with contextlib.suppress(Exception):
             await asyncio.to_thread(
@@ -178,8 +144,3 @@ class SqsConsumer(ConsumerRunner):
                 ReceiptHandle=receipt,
                 VisibilityTimeout=round(self._backoff(event.delivery_count)),
             )
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

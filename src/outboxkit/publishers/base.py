@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from outboxkit._cloudevents import encode_header_value
+from outboxkit.tracing import TRACE_HEADERS
+from outboxkit.wire.cloudevents import encode_header_value
 
 DEFAULT_CONTENT_TYPE = "application/json"
 
@@ -72,7 +73,7 @@ class OutboundMessage:
         if self.schema_version is not None:
             attrs["schemaversion"] = self.schema_version
         # CloudEvents distributed-tracing extension: the write-time W3C trace context.
-        for name in ("traceparent", "tracestate"):
+        for name in TRACE_HEADERS:
             value = self.headers.get(name)
             if value:
                 attrs[name] = value
@@ -103,7 +104,7 @@ class OutboundMessage:
             headers["ce-partitionkey"] = encode(self.key)
         if self.schema_version is not None:
             headers["ce-schemaversion"] = encode(self.schema_version)
-        for name in ("traceparent", "tracestate"):
+        for name in TRACE_HEADERS:
             value = self.headers.get(name)
             if value:
                 headers[f"ce-{name}"] = encode(value)

@@ -24,12 +24,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
+from outboxkit.publishers._util import ThrottledLog
 from outboxkit.publishers.base import (
-    DEFAULT_CONTENT_TYPE,
     OutboundMessage,
     PublishResult,
     Reachability,
 )
+from outboxkit.wire.kafka import encode_headers
 
 log = logging.getLogger("outboxkit.kafka")
 # librdkafka's own lines; `outboxkit relay` lowers their ERRORs and rate-limits them.
@@ -80,7 +81,6 @@ _DEFAULTS: dict[str, Any] = {
     "client.id": "outboxkit",
     "socket.keepalive.enable": True,
 }
-_ERROR_LOG_INTERVAL = 10.0
 _SUCCESS = PublishResult.success()
 _WARM_UP_TIMEOUT = 2.0
 _YIELD_EVERY = 128
@@ -188,7 +188,7 @@ class KafkaPublisher:
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._pending: set[_BatchWaiter] = set()
-        self._last_error_log = 0.0
+        self._error_log = ThrottledLog(log)
         # Fatal-error recovery: which producer is current, what failed it, when to replace it.
         self._generation = 0
         self._fatal: KafkaError | None = None
@@ -302,10 +302,9 @@ class KafkaPublisher:
         if err is not None and _is_fatal(err):
             self._producer_failed(generation, err)
             return
-        now = time.monotonic()
-        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
-            self._last_error_log = now
-            log.warning("kafka %s failed: %s", where, redact(f"{type(exc).__name__}: {exc}"))
+        self._error_log.warning(
+            "kafka %s failed: %s", where, redact(f"{type(exc).__name__}: {exc}")
+        )
         if where == "poll":
             self._stop_polling.wait(0.1)  # not a busy loop if poll() keeps raising
 
@@ -317,10 +316,7 @@ class KafkaPublisher:
         if err.code() == KafkaError._ALL_BROKERS_DOWN and generation == self._generation:
             # (_TRANSPORT alone names one broker: others may still serve the topics)
             self.reachability.lost(err.name())
-        now = time.monotonic()
-        if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
-            self._last_error_log = now
-            log.warning("kafka client error: %s: %s", err.name(), redact(err.str()))
+        self._error_log.warning("kafka client error: %s: %s", err.name(), redact(err.str()))
 
     def _producer_failed(self, generation: int, err: KafkaError) -> None:
         """Producer `generation` hit librdkafka's fatal state; any thread may report it.
@@ -430,7 +426,7 @@ class KafkaPublisher:
                         message.topic,
                         value=message.payload,
                         key=key,
-                        headers=_headers(message),
+                        headers=encode_headers(message),
                         timestamp=_timestamp_ms(message),
                         on_delivery=callback,
                     )
@@ -477,7 +473,7 @@ class KafkaPublisher:
                     message.topic,
                     value=message.payload,
                     key=key,
-                    headers=_headers(message),
+                    headers=encode_headers(message),
                     timestamp=_timestamp_ms(message),
                     on_delivery=callback,
                 )
@@ -510,9 +506,6 @@ class KafkaPublisher:
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MILLISECOND = dt.timedelta(milliseconds=1)
-_SPECVERSION = ("ce_specversion", b"1.0")
-_DEFAULT_CONTENT_TYPE = ("content-type", DEFAULT_CONTENT_TYPE.encode())
-_TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def _timestamp_ms(message: OutboundMessage) -> int:
@@ -522,48 +515,3 @@ def _timestamp_ms(message: OutboundMessage) -> int:
     broker's append time.)
     """
     return (message.time - _EPOCH) // _MILLISECOND
-
-
-@functools.lru_cache(maxsize=1024)
-def _source(aggregate_type: str | None) -> bytes:
-    return f"/outboxkit/{aggregate_type}".encode() if aggregate_type else b"/outboxkit"
-
-
-def _headers(message: OutboundMessage) -> list[tuple[str, bytes]]:
-    """User headers, ``idempotency-key``, then CloudEvents ``ce_*`` (binary mode).
-
-    The same list ``OutboundMessage.cloudevents_attributes`` describes, built
-    without the intermediate dicts: this runs once per event on the relay's hot path.
-    """
-    event_id = str(message.event_id).encode()
-    headers: list[tuple[str, bytes]] = []
-    content_type = _DEFAULT_CONTENT_TYPE
-    user = message.headers
-    if user:
-        # User headers may not shadow the dedup key or the CloudEvents attributes.
-        for k, v in user.items():
-            if k == "content-type":
-                content_type = ("content-type", v.encode())
-            elif k != "idempotency-key" and not k.startswith("ce_"):
-                headers.append((k, v.encode()))
-    headers += (
-        ("idempotency-key", event_id),
-        _SPECVERSION,
-        ("ce_id", event_id),
-        ("ce_type", message.event_type.encode()),
-        ("ce_source", _source(message.aggregate_type)),
-        ("ce_time", message.time.isoformat().encode()),
-        content_type,
-    )
-    if message.aggregate_id is not None:
-        headers.append(("ce_subject", message.aggregate_id.encode()))
-    if message.key is not None:
-        headers.append(("ce_partitionkey", message.key.encode()))
-    if message.schema_version is not None:
-        headers.append(("ce_schemaversion", message.schema_version.encode()))
-    if user:
-        for name in _TRACE_HEADERS:
-            value = user.get(name)
-            if value:
-                headers.append((f"ce_{name}", value.encode()))
-    return headers

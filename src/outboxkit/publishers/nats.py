@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -21,11 +20,12 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from outboxkit._cloudevents import encode_header_value
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import wire_header_problem
+from outboxkit.publishers._util import ThrottledLog
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.wire.nats import encode_headers
 
 log = logging.getLogger("outboxkit.nats")
 
@@ -34,7 +34,6 @@ _MESSAGE_TOO_LARGE = 10054
 _STREAM_MISMATCH = 10060  # the subject is stored by another stream than ?stream= names
 _PERMANENT_API_CODES = {_MESSAGE_TOO_LARGE, _STREAM_MISMATCH}
 _DEFAULT_TIMEOUT = 10.0
-_LOG_INTERVAL = 10.0
 _CONNECT_TIMEOUT = 5.0
 # After the client gives up reconnecting, the publisher tries again this often (seconds).
 _RECONNECT_EVERY = 1.0
@@ -78,7 +77,7 @@ class NatsPublisher:
         self._js: Any = None
         self._stream_ready = not (stream and self._subjects)
         self._connect_lock = asyncio.Lock()
-        self._last_log = 0.0
+        self._warn = ThrottledLog(log)
         self._closing = False  # set while close() runs: that disconnect is ours, not an outage
         #: For the relay's /readyz: lost on the client's disconnected/closed callbacks or a
         #: failed connect, restored on reconnected or a connect.
@@ -208,14 +207,14 @@ class NatsPublisher:
         self._stream_ready = True
 
     async def _on_error(self, exc: Exception) -> None:
-        self._log_rate_limited("NATS client error: %s", redact(str(exc) or type(exc).__name__))
+        self._warn.warning("NATS client error: %s", redact(str(exc) or type(exc).__name__))
 
     async def _on_disconnected(self) -> None:
         if self._closing:
             log.debug("disconnected from NATS (closed by the relay)")
             return
         self.reachability.lost("disconnected")
-        self._log_rate_limited("disconnected from NATS; reconnecting")
+        self._warn.warning("disconnected from NATS; reconnecting")
 
     async def _on_reconnected(self) -> None:
         self.reachability.restored()
@@ -226,12 +225,6 @@ class NatsPublisher:
         if not self._closing:  # the client gave up reconnecting
             self.reachability.lost("closed")
             self._reconnect_in_background()
-
-    def _log_rate_limited(self, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_INTERVAL:
-            self._last_log = now
-            log.warning(msg, *args)
 
     async def close(self) -> None:
         if self._reconnecting is not None:
@@ -304,7 +297,10 @@ class NatsPublisher:
                 continue
             try:
                 future = await js.publish_async(
-                    message.topic, message.payload, stream=self._stream, headers=_headers(message)
+                    message.topic,
+                    message.payload,
+                    stream=self._stream,
+                    headers=encode_headers(message),
                 )
             except Exception as exc:
                 results[i] = _classify(exc, message.topic, self._timeout)
@@ -406,16 +402,3 @@ def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:
     return PublishResult.retry(
         f"nats: {type(exc).__name__}: {redact(str(exc))}", type(exc).__name__
     )
-
-
-def _headers(message: OutboundMessage) -> dict[str, str]:
-    # User headers first: they cannot override the dedup id or the CloudEvents attributes.
-    # The NATS binding maps every attribute to ce-<attr>, datacontenttype included, with
-    # the HTTP binding's percent-encoding; content-type stays for readers of earlier versions.
-    headers = message.user_headers()
-    content_type = message.content_type
-    headers["content-type"] = content_type
-    headers.update(message.cloudevents_headers())
-    headers["ce-datacontenttype"] = encode_header_value(content_type)
-    headers["Nats-Msg-Id"] = str(message.event_id)
-    return headers

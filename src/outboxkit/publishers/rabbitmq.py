@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -29,9 +28,12 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
+from outboxkit.publishers._util import ThrottledLog
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.routing import Destinations
+from outboxkit.wire.rabbitmq import encode_headers
 
 log = logging.getLogger("outboxkit.rabbitmq")
 
@@ -59,7 +61,6 @@ _CLIENT_OPTIONS = {
     "certfile",
     "no_verify_ssl",
 }
-_LOG_INTERVAL = 10.0
 # After the connection is lost, the publisher connects again this often (seconds).
 _RECONNECT_EVERY = 1.0
 _OVERSIZED = re.compile(r"message size (\d+) is larger than configured max size")
@@ -111,7 +112,7 @@ class RabbitMQPublisher:
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._connect_lock = asyncio.Lock()
-        self._last_log = 0.0
+        self._warn = ThrottledLog(log)
         #: For the relay's /readyz: lost when the connection closes under us or a connect
         #: fails, restored by a connect (retried in the background while idle).
         self.reachability = Reachability()
@@ -192,7 +193,7 @@ class RabbitMQPublisher:
         try:
             await self._ensure_exchange()
         except Exception as exc:
-            log.warning("RabbitMQ not ready at start (%s); will retry", _describe(exc))
+            log.warning("RabbitMQ not ready at start (%s); will retry", describe(exc))
             self._reconnect_in_background()
 
     async def _ensure_exchange(self) -> AbstractExchange:
@@ -260,7 +261,7 @@ class RabbitMQPublisher:
             try:
                 await self._ensure_exchange()
             except Exception as exc:
-                log.debug("RabbitMQ reconnect failed: %s", _describe(exc))
+                log.debug("RabbitMQ reconnect failed: %s", describe(exc))
                 if isinstance(exc, ConfigurationError):
                     return  # the next batch reports it
 
@@ -287,7 +288,7 @@ class RabbitMQPublisher:
         results = await asyncio.gather(*(self._publish_one(exchange, m) for m in messages))
         if any(r.error_class == "channel_closed" for r in results):
             # The next batch opens a fresh channel (and connection, if that went too).
-            self._log_rate_limited("RabbitMQ channel lost mid-batch; reopening on the next batch")
+            self._warn.warning("RabbitMQ channel lost mid-batch; reopening on the next batch")
         return list(results)
 
     async def _publish_one(
@@ -339,7 +340,7 @@ class RabbitMQPublisher:
                 return PublishResult.hand_back(result.error, "unreachable")
             return result
         except Exception as exc:
-            return PublishResult.retry(f"rabbitmq: {_describe(exc)}", type(exc).__name__)
+            return PublishResult.retry(f"rabbitmq: {describe(exc)}", type(exc).__name__)
         if isinstance(confirmation, aiormq.spec.Basic.Ack):
             return PublishResult.success()
         if isinstance(confirmation, aiormq.abc.DeliveredMessage):
@@ -357,7 +358,7 @@ class RabbitMQPublisher:
     def _channel_lost(
         self, exc: BaseException, where: str, message: OutboundMessage
     ) -> PublishResult:
-        text = _describe(exc)
+        text = describe(exc)
         too_large = _OVERSIZED.search(str(exc))
         if too_large and int(too_large.group(1)) == len(message.payload):
             # The broker closed the channel over this very message (over its
@@ -371,17 +372,11 @@ class RabbitMQPublisher:
             f"rabbitmq: connection or channel lost: {text}", "channel_closed"
         )
 
-    def _log_rate_limited(self, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_INTERVAL:
-            self._last_log = now
-            log.warning(msg, *args)
-
 
 def _message(message: OutboundMessage) -> aio_pika.Message:
     return aio_pika.Message(
         message.payload,
-        headers=_headers(message),
+        headers=encode_headers(message),
         content_type=message.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=str(message.event_id),
@@ -391,36 +386,12 @@ def _message(message: OutboundMessage) -> aio_pika.Message:
     )
 
 
-def _headers(message: OutboundMessage) -> dict[str, Any]:
-    """Application headers: user headers, then ``idempotency-key``, then ``cloudEvents_*``.
-
-    The CloudEvents AMQP binding prefixes attributes with ``cloudEvents_``; the
-    data content type travels as the ``content_type`` property instead. User
-    headers may not shadow the dedup key or an attribute.
-    """
-    result: dict[str, Any] = {
-        k: v
-        for k, v in message.user_headers().items()
-        if k != "idempotency-key" and not k.startswith("cloudEvents_")
-    }
-    result["idempotency-key"] = str(message.event_id)
-    for name, value in message.cloudevents_attributes().items():
-        if name != "datacontenttype":
-            result[f"cloudEvents_{name}"] = value
-    return result
-
-
 def _is_open(connection: AbstractConnection | None) -> bool:
     # aio-pika marks a connection closed only when close() is called; a connection the
     # broker or the network dropped shows on the underlying aiormq connection.
     if connection is None or connection.is_closed or connection.transport is None:
         return False
     return not connection.transport.connection.is_closed
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 def _parse_bool(key: str, value: str) -> bool:

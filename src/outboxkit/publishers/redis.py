@@ -24,16 +24,17 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import orjson
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.routing import Destinations
+from outboxkit.wire import redis as wire
 
 log = logging.getLogger("outboxkit.redis")
 
@@ -175,7 +176,7 @@ class RedisStreamsPublisher:
             if self._dedup_window:
                 self._script_sha = await client.script_load(_DEDUP_XADD)
         except Exception as exc:
-            log.warning("Redis not reachable at start (%s); will retry", _describe(exc))
+            log.warning("Redis not reachable at start (%s); will retry", describe(exc))
 
     def _ensure_client(self) -> Any:
         if self._client is None:
@@ -250,11 +251,11 @@ class RedisStreamsPublisher:
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             self.reachability.failed(type(exc).__name__)
-            text = f"redis: server unreachable or not answering: {_describe(exc)}"
+            text = f"redis: server unreachable or not answering: {describe(exc)}"
             return PublishResult.hand_back(text, "unreachable")
         except redis.exceptions.RedisError as exc:
             self.reachability.succeeded()  # the server answered, with an error
-            return PublishResult.retry(f"redis: {_describe(exc)}", "connection")
+            return PublishResult.retry(f"redis: {describe(exc)}", "connection")
         self.reachability.succeeded()
         if self._wait_replicas:
             acked = replies.pop()
@@ -268,7 +269,7 @@ class RedisStreamsPublisher:
         return replies
 
     def _queue(self, pipe: Any, message: OutboundMessage, stream: str) -> None:
-        fields = _fields(message)
+        fields = wire.encode(message)
         if self._dedup_window:
             args: list[Any] = [self._dedup_window, self._maxlen or 0]
             for name, value in fields.items():
@@ -291,7 +292,7 @@ def _result(reply: Any, stream: str) -> PublishResult:
         return reply
     if not isinstance(reply, Exception):
         return PublishResult.success()  # a stream entry id, or 0/1 from the dedup script
-    text = _describe(reply)
+    text = describe(reply)
     if "WRONGTYPE" in str(reply):
         # The key holds something other than a stream; no retry changes that.
         return PublishResult.permanent(
@@ -302,24 +303,9 @@ def _result(reply: Any, stream: str) -> PublishResult:
     return PublishResult.retry(f"redis: {text}", type(reply).__name__)
 
 
-def _fields(message: OutboundMessage) -> dict[str, bytes | str]:
-    fields: dict[str, bytes | str] = {"data": message.payload}
-    for name, value in message.cloudevents_attributes().items():
-        fields[f"ce_{name}"] = value
-    user = message.user_headers()
-    if user:
-        fields["headers"] = orjson.dumps(user)
-    return fields
-
-
 def _number(key: str, value: str, kind: type[int] | type[float]) -> Any:
     try:
         return kind(value)
     except ValueError:
         noun = "an integer" if kind is int else "a number"
         raise ConfigurationError(f"redis URL option {key}={value!r} is not {noun}") from None
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

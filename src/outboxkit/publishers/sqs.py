@@ -15,7 +15,6 @@ and a few run at once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import re
 from collections.abc import Sequence
@@ -25,11 +24,12 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import boto3
 import botocore.config
 import botocore.exceptions
-import orjson
 
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.wire import sqs as wire
 
 log = logging.getLogger("outboxkit.sqs")
 
@@ -40,11 +40,8 @@ _CLASSIC_LIMIT = 262_144
 _DEFAULT_TIMEOUT = 10.0
 _DEFAULT_CONCURRENCY = 4
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
-# Characters SQS accepts in a message body (XML 1.0 characters).
-_SQS_TEXT = re.compile("^[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*$")
 _NO_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 _PLACEHOLDER = "{topic}"
-_MAX_ATTRIBUTES = 10  # message attributes SQS accepts per message
 
 
 class SqsPublisher:
@@ -158,7 +155,7 @@ class SqsPublisher:
         except ConfigurationError:
             raise
         except Exception as exc:
-            log.warning("SQS not reachable at start (%s); will retry", _describe(exc))
+            log.warning("SQS not reachable at start (%s); will retry", describe(exc))
 
     def _ensure_client(self) -> Any:
         if self._client is None:
@@ -248,7 +245,7 @@ class SqsPublisher:
                 results[i] = result
             return
         except Exception as exc:
-            result = self._failed(exc, f"sqs: cannot reach SQS: {_describe(exc)}", "connection")
+            result = self._failed(exc, f"sqs: cannot reach SQS: {describe(exc)}", "connection")
             for i in indexes:
                 results[i] = result
             return
@@ -303,7 +300,7 @@ class SqsPublisher:
                     results[i] = result
                 return
             except Exception as exc:
-                text = f"sqs: request failed: {_describe(exc)}"
+                text = f"sqs: request failed: {describe(exc)}"
                 result = self._failed(exc, text, type(exc).__name__)
                 for i, _ in chunk:
                     results[i] = result
@@ -322,14 +319,7 @@ class SqsPublisher:
 
 def _entry(index: int, message: OutboundMessage, fifo: bool) -> tuple[dict[str, Any], int]:
     """One SendMessageBatch entry and its size as SQS counts it (body + attributes)."""
-    try:
-        body = message.payload.decode("utf-8")
-        encoded = _SQS_TEXT.match(body) is None
-    except UnicodeDecodeError:
-        encoded = True
-    if encoded:
-        body = base64.b64encode(message.payload).decode("ascii")
-    attributes = _attributes(message, base64_body=encoded)
+    body, attributes = wire.encode(message)
     entry: dict[str, Any] = {
         "Id": str(index),
         "MessageBody": body,
@@ -345,35 +335,6 @@ def _entry(index: int, message: OutboundMessage, fifo: bool) -> tuple[dict[str, 
         for name, value in attributes.items()
     )
     return entry, size
-
-
-def _attributes(message: OutboundMessage, *, base64_body: bool) -> dict[str, str]:
-    """The message attributes of the outboxkit SQS wire format (at most 10)."""
-    ce = message.cloudevents_attributes()
-    attributes = {
-        "ce_id": ce["id"],
-        "ce_type": ce["type"],
-        "ce_source": ce["source"],
-        "ce_time": ce["time"],
-        "ce_specversion": ce["specversion"],
-        "content-type": ce["datacontenttype"],
-    }
-    for name in ("subject", "partitionkey"):
-        if name in ce:
-            attributes[f"ce_{name}"] = ce[name]
-    user = message.user_headers()
-    version = ce.get("schemaversion")
-    if version is not None:
-        if len(attributes) + bool(user) + base64_body < _MAX_ATTRIBUTES:
-            attributes["ce_schemaversion"] = version
-        else:
-            # All ten attributes taken: the version rides in the headers object.
-            user = {**user, "ce_schemaversion": version}
-    if user:
-        attributes["headers"] = orjson.dumps(user).decode()
-    if base64_body:
-        attributes["content-transfer-encoding"] = "base64"
-    return attributes
 
 
 def _valid_queue_name(name: str) -> bool:
@@ -400,8 +361,3 @@ def _queue_error(queue: str, exc: botocore.exceptions.ClientError) -> PublishRes
 def _client_error(exc: botocore.exceptions.ClientError) -> str:
     error = exc.response.get("Error", {})
     return redact(f"{error.get('Code', 'error')}: {error.get('Message', str(exc))}")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

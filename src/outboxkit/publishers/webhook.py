@@ -32,8 +32,10 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import httpx
 
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.wire import webhook as wire
 
 log = logging.getLogger("outboxkit.webhook")
 
@@ -50,8 +52,6 @@ _MAX_RETRY_AFTER_LIMIT = 30 * 86400.0
 _SECRET_PREFIX = "whsec_"  # noqa: S105 -- the Standard Webhooks prefix, not a secret
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 # Headers outboxkit sets; a user header of the same name (any case) is dropped.
-_RESERVED = {"content-type", "idempotency-key", "webhook-id", "webhook-timestamp"}
-_RESERVED |= {"webhook-signature", "content-length", "host", "transfer-encoding"}
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 token
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -222,7 +222,7 @@ class WebhookPublisher:
             self.reachability.failed(type(exc).__name__)
             # Never delivered (no connection): handed back, so an outage burns no attempts.
             return PublishResult.hand_back(
-                f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "unreachable"
+                f"webhook: cannot reach {redact(origin)}: {describe(exc)}", "unreachable"
             )
         except httpx.TimeoutException as exc:
             return PublishResult.retry(
@@ -231,10 +231,10 @@ class WebhookPublisher:
                 "timeout",
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            return PublishResult.permanent(f"webhook: {_describe(exc)}", "bad_url")
+            return PublishResult.permanent(f"webhook: {describe(exc)}", "bad_url")
         except httpx.TransportError as exc:
             return PublishResult.retry(
-                f"webhook: cannot reach {redact(origin)}: {_describe(exc)}", "connection"
+                f"webhook: cannot reach {redact(origin)}: {describe(exc)}", "connection"
             )
         return self._verdict(origin, response, content)
 
@@ -294,17 +294,9 @@ class WebhookPublisher:
         return self._template.format_map({k: quote(v, safe="") for k, v in values.items()})
 
     def _headers(self, message: OutboundMessage, body: bytes) -> list[tuple[bytes, bytes]]:
-        headers = {
-            k: v
-            for k, v in message.user_headers().items()
-            if k.lower() not in _RESERVED and not k.lower().startswith("ce-")
-        }
-        headers["content-type"] = message.content_type
-        headers.update(message.cloudevents_headers())  # percent-encoded (HTTP binding)
+        headers = wire.encode_headers(message)
         event_id = str(message.event_id)
         timestamp = str(int(time.time()))
-        headers["Idempotency-Key"] = event_id
-        headers["webhook-id"] = event_id
         headers["webhook-timestamp"] = timestamp
         if self._secret is not None:
             headers["webhook-signature"] = sign(self._secret, event_id, timestamp, body)
@@ -406,8 +398,3 @@ def _excerpt(content: bytes) -> str:
     text = content[: _EXCERPT_CHARS * 4].decode("utf-8", "replace")
     text = " ".join(text.split())
     return redact(text[:_EXCERPT_CHARS])
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
