@@ -8,7 +8,13 @@ import-linter contracts in pyproject.toml judge the real module-to-module import
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
 
 import outboxkit
 
@@ -50,3 +56,60 @@ def test_the_check_sees_both_spellings_and_passes_full_names() -> None:
         "from . import base\n"
     )
     assert _imports_through_the_root(source) == [1, 2]
+
+
+# -- the import-linter contracts (pyproject.toml) bite -------------------------------------
+
+LINT_IMPORTS = pathlib.Path(sys.executable).with_name("lint-imports")
+VIOLATIONS = [  # (module, what it newly imports): each against one rule of pyproject.toml
+    ("store/postgres.py", "outboxkit.publishers"),  # the database side under the brokers
+    ("relay/engine.py", "outboxkit.testing"),  # the core under the test servers
+    ("consumers/base.py", "outboxkit.relay"),  # two independent siblings
+    ("limits.py", "outboxkit.events"),  # a helper above its layer
+    ("write.py", "nats"),  # the write side and a broker client
+    ("publishers/base.py", "psycopg"),  # a publisher and the database
+    ("relay/engine.py", "fastapi"),  # the core and a framework
+]
+
+
+def _lint_imports(tmp_path: pathlib.Path, plant: tuple[str, str] | None) -> str:
+    tree = tmp_path / "tree"
+    shutil.copytree(SRC, tree / "outboxkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(SRC.parents[1] / "pyproject.toml", tmp_path / "pyproject.toml")
+    if plant is not None:
+        module, line = plant
+        with (tree / "outboxkit" / module).open("a") as f:
+            f.write(f"\n{line}\n")
+    proc = subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+
+
+def test_the_package_keeps_its_layers(tmp_path: pathlib.Path) -> None:
+    report = _lint_imports(tmp_path, None)
+    assert report.startswith("exit 0\n"), report
+    assert " BROKEN" not in report
+
+
+@pytest.mark.parametrize(("module", "imported"), VIOLATIONS)
+def test_an_import_against_the_layers_breaks_a_contract(
+    tmp_path: pathlib.Path, module: str, imported: str
+) -> None:
+    report = _lint_imports(tmp_path, (module, f"import {imported}"))
+    assert report.startswith("exit 1\n"), report
+    importer = "outboxkit." + module.partition("/")[0].removesuffix(".py")
+    assert f"{importer} is not allowed to import {imported}" in report, report
+
+
+def test_a_module_without_a_layer_breaks_the_contract(tmp_path: pathlib.Path) -> None:
+    """exhaustive: a new top-level module must be placed in pyproject.toml's layers."""
+    report = _lint_imports(tmp_path, ("newcomer.py", "X = 1"))
+    assert report.startswith("exit 1\n"), report
+    assert "outboxkit.newcomer" in report, report
