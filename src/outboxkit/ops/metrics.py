@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
@@ -32,7 +32,6 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.relay.engine import RelayStats
 from outboxkit.relay.observer import Failure, RelayObserver
 from outboxkit.store.postgres import Statements
 
@@ -164,8 +163,10 @@ class TableSnapshot:
 class RelayMetrics(RelayObserver):
     """Collects a relay's metrics in its own registry; pass it as the relay's observer.
 
-    ``attach(relay)`` lets it export the relay's own counters (lease lost, database
-    reconnects); ``run_gauges()`` is the background task reading the table.
+    Every counter comes from the relay's hooks (lease lost, database errors and
+    reconnects included); ``attach(relay)`` adds the relay's id and lets /readyz ask
+    its publisher whether the broker is reachable; ``run_gauges()`` is the background
+    task reading the table.
     """
 
     def __init__(
@@ -189,7 +190,6 @@ class RelayMetrics(RelayObserver):
         self.gauge_row_cap = gauge_row_cap
         self.registry = registry if registry is not None else CollectorRegistry()
         self.snapshot = TableSnapshot()
-        self.stats: RelayStats | None = None
         self.relay_id = ""
         self.last_claim_at: float | None = None
         self.broker_error: str | None = None
@@ -247,6 +247,29 @@ class RelayMetrics(RelayObserver):
             buckets=CLAIM_SECONDS_BUCKETS,
             registry=r,
         )
+        self.batches_total = Counter("outboxkit_batches", "Non-empty batches claimed.", registry=r)
+        self.lease_lost_total = Counter(
+            "outboxkit_lease_lost",
+            "Rows another relay re-claimed before this one settled them (lease too short?).",
+            registry=r,
+        )
+        self.leases_released_total = Counter(
+            "outboxkit_leases_released",
+            "Leases handed back without publishing: at shutdown, or untried while the broker"
+            " was unreachable (their attempt is not counted).",
+            registry=r,
+        )
+        self.db_reconnects_total = Counter(
+            "outboxkit_db_reconnects",
+            "Database connections lost: the relay reconnected and backed off.",
+            registry=r,
+        )
+        self.db_errors_total = Counter(
+            "outboxkit_db_errors",
+            "Relay statements that failed on a working connection (a timeout, a lock, a"
+            " constraint or trigger); the relay backs off and retries, or the lease expires.",
+            registry=r,
+        )
         self.claim_batch_size = Histogram(
             "outboxkit_claim_batch_size",
             "Rows returned per non-empty claim.",
@@ -258,8 +281,7 @@ class RelayMetrics(RelayObserver):
             ProcessCollector(registry=r)
 
     def attach(self, relay: Any) -> None:
-        """Export the relay's own counters (``relay.stats``) and its id."""
-        self.stats = relay.stats
+        """Label the output with the relay's id; read its publisher's reachability."""
         self.relay_id = relay.relay_id
         self.publisher = relay.publisher
 
@@ -271,6 +293,7 @@ class RelayMetrics(RelayObserver):
         if count:
             self.claimed_total.inc(count)
             self.claim_batch_size.observe(count)
+            self.batches_total.inc()
 
     def published(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
@@ -309,6 +332,15 @@ class RelayMetrics(RelayObserver):
                 self.failures_total.labels(topic, cls).inc()
         if labels.due():
             self._drop_series(labels.rerank())
+
+    def handed_back(self, count: int, error: str | None) -> None:
+        self.leases_released_total.inc(count)
+
+    def lost_leases(self, count: int) -> None:
+        self.lease_lost_total.inc(count)
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        (self.db_reconnects_total if connection_lost else self.db_errors_total).inc()
 
     def _error_class(self, result: PublishResult) -> str:
         cls = _error_class(result)
@@ -450,7 +482,7 @@ def _error_class(result: PublishResult) -> str:
 
 
 class _StateCollector(Collector):
-    """Exports the table snapshot and the relay's own counters at scrape time (no I/O)."""
+    """Exports the table snapshot and the relay's id at scrape time (no I/O)."""
 
     def __init__(self, metrics: RelayMetrics) -> None:
         self.m = metrics
@@ -490,30 +522,6 @@ class _StateCollector(Collector):
             "How long the last read of the table gauges took.",
             value=snap.read_seconds,
         )
-        stats = self.m.stats
-        for name, doc, value in (
-            (
-                "outboxkit_lease_lost",
-                "Rows another relay re-claimed before this one settled them (lease too short?).",
-                stats.lease_lost if stats else 0,
-            ),
-            (
-                "outboxkit_db_reconnects",
-                "Database errors that made the relay reconnect and back off.",
-                stats.db_reconnects if stats else 0,
-            ),
-            (
-                "outboxkit_leases_released",
-                "Leases handed back at shutdown without publishing.",
-                stats.released if stats else 0,
-            ),
-            (
-                "outboxkit_batches",
-                "Non-empty batches claimed.",
-                stats.batches if stats else 0,
-            ),
-        ):
-            yield CounterMetricFamily(name, doc, value=value)
         info = GaugeMetricFamily(
             "outboxkit_relay_info", "Constant 1, labelled with the relay id.", labels=["relay_id"]
         )

@@ -17,7 +17,6 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -41,7 +40,13 @@ from outboxkit.publishers.base import (
     batch_shape,
     unreachable,
 )
-from outboxkit.relay.observer import Observers, RelayObserver, default_observer
+from outboxkit.relay.observer import (
+    Observers,
+    RelayObserver,
+    RelayStats,
+    StatsObserver,
+    default_observer,
+)
 from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.store.postgres import FAILED, PENDING, Statements
 
@@ -68,22 +73,6 @@ def _bounded(retry_after: float | None) -> float:
 def default_relay_id() -> str:
     """host-pid-random: unique per process, readable in `claimed_by`."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class RelayStats:
-    """Counters since start; cheap to read from another task (tests, demo, metrics)."""
-
-    claimed: int = 0
-    published: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    released: int = 0
-    lease_lost: int = 0
-    batches: int = 0
-    db_reconnects: int = 0
-    last_error: str | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
 
 class _Batch:
@@ -173,11 +162,12 @@ class Relay:
         # never loss (see store/postgres.py), and each batch saves two fsync waits.
         self.synchronous_commit = synchronous_commit
         self._commit: str | None = None if synchronous_commit else "off"
-        self.stats = RelayStats()
-        # Metrics, tracing and summary logs hook in here (relay/observer.py).
+        # Counters, metrics, tracing and summary logs hook in here (relay/observer.py): every
+        # fact of the relay reaches them through the same hooks, the stats included.
         # A hook that raises is logged, never allowed to break a batch (Observers guards it).
-        self.observer: RelayObserver = (
-            default_observer() if observer is None else Observers.guarding(observer)
+        self.stats = RelayStats()
+        self.observer: RelayObserver = Observers(
+            StatsObserver(self.stats), default_observer() if observer is None else observer
         )
         # Publish failures are logged as outages, a few lines per relay (relay/outage.py).
         self.outage = OutageLog(max_attempts=max_attempts)
@@ -196,6 +186,8 @@ class Relay:
         # rows' own backoff does not grow; this one does, per relay, until a publish works.
         self._broker_backoff = Backoff(base=retry_base, cap=retry_cap)
         self._running = False
+        # The first unexpected error of a side task or a batch task: it stops the relay.
+        self._failure: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"Relay(table={self.table!r}, relay_id={self.relay_id!r})"
@@ -212,42 +204,46 @@ class Relay:
         return self._stopping.is_set()
 
     async def run(self) -> None:
-        """Relay until :meth:`stop` is called. Raises only for errors a restart won't fix."""
+        """Relay until :meth:`stop` is called. Raises only for errors a restart won't fix.
+
+        Whatever ends it (stop, an error at start, a side task that died), the
+        connections and the publisher are closed before it returns or raises, and a
+        relay whose start failed can be run again.
+        """
         if self._running:
             raise RuntimeError("this Relay is already running")
         self._running = True
-        log.info(
-            "relay %s starting: table=%s publisher=%s batch_size=%d max_in_flight=%d"
-            " lease=%.1fs synchronous_commit=%s",
-            self.relay_id,
-            self.table,
-            self.publisher.name,
-            self.batch_size,
-            self.max_in_flight,
-            self.lease,
-            "on" if self.synchronous_commit else "off",
-        )
-        # The table first: a missing table fails here, before any broker is contacted.
+        self._failure = None
+        publisher_started = False
         try:
+            log.info(
+                "relay %s starting: table=%s publisher=%s batch_size=%d max_in_flight=%d"
+                " lease=%.1fs synchronous_commit=%s",
+                self.relay_id,
+                self.table,
+                self.publisher.name,
+                self.batch_size,
+                self.max_in_flight,
+                self.lease,
+                "on" if self.synchronous_commit else "off",
+            )
+            # The table first: a missing table fails here, before any broker is contacted.
             await self._check_table()
-        except BaseException:
-            await self._close_connections()
-            self._running = False
-            raise
-        await self.publisher.start()
-        log.info("publisher %s started; claiming batches", self.publisher.name)
-        listener = asyncio.create_task(self._listen()) if self.listen else None
-        try:
-            await self._claim_loop()
+            publisher_started = True  # a start that fails half-way may hold a connection
+            await self.publisher.start()
+            log.info("publisher %s started; claiming batches", self.publisher.name)
+            await self._supervise()
         finally:
-            await self._drain_in_flight()
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
             await self._close_connections()
-            with contextlib.suppress(Exception):
-                await self.publisher.close()
+            if publisher_started:
+                try:
+                    await self.publisher.close()
+                except Exception as exc:
+                    log.warning(
+                        "publisher %s did not close cleanly: %s",
+                        self.publisher.name,
+                        redact(f"{type(exc).__name__}: {exc}"),
+                    )
             self._running = False
             log.info(
                 "relay %s stopped: published=%d retried=%d dead_lettered=%d released=%d",
@@ -257,6 +253,60 @@ class Relay:
                 self.stats.dead_lettered,
                 self.stats.released,
             )
+
+    async def _supervise(self) -> None:
+        """Run the claim loop with its side tasks; the first failure of either stops both.
+
+        A side task (the LISTEN connection) or a batch task that dies with an
+        unexpected error stops the relay the way :meth:`stop` does (in-flight batches
+        finish or are released), then that error is raised: a relay limping on without
+        it would hide the failure (procrastinate's worker supervises its side tasks alike).
+        """
+        side_tasks = self._start_side_tasks()
+        monitor = asyncio.create_task(
+            self._monitor_side_tasks(side_tasks), name="outboxkit-relay:monitor"
+        )
+        try:
+            await self._claim_loop()
+        finally:
+            monitor.cancel()
+            await self._drain_in_flight()
+            for task, exc in await _cancel_and_capture_errors([monitor, *side_tasks]):
+                self._fail(task.get_name(), exc)  # (ignored if it stopped the relay already)
+        if self._failure is not None:
+            raise self._failure
+
+    def _start_side_tasks(self) -> list[asyncio.Task[None]]:
+        if not self.listen:
+            return []
+        return [asyncio.create_task(self._listen(), name="outboxkit-relay:listen")]
+
+    async def _monitor_side_tasks(self, side_tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for a side task to end; one that failed stops the relay with its error."""
+        pending = set(side_tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and (exc := task.exception()) is not None:
+                    self._fail(task.get_name(), exc)
+                    return
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """Stop the relay because ``what`` failed; :meth:`run` raises ``exc`` once closed."""
+        if self._failure is None:
+            self._failure = exc
+            log.error(
+                "%s failed, stopping the relay: %s",
+                what,
+                redact(f"{type(exc).__name__}: {exc}"),
+                exc_info=exc,
+            )
+        self.stop()
+
+    def _on_batch_done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._fail("batch", exc)
 
     async def _check_table(self) -> None:
         """Say what the relay found at start; raise if the table is missing.
@@ -297,14 +347,9 @@ class Relay:
             self._wake.clear()
             try:
                 batch = await self._claim()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self._slots.release()
-                await self._on_db_error("claim", exc)
-                continue
             except psycopg.Error as exc:
-                # Not a connectivity problem (e.g. a statement timeout): log, back off, retry.
+                # A lost connection or a failed statement (a timeout, a trigger): back off, retry.
                 self._slots.release()
-                log.error("claim failed: %s", redact(f"{type(exc).__name__}: {exc}"))
                 await self._on_db_error("claim", exc)
                 continue
             except BaseException:
@@ -316,7 +361,7 @@ class Relay:
                 continue
             task = asyncio.create_task(self._process(batch))
             self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(self._on_batch_done)
             if len(batch.ids) < self.batch_size:
                 # Caught up: wait for a NOTIFY or the poll interval. A full batch
                 # loops straight back and claims N+1 while N is being published.
@@ -387,8 +432,6 @@ class Relay:
         ids = [r[0] for r in records]
         # Positional construction: the claim returns OutboundMessage's fields in order.
         messages = [OutboundMessage(*r[1:]) for r in records]
-        self.stats.claimed += len(ids)
-        self.stats.batches += 1
         return _Batch(token, ids, messages)
 
     async def _process(self, batch: _Batch) -> None:
@@ -401,8 +444,10 @@ class Relay:
                 self.outage.published(messages, results, 0.0)
             await self._settle(batch, results)
         except psycopg.Error as exc:
+            # Not a lost connection (those are retried): the statement itself failed.
             # Unsettled rows keep their lease and are published again after it expires.
             log.error("settle failed: %s", redact(f"{type(exc).__name__}: {exc}"))
+            self.observer.database_error("settle", exc, False)
         except asyncio.CancelledError:
             # Forced shutdown mid-publish: hand the rows back now rather than at lease expiry.
             await asyncio.shield(self._release(batch))
@@ -434,8 +479,7 @@ class Relay:
     async def _settle(self, batch: _Batch, results: Sequence[PublishResult]) -> None:
         ids, messages = batch.ids, batch.messages
         if all(r.ok for r in results):  # the common case: one pass, no per-row lists
-            self.observer.settled(messages, (), ())
-            await self._settle_published(batch, ids)
+            await self._settle_published(batch, ids, messages)
             return
         published: list[int] = []
         published_messages: list[OutboundMessage] = []
@@ -444,7 +488,7 @@ class Relay:
         fail_delay: list[float] = []
         fail_error: list[str] = []
         fail_refund: list[int] = []
-        handed_back = 0
+        handed_back: list[int] = []
         outage_delay = 0.0
         # A retryable failure while the publisher's client reports the broker unreachable
         # (librdkafka's all-brokers-down, a lost NATS connection) is the outage's, not the
@@ -456,6 +500,8 @@ class Relay:
             outage_delay = self._broker_backoff.next_delay()
         dead: list[tuple[OutboundMessage, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
+        dead_ids: list[int] = []
+        retried_ids: list[int] = []
         for row_id, message, result in zip(ids, messages, results, strict=True):
             if result.ok:
                 published.append(row_id)
@@ -469,22 +515,23 @@ class Relay:
                 fail_status.append(PENDING)
                 fail_delay.append(max(_bounded(result.retry_after), outage_delay))
                 fail_refund.append(1)
-                handed_back += 1
+                handed_back.append(row_id)
                 continue
             fail_refund.append(0)
             if not result.retryable or message.attempt >= self.max_attempts:
                 fail_status.append(FAILED)
                 fail_delay.append(0.0)
                 dead.append((message, result))
+                dead_ids.append(row_id)
             else:
                 fail_status.append(PENDING)
                 delay = full_jitter(message.attempt, base=self.retry_base, cap=self.retry_cap)
                 fail_delay.append(max(delay, _bounded(result.retry_after)))
                 retried.append((message, result))
-        self.observer.settled(published_messages, retried, dead)
+                retried_ids.append(row_id)
 
         if published:
-            await self._settle_published(batch, published)
+            await self._settle_published(batch, published, published_messages)
         if fail_ids:
             params = (
                 fail_ids,
@@ -495,14 +542,20 @@ class Relay:
                 batch.token,
                 self._commit,
             )
-            done = await self._settle_statement(batch, self._sql.settle_failures, params)
-            self._check_fenced(batch, done, len(fail_ids))
-            self.stats.released += handed_back
+            done = await self._settle_statement(batch, self._sql.settle_failures, params, fail_ids)
+            if done is None:
+                return
+            if done is not fail_ids:  # the fence dropped rows: report only those settled
+                self._check_fenced(batch, len(fail_ids) - len(done), len(fail_ids))
+                kept = set(done)
+                retried = [f for i, f in zip(retried_ids, retried, strict=True) if i in kept]
+                dead = [f for i, f in zip(dead_ids, dead, strict=True) if i in kept]
+                handed_back = [i for i in handed_back if i in kept]
+            self.observer.settled((), retried, dead)
             if handed_back:  # the publisher logged why, once; not a line per event
-                log.debug("handed back %d event(s) untried, attempts not counted", handed_back)
-            self.stats.retried += len(retried)
-            self.stats.dead_lettered += len(dead)
-            self.stats.last_error = fail_error[0]
+                first = fail_error[fail_ids.index(handed_back[0])]
+                self.observer.handed_back(len(handed_back), first)
+                log.debug("handed back %d event(s) untried, attempts not counted", len(handed_back))
             # Every failure, one line each at DEBUG (ids are greppable); the outage is a WARNING.
             for message, res in retried if log.isEnabledFor(logging.DEBUG) else ():
                 log.debug(
@@ -537,27 +590,33 @@ class Relay:
                     },
                 )
 
-    async def _settle_published(self, batch: _Batch, ids: list[int]) -> None:
+    async def _settle_published(
+        self, batch: _Batch, ids: list[int], messages: Sequence[OutboundMessage]
+    ) -> None:
         stmt = (
             self._sql.settle_published_delete
             if self.retention == "delete"
             else self._sql.settle_published_keep
         )
-        done = await self._settle_statement(batch, stmt, (ids, batch.token, self._commit))
-        if not self.stats.published:
+        done = await self._settle_statement(batch, stmt, (ids, batch.token, self._commit), ids)
+        if done is None:
+            return
+        if done is not ids:  # the fence dropped rows: report only those settled
+            self._check_fenced(batch, len(ids) - len(done), len(ids))
+            kept = set(done)
+            messages = [m for i, m in zip(ids, messages, strict=True) if i in kept]
+        if not self.stats.published and messages:
             log.info(
                 "first batch published: %d event(s) via %s in %.0f ms",
-                len(ids),
+                len(messages),
                 self.publisher.name,
                 1000 * (time.monotonic() - batch.claimed_at),
             )
-        self.stats.published += len(ids)
-        self._check_fenced(batch, done, len(ids))
+        self.observer.settled(messages, (), ())
 
-    def _check_fenced(self, batch: _Batch, done: int | None, expected: int) -> None:
-        if done is not None and done < expected:
-            lost = expected - done
-            self.stats.lease_lost += lost
+    def _check_fenced(self, batch: _Batch, lost: int, expected: int) -> None:
+        if lost > 0:
+            self.observer.lost_leases(lost)
             log.warning(
                 "lease_lost: %d of %d row(s) were re-claimed by another relay before this one"
                 " settled them (claimed %.1fs ago, lease %.1fs); they are published at least once",
@@ -568,10 +627,12 @@ class Relay:
             )
 
     async def _settle_statement(
-        self, batch: _Batch, stmt: str, params: Sequence[Any]
-    ) -> int | None:
-        """Run one fenced settle statement, retrying through database outages.
+        self, batch: _Batch, stmt: str, params: Sequence[Any], ids: list[int]
+    ) -> list[int] | None:
+        """Run one fenced settle statement of ``ids``, retrying through database outages.
 
+        Returns the ids it changed: ``ids`` itself when all of them (told by the row
+        count), fewer when another relay re-claimed some; None if it gave up at shutdown.
         Retrying is safe: the statement is fenced by the claim token, so once
         another relay re-claims the rows it changes nothing.
         """
@@ -582,7 +643,9 @@ class Relay:
                     cur = await conn.execute(stmt, params)
                 self._db_backoff.reset()
                 self._db_outage.succeeded()
-                return cur.rowcount
+                if cur.rowcount == len(ids):
+                    return ids
+                return [row[0] for row in await cur.fetchall()]  # (RETURNING id)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if self._stopping.is_set() and (
                     time.monotonic() - batch.claimed_at > self.lease + self.shutdown_timeout
@@ -600,9 +663,10 @@ class Relay:
         try:
             conn = await self._connection("settle")
             cur = await conn.execute(self._sql.release_leases, (ids, batch.token, self._commit))
-            self.stats.released += cur.rowcount
+            self.observer.handed_back(cur.rowcount, None)
             log.info("released %d lease(s) at shutdown", cur.rowcount)
         except psycopg.Error as exc:
+            self.observer.database_error("release", exc, _connection_lost(exc))
             log.warning(
                 "could not release %d lease(s) (%s); they expire in %.0fs",
                 len(ids),
@@ -640,18 +704,30 @@ class Relay:
         return conn
 
     async def _on_db_error(self, what: str, exc: psycopg.Error) -> None:
-        self.stats.db_reconnects += 1
+        """Report ``exc``, drop broken connections, and back off before the retry."""
+        lost = _connection_lost(exc)
+        self.observer.database_error(what, exc, lost)
         for conn in (self._claim_conn, self._settle_conn):
             if conn is not None and conn.broken:
                 with contextlib.suppress(Exception):
                     await conn.close()
         delay = self._db_backoff.next_delay()
-        self._db_outage.failed(
-            "database unavailable during %s (%s); reconnecting in %.2fs",
-            what,
-            redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__),
-            delay,
-        )
+        if lost:
+            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._db_outage.failed(
+                "database unavailable during %s (%s); reconnecting in %.2fs",
+                what,
+                redact(cause),
+                delay,
+            )
+        else:
+            # The connection works; the statement failed (a timeout, a lock, a trigger).
+            log.error(
+                "%s failed: %s; retrying in %.2fs",
+                what,
+                redact(f"{type(exc).__name__}: {exc}"),
+                delay,
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
@@ -684,3 +760,32 @@ class Relay:
                 log.debug("LISTEN connection lost (%s); retrying in %.2fs", redact(str(exc)), delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the connection is gone (or was never made), not a failed statement.
+
+    psycopg raises OperationalError for both: a lost or refused connection has no SQLSTATE,
+    or one of class 08 (connection), 53 (e.g. too many connections) or 57P (shutdown,
+    terminated); a statement timeout (57014) or a lock timeout (55P03) leaves it usable.
+    """
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "53", "57P"))
+
+
+async def _cancel_and_capture_errors(
+    tasks: list[asyncio.Task[None]],
+) -> list[tuple[asyncio.Task[None], Exception]]:
+    """Cancel ``tasks``, wait for them all, and return the errors they ended with."""
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    return [
+        (task, result)
+        for task, result in zip(tasks, results, strict=True)
+        if isinstance(result, Exception)
+    ]

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from outboxkit._redact import redact
 from outboxkit.publishers.base import OutboundMessage, PublishResult
@@ -17,6 +18,8 @@ from outboxkit.tracing import available as tracing_available
 from outboxkit.tracing import batch_span, record_batch_outcome
 
 log = logging.getLogger("outboxkit.relay")
+
+_MAX_ERROR_CHARS = 2000
 
 #: A failed message with the attempt number it failed on.
 Failure = tuple[OutboundMessage, PublishResult]
@@ -44,7 +47,21 @@ class RelayObserver:
         retried: Sequence[Failure],
         dead: Sequence[Failure],
     ) -> None:
-        """Outcome of a batch as it is written to the table."""
+        """Outcomes the table now holds: called after the settle statement committed,
+        with only the rows it changed (rows another relay re-claimed go to :meth:`lost_leases`).
+        A batch with both outcomes settles in two statements, so two calls."""
+
+    def handed_back(self, count: int, error: str | None) -> None:
+        """``count`` leases handed back unpublished, their attempt refunded: untried while
+        the broker was unreachable (``error`` says why), or at shutdown (``error`` is None)."""
+
+    def lost_leases(self, count: int) -> None:
+        """``count`` rows were re-claimed by another relay before this one settled them."""
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        """A statement of ``operation`` (claim, settle, release) failed. ``connection_lost``:
+        the relay drops the connection, reconnects and backs off; otherwise the statement
+        itself failed (a timeout, a constraint, a trigger) on a connection that still works."""
 
 
 class Observers(RelayObserver):
@@ -87,12 +104,86 @@ class Observers(RelayObserver):
         for o in self.observers:
             _safely(o.settled, published, retried, dead)
 
+    def handed_back(self, count: int, error: str | None) -> None:
+        for o in self.observers:
+            _safely(o.handed_back, count, error)
+
+    def lost_leases(self, count: int) -> None:
+        for o in self.observers:
+            _safely(o.lost_leases, count)
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        for o in self.observers:
+            _safely(o.database_error, operation, error, connection_lost)
+
 
 def _safely(hook: object, *args: object) -> None:
     try:
         hook(*args)  # type: ignore[operator]
     except Exception:
         log.exception("relay observer hook %r failed", hook)
+
+
+@dataclass
+class RelayStats:
+    """Counters since start; cheap to read from another task (tests, demo, bench).
+
+    Fed only through the observer hooks (:class:`StatsObserver`), like metrics: they
+    count what the table holds, ``published`` once the settle committed. (The counters
+    are not hooks themselves because ``claimed`` and ``published`` are names of both.)
+    """
+
+    claimed: int = 0
+    published: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    released: int = 0  # leases handed back unpublished (at shutdown, or untried in an outage)
+    lease_lost: int = 0
+    batches: int = 0
+    db_reconnects: int = 0  # connections lost (the relay reconnected and backed off)
+    db_errors: int = 0  # statements that failed on a working connection (not reconnects)
+    last_error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class StatsObserver(RelayObserver):
+    """Counts the hooks into a :class:`RelayStats` (every relay has one: ``relay.stats``)."""
+
+    def __init__(self, stats: RelayStats | None = None) -> None:
+        self.stats = stats if stats is not None else RelayStats()
+
+    def claimed(self, count: int, seconds: float) -> None:
+        if count:
+            self.stats.claimed += count
+            self.stats.batches += 1
+
+    def settled(
+        self,
+        published: Sequence[OutboundMessage],
+        retried: Sequence[Failure],
+        dead: Sequence[Failure],
+    ) -> None:
+        stats = self.stats
+        stats.published += len(published)
+        if retried or dead:
+            stats.retried += len(retried)
+            stats.dead_lettered += len(dead)
+            first = (retried or dead)[0][1]
+            stats.last_error = redact(first.error or "unknown error")[:_MAX_ERROR_CHARS]
+
+    def handed_back(self, count: int, error: str | None) -> None:
+        self.stats.released += count
+        if error is not None:
+            self.stats.last_error = error
+
+    def lost_leases(self, count: int) -> None:
+        self.stats.lease_lost += count
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        if connection_lost:
+            self.stats.db_reconnects += 1
+        else:
+            self.stats.db_errors += 1
 
 
 class SummaryLog(RelayObserver):
