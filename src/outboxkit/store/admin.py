@@ -5,16 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
 from outboxkit.errors import table_missing
+from outboxkit.store._connection import Source, admin_connection
 from outboxkit.store.postgres import Statements
 
 STATUS_NAMES = {0: "pending", 1: "published", 2: "failed"}
@@ -44,20 +44,8 @@ class OutboxStatus:
         return asdict(self)
 
 
-#: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
-Source = str | psycopg.Connection[Any]
-
-
-@contextmanager
-def _connect(dsn: Source, table: str) -> Iterator[psycopg.Connection[Any]]:
-    try:
-        if isinstance(dsn, psycopg.Connection):
-            yield dsn
-            return
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-            yield conn
-    except pg_errors.UndefinedTable:
-        raise table_missing(table) from None
+def _connect(dsn: Source, table: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+    return admin_connection(dsn, lambda: table_missing(table))
 
 
 def status(dsn: str, table: str = "outbox") -> OutboxStatus:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 
 from outboxkit.errors import SchemaError
+from outboxkit.store._connection import admin_connection
 from outboxkit.store.postgres import MIGRATION_LOCK, migration_lock_key, parse_table, quote_table
 
 DEFAULT_INBOX_TABLE = "processed_events"
@@ -134,13 +134,11 @@ def count_inbox_purgeable(
     return int(row[0]) if row else 0
 
 
-@contextmanager
-def _connect(conninfo: str, table: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            yield conn
-    except pg_errors.UndefinedTable:
-        raise SchemaError(
+def _connect(conninfo: str, table: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+    return admin_connection(
+        conninfo,
+        lambda: SchemaError(
             f"inbox table {table!r} not found: run `outboxkit migrate --inbox"
             f" --inbox-table {table}`"
-        ) from None
+        ),
+    )
