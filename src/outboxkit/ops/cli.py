@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib
+import inspect
 import json
 import logging
 import re
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -25,6 +28,91 @@ from outboxkit.ops.logs import setup_logging
 console = Console(markup=False, highlight=False)
 err_console = Console(stderr=True, markup=False, highlight=False)
 
+
+def library_default(target: str, name: str) -> Any:
+    """The default ``target`` ("module:callable") declares for its parameter ``name``.
+
+    The CLI restates no default of the library: it reads them here, when a command
+    needs one or ``--help`` shows one.
+    """
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return inspect.signature(obj).parameters[name].default
+
+
+class LibraryOption(click.Option):
+    """An option whose default is the library's, read from the signature that declares it.
+
+    ``default_from``: ("module:callable", parameter), or a function giving the text to
+    show. Unset, the option's value is None and the command passes nothing, so the
+    library's own default applies; with ``resolve=True`` the command gets the library's
+    value instead (it needs it itself, e.g. to name the table in its output).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        default_from: tuple[str, str] | Callable[[], str],
+        resolve: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.default_from = default_from
+        if resolve:
+            kwargs["default"] = self.library_value
+        super().__init__(*args, **kwargs)
+
+    def library_value(self) -> Any:
+        if callable(self.default_from):
+            return self.default_from()
+        return library_default(*self.default_from)
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        try:
+            value = self.library_value()
+        except ModuleNotFoundError:  # an extra this install lacks: the command will say which
+            return extra
+        if value is not None and value != "":
+            extra["default"] = str(value)
+        return extra
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options the user set (None: unset, the library's default applies)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _batch_shape_help(index: int) -> Callable[[], str]:
+    """Help text for a value each publisher chooses: its batch_shape, read per broker."""
+
+    def text() -> str:
+        from outboxkit.publishers import batch_shapes
+
+        shapes = batch_shapes()
+        by_value: dict[int, list[str]] = {}
+        missing: list[str] = []
+        for scheme, shape in shapes.items():
+            if scheme.endswith("s") and scheme[:-1] in shapes:
+                continue  # rediss, amqps, https: shown as redis[s] ...
+            broker = f"{scheme}[s]" if f"{scheme}s" in shapes else scheme
+            if shape is None:
+                missing.append(broker)
+            else:
+                by_value.setdefault(shape[index], []).append(broker)
+        parts = [f"{v} for {', '.join(names)}" for v, names in by_value.items()]
+        if missing:
+            parts.append(f"{', '.join(missing)} not installed")
+        return "the broker's: " + "; ".join(parts)
+
+    return text
+
+
+_RELAY = "outboxkit.relay:Relay"
+_METRICS = "outboxkit.ops.metrics:RelayMetrics"
+_DEMO = "outboxkit.ops.demo:run_demo"
+
 _DSN_HELP = (
     "PostgreSQL connection string, e.g. postgresql://app@127.0.0.1:5432/shop."
     " Prefer the OUTBOXKIT_DSN environment variable: it keeps the password out of `ps`."
@@ -36,9 +124,10 @@ dsn_option = click.option(
 )
 table_option = click.option(
     "--table",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.postgres:Statements", "table"),
+    resolve=True,
     envvar="OUTBOXKIT_TABLE",
-    default="outbox",
-    show_default=True,
     show_envvar=True,
     help=_TABLE_HELP,
 )
@@ -48,9 +137,10 @@ inbox_option = click.option(
 )
 inbox_table_option = click.option(
     "--inbox-table",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.inbox_sql:InboxStatements", "table"),
+    resolve=True,
     envvar="OUTBOXKIT_INBOX_TABLE",
-    default="processed_events",
-    show_default=True,
     show_envvar=True,
     help="Inbox table name (with --inbox), optionally schema-qualified.",
 )
@@ -207,56 +297,82 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 @table_option
 @click.option(
     "--batch-size",
+    cls=LibraryOption,
+    default_from=_batch_shape_help(0),
     type=click.IntRange(min=1),
-    default=None,
-    help="Events claimed per batch [default: 1000 for kafka, nats, redis; 500 otherwise].",
+    help="Events claimed per batch.",
 )
 @click.option(
     "--max-in-flight",
+    cls=LibraryOption,
+    default_from=_batch_shape_help(1),
     type=click.IntRange(min=1),
-    default=None,
-    help="Batches claimed but not yet settled at once, so the next claim overlaps the"
-    " publish [default: 4 for kafka, nats, redis; 2 otherwise].",
+    help="Batches claimed but not yet settled at once, so the next claim overlaps the publish.",
 )
 @click.option(
     "--synchronous-commit",
+    cls=LibraryOption,
+    default_from=(_RELAY, "synchronous_commit"),
     is_flag=True,
-    help="Make the relay's own claims and settles wait for the WAL flush. Off by default:"
-    " losing one in a database crash only re-publishes events, never loses them.",
+    default=None,
+    help="Make the relay's own claims and settles wait for the WAL flush. Without it, losing"
+    " one in a database crash only re-publishes events, never loses them.",
 )
 @click.option(
     "--poll-interval",
-    default=1.0,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_RELAY, "poll_interval"),
+    type=float,
     help="Seconds between polls when idle (NOTIFY usually wakes the relay sooner).",
 )
 @click.option(
     "--lease",
-    default=30.0,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_RELAY, "lease"),
+    type=float,
     help="Seconds a claim is held; a crashed relay's rows are re-claimed after it.",
 )
 @click.option(
     "--max-attempts",
-    default=10,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_RELAY, "max_attempts"),
+    type=int,
     help="Publish attempts before an event is dead-lettered (status failed).",
 )
 @click.option(
     "--retention",
+    cls=LibraryOption,
+    default_from=(_RELAY, "retention"),
     type=click.Choice(["delete", "keep"]),
-    default="delete",
-    show_default=True,
     help="delete published rows (no bloat) or keep them as an audit trail (then purge).",
 )
-@click.option("--relay-id", default=None, help="Name shown in claimed_by [default: host-pid-rand].")
-@click.option("--retry-base", default=1.0, show_default=True, help="First retry delay cap (s).")
-@click.option("--retry-cap", default=300.0, show_default=True, help="Longest retry delay (s).")
-@click.option("--no-listen", is_flag=True, help="Do not LISTEN for NOTIFY; poll only.")
+@click.option("--relay-id", help="Name shown in claimed_by [default: host-pid-random].")
+@click.option(
+    "--retry-base",
+    cls=LibraryOption,
+    default_from=(_RELAY, "retry_base"),
+    type=float,
+    help="First retry delay cap (s).",
+)
+@click.option(
+    "--retry-cap",
+    cls=LibraryOption,
+    default_from=(_RELAY, "retry_cap"),
+    type=float,
+    help="Longest retry delay (s).",
+)
+@click.option(
+    "--no-listen",
+    "listen",
+    flag_value=False,
+    default=None,
+    help="Do not LISTEN for NOTIFY; poll only.",
+)
 @click.option(
     "--shutdown-timeout",
-    default=10.0,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_RELAY, "shutdown_timeout"),
+    type=float,
     help="Seconds to let in-flight batches finish on SIGTERM before handing their rows back.",
 )
 @click.option(
@@ -276,8 +392,9 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 )
 @click.option(
     "--log-interval",
-    default=30.0,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=("outboxkit.relay.observer:SummaryLog", "interval"),
+    type=float,
     help="Seconds between INFO summaries of claims and publishes (failures are logged at once).",
 )
 @click.option(
@@ -298,8 +415,9 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 )
 @click.option(
     "--metrics-max-topics",
-    default=100,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_METRICS, "max_topics"),
+    type=int,
     help="Topics with series of their own (the busiest); the rest are labelled (other).",
 )
 @click.option(
@@ -330,38 +448,28 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 )
 @click.option(
     "--gauge-interval",
-    default=5.0,
-    show_default=True,
+    cls=LibraryOption,
+    default_from=(_METRICS, "gauge_interval"),
+    type=float,
     help="Seconds between reads of the table gauges (backlog, failed, oldest pending age).",
 )
 def relay(
     dsn: str,
     broker: str,
-    table: str,
-    batch_size: int | None,
-    max_in_flight: int | None,
-    synchronous_commit: bool,
-    poll_interval: float,
-    lease: float,
-    max_attempts: int,
-    retention: str,
     routes: tuple[str, ...],
-    relay_id: str | None,
-    retry_base: float,
-    retry_cap: float,
-    no_listen: bool,
-    shutdown_timeout: float,
+    table: str,
     log_level: str,
     log_format: str,
-    log_interval: float,
+    log_interval: float | None,
     metrics_port: int | None,
     metrics_host: str,
-    metrics_max_topics: int,
+    metrics_max_topics: int | None,
     metrics_topics: tuple[str, ...],
     with_dashboard: bool,
     allow_hosts: tuple[str, ...],
     admin_token: str | None,
-    gauge_interval: float,
+    gauge_interval: float | None,
+    **relay_options: Any,
 ) -> None:
     """Publish events from the outbox to a broker until stopped (SIGTERM/SIGINT).
 
@@ -392,12 +500,14 @@ def relay(
         observer, metrics = _relay_observer(
             dsn,
             table,
-            metrics_port,
-            gauge_interval,
             broker,
-            log_interval,
-            max_topics=metrics_max_topics,
-            topics=metrics_topics or None,
+            metrics_port,
+            summary=_given(interval=log_interval),
+            metrics=_given(
+                gauge_interval=gauge_interval,
+                max_topics=metrics_max_topics,
+                topics=metrics_topics or None,
+            ),
         )
         board_state = None
         if with_dashboard:
@@ -410,24 +520,8 @@ def relay(
                 host=metrics_host,
                 allowed_hosts=allow_hosts,
             )
-        engine = Relay(
-            dsn,
-            publisher,
-            table=table,
-            batch_size=batch_size,
-            max_in_flight=max_in_flight,
-            synchronous_commit=synchronous_commit,
-            poll_interval=poll_interval,
-            lease=lease,
-            max_attempts=max_attempts,
-            retention="keep" if retention == "keep" else "delete",
-            relay_id=relay_id,
-            retry_base=retry_base,
-            retry_cap=retry_cap,
-            listen=not no_listen,
-            shutdown_timeout=shutdown_timeout,
-            observer=observer,
-        )
+        # Only what the user gave: every other option is Relay's own default.
+        engine = Relay(dsn, publisher, table=table, observer=observer, **_given(**relay_options))
     except OutboxkitError as exc:
         _fail(str(exc), 2)
 
@@ -465,13 +559,11 @@ def relay(
 def _relay_observer(
     dsn: str,
     table: str,
-    metrics_port: int | None,
-    gauge_interval: float,
     broker: str,
-    log_interval: float,
+    metrics_port: int | None,
     *,
-    max_topics: int = 100,
-    topics: tuple[str, ...] | None = None,
+    summary: dict[str, Any],
+    metrics: dict[str, Any],
 ) -> tuple[Any, Any]:
     """Summary logs, batch spans (with opentelemetry) and, with --metrics-port, metrics."""
     from urllib.parse import urlsplit
@@ -479,18 +571,16 @@ def _relay_observer(
     from outboxkit.relay.observer import BatchTracing, Observers, SummaryLog
     from outboxkit.tracing import available as tracing_available
 
-    observers: list[Any] = [SummaryLog(interval=log_interval)]
+    observers: list[Any] = [SummaryLog(**summary)]
     if tracing_available():
         observers.append(BatchTracing(system=urlsplit(broker).scheme.lower()))
-    metrics = None
+    relay_metrics = None
     if metrics_port is not None:
         from outboxkit.ops.metrics import RelayMetrics
 
-        metrics = RelayMetrics(
-            dsn, table=table, gauge_interval=gauge_interval, max_topics=max_topics, topics=topics
-        )
-        observers.append(metrics)
-    return Observers(*observers), metrics
+        relay_metrics = RelayMetrics(dsn, table=table, **metrics)
+        observers.append(relay_metrics)
+    return Observers(*observers), relay_metrics
 
 
 # -- status -------------------------------------------------------------------------
@@ -578,17 +668,17 @@ def _jsonable(value: Any) -> Any:
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option(
     "--limit",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.admin:list_failed", "limit"),
     type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
     help="List at most this many events (the oldest first).",
 )
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
-def failed_list(dsn: str, table: str, topic: str | None, limit: int, as_json: bool) -> None:
+def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_json: bool) -> None:
     """List dead-lettered events, oldest first."""
     from outboxkit.store import admin
 
-    rows = _run_guarded(admin.list_failed, dsn, table, topic=topic, limit=limit)
+    rows = _run_guarded(admin.list_failed, dsn, table, topic=topic, **_given(limit=limit))
     if as_json:
         click.echo(json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows]))
         return
@@ -663,7 +753,13 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
 @click.option(
     "--older-than", required=True, help="Age of published rows to delete, e.g. 7d, 12h, 1h30m."
 )
-@click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
+@click.option(
+    "--batch-size",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.admin:purge", "batch_size"),
+    type=click.IntRange(min=1),
+    help="Rows per transaction.",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"deleted": N} only, for programs.')
 @inbox_option
 @inbox_table_option
@@ -672,7 +768,7 @@ def purge(
     dsn: str,
     table: str,
     older_than: str,
-    batch_size: int,
+    batch_size: int | None,
     as_json: bool,
     inbox: bool,
     inbox_table: str,
@@ -691,6 +787,7 @@ def purge(
     age = parse_duration(older_than)
 
     def run_purge(**kw: Any) -> Any:
+        kw.update(_given(batch_size=batch_size))
         if inbox:
             return _run_guarded(
                 inbox_sql.purge_inbox,
@@ -698,10 +795,9 @@ def purge(
                 older_than=age,
                 table=inbox_table,
                 consumer=consumer,
-                batch_size=batch_size,
                 **kw,
             )
-        return _run_guarded(admin.purge, dsn, table, older_than=age, batch_size=batch_size, **kw)
+        return _run_guarded(admin.purge, dsn, table, older_than=age, **kw)
 
     if as_json:
         click.echo(json.dumps({"deleted": run_purge()}))
@@ -746,7 +842,11 @@ def purge(
     help="Enables replay/discard for whoever enters this token [default: read-only].",
 )
 @click.option(
-    "--sample-interval", default=2.0, show_default=True, help="Seconds between table reads."
+    "--sample-interval",
+    cls=LibraryOption,
+    default_from=("outboxkit.ops.dashboard:Dashboard", "sample_interval"),
+    type=float,
+    help="Seconds between table reads.",
 )
 @click.option(
     "--allow-host",
@@ -768,7 +868,7 @@ def dashboard(
     host: str,
     port: int,
     admin_token: str | None,
-    sample_interval: float,
+    sample_interval: float | None,
     allow_hosts: tuple[str, ...],
     log_format: str,
 ) -> None:
@@ -792,9 +892,9 @@ def dashboard(
             dsn,
             table=table,
             admin_token=admin_token,
-            sample_interval=sample_interval,
             host=host,
             allowed_hosts=allow_hosts,
+            **_given(sample_interval=sample_interval),
         )
     except OutboxkitError as exc:
         _fail(str(exc), 2)
@@ -837,9 +937,19 @@ async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
 
 
 @main.command()
-@click.option("--orders", default=1500, show_default=True, help="Orders to place per path.")
 @click.option(
-    "--duration", default=30.0, show_default=True, help="Seconds over which orders are placed."
+    "--orders",
+    cls=LibraryOption,
+    default_from=(_DEMO, "orders"),
+    type=int,
+    help="Orders to place per path.",
+)
+@click.option(
+    "--duration",
+    cls=LibraryOption,
+    default_from=(_DEMO, "duration"),
+    type=float,
+    help="Seconds over which orders are placed.",
 )
 @click.option(
     "--broker",
@@ -848,7 +958,9 @@ async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
 )
 @click.option("--dsn", default=None, help="PostgreSQL to use [default: an embedded one].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
-def demo(orders: int, duration: float, broker: str | None, dsn: str | None, as_json: bool) -> None:
+def demo(
+    orders: int | None, duration: float | None, broker: str | None, dsn: str | None, as_json: bool
+) -> None:
     """Show the dual-write problem and the outbox closing it, under real faults.
 
     Starts an embedded PostgreSQL and NATS JetStream (no install needed), places
@@ -859,7 +971,11 @@ def demo(orders: int, duration: float, broker: str | None, dsn: str | None, as_j
     from outboxkit.ops.demo import run_demo
 
     ok = _run_guarded(
-        run_demo, orders=orders, duration=duration, broker=broker, dsn=dsn, as_json=as_json
+        run_demo,
+        broker=broker,
+        dsn=dsn,
+        as_json=as_json,
+        **_given(orders=orders, duration=duration),
     )
     sys.exit(0 if ok else 1)
 

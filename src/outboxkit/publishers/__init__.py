@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from outboxkit._redact import remember_secrets
 from outboxkit.errors import ConfigurationError, missing_extra
-from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
+from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 
 __all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
 
@@ -46,3 +46,24 @@ def from_url(url: str) -> Publisher:
         raise missing_extra(exc, f"the {scheme}:// broker") from exc
     publisher: Publisher = getattr(module, class_name).from_url(url)
     return publisher
+
+
+def batch_shapes() -> dict[str, tuple[int, int] | None]:
+    """Each broker's (batch_size, max_in_flight) by URL scheme; None if its client is missing.
+
+    Read from the publisher classes themselves, for ``outboxkit relay --help``.
+    """
+    import importlib
+
+    shapes: dict[str, tuple[int, int] | None] = {}
+    for scheme, target in _SCHEMES.items():
+        module_name, _, class_name = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.startswith("outboxkit"):
+                raise
+            shapes[scheme] = None
+            continue
+        shapes[scheme] = batch_shape(getattr(module, class_name))
+    return shapes
