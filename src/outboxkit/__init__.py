@@ -4,29 +4,45 @@ Write events in the same transaction as your business change with
 :class:`Outbox`; publish them with at-least-once delivery with :class:`Relay`.
 """
 
-from outboxkit.commit import OutboxTransaction
+from outboxkit.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
     ConfigurationError,
+    EnvelopeError,
     InvalidEventError,
+    MissingExtraError,
     NotInTransactionError,
     OutboxkitError,
     SchemaError,
+    TableNotFoundError,
 )
 from outboxkit.events import Event
 from outboxkit.inbox import Inbox
 from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from_url
-from outboxkit.relay import Relay, RelayStats
+from outboxkit.publishers.base import Reachability
+from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, with_routes
+from outboxkit.relay import Relay, RelayObserver, RelayStats
 from outboxkit.store.inbox_sql import migrate_inbox
 from outboxkit.store.migrate import migrate
 from outboxkit.write import Outbox
 
 __version__ = "0.1.0"
 
+# What applications import. Broker publishers and consumer runners live in their own
+# modules (outboxkit.publishers.kafka, outboxkit.consumers.nats ...): importing the
+# package never imports a broker client.
 __all__ = [
+    "AsyncOutboxTransaction",
     "ConfigurationError",
+    "ConsumerRunner",
+    "ConsumerStats",
+    "Destinations",
+    "EnvelopeError",
     "Event",
+    "Handler",
     "Inbox",
     "InvalidEventError",
+    "MissingExtraError",
     "NotInTransactionError",
     "OutboundMessage",
     "Outbox",
@@ -34,11 +50,18 @@ __all__ = [
     "OutboxkitError",
     "PublishResult",
     "Publisher",
+    "Reachability",
+    "ReceivedEvent",
     "Relay",
+    "RelayObserver",
     "RelayStats",
+    "Route",
+    "RoutingPublisher",
     "SchemaError",
+    "TableNotFoundError",
     "__version__",
     "from_url",
     "migrate",
     "migrate_inbox",
+    "with_routes",
 ]

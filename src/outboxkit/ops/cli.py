@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from outboxkit._redact import redact
+from outboxkit._text import first_line
 from outboxkit.errors import ConfigurationError, OutboxkitError, missing_extra
 from outboxkit.ops.logs import setup_logging
 
@@ -179,7 +180,7 @@ def _run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
     except OutboxkitError as exc:
         _fail(str(exc), 2)
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         _fail(f"cannot reach the database: {first} — check --dsn and that PostgreSQL is up", 3)
     except ValueError as exc:
         _fail(str(exc), 2)

@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
+from outboxkit._text import first_line
 from outboxkit.publishers.base import (
     OutboundMessage,
     PublishResult,
@@ -417,8 +418,7 @@ class RelayMetrics(RelayObserver):
                         )
                     await self.refresh_gauges(conn)
                 except psycopg.Error as exc:
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                    self.snapshot.error = redact(f"{type(exc).__name__}: {first}")
+                    self.snapshot.error = first_line(exc, with_type=True)
                     log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
                     if conn is not None:
                         with contextlib.suppress(Exception):

@@ -27,6 +27,7 @@ from psycopg.types.json import set_json_loads
 
 from outboxkit._backoff import Backoff, full_jitter
 from outboxkit._redact import redact, remember_secrets
+from outboxkit._text import first_line
 from outboxkit.errors import (
     ConfigurationError,
     SchemaError,
@@ -327,7 +328,7 @@ class Relay:
         except psycopg.Error as exc:
             log.warning(
                 "database not reachable at start (%s); retrying",
-                redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)),
+                first_line(exc),
             )
             return
         log.info(
@@ -713,11 +714,10 @@ class Relay:
                     await conn.close()
         delay = self._db_backoff.next_delay()
         if lost:
-            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self._db_outage.failed(
                 "database unavailable during %s (%s); reconnecting in %.2fs",
                 what,
-                redact(cause),
+                first_line(exc),
                 delay,
             )
         else:
