@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
 from urllib.parse import urlsplit
 
 from outboxkit._redact import remember_secrets
-from outboxkit.errors import ConfigurationError, missing_extra
+from outboxkit.errors import ConfigurationError, MissingExtraError, missing_extra
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 
 __all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
@@ -31,20 +33,10 @@ def from_url(url: str) -> Publisher:
     """
     remember_secrets(url)  # a client's error may quote its token without the URL
     scheme = urlsplit(url).scheme.lower()
-    target = _SCHEMES.get(scheme)
-    if target is None:
+    if scheme not in _SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
         raise ConfigurationError(f"unsupported broker URL scheme {scheme!r}; use one of {known}")
-    module_name, _, class_name = target.partition(":")
-    import importlib
-
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.startswith("outboxkit"):
-            raise
-        raise missing_extra(exc, f"the {scheme}:// broker") from exc
-    publisher: Publisher = getattr(module, class_name).from_url(url)
+    publisher: Publisher = _publisher_class(scheme).from_url(url)
     return publisher
 
 
@@ -53,17 +45,26 @@ def batch_shapes() -> dict[str, tuple[int, int] | None]:
 
     Read from the publisher classes themselves, for ``outboxkit relay --help``.
     """
-    import importlib
-
     shapes: dict[str, tuple[int, int] | None] = {}
-    for scheme, target in _SCHEMES.items():
-        module_name, _, class_name = target.partition(":")
+    for scheme in _SCHEMES:
         try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.startswith("outboxkit"):
-                raise
+            shapes[scheme] = batch_shape(_publisher_class(scheme))
+        except MissingExtraError:
             shapes[scheme] = None
-            continue
-        shapes[scheme] = batch_shape(getattr(module, class_name))
     return shapes
+
+
+def _publisher_class(scheme: str) -> Any:
+    """The publisher class for ``scheme``, its module imported now.
+
+    A broker client that is not installed is a one-line :class:`MissingExtraError`
+    naming the extra; a missing outboxkit module is a bug and raised as it is.
+    """
+    module_name, _, class_name = _SCHEMES[scheme].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("outboxkit"):
+            raise
+        raise missing_extra(exc, f"the {scheme}:// broker") from exc
+    return getattr(module, class_name)
