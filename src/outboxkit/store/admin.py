@@ -29,6 +29,10 @@ class TopicStatus:
     published: int
     oldest_pending_age_s: float | None
 
+    def add(self, other: TopicStatus) -> None:
+        """Fold ``other``'s counts in (the oldest pending age is the older of the two)."""
+        _add_counts(self, other)
+
 
 @dataclass
 class OutboxStatus:
@@ -44,6 +48,15 @@ class OutboxStatus:
         return asdict(self)
 
 
+def _add_counts(into: TopicStatus | OutboxStatus, t: TopicStatus) -> None:
+    into.pending += t.pending
+    into.in_flight += t.in_flight
+    into.failed += t.failed
+    into.published += t.published
+    if t.oldest_pending_age_s is not None:
+        into.oldest_pending_age_s = max(into.oldest_pending_age_s or 0.0, t.oldest_pending_age_s)
+
+
 def _connect(dsn: Source, table: str) -> AbstractContextManager[psycopg.Connection[Any]]:
     return admin_connection(dsn, lambda: table_missing(table))
 
@@ -56,14 +69,7 @@ def status(dsn: str, table: str = "outbox") -> OutboxStatus:
         for row in conn.execute(sql.status_by_topic).fetchall():
             t = TopicStatus(*row)
             report.topics.append(t)
-            report.pending += t.pending
-            report.in_flight += t.in_flight
-            report.failed += t.failed
-            report.published += t.published
-            if t.oldest_pending_age_s is not None:
-                report.oldest_pending_age_s = max(
-                    report.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
-                )
+            _add_counts(report, t)
     return report
 
 

@@ -169,13 +169,7 @@ class Dashboard:
         if rest:
             other = admin.TopicStatus(OTHER_TOPICS, 0, 0, 0, 0, None)
             for t in rest:
-                other.pending += t.pending
-                other.in_flight += t.in_flight
-                other.failed += t.failed
-                if t.oldest_pending_age_s is not None:
-                    other.oldest_pending_age_s = max(
-                        other.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
-                    )
+                other.add(t)
             listed.append(other)
         listed.sort(key=lambda t: (t.topic == OTHER_TOPICS, t.topic))
         return listed
