@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from outboxkit import Event, Outbox
-from outboxkit.store.postgres import FAILED, PENDING, Statements
+from outboxkit.store.postgres import Statements, Status
 
 RELAYS = 3
 LEASE = 60.0  # seconds: only the test's expire() ends a lease, never the clock
@@ -142,7 +142,7 @@ def _machine(dsn: str) -> type[RuleBasedStateMachine]:
                     sql.settle_failures,
                     (
                         ids,
-                        [PENDING] * n,
+                        [Status.PENDING] * n,
                         [0.0] * n,
                         ["boom"] * n,
                         [1 if outcome == "back" else 0] * n,
@@ -198,12 +198,12 @@ def _machine(dsn: str) -> type[RuleBasedStateMachine]:
                 conn.execute(
                     "SELECT id, claim_token FROM outbox"
                     " WHERE claim_token IS NOT NULL AND status = %s",
-                    (PENDING,),
+                    (Status.PENDING,),
                 ).fetchall()
             )
             assert held == self.model.owner
             assert conn.execute(
-                "SELECT count(*) FROM outbox WHERE status = %s", (FAILED,)
+                "SELECT count(*) FROM outbox WHERE status = %s", (Status.FAILED,)
             ).fetchone() == (0,)
 
         def teardown(self) -> None:

@@ -49,7 +49,7 @@ from outboxkit.relay.observer import (
     default_observer,
 )
 from outboxkit.relay.outage import FailureEpisode, OutageLog
-from outboxkit.store.postgres import FAILED, PENDING, Statements
+from outboxkit.store.postgres import Statements, Status
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -513,19 +513,19 @@ class Relay:
             fail_error.append(error)
             if not result.counts_attempt or (broker_down and result.retryable):
                 # Never tried (the publisher's own client failed): back in line, attempt refunded.
-                fail_status.append(PENDING)
+                fail_status.append(Status.PENDING)
                 fail_delay.append(max(_bounded(result.retry_after), outage_delay))
                 fail_refund.append(1)
                 handed_back.append(row_id)
                 continue
             fail_refund.append(0)
             if not result.retryable or message.attempt >= self.max_attempts:
-                fail_status.append(FAILED)
+                fail_status.append(Status.FAILED)
                 fail_delay.append(0.0)
                 dead.append((message, result))
                 dead_ids.append(row_id)
             else:
-                fail_status.append(PENDING)
+                fail_status.append(Status.PENDING)
                 delay = full_jitter(message.attempt, base=self.retry_base, cap=self.retry_cap)
                 fail_delay.append(max(delay, _bounded(result.retry_after)))
                 retried.append((message, result))

@@ -31,8 +31,6 @@ class Status(IntEnum):
     FAILED = 2
 
 
-PENDING, PUBLISHED, FAILED = Status.PENDING, Status.PUBLISHED, Status.FAILED
-
 SCHEMA_VERSION = 2
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
