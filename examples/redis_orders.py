@@ -13,8 +13,7 @@ import os
 
 import psycopg
 
-from outboxkit import Event, Outbox, Relay, from_url, migrate, migrate_inbox
-from outboxkit.consumers.base import ReceivedEvent
+from outboxkit import Event, Outbox, ReceivedEvent, Relay, from_url, migrate, migrate_inbox
 from outboxkit.consumers.redis import RedisStreamsConsumer
 
 DSN = os.environ.get("OUTBOXKIT_DSN", "postgresql://postgres@localhost/postgres")
