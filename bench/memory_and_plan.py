@@ -15,9 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -29,6 +26,7 @@ import psycopg
 from _common import TOPIC, ensure_topic, kafka_broker, prepare, remaining, save, server_facts
 
 from outboxkit.store.postgres import Statements
+from outboxkit.testing import spawn_relay
 
 _COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"
 
@@ -54,26 +52,16 @@ def load_backlog(dsn: str, total: int) -> int:
 
 def drain_with_rss(dsn: str, bootstrap: str, total: int) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-mem-"))
-    env = {**os.environ, "OUTBOXKIT_DSN": dsn}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "outboxkit",
-            "relay",
-            "--broker",
-            f"kafka://{bootstrap}",
-            "--retention",
-            "keep",
-            "--no-listen",
-            "--poll-interval",
-            "0.1",
-            "--log-level",
-            "warning",
-        ],
-        stdout=(logdir / "relay.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
+    proc = spawn_relay(
+        dsn,
+        f"kafka://{bootstrap}",
+        logdir / "relay.log",
+        "--retention",
+        "keep",
+        "--no-listen",
+        "--poll-interval",
+        "0.1",
+        log_level="warning",
     )
     ps = psutil.Process(proc.pid)
     rss: list[tuple[float, float]] = []

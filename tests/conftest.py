@@ -21,9 +21,11 @@ from outboxkit.testing import (
     EmbeddedNats,
     EmbeddedPostgres,
     EmbeddedServerUnavailable,
+    TcpProxy,
+    create_database,
+    drop_database,
     free_port,
 )
-from tests.support.proxy import TcpProxy
 from tests.support.servers import (
     KAFKA_ENV,
     NATS_URL_ENV,
@@ -35,8 +37,6 @@ from tests.support.servers import (
     check_kafka,
     check_nats,
     check_postgres,
-    create_database,
-    drop_database,
     require_or_skip,
     stop_without_postgres,
     unique_name,

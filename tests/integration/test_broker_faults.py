@@ -17,12 +17,12 @@ import pytest
 
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.testing import spawn_relay
 from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
     count,
     make_events,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

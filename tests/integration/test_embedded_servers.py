@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from tests.support.proxy import TcpProxy
+from outboxkit.testing import TcpProxy
 from tests.support.servers import consume_kafka, consume_nats, ensure_stream, unique_name
 
 

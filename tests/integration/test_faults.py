@@ -22,12 +22,11 @@ from outboxkit import Event, Outbox
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store.migrate import migrate
-from outboxkit.testing import EmbeddedPostgres
+from outboxkit.testing import EmbeddedPostgres, spawn_relay
 from tests.support.relaying import (
     count,
     make_events,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import resource
 import signal
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ from outboxkit import Event
 from outboxkit.ops.http import SCRAPE_KEY, ServerLimits, metrics_app, serving
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.testing import free_port
+from outboxkit.testing import free_port, spawn_relay
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import ensure_stream
 
@@ -250,13 +249,7 @@ def _spawn_relay_with_fd_limit(
     dsn: str, broker: str, log_path: Path, limit: int, *args: str
 ) -> subprocess.Popen[bytes]:
     """`outboxkit relay` as a process whose soft and hard open-file limits are ``limit``."""
-
-    def limit_fds() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
-    cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn", dsn, "--broker", broker, *args]
-    log = log_path.open("ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_fds)
+    return spawn_relay(dsn, broker, log_path, *args, log_level=None, open_files=limit)
 
 
 async def test_slow_loris_flood_neither_starves_the_relay_nor_floods_its_log(

@@ -23,8 +23,8 @@ from outboxkit import Event
 from outboxkit.ops.metrics import OTHER_TOPICS, RelayMetrics, TopicLabels
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store.postgres import Statements
-from outboxkit.testing import free_port
-from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events
+from outboxkit.testing import free_port, spawn_relay
+from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import ensure_stream
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

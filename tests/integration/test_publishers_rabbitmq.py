@@ -20,6 +20,7 @@ import pytest
 
 from outboxkit import Event
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
+from outboxkit.testing import spawn_relay
 from tests.support.local_brokers import rabbitmq_url
 from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
@@ -27,7 +28,6 @@ from tests.support.relaying import (
     make_events,
     rows,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

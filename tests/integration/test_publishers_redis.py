@@ -19,6 +19,7 @@ import redis.asyncio
 from outboxkit import Event
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.redis import DEDUP_KEY_PREFIX, RedisStreamsPublisher
+from outboxkit.testing import spawn_relay
 from tests.support.local_brokers import OwnRedis, redis_url
 from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
@@ -26,7 +27,6 @@ from tests.support.relaying import (
     make_events,
     rows,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

@@ -14,6 +14,7 @@ import pytest
 
 from outboxkit import Event
 from outboxkit.publishers.sqs import SqsPublisher
+from outboxkit.testing import spawn_relay
 from tests.support.moto_sqs import MotoSqs
 from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
@@ -21,7 +22,6 @@ from tests.support.relaying import (
     make_events,
     rows,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

@@ -19,13 +19,13 @@ from standardwebhooks import Webhook
 from outboxkit import Event
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.webhook import WebhookPublisher
+from outboxkit.testing import spawn_relay
 from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
     count,
     make_events,
     rows,
     running_relay,
-    spawn_relay,
     wait_for,
     write_events,
 )

@@ -33,10 +33,10 @@ from outboxkit.publishers.rabbitmq import RabbitMQPublisher
 from outboxkit.publishers.redis import RedisStreamsPublisher
 from outboxkit.publishers.sqs import SqsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
-from outboxkit.testing import free_port
+from outboxkit.testing import free_port, spawn_relay
 from tests.support.local_brokers import rabbitmq_url, redis_url
 from tests.support.moto_sqs import MotoSqs
-from tests.support.relaying import count, running_relay, spawn_relay, wait_for, write_events
+from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream, unique_name
 
 DOWN_WITHIN = 5.0  # seconds from the cut to /readyz 503

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -32,9 +31,8 @@ from pathlib import Path
 
 import psycopg
 
-from outboxkit.testing import EmbeddedNats
+from outboxkit.testing import EmbeddedNats, TcpProxy, spawn_relay
 from tests.support.chaos_writer import LEDGER
-from tests.support.proxy import TcpProxy
 
 STREAM = "CHAOS"
 TOKEN = "chaos-s3cr3t-token-7f3a9c"  # a test secret: it must appear in no log
@@ -126,11 +124,10 @@ class ChaosRun:
         return f"nats://{TOKEN}@127.0.0.1:{self.proxy.port}?stream={STREAM}&timeout=3"
 
     def _spawn_relay(self, i: int) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "outboxkit",
-            "relay",
+        self.relays[i] = spawn_relay(
+            self.dsn,
+            self._relay_url(),
+            self.workdir / f"relay-{i}.log",
             "--lease",
             "5",
             "--max-attempts",
@@ -147,11 +144,8 @@ class ChaosRun:
             f"chaos-{i}",
             "--log-interval",
             "5",
-        ]
-        env = {**os.environ, "OUTBOXKIT_DSN": self.dsn, "OUTBOXKIT_BROKER": self._relay_url()}
-        log = (self.workdir / f"relay-{i}.log").open("ab")
-        self.relays[i] = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO
+            log_level=None,
+            cwd=REPO,
         )
 
     def _start(self) -> None:

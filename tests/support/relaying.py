@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -33,25 +29,6 @@ async def running_relay(dsn: str, publisher: Publisher, **options: Any) -> Async
     finally:
         relay.stop()
         await asyncio.wait_for(task, timeout=30)
-
-
-def spawn_relay(dsn: str, broker: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    """`outboxkit relay` as a real OS process, so a test can SIGKILL or SIGTERM it."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "outboxkit",
-        "relay",
-        "--dsn",
-        dsn,
-        "--broker",
-        broker,
-        "--log-level",
-        "debug",
-        *args,
-    ]
-    log = log_path.open("ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
 
 
 async def wait_for(

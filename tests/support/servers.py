@@ -13,11 +13,9 @@ from typing import Any, NoReturn
 import psycopg
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
-from psycopg import sql
 
 from outboxkit._redact import redact
-from outboxkit.testing import EmbeddedKafka
-from tests.support.proxy import TcpProxy
+from outboxkit.testing import EmbeddedKafka, TcpProxy, dsn_with_dbname
 
 REQUIRE_SERVICES_ENV = "OUTBOXKIT_REQUIRE_SERVICES"
 PG_DSN_ENV = "OUTBOXKIT_TEST_DSN"
@@ -62,14 +60,6 @@ def port_open(host: str, port: int, timeout: float = 2.0) -> bool:
 # --------------------------------------------------------------------------- PostgreSQL
 
 
-def dsn_with_dbname(dsn: str, dbname: str) -> str:
-    """`dsn` pointing at database `dbname`; URLs stay URLs (asyncpg accepts only those)."""
-    if dsn.startswith(("postgresql://", "postgres://")):
-        parts = urllib.parse.urlsplit(dsn)
-        return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(dbname)))
-    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
-
-
 @dataclass(frozen=True)
 class ExternalPostgres:
     """A PostgreSQL the test session did not start (OUTBOXKIT_TEST_DSN)."""
@@ -78,22 +68,6 @@ class ExternalPostgres:
 
     def dsn_for(self, dbname: str) -> str:
         return dsn_with_dbname(self.dsn, dbname)
-
-
-def create_database(admin_dsn: str, name: str, *, template: str | None = None) -> None:
-    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-    if template is not None:
-        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(statement)
-
-
-def drop_database(admin_dsn: str, name: str) -> None:
-    """Drop `name`, disconnecting whoever is still connected (a relay a test left behind)."""
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
 
 
 def check_postgres(dsn: str) -> None:

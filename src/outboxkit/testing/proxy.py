@@ -1,4 +1,4 @@
-"""A TCP proxy a test controls, to cut or stall the network between a client and a real server."""
+"""A loopback TCP proxy to cut or stall the network between a client and a real server."""
 
 from __future__ import annotations
 
