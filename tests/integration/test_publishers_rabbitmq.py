@@ -1,17 +1,15 @@
 """The RabbitMQ publisher against the machine's RabbitMQ, through the real relay.
 
 Every test declares its own exchange and queues (unique names) and deletes them after.
-Faults are real: a TCP proxy cuts the relay's connection; a relay process is SIGKILLed
-after publishing a batch and before settling it.
+The delivery guarantees every broker shares (a relay killed after publishing, the connection
+cut mid-stream, an event carried whole) are in tests/integration/brokers/.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,9 +18,7 @@ import pytest
 
 from outboxkit import Event
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
-from outboxkit.testing import spawn_relay
 from tests.support.local_brokers import rabbitmq_url
-from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
     count,
     make_events,
@@ -182,78 +178,3 @@ async def test_message_over_max_message_bytes_is_dead_lettered_at_once(
     assert (dead["status"], dead["attempts"]) == (2, 1), "failed on the first attempt"
     assert "max_message_bytes=4096" in dead["last_error"]
     assert [m.message_id for m in await rabbit.read(queue, 1)] == [str(small.event_id)]
-
-
-async def test_connection_cut_mid_stream_loses_nothing(
-    db_dsn: str, rabbit: Rabbit, proxy_factory: Any
-) -> None:
-    queue = await rabbit.bind()
-    parts = urlsplit(rabbit.url)
-    proxy = proxy_factory(parts.hostname or "127.0.0.1", parts.port or 5672)
-    publisher = RabbitMQPublisher.from_url(rabbit.broker_url(port=proxy.port, timeout="2"))
-    events: list[Event] = []
-    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
-        for wave in range(6):
-            batch = make_events(f"orders.w{wave}", 25)
-            write_events(db_dsn, batch)
-            events += batch
-            if wave == 2:
-                proxy.cut()
-            if wave == 3:  # written during the outage
-                await wait_for(
-                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
-                    what="publishes failing while the connection is cut",
-                )
-            await asyncio.sleep(0.1)
-        assert count(db_dsn) > 0, "the backlog waits in the table"
-        proxy.resume()
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
-        assert relay.stats.released > 0  # handed back untried: the outage burns no attempt
-        assert relay.stats.dead_lettered == 0
-    ids = _ids(await rabbit.read(queue, len(events)))
-    assert set(ids) == {str(e.event_id) for e in events}, "nothing lost"
-
-
-@pytest.mark.slow
-async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
-    db_dsn: str, rabbit: Rabbit, tmp_path: Path
-) -> None:
-    queue = await rabbit.bind()
-    killed_batch = make_events("orders.placed", 40)
-    write_events(db_dsn, killed_batch)
-    with settles_stalled(db_dsn):
-        doomed = spawn_relay(
-            db_dsn,
-            rabbit.broker_url(),
-            tmp_path / "relay-a.log",
-            "--relay-id",
-            "relay-a",
-            "--lease",
-            "3",
-            "--batch-size",
-            "40",
-        )
-        try:
-            await wait_for(
-                lambda: _depth_at_least(rabbit, queue, 40),
-                timeout=30,
-                what="relay-a to publish its whole batch",
-            )
-            doomed.send_signal(signal.SIGKILL)
-            assert doomed.wait(10) == -signal.SIGKILL
-        finally:
-            if doomed.poll() is None:
-                doomed.kill()
-    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
-    later = make_events("orders.placed", 20)
-    write_events(db_dsn, later)
-    async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
-    ids = _ids(await rabbit.read(queue, 100))
-    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
-    duplicates = len(ids) - len(set(ids))
-    assert 0 < duplicates <= 40, "only the killed batch is published twice"
-
-
-async def _depth_at_least(rabbit: Rabbit, queue: aio_pika.abc.AbstractQueue, n: int) -> bool:
-    return await rabbit.depth(queue) >= n

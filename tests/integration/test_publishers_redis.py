@@ -1,14 +1,15 @@
 """The Redis Streams publisher against real redis-servers, through the real relay.
 
-The machine's Redis carries the plain tests (unique stream names, deleted after); outage
-tests start a redis-server of their own with `appendfsync always` and SIGKILL it.
+The machine's Redis carries these tests (unique stream names, deleted after). The delivery
+guarantees every broker shares (a killed relay, Redis SIGKILLed mid-stream, an event carried
+whole, with and without the dedup script) are in tests/integration/brokers/.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,7 @@ from outboxkit import Event
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.redis import DEDUP_KEY_PREFIX, RedisStreamsPublisher
 from outboxkit.testing import spawn_relay
-from tests.support.local_brokers import OwnRedis, redis_url
-from tests.support.relay_crash import settles_stalled
+from tests.support.local_brokers import redis_url
 from tests.support.relaying import (
     count,
     make_events,
@@ -69,14 +69,6 @@ async def streams() -> AsyncIterator[Streams]:
         yield helper
     finally:
         await helper.cleanup()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.kill()
 
 
 def _message(topic: str, event: Event) -> OutboundMessage:
@@ -188,88 +180,6 @@ async def test_too_few_replicas_for_wait_is_retried_with_a_clear_error(
         await wait_for(lambda: count(db_dsn, "last_error IS NOT NULL") == 3, what="retries")
     assert count(db_dsn, "status = 0") == 3, "pending, not dead-lettered"
     assert "only 0 of 1 replica(s) acknowledged" in rows(db_dsn)[0]["last_error"]
-
-
-async def test_redis_killed_mid_stream_and_restarted_loses_nothing(
-    db_dsn: str, own_redis: OwnRedis
-) -> None:
-    stream = unique_name("orders")
-    publisher = RedisStreamsPublisher.from_url(own_redis.url + "?timeout=1")
-    events: list[Event] = []
-    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
-        for wave in range(6):
-            batch = make_events(stream, 25)
-            write_events(db_dsn, batch)
-            events += batch
-            if wave == 2:
-                own_redis.kill()
-            if wave == 3:  # written during the outage
-                await wait_for(
-                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
-                    what="publishes failing while Redis is down",
-                )
-            await asyncio.sleep(0.1)
-        assert count(db_dsn) > 0, "the backlog waits in the table"
-        own_redis.start()
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
-        assert relay.stats.released > 0  # handed back untried: the outage burns no attempt
-        assert relay.stats.dead_lettered == 0
-    reader = Streams(own_redis.url)
-    try:
-        ids = await reader.ids(stream)
-    finally:
-        await reader.client.aclose()
-    assert set(ids) == {str(e.event_id) for e in events}, "nothing acknowledged was lost"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dedup", [False, True], ids=["plain", "dedup"])
-async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
-    db_dsn: str, streams: Streams, tmp_path: Path, dedup: bool
-) -> None:
-    stream = streams.name()
-    url = streams.url + ("?dedup_window=300" if dedup else "")
-    killed_batch = make_events(stream, 40)
-    write_events(db_dsn, killed_batch)
-    with settles_stalled(db_dsn):
-        doomed = spawn_relay(
-            db_dsn,
-            url,
-            tmp_path / "relay-a.log",
-            "--relay-id",
-            "relay-a",
-            "--lease",
-            "3",
-            "--batch-size",
-            "40",
-        )
-        try:
-            await wait_for(
-                lambda: _length_at_least(streams, stream, 40),
-                timeout=30,
-                what="relay-a to publish its whole batch",
-            )
-            doomed.send_signal(signal.SIGKILL)
-            assert doomed.wait(10) == -signal.SIGKILL
-        finally:
-            if doomed.poll() is None:
-                doomed.kill()
-    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
-    later = make_events(stream, 20)
-    write_events(db_dsn, later)
-    async with running_relay(db_dsn, RedisStreamsPublisher.from_url(url)):
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
-    ids = await streams.ids(stream)
-    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
-    duplicates = len(ids) - len(set(ids))
-    if dedup:
-        assert duplicates == 0, "the dedup script absorbed the re-published batch"
-    else:
-        assert 0 < duplicates <= 40, "only the killed batch is published twice"
-
-
-async def _length_at_least(streams: Streams, stream: str, n: int) -> bool:
-    return int(await streams.client.xlen(stream)) >= n
 
 
 async def test_relay_command_routes_event_and_aggregate_types_to_their_streams(

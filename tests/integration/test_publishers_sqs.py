@@ -1,22 +1,22 @@
-"""The SQS publisher against moto's SQS server (real HTTP, real boto3), through the real relay."""
+"""The SQS publisher against moto's SQS server (real HTTP, real boto3), through the real relay.
+
+The guarantees every broker shares (a killed relay, an outage mid-stream, an event carried
+whole) are in tests/integration/brokers/.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from outboxkit import Event
 from outboxkit.publishers.sqs import SqsPublisher
-from outboxkit.testing import spawn_relay
 from tests.support.moto_sqs import MotoSqs
-from tests.support.relay_crash import settles_stalled
 from tests.support.relaying import (
     count,
     make_events,
@@ -127,78 +127,3 @@ async def test_message_over_the_queue_limit_and_a_missing_queue_are_dead_lettere
     assert "over the queue's limit of 262144 bytes" in dead[big.event_id]["last_error"]
     assert "does not exist" in dead[lost.event_id]["last_error"]
     assert _ids(await asyncio.to_thread(sqs.drain, queue_url)) == [str(fits.event_id)]
-
-
-async def test_sqs_stopped_mid_stream_and_restarted_loses_nothing(
-    db_dsn: str, sqs: MotoSqs
-) -> None:
-    queue = unique_name("orders")
-    queue_url = sqs.create_queue(queue)
-    publisher = SqsPublisher.from_url(sqs.url(queue, timeout="2"))
-    events: list[Event] = []
-    async with running_relay(db_dsn, publisher, batch_size=20) as relay:
-        for wave in range(6):
-            batch = make_events("orders", 25)
-            write_events(db_dsn, batch)
-            events += batch
-            if wave == 2:
-                await asyncio.to_thread(sqs.stop)
-            if wave == 3:  # written during the outage
-                await wait_for(
-                    lambda: count(db_dsn, "last_error IS NOT NULL") > 0,
-                    what="publishes failing while SQS is down",
-                )
-            await asyncio.sleep(0.1)
-        assert count(db_dsn) > 0, "the backlog waits in the table"
-        await asyncio.to_thread(sqs.start)
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="backlog drained")
-        assert relay.stats.released > 0  # handed back untried: the outage burns no attempt
-        assert relay.stats.dead_lettered == 0
-    ids = _ids(await asyncio.to_thread(sqs.drain, queue_url))
-    assert set(ids) == {str(e.event_id) for e in events}, "nothing lost"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
-async def test_relay_killed_after_publishing_a_batch_duplicates_at_most_that_batch(
-    db_dsn: str, sqs: MotoSqs, tmp_path: Path, fifo: bool
-) -> None:
-    queue = unique_name("orders") + (".fifo" if fifo else "")
-    queue_url = sqs.create_queue(queue)
-    killed_batch = make_events("orders", 40)
-    write_events(db_dsn, killed_batch)
-    with settles_stalled(db_dsn):
-        doomed = spawn_relay(
-            db_dsn,
-            sqs.url(queue),
-            tmp_path / "relay-a.log",
-            "--relay-id",
-            "relay-a",
-            "--lease",
-            "3",
-            "--batch-size",
-            "40",
-        )
-        try:
-            await wait_for(
-                lambda: sqs.depth(queue_url) >= 40,
-                timeout=30,
-                what="relay-a to publish its whole batch",
-            )
-            doomed.send_signal(signal.SIGKILL)
-            assert doomed.wait(10) == -signal.SIGKILL
-        finally:
-            if doomed.poll() is None:
-                doomed.kill()
-    assert count(db_dsn, "claimed_by = 'relay-a'") == 40, "published, never settled"
-    later = make_events("orders", 20)
-    write_events(db_dsn, later)
-    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url(queue))):
-        await wait_for(lambda: count(db_dsn) == 0, timeout=40, what="relay-b drains")
-    ids = _ids(await asyncio.to_thread(sqs.drain, queue_url))
-    assert set(ids) == {str(e.event_id) for e in killed_batch + later}, "nothing lost"
-    duplicates = len(ids) - len(set(ids))
-    if fifo:
-        assert duplicates == 0, "MessageDeduplicationId absorbed the re-published batch"
-    else:
-        assert 0 < duplicates <= 40, "only the killed batch is published twice"
