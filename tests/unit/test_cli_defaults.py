@@ -146,7 +146,12 @@ def test_unset_purge_batch_size_falls_through(monkeypatch: pytest.MonkeyPatch) -
     declared = inspect.signature(admin.purge).parameters["batch_size"].default
     assert f"default: {declared};" in _help_of(main.commands["purge"], "batch_size")
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(admin, "purge", lambda *a, **kw: calls.append(kw) or 0)
+
+    def fake_purge(*args: Any, **kwargs: Any) -> int:
+        calls.append(kwargs)
+        return 0
+
+    monkeypatch.setattr(admin, "purge", fake_purge)
     base = ["purge", "--dsn", "postgresql://x/y", "--older-than", "1d", "--json"]
     assert CliRunner().invoke(main, base).exit_code == 0
     assert CliRunner().invoke(main, [*base, "--batch-size", "9"]).exit_code == 0

@@ -8,7 +8,8 @@ from enum import IntEnum
 import pytest
 
 from outboxkit.store import postgres
-from outboxkit.store.postgres import MIGRATIONS, Statements, Status
+from outboxkit.store.inbox_sql import InboxStatements
+from outboxkit.store.postgres import MIGRATIONS, NamedStatements, Statements, Status
 
 _SLOT = re.compile(r"\{[A-Za-z_]*\}")
 _STATUS_LITERAL = re.compile(
@@ -16,15 +17,19 @@ _STATUS_LITERAL = re.compile(
 )
 
 
-def test_every_template_is_rendered_as_an_instance_attribute() -> None:
-    s = Statements("app.events")
-    names = set(Statements.templates())
-    assert len(names) >= 30
+@pytest.mark.parametrize("kind", [Statements, InboxStatements])
+def test_every_template_is_rendered_as_an_instance_attribute(
+    kind: type[NamedStatements],
+) -> None:
+    s = kind("app.events")  # type: ignore[call-arg]
+    names = set(kind.templates())
+    assert len(names) >= (30 if kind is Statements else 5)
     assert names <= set(vars(s)), "a template was not rendered"
     for name in names:
         text = getattr(s, name)
         assert isinstance(text, str) and text.strip() == text and text, name
         assert not _SLOT.search(text), f"{name} has an unfilled slot: {_SLOT.search(text)}"
+        assert '"app".' in text or name == "last_event_id", name  # quoted names only
 
 
 def test_templates_stay_on_the_class_and_tables_do_not_share_text() -> None:
@@ -53,7 +58,7 @@ def test_every_state_is_used_and_rendered_as_its_value(state: Status) -> None:
 def test_changing_an_enum_value_changes_every_statement_that_uses_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shifted = IntEnum("Status", {"PENDING": 10, "PUBLISHED": 11, "FAILED": 12})
+    shifted = IntEnum("shifted", {"PENDING": 10, "PUBLISHED": 11, "FAILED": 12})
     monkeypatch.setattr(postgres, "Status", shifted)
     s = Statements()
     assert "WHERE status = 10 AND available_at <= now()" in s.claim_batch
@@ -73,5 +78,5 @@ def test_show_event_by_row_id_and_by_event_id_read_the_same_columns() -> None:
 
 
 def test_status_is_an_int_for_drivers() -> None:
-    assert isinstance(Status.FAILED, int) and Status.FAILED == 2
+    assert isinstance(Status.FAILED, int) and int(Status.FAILED) == 2
     assert [int(s) for s in Status] == [0, 1, 2]

@@ -17,7 +17,14 @@ import psycopg
 
 from outboxkit.errors import SchemaError
 from outboxkit.store._connection import admin_connection
-from outboxkit.store.postgres import MIGRATION_LOCK, migration_lock_key, parse_table, quote_table
+from outboxkit.store.postgres import (
+    MIGRATION_LOCK,
+    NamedStatements,
+    _Sql,
+    migration_lock_key,
+    parse_table,
+    quote_table,
+)
 
 DEFAULT_INBOX_TABLE = "processed_events"
 
@@ -56,22 +63,25 @@ WHERE processed_at < now() - make_interval(secs => %(age)s)
 """
 
 
-class InboxStatements:
+class InboxStatements(NamedStatements):
     """The statements of one inbox table, rendered once with its quoted name."""
+
+    create = _Sql(CREATE_INBOX)
+    mark = _Sql(MARK_PROCESSED)
+    is_processed = _Sql(IS_PROCESSED)
+    purge_batch = _Sql(PURGE_PROCESSED_BATCH)
+    count_purgeable = _Sql(COUNT_PURGEABLE_PROCESSED)
 
     def __init__(self, table: str = DEFAULT_INBOX_TABLE) -> None:
         schema, name = parse_table(table)
         self.table = table
         self.qualified = quote_table(schema, name)
-        slots = {
-            "table": self.qualified,
-            "index_processed_at": quote_table(None, f"{name}_processed_at_idx"[:63]),
-        }
-        self.create = CREATE_INBOX.format(**slots)
-        self.mark = MARK_PROCESSED.format(**slots)
-        self.is_processed = IS_PROCESSED.format(**slots)
-        self.purge_batch = PURGE_PROCESSED_BATCH.format(**slots)
-        self.count_purgeable = COUNT_PURGEABLE_PROCESSED.format(**slots)
+        self._render(
+            {
+                "table": self.qualified,
+                "index_processed_at": quote_table(None, f"{name}_processed_at_idx"[:63]),
+            }
+        )
 
     def ddl(self) -> str:
         """The inbox schema as one script, for users who run their own migration tool."""

@@ -383,11 +383,11 @@ def _oversized_error(alias: str) -> str:
 
 
 class _Sql:
-    """One named statement template of :class:`Statements`.
+    """One named statement template of a :class:`NamedStatements` class.
 
     Its attribute name is the statement's name; on an instance it reads as the
-    text rendered for that table (a plain instance attribute, set once by
-    ``Statements.__init__``). ``aliases`` fill a slot with a statement rendered
+    text rendered for that table (a plain instance attribute, set once at
+    construction). ``aliases`` fill a slot with a statement rendered
     before this one, e.g. ``insert="insert_one"``.
     """
 
@@ -413,12 +413,27 @@ class _Sql:
         return self.template.format(**slots, **rendered, **extra).strip()
 
 
-class Statements:
-    """The statements of one outbox table, rendered once with its quoted name.
+class NamedStatements:
+    """Base of a table's statement set: its class body is the table of named templates.
 
-    The class body is the table of named templates: each ``_Sql`` attribute is
-    rendered in order (a later template may embed an earlier statement by name).
+    Each ``_Sql`` attribute is rendered in order by :meth:`_render` (a later template
+    may embed an earlier statement by name) into an instance attribute of that name.
     """
+
+    @classmethod
+    def templates(cls) -> dict[str, _Sql]:
+        """Every named template, in rendering order."""
+        return {k: v for k, v in vars(cls).items() if isinstance(v, _Sql)}
+
+    def _render(self, slots: dict[str, str]) -> None:
+        rendered: dict[str, str] = {}
+        for statement in self.templates().values():
+            rendered[statement.name] = statement.render(slots, rendered)
+        self.__dict__.update(rendered)  # instance attributes: the templates stay on the class
+
+
+class Statements(NamedStatements):
+    """The statements of one outbox table, rendered once with its quoted name."""
 
     create_version_table = _Sql(CREATE_VERSION_TABLE)
     get_version = _Sql(GET_VERSION)
@@ -472,15 +487,7 @@ class Statements:
             **{state.name.lower(): str(int(state)) for state in Status},
         }
         self.migrations = {v: ddl.format(**slots) for v, ddl in MIGRATIONS.items()}
-        rendered: dict[str, str] = {}
-        for statement in self.templates().values():
-            rendered[statement.name] = statement.render(slots, rendered)
-        self.__dict__.update(rendered)  # instance attributes: the templates stay on the class
-
-    @classmethod
-    def templates(cls) -> dict[str, _Sql]:
-        """Every named template, in rendering order."""
-        return {k: v for k, v in vars(cls).items() if isinstance(v, _Sql)}
+        self._render(slots)
 
     def ddl(self) -> str:
         """The whole schema as one script, for users who run their own migration tool."""
