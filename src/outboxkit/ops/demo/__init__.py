@@ -1,8 +1,9 @@
 """``outboxkit demo``: the dual-write problem and the outbox side by side, under real faults.
 
-`scenario` runs it (servers, write paths, faults, consumer), `display` shows its progress,
-`report` compares the two paths at the end. The servers and fault tools come from
-`outboxkit.testing`, so the demo needs the `demo` (or `embedded`) extra.
+`scenario` runs it (write paths, faults, relays, consumer), `servers` starts and connects
+what it runs on, `display` shows its progress, `report` compares the two paths at the end.
+The servers and fault tools come from `outboxkit.testing`, so the demo needs the `demo` (or
+`embedded`) extra, even with `--dsn` and `--broker`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def run_demo(
     if not 5.0 <= duration <= 3600.0:
         raise ValueError("--duration must be between 5 and 3600 seconds")
     try:
-        from outboxkit.ops.demo.scenario import Scenario, proxy_target
+        from outboxkit.ops.demo.scenario import Scenario
+        from outboxkit.ops.demo.servers import proxy_target
     except MissingExtraError:
         raise
     except ImportError as exc:

@@ -22,11 +22,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
 
 import orjson
 import psycopg
@@ -38,16 +35,23 @@ from outboxkit.errors import OutboxkitError
 from outboxkit.events import Event
 from outboxkit.ops.demo.display import Display
 from outboxkit.ops.demo.report import VICTIM, PathStats, build_report
+from outboxkit.ops.demo.servers import (
+    attr,
+    close_nats,
+    create_scratch_database,
+    delete_stream,
+    drop_scratch_database,
+    embedded_servers,
+    nats_connect,
+    proxy_for,
+    quietly,
+    signal_process,
+    start_servers,
+    wait_exit,
+)
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import Statements
-from outboxkit.testing import (
-    EmbeddedNats,
-    EmbeddedPostgres,
-    TcpProxy,
-    create_database,
-    drop_database,
-    spawn_relay,
-)
+from outboxkit.testing import TcpProxy, spawn_relay
 from outboxkit.write import Outbox
 
 log = logging.getLogger("outboxkit.demo")
@@ -90,11 +94,6 @@ RELAYS_CONNECTED = """
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = 'outboxkit-relay:claim'
 """
-
-
-class _Server(Protocol):
-    def start(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class Scenario:
@@ -141,17 +140,17 @@ class Scenario:
                 work = Path(
                     stack.enter_context(tempfile.TemporaryDirectory(prefix="outboxkit-demo-"))
                 )
-                pg, nats_server = _embedded_servers(
+                pg, nats_server = embedded_servers(
                     work, want_pg=dsn is None, want_nats=broker is None
                 )
                 for server in (pg, nats_server):
                     if server is not None:  # close() also deletes PostgreSQL's data directory
-                        stack.callback(_quietly, server.close)
+                        stack.callback(quietly, server.close)
                 started = time.monotonic()
-                self._start_servers(pg, nats_server)
+                start_servers(pg, nats_server, self.display.say)
                 self.server_start_s = time.monotonic() - started
-                server_dsn = dsn if dsn is not None else str(_attr(pg, "dsn"))
-                broker_url = broker if broker is not None else str(_attr(nats_server, "url"))
+                server_dsn = dsn if dsn is not None else str(attr(pg, "dsn"))
+                broker_url = broker if broker is not None else str(attr(nats_server, "url"))
                 try:
                     report = asyncio.run(self._main(server_dsn, broker_url, nats_server, logs))
                 except Exception:
@@ -165,22 +164,6 @@ class Scenario:
             if not keep_logs:
                 shutil.rmtree(logs, ignore_errors=True)
 
-    def _start_servers(self, pg: _Server | None, nats_server: _Server | None) -> None:
-        """Start both at once: PostgreSQL's initdb dominates the demo's start-up time."""
-        named = [(n, s) for n, s in (("PostgreSQL", pg), ("NATS JetStream", nats_server)) if s]
-        if not named:
-            return
-        servers = [s for _n, s in named]
-        names = " and ".join(n for n, _s in named)
-        self.display.say(f"starting embedded {names} …")
-        with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-            futures = [pool.submit(s.start) for s in servers]
-            for (name, _server), future in zip(named, futures, strict=True):
-                try:
-                    future.result()
-                except OutboxkitError as exc:
-                    raise OutboxkitError(_cannot_embed(name, exc)) from None
-
     async def _main(
         self, server_dsn: str, broker_url: str, nats_server: Any, logs: Path
     ) -> dict[str, Any]:
@@ -191,8 +174,8 @@ class Scenario:
         assert main_task is not None
         loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
         async with contextlib.AsyncExitStack() as stack:
-            db_name, dsn = await _create_database(server_dsn)
-            stack.push_async_callback(_drop_database, server_dsn, db_name)
+            db_name, dsn = await create_scratch_database(server_dsn)
+            stack.push_async_callback(drop_scratch_database, server_dsn, db_name)
             await asyncio.to_thread(migrate, dsn, table=TABLE)
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 await conn.execute(CREATE_ORDERS)
@@ -201,7 +184,7 @@ class Scenario:
             proxy: TcpProxy | None = None
             client_url = broker_url
             if nats_server is None:
-                proxy, client_url = _proxy_for(broker_url)
+                proxy, client_url = proxy_for(broker_url)
                 stack.callback(proxy.close)
             suffix = "" if nats_server is not None else "_" + secrets.token_hex(3)
             stream, prefix = f"DEMO{suffix.upper()}", f"demo{suffix}"
@@ -209,8 +192,8 @@ class Scenario:
             self.naive_subject = f"{prefix}.naive.order.placed"
             subjects = [f"{prefix}.outbox.>", f"{prefix}.naive.>"]
 
-            admin = await _nats_connect(client_url, "outboxkit-demo-admin")
-            stack.push_async_callback(_close_nats, admin)
+            admin = await nats_connect(client_url, "outboxkit-demo-admin")
+            stack.push_async_callback(close_nats, admin)
             js_admin = admin.jetstream()
             await js_admin.add_stream(
                 name=stream,
@@ -220,10 +203,10 @@ class Scenario:
                 max_age=3600.0,
             )
             if nats_server is None:
-                stack.push_async_callback(_delete_stream, js_admin, stream)
+                stack.push_async_callback(delete_stream, js_admin, stream)
 
-            consumer = await _nats_connect(client_url, "outboxkit-demo-consumer")
-            stack.push_async_callback(_close_nats, consumer)
+            consumer = await nats_connect(client_url, "outboxkit-demo-consumer")
+            stack.push_async_callback(close_nats, consumer)
             await consumer.jetstream().subscribe(
                 f"{prefix}.>",
                 stream=stream,
@@ -235,8 +218,8 @@ class Scenario:
             # Naive code wants to know whether its publish worked, so its client does
             # not buffer while disconnected: a buffer only moves the loss to the next
             # crash or overflow, and would hide it inside a demo this short.
-            naive_nc = await _nats_connect(client_url, "outboxkit-demo-naive", pending_size=0)
-            stack.push_async_callback(_close_nats, naive_nc)
+            naive_nc = await nats_connect(client_url, "outboxkit-demo-naive", pending_size=0)
+            stack.push_async_callback(close_nats, naive_nc)
             self._naive_js = naive_nc.jetstream()
 
             relay_broker = (
@@ -508,17 +491,17 @@ class Scenario:
         """SIGTERM the survivors: a relay finishes its batch, hands back the rest, exits 0."""
         self.display.phase = "stopping relays"
         for proc in self.relays.values():
-            _signal(proc, signal.SIGTERM)
+            signal_process(proc, signal.SIGTERM)
         for name, proc in self.relays.items():
-            self.relay_codes[name] = await _wait_exit(proc, 15.0)
+            self.relay_codes[name] = await wait_exit(proc, 15.0)
 
     async def _reap_relays(self) -> None:
         for proc in self.relays.values():
-            _signal(proc, signal.SIGTERM)
+            signal_process(proc, signal.SIGTERM)
         for proc in self.relays.values():
-            if await _wait_exit(proc, 5.0) is None:
-                _signal(proc, signal.SIGKILL)
-                await _wait_exit(proc, 5.0)
+            if await wait_exit(proc, 5.0) is None:
+                signal_process(proc, signal.SIGKILL)
+                await wait_exit(proc, 5.0)
 
     # -- the result ----------------------------------------------------------------------
 
@@ -564,121 +547,3 @@ def _order_event(topic: str, order_id: int, customer: str, amount: int) -> Event
         aggregate_id=str(order_id),
         payload={"order_id": order_id, "customer": customer, "amount_cents": amount},
     )
-
-
-def _attr(obj: Any, name: str) -> Any:
-    """A property or a no-argument method (``server.dsn`` or ``server.dsn()``)."""
-    value = getattr(obj, name)
-    return value() if callable(value) else value
-
-
-def _quietly(fn: Callable[[], Any]) -> None:
-    try:
-        fn()
-    except Exception as exc:  # cleanup must go on; say what could not be cleaned
-        log.warning("demo cleanup: %s", redact(f"{type(exc).__name__}: {exc}"))
-
-
-def _embedded_servers(
-    work: Path, *, want_pg: bool, want_nats: bool
-) -> tuple[EmbeddedPostgres | None, EmbeddedNats | None]:
-    try:  # PostgreSQL makes its own data directory: under root it must be one it can reach
-        pg = EmbeddedPostgres() if want_pg else None
-    except OutboxkitError as exc:
-        raise OutboxkitError(_cannot_embed("PostgreSQL", exc)) from None
-    try:
-        nats_server = EmbeddedNats(work / "nats") if want_nats else None
-    except OutboxkitError as exc:
-        raise OutboxkitError(_cannot_embed("NATS JetStream", exc)) from None
-    return pg, nats_server
-
-
-def _cannot_embed(name: str, exc: Exception) -> str:
-    """One line: why the embedded server is missing, and the flag that does without it."""
-    flag = "--dsn postgresql://…" if name == "PostgreSQL" else "--broker nats://…"
-    return f"embedded {name} unavailable: {exc}; or pass {flag} to use a server you already run"
-
-
-async def _create_database(server_dsn: str) -> tuple[str, str]:
-    """A fresh database per run, so the demo never touches anything of the user's: (name, DSN)."""
-    name = f"outboxkit_demo_{secrets.token_hex(4)}"
-    try:
-        dsn = await asyncio.to_thread(create_database, server_dsn, name)
-    except psycopg.OperationalError:
-        raise
-    except psycopg.Error as exc:
-        raise OutboxkitError(
-            f"cannot create the scratch database {name!r}: {exc};"
-            " the demo needs a role allowed to CREATE DATABASE"
-        ) from None
-    return name, dsn
-
-
-async def _drop_database(server_dsn: str, name: str) -> None:
-    try:
-        await asyncio.to_thread(drop_database, server_dsn, name)
-    except psycopg.Error as exc:
-        log.warning("could not drop the demo database %s: %s", name, redact(str(exc)))
-
-
-def proxy_target(broker_url: str) -> tuple[str, int]:
-    """The host and port of a nats:// URL; a ValueError that says what is expected otherwise."""
-    parts = urlsplit(broker_url)
-    if parts.scheme != "nats" or not parts.hostname:
-        raise ValueError(
-            "--broker must be a nats:// URL of a NATS server with JetStream enabled,"
-            f" e.g. nats://127.0.0.1:4222 (got {redact(broker_url)!r})"
-        )
-    return parts.hostname, parts.port or 4222
-
-
-def _proxy_for(broker_url: str) -> tuple[TcpProxy, str]:
-    """A started proxy to the broker and the URL clients use to reach it through the proxy."""
-    proxy = TcpProxy(*proxy_target(broker_url)).start()
-    parts = urlsplit(broker_url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@127.0.0.1:{proxy.port}" if userinfo else f"127.0.0.1:{proxy.port}"
-    return proxy, urlunsplit(("nats", netloc, "", "", ""))
-
-
-async def _nats_connect(url: str, name: str, **options: Any) -> Any:
-    import nats
-
-    async def quiet(*_args: Any) -> None:
-        """Reconnects are the scenario, not news: keep the client's callbacks silent."""
-
-    return await nats.connect(
-        url,
-        name=name,
-        connect_timeout=2,
-        reconnect_time_wait=0.25,
-        max_reconnect_attempts=-1,
-        error_cb=quiet,
-        disconnected_cb=quiet,
-        reconnected_cb=quiet,
-        closed_cb=quiet,
-        **options,
-    )
-
-
-async def _close_nats(nc: Any) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.close(), 5.0)
-
-
-async def _delete_stream(js: Any, stream: str) -> None:
-    with contextlib.suppress(Exception):
-        await js.delete_stream(stream)
-
-
-def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
-
-
-async def _wait_exit(proc: subprocess.Popen[bytes], grace: float) -> int | None:
-    """The exit code, or None if the process still runs after ``grace`` seconds."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        return await asyncio.to_thread(proc.wait, grace)
-    return proc.poll()
