@@ -248,7 +248,8 @@ class OutboxTransaction(BaseOutboxTransaction[psycopg.Connection[Any]]):
         except BaseException:
             self._roll_back()  # never hides the error that matters
             raise
-        self._roll_back()  # the block raised: roll back, without hiding its exception
+        if exc is not None:
+            self._roll_back()  # the block raised: roll back, without hiding its exception
 
     def _roll_back(self) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -281,7 +282,8 @@ class AsyncOutboxTransaction(BaseOutboxTransaction[psycopg.AsyncConnection[Any]]
         except BaseException:
             await self._roll_back()
             raise
-        await self._roll_back()
+        if exc is not None:
+            await self._roll_back()
 
     async def _roll_back(self) -> None:
         with contextlib.suppress(psycopg.Error):

@@ -127,7 +127,8 @@ def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters()
     )
     assert stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
     assert (
-        "VALUES ($3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11::timestamptz, $12::text)"
+        "VALUES ($3::uuid, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bytea,"
+        " $10::jsonb, $11::timestamptz, $12::text)"
         " RETURNING pg_notify($13, '')"
     ) in stmt
     assert stmt.endswith("\nUPDATE stock SET qty = qty - $2 WHERE sku = $1")
