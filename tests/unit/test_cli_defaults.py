@@ -168,3 +168,28 @@ def test_table_defaults_come_from_the_statements() -> None:
     assert f"default: {outbox}]" in _help_of(main.commands["status"], "table")
     assert f"default: {inbox}]" in _help_of(main.commands["migrate"], "inbox_table")
     assert cli.library_default("outboxkit.store.postgres:Statements", "table") == outbox
+
+
+def test_every_public_api_defaults_to_the_same_outbox_table() -> None:
+    """The CLI reads Statements' default; every other entry point must agree with it."""
+    from outboxkit import Outbox, migrate
+    from outboxkit.ops.dashboard import Dashboard
+    from outboxkit.ops.metrics import RelayMetrics
+    from outboxkit.store import admin
+    from outboxkit.store.postgres import DEFAULT_TABLE, Statements
+
+    entry_points: list[Any] = [Relay, Outbox, RelayMetrics, Dashboard, Statements, migrate]
+    entry_points += [admin.status, admin.list_failed, admin.replay, admin.purge, admin.discard]
+    defaults = {
+        getattr(f, "__qualname__", repr(f)): inspect.signature(f).parameters["table"].default
+        for f in entry_points
+    }
+    assert defaults == dict.fromkeys(defaults, DEFAULT_TABLE)
+
+
+def test_failed_show_names_states_from_the_enum() -> None:
+    from outboxkit.store.admin import _status_name
+    from outboxkit.store.postgres import Status
+
+    assert [_status_name(s) for s in Status] == ["pending", "published", "failed"]
+    assert _status_name(7) == "7"

@@ -15,9 +15,7 @@ from psycopg.rows import dict_row
 
 from outboxkit.errors import table_missing
 from outboxkit.store._connection import Source, admin_connection
-from outboxkit.store.postgres import Statements
-
-STATUS_NAMES = {0: "pending", 1: "published", 2: "failed"}
+from outboxkit.store.postgres import DEFAULT_TABLE, Statements, Status
 
 
 @dataclass
@@ -61,7 +59,7 @@ def _connect(dsn: Source, table: str) -> AbstractContextManager[psycopg.Connecti
     return admin_connection(dsn, lambda: table_missing(table))
 
 
-def status(dsn: str, table: str = "outbox") -> OutboxStatus:
+def status(dsn: str, table: str = DEFAULT_TABLE) -> OutboxStatus:
     """Counts per state and topic, and the age of the oldest pending event."""
     sql = Statements(table)
     report = OutboxStatus(table=table)
@@ -74,7 +72,7 @@ def status(dsn: str, table: str = "outbox") -> OutboxStatus:
 
 
 def list_failed(
-    dsn: Source, table: str = "outbox", *, topic: str | None = None, limit: int = 100
+    dsn: Source, table: str = DEFAULT_TABLE, *, topic: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
     """Dead-lettered events, oldest first, without their payloads."""
     sql = Statements(table)
@@ -83,7 +81,7 @@ def list_failed(
         return cur.fetchall()
 
 
-def get_event(dsn: Source, ref: str, table: str = "outbox") -> dict[str, Any] | None:
+def get_event(dsn: Source, ref: str, table: str = DEFAULT_TABLE) -> dict[str, Any] | None:
     """One event by outbox row id or by event id (UUID)."""
     sql = Statements(table)
     with _connect(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -97,13 +95,13 @@ def get_event(dsn: Source, ref: str, table: str = "outbox") -> dict[str, Any] | 
             cur.execute(sql.show_event_by_event_id, (event_id,))
         row = cur.fetchone()
     if row is not None:
-        row["status"] = STATUS_NAMES.get(row["status"], str(row["status"]))
+        row["status"] = _status_name(row["status"])
     return row
 
 
 def replay(
     dsn: Source,
-    table: str = "outbox",
+    table: str = DEFAULT_TABLE,
     *,
     ids: list[int] | None = None,
     topic: str | None = None,
@@ -125,7 +123,7 @@ def replay(
 
 def purge(
     dsn: str,
-    table: str = "outbox",
+    table: str = DEFAULT_TABLE,
     *,
     older_than: dt.timedelta,
     batch_size: int = 1000,
@@ -159,7 +157,7 @@ def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:
     return int(row[0]) if row else 0
 
 
-def discard(dsn: Source, table: str = "outbox", *, ids: list[int]) -> int:
+def discard(dsn: Source, table: str = DEFAULT_TABLE, *, ids: list[int]) -> int:
     """Delete dead-lettered events for good; rows not in status failed are left alone."""
     if not ids:
         raise ValueError("say which failed events to discard: at least one row id")
@@ -168,7 +166,7 @@ def discard(dsn: Source, table: str = "outbox", *, ids: list[int]) -> int:
         return conn.execute(sql.discard_failed_by_id, (ids,)).rowcount
 
 
-def last_event_id(dsn: str, table: str = "outbox") -> int:
+def last_event_id(dsn: str, table: str = DEFAULT_TABLE) -> int:
     """The last row id handed out (identity sequence): events written so far, for throughput."""
     sql = Statements(table)
     with _connect(dsn, table) as conn:
@@ -185,7 +183,7 @@ class LiveStatus:
     truncated: bool
 
 
-def live_status(dsn: Source, table: str = "outbox", *, cap: int = 100_000) -> LiveStatus:
+def live_status(dsn: Source, table: str = DEFAULT_TABLE, *, cap: int = 100_000) -> LiveStatus:
     """Pending, in-flight and failed per topic from the partial indexes, at most ``cap`` rows each.
 
     Unlike :func:`status` it never counts published rows, so polling it every
@@ -213,3 +211,11 @@ def live_status(dsn: Source, table: str = "outbox", *, cap: int = 100_000) -> Li
             )
     truncated = report.pending + report.in_flight >= cap or report.failed >= cap
     return LiveStatus(report, int(max_row[0]) if max_row else 0, truncated)
+
+
+def _status_name(value: int) -> str:
+    """``failed`` for 2: how `outboxkit failed show` prints a row's state."""
+    try:
+        return Status(value).name.lower()
+    except ValueError:  # a value written by hand or by a newer release
+        return str(value)

@@ -19,6 +19,7 @@ import psycopg
 from outboxkit.errors import SchemaError
 from outboxkit.store.inbox_sql import InboxStatements
 from outboxkit.store.postgres import (
+    DEFAULT_TABLE,
     MIGRATION_LOCK,
     MISSING_COLUMNS,
     MISSING_RELATIONS,
@@ -116,7 +117,7 @@ def _missing(
     return [o for o in objects if o.name in gone and not (o.kind == "column" and table in gone)]
 
 
-def migrate(conninfo: str, *, table: str = "outbox") -> MigrationResult:
+def migrate(conninfo: str, *, table: str = DEFAULT_TABLE) -> MigrationResult:
     """Bring ``table`` to the current schema version, recreating whatever is missing.
 
     Everything happens in one transaction behind an advisory lock, so two
@@ -185,7 +186,7 @@ def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> Migratio
     return MigrationResult(table, MigrationAction.REPAIRED, None, recreated=labels, kind="inbox")
 
 
-def schema_version(conninfo: str, *, table: str = "outbox") -> int | None:
+def schema_version(conninfo: str, *, table: str = DEFAULT_TABLE) -> int | None:
     """The recorded schema version of ``table``, or None if it was never migrated."""
     stmts = Statements(table)
     with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -32,6 +32,8 @@ class Status(IntEnum):
 
 
 SCHEMA_VERSION = 2
+#: The outbox table every API and command uses unless given another.
+DEFAULT_TABLE = "outbox"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -467,7 +469,7 @@ class Statements(NamedStatements):
     last_event_id = _Sql(LAST_EVENT_ID)
     discard_failed_by_id = _Sql(DISCARD_FAILED_BY_ID)
 
-    def __init__(self, table: str = "outbox") -> None:
+    def __init__(self, table: str = DEFAULT_TABLE) -> None:
         schema, name = parse_table(table)
         self.table = table
         self.qualified = quote_table(schema, name)
