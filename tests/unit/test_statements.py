@@ -36,7 +36,7 @@ def test_templates_stay_on_the_class_and_tables_do_not_share_text() -> None:
     a, b = Statements("a"), Statements("b")
     assert a.claim_batch != b.claim_batch
     assert '"a"' in a.claim_batch and '"b"' in b.claim_batch
-    assert isinstance(Statements.claim_batch, postgres._Sql)
+    assert isinstance(Statements.claim_batch, postgres.SqlTemplate)
 
 
 def test_no_statement_spells_a_status_as_a_number() -> None:

@@ -20,7 +20,7 @@ from outboxkit.store._connection import admin_connection
 from outboxkit.store.postgres import (
     MIGRATION_LOCK,
     NamedStatements,
-    _Sql,
+    SqlTemplate,
     migration_lock_key,
     parse_table,
     quote_table,
@@ -66,11 +66,11 @@ WHERE processed_at < now() - make_interval(secs => %(age)s)
 class InboxStatements(NamedStatements):
     """The statements of one inbox table, rendered once with its quoted name."""
 
-    create = _Sql(CREATE_INBOX)
-    mark = _Sql(MARK_PROCESSED)
-    is_processed = _Sql(IS_PROCESSED)
-    purge_batch = _Sql(PURGE_PROCESSED_BATCH)
-    count_purgeable = _Sql(COUNT_PURGEABLE_PROCESSED)
+    create = SqlTemplate(CREATE_INBOX)
+    mark = SqlTemplate(MARK_PROCESSED)
+    is_processed = SqlTemplate(IS_PROCESSED)
+    purge_batch = SqlTemplate(PURGE_PROCESSED_BATCH)
+    count_purgeable = SqlTemplate(COUNT_PURGEABLE_PROCESSED)
 
     def __init__(self, table: str = DEFAULT_INBOX_TABLE) -> None:
         schema, name = parse_table(table)

@@ -384,7 +384,7 @@ def _oversized_error(alias: str) -> str:
     )
 
 
-class _Sql:
+class SqlTemplate:
     """One named statement template of a :class:`NamedStatements` class.
 
     Its attribute name is the statement's name; on an instance it reads as the
@@ -402,10 +402,10 @@ class _Sql:
         self.name = name
 
     @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _Sql: ...
+    def __get__(self, obj: None, owner: type | None = None) -> SqlTemplate: ...
     @overload
     def __get__(self, obj: object, owner: type | None = None) -> str: ...
-    def __get__(self, obj: object, owner: type | None = None) -> _Sql | str:
+    def __get__(self, obj: object, owner: type | None = None) -> SqlTemplate | str:
         if obj is None:
             return self
         raise AttributeError(f"statement {self.name!r} was not rendered")  # pragma: no cover
@@ -418,14 +418,14 @@ class _Sql:
 class NamedStatements:
     """Base of a table's statement set: its class body is the table of named templates.
 
-    Each ``_Sql`` attribute is rendered in order by :meth:`_render` (a later template
+    Each ``SqlTemplate`` attribute is rendered in order by :meth:`_render` (a later template
     may embed an earlier statement by name) into an instance attribute of that name.
     """
 
     @classmethod
-    def templates(cls) -> dict[str, _Sql]:
+    def templates(cls) -> dict[str, SqlTemplate]:
         """Every named template, in rendering order."""
-        return {k: v for k, v in vars(cls).items() if isinstance(v, _Sql)}
+        return {k: v for k, v in vars(cls).items() if isinstance(v, SqlTemplate)}
 
     def _render(self, slots: dict[str, str]) -> None:
         rendered: dict[str, str] = {}
@@ -437,37 +437,37 @@ class NamedStatements:
 class Statements(NamedStatements):
     """The statements of one outbox table, rendered once with its quoted name."""
 
-    create_version_table = _Sql(CREATE_VERSION_TABLE)
-    get_version = _Sql(GET_VERSION)
-    set_version = _Sql(SET_VERSION)
-    insert_one = _Sql(INSERT_ONE)
-    insert_many = _Sql(INSERT_MANY)
-    insert_one_notify = _Sql("WITH ins AS ({insert_one}) " + NOTIFY_SUFFIX)
-    insert_many_notify = _Sql("WITH ins AS ({insert_many}) " + NOTIFY_SUFFIX)
-    attached_one = _Sql(ATTACHED_EVENTS, insert="insert_one")
-    attached_many = _Sql(ATTACHED_EVENTS, insert="insert_many")
-    attached_one_notify = _Sql(ATTACHED_EVENTS_NOTIFY, insert="insert_one")
-    attached_many_notify = _Sql(ATTACHED_EVENTS_NOTIFY, insert="insert_many")
-    claim_batch = _Sql(CLAIM_BATCH)
-    settle_published_delete = _Sql(SETTLE_PUBLISHED_DELETE)
-    settle_published_keep = _Sql(SETTLE_PUBLISHED_KEEP)
-    settle_failures = _Sql(SETTLE_FAILURES)
-    release_leases = _Sql(RELEASE_LEASES)
-    status_by_topic = _Sql(STATUS_BY_TOPIC)
-    list_failed = _Sql(LIST_FAILED)
-    show_event = _Sql(SHOW_EVENT)
-    show_event_by_event_id = _Sql(SHOW_EVENT_BY_EVENT_ID)
-    replay_by_id = _Sql(REPLAY_BY_ID)
-    replay_by_topic = _Sql(REPLAY_BY_TOPIC)
-    replay_all_failed = _Sql(REPLAY_ALL_FAILED)
-    purge_published_batch = _Sql(PURGE_PUBLISHED_BATCH)
-    count_purgeable = _Sql(COUNT_PURGEABLE)
-    metrics_pending_by_topic = _Sql(METRICS_PENDING_BY_TOPIC)
-    count_pending_capped = _Sql(COUNT_PENDING_CAPPED)
-    check_columns = _Sql(CHECK_COLUMNS)
-    metrics_failed_by_topic = _Sql(METRICS_FAILED_BY_TOPIC)
-    last_event_id = _Sql(LAST_EVENT_ID)
-    discard_failed_by_id = _Sql(DISCARD_FAILED_BY_ID)
+    create_version_table = SqlTemplate(CREATE_VERSION_TABLE)
+    get_version = SqlTemplate(GET_VERSION)
+    set_version = SqlTemplate(SET_VERSION)
+    insert_one = SqlTemplate(INSERT_ONE)
+    insert_many = SqlTemplate(INSERT_MANY)
+    insert_one_notify = SqlTemplate("WITH ins AS ({insert_one}) " + NOTIFY_SUFFIX)
+    insert_many_notify = SqlTemplate("WITH ins AS ({insert_many}) " + NOTIFY_SUFFIX)
+    attached_one = SqlTemplate(ATTACHED_EVENTS, insert="insert_one")
+    attached_many = SqlTemplate(ATTACHED_EVENTS, insert="insert_many")
+    attached_one_notify = SqlTemplate(ATTACHED_EVENTS_NOTIFY, insert="insert_one")
+    attached_many_notify = SqlTemplate(ATTACHED_EVENTS_NOTIFY, insert="insert_many")
+    claim_batch = SqlTemplate(CLAIM_BATCH)
+    settle_published_delete = SqlTemplate(SETTLE_PUBLISHED_DELETE)
+    settle_published_keep = SqlTemplate(SETTLE_PUBLISHED_KEEP)
+    settle_failures = SqlTemplate(SETTLE_FAILURES)
+    release_leases = SqlTemplate(RELEASE_LEASES)
+    status_by_topic = SqlTemplate(STATUS_BY_TOPIC)
+    list_failed = SqlTemplate(LIST_FAILED)
+    show_event = SqlTemplate(SHOW_EVENT)
+    show_event_by_event_id = SqlTemplate(SHOW_EVENT_BY_EVENT_ID)
+    replay_by_id = SqlTemplate(REPLAY_BY_ID)
+    replay_by_topic = SqlTemplate(REPLAY_BY_TOPIC)
+    replay_all_failed = SqlTemplate(REPLAY_ALL_FAILED)
+    purge_published_batch = SqlTemplate(PURGE_PUBLISHED_BATCH)
+    count_purgeable = SqlTemplate(COUNT_PURGEABLE)
+    metrics_pending_by_topic = SqlTemplate(METRICS_PENDING_BY_TOPIC)
+    count_pending_capped = SqlTemplate(COUNT_PENDING_CAPPED)
+    check_columns = SqlTemplate(CHECK_COLUMNS)
+    metrics_failed_by_topic = SqlTemplate(METRICS_FAILED_BY_TOPIC)
+    last_event_id = SqlTemplate(LAST_EVENT_ID)
+    discard_failed_by_id = SqlTemplate(DISCARD_FAILED_BY_ID)
 
     def __init__(self, table: str = DEFAULT_TABLE) -> None:
         schema, name = parse_table(table)
