@@ -50,7 +50,7 @@ from outboxkit.ops.demo.servers import (
     wait_exit,
 )
 from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements
+from outboxkit.store.postgres import Statements, Status
 from outboxkit.testing import TcpProxy, spawn_relay
 from outboxkit.write import Outbox
 
@@ -87,9 +87,9 @@ ORDERS_BY_PATH = "SELECT path, id FROM orders"
 # Rows a relay holds right now: claimed by it, lease not expired, not settled.
 HELD_BY_RELAY = """
 SELECT event_id FROM {table}
-WHERE claimed_by = %s AND claim_token IS NOT NULL AND status = 0 AND available_at > now()
+WHERE claimed_by = %s AND claim_token IS NOT NULL AND status = {pending} AND available_at > now()
 """
-STILL_PENDING = "SELECT count(*) FROM {table} WHERE event_id = ANY(%s) AND status = 0"
+STILL_PENDING = "SELECT count(*) FROM {table} WHERE event_id = ANY(%s) AND status = {pending}"
 RELAYS_CONNECTED = """
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = 'outboxkit-relay:claim'
@@ -126,8 +126,9 @@ class Scenario:
         self._naive_js: Any = None
         self.outbox_subject = self.naive_subject = ""
         self._sql = Statements(TABLE)
-        self._held_by = sql.SQL(HELD_BY_RELAY.format(table=self._sql.qualified))
-        self._still_pending = sql.SQL(STILL_PENDING.format(table=self._sql.qualified))
+        slots = {"table": self._sql.qualified, "pending": int(Status.PENDING)}
+        self._held_by = sql.SQL(HELD_BY_RELAY.format(**slots))
+        self._still_pending = sql.SQL(STILL_PENDING.format(**slots))
 
     # -- set-up --------------------------------------------------------------------
 
