@@ -99,7 +99,7 @@ class Relay:
     table: ``FOR UPDATE SKIP LOCKED`` and leases keep their claims apart.
 
     ``batch_size`` and ``max_in_flight`` default to the publisher's ``batch_shape``
-    (1000 and 4 for Kafka, NATS and Redis; 500 and 2 otherwise). The relay's own
+    (``outboxkit relay --help`` lists each broker's). The relay's own
     claims and settles commit without waiting for the WAL flush unless
     ``synchronous_commit=True``: a database crash can then cause re-publication,
     never loss (docs/architecture.md).
@@ -126,7 +126,7 @@ class Relay:
         observer: RelayObserver | None = None,
         synchronous_commit: bool = False,
     ) -> None:
-        # Unset: the shape the publisher suits best (1000 x 4 for Kafka, NATS and Redis).
+        # Unset: the shape the publisher suits best (publishers.base.batch_shape).
         shape = batch_shape(publisher)
         batch_size = shape[0] if batch_size is None else batch_size
         max_in_flight = shape[1] if max_in_flight is None else max_in_flight
