@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import click
@@ -193,3 +194,57 @@ def test_failed_show_names_states_from_the_enum() -> None:
 
     assert [_status_name(s) for s in Status] == ["pending", "published", "failed"]
     assert _status_name(7) == "7"
+
+
+README = Path(__file__).parents[2] / "README.md"
+# README's relay option table -> the Relay parameters its default column states.
+README_ROWS = {
+    "--synchronous-commit": ["synchronous_commit"],
+    "--poll-interval": ["poll_interval"],
+    "--lease": ["lease"],
+    "--max-attempts": ["max_attempts"],
+    "--retry-base` / `--retry-cap": ["retry_base", "retry_cap"],
+    "--retention": ["retention"],
+    "--shutdown-timeout": ["shutdown_timeout"],
+}
+
+
+def _readme_value(text: str) -> object:
+    text = text.strip().removesuffix(" s")
+    if text in ("off", "on"):
+        return text == "on"
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@pytest.mark.parametrize(("option", "parameters"), sorted(README_ROWS.items()))
+def test_readme_states_the_relay_defaults_the_library_has(
+    option: str, parameters: list[str]
+) -> None:
+    stated = [_readme_value(v) for v in _readme_row(option).split(" / ")]
+    declared = [inspect.signature(Relay).parameters[p].default for p in parameters]
+    assert stated == declared
+
+
+def _readme_row(option: str) -> str:
+    rows = [line for line in README.read_text().splitlines() if line.startswith(f"| `{option}` |")]
+    assert len(rows) == 1, f"README has no row for {option}"
+    return rows[0].split("|")[2].strip()
+
+
+@pytest.mark.parametrize(("option", "index"), [("--batch-size", 0), ("--max-in-flight", 1)])
+def test_readme_states_the_batch_shapes_the_publishers_have(option: str, index: int) -> None:
+    from outboxkit.publishers import batch_shapes
+
+    # e.g. "1000 for Kafka, NATS, Redis; 500 otherwise"
+    named_part, otherwise = _readme_row(option).split("; ")
+    value, _, brokers = named_part.partition(" for ")
+    named = {b.lower() for b in brokers.split(", ")}
+    for scheme, shape in batch_shapes().items():
+        if shape is None:
+            continue  # client not installed here
+        is_named = scheme in named or scheme.removesuffix("s") in named
+        expected = value if is_named else otherwise.split()[0]
+        assert shape[index] == int(expected), scheme
