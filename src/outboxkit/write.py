@@ -1,8 +1,9 @@
 """The atomic write: ``Outbox.put`` appends events inside the caller's open transaction.
 
-One class, one check per driver: the write refuses to run where it could not be
-atomic with the business change (autocommit connection, a pool, a session with
-no transaction begun), because that is the dual-write problem again.
+The driver adapters (``outboxkit.drivers``) refuse to run where the write could not
+be atomic with the business change (autocommit connection, a pool, a session with
+no transaction begun), because that is the dual-write problem again. The events
+written with the COMMIT (``Outbox.transaction()``) live in ``outboxkit.commit``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ _WRITE = Use(
     sync_methods="put()/put_many()",
     async_methods="`await aput()`/`aput_many()`",
 )
+# One event's values in store.postgres.WRITE_COLUMNS order (tests/unit/test_outbox_columns.py).
 _Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None]
 
 
