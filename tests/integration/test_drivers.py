@@ -3,6 +3,7 @@ the inbox; a new driver is one adapter registered in one place."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -134,6 +135,16 @@ def test_a_sync_call_with_an_async_connection_names_the_callers_async_methods() 
         Outbox().put(AsyncpgLike(), _event())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"use ahandle\(\)/amark\(\)/aseen\(\)"):
         Inbox().mark(AsyncpgLike(), "billing", uuid.uuid4())  # type: ignore[arg-type]
+
+
+def test_a_cursor_is_refused_without_pointing_to_the_other_api(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn) as conn:
+        with conn.cursor() as cursor, pytest.raises(TypeError, match="expected psycopg.C") as info:
+            Outbox().put(cursor, _event())  # type: ignore[arg-type]
+        assert "async" not in str(info.value)
+        sync_hint = r"\(this is a sync connection: use put\(\)/put_many\(\)\)"
+        with pytest.raises(TypeError, match=sync_hint):
+            asyncio.run(Outbox().aput(conn, _event()))  # type: ignore[arg-type]
 
 
 class AtomicConnection:

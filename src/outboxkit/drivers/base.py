@@ -59,7 +59,8 @@ class Adapter:
 
     #: How error messages name what this adapter accepts, e.g. "psycopg.Connection".
     label: ClassVar[str]
-    #: Module prefixes of the driver, to tell a sync object from an async one in errors.
+    #: Module prefixes of this kind's (sync or async) objects, beyond what ``handles``
+    #: takes: an error then names the caller's methods of the other kind.
     modules: ClassVar[tuple[str, ...]]
 
     @classmethod

@@ -49,7 +49,7 @@ def check_in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection
 
 class PsycopgSync(SyncAdapter):
     label = "psycopg.Connection"
-    modules = ("psycopg",)
+    modules = ()  # told apart by class: psycopg has both kinds
 
     @classmethod
     def handles(cls, conn_type: type) -> bool:
@@ -107,7 +107,7 @@ class PsycopgSync(SyncAdapter):
 
 class PsycopgAsync(AsyncAdapter):
     label = "psycopg.AsyncConnection"
-    modules = ("psycopg",)
+    modules = ()  # told apart by class: psycopg has both kinds
 
     @classmethod
     def handles(cls, conn_type: type) -> bool:

@@ -32,7 +32,7 @@ def _is_sqlalchemy(conn_type: type) -> bool:
 
 class SQLAlchemySync(SyncAdapter):
     label = "SQLAlchemy Session/Connection"
-    modules = ("sqlalchemy",)
+    modules = ("sqlalchemy.orm", "sqlalchemy.engine")
 
     @classmethod
     def handles(cls, conn_type: type) -> bool:
