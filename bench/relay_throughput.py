@@ -54,8 +54,8 @@ from _common import (
 from outboxkit import OutboundMessage, PublishResult, Relay
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
 from outboxkit.publishers.kafka import KafkaPublisher
-from outboxkit.publishers.kafka import _headers as kafka_headers
 from outboxkit.store.postgres import Statements
+from outboxkit.wire.kafka import encode_headers as kafka_headers
 
 SEED_COLUMNS = (
     "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers, now()"
