@@ -70,11 +70,6 @@ class Observers(RelayObserver):
     def __init__(self, *observers: RelayObserver) -> None:
         self.observers = list(observers)
 
-    @classmethod
-    def guarding(cls, observer: RelayObserver) -> RelayObserver:
-        """``observer`` behind the guard of :class:`Observers` (unless it already is one)."""
-        return observer if isinstance(observer, cls) else cls(observer)
-
     def claimed(self, count: int, seconds: float) -> None:
         for o in self.observers:
             _safely(o.claimed, count, seconds)

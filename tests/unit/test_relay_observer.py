@@ -1,0 +1,72 @@
+"""The relay's observer hooks: fan-out, a failing hook isolated, stats counted from hooks."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from psycopg import errors as pg_errors
+
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.relay.engine import _connection_lost
+from outboxkit.relay.observer import Observers, RelayObserver, RelayStats, StatsObserver
+
+
+def _message() -> OutboundMessage:
+    now = datetime.now(UTC)
+    return OutboundMessage(
+        uuid.uuid4(), "orders", None, "order.placed", None, None, b"{}", {}, now, 1, now, 1
+    )
+
+
+class _Raising(RelayObserver):
+    def handed_back(self, count: int, error: str | None) -> None:
+        raise RuntimeError("observer bug")
+
+    def lost_leases(self, count: int) -> None:
+        raise RuntimeError("observer bug")
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        raise RuntimeError("observer bug")
+
+
+def test_every_hook_reaches_the_stats_past_an_observer_that_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stats = RelayStats()
+    observers = Observers(_Raising(), StatsObserver(stats))
+    retry = PublishResult.retry("broker said later", "Busy")
+    with caplog.at_level(logging.ERROR, "outboxkit.relay"):
+        observers.claimed(3, 0.001)
+        observers.claimed(0, 0.001)  # an idle claim is not a batch
+        observers.settled([_message()], [(_message(), retry)], ())
+        observers.handed_back(2, "ConnectionError: refused")
+        observers.lost_leases(4)
+        observers.database_error("claim", psycopg.OperationalError("gone"), True)
+        observers.database_error("settle", pg_errors.RaiseException("refused"), False)
+    assert (stats.claimed, stats.batches, stats.published, stats.retried) == (3, 1, 1, 1)
+    assert (stats.released, stats.lease_lost) == (2, 4)
+    assert (stats.db_reconnects, stats.db_errors) == (1, 1)
+    assert stats.last_error == "ConnectionError: refused"
+    assert sum("observer bug" in (r.exc_text or "") for r in caplog.records) == 4
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.InterfaceError("the connection is closed"), True),
+        (pg_errors.AdminShutdown(), True),  # pg_terminate_backend
+        (pg_errors.ConnectionFailure(), True),
+        (pg_errors.TooManyConnections(), True),
+        (pg_errors.QueryCanceled(), False),  # statement_timeout: an OperationalError too
+        (pg_errors.LockNotAvailable(), False),
+        (pg_errors.RaiseException(), False),
+        (pg_errors.UniqueViolation(), False),
+    ],
+)
+def test_only_a_lost_connection_counts_as_a_reconnect(error: psycopg.Error, lost: bool) -> None:
+    assert _connection_lost(error) is lost
