@@ -209,8 +209,16 @@ def test_make_demo_installs_the_demo_extra_and_make_test_the_dev_set(tmp_path: P
         (tmp_path / name).write_bytes((root / name).read_bytes())
 
     def dry_run(target: str) -> str:
+        # Under `make test` the parent make's variables would make this one print
+        # "Entering directory <tmp_path>" (and the path holds this test's name).
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
         done = subprocess.run(
-            ["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, check=True
+            ["make", "--no-print-directory", "-n", target],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         return done.stdout
 
