@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 SNIPPET = """
@@ -81,8 +80,9 @@ def test_mypy_rejects_what_is_not_a_connection_in_a_transaction(tmp_path: Path) 
     source = tmp_path / "snippet.py"
     source.write_text(SNIPPET)
     # A cache that outlives the test: the first run parses psycopg and SQLAlchemy (~20 s),
-    # later runs take a few seconds.
-    cache = Path(tempfile.gettempdir()) / "outboxkit-test-mypy-cache"
+    # later runs take a few seconds. It lives in the checkout (gitignored), owned by whoever
+    # runs the tests: a shared path in /tmp made by another user crashed mypy.
+    cache = Path(__file__).resolve().parents[2] / ".mypy_cache" / "typed-connections"
     done = subprocess.run(
         [
             sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
