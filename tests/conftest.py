@@ -46,7 +46,7 @@ PgServer = EmbeddedPostgres | ExternalPostgres
 NatsServer = EmbeddedNats | ExternalNats
 KafkaServer = EmbeddedKafka | ExternalKafka
 ProxyFactory = Callable[..., TcpProxy]
-_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka)
+_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka, EmbeddedPostgres)
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -119,6 +119,71 @@ def empty_db_dsn(pg_server: PgServer) -> Iterator[str]:
     create_database(pg_server.dsn, name)
     yield pg_server.dsn_for(name)
     drop_database(pg_server.dsn, name)
+
+
+# --------------------------------------------------------------------------- PostgreSQL, logical
+
+LOGICAL_DSN_ENV = "OUTBOXKIT_TEST_LOGICAL_DSN"
+
+
+@pytest.fixture(scope="session")
+def logical_pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL with `wal_level=logical` (CDC tests): started once, on a free port.
+
+    The machine's server has wal_level=replica and is not ours to reconfigure.
+    OUTBOXKIT_TEST_LOGICAL_DSN points it at a running one (a superuser DSN) instead.
+    """
+    dsn = os.environ.get(LOGICAL_DSN_ENV)
+    if dsn:
+        check_postgres(dsn)
+        yield ExternalPostgres(dsn)
+        return
+    with _embedded(lambda: EmbeddedPostgres(fsync=False, logical=True)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def logical_pg(logical_pg_server: PgServer) -> str:
+    """Superuser DSN (database `postgres`) of the session's `wal_level=logical` server."""
+    return logical_pg_server.dsn
+
+
+@pytest.fixture
+def logical_db_dsn(logical_pg_server: PgServer) -> Iterator[str]:
+    """DSN of a fresh database on the logical server, `outbox` migrated; its slots dropped after."""
+    from outboxkit.store.migrate import migrate
+
+    name = unique_name("cdc")
+    create_database(logical_pg_server.dsn, name)
+    dsn = logical_pg_server.dsn_for(name)
+    migrate(dsn, table="outbox")
+    yield dsn
+    _drop_replication_slots(logical_pg_server.dsn, name)
+    drop_database(logical_pg_server.dsn, name)
+
+
+def _drop_replication_slots(admin_dsn: str, dbname: str) -> None:
+    """Drop the slots of `dbname` (DROP DATABASE refuses while a logical slot exists)."""
+    import time
+
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for _ in range(50):
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE database = %s AND active_pid IS NOT NULL",
+                (dbname,),
+            )
+            try:
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE database = %s",
+                    (dbname,),
+                )
+                return
+            except psycopg.errors.ObjectInUse:  # the terminated walsender has not exited yet
+                time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- NATS

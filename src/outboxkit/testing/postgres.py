@@ -255,6 +255,9 @@ class EmbeddedPostgres(ServerProcess):
     under /var/tmp that it can read wherever the venv is, and the temporary data directory is
     made under /tmp. No permission of the user's directories is changed: a `data_dir` the
     server user cannot reach is refused with the reason.
+
+    `logical=True` starts it with `wal_level=logical` (and room for replication slots and
+    WAL senders), which logical decoding (`outboxkit.cdc`) needs; `settings` override any.
     """
 
     _name = "PostgreSQL"
@@ -266,6 +269,7 @@ class EmbeddedPostgres(ServerProcess):
         *,
         port: int | None = None,
         fsync: bool = True,
+        logical: bool = False,
         settings: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
@@ -283,7 +287,13 @@ class EmbeddedPostgres(ServerProcess):
         )
         self._port = port if port is not None else free_port()
         self._fsync = fsync
-        self._settings = {"max_connections": "200", **(settings or {})}
+        # wal_level=logical (CDC tests) writes more WAL per change, so it is opt-in.
+        replication = (
+            {"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
+            if logical
+            else {}
+        )
+        self._settings = {"max_connections": "200", **replication, **(settings or {})}
 
     @property
     def bin_dir(self) -> Path:
