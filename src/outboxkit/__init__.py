@@ -15,6 +15,7 @@ from outboxkit.errors import (
     OutboxkitError,
     SchemaError,
     TableNotFoundError,
+    WalEnvelopeError,
 )
 from outboxkit.events import Event
 from outboxkit.inbox import Inbox
@@ -59,6 +60,7 @@ __all__ = [
     "RoutingPublisher",
     "SchemaError",
     "TableNotFoundError",
+    "WalEnvelopeError",
     "__version__",
     "from_url",
     "migrate",

@@ -46,6 +46,14 @@ class EnvelopeError(OutboxkitError, ValueError):
     """
 
 
+class WalEnvelopeError(EnvelopeError):
+    """A logical message under an outbox's prefix is not a WAL envelope this version reads.
+
+    (An unknown format version, or malformed bytes: ``outboxkit.wal_envelope``.) The CDC
+    relay dead-letters it instead of publishing it, and moves on.
+    """
+
+
 class EmbeddedServerUnavailable(OutboxkitError):
     """An embedded test server (``outboxkit.testing``) is missing its wheel or would not start."""
 
