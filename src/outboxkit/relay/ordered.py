@@ -1,0 +1,191 @@
+"""Ordered mode: each key's events reach the broker in commit (id) order, across relays.
+
+The relay (``Relay(ordered=True)``) claims with ``ordered_claim`` (store/ordered_sql.py):
+a key's row only when every earlier unpublished row of the key is claimable too, and
+only in partitions this relay leases (relay/partitions.py). A batch therefore holds a
+prefix of each key's rows, published in waves: the first event of every key, then the
+second of the keys whose first succeeded, and so on; a key's events after a failure
+are handed back untried (attempt refunded) and wait behind the failed head's retry.
+An in-flight row is leased (available_at > now()), so no other batch, of this relay or
+another, can claim the key's later rows until it settles: batches in flight never
+reorder a key.
+
+Hand-over safety: a batch is claimed only from partitions whose lease lasts longer
+than ``margin`` (0.6 x lease), and its waves stop at ``window`` (at most 0.5 x lease)
+after the claim started, so the publish ends before the lease can pass to another
+relay. Settles are fenced by the claim token and the partition lease (the late settle
+of a relay whose lease expired changes nothing: ``lease_lost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.relay.partitions import PartitionLeases
+from outboxkit.store.ordered_sql import OrderedStatements
+
+if TYPE_CHECKING:
+    from outboxkit.relay.engine import Relay, _Batch
+
+log = logging.getLogger("outboxkit.relay")
+
+DeadLetterPolicy = Literal["block", "skip"]
+DEAD_LETTER_POLICIES: tuple[DeadLetterPolicy, ...] = ("block", "skip")
+#: The share of the lease a batch may publish for, and the lease it must have left.
+WINDOW_SHARE = 0.5
+MARGIN_SHARE = 0.6
+
+
+def waves(messages: Sequence[OutboundMessage]) -> list[list[int]]:
+    """Positions of ``messages`` by wave: keyless and each key's first, then each key's 2nd..."""
+    rank: dict[str, int] = {}
+    result: list[list[int]] = []
+    for i, message in enumerate(messages):
+        key = message.key
+        n = 0
+        if key is not None:
+            n = rank.get(key, 0)
+            rank[key] = n + 1
+        if n == len(result):
+            result.append([])
+        result[n].append(i)
+    return result
+
+
+class OrderedMode:
+    """The ordered relay's claim, waves and partition leases, hooked into :class:`Relay`."""
+
+    def __init__(self, relay: Relay, dead_letter_policy: str) -> None:
+        if dead_letter_policy not in DEAD_LETTER_POLICIES:
+            raise ConfigurationError(
+                f"dead_letter_policy must be 'block' or 'skip', not {dead_letter_policy!r}"
+            )
+        self.relay = relay
+        self.policy = dead_letter_policy
+        self.sql = OrderedStatements(relay.table)
+        # The relay's settles become the fenced ones (same parameters).
+        for base, fenced in OrderedStatements.FENCED:
+            setattr(self.sql, base, getattr(self.sql, fenced))
+        self.window = min(relay.publish_timeout, relay.lease * WINDOW_SHARE)
+        self.margin = relay.lease * MARGIN_SHARE
+        # A publisher whose client may still deliver after the relay stopped waiting
+        # (librdkafka retries until delivery.timeout.ms) is told to give up sooner, and
+        # no wave starts later than that bound before the window ends.
+        self.delivery_bound = 0.0
+        bound = getattr(relay.publisher, "bound_delivery_time", None)
+        if callable(bound):
+            self.delivery_bound = float(bound(self.window / 2))
+        self.leases = PartitionLeases(relay.dsn, self.sql, relay.relay_id, relay.lease)
+        self._open: dict[asyncio.Task[None], float] = {}
+        self._starts: dict[uuid.UUID, float] = {}
+        self._claim_started = 0.0
+
+    # -- claim --------------------------------------------------------------------
+
+    def claim(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The ordered claim and its parameters; called as each claim starts."""
+        now = time.monotonic()
+        self._claim_started = now
+        if len(self._starts) > 64:  # tokens of claims that returned nothing
+            horizon = now - 2 * self.relay.lease
+            self._starts = {t: s for t, s in self._starts.items() if s > horizon}
+        self._starts[params["token"]] = now
+        self._release_drained()
+        params.update(
+            margin=self.margin,
+            draining=sorted(self.leases.draining),
+            block=self.policy == "block",
+        )
+        return self.sql.ordered_claim, params
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Remember the batch task of the claim that just returned, until it is done."""
+        self._open[task] = self._claim_started
+        task.add_done_callback(lambda done: self._open.pop(done, None))
+
+    def _release_drained(self) -> None:
+        """Draining partitions no batch claimed before their drain began still holds."""
+        draining = self.leases.draining
+        if not draining:
+            return
+        oldest = min(self._open.values(), default=math.inf)
+        ready = [p for p, since in draining.items() if oldest >= since]
+        if ready:
+            self.leases.release_soon(ready)
+
+    # -- publish ------------------------------------------------------------------
+
+    async def publish(self, batch: _Batch) -> list[PublishResult]:
+        """Publish ``batch`` in waves; results in the batch's order."""
+        messages = batch.messages
+        started = self._starts.pop(batch.token, None)
+        if started is None:  # (not claimed through claim(): give it no time at all)
+            started = -math.inf
+        deadline = started + self.window
+        results: list[PublishResult | None] = [None] * len(messages)
+        failed: set[str] = set()
+        for wave in waves(messages):
+            todo = [i for i in wave if messages[i].key not in failed]
+            if not todo:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= self.delivery_bound or remaining <= 0:
+                break  # the rest is handed back untried: the lease could pass on meanwhile
+            sub = type(batch)(
+                batch.token, [batch.ids[i] for i in todo], [messages[i] for i in todo]
+            )
+            sub.claimed_at = batch.claimed_at
+            try:
+                async with asyncio.timeout(remaining):
+                    wave_results = await self.relay._publish(sub)
+            except TimeoutError:
+                error = f"publish not confirmed within the ordered window ({self.window:.1f}s)"
+                wave_results = [PublishResult.retry(error, "publish_timeout")] * len(todo)
+            for i, result in zip(todo, wave_results, strict=True):
+                results[i] = result
+                key = messages[i].key
+                if not result.ok and key is not None:
+                    failed.add(key)
+        return [
+            r if r is not None else _untried(messages[i].key in failed)
+            for i, r in enumerate(results)
+        ]
+
+    # -- partitions ---------------------------------------------------------------
+
+    async def check_schema(self) -> None:
+        await self.leases.check_schema()
+
+    async def run(self) -> None:
+        """The partition heartbeat (a side task of the relay)."""
+        log.info(
+            "ordered mode: dead_letter_policy=%s publish window %.1fs of a %.1fs lease",
+            self.policy,
+            self.window,
+            self.relay.lease,
+        )
+        await self.leases.run()
+
+    def owned_count(self) -> int:
+        return self.leases.owned_count()
+
+
+_AFTER_FAILURE = PublishResult.hand_back(
+    "not tried: an earlier event of its key failed in this batch (ordered mode)",
+    "ordered_untried",
+)
+_WINDOW_ENDED = PublishResult.hand_back(
+    "not tried: the batch's publish window ended (ordered mode)", "ordered_untried"
+)
+
+
+def _untried(after_failure: bool) -> PublishResult:
+    return _AFTER_FAILURE if after_failure else _WINDOW_ENDED

@@ -1,0 +1,200 @@
+"""Partition leases: live ordered relays divide an outbox's P partitions among themselves.
+
+Every ``lease / 3`` a relay renews its row in ``<table>_relays`` and reads the live
+ones. The assignment follows from that list alone (sorted ids, partition p to member
+``p % n``), so every relay computes the same one without talking to the others. A
+relay takes the partitions assigned to it once they are free or their lease expired,
+renews the ones it holds, and gives back the ones assigned elsewhere only after its
+batches claimed from them have settled (the claim loop says when: :meth:`release_soon`).
+A relay SIGKILLed stops renewing: its membership and its leases expire within one
+lease, and the survivors take its partitions at their next heartbeat (within 2 x lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from outboxkit._backoff import Backoff
+from outboxkit._text import first_line
+from outboxkit.errors import SchemaError
+from outboxkit.store.ordered_sql import OrderedStatements
+
+log = logging.getLogger("outboxkit.relay.partitions")
+
+
+def assignment(members: Iterable[str], me: str, partitions: int) -> frozenset[int]:
+    """The partitions ``me`` should hold: partition p goes to the (p mod n)-th live relay."""
+    ordered = sorted(set(members) | {me})
+    index, n = ordered.index(me), len(ordered)
+    return frozenset(p for p in range(partitions) if p % n == index)
+
+
+class PartitionLeases:
+    """One relay's view of its partitions, kept current by :meth:`run` (a side task).
+
+    ``owned``: the partitions it held at its last heartbeat; ``draining``: held but
+    assigned to another relay, with the monotonic time that started (the claim loop
+    claims none of them from then on). The claim itself checks the lease in the
+    database, so a relay whose heartbeat fails stops claiming keyed rows by itself
+    once its leases run low.
+    """
+
+    def __init__(self, dsn: str, stmts: OrderedStatements, relay_id: str, lease: float) -> None:
+        self.dsn = dsn
+        self.stmts = stmts
+        self.relay_id = relay_id
+        self.lease = lease
+        self.interval = lease / 3
+        self.partitions = 0  # P, read at the first heartbeat
+        self.members: tuple[str, ...] = ()
+        self.owned: frozenset[int] = frozenset()
+        self.desired: frozenset[int] = frozenset()
+        self.draining: dict[int, float] = {}
+        self._releasable: set[int] = set()
+        self._valid_until = 0.0  # monotonic: the held leases certainly last until then
+        self._wake = asyncio.Event()
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.beats = 0
+
+    def owned_count(self) -> int:
+        """Partitions held now (0 once the last renewal's lease has run out)."""
+        return len(self.owned) if time.monotonic() < self._valid_until else 0
+
+    def release_soon(self, partitions: Iterable[int]) -> None:
+        """The claim loop's word: nothing claimed from these is in flight any more."""
+        ready = {p for p in partitions if p in self.draining}
+        if ready - self._releasable:
+            self._releasable |= ready
+            self._wake.set()
+
+    async def check_schema(self) -> None:
+        """Raise SchemaError unless ``migrate --ordered`` ran on this outbox."""
+        conn = await self._connection()
+        try:
+            cur = await conn.execute(self.stmts.partition_count)
+            row = await cur.fetchone()
+        except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn):
+            raise _not_ordered(self.stmts.table) from None
+        if not row or not row[0]:
+            raise _not_ordered(self.stmts.table)
+
+    async def run(self) -> None:
+        """Heartbeat until cancelled; then give every partition back and leave."""
+        backoff = Backoff(base=0.2, cap=self.interval)
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    await self.beat()
+                    backoff.reset()
+                    delay = self.interval
+                except SchemaError:
+                    raise
+                except psycopg.Error as exc:
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "partition heartbeat failed (%s): retrying in %.1fs; without a renewal"
+                        " this relay stops claiming keyed events when its leases run low",
+                        first_line(exc),
+                        delay,
+                    )
+                    await self._drop_connection()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+        finally:
+            await asyncio.shield(self._leave())
+
+    async def beat(self) -> None:
+        """One heartbeat: membership, assignment, releases, then take and renew."""
+        started = time.monotonic()
+        conn = await self._connection()
+        if not self.partitions:
+            await self.check_schema()
+            cur = await conn.execute(self.stmts.partition_count)
+            row = await cur.fetchone()
+            self.partitions = int(row[0]) if row else 0
+        params: dict[str, Any] = {"relay_id": self.relay_id, "lease": self.lease}
+        cur = await conn.execute(self.stmts.relay_heartbeat, params)
+        members = tuple(r[0] for r in await cur.fetchall())
+        if members != self.members:
+            log.info("ordered relays alive: %d (%s)", len(members), ", ".join(members))
+            self.members = members
+        self.desired = assignment(members, self.relay_id, self.partitions)
+        now = time.monotonic()
+        for p in self.owned - self.desired:
+            if p not in self.draining:
+                self.draining[p] = now
+                self._releasable.discard(p)
+        for p in self.desired:
+            self.draining.pop(p, None)
+        release = sorted(self._releasable & set(self.draining))
+        self._releasable.clear()
+        if release:
+            await conn.execute(self.stmts.release_partitions, {**params, "parts": release})
+            for p in release:
+                del self.draining[p]
+            log.info("released %d partition(s) to other relays: %s", len(release), release)
+        wanted = sorted(self.desired | set(self.draining))
+        cur = await conn.execute(self.stmts.acquire_partitions, {**params, "wanted": wanted})
+        owned = frozenset(int(r[0]) for r in await cur.fetchall())
+        self._valid_until = started + self.lease
+        gained, lost = owned - self.owned, (self.owned - owned) - set(release)
+        if gained:
+            log.info("took %d partition(s) (now %d): %s", len(gained), len(owned), sorted(gained))
+        if lost:
+            log.warning("lost %d partition(s) to another relay: %s", len(lost), sorted(lost))
+        self.owned = owned
+        for p in list(self.draining):
+            if p not in owned:
+                del self.draining[p]
+        self.beats += 1
+
+    async def _leave(self) -> None:
+        """Give every partition back and leave the membership (best effort, bounded)."""
+        owned, self.owned = self.owned, frozenset()
+        self._valid_until = 0.0
+        if self._conn is None or self._conn.closed:
+            return
+        params = {"relay_id": self.relay_id, "parts": sorted(owned)}
+        try:
+            async with asyncio.timeout(2.0):
+                await self._conn.execute(self.stmts.release_partitions, params)
+                await self._conn.execute(self.stmts.leave, params)
+            if owned:
+                log.info("gave back %d partition(s) at shutdown", len(owned))
+        except (psycopg.Error, TimeoutError) as exc:
+            log.warning("could not give back partitions at shutdown (%s): they expire", exc)
+        finally:
+            await self._drop_connection()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=10,
+                application_name="outboxkit-relay:partitions",
+            )
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+def _not_ordered(table: str) -> SchemaError:
+    return SchemaError(
+        f"outbox table {table!r} is not set up for ordered mode: run"
+        f" `outboxkit migrate --ordered --table {table}` (adds the partition column and"
+        " the lease tables), or start the relay without --ordered"
+    )
