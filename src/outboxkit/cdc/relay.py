@@ -1,0 +1,497 @@
+"""The WAL relay: publishes an outbox from its logical replication slot, in commit order.
+
+The stream carries committed transactions only, in commit order: outbox rows inserted
+(the table source) and logical messages under ``outboxkit:<table>`` (``storage="wal"``).
+The relay turns them into :class:`OutboundMessage` batches for the same publishers as
+the polling relay and confirms the slot (the standby "flush" position) only up to the end
+of a transaction all of whose events the broker confirmed (:mod:`outboxkit.cdc.progress`):
+killed anywhere, it re-publishes at most that unconfirmed tail.
+
+A stream cannot skip an event and come back to it: a failing event is retried with
+backoff while the stream waits, and after ``max_attempts`` is written to the outbox table
+as a failed row (the dead letter ``outboxkit failed``/``replay`` work on), then the stream
+moves on. A broker outage hands events back untried (attempts not counted): the stream
+pauses and the slot keeps the WAL. Another relay streaming the slot makes this one a
+standby that takes over when the slot frees up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from outboxkit._backoff import Backoff, full_jitter
+from outboxkit._redact import redact, remember_secrets
+from outboxkit._text import first_line
+from outboxkit.cdc.cleanup import Cleanup
+from outboxkit.cdc.deadletter import DeadLetters
+from outboxkit.cdc.decode import UndecodableRow, is_pending, row_id, row_message
+from outboxkit.cdc.envelope import WalEnvelopeError, decode_envelope
+from outboxkit.cdc.errors import ReplicationError, SlotInUse, SlotInvalidated, SlotNotFound
+from outboxkit.cdc.progress import Progress
+from outboxkit.cdc.reader import StreamReader
+from outboxkit.cdc.stream import Begin, Commit, Keepalive, Message, Row
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.base import (
+    OutboundMessage,
+    Publisher,
+    PublishResult,
+    batch_shape,
+    unreachable,
+)
+from outboxkit.relay.observer import (
+    Observers,
+    RelayObserver,
+    RelayStats,
+    StatsObserver,
+    default_observer,
+)
+from outboxkit.relay.outage import OutageLog
+from outboxkit.wal_envelope import message_prefix
+
+log = logging.getLogger("outboxkit.relay")
+
+_MAX_ERROR_CHARS = 2000
+#: Seconds between a standby's reminders that it is still waiting for the slot.
+_STANDBY_REMINDER = 300.0
+
+Cleanup_ = Literal["delete", "none"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One streamed event: its sequence number, message and table row id (None: WAL message)."""
+
+    seq: int
+    message: OutboundMessage
+    row_id: int | None
+
+
+class _Stopped(Exception):
+    """Raised inside a session when the relay stops with events unconfirmed."""
+
+
+class CdcRelay:
+    """Relays an outbox from its replication slot (``outboxkit cdc setup`` creates both).
+
+    ``slot`` and ``publication`` default to ``outboxkit_<table>``. ``batch_size``
+    defaults to the publisher's ``batch_shape``; a batch may span transactions and is
+    published only after the previous one's results (order is the point of a stream).
+    ``cleanup="delete"`` removes published table rows in bulk every ``cleanup_interval``
+    seconds (one ``DELETE`` of the ids confirmed since the last pass; the relay never
+    updates a row on the hot path); ``"none"`` leaves them (partitioned tables whose
+    partitions are dropped: a partitioned table is never deleted from).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        publisher: Publisher,
+        *,
+        table: str = "outbox",
+        slot: str | None = None,
+        publication: str | None = None,
+        batch_size: int | None = None,
+        max_attempts: int = 10,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        publish_timeout: float = 24.0,
+        cleanup: Cleanup_ = "delete",
+        cleanup_interval: float = 5.0,
+        standby_retry: float = 1.0,
+        relay_id: str | None = None,
+        observer: RelayObserver | None = None,
+        stats: RelayStats | None = None,
+        outage: OutageLog | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        if cleanup not in ("delete", "none"):
+            raise ConfigurationError(f"cleanup must be 'delete' or 'none', not {cleanup!r}")
+        if not publish_timeout > 0:
+            raise ConfigurationError("publish_timeout must be positive")
+        batch_size = batch_shape(publisher)[0] if batch_size is None else batch_size
+        if batch_size < 1:
+            raise ConfigurationError("batch_size must be at least 1")
+        self.dsn = dsn
+        remember_secrets(dsn)
+        self.publisher = publisher
+        self.table = table
+        self.slot = slot or _default_name(table)
+        self.publication = publication or _default_name(table)
+        self.batch_size = batch_size
+        self.max_attempts = max_attempts
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.publish_timeout = publish_timeout
+        self.standby_retry = standby_retry
+        self.relay_id = relay_id or f"cdc:{self.slot}"
+        self.prefix = message_prefix(table)
+        self.stats = stats if stats is not None else RelayStats()
+        if observer is None:
+            observer = default_observer()
+        if stats is None:  # a Relay delegating here passes its stats and observers as they are
+            observer = Observers(StatsObserver(self.stats), observer)
+        self.observer = observer
+        self.outage = outage if outage is not None else OutageLog(max_attempts=max_attempts)
+        self.dead_letters = DeadLetters(dsn, table)
+        self.cleanup = Cleanup(dsn, table, enabled=cleanup == "delete", interval=cleanup_interval)
+        #: The last WAL position confirmed to the slot and the commit time it ended.
+        self.confirmed_lsn = 0
+        self.confirmed_commit_time: dt.datetime | None = None
+        #: Whether this relay streams the slot now (False while a standby or reconnecting).
+        self.streaming = False
+        self._stopping = asyncio.Event()
+        self._stream_backoff = Backoff(base=0.2, cap=10.0)
+        # An outage hands events back untried; this paces the retries of the stream's head.
+        self._broker_backoff = Backoff(base=retry_base, cap=min(retry_cap, 10.0))
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"CdcRelay(table={self.table!r}, slot={self.slot!r})"
+
+    def stop(self) -> None:
+        """Stop streaming; events published but not confirmed are streamed again next time."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Stream until :meth:`stop`; reconnects through database restarts, waits as standby."""
+        if self._running:
+            raise RuntimeError("this CdcRelay is already running")
+        self._running = True
+        self._stopping.clear()
+        log.info(
+            "cdc relay %s starting: table=%s slot=%s publication=%s publisher=%s batch_size=%d",
+            self.relay_id,
+            self.table,
+            self.slot,
+            self.publication,
+            self.publisher.name,
+            self.batch_size,
+        )
+        try:
+            await self.cleanup.check()
+            await self.publisher.start()
+            await self._sessions()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.cleanup.flush(force=True)
+            await self.cleanup.close()
+            await self.dead_letters.close()
+            try:
+                await self.publisher.close()
+            except Exception as exc:
+                log.warning(
+                    "publisher %s did not close cleanly: %s",
+                    self.publisher.name,
+                    redact(f"{type(exc).__name__}: {exc}"),
+                )
+            self._running = False
+            log.info(
+                "cdc relay %s stopped: published=%d retried=%d dead_lettered=%d",
+                self.relay_id,
+                self.stats.published,
+                self.stats.retried,
+                self.stats.dead_lettered,
+            )
+
+    async def _sessions(self) -> None:
+        standby_since: float | None = None
+        reminded = 0.0
+        while not self._stopping.is_set():
+            try:
+                await self._session()
+                standby_since = None
+            except SlotInUse as exc:
+                now = time.monotonic()
+                if standby_since is None:
+                    standby_since = reminded = now
+                    log.info(
+                        "standby: slot %s is streamed by another relay (%s); taking over when"
+                        " it stops",
+                        self.slot,
+                        first_line(exc),
+                    )
+                elif now - reminded >= _STANDBY_REMINDER:
+                    reminded = now
+                    log.info(
+                        "standby: still waiting for slot %s (for %.0fs)",
+                        self.slot,
+                        now - standby_since,
+                    )
+                await self._sleep(self.standby_retry)
+            except _Stopped:
+                return
+            except (SlotNotFound, SlotInvalidated):
+                raise  # a restart will not fix these: the messages say what will
+            except ReplicationError as exc:
+                await self._stream_lost(exc)
+            except Exception as exc:
+                if not _is_connection_error(exc):
+                    raise
+                await self._stream_lost(exc)
+
+    async def _stream_lost(self, exc: BaseException) -> None:
+        self.streaming = False
+        delay = self._stream_backoff.next_delay()
+        log.warning(
+            "replication stream of slot %s lost (%s); reconnecting in %.2fs",
+            self.slot,
+            first_line(exc),
+            delay,
+        )
+        if isinstance(exc, Exception):
+            self.observer.database_error("stream", exc, True)
+        await self._sleep(delay)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    # -- one connection to the slot -------------------------------------------------
+
+    async def _session(self) -> None:
+        reader = StreamReader(self.dsn, self.slot, self.publication, capacity=4 * self.batch_size)
+        await reader.open()  # raises SlotInUse while another relay streams the slot
+        try:
+            log.info("streaming slot %s", self.slot)
+            self.streaming = True
+            self._stream_backoff.reset()
+            await self._stream(reader, Progress())
+        finally:
+            self.streaming = False
+            await reader.close()
+
+    async def _stream(self, reader: StreamReader, progress: Progress) -> None:
+        commit_time = dt.datetime.now(dt.UTC)
+        confirm_times: list[tuple[int, dt.datetime]] = []
+        while True:
+            if self._stopping.is_set():
+                raise _Stopped
+            items = await reader.take(self.batch_size, wait=1.0)
+            batch: list[_Entry] = []
+            for item in items:
+                if isinstance(item, Row):
+                    if not is_pending(item.values):
+                        continue  # a dead letter or replayed copy inserted as failed
+                    seq = progress.event()
+                    try:
+                        message = row_message(item.values, commit_time)
+                    except UndecodableRow as exc:
+                        await self._dead_letter_raw(item.values, str(exc))
+                        continue
+                    batch.append(_Entry(seq, message, row_id(item.values)))
+                elif isinstance(item, Message):
+                    if item.prefix != self.prefix:
+                        continue
+                    seq = progress.event()
+                    try:
+                        message = decode_envelope(item.content, commit_time=commit_time)
+                    except WalEnvelopeError as exc:
+                        await self._dead_letter_raw(None, str(exc), content=item.content)
+                        continue
+                    batch.append(_Entry(seq, message, None))
+                elif isinstance(item, Begin):
+                    progress.begin()
+                    commit_time = item.commit_time
+                elif isinstance(item, Commit):
+                    progress.commit(item.end_lsn)
+                    confirm_times.append((item.end_lsn, item.commit_time))
+                elif isinstance(item, Keepalive):
+                    progress.keepalive(item.wal_end)
+            if batch:
+                self.observer.claimed(len(batch), 0.0)
+                self.outage.claimed(len(batch), 0.0)
+                await self._deliver(batch)
+            elif not items:
+                self.observer.claimed(0, 0.0)
+            # Every event taken is now published or dead-lettered (written and committed).
+            progress.settle(progress.received)
+            lsn = progress.confirmable()
+            if lsn is not None:
+                reader.confirm(lsn)
+                self._confirmed(lsn, confirm_times)
+            await self.cleanup.flush()
+
+    def _confirmed(self, lsn: int, confirm_times: list[tuple[int, dt.datetime]]) -> None:
+        self.confirmed_lsn = lsn
+        keep = 0
+        for end_lsn, commit_time in confirm_times:
+            if end_lsn > lsn:
+                break
+            self.confirmed_commit_time = commit_time
+            keep += 1
+        del confirm_times[:keep]
+
+    # -- publishing ---------------------------------------------------------------
+
+    async def _deliver(self, batch: list[_Entry]) -> None:
+        """Publish ``batch`` until each event is confirmed or dead-lettered, in order.
+
+        Failed events are published again, alone, after a backoff; those that succeeded
+        are not. The stream waits meanwhile (it keeps its connection alive itself).
+        """
+        todo = batch
+        while todo:
+            messages = [e.message for e in todo]
+            with self.observer.publishing(messages):
+                started = time.perf_counter()
+                results = await self._publish(messages)
+                self.observer.published(messages, results, time.perf_counter() - started)
+                self.outage.published(messages, results, 0.0)
+            published = [e for e, r in zip(todo, results, strict=True) if r.ok]
+            if published:
+                self._broker_backoff.reset()
+                self.cleanup.add(e.row_id for e in published if e.row_id is not None)
+                if not self.stats.published:
+                    log.info(
+                        "first batch published: %d event(s) via %s",
+                        len(published),
+                        self.publisher.name,
+                    )
+                self.observer.settled([e.message for e in published], (), ())
+            if len(published) == len(todo):
+                return
+            todo, delay = await self._failures(todo, results)
+            if todo:
+                await self._sleep(delay)
+                if self._stopping.is_set():
+                    raise _Stopped
+
+    async def _failures(
+        self, todo: list[_Entry], results: Sequence[PublishResult]
+    ) -> tuple[list[_Entry], float]:
+        """Sort failures into dead letters (written now), retries and hand-backs."""
+        broker_down = unreachable(self.publisher) is not None
+        again: list[_Entry] = []
+        dead: list[tuple[_Entry, PublishResult]] = []
+        retried: list[tuple[OutboundMessage, PublishResult]] = []
+        handed_back = 0
+        first_error: str | None = None
+        delay = 0.0
+        for entry, result in zip(todo, results, strict=True):
+            if result.ok:
+                continue
+            first_error = first_error or redact(result.error or "unknown error")
+            if result.retry_after is not None and result.retry_after > 0:
+                delay = max(delay, min(result.retry_after, self.retry_cap))
+            if not result.counts_attempt or (broker_down and result.retryable):
+                handed_back += 1
+                again.append(entry)
+            elif not result.retryable or entry.message.attempt >= self.max_attempts:
+                dead.append((entry, result))
+            else:
+                retried.append((entry.message, result))
+                delay = max(
+                    delay,
+                    full_jitter(entry.message.attempt, base=self.retry_base, cap=self.retry_cap),
+                )
+                entry.message = replace(entry.message, attempt=entry.message.attempt + 1)
+                again.append(entry)
+        if dead:
+            await self._dead_letter(dead)
+        if retried or dead:
+            self.observer.settled((), retried, [(e.message, r) for e, r in dead])
+        if handed_back:
+            delay = max(delay, self._broker_backoff.next_delay())
+            self.observer.handed_back(handed_back, first_error)
+        return again, delay
+
+    async def _publish(self, messages: list[OutboundMessage]) -> Sequence[PublishResult]:
+        try:
+            results = await asyncio.wait_for(
+                self.publisher.publish_batch(messages), timeout=self.publish_timeout
+            )
+        except TimeoutError:
+            error = f"publish not confirmed within {self.publish_timeout:.1f}s"
+            return [PublishResult.retry(error, "publish_timeout")] * len(messages)
+        except (ConnectionError, OSError) as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+            return [PublishResult.hand_back(error, type(exc).__name__)] * len(messages)
+        except Exception as exc:
+            error = redact(f"{type(exc).__name__}: {exc}")
+            return [PublishResult.retry(error, type(exc).__name__)] * len(messages)
+        if len(results) != len(messages):
+            error = f"publisher returned {len(results)} results for {len(messages)} messages"
+            return [PublishResult.retry(error, "publisher_bug")] * len(messages)
+        return results
+
+    # -- dead letters -------------------------------------------------------------
+
+    async def _dead_letter(self, dead: list[tuple[_Entry, PublishResult]]) -> None:
+        for entry, result in dead:
+            error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
+            await self._write_dead_letter(
+                lambda e=entry, err=error: self.dead_letters.write(
+                    e.message, row_id=e.row_id, error=err
+                )
+            )
+            log.error(
+                "event dead-lettered after %d attempt(s): topic=%s event_id=%s error_class=%s"
+                " error=%s",
+                entry.message.attempt,
+                entry.message.topic,
+                entry.message.event_id,
+                result.error_class,
+                error,
+                extra={
+                    "topic": entry.message.topic,
+                    "event_id": str(entry.message.event_id),
+                    "attempt": entry.message.attempt,
+                    "error_class": result.error_class,
+                },
+            )
+
+    async def _dead_letter_raw(
+        self, values: dict[str, bytes | None] | None, error: str, *, content: bytes | None = None
+    ) -> None:
+        """An event that is not one (undecodable row or envelope) goes to the table as it is."""
+        await self._write_dead_letter(
+            lambda: self.dead_letters.write_raw(self.prefix, values, content, error)
+        )
+        log.error("undecodable event dead-lettered: %s", error)
+        self.stats.dead_lettered += 1
+
+    async def _write_dead_letter(self, write: Any) -> None:
+        """Run one dead-letter write, retrying through database outages: the stream waits."""
+        backoff = Backoff(base=0.2, cap=10.0)
+        while True:
+            try:
+                await write()
+                return
+            except Exception as exc:
+                if not _is_connection_error(exc):
+                    raise
+                if self._stopping.is_set():
+                    raise _Stopped from exc
+                self.observer.database_error("dead_letter", exc, True)
+                await self._sleep(backoff.next_delay())
+
+
+def _default_name(table: str) -> str:
+    """The slot and publication of an outbox, as ``outboxkit cdc setup`` names them."""
+    return "outboxkit_" + table.replace(".", "_")
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """A lost or refused connection (psycopg 3 or psycopg2), not a failed statement."""
+    import psycopg
+
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        state = getattr(exc, "sqlstate", None)
+        return state is None or state.startswith(("08", "53", "57P"))
+    module = type(exc).__module__
+    if module.startswith("psycopg2"):
+        name = type(exc).__name__
+        return name in ("OperationalError", "InterfaceError", "DatabaseError")
+    return isinstance(exc, OSError | ConnectionError)
