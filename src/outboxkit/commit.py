@@ -40,6 +40,8 @@ from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
+from outboxkit.store.wal_sql import WalStatements
+from outboxkit.wal_envelope import encode_envelope
 
 _IDLE = pq.TransactionStatus.IDLE
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
@@ -53,6 +55,10 @@ _FORMATS = [1] * len(_TYPES)
 _FORMATS_NOTIFY = [1] * len(_TYPES_NOTIFY)
 _TYPES_KEY = tuple(_TYPES)
 _TYPES_NOTIFY_KEY = tuple(_TYPES_NOTIFY)
+_KEY = [name for name, _ in WRITE_COLUMNS].index("key")
+_AVAILABLE_AT = [name for name, _ in WRITE_COLUMNS].index("available_at")
+_TEXT_ARRAY = 1009  # text[]: the keys of an ordered commit's advisory locks
+_INT32 = struct.Struct(">i")
 _JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
 _Send = Callable[[], object]
 # timestamptz binary format: microseconds since 2000-01-01 UTC, a big-endian int64.
@@ -73,9 +79,53 @@ def _params(event: Event) -> list[bytes | None]:
         event.aggregate_id.encode() if event.aggregate_id is not None else None,
         event.payload,
         b"\x01" + orjson.dumps(event.headers) if event.headers else _JSONB_EMPTY,
-        _INT64.pack((event.occurred_at - _PG_EPOCH) // _MICROSECOND),
+        _timestamptz(event.occurred_at),
         event.schema_version.encode() if event.schema_version is not None else None,
+        _timestamptz(event.available_at) if event.available_at is not None else None,
     ]
+
+
+def _timestamptz(value: dt.datetime) -> bytes:
+    return _INT64.pack((value - _PG_EPOCH) // _MICROSECOND)
+
+
+def _first_due(rows: list[list[bytes | None]]) -> int:
+    """The first queued row due now (it carries the NOTIFY), -1 if all are scheduled later."""
+    now: int | None = None
+    for i, row in enumerate(rows):
+        at = row[_AVAILABLE_AT]
+        if at is None:
+            return i
+        if now is None:
+            now = (dt.datetime.now(dt.UTC) - _PG_EPOCH) // _MICROSECOND
+        if _INT64.unpack(at)[0] <= now:
+            return i
+    return -1
+
+
+def _text_array(items: Iterable[bytes]) -> bytes:
+    """A one-dimensional text[] without NULLs, in PostgreSQL's binary array format."""
+    values = list(items)
+    header = struct.pack(">iiiii", 1, 0, _OIDS["text"], len(values), 1)
+    return header + b"".join(_INT32.pack(len(v)) + v for v in values)
+
+
+def ordered_lock_params(rows: list[list[bytes | None]]) -> list[bytes | None] | None:
+    """The parameter of the ordered commit's lock statement: the distinct keys, or None
+    when no queued event has a key (then no lock is taken)."""
+    keys = {key for row in rows if (key := row[_KEY]) is not None}
+    return [_text_array(keys)] if keys else None
+
+
+# storage="wal": the one parameter is the envelope (bytea), then the NOTIFY channel.
+_WAL_TYPES = [_OIDS["bytea"]]
+_WAL_TYPES_NOTIFY = [_OIDS["bytea"], _OIDS["text"]]
+_WAL_FORMATS = [1]
+_WAL_FORMATS_NOTIFY = [1, 1]
+
+
+def _wal_params(event: Event) -> list[bytes | None]:
+    return [encode_envelope(event)]
 
 
 class CommitInserts:
@@ -84,13 +134,25 @@ class CommitInserts:
     The INSERT in ``$n`` style with its prepared-statement name per notify variant
     (the name follows the text, so outboxes of one table share it), the NOTIFY
     channel, the table (for errors) and the event check (the outbox's size limits).
+    In ordered mode also the statement that takes the keys' advisory locks
+    (store.postgres.LOCK_KEYS): it runs in the COMMIT's pipeline ahead of the INSERTs,
+    so it costs no round trip, and the locks are held only while the COMMIT travels.
     """
 
-    __slots__ = ("channel", "check", "inserts", "notify", "table")
+    __slots__ = ("channel", "check", "inserts", "lock", "notify", "ordered", "row", "table", "wal")
 
-    def __init__(self, sql: Statements, *, notify: bool, check: Callable[[object], Event]) -> None:
+    def __init__(
+        self,
+        sql: Statements,
+        *,
+        notify: bool,
+        check: Callable[[object], Event],
+        ordered: bool = False,
+        wal: WalStatements | None = None,
+    ) -> None:
         self.table = sql.table
         self.notify = notify
+        self.ordered = ordered
         self.check = check
         self.channel = sql.channel.encode()
         self.inserts: dict[bool, tuple[private.Key, bytes]] = {}
@@ -98,6 +160,25 @@ class CommitInserts:
             text = numbered(stmt).encode()
             key = (text, _TYPES_NOTIFY_KEY if with_notify else _TYPES_KEY)
             self.inserts[with_notify] = (key, b"outboxkit_put_%08x" % zlib.crc32(text))
+        #: Encodes one event into its statement's parameters: a row, or a WAL envelope.
+        self.row: Callable[[Event], list[bytes | None]] = _params
+        #: storage="wal": "inserts" emit one logical message each (store.wal_sql).
+        self.wal = wal is not None
+        if wal is not None:
+            self.row = _wal_params
+            for with_notify, stmt in ((False, wal.emit_one), (True, wal.emit_one_notify)):
+                text = numbered(stmt).encode()
+                key = (text, tuple(_WAL_TYPES_NOTIFY if with_notify else _WAL_TYPES))
+                self.inserts[with_notify] = (key, b"outboxkit_emit_%08x" % zlib.crc32(text))
+        lock = numbered(sql.lock_keys).encode()
+        self.lock: tuple[private.Key, bytes] = (
+            (lock, (_TEXT_ARRAY,)),
+            b"outboxkit_lock_%08x" % zlib.crc32(lock),
+        )
+
+    def prepared(self) -> list[tuple[private.Key, bytes]]:
+        """Every statement the commit path may have prepared on a connection."""
+        return [*self.inserts.values(), self.lock]
 
 
 class BaseOutboxTransaction(Generic[_Conn]):
@@ -119,13 +200,13 @@ class BaseOutboxTransaction(Generic[_Conn]):
     def put(self, event: Event) -> None:
         """Queue ``event``: validated now, written with the COMMIT."""
         self._require_active()
-        self._rows.append(_params(self._inserts.check(event)))
+        self._rows.append(self._inserts.row(self._inserts.check(event)))
 
     def put_many(self, events: Iterable[Event]) -> None:
         """Queue several events, at most 10 000 per call (all validated before any is queued)."""
         self._require_active()
-        check = self._inserts.check
-        rows = [_params(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
+        check, row = self._inserts.check, self._inserts.row
+        rows = [row(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
         if len(rows) > MAX_BATCH_EVENTS:
             raise too_many_events()
         self._rows.extend(rows)
@@ -184,18 +265,41 @@ class BaseOutboxTransaction(Generic[_Conn]):
         # prepare_threshold=None is how psycopg users say "behind PgBouncer, no named
         # prepared statements": then each INSERT is parsed on its own.
         prepare = conn.prepare_threshold is not None
-        for i, row in enumerate(self._rows):
-            notify = ins.notify and i == 0  # PostgreSQL folds repeats of one notification
-            key, name = ins.inserts[notify]
-            params: list[bytes | None] = [*row, ins.channel] if notify else row
-            types, formats = (_TYPES_NOTIFY, _FORMATS_NOTIFY) if notify else (_TYPES, _FORMATS)
+
+        def send(
+            statement: tuple[private.Key, bytes],
+            params: list[bytes | None],
+            types: list[int],
+            formats: list[int],
+        ) -> None:
+            key, name = statement
             if not prepare:
                 sends.append(partial(pgconn.send_query_params, key[0], params, types, formats))
-                continue
+                return
             if (key, name) not in prepares.values() and private.prepared_name(conn, key) != name:
                 prepares[len(sends)] = (key, name)
                 sends.append(partial(pgconn.send_prepare, name, key[0], types))
             sends.append(partial(pgconn.send_query_prepared, name, params, formats))
+
+        if ins.wal:  # one logical message per event; the NOTIFY (if asked for) on the first
+            for i, row in enumerate(self._rows):
+                if i == 0 and ins.notify:
+                    notify_row = [*row, ins.channel]
+                    send(ins.inserts[True], notify_row, _WAL_TYPES_NOTIFY, _WAL_FORMATS_NOTIFY)
+                else:
+                    send(ins.inserts[False], row, _WAL_TYPES, _WAL_FORMATS)
+            sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
+            return sends, prepares
+        if ins.ordered and (lock_params := ordered_lock_params(self._rows)) is not None:
+            send(ins.lock, lock_params, [_TEXT_ARRAY], [1])
+        # PostgreSQL folds repeats of one notification: the first row due now carries it
+        # (none when every event is scheduled for later).
+        notify_at = _first_due(self._rows) if ins.notify else -1
+        for i, row in enumerate(self._rows):
+            if i == notify_at:
+                send(ins.inserts[True], [*row, ins.channel], _TYPES_NOTIFY, _FORMATS_NOTIFY)
+            else:
+                send(ins.inserts[False], row, _TYPES, _FORMATS)
         sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
         return sends, prepares
 
@@ -215,7 +319,7 @@ class BaseOutboxTransaction(Generic[_Conn]):
         if isinstance(error, pg_errors.InvalidSqlStatementName):
             # The session lost its prepared statements behind psycopg's back (a pooler's
             # reset): this transaction is rolled back, the next one prepares again.
-            for key, _ in self._inserts.inserts.values():
+            for key, _ in self._inserts.prepared():
                 private.forget_prepared(conn, key)
         if error is not None:
             if missing := outbox_table_missing(error, self._inserts.table, rolled_back=True):

@@ -49,11 +49,20 @@ class Event:
     ``schema_version`` labels the payload's shape (a string of up to 64
     printable characters, or a non-negative int, carried as its decimal string)
     so consumers can tell versions apart without parsing the payload.
+
+    ``deliver_at`` (a timezone-aware datetime) or ``delay`` (a non-negative
+    timedelta, counted from construction on the application's clock, as
+    ``occurred_at``) schedules the event: the relay publishes it no earlier than that
+    time, read on the database server's clock, and within its ``poll_interval`` after
+    it (no NOTIFY wakes a relay for a future event). It is stored as the row's
+    ``available_at`` (None here: publish at once). Under an ordered relay a scheduled
+    event also holds back the later events of its key: order wins.
     """
 
     __slots__ = (
         "aggregate_id",
         "aggregate_type",
+        "available_at",
         "event_id",
         "event_type",
         "headers",
@@ -74,6 +83,7 @@ class Event:
     headers: dict[str, str]
     occurred_at: dt.datetime
     schema_version: str | None
+    available_at: dt.datetime | None
 
     def __init__(
         self,
@@ -88,6 +98,8 @@ class Event:
         event_id: uuid.UUID | None = None,
         occurred_at: dt.datetime | None = None,
         schema_version: str | int | None = None,
+        deliver_at: dt.datetime | None = None,
+        delay: dt.timedelta | None = None,
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise InvalidEventError("event topic must be a non-empty string")
@@ -143,6 +155,7 @@ class Event:
             clean_headers["content-type"] = "application/octet-stream"
         self.occurred_at = _occurred_at(occurred_at)
         self.schema_version = _schema_version(schema_version)
+        self.available_at = _available_at(deliver_at, delay)
         self.event_id = event_id if event_id is not None else new_event_id()
         self.topic = topic
         self.event_type = event_type
@@ -171,6 +184,8 @@ class Event:
 
     def __repr__(self) -> str:
         version = f" schema_version={self.schema_version!r}," if self.schema_version else ""
+        if self.available_at is not None:
+            version += f" deliver_at={self.available_at.isoformat()},"
         return (
             f"Event(event_id={self.event_id!s}, topic={self.topic!r},"
             f" event_type={self.event_type!r}, key={self.key!r},{version}"
@@ -190,6 +205,40 @@ def _occurred_at(value: dt.datetime | None) -> dt.datetime:
             " e.g. datetime.now(timezone.utc) or dt.replace(tzinfo=timezone.utc)"
         )
     return value
+
+
+def _available_at(deliver_at: dt.datetime | None, delay: dt.timedelta | None) -> dt.datetime | None:
+    """When the relay may publish: ``deliver_at``, now + ``delay``, or None (at once)."""
+    if delay is not None:
+        if deliver_at is not None:
+            raise InvalidEventError(
+                "give deliver_at or delay, not both (delay=d is deliver_at=now + d)"
+            )
+        if not isinstance(delay, dt.timedelta):
+            raise InvalidEventError(
+                f"delay must be a datetime.timedelta, got {type(delay).__name__}"
+            )
+        if delay < dt.timedelta(0):
+            raise InvalidEventError(f"delay must not be negative, got {delay}")
+        if not delay:
+            return None
+        try:
+            return dt.datetime.now(dt.UTC) + delay
+        except OverflowError:
+            raise InvalidEventError(f"delay {delay} runs past the year 9999") from None
+    if deliver_at is None:
+        return None
+    if not isinstance(deliver_at, dt.datetime):
+        raise InvalidEventError(
+            f"deliver_at must be a datetime, got {type(deliver_at).__name__}"
+            " (for a duration use delay=timedelta(...))"
+        )
+    if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+        raise InvalidEventError(
+            "deliver_at must be timezone-aware (a naive datetime is ambiguous);"
+            " e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+        )
+    return deliver_at
 
 
 def _schema_version(value: str | int | None) -> str | None:

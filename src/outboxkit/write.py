@@ -8,6 +8,7 @@ written with the COMMIT (``Outbox.transaction()``) live in ``outboxkit.commit``.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +30,7 @@ from outboxkit.drivers import (
     sync_adapter,
     type_name,
 )
-from outboxkit.errors import InvalidEventError, outbox_table_missing
+from outboxkit.errors import ConfigurationError, InvalidEventError, outbox_table_missing
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -37,7 +38,8 @@ from outboxkit.limits import (
     MAX_KEY_BYTES,
     too_many_events,
 )
-from outboxkit.store.postgres import Statements, numbered
+from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
+from outboxkit.wal_write import WalWrite
 
 if TYPE_CHECKING:
     import asyncpg
@@ -53,7 +55,9 @@ _WRITE = Use(
     async_methods="`await aput()`/`aput_many()`",
 )
 # One event's values in store.postgres.WRITE_COLUMNS order (tests/unit/test_outbox_columns.py).
-_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None]
+_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None, Any]
+_KEY = [name for name, _ in WRITE_COLUMNS].index("key")
+_AVAILABLE_AT = [name for name, _ in WRITE_COLUMNS].index("available_at")
 
 
 def _row(event: Event) -> _Row:
@@ -69,7 +73,35 @@ def _row(event: Event) -> _Row:
         headers,
         event.occurred_at,
         event.schema_version,
+        event.available_at,
     )
+
+
+def any_due(available_at: Iterable[Any]) -> bool:
+    """Whether any of the events is due now: only then is a NOTIFY worth sending.
+
+    A scheduled event (``deliver_at``/``delay``) in the future would wake the relays
+    for nothing; their poll finds it within ``poll_interval`` of its time.
+    """
+    now: dt.datetime | None = None
+    for at in available_at:
+        if at is None:
+            return True
+        if now is None:
+            now = dt.datetime.now(dt.UTC)
+        if at <= now:
+            return True
+    return False
+
+
+def ordered_keys(keys: Iterable[Any]) -> list[str] | None:
+    """The distinct keys whose advisory locks an ordered write takes, or None (keyless).
+
+    The SQL (store.postgres.KEY_LOCKS) locks them in hash order, whatever order they
+    come in here, so two writers can never wait for each other in a cycle.
+    """
+    distinct = {k for k in keys if k is not None}
+    return list(distinct) if distinct else None
 
 
 class Outbox:
@@ -82,39 +114,107 @@ class Outbox:
     ``max_payload_bytes`` (1 MiB) and ``max_key_bytes`` (1 KiB, at most 64 KiB) bound
     what one event may carry; the other fields have fixed limits (``outboxkit.limits``).
     ``put_many`` takes at most 10 000 events per call.
+
+    ``ordered=True`` makes commit order per key well defined for an ordered relay: a
+    write of keyed events first takes a transaction-scoped advisory lock per distinct
+    key, in the same statement and before its rows take their ids, held until the
+    transaction ends. A second transaction writing one of those keys waits there, so
+    for each key the ids follow the commit order (without it, two writers can take
+    ids n and n + 1 and commit n + 1 first: a relay would publish them out of order).
+    Every writer of the table must use it. The cost: writers of one key serialise
+    from their first write of it to COMMIT (``transaction()`` holds it only for the
+    COMMIT's round trip); keyless events take no lock. Within one ``put_many``/
+    ``transaction()`` the locks are taken in a fixed order; across several ``put()``
+    calls of one transaction they follow the calls, so two transactions putting keys
+    a, b and b, a may deadlock (PostgreSQL aborts one: retry it, as with row locks).
+    docs/architecture.md ("Ordered writes") says why an advisory lock.
+
+    ``storage="wal"`` writes no row: each event becomes one transactional logical
+    message (``pg_logical_emit_message``, prefix ``outboxkit:<table>``) carrying it in a
+    binary envelope (``outboxkit.wal_envelope``), for the CDC relay (``Relay(...,
+    source="cdc")``) to read from a replication slot in commit order. Same API, checks
+    and refusals; no outbox table is written, no index or vacuum cost. ``notify``
+    defaults to False there (the stream needs no wake-up); ``ordered`` is refused (the
+    stream is in commit order already). README "Relaying from the WAL".
     """
 
     def __init__(
         self,
         table: str = "outbox",
         *,
-        notify: bool = True,
+        notify: bool | None = None,
+        ordered: bool = False,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        storage: str = "table",
     ) -> None:
+        if storage not in ("table", "wal"):
+            raise ConfigurationError(
+                f"storage must be 'table' (a row per event, any relay) or 'wal' (a logical"
+                f" message per event, for the CDC relay), got {storage!r}"
+            )
+        if storage == "wal" and ordered:
+            raise ConfigurationError(
+                "Outbox(storage='wal') cannot take ordered=True: the WAL relay publishes in"
+                " commit order already; ordered=True is for the table's polling relay"
+            )
+        if notify is None:  # a polling relay sleeps between polls; the CDC stream does not
+            notify = storage == "table"
         if max_payload_bytes <= 0:
             raise ValueError("max_payload_bytes must be positive")
         if not 0 < max_key_bytes <= MAX_KEY_BYTES:
             raise ValueError(f"max_key_bytes must be between 1 and {MAX_KEY_BYTES}")
         self.table = table
         self.notify = notify
+        self.ordered = ordered
         self.max_payload_bytes = max_payload_bytes
         self.max_key_bytes = max_key_bytes
-        self._sql = Statements(table)
-        if notify:
-            self._one, self._many = self._sql.insert_one_notify, self._sql.insert_many_notify
-        else:
-            self._one, self._many = self._sql.insert_one, self._sql.insert_many
-        self._one_stmt = Statement(self._one, numbered(self._one))
-        self._many_stmt = Statement(self._many, numbered(self._many))
-        self._commit = CommitInserts(self._sql, notify=notify, check=self._check)
+        self.storage = storage
+        # storage="wal": the WAL write's statements and parameters (outboxkit.wal_write).
+        self._wal = WalWrite(table, notify=notify) if storage == "wal" else None
+        self._sql = sql = Statements(table)
+        # The statements by (locks keys, notifies): a scheduled event's write sends no
+        # NOTIFY; only an ordered outbox's keyed write takes the key locks.
+        one = {
+            (False, False): sql.insert_one,
+            (False, True): sql.insert_one_notify,
+            (True, False): sql.insert_one_ordered,
+            (True, True): sql.insert_one_ordered_notify,
+        }
+        many = {
+            (False, False): sql.insert_many,
+            (False, True): sql.insert_many_notify,
+            (True, False): sql.insert_many_ordered,
+            (True, True): sql.insert_many_ordered_notify,
+        }
+        self._one_stmts = {k: Statement(v, numbered(v)) for k, v in one.items()}
+        self._many_stmts = {k: Statement(v, numbered(v)) for k, v in many.items()}
+        self._attached_sql = {
+            (False, False, False): sql.attached_one,
+            (False, False, True): sql.attached_one_notify,
+            (False, True, False): sql.attached_one_ordered,
+            (False, True, True): sql.attached_one_ordered_notify,
+            (True, False, False): sql.attached_many,
+            (True, False, True): sql.attached_many_notify,
+            (True, True, False): sql.attached_many_ordered,
+            (True, True, True): sql.attached_many_ordered_notify,
+        }
+        self._commit = CommitInserts(
+            sql,
+            notify=notify,
+            ordered=ordered,
+            check=self._check,
+            wal=self._wal.sql if self._wal is not None else None,
+        )
         # One reusable psycopg cursor per Outbox and API, for the connection it last
         # wrote through (see CursorCache).
         self._sync_cursor = CursorCache()
         self._async_cursor = CursorCache()
 
     def __repr__(self) -> str:
-        return f"Outbox(table={self.table!r}, notify={self.notify})"
+        ordered = ", ordered=True" if self.ordered else ""
+        wal = ", storage='wal'" if self._wal is not None else ""
+        return f"Outbox(table={self.table!r}, notify={self.notify}{ordered}{wal})"
 
     # -- validation and parameters --------------------------------------------
 
@@ -131,28 +231,41 @@ class Outbox:
             raise too_many_events()
         return rows
 
-    def _params_one(self, event: object) -> list[Any]:
-        params: list[Any] = list(_row(self._check(event)))
-        if self.notify:
+    def _params_one(self, event: object) -> tuple[Statement, list[Any]]:
+        checked = self._check(event)
+        if self._wal is not None:
+            return self._wal.one(checked)
+        params: list[Any] = list(_row(checked))
+        locks = self.ordered and checked.key is not None
+        if locks:
+            params.append([checked.key])
+        notify = self.notify and (checked.available_at is None or any_due([checked.available_at]))
+        if notify:
             params.append(self._sql.channel)
-        return params
+        return self._one_stmts[locks, notify], params
 
-    def _params_many(self, events: Iterable[Event]) -> list[Any] | None:
+    def _params_many(self, events: Iterable[Event]) -> tuple[Statement, list[Any]] | None:
+        if self._wal is not None:
+            return self._wal.many(events, self._check)
         rows = self._check_all(events)
         if not rows:
             return None
         params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
-        if self.notify:
+        keys = ordered_keys(params[_KEY]) if self.ordered else None
+        if keys is not None:
+            params.append(keys)
+        notify = self.notify and any_due(params[_AVAILABLE_AT])
+        if notify:
             params.append(self._sql.channel)
-        return params
+        return self._many_stmts[keys is not None, notify], params
 
     # -- sync -----------------------------------------------------------------
 
     def put(self, conn: SyncConnection, event: Event) -> None:
         """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
-        params = self._params_one(event)
+        stmt, params = self._params_one(event)
         try:
-            sync_adapter(conn, _WRITE).execute(conn, self._one_stmt, params, self._sync_cursor)
+            sync_adapter(conn, _WRITE).execute(conn, stmt, params, self._sync_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
@@ -160,12 +273,12 @@ class Outbox:
 
     def put_many(self, conn: SyncConnection, events: Iterable[Event]) -> None:
         """Append ``events`` (at most 10 000) in one statement and one round trip."""
-        params = self._params_many(events)
-        if params is None:
+        prepared = self._params_many(events)
+        if prepared is None:
             return
         try:
             adapter = sync_adapter(conn, _WRITE)
-            adapter.execute(conn, self._many_stmt, params, self._sync_cursor)
+            adapter.execute(conn, *prepared, self._sync_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
@@ -214,6 +327,8 @@ class Outbox:
         """
         if not isinstance(conn, psycopg.Connection):
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
+        if self._wal is not None:  # in the same pipeline: see outboxkit.wal_write
+            return self._wal.execute_with(conn, query, params, events, self._check)
         stmt, all_params = self._attached(query, params, events)
         psycopg_adapter.check_in_transaction(conn)
         try:
@@ -257,7 +372,13 @@ class Outbox:
         With psycopg, ``query`` uses ``%s`` and the cursor is returned; with
         asyncpg, ``query`` uses ``$1 … $n`` and the rows (``conn.fetch``) are
         returned, an empty list for a statement without ``RETURNING``.
+        With ``storage="wal"`` and asyncpg, the events are a statement of their own
+        ahead of ``query`` (asyncpg has no pipeline): one more round trip.
         """
+        if self._wal is not None and (
+            isinstance(conn, psycopg.AsyncConnection) or asyncpg_adapter.Asyncpg.handles(type(conn))
+        ):
+            return await self._wal.aexecute_with(conn, query, params, events, self._check)
         try:
             if isinstance(conn, psycopg.AsyncConnection):
                 stmt, all_params = self._attached(query, params, events)
@@ -289,15 +410,18 @@ class Outbox:
         rows = self._check_all(events)
         if not rows:
             return query, list(params)
-        sql = self._sql
-        if len(rows) == 1:
-            cte = sql.attached_one_notify if self.notify else sql.attached_one
-            event_params: list[Any] = list(rows[0])
+        many = len(rows) > 1
+        if many:
+            event_params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
         else:
-            cte = sql.attached_many_notify if self.notify else sql.attached_many
-            event_params = [list(column) for column in zip(*rows, strict=True)]
-        if self.notify:
-            event_params.append(sql.channel)
+            event_params = list(rows[0])
+        keys = ordered_keys(row[_KEY] for row in rows) if self.ordered else None
+        if keys is not None:
+            event_params.append(keys)
+        notify = self.notify and any_due(row[_AVAILABLE_AT] for row in rows)
+        if notify:
+            event_params.append(self._sql.channel)
+        cte = self._attached_sql[many, keys is not None, notify]
         if dollar:
             # $n parameters: the caller's keep their numbers, the events' follow them.
             taken = max((int(n) for n in _DOLLAR_PARAM.findall(query)), default=0)
@@ -317,10 +441,10 @@ class Outbox:
 
     async def aput(self, conn: AsyncConnection, event: Event) -> None:
         """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
-        params = self._params_one(event)
+        stmt, params = self._params_one(event)
         try:
             adapter = async_adapter(conn, _WRITE)
-            await adapter.execute(conn, self._one_stmt, params, self._async_cursor)
+            await adapter.execute(conn, stmt, params, self._async_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
@@ -328,12 +452,12 @@ class Outbox:
 
     async def aput_many(self, conn: AsyncConnection, events: Iterable[Event]) -> None:
         """Async :meth:`put_many`."""
-        params = self._params_many(events)
-        if params is None:
+        prepared = self._params_many(events)
+        if prepared is None:
             return
         try:
             adapter = async_adapter(conn, _WRITE)
-            await adapter.execute(conn, self._many_stmt, params, self._async_cursor)
+            await adapter.execute(conn, *prepared, self._async_cursor)
         except Exception as exc:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc

@@ -101,7 +101,7 @@ def test_events_attached_to_a_statement_come_first_in_text_and_parameters() -> N
     )
     assert plain_stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
     assert plain_stmt.endswith(")\nINSERT INTO orders (c) VALUES (%s)")
-    assert plain_params == [*plain_params[:10], "ada"]  # the event's ten columns, then yours
+    assert plain_params == [*plain_params[:11], "ada"]  # the event's eleven columns, then yours
     assert plain_params[0] == event.event_id
     assert "pg_notify" not in plain_stmt
 
@@ -128,11 +128,11 @@ def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters()
     assert stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
     assert (
         "VALUES ($3::uuid, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bytea,"
-        " $10::jsonb, $11::timestamptz, $12::text)"
-        " RETURNING pg_notify($13, '')"
+        " $10::jsonb, $11::timestamptz, $12::text, coalesce($13::timestamptz, now()))"
+        " RETURNING pg_notify($14, '')"
     ) in stmt
     assert stmt.endswith("\nUPDATE stock SET qty = qty - $2 WHERE sku = $1")
     assert params[:2] == [7, 1]
     assert params[2] == event.event_id
     assert params[-1] == "outboxkit_outbox"
-    assert len(params) == 13
+    assert len(params) == 14

@@ -157,21 +157,49 @@ WRITE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("headers", "jsonb"),
     ("occurred_at", "timestamptz"),
     ("schema_version", "text"),
+    ("available_at", "timestamptz"),
 )
 _COLUMNS = ", ".join(name for name, _ in WRITE_COLUMNS)
+# available_at is NULL for an event without deliver_at/delay: the column's default, now().
+_VALUE = {"available_at": "coalesce({}, now())"}
 
-INSERT_ONE = (
-    f"INSERT INTO {{table}} ({_COLUMNS})"
-    f" VALUES ({', '.join(f'%s::{pg_type}' for _, pg_type in WRITE_COLUMNS)})"
-)
+
+def _value(name: str, expr: str) -> str:
+    return _VALUE.get(name, "{}").format(expr)
+
+
+_VALUES_ONE = ", ".join(_value(name, f"%s::{pg_type}") for name, pg_type in WRITE_COLUMNS)
+INSERT_ONE = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES ({_VALUES_ONE})"
 # One statement, one round trip, for any number of events: one array per column
 # (the headers as text[], JSON documents cast one by one).
 INSERT_MANY = f"""
 INSERT INTO {{table}} ({_COLUMNS})
-SELECT {", ".join(f"u.{name}::{pg_type}" for name, pg_type in WRITE_COLUMNS)}
+SELECT {", ".join(_value(name, f"u.{name}::{pg_type}") for name, pg_type in WRITE_COLUMNS)}
 FROM unnest({", ".join(f"%s::{'text' if t == 'jsonb' else t}[]" for _, t in WRITE_COLUMNS)})
      AS u({_COLUMNS})
 """
+# Ordered mode (Outbox(ordered=True)): before the rows take their identity ids, the
+# statement takes a transaction-scoped advisory lock per distinct key, in hash order (so
+# two writers cannot deadlock on each other's keys), held until COMMIT/ROLLBACK. Two
+# transactions writing one key then get their ids in their commit order. The lock sits in
+# an uncorrelated scalar subquery of the WHERE: PostgreSQL runs it once (an InitPlan of a
+# one-time filter) before the first row is produced, and nextval() is evaluated when a row
+# is produced (tests/integration/test_ordered_write.py shows it). Namespace: the table's
+# oid, so every spelling of its name (schema-qualified or not) takes the same locks; the
+# two-int form of the lock never meets the one-bigint form (MIGRATION_LOCK).
+_LOCK_NAMESPACE = "({table_literal}::regclass::oid::bigint - 2147483648)::int4"
+KEY_LOCKS = (
+    f"(SELECT count(pg_advisory_xact_lock({_LOCK_NAMESPACE}, h))"
+    " FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k"
+    " WHERE k IS NOT NULL ORDER BY h) AS keys)"
+)
+INSERT_ONE_ORDERED = (
+    f"INSERT INTO {{table}} ({_COLUMNS}) SELECT {_VALUES_ONE} WHERE {KEY_LOCKS} >= 0"
+)
+INSERT_MANY_ORDERED = INSERT_MANY.rstrip() + f"\nWHERE {KEY_LOCKS} >= 0\n"
+# Outbox.transaction() in ordered mode: the locks of all the transaction's keys, sent in
+# the COMMIT's pipeline ahead of its INSERTs.
+LOCK_KEYS = f"SELECT {KEY_LOCKS}"
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
 NOTIFY_SUFFIX = "SELECT pg_notify(%s, '')"
@@ -448,6 +476,19 @@ class Statements(NamedStatements):
     attached_many = SqlTemplate(ATTACHED_EVENTS, insert="insert_many")
     attached_one_notify = SqlTemplate(ATTACHED_EVENTS_NOTIFY, insert="insert_one")
     attached_many_notify = SqlTemplate(ATTACHED_EVENTS_NOTIFY, insert="insert_many")
+    insert_one_ordered = SqlTemplate(INSERT_ONE_ORDERED)
+    insert_many_ordered = SqlTemplate(INSERT_MANY_ORDERED)
+    insert_one_ordered_notify = SqlTemplate("WITH ins AS ({insert_one_ordered}) " + NOTIFY_SUFFIX)
+    insert_many_ordered_notify = SqlTemplate(
+        "WITH ins AS ({insert_many_ordered}) " + NOTIFY_SUFFIX
+    )
+    attached_one_ordered = SqlTemplate(ATTACHED_EVENTS, insert="insert_one_ordered")
+    attached_many_ordered = SqlTemplate(ATTACHED_EVENTS, insert="insert_many_ordered")
+    attached_one_ordered_notify = SqlTemplate(ATTACHED_EVENTS_NOTIFY, insert="insert_one_ordered")
+    attached_many_ordered_notify = SqlTemplate(
+        ATTACHED_EVENTS_NOTIFY, insert="insert_many_ordered"
+    )
+    lock_keys = SqlTemplate(LOCK_KEYS)
     claim_batch = SqlTemplate(CLAIM_BATCH)
     settle_published_delete = SqlTemplate(SETTLE_PUBLISHED_DELETE)
     settle_published_keep = SqlTemplate(SETTLE_PUBLISHED_KEEP)
@@ -477,6 +518,7 @@ class Statements(NamedStatements):
         self.channel = channel_for(table)
         slots = {
             "table": self.qualified,
+            "table_literal": f"'{self.qualified}'",  # a validated name: no quote inside
             "versions": self.versions_table,
             "index_pending": quote_table(None, f"{name}_pending_idx"[:63]),
             "index_failed": quote_table(None, f"{name}_failed_idx"[:63]),
