@@ -1,0 +1,62 @@
+"""The lease heartbeat: a publish that legitimately runs long keeps its rows' lease alive.
+
+A batch's rows are leased for ``lease`` seconds at the claim. A publish still running
+after a third of it (a slow webhook) extends the lease every ``lease / 3`` seconds, so
+the rows are not re-claimed by another relay while this one still publishes them; the
+publish timeout alone bounds one publish. A relay that dies stops extending: its rows
+come back within one lease, as without the heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+
+class LeaseHeartbeat:
+    """Runs ``extend()`` every ``interval`` seconds from ``interval`` after :meth:`start`.
+
+    A publish shorter than the interval costs one timer, cancelled: no task, no
+    statement. :meth:`stop` lets a statement in progress finish instead of cancelling
+    it (cancelling a query mid-flight would break the connection it shares with settles).
+    """
+
+    __slots__ = ("_extend", "_interval", "_stopped", "_task", "_timer")
+
+    def __init__(self, extend: Callable[[], Awaitable[None]], interval: float) -> None:
+        self._extend = extend
+        self._interval = interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Event | None = None
+
+    def start(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._interval, self._begin)
+
+    def _begin(self) -> None:
+        self._timer = None
+        self._stopped = asyncio.Event()
+        self._task = asyncio.create_task(self._run(self._stopped), name="outboxkit-relay:lease")
+
+    async def _run(self, stopped: asyncio.Event) -> None:
+        while not stopped.is_set():
+            await self._extend()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), timeout=self._interval)
+
+    async def stop(self) -> None:
+        """Stop extending; wait for an extension in progress (cancel it if this is cancelled)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        assert self._stopped is not None
+        self._stopped.set()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise

@@ -1,0 +1,466 @@
+"""The ordered chaos run: per-key order from commit to broker, under real faults.
+
+Writer processes (tests/support/ordered_chaos_writer.py) commit keyed events over 200
+keys through ``Outbox(ordered=True)``, some transactions rolled back, and record each key's
+committed sequence from the database side (``ochaos_ledger``). Three ``outboxkit relay``
+processes publish them (``--ordered``, or not: the naive run) to NATS JetStream (an own
+server with a file store) or Kafka (the embedded Tansu broker behind a TCP proxy). Faults
+at random while the writers run: a relay SIGKILLed and restarted; for NATS the broker
+SIGKILLed and restarted on its store; for Kafka (memory storage: a restart would lose
+the topic) the relay→broker link cut. Then everything heals, the outbox drains, and the
+broker is read from the start.
+
+Checked from the broker's side, per key, after dropping repeats of an event id (first
+occurrence kept): the consumed sequence is exactly the committed sequence. Reported:
+lost (committed, never consumed), phantom (rolled back, consumed), unknown (consumed,
+never committed), keys out of order (same events, another order) and the inversions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import psycopg
+
+from outboxkit.testing import EmbeddedKafka, EmbeddedNats, TcpProxy, free_port, spawn_relay
+from tests.support.ordered_chaos_writer import TOPIC, setup
+
+REPO = Path(__file__).resolve().parents[2]
+STREAM = "OCHAOS"
+Broker = Literal["nats", "kafka"]
+
+
+@dataclass
+class OrderedChaosReport:
+    broker: str
+    ordered: bool
+    seconds: float
+    seed: int
+    writers: int
+    relays: int
+    keys: int
+    faults: dict[str, int] = field(default_factory=dict)
+    committed: int = 0
+    rolled_back: int = 0
+    consumed_messages: int = 0
+    distinct_consumed: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    phantom: int = 0
+    unknown: int = 0
+    dead_lettered: int = 0
+    keys_out_of_order: int = 0
+    inversions: int = 0  # pairs of one key's events consumed in the opposite commit order
+    examples: list[str] = field(default_factory=list)
+    writing_seconds: float = 0.0
+    drain_seconds: float = 0.0
+    total_seconds: float = 0.0
+    writer_output: list[str] = field(default_factory=list)
+
+    def violations(self) -> list[str]:
+        checks = {
+            "lost": self.lost,
+            "phantom": self.phantom,
+            "unknown": self.unknown,
+            "keys_out_of_order": self.keys_out_of_order,
+            "dead_lettered": self.dead_lettered,
+        }
+        return [f"{k}={v}" for k, v in checks.items() if v]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+class _KafkaBroker:
+    """Tansu (memory storage) behind a proxy it advertises: the link can be cut."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        port = free_port()
+        self.proxy = TcpProxy("127.0.0.1", port).start()
+        self.server = EmbeddedKafka(port=port, advertised_port=self.proxy.port)
+
+    def start(self) -> None:
+        self.server.start()
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
+        futures = admin.create_topics([NewTopic(TOPIC, num_partitions=self.partitions)])
+        for future in futures.values():
+            with contextlib.suppress(Exception):  # already there: auto-created
+                future.result(10)
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.server.bootstrap}"
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.server.close()
+
+    def read(self) -> list[tuple[str, str | None]]:
+        """(event id, key) of every message, in offset order within each partition."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.server.bootstrap,
+                "group.id": f"ochaos-reader-{time.monotonic_ns()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        try:
+            meta = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC]
+            parts = sorted(meta.partitions)
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), 10)[1] for p in parts
+            }
+            consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in parts])
+            got: list[tuple[str, str | None]] = []
+            seen = {p: 0 for p in parts}
+            deadline = time.monotonic() + 120
+            while any(seen[p] < ends[p] for p in parts) and time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None or msg.error() is not None:
+                    continue
+                seen[msg.partition()] = msg.offset() + 1
+                headers = dict(msg.headers() or [])
+                key = msg.key()
+                got.append((headers["ce_id"].decode(), key.decode() if key else None))
+            return got
+        finally:
+            consumer.close()
+
+
+class _NatsBroker:
+    """An own nats-server with a JetStream file store: SIGKILLed and restarted on it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.server = EmbeddedNats(workdir / "nats")
+
+    def start(self) -> None:
+        self.server.start()
+        asyncio.run(self._create_stream())
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.server.port}?stream={STREAM}&timeout=3"
+
+    def close(self) -> None:
+        self.server.close()
+
+    async def _create_stream(self) -> None:
+        import nats
+        from nats.js.api import StorageType, StreamConfig
+
+        nc = await nats.connect(self.server.url, connect_timeout=5, allow_reconnect=False)
+        try:
+            await nc.jetstream().add_stream(
+                StreamConfig(
+                    name=STREAM,
+                    subjects=["ochaos.>"],
+                    storage=StorageType.FILE,
+                    duplicate_window=900.0,  # longer than any run: every re-publish is absorbed
+                )
+            )
+        finally:
+            await nc.close()
+
+    def read(self) -> list[tuple[str, str | None]]:
+        return asyncio.run(self._read())
+
+    async def _read(self) -> list[tuple[str, str | None]]:
+        """(event id, key) of every message, in stream order."""
+        import nats
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        nc = await nats.connect(self.server.url, connect_timeout=5, allow_reconnect=False)
+        try:
+            js = nc.jetstream()
+            total = (await js.stream_info(STREAM)).state.messages
+            sub = await js.pull_subscribe(
+                "ochaos.>",
+                stream=STREAM,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
+            )
+            got: list[tuple[str, str | None]] = []
+            deadline = time.monotonic() + 120
+            while len(got) < total and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+                    for msg in await sub.fetch(min(2000, total - len(got)), timeout=2):
+                        headers = msg.headers or {}
+                        got.append((headers.get("Nats-Msg-Id", ""), headers.get("ce-partitionkey")))
+            await sub.unsubscribe()
+            return got
+        finally:
+            await nc.close()
+
+
+class OrderedChaosRun:
+    def __init__(
+        self,
+        dsn: str,
+        workdir: Path,
+        *,
+        broker: Broker,
+        ordered: bool = True,
+        events: int = 20_000,
+        seconds: float = 30.0,
+        seed: int = 1,
+        writers: int = 4,
+        relays: int = 3,
+        keys: int = 200,
+        partitions: int = 64,
+        lease: float = 4.0,
+    ) -> None:
+        self.dsn = dsn
+        self.workdir = workdir
+        self.broker_kind = broker
+        self.ordered = ordered
+        self.events = events
+        self.seconds = seconds
+        self.rng = random.Random(seed)
+        self.keys = keys
+        self.partitions = partitions
+        self.lease = lease
+        self.writers = writers
+        self.report = OrderedChaosReport(
+            broker=broker,
+            ordered=ordered,
+            seconds=seconds,
+            seed=seed,
+            writers=writers,
+            relays=relays,
+            keys=keys,
+        )
+        self.broker: _NatsBroker | _KafkaBroker = (
+            _NatsBroker(workdir) if broker == "nats" else _KafkaBroker(partitions=8)
+        )
+        self.relays: list[subprocess.Popen[bytes] | None] = [None] * relays
+        self._deck: list[str] = []
+
+    # -- parts ---------------------------------------------------------------------
+
+    def _spawn_relay(self, i: int) -> None:
+        args = [
+            *("--lease", str(self.lease), "--max-attempts", "25"),
+            *("--retry-base", "0.2", "--retry-cap", "1", "--poll-interval", "0.2"),
+            *("--shutdown-timeout", "5", "--relay-id", f"ochaos-{i}", "--log-interval", "5"),
+        ]
+        if self.ordered:
+            args += ["--ordered", "--on-dead-letter", "block"]
+        self.relays[i] = spawn_relay(
+            self.dsn,
+            self.broker.url,
+            self.workdir / f"relay-{i}.log",
+            *args,
+            log_level=None,
+            cwd=REPO,
+        )
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        from outboxkit.store.migrate import migrate
+
+        migrate(self.dsn, table="outbox", ordered=True, partitions=self.partitions)
+        setup(self.dsn, self.keys)
+        self.broker.start()
+        for i in range(len(self.relays)):
+            self._spawn_relay(i)
+
+    def _start_writers(self) -> list[subprocess.Popen[bytes]]:
+        procs = []
+        per_writer = -(-self.events // self.writers)
+        for w in range(self.writers):
+            cmd = [
+                sys.executable,
+                "-m",
+                "tests.support.ordered_chaos_writer",
+                *("--dsn", self.dsn, "--events", str(per_writer)),
+                *("--seconds", str(self.seconds), "--seed", str(w + 1)),
+                *("--keys", str(self.keys)),
+                *("--rolled-back", str(self.workdir / f"rolled_back.{w}.txt")),
+            ]
+            procs.append(
+                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+            )
+        return procs
+
+    # -- faults --------------------------------------------------------------------
+
+    def _kinds(self) -> list[str]:
+        other = "broker_kill" if self.broker_kind == "nats" else "link_cut"
+        return ["relay_kill", "relay_kill", "relay_kill", other]
+
+    def _fault(self) -> None:
+        if not self._deck:  # each kind in every round, in a random order
+            self._deck = self._kinds()
+            self.rng.shuffle(self._deck)
+        kind = self._deck.pop()
+        self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
+        if kind == "relay_kill":
+            i = self.rng.randrange(len(self.relays))
+            proc = self.relays[i]
+            if proc is not None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            time.sleep(self.rng.uniform(0.2, 1.5))
+            self._spawn_relay(i)
+        elif kind == "broker_kill":
+            assert isinstance(self.broker, _NatsBroker)
+            self.broker.server.kill()
+            time.sleep(self.rng.uniform(0.5, 2.5))
+            self.broker.server.start()
+        else:
+            assert isinstance(self.broker, _KafkaBroker)
+            self.broker.proxy.cut()
+            time.sleep(self.rng.uniform(0.5, 2.5))
+            self.broker.proxy.resume()
+
+    def _heal(self) -> None:
+        if isinstance(self.broker, _KafkaBroker):
+            self.broker.proxy.resume()
+        elif not self.broker.server.is_running():
+            self.broker.server.start()
+        for i, proc in enumerate(self.relays):
+            if proc is None or proc.poll() is not None:
+                self._spawn_relay(i)
+
+    # -- the run -------------------------------------------------------------------
+
+    def run(self) -> OrderedChaosReport:
+        began = time.monotonic()
+        try:
+            self._start()
+            writers = self._start_writers()
+            started = time.monotonic()
+            while any(w.poll() is None for w in writers):
+                time.sleep(self.rng.uniform(1.0, 3.0))
+                if any(w.poll() is None for w in writers):
+                    self._fault()
+            self.report.writing_seconds = round(time.monotonic() - started, 1)
+            for w in writers:
+                out = w.stdout.read().decode() if w.stdout else ""
+                self.report.writer_output.append(out.strip())
+                if w.returncode != 0:
+                    raise AssertionError(f"a writer failed (exit {w.returncode}):\n{out}")
+            self._heal()
+            self._drain()
+            self._stop_relays()
+            self._count()
+            self.report.total_seconds = round(time.monotonic() - began, 1)
+            return self.report
+        finally:
+            for proc in self.relays:
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            self.broker.close()
+
+    def _drain(self, timeout: float = 120.0) -> None:
+        start = time.monotonic()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT count(*) FROM outbox WHERE status = 0").fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                if time.monotonic() - start > timeout:
+                    tails = {
+                        p.name: p.read_text(errors="replace")[-2000:]
+                        for p in self.workdir.glob("relay-*.log")
+                    }
+                    raise AssertionError(
+                        f"the outbox did not drain in {timeout:.0f}s: {row[0] if row else '?'}"
+                        f" pending\n{json.dumps(tails, indent=1)}"
+                    )
+                time.sleep(0.3)
+        self.report.drain_seconds = round(time.monotonic() - start, 1)
+
+    def _stop_relays(self) -> None:
+        for proc in self.relays:
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.relays:
+            if proc is not None and proc.wait(timeout=30) != 0:
+                raise AssertionError(f"a relay exited {proc.returncode} on SIGTERM")
+
+    def _count(self) -> None:
+        r = self.report
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            ledger = conn.execute(
+                "SELECT event_id::text, key FROM ochaos_ledger ORDER BY key, n, pos"
+            ).fetchall()
+            r.dead_lettered = int(
+                conn.execute("SELECT count(*) FROM outbox WHERE status = 2").fetchone()[0]  # type: ignore[index]
+            )
+        committed: dict[str, list[str]] = defaultdict(list)
+        key_of: dict[str, str] = {}
+        for event_id, key in ledger:
+            committed[key].append(event_id)
+            key_of[event_id] = key
+        rolled_back: set[str] = set()
+        for path in self.workdir.glob("rolled_back.*.txt"):
+            rolled_back.update(line for line in path.read_text().split() if line)
+        consumed = self.broker.read()
+        r.committed = len(key_of)
+        r.rolled_back = len(rolled_back)
+        r.consumed_messages = len(consumed)
+        seen: set[str] = set()
+        per_key: dict[str, list[str]] = defaultdict(list)
+        for event_id, _key in consumed:
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+            if event_id in key_of:
+                per_key[key_of[event_id]].append(event_id)
+        r.distinct_consumed = len(seen)
+        r.duplicates = len(consumed) - len(seen)
+        r.lost = len(set(key_of) - seen)
+        r.phantom = len(seen & rolled_back)
+        r.unknown = len(seen - set(key_of) - rolled_back)
+        for key, expected in committed.items():
+            got = per_key.get(key, [])
+            if got == expected:
+                continue
+            present = [e for e in got if e in set(expected)]
+            place = {e: i for i, e in enumerate(expected)}
+            ranks = [place[e] for e in present]
+            inv = _inversions(ranks)
+            if inv:
+                r.keys_out_of_order += 1
+                r.inversions += inv
+                if len(r.examples) < 5:
+                    at = next(i for i in range(len(ranks) - 1) if ranks[i] > ranks[i + 1])
+                    r.examples.append(
+                        f"{key}: committed #{ranks[at + 1]} ({present[at + 1]}) consumed right"
+                        f" after #{ranks[at]} ({present[at]})"
+                    )
+
+
+def _inversions(ranks: list[int]) -> int:
+    """Pairs i < j with ranks[i] > ranks[j] (merge sort count)."""
+    if len(ranks) < 2:
+        return 0
+    mid = len(ranks) // 2
+    left, right = ranks[:mid], ranks[mid:]
+    count = _inversions(left) + _inversions(right)
+    left.sort()
+    right.sort()
+    j = 0
+    for x in left:
+        while j < len(right) and right[j] < x:
+            j += 1
+        count += j
+    return count
