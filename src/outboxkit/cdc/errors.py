@@ -1,0 +1,55 @@
+"""The errors of the WAL side: the slot, its stream and its set-up, each saying what to do."""
+
+from __future__ import annotations
+
+from outboxkit.errors import OutboxkitError
+
+
+class CdcError(OutboxkitError):
+    """Root of the errors of logical replication (`outboxkit.cdc`)."""
+
+
+class CdcSetupError(CdcError):
+    """The server or the role cannot serve a slot (wal_level, privileges, slots full...)."""
+
+
+class ReplicationError(CdcError):
+    """The replication stream failed; reconnecting (from the slot's position) is the remedy."""
+
+
+class ReplicationConnectionLost(ReplicationError):
+    """The replication connection broke or went silent; the unconfirmed tail will come again."""
+
+
+class SlotInUse(ReplicationError):
+    """Another process streams the slot: a standby relay waits and tries again."""
+
+
+class SlotNotFound(ReplicationError):
+    """The replication slot does not exist: `outboxkit cdc setup` creates it."""
+
+
+class SlotInvalidated(ReplicationError):
+    """The slot lost WAL it still needed (`max_slot_wal_keep_size`): it can never stream again."""
+
+
+def invalidated_message(slot: str, table: str, since: str | None = None) -> str:
+    """What happened to an invalidated slot and the exact steps to recover from it."""
+    when = f" since {since}" if since else ""
+    return (
+        f"replication slot {slot!r} is invalidated (wal_status 'lost'): the relay was down (or "
+        f"behind) longer than max_slot_wal_keep_size allows, and PostgreSQL removed WAL the "
+        f"slot had not consumed; events written{when} that the relay had not confirmed are no "
+        f"longer in the WAL. To recover: "
+        f"(1) stop the relays of this outbox; "
+        f"(2) `outboxkit cdc drop --table {table}` then `outboxkit cdc setup --table {table}` "
+        f"(the new slot streams from now on); "
+        f"(3) start the relays; "
+        f"(4) reconcile the gap: rows of a table-mode outbox written in it are still in table "
+        f"{table!r}: run the polling relay (`outboxkit relay` without --source cdc) until "
+        f"`outboxkit status` shows no pending row (events published twice are absorbed by "
+        f"consumers' inbox or the broker's dedup), while WAL-only events (storage='wal') "
+        f"written in it are gone and must be re-emitted by the application from its state; "
+        f"(5) raise max_slot_wal_keep_size (or alert earlier on the slot's lag) so it does "
+        f"not happen again"
+    )
