@@ -318,6 +318,9 @@ class PsycopgSync(WritePath):
             "outbox.transaction, notify on": with_commit(Outbox()),
             "outbox.execute_with, notify off": attached(Outbox(notify=False)),
             "outbox.execute_with, notify on": attached(Outbox()),
+            # Outbox(ordered=True): the key's advisory lock in the same statement / pipeline
+            "outbox.put, ordered": outbox(Outbox(ordered=True)),
+            "outbox.transaction, ordered": with_commit(Outbox(ordered=True)),
             "ref: conn.execute per put (before)": before,
             "ref: psycopg pipeline() for INSERT + COMMIT": pipelined,
             "ref: event in the order's statement": same_statement,
@@ -527,6 +530,7 @@ def _params(e: Event) -> tuple[Any, ...]:
         headers,
         e.occurred_at,
         e.schema_version,
+        e.available_at,
     )
 
 

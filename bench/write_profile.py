@@ -57,6 +57,7 @@ def row(e: Event) -> tuple[Any, ...]:
         "{}",
         e.occurred_at,
         e.schema_version,
+        e.available_at,
     )
 
 
