@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 import psycopg
@@ -41,6 +41,8 @@ from outboxkit.publishers.base import (
     batch_shape,
     unreachable,
 )
+from outboxkit.relay.heartbeat import LeaseHeartbeat
+from outboxkit.relay.maintenance import partition_maintenance
 from outboxkit.relay.observer import (
     Observers,
     RelayObserver,
@@ -48,12 +50,18 @@ from outboxkit.relay.observer import (
     StatsObserver,
     default_observer,
 )
+from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
 from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.store.postgres import Statements, Status
+
+if TYPE_CHECKING:
+    from outboxkit.cdc.relay import CdcRelay
 
 log = logging.getLogger("outboxkit.relay")
 
 Retention = Literal["delete", "keep"]
+#: Where the relay reads events: the table (claims) or the replication slot (outboxkit.cdc).
+Source = Literal["poll", "cdc"]
 _MAX_ERROR_CHARS = 2000
 _MAX_RETRY_DELAY = 30 * 86400.0  # the longest wait a settle schedules (seconds)
 # The start-up count of pending events stops here: it reads the pending index only.
@@ -103,6 +111,18 @@ class Relay:
     claims and settles commit without waiting for the WAL flush unless
     ``synchronous_commit=True``: a database crash can then cause re-publication,
     never loss (docs/architecture.md).
+
+    ``lease`` is how long a claim holds its rows without news from this relay: a
+    publish still running after ``lease / 3`` extends its rows' lease every
+    ``lease / 3`` (a fenced UPDATE), so a slow broker or webhook is not cut at the
+    lease. ``publish_timeout`` (default ``0.8 * lease``) is the hard bound of one
+    publish and may exceed the lease. A relay that dies stops extending: its rows
+    are claimable again within one lease.
+
+    ``source="cdc"`` reads the events from the outbox's logical replication slot
+    (``slot``, default ``outboxkit_<table>``) instead of claiming rows: ``run()`` and
+    ``stop()`` then drive an ``outboxkit.cdc.relay.CdcRelay`` (``relay.cdc``) with these
+    options, stats and observers; the claim options do not apply to it.
     """
 
     def __init__(
@@ -125,6 +145,10 @@ class Relay:
         publish_timeout: float | None = None,
         observer: RelayObserver | None = None,
         synchronous_commit: bool = False,
+        source: Source = "poll",
+        slot: str | None = None,
+        ordered: bool = False,
+        dead_letter_policy: DeadLetterPolicy = "block",
     ) -> None:
         # Unset: the shape the publisher suits best (publishers.base.batch_shape).
         shape = batch_shape(publisher)
@@ -155,8 +179,10 @@ class Relay:
         self.max_in_flight = max_in_flight
         self.listen = listen
         self.shutdown_timeout = shutdown_timeout
-        # The publish must give up well before the lease does, or another relay
-        # would re-claim rows this one is still publishing.
+        # The hard bound of one publish. It may exceed the lease: a publish still running
+        # extends its rows' lease every lease/3 (relay/heartbeat.py).
+        if publish_timeout is not None and not publish_timeout > 0:
+            raise ConfigurationError("publish_timeout must be positive")
         self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
         # The relay's own writes (claims, settles) commit without waiting for a WAL
         # flush unless asked: a database crash can then only cause re-publication,
@@ -174,6 +200,12 @@ class Relay:
         self.outage = OutageLog(max_attempts=max_attempts)
         self._db_outage = FailureEpisode("database")
         self._sql = Statements(table)
+        # Ordered mode (relay/ordered.py): per-key order through partition leases; it
+        # swaps in its claim, its fenced settles and a partition heartbeat side task.
+        self.ordered = ordered
+        self._ordered = OrderedMode(self, dead_letter_policy) if ordered else None
+        if self._ordered is not None:
+            self._sql = self._ordered.sql
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -189,6 +221,12 @@ class Relay:
         self._running = False
         # The first unexpected error of a side task or a batch task: it stops the relay.
         self._failure: BaseException | None = None
+        # source="cdc": run() and stop() delegate to the WAL relay, which shares the stats,
+        # observers and outage log (metrics, /readyz and the summary log see it alike).
+        if source not in ("poll", "cdc"):
+            raise ConfigurationError(f"source must be 'poll' or 'cdc', not {source!r}")
+        self.source: Source = source
+        self.cdc = _cdc_relay(self, slot) if source == "cdc" else None
 
     def __repr__(self) -> str:
         return f"Relay(table={self.table!r}, relay_id={self.relay_id!r})"
@@ -198,6 +236,8 @@ class Relay:
     def stop(self) -> None:
         """Stop claiming, finish in-flight batches, release what was not published."""
         self._stopping.set()
+        if self.cdc is not None:
+            self.cdc.stop()
         self._wake.set()
 
     @property
@@ -211,6 +251,9 @@ class Relay:
         connections and the publisher are closed before it returns or raises, and a
         relay whose start failed can be run again.
         """
+        if self.cdc is not None:
+            await self.cdc.run()
+            return
         if self._running:
             raise RuntimeError("this Relay is already running")
         self._running = True
@@ -278,9 +321,20 @@ class Relay:
             raise self._failure
 
     def _start_side_tasks(self) -> list[asyncio.Task[None]]:
+        # A partitioned outbox: partitions ahead, expired ones dropped (relay/maintenance.py).
+        maintenance = partition_maintenance(self.dsn, self.table, self._stopping)
+        tasks = [asyncio.create_task(maintenance, name="outboxkit-relay:partitions")]
+        if self._ordered is not None:  # ordered mode's partition leases (relay/partitions.py)
+            leases = self._ordered.run()
+            tasks.append(asyncio.create_task(leases, name="outboxkit-relay:partition-leases"))
         if not self.listen:
-            return []
-        return [asyncio.create_task(self._listen(), name="outboxkit-relay:listen")]
+            return tasks
+        return [*tasks, asyncio.create_task(self._listen(), name="outboxkit-relay:listen")]
+
+    @property
+    def partitions_owned(self) -> int | None:
+        """Ordered mode: the partitions this relay holds now (None when not ordered)."""
+        return None if self._ordered is None else self._ordered.owned_count()
 
     async def _monitor_side_tasks(self, side_tasks: list[asyncio.Task[None]]) -> None:
         """Wait for a side task to end; one that failed stops the relay with its error."""
@@ -320,6 +374,8 @@ class Relay:
             row = await cur.fetchone()
             pending = int(row[0]) if row else 0
             await conn.execute(self._sql.check_columns)
+            if self._ordered is not None:
+                await self._ordered.check_schema()  # SchemaError: run migrate --ordered
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise table_missing(self.table, database=database) from None
@@ -361,6 +417,8 @@ class Relay:
                 await self._wait_for_work()
                 continue
             task = asyncio.create_task(self._process(batch))
+            if self._ordered is not None:
+                self._ordered.track(task)
             self._in_flight.add(task)
             task.add_done_callback(self._on_batch_done)
             if len(batch.ids) < self.batch_size:
@@ -402,16 +460,20 @@ class Relay:
         conn = await self._connection("claim")
         token = uuid.uuid4()
         started = time.perf_counter()
+        statement, params = self._sql.claim_batch, {
+            "lease": self.lease,
+            "token": token,
+            "relay_id": self.relay_id,
+            "limit": self.batch_size,
+            "max_attempts": self.max_attempts,  # the crash-loop guard
+            "commit": self._commit,
+        }
+        if self._ordered is not None:
+            statement, params = self._ordered.claim(params)
         try:
             cur = await conn.execute(
-                self._sql.claim_batch,
-                {
-                    "lease": self.lease,
-                    "token": token,
-                    "relay_id": self.relay_id,
-                    "limit": self.batch_size,
-                    "commit": self._commit,
-                },
+                statement,
+                params,
                 # Binary results: payloads arrive as raw bytes instead of hex text to decode.
                 binary=True,
             )
@@ -440,7 +502,10 @@ class Relay:
             messages = batch.messages
             with self.observer.publishing(messages):
                 started = time.perf_counter()
-                results = await self._publish(batch)
+                if self._ordered is None:
+                    results = await self._publish(batch)
+                else:  # in waves, per key
+                    results = await self._ordered.publish(batch)
                 self.observer.published(messages, results, time.perf_counter() - started)
                 self.outage.published(messages, results, 0.0)
             await self._settle(batch, results)
@@ -458,6 +523,10 @@ class Relay:
 
     async def _publish(self, batch: _Batch) -> Sequence[PublishResult]:
         messages = batch.messages
+        # A publish still running after lease/3 extends its rows' lease every lease/3
+        # (relay/heartbeat.py): only publish_timeout bounds it, never the lease.
+        heartbeat = LeaseHeartbeat(lambda: self._extend_leases(batch), self.lease / 3)
+        heartbeat.start()
         try:
             results = await asyncio.wait_for(
                 self.publisher.publish_batch(messages), timeout=self.publish_timeout
@@ -472,10 +541,43 @@ class Relay:
         except Exception as exc:
             error = redact(f"{type(exc).__name__}: {exc}")
             return [PublishResult.retry(error, type(exc).__name__)] * len(messages)
+        finally:
+            await heartbeat.stop()
         if len(results) != len(messages):
             error = f"publisher returned {len(results)} results for {len(messages)} messages"
             return [PublishResult.retry(error, "publisher_bug")] * len(messages)
         return results
+
+    async def _extend_leases(self, batch: _Batch) -> None:
+        """One heartbeat: push the batch's leases to now() + lease, fenced by its token.
+
+        A failure is logged and the publish goes on: the settle copes with a lost lease.
+        """
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                cur = await conn.execute(
+                    self._sql.extend_leases, (self.lease, batch.ids, batch.token, self._commit)
+                )
+        except psycopg.Error as exc:
+            lost = _connection_lost(exc)
+            self.observer.database_error("extend", exc, lost)
+            if self._settle_conn is not None and self._settle_conn.broken:
+                with contextlib.suppress(Exception):
+                    await self._settle_conn.close()
+            log.warning(
+                "could not extend the lease of %d row(s) still publishing (%s)",
+                len(batch.ids),
+                first_line(exc),
+            )
+            return
+        log.debug(
+            "publish running for %.1fs: extended the lease of %d of %d row(s) by %.1fs",
+            time.monotonic() - batch.claimed_at,
+            cur.rowcount,
+            len(batch.ids),
+            self.lease,
+        )
 
     async def _settle(self, batch: _Batch, results: Sequence[PublishResult]) -> None:
         ids, messages = batch.ids, batch.messages
@@ -760,6 +862,27 @@ class Relay:
                 log.debug("LISTEN connection lost (%s); retrying in %.2fs", redact(str(exc)), delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+
+def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:
+    """The WAL relay a ``Relay(source="cdc")`` runs (``outboxkit.cdc.relay``), same options."""
+    from outboxkit.cdc.relay import CdcRelay
+
+    return CdcRelay(
+        relay.dsn,
+        relay.publisher,
+        table=relay.table,
+        slot=slot,
+        batch_size=relay.batch_size,
+        max_attempts=relay.max_attempts,
+        retry_base=relay.retry_base,
+        retry_cap=relay.retry_cap,
+        publish_timeout=relay.publish_timeout,
+        relay_id=relay.relay_id,
+        observer=relay.observer,
+        stats=relay.stats,
+        outage=relay.outage,
+    )
 
 
 def _connection_lost(exc: psycopg.Error) -> bool:

@@ -241,25 +241,35 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # itself and never returned, so it cannot fill the relay's memory. The sizes come
 # from the row headers (octet_length of a TOASTed value reads no data); the headers'
 # JSON text is rendered only for the rare row whose stored headers are large.
+#
+# The crash-loop guard: a claimable row already claimed max_attempts times (attempts
+# counts claims; a failure settle dead-letters the last one) was never settled by the
+# relay that held it last: each relay died or hung publishing it. The claim
+# dead-letters it with an error that says so instead of handing it to the next victim.
 CLAIM_BATCH = """
 WITH batch AS MATERIALIZED (
-    SELECT id, {oversized} AS oversized FROM {table}
+    SELECT id, attempts, {oversized} AS oversized FROM {table}
     WHERE status = {pending} AND available_at <= now()
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), oversized AS (
     UPDATE {table} AS d
-    SET status = {failed}, attempts = d.attempts + 1, claim_token = NULL,
-        claimed_by = %(relay_id)s, last_error = {oversized_error}
-    WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NOT NULL))
+    SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
+        claim_token = NULL, claimed_by = %(relay_id)s,
+        last_error = CASE WHEN d.attempts >= %(max_attempts)s THEN {looped_error}
+                          ELSE {oversized_error} END
+    WHERE d.id = ANY(ARRAY(
+        SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
 )
 UPDATE {table} AS o
 SET attempts = o.attempts + 1,
     available_at = now() + make_interval(secs => %(lease)s),
     claim_token = %(token)s,
     claimed_by = %(relay_id)s
-WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE oversized IS NULL)) AND {commit_named}
+WHERE o.id = ANY(ARRAY(
+    SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
+  AND {commit_named}
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
           o.payload, o.headers, o.created_at, o.attempts,
           coalesce(o.occurred_at, o.created_at), o.schema_version
@@ -296,6 +306,16 @@ RETURNING o.id
 RELEASE_LEASES = """
 UPDATE {table}
 SET available_at = now(), claim_token = NULL, attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
+"""
+
+# The lease heartbeat: while a batch's publish runs longer than a third of the lease, the
+# relay pushes its rows' lease out again every lease/3, fenced by the claim token (a row
+# another relay re-claimed is left alone). A relay that dies stops extending: its rows
+# come back within one lease, as before.
+EXTEND_LEASES = """
+UPDATE {table}
+SET available_at = now() + make_interval(secs => %s)
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 """
 
@@ -403,6 +423,16 @@ def _oversized(alias: str) -> str:
     )
 
 
+def _looped_error(alias: str) -> str:
+    """SQL: the last_error of a row the crash-loop guard dead-letters."""
+    return (
+        f"'relay: claimed ' || {alias}attempts || ' times (max_attempts) and never settled:"
+        " each relay that claimed it died or hung publishing it (a message that crashes or"
+        " hangs the relay, an OOM?). Dead-lettered without publishing it again: inspect it"
+        " with `outboxkit failed show`, then replay or discard it'"
+    )
+
+
 def _oversized_error(alias: str) -> str:
     return (
         f"'relay: ' || {_oversized(alias)} || ', over what the relay loads"
@@ -494,6 +524,7 @@ class Statements(NamedStatements):
     settle_published_keep = SqlTemplate(SETTLE_PUBLISHED_KEEP)
     settle_failures = SqlTemplate(SETTLE_FAILURES)
     release_leases = SqlTemplate(RELEASE_LEASES)
+    extend_leases = SqlTemplate(EXTEND_LEASES)
     status_by_topic = SqlTemplate(STATUS_BY_TOPIC)
     list_failed = SqlTemplate(LIST_FAILED)
     show_event = SqlTemplate(SHOW_EVENT)
@@ -527,6 +558,7 @@ class Statements(NamedStatements):
             "commit_positional": _COMMIT_POSITIONAL,
             "oversized": _oversized(""),
             "oversized_error": _oversized_error("d."),
+            "looped_error": _looped_error("d."),
             "event_columns": _EVENT_COLUMNS,
             **{state.name.lower(): str(int(state)) for state in Status},
         }
