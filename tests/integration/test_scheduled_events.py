@@ -19,6 +19,7 @@ import pytest
 
 from outboxkit import Event, Outbox
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import channel_for
 from tests.support.relaying import running_relay, wait_for
 from tests.support.servers import consume_nats, ensure_stream
@@ -121,6 +122,40 @@ async def test_an_event_scheduled_later_than_the_test_stays_in_the_outbox(
             (later.event_id,),
         ).fetchone()
     assert row == (0, 0, True)  # pending, never claimed, still scheduled
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_under_an_ordered_relay_a_scheduled_head_holds_back_its_key_only(
+    db_dsn: str, nats_server: Any, ordered: bool
+) -> None:
+    """Order wins: the key's next event waits for the scheduled one; other keys do not.
+
+    The unordered relay (the contrast) publishes the key's next event at once, ahead
+    of the scheduled one written before it."""
+    migrate(db_dsn, ordered=True, partitions=4)
+    root = f"sched{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    topic = f"{root}.x"
+    outbox = Outbox(ordered=True)
+    head = _event(topic, key="k", delay=DELAY)
+    assert head.available_at is not None
+    follower = _event(topic, key="k")
+    others = [_event(topic, key="other"), _event(topic)]
+    _put(db_dsn, outbox, [head])
+    _put_many(db_dsn, outbox, [follower, *others])
+    publisher = NatsPublisher.from_url(nats_server.url)
+    async with running_relay(db_dsn, publisher, poll_interval=POLL, ordered=ordered):
+        msgs = await consume_nats(nats_server.url, root.upper(), f"{root}.>", 4, 30.0)
+    ids = [uuid.UUID(m.headers["Nats-Msg-Id"]) for m in msgs]
+    stored = dict(zip(ids, (_stored_at(m) for m in msgs), strict=True))
+    assert head.available_at <= stored[head.event_id] <= head.available_at + SLACK
+    if not ordered:
+        assert stored[follower.event_id] < head.available_at  # the key's order is lost
+        return
+    assert ids.index(head.event_id) < ids.index(follower.event_id)
+    assert stored[follower.event_id] >= head.available_at
+    for event in others:
+        assert stored[event.event_id] < head.available_at  # not held back
 
 
 # -- NOTIFY only when something is due --------------------------------------------------
