@@ -101,6 +101,23 @@ def _transaction(dsn: str, ob: Outbox, e: Event) -> None:
         tx.put(_event(None))
 
 
+def _transaction_unprepared(dsn: str, ob: Outbox, e: Event) -> None:
+    # prepare_threshold=None (PgBouncer in transaction mode): the lock is parsed each time
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        with ob.transaction(conn) as tx:
+            tx.put_many([e, _event("other-key")])
+
+
+def _sqlalchemy_psycopg2(dsn: str, ob: Outbox, e: Event) -> None:
+    # a generic DB-API driver: exec_driver_sql, the key list adapted by psycopg2
+    engine = sa.create_engine(_sa_url(dsn, "psycopg2"), poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            ob.put_many(conn, [_event("other-key"), e])
+    finally:
+        engine.dispose()
+
+
 def _sqlalchemy(dsn: str, ob: Outbox, e: Event) -> None:
     engine = sa.create_engine(_sa_url(dsn, "psycopg"), poolclass=sa.NullPool)
     try:
@@ -155,7 +172,9 @@ PATHS: dict[str, Writer] = {
     "execute_with": _execute_with,
     "execute_with (many)": _execute_with_many,
     "transaction": _transaction,
+    "transaction (unprepared)": _transaction_unprepared,
     "sqlalchemy put": _sqlalchemy,
+    "sqlalchemy psycopg2 put_many": _sqlalchemy_psycopg2,
     "aput (psycopg)": _aput,
     "atransaction": _atransaction,
     "aput_many (asyncpg)": _asyncpg_aput_many,
