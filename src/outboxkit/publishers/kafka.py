@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import threading
@@ -30,7 +29,7 @@ from outboxkit.publishers.base import (
     PublishResult,
     Reachability,
 )
-from outboxkit.wire.kafka import encode_headers
+from outboxkit.wire.kafka import encode_record, wire_time
 
 log = logging.getLogger("outboxkit.kafka")
 # librdkafka's own lines; `outboxkit relay` lowers their ERRORs and rate-limits them.
@@ -422,12 +421,13 @@ class KafkaPublisher:
                 key = message.key  # librdkafka takes str keys as UTF-8
                 callback = functools.partial(on_delivery, i)
                 try:
+                    headers, timestamp = encode_record(message)
                     produce(
                         message.topic,
                         value=message.payload,
                         key=key,
-                        headers=encode_headers(message),
-                        timestamp=_timestamp_ms(message),
+                        headers=headers,
+                        timestamp=timestamp,
                         on_delivery=callback,
                     )
                 except BufferError:
@@ -469,12 +469,13 @@ class KafkaPublisher:
         while True:
             await asyncio.sleep(0.005)
             try:
+                headers, timestamp = encode_record(message)
                 producer.produce(
                     message.topic,
                     value=message.payload,
                     key=key,
-                    headers=encode_headers(message),
-                    timestamp=_timestamp_ms(message),
+                    headers=headers,
+                    timestamp=timestamp,
                     on_delivery=callback,
                 )
                 return
@@ -504,14 +505,10 @@ class KafkaPublisher:
             self._on_exception(generation, exc, "flush")
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_MILLISECOND = dt.timedelta(milliseconds=1)
-
-
 def _timestamp_ms(message: OutboundMessage) -> int:
     """The record's CreateTime: when the event occurred, as on every other broker.
 
     (Topics with ``message.timestamp.type=LogAppendTime`` replace it with the
     broker's append time.)
     """
-    return (message.time - _EPOCH) // _MILLISECOND
+    return wire_time(message.time)[1]

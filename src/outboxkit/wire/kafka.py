@@ -6,7 +6,10 @@ that know no CloudEvents; user headers go first and may not shadow either.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import functools
+import zoneinfo
 
 from outboxkit.tracing import TRACE_HEADERS
 from outboxkit.wire.cloudevents import Envelope, Outbound
@@ -14,11 +17,48 @@ from outboxkit.wire.cloudevents import Envelope, Outbound
 PREFIX = "ce_"
 _SPECVERSION = ("ce_specversion", b"1.0")
 _DEFAULT_CONTENT_TYPE = ("content-type", b"application/json")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MILLISECOND = dt.timedelta(milliseconds=1)
+# The zones whose offset is always zero, by identity (ZoneInfo caches its instances):
+# psycopg returns timestamptz in the session's zone, ZoneInfo("Etc/UTC") on most servers.
+_UTC_ZONES: set[dt.tzinfo] = {dt.UTC}
+for _key in ("UTC", "Etc/UTC", "Etc/UCT", "UCT", "GMT", "Etc/GMT", "Zulu", "Etc/Zulu"):
+    with contextlib.suppress(zoneinfo.ZoneInfoNotFoundError, ValueError):  # no tz database
+        _UTC_ZONES.add(zoneinfo.ZoneInfo(_key))
+# Per second of UTC time: its RFC 3339 text to the second, and its Unix time in ms.
+_SECONDS: dict[tuple[int, int, int, int, int, int], tuple[bytes, int]] = {}
+_SECONDS_MAX = 4096
 
 
 @functools.lru_cache(maxsize=1024)
 def _source(aggregate_type: str | None) -> bytes:
     return f"/outboxkit/{aggregate_type}".encode() if aggregate_type else b"/outboxkit"
+
+
+def wire_time(time: dt.datetime) -> tuple[bytes, int]:
+    """``time.isoformat()`` as bytes and the Unix time in ms (truncated), computed together.
+
+    The relay's hot path: for UTC times the text up to the second and its ms come
+    from a small per-second cache (events of one batch share seconds), which costs
+    a third of ``isoformat()`` + a datetime subtraction. Same results, other zones too.
+    """
+    if time.tzinfo not in _UTC_ZONES:
+        return time.isoformat().encode(), (time - _EPOCH) // _MILLISECOND
+    key = (time.year, time.month, time.day, time.hour, time.minute, time.second)
+    known = _SECONDS.get(key)
+    if known is None:
+        second = time.replace(microsecond=0, tzinfo=None)
+        if len(_SECONDS) >= _SECONDS_MAX:
+            _SECONDS.clear()
+        known = _SECONDS[key] = (
+            second.isoformat().encode(),
+            (second.replace(tzinfo=dt.UTC) - _EPOCH) // _MILLISECOND,
+        )
+    prefix, ms = known
+    us = time.microsecond
+    if us:
+        return prefix + b".%06d+00:00" % us, ms + us // 1000
+    return prefix + b"+00:00", ms
 
 
 def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
@@ -27,6 +67,12 @@ def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
     The same list ``OutboundMessage.cloudevents_attributes`` describes, built
     without the intermediate dicts: this runs once per event on the relay's hot path.
     """
+    return encode_record(message)[0]
+
+
+def encode_record(message: Outbound) -> tuple[list[tuple[str, bytes]], int]:
+    """:func:`encode_headers` and the record's timestamp (ms): the time is converted once."""
+    time_text, timestamp_ms = wire_time(message.time)
     event_id = str(message.event_id).encode()
     headers: list[tuple[str, bytes]] = []
     content_type = _DEFAULT_CONTENT_TYPE
@@ -44,7 +90,7 @@ def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
         ("ce_id", event_id),
         ("ce_type", message.event_type.encode()),
         ("ce_source", _source(message.aggregate_type)),
-        ("ce_time", message.time.isoformat().encode()),
+        ("ce_time", time_text),
         content_type,
     )
     if message.aggregate_id is not None:
@@ -58,7 +104,7 @@ def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
             value = user.get(name)
             if value:
                 headers.append((f"{PREFIX}{name}", value.encode()))
-    return headers
+    return headers, timestamp_ms
 
 
 def decode(
