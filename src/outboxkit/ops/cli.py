@@ -229,7 +229,44 @@ def main() -> None:
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
 @inbox_option
 @inbox_table_option
-def migrate(dsn: str | None, table: str, print_sql: bool, inbox: bool, inbox_table: str) -> None:
+@click.option(
+    "--partition-by",
+    type=click.Choice(["day", "hour"]),
+    default=None,
+    help="Create the outbox range-partitioned by created_at (UTC days or hours): published"
+    " rows leave by dropping whole partitions (see `outboxkit partitions --help`).",
+)
+@click.option(
+    "--ordered",
+    is_flag=True,
+    help="Add ordered mode (relay --ordered: per-key order across relays): a partition column"
+    " hashed from the key, two indexes and the partition lease tables. Rewrites the table"
+    " once; tables without it pay nothing.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1, max=32767),
+    default=None,
+    help="With --ordered: how many partitions the keys hash into, the most relays that can"
+    " share the work [default: 64, or the table's current count].",
+)
+@click.option(
+    "--repartition",
+    is_flag=True,
+    help="With --ordered --partitions N: change the count of an ordered table. Stop every"
+    " relay first (refused while one is alive); rewrites the table.",
+)
+def migrate(
+    dsn: str | None,
+    table: str,
+    print_sql: bool,
+    inbox: bool,
+    inbox_table: str,
+    partition_by: str | None,
+    ordered: bool,
+    partitions: int | None,
+    repartition: bool,
+) -> None:
     """Create or upgrade the outbox table (idempotent; safe from several processes at once).
 
     With --inbox, create the consumer-side inbox table (processed_events) instead.
@@ -239,6 +276,8 @@ def migrate(dsn: str | None, table: str, print_sql: bool, inbox: bool, inbox_tab
       outboxkit migrate --dsn postgresql://app@db/shop
       outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
       outboxkit migrate --inbox --dsn postgresql://app@db/billing
+      outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
+      outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
     """
     from outboxkit.store.migrate import migrate as run_migrate
     from outboxkit.store.postgres import Statements
@@ -246,15 +285,39 @@ def migrate(dsn: str | None, table: str, print_sql: bool, inbox: bool, inbox_tab
     if inbox:
         _migrate_inbox(dsn, inbox_table, print_sql)
         return
+    if (partitions is not None or repartition) and not ordered:
+        _fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
+    ordered_options = _given(partitions=partitions) | ({"repartition": True} if repartition else {})
+    if print_sql and ordered:
+        from outboxkit.store.ordered_sql import DEFAULT_PARTITIONS, OrderedStatements
+
+        try:
+            stmts = OrderedStatements(table)
+            click.echo(stmts.ddl(), nl=False)
+            if repartition:
+                click.echo(stmts.repartition_ddl(), nl=False)
+            click.echo(stmts.ordered_ddl(partitions or DEFAULT_PARTITIONS), nl=False)
+        except ConfigurationError as exc:
+            _fail(str(exc), 2)
+        return
     if print_sql:
         try:
+            if partition_by is not None:
+                from outboxkit.store.partitions import partitioned_script
+
+                click.echo(partitioned_script(table, partition_by), nl=False)
+                return
             click.echo(Statements(table).ddl(), nl=False)
         except ConfigurationError as exc:
             _fail(str(exc), 2)
         return
     if not dsn:
         _fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    result = _run_guarded(run_migrate, dsn, table=table)
+    if ordered:
+        ordered_options["ordered"] = True
+    result = _run_guarded(
+        run_migrate, dsn, table=table, **_given(partition_by=partition_by), **ordered_options
+    )
     _ok(result.describe())
 
 
@@ -297,6 +360,19 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
 )
 @table_option
 @click.option(
+    "--source",
+    type=click.Choice(["poll", "cdc"]),
+    default=None,
+    help="poll: claim rows from the table [default]. cdc: stream the outbox's logical"
+    " replication slot in commit order (run `outboxkit cdc setup` first; a second relay on"
+    " the slot waits as a standby and takes over). See README, 'Relaying from the WAL'.",
+)
+@click.option(
+    "--slot",
+    default=None,
+    help="With --source cdc: the replication slot to stream [default: outboxkit_<table>].",
+)
+@click.option(
     "--batch-size",
     cls=LibraryOption,
     default_from=_batch_shape_help(0),
@@ -332,6 +408,14 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     default_from=(_RELAY, "lease"),
     type=float,
     help="Seconds a claim is held; a crashed relay's rows are re-claimed after it.",
+)
+@click.option(
+    "--publish-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds one batch's publish may take before it is retried [default: 0.8 x --lease]."
+    " It may exceed --lease: a publish still running extends its rows' lease every lease/3"
+    " (a slow webhook is not cut at the lease); a relay that dies stops extending.",
 )
 @click.option(
     "--max-attempts",
@@ -453,6 +537,24 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     default_from=(_METRICS, "gauge_interval"),
     type=float,
     help="Seconds between reads of the table gauges (backlog, failed, oldest pending age).",
+)
+@click.option(
+    "--ordered",
+    is_flag=True,
+    default=None,
+    help="Publish each key's events in commit order, also across several relays, crashes and"
+    " retries (needs `migrate --ordered` and Outbox(ordered=True) writers). Relays divide the"
+    " table's partitions; a failing event holds back only the later events of its key.",
+)
+@click.option(
+    "--on-dead-letter",
+    "dead_letter_policy",
+    cls=LibraryOption,
+    default_from=(_RELAY, "dead_letter_policy"),
+    type=click.Choice(["block", "skip"]),
+    help="With --ordered, when a key's head event is dead-lettered: block stops the key until"
+    " `outboxkit replay` (or discard) of that event, safe for state changes; skip publishes"
+    " the key's later events without it.",
 )
 def relay(
     dsn: str,
@@ -605,13 +707,21 @@ def status(dsn: str, table: str, as_json: bool) -> None:
     """Pending, in-flight, failed and published counts, and the oldest pending age.
 
     With --json prints one object with the keys pending, in_flight, failed,
-    published, oldest_pending_age_s and topics (a list of the same per topic).
+    published, oldest_pending_age_s, topics (a list of the same per topic) and
+    blocked_keys (ordered mode: keys stopped behind a dead-lettered head event, each
+    with the head's id, event_id, topic, event_type, attempts, last_error, created_at
+    and the count of events waiting behind it; empty on an unordered table).
     """
     from outboxkit.store import admin
+    from outboxkit.store.ordered_sql import blocked_keys
 
     report = _run_guarded(admin.status, dsn, table)
+    blocked = _run_guarded(blocked_keys, dsn, table=table, limit=_BLOCKED_KEYS_SHOWN)
+    for head in blocked:
+        head["last_error"] = redact(head["last_error"] or "")
     if as_json:
-        click.echo(json.dumps(report.as_dict()))
+        shown = [{k: _jsonable(v) for k, v in head.items()} for head in blocked]
+        click.echo(json.dumps({**report.as_dict(), "blocked_keys": shown}))
         return
     tbl = Table(title=Text(f"{table} by topic"), title_justify="left")
     for col in ("topic", "pending", "in flight", "failed", "published", "oldest pending"):
@@ -635,10 +745,47 @@ def status(dsn: str, table: str, as_json: bool) -> None:
         _age(report.oldest_pending_age_s),
     )
     console.print(tbl)
+    if blocked:
+        _print_blocked_keys(table, blocked)
     if report.failed:
         console.print(
             Text.assemble(("dead letters present:", "yellow"), " see `outboxkit failed list`")
         )
+
+
+_BLOCKED_KEYS_SHOWN = 100
+
+
+def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
+    """Ordered mode: each key stopped behind its dead-lettered head event, with its error."""
+    more = "+" if len(blocked) >= _BLOCKED_KEYS_SHOWN else ""
+    tbl = Table(
+        title=Text(
+            f"{table}: {len(blocked)}{more} blocked key(s), each behind a failed head event"
+        ),
+        title_justify="left",
+    )
+    for col in ("key", "head id", "topic", "attempts", "waiting", "head event's error"):
+        tbl.add_column(
+            col, justify="right" if col in ("head id", "attempts", "waiting") else "left"
+        )
+    for head in blocked:
+        tbl.add_row(
+            Text(str(head["key"])),
+            str(head["id"]),
+            Text(str(head["topic"])),
+            str(head["attempts"]),
+            str(head["waiting"]),
+            Text((str(head["last_error"] or "-").splitlines() or ["-"])[0][:200], style="red"),
+        )
+    console.print(tbl)
+    console.print(
+        Text.assemble(
+            ("blocked keys:", "yellow"),
+            " fix the cause, then `outboxkit replay --id <head id>` (or discard the head from"
+            " the dashboard) to let the key go on",
+        )
+    )
 
 
 # -- failed / replay / purge --------------------------------------------------------
@@ -980,6 +1127,11 @@ def demo(
     )
     sys.exit(0 if ok else 1)
 
+
+# Registered last: the group's module uses this one's options and helpers.
+from outboxkit.ops.partitions_cli import partitions as _partitions  # noqa: E402
+
+main.add_command(_partitions)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

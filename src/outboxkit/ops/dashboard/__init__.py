@@ -34,6 +34,7 @@ from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops._throttle import Throttled
 from outboxkit.store import admin
+from outboxkit.store.ordered_sql import blocked_keys
 
 log = logging.getLogger("outboxkit.dashboard")
 
@@ -324,6 +325,13 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
 
 
+def _limit(request: web.Request) -> int:
+    try:
+        return max(1, min(int(request.query.get("limit", "100")), 1000))
+    except ValueError:
+        raise web.HTTPBadRequest(text="limit must be a number of rows") from None
+
+
 def _row_id(request: web.Request) -> int:
     ref = request.match_info["id"]
     # str.isdigit() admits "²" and other digits int() refuses: ASCII only, and within bigint
@@ -377,11 +385,14 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         )
 
     async def failed(request: web.Request) -> web.Response:
-        try:
-            limit = max(1, min(int(request.query.get("limit", "100")), 1000))
-        except ValueError:
-            raise web.HTTPBadRequest(text="limit must be a number of rows") from None
+        limit = _limit(request)
         rows = await dashboard.connections.run(admin.list_failed, dashboard.table, limit=limit)
+        return _json([_redacted_error(row) for row in rows])
+
+    async def blocked(request: web.Request) -> web.Response:
+        """Ordered mode: keys stopped behind a dead-lettered head event, with its error."""
+        limit = _limit(request)
+        rows = await dashboard.connections.run(blocked_keys, table=dashboard.table, limit=limit)
         return _json([_redacted_error(row) for row in rows])
 
     async def event(request: web.Request) -> web.Response:
@@ -470,6 +481,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/api/overview", overview)
     app.router.add_get("/api/failed", failed)
+    app.router.add_get("/api/blocked", blocked)
     app.router.add_get("/api/events/{id}", event)
     app.router.add_post("/api/events/{id}/replay", action("replay", "replayed", replay))
     app.router.add_post("/api/events/{id}/discard", action("discard", "discarded", discard))

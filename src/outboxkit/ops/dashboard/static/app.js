@@ -179,6 +179,34 @@ function renderFailed(rows) {
   }));
 }
 
+function renderBlocked(rows) {
+  $("blocked-section").hidden = rows.length === 0;
+  $("blocked-count").textContent = `(${rows.length}${rows.length >= 100 ? "+" : ""})`;
+  $("blocked").tBodies[0].replaceChildren(...rows.map((r) => {
+    const row = el("tr");
+    row.dataset.key = r.key;
+    cell(row, r.key);
+    cell(row, r.id, "n");
+    cell(row, r.topic);
+    cell(row, r.attempts, "n");
+    cell(row, r.waiting, "n");
+    cell(row, r.last_error || "", "err");
+    const actions = el("td");
+    const view = actionButton("view", "view", () => showEvent(r.id));
+    view.disabled = false;
+    view.title = "";
+    actions.append(
+      view,
+      " ",
+      actionButton("replay", "primary replay", () => act(r.id, "replay")),
+      " ",
+      actionButton("discard", "danger discard", () => act(r.id, "discard")),
+    );
+    row.appendChild(actions);
+    return row;
+  }));
+}
+
 function kvRows(tbody, entries) {
   tbody.replaceChildren(...entries.map(([k, v]) => {
     const row = el("tr");
@@ -208,9 +236,11 @@ async function showEvent(id) {
 
 async function refresh() {
   try {
-    const [overview, failed] = await Promise.all([api("api/overview"), api("api/failed?limit=100")]);
+    const [overview, failed, blocked] = await Promise.all(
+      [api("api/overview"), api("api/failed?limit=100"), api("api/blocked?limit=100")]);
     renderOverview(overview);
     renderFailed(failed);
+    renderBlocked(blocked);
     document.body.dataset.loaded = String(Date.now());
   } catch (e) {
     showError("dashboard API unreachable: " + e.message);
