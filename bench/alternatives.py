@@ -3,10 +3,12 @@
 * pgqueuer as the outbox: the events are jobs, a handler produces each to Kafka
   and returns only after the broker's ack (so the job is done only when delivered);
   run at a few batch sizes, the best is kept.
+* faststream-outbox (its ``OutboxBroker`` subscriber, tuned: 32 workers, fetches of
+  500), the handler producing each row to Kafka and returning after the ack.
 * a hand-written polling relay (``naive_relay.py``), at a few batch sizes.
 * outboxkit's relay on the same events, for the ratio.
 
-pgqueuer is installed only into the benchmark environment (``pip install
+pgqueuer and faststream-outbox are installed only into the benchmark environment (``pip install
 '.[bench]'``), never as a dependency of outboxkit.
 
     python bench/alternatives.py --dsn postgresql://postgres@127.0.0.1/bench [--quick]
@@ -160,6 +162,119 @@ def pgqueuer_run(dsn: str, bootstrap: str, n: int, batch_size: int) -> dict[str,
     return result
 
 
+# -- faststream-outbox: its subscriber relays each row with a handler that produces it ------
+
+FS_TOPIC = "bench.faststream"
+FS_TABLE = "fs_outbox"
+FS_QUEUE = "publish"
+FS_WORKERS = 32  # tuned (issue 14): 32 worker loops, fetches of 500 rows
+FS_FETCH = 500
+FS_FLUSH = 100  # and its deletes batched 100 at a time (default 1: a commit per row)
+
+
+def _sqlalchemy_url(dsn: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    from sqlalchemy.engine import URL
+
+    return URL.create(
+        "postgresql+asyncpg",
+        username=str(params.get("user", "postgres")),
+        password=str(params["password"]) if params.get("password") else None,
+        host=str(params.get("host", "127.0.0.1")),
+        port=int(params.get("port", 5432)),
+        database=str(params.get("dbname", "postgres")),
+    ).render_as_string(hide_password=False)
+
+
+def _fs_load(dsn: str, n: int) -> None:
+    """faststream-outbox's own table (``make_outbox_table``), filled from the same seed rows."""
+    import sqlalchemy as sa
+    from faststream_outbox import make_outbox_table
+
+    metadata = sa.MetaData()
+    make_outbox_table(metadata, table_name=FS_TABLE)
+    engine = sa.create_engine(_sqlalchemy_url(dsn).replace("+asyncpg", "+psycopg"))
+    try:
+        metadata.drop_all(engine)
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # As its publish() writes them: the payload as bytes, headers as a JSON object.
+        conn.execute(
+            f"INSERT INTO {FS_TABLE} (queue, payload, headers)"
+            " SELECT %s, payload, jsonb_build_object('key', key, 'event_id', event_id::text)"
+            " FROM bench_seed LIMIT %s",
+            (FS_QUEUE, n),
+        )
+        conn.execute(f"VACUUM ANALYZE {FS_TABLE}")
+        conn.execute("CHECKPOINT")
+
+
+async def _fs_drain(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
+    import sqlalchemy as sa
+    from faststream_outbox import OutboxBroker, make_outbox_table
+    from faststream_outbox.annotations import OutboxMessage
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    metadata = sa.MetaData()
+    table = make_outbox_table(metadata, table_name=FS_TABLE)
+    # Room for its 32 workers' settles and the fetch loop.
+    engine = create_async_engine(_sqlalchemy_url(dsn), pool_size=FS_WORKERS + 4, max_overflow=8)
+    # No per-message log lines (its default logs every message at INFO).
+    broker = OutboxBroker(engine, outbox_table=table, logger=None)
+    producer = AsyncProducer(bootstrap)
+    done = 0
+
+    @broker.subscriber(
+        FS_QUEUE,
+        max_workers=FS_WORKERS,
+        fetch_batch_size=FS_FETCH,
+        terminal_flush_batch_size=FS_FLUSH,
+        min_fetch_interval=0.01,
+        max_fetch_interval=0.1,
+    )
+    async def publish(msg: OutboxMessage) -> None:
+        nonlocal done
+        headers = msg.headers or {}
+        key = headers.get("key")
+        await producer.send(
+            FS_TOPIC,
+            msg.body,
+            str(key).encode() if key else None,
+            [("idempotency-key", str(headers.get("event_id", "")).encode())],
+        )
+        done += 1
+
+    t0 = time.perf_counter()
+    await broker.start()
+    try:
+        while done < n:  # noqa: ASYNC110 (polling is the probe)
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - t0
+    finally:
+        await broker.stop()
+        producer.close()
+        await engine.dispose()
+    return {
+        "events": done,
+        "seconds": elapsed,
+        "rate": done / elapsed,
+        "max_workers": FS_WORKERS,
+        "fetch_batch_size": FS_FETCH,
+        "terminal_flush_batch_size": FS_FLUSH,
+    }
+
+
+def faststream_run(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
+    _fs_load(dsn, n)
+    result = asyncio.run(_fs_drain(dsn, bootstrap, n))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute(f"SELECT count(*) FROM {FS_TABLE}").fetchone()
+    result["left_in_table"] = left[0] if left else None
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", required=True)
@@ -178,10 +293,11 @@ def main() -> None:
         "machine": server_facts(args.dsn),
     }
     with kafka_broker(args.kafka) as bootstrap:
-        for topic in (relay_throughput.TOPIC, PGQ_TOPIC, NAIVE_TOPIC):
+        for topic in (relay_throughput.TOPIC, PGQ_TOPIC, NAIVE_TOPIC, FS_TOPIC):
             ensure_topic(bootstrap, topic)
         results["outboxkit"] = relay_throughput.relay_kafka(args.dsn, bootstrap, n)
         results["pgqueuer"] = [pgqueuer_run(args.dsn, bootstrap, n, b) for b in pgq_batches]
+        results["faststream_outbox"] = faststream_run(args.dsn, bootstrap, n)
         results["naive"] = [
             naive_relay.bench(args.dsn, bootstrap, NAIVE_TOPIC, n, b) for b in naive_batches
         ]
@@ -196,6 +312,7 @@ def main() -> None:
     ours = results["outboxkit"]["rate"]
     results["ratio_vs_pgqueuer"] = ours / best_pgq["rate"]
     results["ratio_vs_naive"] = ours / best_naive["rate"]
+    results["ratio_vs_faststream_outbox"] = ours / results["faststream_outbox"]["rate"]
     print(f"\nalternatives, {n} events to Kafka")
     print(f"  {'outboxkit relay (1 process)':<44} {fmt_rate(ours):>12}")
     for r in results["pgqueuer"]:
@@ -203,12 +320,19 @@ def main() -> None:
             f"  {'pgqueuer + Kafka handler, batch ' + str(r['batch_size']):<44}"
             f" {fmt_rate(r['rate']):>12}"
         )
+    fs = results["faststream_outbox"]
+    label = f"faststream-outbox, {FS_WORKERS} workers, fetch {FS_FETCH}"
+    print(f"  {label:<44} {fmt_rate(fs['rate']):>12}")
     for r in results["naive"]:
         print(
             f"  {'hand-written polling relay, batch ' + str(r['batch_size']):<44}"
             f" {fmt_rate(r['rate']):>12}"
         )
     print(f"  outboxkit / best pgqueuer = {results['ratio_vs_pgqueuer']:.1f}x (target >= 5x)")
+    print(
+        f"  outboxkit / faststream-outbox = {results['ratio_vs_faststream_outbox']:.1f}x"
+        " (target >= 10x)"
+    )
     print(f"  outboxkit / best hand-written = {results['ratio_vs_naive']:.1f}x")
     save("alternatives", results)
 
