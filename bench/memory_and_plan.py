@@ -111,6 +111,7 @@ def claim_plan(dsn: str, pending: int) -> dict[str, Any]:
             "token": uuid.uuid4(),
             "relay_id": "explain",
             "limit": 500,
+            "max_attempts": 10,
             "commit": "off",
         }
         with conn.transaction(force_rollback=True):

@@ -69,6 +69,7 @@ def claim_latency_ms(conn: psycopg.Connection[Any], stmts: Statements) -> float:
                 "token": uuid.uuid4(),
                 "relay_id": "probe",
                 "limit": 500,
+                "max_attempts": 10,
                 "commit": "off",
             },
         ).fetchall()

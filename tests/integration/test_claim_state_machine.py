@@ -105,6 +105,7 @@ def _machine(dsn: str) -> type[RuleBasedStateMachine]:
                 "token": token,
                 "relay_id": f"r{relay}",
                 "limit": limit,
+                "max_attempts": 1_000_000,  # attempts are not what this models
                 "commit": None,
             }
             rows = conn.execute(sql.claim_batch, params).fetchall()
@@ -217,6 +218,7 @@ def _machine(dsn: str) -> type[RuleBasedStateMachine]:
                     "token": token,
                     "relay_id": "drain",
                     "limit": 50,
+                    "max_attempts": 1_000_000,  # attempts are not what this models
                     "commit": None,
                 }
                 rows = conn.execute(sql.claim_batch, params).fetchall()

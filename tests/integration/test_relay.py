@@ -96,6 +96,7 @@ def test_concurrent_claims_never_return_the_same_row(db_dsn: str) -> None:
                     "token": uuid.uuid4(),
                     "relay_id": "t",
                     "limit": 37,
+                    "max_attempts": 10,
                     "commit": None,
                 }
                 got = conn.execute(claim, params).fetchall()
@@ -261,6 +262,7 @@ def test_claim_uses_the_pending_index_with_a_million_published_rows(db_dsn: str)
             "token": uuid.uuid4(),
             "relay_id": "plan",
             "limit": 500,
+            "max_attempts": 10,
             "commit": None,
         }
         with conn.transaction():
@@ -290,6 +292,7 @@ def test_claim_never_scans_the_table_while_a_backlog_drains(db_dsn: str) -> None
                 "token": uuid.uuid4(),
                 "relay_id": "plan",
                 "limit": limit,
+                "max_attempts": 10,
                 "commit": "off",
             }
             with conn.transaction():
@@ -311,7 +314,14 @@ def test_relay_statements_commit_asynchronously_without_changing_the_session(
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")  # the test server may run with it off
         token = uuid.uuid4()
-        params = {"lease": 30.0, "token": token, "relay_id": "t", "limit": 5, "commit": "off"}
+        params = {
+            "lease": 30.0,
+            "token": token,
+            "relay_id": "t",
+            "limit": 5,
+            "commit": "off",
+            "max_attempts": 10,
+        }
         claimed = conn.execute(sql.claim_batch, params).fetchall()
         assert len(claimed) == 5
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)

@@ -154,7 +154,13 @@ async def test_a_fenced_settle_counts_only_the_rows_it_settled(
         await asyncio.wait_for(publisher.publishing.wait(), 10)
         await asyncio.sleep(1.5)  # the relay's lease ends while its publish is held
         with psycopg.connect(db_dsn, autocommit=True) as conn:
-            params = {"lease": 60.0, "token": uuid.uuid4(), "relay_id": "other", "limit": 4}
+            params = {
+                "lease": 60.0,
+                "token": uuid.uuid4(),
+                "relay_id": "other",
+                "limit": 4,
+                "max_attempts": 10,
+            }
             taken = conn.execute(Statements().claim_batch, {**params, "commit": None}).fetchall()
         assert len(taken) == 4, "another relay re-claimed four rows"
         publisher.gate.set()

@@ -751,6 +751,15 @@ def status(dsn: str, table: str, as_json: bool) -> None:
         console.print(
             Text.assemble(("dead letters present:", "yellow"), " see `outboxkit failed list`")
         )
+    from outboxkit.store.partitions import stray_rows
+
+    if stray := _run_guarded(stray_rows, dsn, table):  # a partitioned outbox's default partition
+        console.print(
+            Text.assemble(
+                ("rows outside every partition:", "yellow"),
+                f" {stray} in the default partition; see `outboxkit partitions list`",
+            )
+        )
 
 
 _BLOCKED_KEYS_SHOWN = 100

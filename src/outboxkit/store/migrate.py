@@ -8,6 +8,7 @@ again rebuilds exactly what was dropped and leaves the rest alone.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from collections.abc import Sequence
@@ -18,12 +19,20 @@ import psycopg
 
 from outboxkit.errors import SchemaError
 from outboxkit.store.inbox_sql import InboxStatements
+from outboxkit.store.ordered_sql import (
+    DEFAULT_PARTITIONS,
+    PARTITION_EXPRESSION,
+    OrderedStatements,
+    check_partitions,
+)
+from outboxkit.store.partitions import check_partition_by, finish_migration, prepare_migration
 from outboxkit.store.postgres import (
     DEFAULT_TABLE,
     MIGRATION_LOCK,
     MISSING_COLUMNS,
     MISSING_RELATIONS,
     SCHEMA_VERSION,
+    TABLE_EXISTS,
     Statements,
     migration_lock_key,
     parse_table,
@@ -59,9 +68,33 @@ class MigrationResult:
     previous_version: int | None = None
     recreated: tuple[str, ...] = ()
     kind: str = "outbox"
+    #: Ordered mode (``migrate(ordered=True)``): the partition count, and what it added.
+    partitions: int | None = None
+    ordered_added: tuple[str, ...] = ()
+    #: Time partitions (``migrate(partition_by=...)``): the ones this run created.
+    partition_by: str | None = None
+    created_partitions: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for an operator."""
+        line = self._describe_table() + self._describe_time_partitions()
+        if self.partitions is None:
+            return line
+        if not self.ordered_added:
+            return f"{line}; ordered mode in place with {self.partitions} partitions"
+        return (
+            f"{line}; ordered mode with {self.partitions} partitions:"
+            f" added {', '.join(self.ordered_added)}"
+        )
+
+    def _describe_time_partitions(self) -> str:
+        if self.partition_by is None:
+            return ""
+        made = self.created_partitions
+        new = f", created {', '.join(made)}" if made else ", partitions in place"
+        return f"; partitioned by {self.partition_by}{new}"
+
+    def _describe_table(self) -> str:
         what = f"{self.kind} table {self.table!r}"
         at = "" if self.version is None else f" at schema version {self.version}"
         rebuilt = f": recreated the missing {', '.join(self.recreated)}" if self.recreated else ""
@@ -117,18 +150,42 @@ def _missing(
     return [o for o in objects if o.name in gone and not (o.kind == "column" and table in gone)]
 
 
-def migrate(conninfo: str, *, table: str = DEFAULT_TABLE) -> MigrationResult:
+def migrate(
+    conninfo: str,
+    *,
+    table: str = DEFAULT_TABLE,
+    ordered: bool = False,
+    partitions: int | None = None,
+    repartition: bool = False,
+    partition_by: str | None = None,
+) -> MigrationResult:
     """Bring ``table`` to the current schema version, recreating whatever is missing.
 
     Everything happens in one transaction behind an advisory lock, so two
     deploys migrating at once serialise and the second finds nothing to do.
+
+    ``ordered=True`` adds ordered mode (per-key order across relays): the ``partition``
+    column (``partitions`` of them, default 64, or the table's current count), its
+    indexes and the ``<table>_partitions`` / ``<table>_relays`` lease tables. Changing
+    the count of an ordered table needs ``repartition=True`` with every relay stopped.
+
+    ``partition_by="day"|"hour"`` creates the table range-partitioned by ``created_at``
+    (store/partitions.py), with the partitions of now and of the next periods; an
+    existing plain table holding rows is refused (docs/operations.md, "Partitioned outbox").
     """
+    by = None if partition_by is None else check_partition_by(partition_by)
+    if (partitions is not None or repartition) and not ordered:
+        raise SchemaError("partitions and repartition apply to ordered mode: add ordered=True")
+    if partitions is not None:
+        check_partitions(partitions)
     stmts = Statements(table)
     schema, _name = parse_table(table)
     by_version = {v: _objects(ddl, schema) for v, ddl in sorted(stmts.migrations.items())}
     everything = [o for objects in by_version.values() for o in objects]
     with psycopg.connect(conninfo) as conn, conn.transaction():
         conn.execute(MIGRATION_LOCK, (migration_lock_key(table),))
+        if by is not None:
+            prepare_migration(conn, stmts, by)  # the partitioned DDL, or a refusal
         conn.execute(stmts.create_version_table)
         row = conn.execute(stmts.get_version, (table,)).fetchone()
         recorded = int(row[0]) if row else None
@@ -153,7 +210,13 @@ def migrate(conninfo: str, *, table: str = DEFAULT_TABLE) -> MigrationResult:
             elif recreated:
                 action = MigrationAction.REPAIRED
             else:
-                return MigrationResult(table, MigrationAction.UNCHANGED, SCHEMA_VERSION, recorded)
+                result = MigrationResult(table, MigrationAction.UNCHANGED, SCHEMA_VERSION, recorded)
+                if by is not None:
+                    made = tuple(finish_migration(conn, table, by))
+                    result = dataclasses.replace(result, partition_by=by, created_partitions=made)
+                if ordered:
+                    result = _migrate_ordered(conn, result, partitions, repartition)
+                return result
         # Idempotent DDL: from version 1 when something is missing, else only the new ones.
         first = 1 if missing or recorded is None else recorded + 1
         for version in range(first, SCHEMA_VERSION + 1):
@@ -165,7 +228,61 @@ def migrate(conninfo: str, *, table: str = DEFAULT_TABLE) -> MigrationResult:
                 f"migrating {table!r} left {', '.join(o.label for o in still)} missing;"
                 " nothing was changed (report this as a bug)"
             )
-    return MigrationResult(table, action, SCHEMA_VERSION, recorded, recreated)
+        result = MigrationResult(table, action, SCHEMA_VERSION, recorded, recreated)
+        if by is not None:
+            made = tuple(finish_migration(conn, table, by))
+            result = dataclasses.replace(result, partition_by=by, created_partitions=made)
+        return _migrate_ordered(conn, result, partitions, repartition) if ordered else result
+
+
+def _column_partitions(conn: psycopg.Connection[Any], stmts: OrderedStatements) -> int | None:
+    """P as the partition column computes it, or None without the column."""
+    row = conn.execute(PARTITION_EXPRESSION, (stmts.qualified,)).fetchone()
+    if not row:
+        return None
+    found = re.search(r"\(?(\d+)\)?(?:::bigint)?\)\)::smallint\s*$", str(row[0]))
+    if not found:
+        raise SchemaError(
+            f"the partition column of {stmts.table!r} is not the one `migrate --ordered`"
+            f" creates ({row[0]}): drop it and migrate again"
+        )
+    return int(found.group(1))
+
+
+def _migrate_ordered(
+    conn: psycopg.Connection[Any],
+    result: MigrationResult,
+    partitions: int | None,
+    repartition: bool,
+) -> MigrationResult:
+    """Add (or repair) ordered mode in the migrating transaction; refuse a silent change of P."""
+    stmts = OrderedStatements(result.table)
+    schema, _name = parse_table(result.table)
+    current = _column_partitions(conn, stmts)
+    wanted = partitions if partitions is not None else (current or DEFAULT_PARTITIONS)
+    if current is not None and current != wanted:
+        if not repartition:
+            raise SchemaError(
+                f"outbox table {result.table!r} is ordered with {current} partitions, not"
+                f" {wanted}: changing the count moves keys between partitions. Stop every"
+                f" relay of the table, then run `outboxkit migrate --ordered --partitions"
+                f" {wanted} --repartition` (it rewrites the table once under an exclusive"
+                f" lock; each key's events keep their order)"
+            )
+        if conn.execute(TABLE_EXISTS, (stmts.relays_table,)).fetchone() == (True,):
+            live = [r for (r,) in conn.execute(stmts.live_relays)]
+            if live:
+                raise SchemaError(
+                    f"cannot repartition {result.table!r} while relays are running"
+                    f" ({', '.join(live[:5])}): stop them (their heartbeats expire within"
+                    " one lease after they stop) and run it again"
+                )
+        conn.execute(stmts.repartition_ddl())
+    ddl = stmts.ordered_ddl(wanted)
+    missing = _missing(conn, _objects(ddl, schema), stmts.qualified)
+    conn.execute(ddl)
+    added = tuple(o.label for o in missing)
+    return dataclasses.replace(result, partitions=wanted, ordered_added=added)
 
 
 def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> MigrationResult:

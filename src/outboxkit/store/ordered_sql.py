@@ -94,7 +94,7 @@ WITH mine AS MATERIALIZED (
 ), keyed AS MATERIALIZED (
     SELECT o.id, o.key, o.attempts, {oversized} AS oversized FROM {table} AS o
     WHERE o.status = {pending} AND o.partition IS NOT NULL
-      AND o.partition = ANY((SELECT parts FROM mine)) AND o.available_at <= now()
+      AND o.partition = ANY((SELECT parts FROM mine)::smallint[]) AND o.available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM {table} AS e
           WHERE e.key = o.key AND e.id < o.id AND e.key IS NOT NULL
@@ -133,7 +133,7 @@ WHERE o.id = ANY(ARRAY(
       AND NOT (%(block)s AND b.key IS NOT NULL AND EXISTS (
           SELECT 1 FROM batch AS x
           WHERE x.key = b.key AND x.id < b.id
-            AND (x.oversized IS NOT NULL OR x.attempts >= %(max_attempts)s))))
+            AND (x.oversized IS NOT NULL OR x.attempts >= %(max_attempts)s)))))
   AND {commit_named}
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
           o.payload, o.headers, o.created_at, o.attempts,
