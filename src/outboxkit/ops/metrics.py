@@ -196,6 +196,7 @@ class RelayMetrics(RelayObserver):
         self.broker_error: str | None = None
         self._broker_error_at = 0.0
         self.publisher: object = None  # set by attach(): its ``reachability``, if any, is read
+        self.relay: object = None  # set by attach()
         self._sql = Statements(table)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
@@ -285,6 +286,7 @@ class RelayMetrics(RelayObserver):
         """Label the output with the relay's id; read its publisher's reachability."""
         self.relay_id = relay.relay_id
         self.publisher = relay.publisher
+        self.relay = relay  # ordered mode: partitions_owned, read at scrape time
 
     # -- relay hooks -------------------------------------------------------------
 
@@ -527,3 +529,11 @@ class _StateCollector(Collector):
         )
         info.add_metric([self.m.relay_id or "unknown"], 1)
         yield info
+        owned = getattr(getattr(self.m, "relay", None), "partitions_owned", None)
+        if isinstance(owned, int):  # ordered mode
+            yield GaugeMetricFamily(
+                "outboxkit_partitions_owned",
+                "Ordered mode: partitions this relay holds a lease on (0: it cannot heartbeat,"
+                " or more relays run than the table has partitions).",
+                value=owned,
+            )

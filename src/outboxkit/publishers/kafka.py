@@ -234,6 +234,33 @@ class KafkaPublisher:
     def __repr__(self) -> str:
         return f"KafkaPublisher(bootstrap={self._config['bootstrap.servers']!r})"
 
+    def bound_delivery_time(self, seconds: float) -> float:
+        """Ordered mode: per-partition order on retries, and no delivery after ``seconds``.
+
+        The ordered relay stops waiting for a batch at the end of its publish window, and
+        the key's partition may pass to another relay after it; librdkafka would go on
+        retrying a message until ``delivery.timeout.ms``. This lowers that timeout to
+        ``seconds`` (never raises it) before :meth:`start`, refuses settings under which
+        retries can reorder a partition, and returns the bound kept, in seconds.
+        """
+        config = self._config
+        if str(config.get("enable.idempotence")).lower() not in ("true", "1"):
+            raise ConfigurationError(
+                "ordered mode needs the idempotent Kafka producer: remove"
+                " enable.idempotence=false from the broker URL (without it a retried"
+                " batch can land after the next one)"
+            )
+        in_flight = int(config.get("max.in.flight.requests.per.connection", 5))
+        if in_flight > 5 or str(config.get("acks", "all")).lower() not in ("all", "-1"):
+            raise ConfigurationError(
+                "ordered mode needs acks=all and max.in.flight.requests.per.connection <= 5"
+                " (the idempotent producer keeps a partition's order only then)"
+            )
+        current = float(config.get("delivery.timeout.ms", 300_000)) / 1000
+        bound = max(0.001, min(current, seconds))
+        config["delivery.timeout.ms"] = max(1, int(bound * 1000))
+        return bound
+
     # -- lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:

@@ -80,7 +80,7 @@ class OrderedMode:
         # (librdkafka retries until delivery.timeout.ms) is told to give up sooner, and
         # no wave starts later than that bound before the window ends.
         self.delivery_bound = 0.0
-        bound = getattr(relay.publisher, "bound_delivery_time", None)
+        bound = _find(relay.publisher, "bound_delivery_time")
         if callable(bound):
             self.delivery_bound = float(bound(self.window / 2))
         self.leases = PartitionLeases(relay.dsn, self.sql, relay.relay_id, relay.lease)
@@ -176,6 +176,16 @@ class OrderedMode:
 
     def owned_count(self) -> int:
         return self.leases.owned_count()
+
+
+def _find(publisher: object, name: str) -> object:
+    """``name`` of ``publisher`` or of the publisher it wraps (``.inner``: routing)."""
+    for _ in range(8):
+        found = getattr(publisher, name, None)
+        if found is not None or not hasattr(publisher, "inner"):
+            return found
+        publisher = publisher.inner
+    return None
 
 
 _AFTER_FAILURE = PublishResult.hand_back(
