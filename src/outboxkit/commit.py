@@ -110,11 +110,16 @@ def _text_array(items: Iterable[bytes]) -> bytes:
     return header + b"".join(_INT32.pack(len(v)) + v for v in values)
 
 
-def ordered_lock_params(rows: list[list[bytes | None]]) -> list[bytes | None] | None:
-    """The parameter of the ordered commit's lock statement: the distinct keys, or None
-    when no queued event has a key (then no lock is taken)."""
+def ordered_lock_params(rows: list[list[bytes | None]]) -> tuple[bool, list[bytes | None]] | None:
+    """Whether the ordered commit locks several keys, and its lock statement's parameter:
+    the one key as text, or the distinct keys as a text[]. None when no queued event has
+    a key (then no lock is taken)."""
     keys = {key for row in rows if (key := row[_KEY]) is not None}
-    return [_text_array(keys)] if keys else None
+    if not keys:
+        return None
+    if len(keys) == 1:
+        return False, [keys.pop()]
+    return True, [_text_array(keys)]
 
 
 # storage="wal": the one parameter is the envelope (bytea), then the NOTIFY channel.
@@ -134,12 +139,22 @@ class CommitInserts:
     The INSERT in ``$n`` style with its prepared-statement name per notify variant
     (the name follows the text, so outboxes of one table share it), the NOTIFY
     channel, the table (for errors) and the event check (the outbox's size limits).
-    In ordered mode also the statement that takes the keys' advisory locks
-    (store.postgres.LOCK_KEYS): it runs in the COMMIT's pipeline ahead of the INSERTs,
-    so it costs no round trip, and the locks are held only while the COMMIT travels.
+    In ordered mode the first INSERT takes the keys' advisory locks (store.postgres
+    KEY_LOCK/KEY_LOCKS): no command or round trip of their own, and the locks are held
+    only while the COMMIT travels.
     """
 
-    __slots__ = ("channel", "check", "inserts", "lock", "notify", "ordered", "row", "table", "wal")
+    __slots__ = (
+        "channel",
+        "check",
+        "inserts",
+        "locking",
+        "notify",
+        "ordered",
+        "row",
+        "table",
+        "wal",
+    )
 
     def __init__(
         self,
@@ -170,15 +185,24 @@ class CommitInserts:
                 text = numbered(stmt).encode()
                 key = (text, tuple(_WAL_TYPES_NOTIFY if with_notify else _WAL_TYPES))
                 self.inserts[with_notify] = (key, b"outboxkit_emit_%08x" % zlib.crc32(text))
-        lock = numbered(sql.lock_keys).encode()
-        self.lock: tuple[private.Key, bytes] = (
-            (lock, (_TEXT_ARRAY,)),
-            b"outboxkit_lock_%08x" % zlib.crc32(lock),
-        )
+        # Ordered mode: the first INSERT of the commit takes the transaction's key locks,
+        # by (several keys, notify): one key as a text parameter, several as a text[].
+        self.locking: dict[tuple[bool, bool], tuple[private.Key, bytes]] = {}
+        for several, notifies, stmt in (
+            (False, False, sql.insert_one_ordered),
+            (False, True, sql.insert_one_ordered_notify),
+            (True, False, sql.insert_one_locking_keys),
+            (True, True, sql.insert_one_locking_keys_notify),
+        ):
+            text = numbered(stmt).encode()
+            types = (*_TYPES, _TEXT_ARRAY if several else _OIDS["text"])
+            types += (_OIDS["text"],) if notifies else ()
+            name = b"outboxkit_put_%08x" % zlib.crc32(text)
+            self.locking[several, notifies] = ((text, types), name)
 
     def prepared(self) -> list[tuple[private.Key, bytes]]:
         """Every statement the commit path may have prepared on a connection."""
-        return [*self.inserts.values(), self.lock]
+        return [*self.inserts.values(), *self.locking.values()]
 
 
 class BaseOutboxTransaction(Generic[_Conn]):
@@ -290,13 +314,19 @@ class BaseOutboxTransaction(Generic[_Conn]):
                     send(ins.inserts[False], row, _WAL_TYPES, _WAL_FORMATS)
             sends.append(partial(pgconn.send_query_params, b"COMMIT", None))
             return sends, prepares
-        if ins.ordered and (lock_params := ordered_lock_params(self._rows)) is not None:
-            send(ins.lock, lock_params, [_TEXT_ARRAY], [1])
         # PostgreSQL folds repeats of one notification: the first row due now carries it
         # (none when every event is scheduled for later).
         notify_at = _first_due(self._rows) if ins.notify else -1
+        lock = ordered_lock_params(self._rows) if ins.ordered else None
         for i, row in enumerate(self._rows):
-            if i == notify_at:
+            if i == 0 and lock is not None:
+                # The key locks, before this row and the later ones take their ids.
+                several, lock_params = lock
+                statement = ins.locking[several, i == notify_at]
+                params = [*row, *lock_params, ins.channel] if i == notify_at else row + lock_params
+                types = list(statement[0][1])
+                send(statement, params, types, [1] * len(types))
+            elif i == notify_at:
                 send(ins.inserts[True], [*row, ins.channel], _TYPES_NOTIFY, _FORMATS_NOTIFY)
             else:
                 send(ins.inserts[False], row, _TYPES, _FORMATS)

@@ -238,7 +238,7 @@ class Outbox:
         params: list[Any] = list(_row(checked))
         locks = self.ordered and checked.key is not None
         if locks:
-            params.append([checked.key])
+            params.append(checked.key)
         notify = self.notify and (checked.available_at is None or any_due([checked.available_at]))
         if notify:
             params.append(self._sql.channel)
@@ -417,7 +417,7 @@ class Outbox:
             event_params = list(rows[0])
         keys = ordered_keys(row[_KEY] for row in rows) if self.ordered else None
         if keys is not None:
-            event_params.append(keys)
+            event_params.append(keys if many else keys[0])  # one event: KEY_LOCK, a text
         notify = self.notify and any_due(row[_AVAILABLE_AT] for row in rows)
         if notify:
             event_params.append(self._sql.channel)

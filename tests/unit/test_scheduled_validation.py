@@ -73,11 +73,15 @@ def test_an_ordered_write_locks_each_distinct_key_once_and_keyless_ones_not_at_a
     assert ordered_keys([None, None]) is None
     assert sorted(ordered_keys(["b", None, "a", "b"]) or []) == ["a", "b"]
     assert ordered_lock_params([_params(_event())]) is None
-    params = ordered_lock_params([_params(_event(key="b")), _params(_event(key="b"))])
-    assert params is not None and params[0] is not None
-    # a one-dimensional text[] of one element: ndim 1, no NULL, oid 25, length 1, lbound 1
-    assert params[0] == bytes.fromhex("00000001 00000000 00000019 00000001 00000001") + (
-        b"\x00\x00\x00\x01b"
+    one = ordered_lock_params([_params(_event(key="b")), _params(_event(key="b"))])
+    assert one == (False, [b"b"])  # one key: a text parameter
+    several = ordered_lock_params([_params(_event(key="b")), _params(_event(key="a"))])
+    assert several is not None and several[0]
+    # a one-dimensional text[] of two elements: ndim 1, no NULL, oid 25, length 2, lbound 1
+    header = bytes.fromhex("00000001 00000000 00000019 00000002 00000001")
+    assert several[1][0] in (
+        header + b"\x00\x00\x00\x01a\x00\x00\x00\x01b",
+        header + b"\x00\x00\x00\x01b\x00\x00\x00\x01a",
     )
 
 

@@ -205,15 +205,30 @@ INSERT_MANY_ORDERED = INSERT_MANY.rstrip() + f"\nWHERE {KEY_LOCKS} >= 0\n"
 INSERT_ONE_LOCKING_KEYS = (
     f"INSERT INTO {{table}} ({_COLUMNS}) SELECT {_VALUES_ONE} WHERE {KEY_LOCKS} >= 0"
 )
+# The wake-up gate (issue 14, docs/architecture.md): a NOTIFY makes its commit take a
+# database-wide lock held through the commit's WAL flush, so notifying commits go one at
+# a time. Writers notify only while a relay waits for work: such a relay holds the
+# channel's advisory lock (session, exclusive: TRY_WAKE_LOCK), and a writer's try of the
+# shared lock then fails. A writer whose try succeeds (no relay waiting) does not notify
+# and holds the shared lock until its transaction ends, so a relay gets the exclusive
+# lock only once those writers' rows are visible; it claims once more after taking it,
+# and no wake-up is lost. The one-bigint form never meets the two-int key locks.
+WAKE_GATE = "NOT pg_try_advisory_xact_lock_shared({wake_key})"
+TRY_WAKE_LOCK = "SELECT pg_try_advisory_lock({wake_key})"
+WAKE_UNLOCK = "SELECT pg_advisory_unlock({wake_key})"
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
-NOTIFY_SUFFIX = "SELECT pg_notify(%s, '')"
+NOTIFY_SUFFIX = "SELECT pg_notify(%s, '') WHERE " + WAKE_GATE
 # Events attached to the caller's own statement (Outbox.execute_with) as a
 # data-modifying CTE: PostgreSQL runs it exactly once whatever the main statement
 # does, and RETURNING carries the notification (a plain SELECT CTE nobody
 # references would not run).
 ATTACHED_EVENTS = "outboxkit_events AS ({insert})"
-ATTACHED_EVENTS_NOTIFY = "outboxkit_events AS ({insert} RETURNING pg_notify(%s, ''))"
+ATTACHED_EVENTS_NOTIFY = (
+    "outboxkit_events AS ({insert} RETURNING CASE WHEN "
+    + WAKE_GATE
+    + " THEN pg_notify(%s, '') END)"
+)
 
 # --- relay --------------------------------------------------------------------
 
@@ -524,6 +539,8 @@ class Statements(NamedStatements):
         "WITH ins AS ({insert_one_locking_keys}) " + NOTIFY_SUFFIX
     )
     claim_batch = SqlTemplate(CLAIM_BATCH)
+    try_wake_lock = SqlTemplate(TRY_WAKE_LOCK)
+    wake_unlock = SqlTemplate(WAKE_UNLOCK)
     settle_published_delete = SqlTemplate(SETTLE_PUBLISHED_DELETE)
     settle_published_keep = SqlTemplate(SETTLE_PUBLISHED_KEEP)
     settle_failures = SqlTemplate(SETTLE_FAILURES)
@@ -554,6 +571,7 @@ class Statements(NamedStatements):
         slots = {
             "table": self.qualified,
             "table_literal": f"'{self.qualified}'",  # a validated name: no quote inside
+            "wake_key": str(wake_lock_key(self.channel)),
             "versions": self.versions_table,
             "index_pending": quote_table(None, f"{name}_pending_idx"[:63]),
             "index_failed": quote_table(None, f"{name}_failed_idx"[:63]),
@@ -585,6 +603,11 @@ def numbered(statement: str, start: int = 1) -> str:
     """Turn psycopg's positional ``%s`` into PostgreSQL's ``$1, $2 ...`` (asyncpg)."""
     counter = iter(range(start, start + 1000))
     return re.sub(r"%s", lambda _m: f"${next(counter)}", statement)
+
+
+def wake_lock_key(channel: str) -> int:
+    """The advisory-lock key of an outbox's wake-up gate (WAKE_GATE): one per channel."""
+    return zlib.crc32(f"outboxkit.wake:{channel}".encode())
 
 
 def migration_lock_key(table: str) -> int:
