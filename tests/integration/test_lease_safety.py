@@ -338,8 +338,9 @@ def _crash_loop_guard_landed() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 def test_an_event_that_kills_the_relay_is_dead_lettered_after_max_attempts_claims(
-    db_dsn: str, receiver: ScriptedReceiver, tmp_path: Path
+    db_dsn: str, receiver: ScriptedReceiver, tmp_path: Path, ordered: bool
 ) -> None:
     """The receiver SIGKILLs the relay process whenever the poison event reaches it.
 
@@ -364,6 +365,12 @@ def test_an_event_that_kills_the_relay_is_dead_lettered_after_max_attempts_claim
         return 204
 
     receiver.action = action
+    mode: tuple[str, ...] = ()
+    if ordered:
+        from outboxkit.store.migrate import migrate
+
+        migrate(db_dsn, table="outbox", ordered=True, partitions=4)
+        mode = ("--ordered", "--on-dead-letter", "block")
     write_events(db_dsn, events)
     log_path = tmp_path / "relay.log"
 
@@ -376,6 +383,7 @@ def test_an_event_that_kills_the_relay_is_dead_lettered_after_max_attempts_claim
                 *("--lease", "1", "--max-attempts", str(max_attempts)),
                 *("--batch-size", "1", "--max-in-flight", "1", "--poll-interval", "0.1"),
                 *("--retry-base", "0.05", "--retention", "keep", "--log-interval", "60"),
+                *mode,
                 log_level="info",
                 cwd=REPO,
             )

@@ -135,10 +135,12 @@ class _KafkaBroker:
                 msg = consumer.poll(1.0)
                 if msg is None or msg.error() is not None:
                     continue
-                seen[msg.partition()] = msg.offset() + 1
+                seen[msg.partition() or 0] = (msg.offset() or 0) + 1
                 headers = dict(msg.headers() or [])
                 key = msg.key()
-                got.append((headers["ce_id"].decode(), key.decode() if key else None))
+                got.append(
+                    (headers["ce_id"].decode(), key.decode() if isinstance(key, bytes) else key)
+                )
             return got
         finally:
             consumer.close()
