@@ -37,8 +37,14 @@ from outboxkit.store import partitions_sql as q
 from outboxkit.store._connection import Source, admin_connection
 from outboxkit.store.postgres import DEFAULT_TABLE, Statements, parse_table
 
-PartitionBy = Literal["day", "hour"]
-PERIODS: dict[str, dt.timedelta] = {"day": dt.timedelta(days=1), "hour": dt.timedelta(hours=1)}
+#: "minute" compresses days into minutes for tests and benchmarks (the CLI offers day|hour).
+PartitionBy = Literal["day", "hour", "minute"]
+PERIODS: dict[str, dt.timedelta] = {
+    "day": dt.timedelta(days=1),
+    "hour": dt.timedelta(hours=1),
+    "minute": dt.timedelta(minutes=1),
+}
+_NAME_FORMATS = {"day": "_p%Y%m%d", "hour": "_p%Y%m%d%H", "minute": "_p%Y%m%d%H%M"}
 #: How long published rows stay (a partition is dropped once its whole range is older).
 DEFAULT_KEEP = dt.timedelta(days=7)
 #: Periods created ahead of the current one: a stopped maintenance has this long to come back.
@@ -162,11 +168,13 @@ def period_start(at: dt.datetime, by: PartitionBy) -> dt.datetime:
     at = at.astimezone(dt.UTC)
     if by == "day":
         return at.replace(hour=0, minute=0, second=0, microsecond=0)
-    return at.replace(minute=0, second=0, microsecond=0)
+    if by == "hour":
+        return at.replace(minute=0, second=0, microsecond=0)
+    return at.replace(second=0, microsecond=0)
 
 
 def partition_name(table_name: str, start: dt.datetime, by: PartitionBy) -> str:
-    suffix = start.astimezone(dt.UTC).strftime("_p%Y%m%d" if by == "day" else "_p%Y%m%d%H")
+    suffix = start.astimezone(dt.UTC).strftime(_NAME_FORMATS[by])
     return table_name[: 63 - len(suffix)] + suffix
 
 
@@ -337,7 +345,7 @@ def prepare_migration(
                 " (create the partitioned table under another name, switch writers, drain"
                 " the old one), or drop the empty table first"
             )
-        conn.execute(f"DROP TABLE {stmts.qualified}")
+        conn.execute(q.render(q.DROP_PARTITION, partition=sql.SQL(stmts.qualified)))
     stmts.migrations[1] = q.partitioned_ddl(stmts.migrations[1])[0]
 
 
@@ -587,15 +595,16 @@ def maintain(
 
 
 def stray_rows(source: Source, table: str = DEFAULT_TABLE) -> int:
-    """Rows in the default partition (no partition covered their created_at): 0 is healthy."""
+    """Rows in the default partition (no partition covered their created_at): 0 is healthy.
+
+    0 as well for a plain table (no default partition).
+    """
     names = _Names.of(table)
     with admin_connection(source, lambda: table_missing(table)) as conn:
-        regclass = q.ident(names.schema, default_partition_name(names.name))
-        try:
-            with conn.transaction():
-                row = conn.execute(q.render(q.COUNT_STRAY, partition=regclass)).fetchone()
-        except pg_errors.UndefinedTable:
+        found = conn.execute(q.FIND_DEFAULT, (names.regclass,)).fetchone()
+        if found is None:
             return 0
+        row = conn.execute(q.render(q.COUNT_STRAY, partition=names.child(found[0]))).fetchone()
         return int(row[0]) if row else 0
 
 

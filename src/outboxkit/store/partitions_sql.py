@@ -82,6 +82,10 @@ SELECT DISTINCT date_trunc(%s, created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
 FROM {partition}
 """
 COUNT_STRAY = "SELECT count(*) FROM {partition}"
+FIND_DEFAULT = """
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = to_regclass(%s) AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'
+"""
 CREATE_PARTITION = (
     "CREATE TABLE {partition} PARTITION OF {table} FOR VALUES FROM ({lower}) TO ({upper})"
     " WITH ({storage})"
@@ -89,7 +93,7 @@ CREATE_PARTITION = (
 CREATE_DEFAULT = (
     "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {table} DEFAULT WITH ({storage})"
 )
-DROP_PARTITION = "DROP TABLE {partition}"
+DROP_PARTITION = "DROP TABLE {partition}"  # (also an empty plain outbox being replaced)
 # Moving a period's stray rows out of the default partition before its own partition exists
 # (PostgreSQL refuses to create a partition whose range rows of the default partition hold).
 STASH_TABLE = "CREATE TEMP TABLE outboxkit_stray (LIKE {table}) ON COMMIT DROP"
