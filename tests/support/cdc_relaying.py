@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,19 +19,11 @@ from outboxkit.cdc.relay import CdcRelay
 
 
 def setup_cdc(dsn: str, table: str = "outbox") -> str:
-    """Create the outbox's publication and slot (as `outboxkit cdc setup`); returns the slot."""
-    name = "outboxkit_" + table.replace(".", "_")
-    try:
-        from outboxkit.cdc import slots
+    """Create the outbox's publication and slot (`outboxkit cdc setup`); returns the slot."""
+    from outboxkit.cdc import slots
 
-        slots.setup(dsn, table=table)  # type: ignore[attr-defined]
-        return name
-    except (ImportError, AttributeError):
-        pass
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE PUBLICATION {name} FOR TABLE {table} WITH (publish = 'insert')")
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
-    return name
+    slots.setup(dsn, table=table)
+    return slots.default_name(table)
 
 
 def slot_lag(dsn: str, slot: str) -> int:
@@ -62,3 +59,73 @@ async def running_cdc_relay(
     finally:
         relay.stop()
         await asyncio.wait_for(task, timeout=30)
+
+
+def write_wal(
+    dsn: str, events: list[Any], *, rollback: bool = False, table: str = "outbox"
+) -> None:
+    """WAL-only events (the messages ``Outbox(storage="wal")`` writes), in one transaction."""
+    from outboxkit.wal_envelope import encode_envelope, message_prefix
+
+    with psycopg.connect(dsn) as conn:
+        with conn.cursor() as cur:
+            for e in events:
+                cur.execute(
+                    "SELECT pg_logical_emit_message(true, %s, %s)",
+                    (message_prefix(table), encode_envelope(e)),
+                )
+        if rollback:
+            conn.rollback()
+        else:
+            conn.commit()
+
+
+class RelayProcess:
+    """`outboxkit relay --source cdc` as a real process (to SIGKILL); its log collected."""
+
+    def __init__(self, dsn: str, broker: str, *extra: str) -> None:
+        args = [sys.executable, "-m", "outboxkit", "relay", "--source", "cdc", "--dsn", dsn]
+        args += ["--broker", broker, "--retry-base", "0.05", "--retry-cap", "0.5", *extra]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.decode(errors="replace"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._reader.join(timeout=10)
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (VmHWM), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")

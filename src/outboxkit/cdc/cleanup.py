@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from outboxkit._text import first_line
-from outboxkit.store.cdc_relay_sql import CdcRelayStatements
+from outboxkit.store.cdc_sql import CdcRelayStatements
 
 log = logging.getLogger("outboxkit.relay")
 

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.cdc_relay_sql import CdcRelayStatements
+from outboxkit.store.cdc_sql import CdcRelayStatements
 
 
 class DeadLetters:

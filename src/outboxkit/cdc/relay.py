@@ -36,6 +36,7 @@ from outboxkit.cdc.envelope import WalEnvelopeError, decode_envelope
 from outboxkit.cdc.errors import ReplicationError, SlotInUse, SlotInvalidated, SlotNotFound
 from outboxkit.cdc.progress import Progress
 from outboxkit.cdc.reader import StreamReader
+from outboxkit.cdc.slots import default_name
 from outboxkit.cdc.stream import Begin, Commit, Keepalive, Message, Row
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import (
@@ -123,8 +124,8 @@ class CdcRelay:
         remember_secrets(dsn)
         self.publisher = publisher
         self.table = table
-        self.slot = slot or _default_name(table)
-        self.publication = publication or _default_name(table)
+        self.slot = slot or default_name(table)
+        self.publication = publication or default_name(table)
         self.batch_size = batch_size
         self.max_attempts = max_attempts
         self.retry_base = retry_base
@@ -476,11 +477,6 @@ class CdcRelay:
                     raise _Stopped from exc
                 self.observer.database_error("dead_letter", exc, True)
                 await self._sleep(backoff.next_delay())
-
-
-def _default_name(table: str) -> str:
-    """The slot and publication of an outbox, as ``outboxkit cdc setup`` names them."""
-    return "outboxkit_" + table.replace(".", "_")
 
 
 def _is_connection_error(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from outboxkit.errors import table_missing
 from outboxkit.store._connection import Source, admin_connection
+from outboxkit.store.cdc_sql import CdcRelayStatements
 from outboxkit.store.postgres import DEFAULT_TABLE, Statements, Status
 
 
@@ -107,15 +108,25 @@ def replay(
     topic: str | None = None,
     all_failed: bool = False,
 ) -> int:
-    """Put dead-lettered events back in line with a fresh attempt budget; returns the count."""
-    sql = Statements(table)
+    """Put dead-lettered events back in line with a fresh attempt budget; returns the count.
+
+    A table in a publication (``outboxkit cdc setup``) gets its events inserted anew as
+    pending rows (the failed ones deleted): the WAL relay sees inserts only, and the
+    polling relay claims the new rows just the same.
+    """
+    sql = CdcRelayStatements(table)
     with _connect(dsn, table) as conn:
+        row = conn.execute(sql.cdc_is_published, (sql.qualified,)).fetchone()
+        if row is not None and row[0]:
+            stmts = (sql.cdc_replay_by_id, sql.cdc_replay_by_topic, sql.cdc_replay_all_failed)
+        else:
+            stmts = (sql.replay_by_id, sql.replay_by_topic, sql.replay_all_failed)
         if ids:
-            cur = conn.execute(sql.replay_by_id, (ids,))
+            cur = conn.execute(stmts[0], (ids,))
         elif topic is not None:
-            cur = conn.execute(sql.replay_by_topic, (topic,))
+            cur = conn.execute(stmts[1], (topic,))
         elif all_failed:
-            cur = conn.execute(sql.replay_all_failed)
+            cur = conn.execute(stmts[2])
         else:
             raise ValueError("say what to replay: ids, a topic, or all_failed=True")
         return cur.rowcount
