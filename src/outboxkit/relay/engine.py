@@ -152,8 +152,13 @@ class Relay:
     ) -> None:
         # Unset: the shape the publisher suits best (publishers.base.batch_shape).
         shape = batch_shape(publisher)
-        batch_size = shape[0] if batch_size is None else batch_size
         max_in_flight = shape[1] if max_in_flight is None else max_in_flight
+        if batch_size is None and ordered:
+            # Consecutive batches in id order share keys, and a key's next batch waits for
+            # the one in flight: the pipeline's rows split into max_in_flight batches keep
+            # flowing (measured: docs/benchmarks.md, ordered relay).
+            batch_size = max(1, shape[0] // max_in_flight)
+        batch_size = shape[0] if batch_size is None else batch_size
         if batch_size < 1:
             raise ConfigurationError("batch_size must be at least 1")
         if lease <= 0 or poll_interval <= 0:
@@ -460,7 +465,8 @@ class Relay:
         conn = await self._connection("claim")
         token = uuid.uuid4()
         started = time.perf_counter()
-        statement, params = self._sql.claim_batch, {
+        statement = self._sql.claim_batch
+        params = {
             "lease": self.lease,
             "token": token,
             "relay_id": self.relay_id,
