@@ -421,6 +421,7 @@ def _claim(conn: psycopg.Connection[Any], relay: str, **over: Any) -> list[tuple
         "max_attempts": 3,
         "commit": None,
         "margin": 1.0,
+        "scan": 400,
         "draining": [],
         "block": True,
         **over,

@@ -42,6 +42,8 @@ DEAD_LETTER_POLICIES: tuple[DeadLetterPolicy, ...] = ("block", "skip")
 #: The share of the lease a batch may publish for, and the lease it must have left.
 WINDOW_SHARE = 0.5
 MARGIN_SHARE = 0.6
+#: The ordered claim looks at this many times the batch size of pending keyed rows.
+SCAN_FACTOR = 4
 
 
 def waves(messages: Sequence[OutboundMessage]) -> list[list[int]]:
@@ -100,6 +102,7 @@ class OrderedMode:
         self._starts[params["token"]] = now
         self._release_drained()
         params.update(
+            scan=SCAN_FACTOR * params["limit"],
             margin=self.margin,
             draining=sorted(self.leases.draining),
             block=self.policy == "block",
@@ -109,7 +112,13 @@ class OrderedMode:
     def track(self, task: asyncio.Task[None]) -> None:
         """Remember the batch task of the claim that just returned, until it is done."""
         self._open[task] = self._claim_started
-        task.add_done_callback(lambda done: self._open.pop(done, None))
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._open.pop(task, None)
+        # The keys of the batch are free again: claim now, not at the next poll (an empty
+        # ordered claim may only mean that every head was in flight).
+        self.relay._wake.set()
 
     def _release_drained(self) -> None:
         """Draining partitions no batch claimed before their drain began still holds."""

@@ -82,29 +82,54 @@ DROP TABLE IF EXISTS {partitions_table};
 # Claimable rows are taken in id order, so a batch holds a prefix of each key's rows: the
 # relay publishes them in waves. Rows are claimed only in partitions this relay holds
 # (owner, not draining) with at least %(margin)s seconds of lease left: its publish
-# ends before the lease can pass to another relay. Keyless rows keep the unordered
-# claim (a share of the batch). A row claimed max_attempts times without a settle (the
-# relay died or hung publishing it every time) or too large to load is dead-lettered by
-# the claim, and under block the later rows of its key in this claim are left alone.
+# ends before the lease can pass to another relay.
+#
+# The scan is bounded: only the first %(scan)s available keyed rows (in id order) of
+# those partitions are looked at (an earlier available row of a key is always among
+# them), so a claim while every key's head is in flight costs a few thousand index
+# probes, not the whole backlog. Rows are locked after they were chosen;
+# one that could not be locked (SKIP LOCKED) or changed meanwhile drops out with every
+# later row of its key, so what is returned is still a prefix per key.
+#
+# Keyless rows keep the unordered claim (a share of the batch). A row claimed
+# max_attempts times without a settle (the relay died or hung publishing it every time)
+# or too large to load is dead-lettered by the claim, and under block the later rows of
+# its key in this claim are left alone.
 ORDERED_CLAIM = """
 WITH mine AS MATERIALIZED (
     SELECT coalesce(array_agg(partition), '{{}}') AS parts FROM {partitions_table}
     WHERE owner = %(relay_id)s AND expires_at > now() + make_interval(secs => %(margin)s)
       AND NOT (partition = ANY(%(draining)s::smallint[]))
-), keyed AS MATERIALIZED (
-    SELECT o.id, o.key, o.attempts, {oversized} AS oversized FROM {table} AS o
+), scanned AS MATERIALIZED (
+    SELECT o.id, o.key FROM {table} AS o
     WHERE o.status = {pending} AND o.partition IS NOT NULL
       AND o.partition = ANY((SELECT parts FROM mine)::smallint[]) AND o.available_at <= now()
-      AND NOT EXISTS (
+    ORDER BY o.id
+    LIMIT %(scan)s
+), chosen AS MATERIALIZED (
+    SELECT s.id, s.key FROM scanned AS s
+    WHERE NOT EXISTS (
           SELECT 1 FROM {table} AS e
-          WHERE e.key = o.key AND e.id < o.id AND e.key IS NOT NULL
+          WHERE e.key = s.key AND e.id < s.id AND e.key IS NOT NULL
             AND e.status IN ({pending}, {failed})
             AND (e.status = {pending} AND e.available_at > now()
                  OR e.status = {failed} AND %(block)s)
       )
-    ORDER BY o.id
+    ORDER BY s.id
     LIMIT %(limit)s
+), locked AS MATERIALIZED (
+    SELECT o.id, o.key, o.attempts, {oversized} AS oversized FROM {table} AS o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
+      AND o.status = {pending} AND o.available_at <= now()
+    ORDER BY o.id
     FOR UPDATE OF o SKIP LOCKED
+), gaps AS (
+    SELECT c.key, min(c.id) AS first_missing FROM chosen AS c
+    WHERE NOT EXISTS (SELECT 1 FROM locked AS l WHERE l.id = c.id)
+    GROUP BY c.key
+), keyed AS MATERIALIZED (
+    SELECT l.* FROM locked AS l LEFT JOIN gaps AS g ON g.key = l.key
+    WHERE g.key IS NULL OR l.id < g.first_missing
 ), keyless AS MATERIALIZED (
     SELECT id, key, attempts, {oversized} AS oversized FROM {table}
     WHERE status = {pending} AND key IS NULL AND available_at <= now()
