@@ -60,3 +60,14 @@ def test_kafka_in_ordered_mode_bounds_delivery_and_refuses_a_reordering_producer
     loose = KafkaPublisher.from_url("kafka://127.0.0.1:9092?enable.idempotence=false")
     with pytest.raises(ConfigurationError, match="idempotent"):
         loose.bound_delivery_time(5.0)
+
+
+def test_the_metrics_show_the_partitions_an_ordered_relay_holds() -> None:
+    from types import SimpleNamespace
+
+    from outboxkit.ops.metrics import RelayMetrics
+
+    metrics = RelayMetrics("postgresql://unused", process_metrics=False)
+    assert metrics.registry.get_sample_value("outboxkit_partitions_owned") is None
+    metrics.attach(SimpleNamespace(relay_id="r1", publisher=None, partitions_owned=5))
+    assert metrics.registry.get_sample_value("outboxkit_partitions_owned") == 5

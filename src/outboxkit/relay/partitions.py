@@ -161,13 +161,16 @@ class PartitionLeases:
         """Give every partition back and leave the membership (best effort, bounded)."""
         owned, self.owned = self.owned, frozenset()
         self._valid_until = 0.0
-        if self._conn is None or self._conn.closed:
+        if self.beats == 0:
             return
+        # A fresh connection: the heartbeat's may have been cancelled mid-statement.
+        await self._drop_connection()
         params = {"relay_id": self.relay_id, "parts": sorted(owned)}
         try:
-            async with asyncio.timeout(2.0):
-                await self._conn.execute(self.stmts.release_partitions, params)
-                await self._conn.execute(self.stmts.leave, params)
+            async with asyncio.timeout(3.0):
+                conn = await self._connection()
+                await conn.execute(self.stmts.release_partitions, params)
+                await conn.execute(self.stmts.leave, params)
             if owned:
                 log.info("gave back %d partition(s) at shutdown", len(owned))
         except (psycopg.Error, TimeoutError) as exc:
