@@ -18,6 +18,7 @@ from outboxkit import Event, Outbox, Relay
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store import admin
+from outboxkit.testing import free_port
 from tests.support.cdc_relaying import (
     RelayProcess,
     peak_rss_kib,
@@ -278,6 +279,21 @@ async def test_a_relay_sigkilled_mid_stream_loses_nothing_and_nats_absorbs_the_t
     assert ids == [str(e.event_id) for e in events], first.output + second.output
 
 
+def _metric(port: int, name: str) -> float | None:
+    """One unlabelled sample of the relay's /metrics (None while it does not answer)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
 async def _over(value: Any, n: int) -> bool:
     return int(await value) > n
 
@@ -291,7 +307,8 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
     standby: RelayProcess | None = None
     try:
         await wait_for(lambda: slot_active(logical_db_dsn, slot), what="the active relay streams")
-        standby = RelayProcess(logical_db_dsn, nats_server.url)
+        port = free_port()
+        standby = RelayProcess(logical_db_dsn, nats_server.url, "--metrics-port", str(port))
         early = make_events(f"{root}.orders", 10)
         write_events(logical_db_dsn, early)
         await wait_for(lambda: _over(_stream_count(nats_server.url, root), 9), what="early")
@@ -300,6 +317,7 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
             timeout=60,
             what="the standby waits",
         )
+        await wait_for(lambda: _metric(port, "outboxkit_cdc_streaming") == 0.0, what="metrics")
         active.kill()
         killed = time.monotonic()
         late = make_events(f"{root}.orders", 10)
@@ -308,6 +326,9 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
             lambda: _over(_stream_count(nats_server.url, root), 19), timeout=30, what="late"
         )
         takeover = time.monotonic() - killed
+        assert _metric(port, "outboxkit_cdc_streaming") == 1.0
+        assert _metric(port, "outboxkit_cdc_confirmed_lsn") > 0
+        assert _metric(port, "outboxkit_cdc_lag_seconds") is not None
     finally:
         active.kill()
         if standby is not None:

@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -146,6 +147,8 @@ class CdcRelay:
         #: The last WAL position confirmed to the slot and the commit time it ended.
         self.confirmed_lsn = 0
         self.confirmed_commit_time: dt.datetime | None = None
+        # (end LSN, commit time) of the transactions received and not yet confirmed.
+        self._unconfirmed: deque[tuple[int, dt.datetime]] = deque()
         #: Whether this relay streams the slot now (False while a standby or reconnecting).
         self.streaming = False
         self._stopping = asyncio.Event()
@@ -275,7 +278,7 @@ class CdcRelay:
 
     async def _stream(self, reader: StreamReader, progress: Progress) -> None:
         commit_time = dt.datetime.now(dt.UTC)
-        confirm_times: list[tuple[int, dt.datetime]] = []
+        self._unconfirmed.clear()  # a new session streams them again
         while True:
             if self._stopping.is_set():
                 raise _Stopped
@@ -307,7 +310,7 @@ class CdcRelay:
                     commit_time = item.commit_time
                 elif isinstance(item, Commit):
                     progress.commit(item.end_lsn)
-                    confirm_times.append((item.end_lsn, item.commit_time))
+                    self._unconfirmed.append((item.end_lsn, item.commit_time))
                 elif isinstance(item, Keepalive):
                     progress.keepalive(item.wal_end)
             if batch:
@@ -321,18 +324,20 @@ class CdcRelay:
             lsn = progress.confirmable()
             if lsn is not None:
                 reader.confirm(lsn)
-                self._confirmed(lsn, confirm_times)
+                self._confirmed(lsn)
             await self.cleanup.flush()
 
-    def _confirmed(self, lsn: int, confirm_times: list[tuple[int, dt.datetime]]) -> None:
+    def _confirmed(self, lsn: int) -> None:
         self.confirmed_lsn = lsn
-        keep = 0
-        for end_lsn, commit_time in confirm_times:
-            if end_lsn > lsn:
-                break
-            self.confirmed_commit_time = commit_time
-            keep += 1
-        del confirm_times[:keep]
+        unconfirmed = self._unconfirmed
+        while unconfirmed and unconfirmed[0][0] <= lsn:
+            self.confirmed_commit_time = unconfirmed.popleft()[1]
+
+    def lag_seconds(self) -> float:
+        """Age of the oldest transaction received and not yet confirmed (0: caught up)."""
+        if not self._unconfirmed:
+            return 0.0
+        return max(0.0, (dt.datetime.now(dt.UTC) - self._unconfirmed[0][1]).total_seconds())
 
     # -- publishing ---------------------------------------------------------------
 

@@ -537,3 +537,28 @@ class _StateCollector(Collector):
                 " or more relays run than the table has partitions).",
                 value=owned,
             )
+        cdc = getattr(getattr(self.m, "relay", None), "cdc", None)
+        if cdc is not None:  # --source cdc: the WAL relay's position, read at scrape time
+            yield from _cdc_families(cdc)
+
+
+def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:
+    """The WAL relay's gauges (outboxkit.cdc.relay.CdcRelay): its stream and its position."""
+    yield GaugeMetricFamily(
+        "outboxkit_cdc_streaming",
+        "1 while this relay streams the slot; 0 as a standby (another relay streams it) or"
+        " while reconnecting.",
+        value=1 if cdc.streaming else 0,
+    )
+    yield GaugeMetricFamily(
+        "outboxkit_cdc_confirmed_lsn",
+        "The WAL position this relay last confirmed to the slot (bytes; every event before it"
+        " is confirmed by the broker).",
+        value=cdc.confirmed_lsn,
+    )
+    yield GaugeMetricFamily(
+        "outboxkit_cdc_lag_seconds",
+        "Age of the oldest transaction the relay has received but not yet confirmed"
+        " (0: caught up). `outboxkit cdc status` also gives the slot's lag in bytes.",
+        value=cdc.lag_seconds(),
+    )
