@@ -132,7 +132,7 @@ class ReplicationStream:
             self._cursor.start_replication(
                 slot_name=self.slot,
                 decode=False,
-                status_interval=self.status_interval,
+                status_interval=max(1.0, self.status_interval),  # psycopg2 minimum
                 options={
                     "proto_version": "1",
                     "publication_names": self.publication,
