@@ -447,3 +447,26 @@ async def test_a_large_transaction_is_relayed_with_bounded_memory(
             conn.execute("TRUNCATE outbox")
     print(f"peak RSS: {big // 10} events {peaks[0]} KiB, {big} events {peaks[1]} KiB")
     assert peaks[1] < peaks[0] * 1.3 + 20_000, peaks
+
+
+async def test_a_partitioned_table_source_is_relayed_and_its_partitions_dropped_not_deleted(
+    logical_db_dsn: str, nats_server: Any
+) -> None:
+    from outboxkit.store.migrate import migrate
+
+    with psycopg.connect(logical_db_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE outbox")
+    migrate(logical_db_dsn, partition_by="minute")
+    setup_cdc(logical_db_dsn)
+    root = await _nats_stream(nats_server.url)
+    events = make_events(f"{root}.orders", 10)
+    write_events(logical_db_dsn, events)
+    async with running_cdc_relay(logical_db_dsn, NatsPublisher.from_url(nats_server.url)) as relay:
+        await wait_for(lambda: relay.stats.published == 10, what="published")
+        assert relay.cleanup.partitioned
+        await asyncio.sleep(1.0)
+        assert count(logical_db_dsn) == 10  # no row deleted or updated: partitions go whole
+        relay.cleanup.partition_interval = 0.0
+        await relay.cleanup.flush()  # drops nothing young enough to still be current
+        assert count(logical_db_dsn) == 10
+    assert await _nats_ids(nats_server.url, root, 11, 5.0) == [str(e.event_id) for e in events]

@@ -3,17 +3,21 @@
 The relay publishes inserted rows from the stream and leaves them as they are; the ids
 the broker confirmed are collected and deleted in one statement every few seconds. The
 WAL still holds the inserts, so a relay killed before confirming the slot re-publishes
-them from the stream, deleted or not. A partitioned outbox table is never deleted from:
-its expired partitions are dropped instead (``migrate --partition-by``'s maintenance);
-``enabled=False`` turns removal off the same way.
+them from the stream, deleted or not. A partitioned outbox table (``migrate
+--partition-by``) is never deleted from: every ``partition_interval`` seconds the relay
+drops the partitions whose rows all committed before its last confirmed commit
+(``store.partitions.drop_published_partitions``; dead letters keep theirs).
+``enabled=False`` turns removal off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -33,7 +37,14 @@ class Cleanup:
     """Collects ids of published rows and deletes them in bulk every ``interval`` seconds."""
 
     def __init__(
-        self, dsn: str, table: str, *, enabled: bool = True, interval: float = 5.0
+        self,
+        dsn: str,
+        table: str,
+        *,
+        enabled: bool = True,
+        interval: float = 5.0,
+        partition_interval: float = 60.0,
+        confirmed_through: Callable[[], dt.datetime | None] = lambda: None,
     ) -> None:
         self.dsn = dsn
         self.table = table
@@ -43,6 +54,10 @@ class Cleanup:
         self._sql = CdcRelayStatements(table)
         self._ids: list[int] = []
         self._last = time.monotonic()
+        self.partitioned = False
+        self.partition_interval = partition_interval
+        self._confirmed_through = confirmed_through
+        self._last_drop = time.monotonic()
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def check(self) -> None:
@@ -59,18 +74,22 @@ class Cleanup:
             )
             return
         if row is not None and row[0]:
-            self.enabled = False
+            self.partitioned = True
             log.info(
-                "table %s is partitioned: published rows are left to partition retention",
+                "table %s is partitioned: published rows leave with their partition, dropped"
+                " once every row in it is confirmed",
                 self.table,
             )
 
     def add(self, ids: Iterable[int]) -> None:
-        if self.enabled and len(self._ids) < _MAX_IDS:
+        if self.enabled and not self.partitioned and len(self._ids) < _MAX_IDS:
             self._ids.extend(ids)
 
     async def flush(self, *, force: bool = False) -> None:
         """Delete what was collected once ``interval`` passed (or ``force``); a failure keeps it."""
+        if self.partitioned:
+            await self._drop_partitions()
+            return
         if not self._ids or (not force and time.monotonic() - self._last < self.interval):
             return
         self._last = time.monotonic()
@@ -93,6 +112,20 @@ class Cleanup:
             del self._ids[: len(chunk)]
             if not force:
                 return
+
+    async def _drop_partitions(self) -> None:
+        through = self._confirmed_through()
+        if through is None or time.monotonic() - self._last_drop < self.partition_interval:
+            return
+        self._last_drop = time.monotonic()
+        from outboxkit.store.partitions import drop_published_partitions
+
+        try:
+            await asyncio.to_thread(
+                drop_published_partitions, self.dsn, self.table, confirmed_through=through
+            )
+        except Exception as exc:  # maintenance must never stop the stream
+            log.warning("could not drop published partitions of %s (%s)", self.table, exc)
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:

@@ -87,8 +87,8 @@ class CdcRelay:
     published only after the previous one's results (order is the point of a stream).
     ``cleanup="delete"`` removes published table rows in bulk every ``cleanup_interval``
     seconds (one ``DELETE`` of the ids confirmed since the last pass; the relay never
-    updates a row on the hot path); ``"none"`` leaves them (partitioned tables whose
-    partitions are dropped: a partitioned table is never deleted from).
+    updates a row on the hot path), or on a partitioned table drops the partitions whose
+    rows are all confirmed (``cdc/cleanup.py``); ``"none"`` leaves them.
     """
 
     def __init__(
@@ -143,7 +143,13 @@ class CdcRelay:
         self.observer = observer
         self.outage = outage if outage is not None else OutageLog(max_attempts=max_attempts)
         self.dead_letters = DeadLetters(dsn, table)
-        self.cleanup = Cleanup(dsn, table, enabled=cleanup == "delete", interval=cleanup_interval)
+        self.cleanup = Cleanup(
+            dsn,
+            table,
+            enabled=cleanup == "delete",
+            interval=cleanup_interval,
+            confirmed_through=lambda: self.confirmed_commit_time,
+        )
         #: The last WAL position confirmed to the slot and the commit time it ended.
         self.confirmed_lsn = 0
         self.confirmed_commit_time: dt.datetime | None = None
