@@ -16,8 +16,12 @@ network), ``Lock:object`` (NOTIFY's commit-time lock), ``LWLock:WALWrite``,
 ``IO:WALSync``, ``LWLock:BufferContent`` (the right edge of an index), ...
 The whole machine's CPU per transaction is measured per window too.
 
-A LISTEN session stays open on each outbox's channel (as an idle relay's would),
-so a NOTIFY has someone to signal; every window starts from empty outbox tables.
+A relay with the library's defaults drains ``outbox`` during the run (its publisher
+confirms at once; ``--no-relay`` to leave it out), a LISTEN session stays open on each
+outbox's channel, and every window starts from empty tables. The writers' NOTIFY is
+gated (store/postgres.py ``WAKE_GATE``): they notify only while a relay waits for work.
+The ``notify always`` modes hold the gate for the whole window, so every commit
+notifies, as before the gate.
 
     python bench/concurrent_writers.py --dsn postgresql://postgres@127.0.0.1/bench
     python bench/concurrent_writers.py --dsn ... --quick
@@ -111,6 +115,9 @@ class Mode:
     migrate_options: dict[str, Any] = field(default_factory=dict)
     prepare: Callable[[psycopg.Connection[Any], str], None] | None = None
     diagnostic: bool = False  # not a library default: shown apart, left out of --quick
+    # Hold the outbox's wake-up gate (as a waiting relay does) for the whole window:
+    # every transaction notifies, as every one did before the gate (issue 14).
+    notify_always: bool = False
 
 
 def _drop_pending_index(conn: psycopg.Connection[Any], table: str) -> None:
@@ -128,10 +135,13 @@ def _random_ids(conn: psycopg.Connection[Any], table: str) -> None:
 MODES: dict[str, Mode] = {
     "none": Mode("none"),
     "put": Mode("put", lambda t: Outbox(t)),
+    "put, notify always": Mode("put", lambda t: Outbox(t), notify_always=True),
     "put, notify off": Mode("put", lambda t: Outbox(t, notify=False)),
     "transaction": Mode("transaction", lambda t: Outbox(t)),
+    "transaction, notify always": Mode("transaction", lambda t: Outbox(t), notify_always=True),
     "transaction, notify off": Mode("transaction", lambda t: Outbox(t, notify=False)),
     "execute_with": Mode("execute_with", lambda t: Outbox(t)),
+    "execute_with, notify always": Mode("execute_with", lambda t: Outbox(t), notify_always=True),
     "execute_with, notify off": Mode("execute_with", lambda t: Outbox(t, notify=False)),
     # Attribution of the right-edge suspects (not library configurations):
     "transaction, notify off, no pending index": Mode(
@@ -151,7 +161,7 @@ MODES: dict[str, Mode] = {
 }
 
 # --quick: the library's write paths with their defaults, and NOTIFY's share.
-QUICK_MODES = ["none", "put", "transaction", "transaction, notify off", "execute_with"]
+QUICK_MODES = ["none", "put", "transaction", "transaction, notify always", "execute_with"]
 
 
 # -- the writer processes -------------------------------------------------------------
@@ -298,6 +308,68 @@ class WaitSampler:
         self.conn.close()
 
 
+class GateHolder:
+    """Holds an outbox's wake-up gate in a session of its own, as a waiting relay does."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def hold(self, table: str) -> None:
+        self.conn.execute(Statements(table).try_wake_lock)
+
+    def release(self, table: str) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock_all()")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ConfirmAtOnce:
+    name = "confirm-at-once"
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def publish_batch(self, messages: Any) -> list[Any]:
+        from outboxkit import PublishResult
+
+        return [PublishResult.success()] * len(messages)
+
+
+def _relay_process(dsn: str, table: str, stop: Any) -> None:
+    """A relay with the library's defaults and a publisher that confirms at once."""
+    import asyncio
+
+    from outboxkit import Relay
+
+    async def run() -> None:
+        relay = Relay(dsn, ConfirmAtOnce(), table=table)
+        task = asyncio.create_task(relay.run())
+        while not stop.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        relay.stop()
+        await task
+
+    asyncio.run(run())
+
+
+class RelayProcess:
+    def __init__(self, dsn: str, table: str) -> None:
+        ctx = mp.get_context("fork")
+        self.stop = ctx.Event()
+        self.proc = ctx.Process(target=_relay_process, args=(dsn, table, self.stop), daemon=True)
+        self.proc.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.proc.join(15)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 class Listeners:
     """One LISTEN session per outbox channel, draining notifications as an idle relay's would."""
 
@@ -361,6 +433,7 @@ def measure(
 ) -> list[dict[str, Any]]:
     pool = Writers(dsn, writers, modes)
     sampler = WaitSampler(dsn)
+    gate = GateHolder(dsn)
     windows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     try:
         pool.window("none", min(1.0, seconds))  # warm-up: connections, caches
@@ -369,12 +442,17 @@ def measure(
             random.Random(writers * 100 + r).shuffle(order)
             for mode in order:
                 reset(dsn, tables)
+                spec = MODES[mode]
+                if spec.notify_always:
+                    gate.hold(spec.table)
                 sampler.start()
                 c0, t0 = _machine_busy(), time.perf_counter()
                 res = pool.window(mode, seconds)
                 wall = time.perf_counter() - t0 - 0.2
                 busy = _machine_busy() - c0
                 waits = sampler.stop()
+                if spec.notify_always:
+                    gate.release(spec.table)
                 n = res["count"]
                 windows[mode].append(
                     {
@@ -390,6 +468,7 @@ def measure(
     finally:
         pool.close()
         sampler.close()
+        gate.close()
     base = [w["tx_per_s"] for w in windows["none"]]
     out = []
     for mode in modes:
@@ -422,6 +501,90 @@ def measure(
     return out
 
 
+# -- the wake-up options: commit -> broker-ack latency (bench/latency.py's method) ----------
+
+# name -> (writers notify, relay linger, relay poll_interval, gate held by a bystander)
+WAKE_VARIANTS: dict[str, tuple[bool, float, float, bool]] = {
+    # Before the gate: every commit notifies, the relay waits after every batch.
+    "every commit notifies (before)": (True, 0.0, 1.0, True),
+    # The default: the relay looks again for 30 ms after work; writers notify only
+    # while it waits.
+    "gated NOTIFY, linger 30 ms (default)": (True, 0.03, 1.0, False),
+    "gated NOTIFY, linger 10 ms": (True, 0.01, 1.0, False),
+    # No NOTIFY at all: the relay polls the partial index every 5 ms when idle.
+    "no NOTIFY, 5 ms polling": (False, 0.0, 0.005, False),
+}
+
+
+async def _latency_run(
+    dsn: str,
+    bootstrap: str,
+    rate: float,
+    seconds: float,
+    variant: tuple[bool, float, float, bool],
+) -> dict[str, Any]:
+    import asyncio
+
+    import latency
+
+    from outboxkit import Relay
+    from outboxkit.publishers.kafka import KafkaPublisher
+
+    notify, linger, poll, hold = variant
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+    gate = GateHolder(dsn) if hold else None
+    if gate is not None:
+        gate.hold("outbox")
+    publisher = latency.TimingPublisher(KafkaPublisher({"bootstrap.servers": bootstrap}))
+    await publisher.start()
+    relay = Relay(dsn, publisher, listen=notify, poll_interval=poll, linger=min(linger, poll))
+    task = asyncio.create_task(relay.run())
+    await asyncio.sleep(1.0)  # connected and listening
+    listener = Listeners(dsn, ["outbox"])  # counts the commits that notified
+    proc = mp.get_context("spawn").Process(target=latency.writer, args=(dsn, rate, seconds, notify))
+    proc.start()
+    expected = int(rate * seconds)
+    deadline = time.monotonic() + seconds + 60
+    while len(publisher.latencies) < expected and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    await asyncio.to_thread(proc.join)
+    await asyncio.sleep(0.3)
+    listener.close()
+    relay.stop()
+    await task
+    if gate is not None:
+        gate.close()
+    lat = sorted(x * 1000 for x in publisher.latencies)
+    return {
+        "events": len(lat),
+        "p50_ms": round(pct(lat, 0.5), 2),
+        "p90_ms": round(pct(lat, 0.9), 2),
+        "p99_ms": round(pct(lat, 0.99), 2),
+        "max_ms": round(lat[-1], 2),
+        "notifying_commits": listener.received,
+    }
+
+
+def latency_variants(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
+    import asyncio
+
+    from _common import ensure_topic, kafka_broker
+
+    out: dict[str, Any] = {}
+    with kafka_broker(None) as bootstrap:
+        ensure_topic(bootstrap, "bench.latency")
+        for name, variant in WAKE_VARIANTS.items():
+            out[name] = asyncio.run(_latency_run(dsn, bootstrap, rate, seconds, variant))
+            r = out[name]
+            print(
+                f"  latency {name:<40} p50 {r['p50_ms']:6.2f}  p99 {r['p99_ms']:6.2f}"
+                f"  max {r['max_ms']:7.1f} ms  ({r['events']} events)",
+                flush=True,
+            )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -435,6 +598,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=None, help="length of one window")
     ap.add_argument("--diagnostics", action="store_true", help="add the attribution-only modes")
+    ap.add_argument(
+        "--latency",
+        action="store_true",
+        help="also commit -> Kafka ack latency of each wake-up option at 1 000 events/s",
+    )
+    ap.add_argument("--latency-seconds", type=float, default=None)
+    ap.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="no relay draining the outbox (default: one, library defaults, confirming at once)",
+    )
     args = ap.parse_args()
     default_writers = "16,64" if args.quick else "1,4,16,64"
     writers = [int(x) for x in (args.writers or default_writers).split(",")]
@@ -453,7 +627,9 @@ def main() -> None:
     seconds = args.seconds or (1.5 if args.quick else 2.0)
 
     tables = setup(args.dsn, modes)
+    # A LISTEN session per table, so a NOTIFY always has someone to signal; and the relay.
     listeners = Listeners(args.dsn, tables)
+    relay = None if args.no_relay else RelayProcess(args.dsn, "outbox")
     results: list[dict[str, Any]] = []
     started = time.time()
     try:
@@ -461,7 +637,14 @@ def main() -> None:
             results += measure(args.dsn, n, modes, rounds, seconds, tables)
     finally:
         listeners.close()
+        if relay is not None:
+            relay.close()
     elapsed = time.time() - started
+    wake: dict[str, Any] = {}
+    if args.latency:
+        wake = latency_variants(
+            args.dsn, 1000.0, args.latency_seconds or (10.0 if args.quick else 30.0)
+        )
 
     print(
         f"\n{'writers':>7} {'mode':<44} {'tx/s':>8} {'vs none':>8} {'p50 ms':>7} {'p99 ms':>7}"
@@ -485,6 +668,8 @@ def main() -> None:
             "loadavg_end": os.getloadavg(),
             "server_version": version[0] if version else None,
             "notifications_received": listeners.received,
+            "relay": not args.no_relay,
+            "wake_latency": wake,
             "results": results,
         },
     )

@@ -20,7 +20,7 @@ import pytest
 from outboxkit import Event, Outbox
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import channel_for
+from outboxkit.store.postgres import Statements, channel_for
 from tests.support.relaying import running_relay, wait_for
 from tests.support.servers import consume_nats, ensure_stream
 
@@ -164,6 +164,7 @@ async def test_under_an_ordered_relay_a_scheduled_head_holds_back_its_key_only(
 def _notified(dsn: str, write: Callable[[], None]) -> bool:
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {channel_for('outbox')}")
+        listener.execute(Statements("outbox").try_wake_lock)  # waits for work, as a relay does
         write()
         return any(True for _ in listener.notifies(timeout=0.5, stop_after=1))
 

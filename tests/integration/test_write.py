@@ -405,6 +405,7 @@ def test_execute_with_writes_the_events_in_the_callers_statement(shop_dsn: str) 
     first, second = _event(1), _event(2)
     with psycopg.connect(shop_dsn) as listener:
         listener.execute(f"LISTEN {Statements('outbox').channel}")
+        listener.execute(Statements("outbox").try_wake_lock)  # waits for work, as a relay does
         listener.commit()
         with psycopg.connect(shop_dsn) as conn:
             with conn.transaction():  # BEGIN is sent here, before the trace starts

@@ -188,6 +188,7 @@ def test_the_commit_notifies_an_idle_relay_once(shop_dsn: str) -> None:
     outbox = Outbox()
     with psycopg.connect(shop_dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {outbox._sql.channel}")
+        listener.execute(outbox._sql.try_wake_lock)  # waits for work, as an idle relay does
         with psycopg.connect(shop_dsn, autocommit=True) as conn:
             with outbox.transaction(conn) as tx:
                 tx.put_many([_event(1), _event(2)])

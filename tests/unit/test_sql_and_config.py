@@ -109,7 +109,7 @@ def test_events_attached_to_a_statement_come_first_in_text_and_parameters() -> N
         "  with recursive n AS (SELECT %s) SELECT * FROM n", (7,), [event, event]
     )
     assert merged.startswith("  with recursive outboxkit_events AS (INSERT")
-    assert "RETURNING pg_notify(%s, ''))," in merged
+    assert "THEN pg_notify(%s, '') END)," in merged  # gated: only while a relay waits
     assert merged.endswith(",\nn AS (SELECT %s) SELECT * FROM n")
     assert params[-2:] == ["outboxkit_outbox", 7]
     assert params[0] == [event.event_id, event.event_id]
@@ -129,8 +129,9 @@ def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters()
     assert (
         "VALUES ($3::uuid, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bytea,"
         " $10::jsonb, $11::timestamptz, $12::text, coalesce($13::timestamptz, now()))"
-        " RETURNING pg_notify($14, '')"
+        " RETURNING CASE WHEN NOT pg_try_advisory_xact_lock_shared("
     ) in stmt
+    assert "THEN pg_notify($14, '') END)" in stmt
     assert stmt.endswith("\nUPDATE stock SET qty = qty - $2 WHERE sku = $1")
     assert params[:2] == [7, 1]
     assert params[2] == event.event_id

@@ -97,6 +97,21 @@ class _Batch:
 
 
 _ROW_ID = operator.itemgetter(0)
+# While a writer holds the wake-up gate open (between its INSERT and its COMMIT), a relay
+# with nothing to do looks again after this long, doubling up to the second figure.
+_GATE_RETRY = (0.005, 0.1)
+
+
+def _linger_waits(linger: float) -> tuple[float, ...]:
+    """1, 2, 4, ... ms until they add up to ``linger`` (the last one shortened)."""
+    waits: list[float] = []
+    wait, total = 0.001, 0.0
+    while total < linger - 1e-9:
+        step = min(wait, linger - total)
+        waits.append(step)
+        total += step
+        wait *= 2
+    return tuple(waits)
 
 
 class Relay:
@@ -111,6 +126,12 @@ class Relay:
     claims and settles commit without waiting for the WAL flush unless
     ``synchronous_commit=True``: a database crash can then cause re-publication,
     never loss (docs/architecture.md).
+
+    Wake-up: a relay that found work looks again after 1, 2, 4, ... ms for ``linger``
+    seconds (default 0.03) before it waits for a ``NOTIFY``; only a waiting relay makes
+    writers notify (the wake-up gate, store/postgres.py ``WAKE_GATE``), so writers
+    committing while events flow skip NOTIFY's commit-time lock. ``linger=0`` waits at
+    once after every batch that was not full.
 
     ``lease`` is how long a claim holds its rows without news from this relay: a
     publish still running after ``lease / 3`` extends its rows' lease every
@@ -141,6 +162,7 @@ class Relay:
         retry_cap: float = 300.0,
         max_in_flight: int | None = None,
         listen: bool = True,
+        linger: float = 0.03,
         shutdown_timeout: float = 10.0,
         publish_timeout: float | None = None,
         observer: RelayObserver | None = None,
@@ -163,6 +185,8 @@ class Relay:
             raise ConfigurationError("batch_size must be at least 1")
         if lease <= 0 or poll_interval <= 0:
             raise ConfigurationError("lease and poll_interval must be positive")
+        if not 0 <= linger <= poll_interval:
+            raise ConfigurationError("linger must be between 0 and poll_interval")
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         if retention not in ("delete", "keep"):
@@ -213,6 +237,13 @@ class Relay:
             self._sql = self._ordered.sql
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        # The wake-up gate: after work, look again at these intervals (1, 2, 4, ... ms,
+        # `linger` in all), then hold the gate's lock (writers notify) and wait.
+        self.linger = linger
+        self._linger_waits = _linger_waits(linger)
+        self._linger_step = len(self._linger_waits)
+        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._gate_retry = _GATE_RETRY[0]
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._claim_conn: psycopg.AsyncConnection[Any] | None = None
@@ -426,9 +457,15 @@ class Relay:
                 self._ordered.track(task)
             self._in_flight.add(task)
             task.add_done_callback(self._on_batch_done)
+            # Work found: look again soon, and writers need not notify meanwhile.
+            self._linger_step = 0
+            self._gate_retry = _GATE_RETRY[0]
+            if self._gate_conn is not None:
+                await self._open_gate()
             if len(batch.ids) < self.batch_size:
-                # Caught up: wait for a NOTIFY or the poll interval. A full batch
-                # loops straight back and claims N+1 while N is being published.
+                # Caught up: look again after a few ms, then wait for a NOTIFY or the poll
+                # interval. A full batch loops straight back and claims N+1 while N is
+                # being published.
                 await self._wait_for_work()
 
     async def _acquire_slot(self) -> bool:
@@ -458,8 +495,51 @@ class Relay:
     async def _wait_for_work(self) -> None:
         if self._wake.is_set() or self._stopping.is_set():
             return
+        step = self._linger_step
+        if step < len(self._linger_waits):  # lingering after work: look again shortly
+            self._linger_step = step + 1
+            await self._wait(self._linger_waits[step])
+            return
+        if self._gate_conn is not None and self._gate_conn is not self._claim_conn:
+            self._gate_conn = None  # its connection was replaced: the lock went with it
+        if self.listen and self._gate_conn is None:
+            if await self._close_gate():
+                return  # claim once more: what writers committed without a NOTIFY is visible
+            # A writer is between its INSERT and its COMMIT (or another relay waits):
+            # look again soon, less often the longer it lasts.
+            retry = self._gate_retry
+            self._gate_retry = min(retry * 2, _GATE_RETRY[1])
+            await self._wait(retry)
+            return
+        await self._wait(self.poll_interval)
+
+    async def _wait(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    async def _close_gate(self) -> bool:
+        """Take the wake-up gate's lock: from now on writers notify. False if held elsewhere."""
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self._sql.try_wake_lock)
+            row = await cur.fetchone()
+        except psycopg.Error as exc:  # the next claim meets and handles it
+            log.debug("could not take the wake-up lock: %s", redact(first_line(exc)))
+            return False
+        if row is None or not row[0]:
+            return False
+        self._gate_conn = conn
+        return True
+
+    async def _open_gate(self) -> None:
+        """Release the wake-up gate's lock: writers stop notifying while this relay works."""
+        conn, self._gate_conn = self._gate_conn, None
+        if conn is None or conn.closed or conn is not self._claim_conn:
+            return
+        try:
+            await conn.execute(self._sql.wake_unlock)
+        except psycopg.Error as exc:
+            log.debug("could not release the wake-up lock: %s", redact(first_line(exc)))
 
     async def _claim(self) -> _Batch | None:
         conn = await self._connection("claim")
