@@ -7,6 +7,7 @@ import json
 import re
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -42,6 +43,10 @@ def exported() -> dict[str, set[str]]:
         oldest_pending_age={"orders": 2.0},
         read_at=1.0,
     )
+    # A WAL relay (--source cdc): its stream's gauges and its slot's, as the server reports it.
+    cdc = SimpleNamespace(streaming=True, confirmed_lsn=1, lag_seconds=lambda: 0.0, slot="s")
+    metrics.relay = SimpleNamespace(cdc=cdc)
+    metrics.slot_lag(4096, wal_status="reserved")
     names: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         for sample in family.samples:

@@ -34,6 +34,7 @@ from outboxkit.publishers.base import (
     unreachable,
 )
 from outboxkit.relay.observer import Failure, RelayObserver
+from outboxkit.store import cdc_sql
 from outboxkit.store.postgres import Statements
 
 log = logging.getLogger("outboxkit.metrics")
@@ -161,6 +162,32 @@ class TableSnapshot:
     error: str | None = None
 
 
+@dataclass(slots=True)
+class SlotLag:
+    """The replication slot of a WAL relay as last read from the server."""
+
+    lag_bytes: int | None
+    wal_status: str | None
+    read_at: float
+
+
+def _slot_families(slot: SlotLag) -> Iterable[GaugeMetricFamily]:
+    if slot.lag_bytes is not None:
+        yield GaugeMetricFamily(
+            "outboxkit_cdc_slot_lag_bytes",
+            "WAL written since the slot's confirmed position (current WAL insert position -"
+            " confirmed_flush_lsn): what the server keeps for this relay. Lag in seconds:"
+            " outboxkit_cdc_lag_seconds.",
+            value=slot.lag_bytes,
+        )
+    yield GaugeMetricFamily(
+        "outboxkit_cdc_slot_invalidated",
+        "1 when the server invalidated the slot (wal_status lost: max_slot_wal_keep_size"
+        " exceeded) or it is missing; see `outboxkit cdc status` for the recovery steps.",
+        value=1 if slot.wal_status in ("lost", "missing") else 0,
+    )
+
+
 class RelayMetrics(RelayObserver):
     """Collects a relay's metrics in its own registry; pass it as the relay's observer.
 
@@ -202,6 +229,8 @@ class RelayMetrics(RelayObserver):
         self._classes: set[str] = set()
         self._other_seen = False
         self._reported: str | None = None  # the not-ready detail last logged
+        #: The replication slot as the server last reported it (--source cdc): `slot_lag()`.
+        self.slot: SlotLag | None = None
         r = self.registry
         self.published_total = Counter(
             "outboxkit_events_published",
@@ -362,6 +391,22 @@ class RelayMetrics(RelayObserver):
                 for counter in (self.failures_total, self.retried_total, self.dead_lettered_total):
                     counter.remove(topic, cls)
 
+    # -- the replication slot (--source cdc) -------------------------------------------
+
+    def slot_lag(self, lag_bytes: int | None, *, wal_status: str | None = None) -> None:
+        """Record the slot's lag in bytes (WAL written since its confirmed position) and its
+        wal_status; `run_gauges` calls it for a relay with a `cdc` source, anyone may."""
+        self.slot = SlotLag(lag_bytes, wal_status, time.time())
+
+    async def refresh_slot(self, conn: psycopg.AsyncConnection[Any], slot: str) -> None:
+        """Read the slot's lag from pg_replication_slots (one cheap statement)."""
+        cur = await conn.execute(cdc_sql.CDC_SLOT, {"slot": slot})
+        row = await cur.fetchone()
+        if row is None:
+            self.slot = SlotLag(None, "missing", time.time())
+            return
+        self.slot_lag(row[2], wal_status=row[0].get("wal_status"))
+
     # -- table gauges --------------------------------------------------------------
 
     async def refresh_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -419,6 +464,9 @@ class RelayMetrics(RelayObserver):
                             application_name="outboxkit-relay:metrics",
                         )
                     await self.refresh_gauges(conn)
+                    slot = getattr(getattr(self.relay, "cdc", None), "slot", None)
+                    if isinstance(slot, str):
+                        await self.refresh_slot(conn, slot)
                 except psycopg.Error as exc:
                     self.snapshot.error = first_line(exc, with_type=True)
                     log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
@@ -540,6 +588,8 @@ class _StateCollector(Collector):
         cdc = getattr(getattr(self.m, "relay", None), "cdc", None)
         if cdc is not None:  # --source cdc: the WAL relay's position, read at scrape time
             yield from _cdc_families(cdc)
+        if self.m.slot is not None:
+            yield from _slot_families(self.m.slot)
 
 
 def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:

@@ -60,13 +60,13 @@ CDC_CREATE_SLOT = (
 # (invalidation_reason, inactive_since: PostgreSQL 17) without failing on older ones.
 CDC_SLOT = """
 SELECT to_jsonb(s) AS slot,
-       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END
            AS current_lsn,
        CASE WHEN pg_is_in_recovery() THEN NULL
-            ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint END
+            ELSE pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.confirmed_flush_lsn)::bigint END
            AS lag_bytes,
        CASE WHEN pg_is_in_recovery() THEN NULL
-            ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint END
+            ELSE pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn)::bigint END
            AS retained_bytes,
        current_setting('max_slot_wal_keep_size') AS max_slot_wal_keep_size,
        now() AS now
