@@ -32,11 +32,10 @@ import orjson
 
 from outboxkit.errors import WalEnvelopeError
 from outboxkit.events import Event
+from outboxkit.store.wal_sql import PREFIX, message_prefix
 
 #: The format this module writes, and the only one it reads.
 ENVELOPE_VERSION = 1
-#: The logical message prefix of an outbox: the CDC relay streams the messages of its table.
-PREFIX = "outboxkit:"
 
 _KEY, _AGGREGATE_TYPE, _AGGREGATE_ID, _SCHEMA_VERSION, _DELIVER_AT = 1, 2, 4, 8, 16
 _KNOWN_FLAGS = _KEY | _AGGREGATE_TYPE | _AGGREGATE_ID | _SCHEMA_VERSION | _DELIVER_AT
@@ -75,11 +74,6 @@ class WalEnvelope(NamedTuple):
     deliver_at: dt.datetime | None
 
 
-def message_prefix(table: str) -> str:
-    """The logical message prefix of the outbox ``table`` (its name as the Outbox got it)."""
-    return PREFIX + table
-
-
 def encode_envelope(event: Event) -> bytes:
     """``event`` as one envelope (already valid: ``Event`` checks at construction)."""
     flags = 0
@@ -100,7 +94,7 @@ def encode_envelope(event: Event) -> bytes:
         schema_version = event.schema_version.encode()
     headers = orjson.dumps(event.headers) if event.headers else _EMPTY
     payload = event.payload
-    deliver_at = getattr(event, "available_at", None)  # Event(deliver_at=...), when it lands
+    deliver_at = event.available_at
     if deliver_at is not None:
         flags |= _DELIVER_AT
     head = _HEAD.pack(
