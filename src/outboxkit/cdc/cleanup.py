@@ -1,13 +1,15 @@
 """Bulk removal of published table rows: the table source never updates a row per event.
 
 The relay publishes inserted rows from the stream and leaves them as they are; the ids
-the broker confirmed are collected and deleted in one statement every few seconds. The
-WAL still holds the inserts, so a relay killed before confirming the slot re-publishes
-them from the stream, deleted or not. A partitioned outbox table (``migrate
---partition-by``) is never deleted from: every ``partition_interval`` seconds the relay
-drops the partitions whose rows all committed before its last confirmed commit
-(``store.partitions.drop_published_partitions``; dead letters keep theirs).
-``enabled=False`` turns removal off.
+the broker confirmed are collected and deleted in one statement before the slot is
+confirmed past them (so a relay killed after a confirm leaves no published row behind),
+or every ``interval`` seconds. The WAL still holds the inserts, so a relay killed before
+confirming the slot re-publishes them from the stream, deleted or not.
+
+A partitioned outbox table (``migrate --partition-by``) is never deleted from: every
+``partition_interval`` seconds the relay drops the partitions whose rows all committed
+before its last confirmed commit (``store.partitions.drop_published_partitions``; dead
+letters keep theirs). ``enabled=False`` turns removal off.
 """
 
 from __future__ import annotations

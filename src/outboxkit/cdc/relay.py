@@ -85,10 +85,10 @@ class CdcRelay:
     ``slot`` and ``publication`` default to ``outboxkit_<table>``. ``batch_size``
     defaults to the publisher's ``batch_shape``; a batch may span transactions and is
     published only after the previous one's results (order is the point of a stream).
-    ``cleanup="delete"`` removes published table rows in bulk every ``cleanup_interval``
-    seconds (one ``DELETE`` of the ids confirmed since the last pass; the relay never
-    updates a row on the hot path), or on a partitioned table drops the partitions whose
-    rows are all confirmed (``cdc/cleanup.py``); ``"none"`` leaves them.
+    ``cleanup="delete"`` removes published table rows in bulk before the slot is confirmed
+    past them (one ``DELETE`` of the ids published since the last pass, at most one per
+    batch; the relay never updates a row on the hot path), or on a partitioned table drops
+    the partitions whose rows are all confirmed (``cdc/cleanup.py``); ``"none"`` leaves them.
     """
 
     def __init__(
@@ -329,9 +329,13 @@ class CdcRelay:
             progress.settle(progress.received)
             lsn = progress.confirmable()
             if lsn is not None:
+                # Published rows leave before the slot moves past them: a relay killed
+                # after a confirm leaves no published row behind as pending.
+                await self.cleanup.flush(force=True)
                 reader.confirm(lsn)
                 self._confirmed(lsn)
-            await self.cleanup.flush()
+            else:
+                await self.cleanup.flush()
 
     def _confirmed(self, lsn: int) -> None:
         self.confirmed_lsn = lsn
