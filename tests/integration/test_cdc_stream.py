@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import psutil
 import psycopg
@@ -16,6 +16,7 @@ from outboxkit import Event, Outbox
 from outboxkit.cdc import slots
 from outboxkit.cdc.errors import ReplicationConnectionLost, SlotInUse, SlotNotFound
 from outboxkit.cdc.stream import Begin, Commit, Item, Keepalive, Message, ReplicationStream, Row
+from outboxkit.testing import TcpProxy
 
 SLOT = PUB = "outboxkit_outbox"
 
@@ -237,3 +238,25 @@ async def test_a_large_transaction_is_streamed_without_being_held_in_memory(
     assert rows == events
     streamed = events * 4000
     assert peak < 20 * 1024 * 1024, f"RSS grew by {peak} bytes while streaming {streamed} bytes"
+
+
+async def test_a_silent_network_is_a_lost_connection_after_the_timeout(
+    cdc_dsn: str, proxy_factory: Callable[..., TcpProxy]
+) -> None:
+    port = int(cdc_dsn.rsplit(":", 1)[1].split("/", 1)[0])
+    proxy = proxy_factory("127.0.0.1", port)
+    via_proxy = cdc_dsn.replace(f":{port}/", f":{proxy.port}/", 1)
+    async with ReplicationStream(via_proxy, SLOT, PUB, status_interval=0.5, timeout=3.0) as stream:
+        items = stream.__aiter__()
+        assert isinstance(await asyncio.wait_for(anext(items), 10), Keepalive)
+        proxy.pause()  # packets are held, nothing is closed: only silence tells
+        started = time.monotonic()
+        with pytest.raises(ReplicationConnectionLost, match="sent nothing"):
+            await asyncio.wait_for(_drain(items), 20)
+        assert time.monotonic() - started < 10
+        proxy.resume()
+
+
+async def _drain(items: AsyncIterator[Item]) -> None:
+    async for _ in items:
+        pass

@@ -234,11 +234,13 @@ class ReplicationStream:
                 item = self._item(raw.payload, raw.data_start)
                 if item is not None:
                     yield item
+                last_heard = time.monotonic()  # the caller's pauses are not the server's silence
                 continue
             wal_end = int(cursor.wal_end)
             if not self._in_transaction and wal_end > self._last_keepalive:
                 self._last_keepalive = wal_end
                 yield Keepalive(wal_end)
+                last_heard = time.monotonic()
                 continue
             if await self._readable(wait=self.status_interval):
                 last_heard = time.monotonic()
