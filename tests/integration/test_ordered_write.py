@@ -12,6 +12,7 @@ one waits: the waiting writer's id comes after it, so the lock ran before nextva
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 import time
@@ -350,7 +351,8 @@ def test_writers_of_overlapping_keys_in_any_order_never_deadlock_and_keep_commit
         conn.execute("INSERT INTO key_commits (key) SELECT unnest(%s::text[])", (keys,))
     outbox = Outbox(ordered=True, notify=False)
     errors: list[BaseException] = []
-    rounds = 25
+    # OUTBOXKIT_TEST_ORDERED_WRITE_ROUNDS=2000 for a long run (25: ~2 s)
+    rounds = int(os.environ.get("OUTBOXKIT_TEST_ORDERED_WRITE_ROUNDS", "25"))
 
     def writer(seed: int) -> None:
         rng = random.Random(seed)
@@ -382,7 +384,7 @@ def test_writers_of_overlapping_keys_in_any_order_never_deadlock_and_keep_commit
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(120 + rounds)
     assert not any(t.is_alive() for t in threads)
     assert errors == []  # no DeadlockDetected, no lock timeout
     with psycopg.connect(db_dsn) as conn:
