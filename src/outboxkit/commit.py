@@ -111,9 +111,9 @@ def _text_array(items: Iterable[bytes]) -> bytes:
 
 
 def ordered_lock_params(rows: list[list[bytes | None]]) -> tuple[bool, list[bytes | None]] | None:
-    """Whether the ordered commit locks several keys, and its lock statement's parameter:
-    the one key as text, or the distinct keys as a text[]. None when no queued event has
-    a key (then no lock is taken)."""
+    """Whether the ordered commit locks several keys, and the lock parameter its first
+    INSERT takes: the one key as text, or the distinct keys as a text[]. None when no
+    queued event has a key (then no lock is taken)."""
     keys = {key for row in rows if (key := row[_KEY]) is not None}
     if not keys:
         return None
