@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from outboxkit import Publisher
+from outboxkit import Outbox, Publisher
 from outboxkit.cdc.relay import CdcRelay
 
 
@@ -64,16 +64,9 @@ async def running_cdc_relay(
 def write_wal(
     dsn: str, events: list[Any], *, rollback: bool = False, table: str = "outbox"
 ) -> None:
-    """WAL-only events (the messages ``Outbox(storage="wal")`` writes), in one transaction."""
-    from outboxkit.wal_envelope import encode_envelope, message_prefix
-
+    """WAL-only events (``Outbox(storage="wal")``: logical messages, no row), one transaction."""
     with psycopg.connect(dsn) as conn:
-        with conn.cursor() as cur:
-            for e in events:
-                cur.execute(
-                    "SELECT pg_logical_emit_message(true, %s, %s)",
-                    (message_prefix(table), encode_envelope(e)),
-                )
+        Outbox(table, storage="wal").put_many(conn, events)
         if rollback:
             conn.rollback()
         else:
