@@ -115,6 +115,7 @@ async def test_status_reports_lag_in_bytes_and_seconds_until_the_relay_confirms(
     slots.setup(logical_db_dsn, "outbox")
     idle = slots.status(logical_db_dsn, "outbox")
     assert idle.exists and not idle.active and idle.lag_seconds == 0.0
+    assert any("max_slot_wal_keep_size = -1 (unlimited)" in note for note in idle.notes)
     _write(logical_db_dsn, 3)
     time.sleep(1.2)
     behind = slots.status(logical_db_dsn, "outbox")

@@ -237,6 +237,7 @@ async def test_a_large_transaction_is_streamed_without_being_held_in_memory(
                 break
     assert rows == events
     streamed = events * 4000
+    print(f"streamed {rows} rows ({streamed} bytes of text): RSS grew by {peak} bytes")
     assert peak < 20 * 1024 * 1024, f"RSS grew by {peak} bytes while streaming {streamed} bytes"
 
 

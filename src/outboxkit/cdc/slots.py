@@ -273,6 +273,12 @@ def status(
         report.safe_wal_size = info.get("safe_wal_size")
         report.max_slot_wal_keep_size = row["max_slot_wal_keep_size"]
         report.invalidation_reason = info.get("invalidation_reason")
+        if report.max_slot_wal_keep_size == "-1":
+            report.notes.append(
+                "max_slot_wal_keep_size = -1 (unlimited): with no relay confirming, the slot "
+                "keeps WAL until the disk of pg_wal is full and PostgreSQL stops; set a limit "
+                "(docs/operations.md, 'Sizing max_slot_wal_keep_size')"
+            )
         if report.invalidated:
             report.oldest_unconfirmed_commit = _since(info)
             return report

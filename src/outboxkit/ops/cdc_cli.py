@@ -118,6 +118,10 @@ def _size(n: int | None) -> str:
     return str(n)  # pragma: no cover
 
 
+def _keep_size(setting: str | None) -> str:
+    return "-1 (unlimited)" if setting == "-1" else setting or "-"
+
+
 def _status_table(report: Any) -> Table:
     table = Table(title=f"slot {report.slot}", show_header=False)
     table.add_column("", style="bold")
@@ -139,7 +143,7 @@ def _status_table(report: Any) -> Table:
         ("lag seconds", seconds),
         ("oldest unconfirmed commit", report.oldest_unconfirmed_commit or "-"),
         ("wal retained", _size(report.retained_bytes)),
-        ("max_slot_wal_keep_size", report.max_slot_wal_keep_size or "-"),
+        ("max_slot_wal_keep_size", _keep_size(report.max_slot_wal_keep_size)),
         ("safe wal size", _size(report.safe_wal_size)),
     ):
         table.add_row(name, value)
