@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -23,12 +25,14 @@ log = logging.getLogger("outboxkit.relay.partitions")
 
 #: Seconds between two maintenance runs of one relay.
 INTERVAL = 300.0
+APPLICATION_NAME = "outboxkit-relay:partitions"
+_T = TypeVar("_T")
 
 
 async def partition_maintenance(dsn: str, table: str, stopping: asyncio.Event) -> None:
     """Maintain ``table``'s partitions until ``stopping`` is set; return at once if plain."""
     try:
-        partitioned = await asyncio.to_thread(_partitioned, dsn, table)
+        partitioned = await _in_thread(_partitioned, dsn, table)
     except (psycopg.Error, OutboxkitError) as exc:
         partitioned = True  # find out at the first run
         log.debug("partition check deferred: %s", first_line(exc))
@@ -36,7 +40,7 @@ async def partition_maintenance(dsn: str, table: str, stopping: asyncio.Event) -
         return
     while not stopping.is_set():
         try:
-            report = await asyncio.to_thread(maintain, dsn, table)
+            report = await _in_thread(_maintain, dsn, table)
         except (psycopg.Error, OutboxkitError) as exc:
             log.warning(
                 "partition maintenance of %s failed (%s); retrying later", table, first_line(exc)
@@ -47,9 +51,32 @@ async def partition_maintenance(dsn: str, table: str, stopping: asyncio.Event) -
             await asyncio.wait_for(stopping.wait(), timeout=INTERVAL)
 
 
+async def _in_thread(fn: Callable[[str, str], _T], dsn: str, table: str) -> _T:
+    """``fn`` in a thread; a cancelled relay still waits for it (its connection closes
+    before the relay's run() returns; each lock it waits for is bounded by lock_timeout)."""
+    future = asyncio.get_running_loop().run_in_executor(None, fn, dsn, table)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        dsn, autocommit=True, connect_timeout=10, application_name=APPLICATION_NAME
+    )
+
+
 def _partitioned(dsn: str, table: str) -> bool:
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with _connect(dsn) as conn:
         return bool(is_partitioned(conn, table))
+
+
+def _maintain(dsn: str, table: str) -> MaintenanceReport:
+    with _connect(dsn) as conn:
+        return maintain(conn, table)
 
 
 def _log(report: MaintenanceReport) -> None:
