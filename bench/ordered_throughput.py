@@ -68,9 +68,13 @@ def in_process(dsn: str, url: str, n: int, ordered: bool) -> dict[str, Any]:
 
 
 def processes(dsn: str, url: str, n: int, procs: int) -> dict[str, Any]:
-    """``outboxkit relay --ordered`` times procs; the steady rate while 2 %..98 % drain."""
-    reload(dsn, table=ORDERED, limit=n)
+    """``outboxkit relay --ordered`` times procs; the steady rate while 2 %..98 % drain.
+
+    The events are loaded once the processes divided the partitions evenly: the rate of
+    a running pair, not of a hand-over (how long that took is reported).
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:  # no lease left from an earlier run
+        conn.execute(f"TRUNCATE {ORDERED}")
         conn.execute(f"UPDATE {ORDERED}_partitions SET owner = NULL, expires_at = NULL")
         conn.execute(f"DELETE FROM {ORDERED}_relays")
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
@@ -82,8 +86,11 @@ def processes(dsn: str, url: str, n: int, procs: int) -> dict[str, Any]:
         log = (logdir / f"relay{i}.log").open("wb")
         children.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
     samples: list[tuple[float, int]] = []
-    deadline = time.monotonic() + 600
+    started = time.monotonic()
+    deadline = started + 600
     try:
+        split = _wait_for_split(dsn, procs, deadline)
+        reload(dsn, table=ORDERED, limit=n)
         while time.monotonic() < deadline:
             left = _remaining(dsn, ORDERED)
             samples.append((time.perf_counter(), left))
@@ -100,7 +107,30 @@ def processes(dsn: str, url: str, n: int, procs: int) -> dict[str, Any]:
     start = next(s for s in samples if s[1] <= hi)
     end = next(s for s in samples if s[1] <= lo)
     rate = (start[1] - end[1]) / max(end[0] - start[0], 1e-6)
-    return {"processes": procs, "events": n, "rate": rate, "window_s": end[0] - start[0]}
+    return {
+        "processes": procs,
+        "events": n,
+        "rate": rate,
+        "window_s": end[0] - start[0],
+        "split_after_s": split - started,
+    }
+
+
+def _wait_for_split(dsn: str, procs: int, deadline: float) -> float:
+    """When every process holds 64 / procs partitions (monotonic time)."""
+    while time.monotonic() < deadline:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            held = [
+                n
+                for (n,) in conn.execute(
+                    f"SELECT count(*) FROM {ORDERED}_partitions"
+                    " WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner"
+                )
+            ]
+        if len(held) == procs and sum(held) == 64 and max(held) - min(held) <= 1:
+            return time.monotonic()
+        time.sleep(0.1)
+    raise RuntimeError("the relays did not divide the partitions")
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,7 +167,11 @@ def main() -> None:
         for _ in range(rounds):
             for k in (1, 2):
                 procs[k].append(processes(args.dsn, url, n, k))
-                print(f"ordered, {k} process(es): {procs[k][-1]['rate']:,.0f} events/s")
+                last = procs[k][-1]
+                print(
+                    f"ordered, {k} process(es): {last['rate']:,.0f} events/s"
+                    f" (partitions divided {last['split_after_s']:.1f}s after start)"
+                )
     u, o = summary(unordered), summary(ordered)
     p1, p2 = summary(procs[1]), summary(procs[2])
     result = {

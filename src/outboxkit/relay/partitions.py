@@ -1,6 +1,6 @@
 """Partition leases: live ordered relays divide an outbox's P partitions among themselves.
 
-Every ``lease / 3`` a relay renews its row in ``<table>_relays`` and reads the live
+Every ``lease / 3`` (at most 2 s) a relay renews its row in ``<table>_relays`` and reads the live
 ones. The assignment follows from that list alone (sorted ids, partition p to member
 ``p % n``), so every relay computes the same one without talking to the others. A
 relay takes the partitions assigned to it once they are free or their lease expired,
@@ -29,6 +29,10 @@ from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay.partitions")
 
+#: Heartbeats come every lease/3, at most this many seconds apart: a joining relay is
+#: seen, and gets its share, within a few seconds even with a long lease.
+MAX_INTERVAL = 2.0
+
 
 def assignment(members: Iterable[str], me: str, partitions: int) -> frozenset[int]:
     """The partitions ``me`` should hold: partition p goes to the (p mod n)-th live relay."""
@@ -52,7 +56,7 @@ class PartitionLeases:
         self.stmts = stmts
         self.relay_id = relay_id
         self.lease = lease
-        self.interval = lease / 3
+        self.interval = min(lease / 3, MAX_INTERVAL)
         self.partitions = 0  # P, read at the first heartbeat
         self.members: tuple[str, ...] = ()
         self.owned: frozenset[int] = frozenset()

@@ -146,6 +146,10 @@ WITH mine AS MATERIALIZED (
                           ELSE {oversized_error} END
     WHERE d.id = ANY(ARRAY(
         SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
+), dead_keys AS (
+    SELECT key, min(id) AS first_dead FROM batch
+    WHERE key IS NOT NULL AND (oversized IS NOT NULL OR attempts >= %(max_attempts)s)
+    GROUP BY key
 )
 UPDATE {table} AS o
 SET attempts = o.attempts + 1,
@@ -153,12 +157,9 @@ SET attempts = o.attempts + 1,
     claim_token = %(token)s,
     claimed_by = %(relay_id)s
 WHERE o.id = ANY(ARRAY(
-    SELECT b.id FROM batch AS b
+    SELECT b.id FROM batch AS b LEFT JOIN dead_keys AS x ON x.key = b.key
     WHERE b.oversized IS NULL AND b.attempts < %(max_attempts)s
-      AND NOT (%(block)s AND b.key IS NOT NULL AND EXISTS (
-          SELECT 1 FROM batch AS x
-          WHERE x.key = b.key AND x.id < b.id
-            AND (x.oversized IS NOT NULL OR x.attempts >= %(max_attempts)s)))))
+      AND (x.key IS NULL OR NOT %(block)s OR b.id < x.first_dead)))
   AND {commit_named}
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
           o.payload, o.headers, o.created_at, o.attempts,
