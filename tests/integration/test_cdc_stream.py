@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import psutil
 import psycopg
@@ -16,7 +16,8 @@ from outboxkit import Event, Outbox
 from outboxkit.cdc import slots
 from outboxkit.cdc.errors import ReplicationConnectionLost, SlotInUse, SlotNotFound
 from outboxkit.cdc.stream import Begin, Commit, Item, Keepalive, Message, ReplicationStream, Row
-from outboxkit.testing import TcpProxy
+from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable, TcpProxy
+from tests.support.servers import require_or_skip
 
 SLOT = PUB = "outboxkit_outbox"
 
@@ -261,3 +262,56 @@ async def test_a_silent_network_is_a_lost_connection_after_the_timeout(
 async def _drain(items: AsyncIterator[Item]) -> None:
     async for _ in items:
         pass
+
+
+@pytest.fixture
+def strict_sender_dsn() -> Iterator[str]:
+    """A logical server that ends a WAL sender after 2 s without a status from its client."""
+    from outboxkit.store.migrate import migrate
+
+    try:
+        server = EmbeddedPostgres(fsync=False, logical=True, settings={"wal_sender_timeout": "2s"})
+        server.start()
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"embedded PostgreSQL unavailable: {exc}")
+    try:
+        migrate(server.dsn, table="outbox")
+        slots.setup(server.dsn, "outbox")
+        yield server.dsn
+    finally:
+        server.close()
+
+
+async def test_a_paused_caller_keeps_the_slot_where_a_naive_client_is_timed_out(
+    strict_sender_dsn: str,
+) -> None:
+    import psycopg2
+    import psycopg2.extras
+
+    # naive: psycopg2 answers the server only from read_message(); a caller that stops
+    # reading (a broker outage) is cut off by wal_sender_timeout
+    naive = psycopg2.connect(
+        strict_sender_dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection
+    )
+    try:
+        cursor = naive.cursor()
+        cursor.start_replication(slot_name=SLOT, decode=False, options={
+            "proto_version": "1", "publication_names": PUB, "messages": "true"})  # fmt: skip
+        await asyncio.sleep(4)
+        with pytest.raises(psycopg2.Error):
+            for _ in range(100):
+                cursor.read_message()
+                await asyncio.sleep(0.05)
+    finally:
+        naive.close()
+    await asyncio.sleep(0.5)  # its WAL sender lets go of the slot
+    async with ReplicationStream(strict_sender_dsn, SLOT, PUB, status_interval=0.5) as stream:
+        items = stream.__aiter__()
+        await asyncio.wait_for(anext(items), 10)
+        await asyncio.sleep(4)  # not reading, twice the server's timeout
+        _put(strict_sender_dsn, "after-the-pause")
+        rows: list[Item] = []
+        while not any(isinstance(i, Commit) for i in rows):
+            rows.append(await asyncio.wait_for(anext(items), 10))
+        assert _keys(rows) == ["after-the-pause"]
+        await _aclose(items)
