@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import random
 import signal
@@ -63,6 +64,8 @@ class OrderedChaosReport:
     keys_out_of_order: int = 0
     inversions: int = 0  # pairs of one key's events consumed in the opposite commit order
     examples: list[str] = field(default_factory=list)
+    lost_rows: list[dict[str, str]] = field(default_factory=list)  # what the outbox says of them
+    timeline: list[str] = field(default_factory=list)  # faults, by UTC time of day
     writing_seconds: float = 0.0
     drain_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -251,18 +254,21 @@ class OrderedChaosRun:
             _NatsBroker(workdir) if broker == "nats" else _KafkaBroker(partitions=8)
         )
         self.relays: list[subprocess.Popen[bytes] | None] = [None] * relays
+        self._spawned = [0] * relays
         self._deck: list[str] = []
 
     # -- parts ---------------------------------------------------------------------
 
     def _spawn_relay(self, i: int) -> None:
         args = [
-            *("--lease", str(self.lease), "--max-attempts", "25"),
+            # keep: a published row stays, with who published it and when (evidence)
+            *("--lease", str(self.lease), "--max-attempts", "25", "--retention", "keep"),
             *("--retry-base", "0.2", "--retry-cap", "1", "--poll-interval", "0.2"),
             *("--shutdown-timeout", "5", "--relay-id", f"ochaos-{i}", "--log-interval", "5"),
         ]
         if self.ordered:
             args += ["--ordered", "--on-dead-letter", "block"]
+        self._spawned[i] += 1
         self.relays[i] = spawn_relay(
             self.dsn,
             self.broker.url,
@@ -312,8 +318,11 @@ class OrderedChaosRun:
             self.rng.shuffle(self._deck)
         kind = self._deck.pop()
         self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
+        at = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+        self.report.timeline.append(f"{at} {kind}")
         if kind == "relay_kill":
             i = self.rng.randrange(len(self.relays))
+            self.report.timeline[-1] += f" ochaos-{i}"
             proc = self.relays[i]
             if proc is not None:
                 proc.send_signal(signal.SIGKILL)
@@ -371,7 +380,7 @@ class OrderedChaosRun:
                     proc.wait()
             self.broker.close()
 
-    def _drain(self, timeout: float = 120.0) -> None:
+    def _drain(self, timeout: float = 180.0) -> None:
         start = time.monotonic()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while True:
@@ -391,6 +400,14 @@ class OrderedChaosRun:
         self.report.drain_seconds = round(time.monotonic() - start, 1)
 
     def _stop_relays(self) -> None:
+        # A relay respawned by _heal must have installed its SIGTERM handler first.
+        deadline = time.monotonic() + 60
+        for i, spawned in enumerate(self._spawned):
+            log = self.workdir / f"relay-{i}.log"
+            while log.read_text(errors="replace").count("claiming batches") < spawned:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"relay {i} did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
         for proc in self.relays:
             if proc is not None:
                 proc.send_signal(signal.SIGTERM)
@@ -429,7 +446,23 @@ class OrderedChaosRun:
                 per_key[key_of[event_id]].append(event_id)
         r.distinct_consumed = len(seen)
         r.duplicates = len(consumed) - len(seen)
-        r.lost = len(set(key_of) - seen)
+        lost = set(key_of) - seen
+        if lost:  # read the broker once more: a reader that stopped early is not a loss
+            again = {event_id for event_id, _key in self.broker.read()}
+            lost -= again
+        r.lost = len(lost)
+        if lost:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for row in conn.execute(
+                    "SELECT l.event_id::text, l.key, l.n, l.pos, o.id, o.status, o.attempts,"
+                    " o.claimed_by, o.published_at::text, o.last_error"
+                    " FROM ochaos_ledger AS l LEFT JOIN outbox AS o USING (event_id)"
+                    " WHERE l.event_id = ANY(%s::uuid[]) ORDER BY l.key, l.n, l.pos",
+                    (sorted(lost),),
+                ):
+                    names = ("event_id", "key", "n", "pos", "row", "status", "attempts")
+                    names += ("claimed_by", "published_at", "last_error")
+                    r.lost_rows.append({k: str(v) for k, v in zip(names, row, strict=True)})
         r.phantom = len(seen & rolled_back)
         r.unknown = len(seen - set(key_of) - rolled_back)
         for key, expected in committed.items():
