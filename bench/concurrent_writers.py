@@ -143,6 +143,10 @@ MODES: dict[str, Mode] = {
     "execute_with": Mode("execute_with", lambda t: Outbox(t)),
     "execute_with, notify always": Mode("execute_with", lambda t: Outbox(t), notify_always=True),
     "execute_with, notify off": Mode("execute_with", lambda t: Outbox(t, notify=False)),
+    # Outbox(storage="wal"): a transactional logical message per event, no row (issue 15)
+    "wal, put": Mode("put", lambda t: Outbox(t, storage="wal")),
+    "wal, transaction": Mode("transaction", lambda t: Outbox(t, storage="wal")),
+    "wal, execute_with": Mode("execute_with", lambda t: Outbox(t, storage="wal")),
     # Attribution of the right-edge suspects (not library configurations):
     "transaction, notify off, no pending index": Mode(
         "transaction",
@@ -501,6 +505,25 @@ def measure(
     return out
 
 
+def gate_cost(dsn: str, n: int = 20000, repeat: int = 5) -> dict[str, float]:
+    """Server time per transaction of the gate's try-lock and of a NOTIFY, against an empty
+    transaction (a DO block committing ``n`` times; best of ``repeat``, interleaved)."""
+    key = Statements("outbox").try_wake_lock.split("(", 1)[1].rstrip(")")
+    body = {
+        "empty transaction": "PERFORM 1",
+        "wake-up gate (shared try-lock)": f"PERFORM pg_try_advisory_xact_lock_shared({key})",
+        "pg_notify": "PERFORM pg_notify('outboxkit_bench_gate', '')",
+    }
+    best = dict.fromkeys(body, float("inf"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(repeat):
+            for name, stmt in body.items():
+                t0 = time.perf_counter()
+                conn.execute(f"DO $$ BEGIN FOR i IN 1..{n} LOOP {stmt}; COMMIT; END LOOP; END $$")
+                best[name] = min(best[name], (time.perf_counter() - t0) / n * 1e6)
+    return {k: round(v, 2) for k, v in best.items()}
+
+
 # -- the wake-up options: commit -> broker-ack latency (bench/latency.py's method) ----------
 
 # name -> (writers notify, relay linger, relay poll_interval, gate held by a bystander)
@@ -604,6 +627,7 @@ def main() -> None:
         help="also commit -> Kafka ack latency of each wake-up option at 1 000 events/s",
     )
     ap.add_argument("--latency-seconds", type=float, default=None)
+    ap.add_argument("--name", default="concurrent_writers", help="results file name")
     ap.add_argument(
         "--no-relay",
         action="store_true",
@@ -627,6 +651,8 @@ def main() -> None:
     seconds = args.seconds or (1.5 if args.quick else 2.0)
 
     tables = setup(args.dsn, modes)
+    cost = gate_cost(args.dsn, n=5000 if args.quick else 20000)
+    print(f"server time per transaction (us, best of 5): {cost}", flush=True)
     # A LISTEN session per table, so a NOTIFY always has someone to signal; and the relay.
     listeners = Listeners(args.dsn, tables)
     relay = None if args.no_relay else RelayProcess(args.dsn, "outbox")
@@ -659,7 +685,7 @@ def main() -> None:
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         version = conn.execute("SHOW server_version").fetchone()
     save(
-        "concurrent_writers",
+        args.name,
         {
             "rounds": rounds,
             "window_s": seconds,
@@ -670,6 +696,7 @@ def main() -> None:
             "notifications_received": listeners.received,
             "relay": not args.no_relay,
             "wake_latency": wake,
+            "server_us_per_transaction": cost,
             "results": results,
         },
     )

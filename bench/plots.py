@@ -3,6 +3,8 @@
 * ``docs/img/bench_relay.png``: events/s of the relay next to its two ceilings, the
   CPU bound of doing both on this machine's cores, and the alternatives.
 * ``docs/img/bench_write.png``: the outbox write's overhead per write path.
+* ``docs/img/bench_concurrent_writers.png``: throughput kept against no outbox, per mode
+  and number of writers.
 
     python bench/plots.py            # after make bench (run_all runs it at the end)
 """
@@ -115,6 +117,39 @@ def write_chart(write: dict[str, Any], path: Path) -> None:
     print(f"-> {path}")
 
 
+def concurrent_chart(cw: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in cw["results"] if r["mode"] != "none" and not r.get("diagnostic")]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    counts = sorted({r["writers"] for r in rows})
+    width = 0.8 / len(counts)
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    palette = ["#c6dbef", "#6baed6", "#2171b5", "#08306b"]
+    for j, n in enumerate(counts):
+        values = [
+            next((r["ratio_vs_none"] for r in rows if r["mode"] == m and r["writers"] == n), 0)
+            for m in modes
+        ]
+        ys = [i + (j - (len(counts) - 1) / 2) * width for i in range(len(modes))]
+        ax.barh(ys, values, height=width, color=palette[j % len(palette)], label=f"{n} writers")
+    ax.axvline(0.9, color="#d62728", linestyle="--", linewidth=1)
+    ax.text(0.905, len(modes) - 0.5, "target 0.90", color="#d62728", fontsize=8)
+    ax.set_yticks(range(len(modes)), modes)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.3)
+    ax.set_xlabel("throughput / no-outbox throughput, same moments (median of paired rounds)")
+    ax.set_title("Many writers: the reference transaction plus one event")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"-> {path}")
+
+
 def main() -> int:
     IMG.mkdir(parents=True, exist_ok=True)
     relay, alt, write = _load("relay_throughput"), _load("alternatives"), _load("write_overhead")
@@ -122,6 +157,9 @@ def main() -> int:
         relay_chart(relay, alt, IMG / "bench_relay.png")
     if write is not None:
         write_chart(write, IMG / "bench_write.png")
+    cw = _load("concurrent_writers")
+    if cw is not None:
+        concurrent_chart(cw, IMG / "bench_concurrent_writers.png")
     return 0
 
 
