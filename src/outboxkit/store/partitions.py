@@ -234,20 +234,28 @@ def update_settings(
 ) -> PartitionSettings:
     """Change the stored retention window or periods ahead; returns the settings now stored."""
     with admin_connection(source, lambda: table_missing(table)) as conn:
-        _require_partitioned(conn, table)
-        current = read_settings(conn, table)
-        if current is None:
-            raise SchemaError(
-                f"outbox table {table!r} has no outboxkit partition settings: run"
-                " `outboxkit migrate --partition-by day|hour` first"
-            )
-        settings = PartitionSettings(
-            current.by,
-            current.keep if keep is None else keep,
-            current.ahead if ahead is None else ahead,
-        )
+        settings = _settings(conn, table, keep, ahead)
         write_settings(conn, table, settings)
     return settings
+
+
+def _settings(
+    conn: psycopg.Connection[Any], table: str, keep: dt.timedelta | None, ahead: int | None
+) -> PartitionSettings:
+    """The table's stored settings with ``keep``/``ahead`` overriding them when given."""
+    _require_partitioned(conn, table)
+    current = read_settings(conn, table)
+    if current is None:
+        raise SchemaError(
+            f"outbox table {table!r} is partitioned but has no outboxkit partition settings"
+            " (its comment was changed?): run `outboxkit migrate --partition-by day|hour`"
+            " with its granularity to record them"
+        )
+    return PartitionSettings(
+        current.by,
+        current.keep if keep is None else keep,
+        current.ahead if ahead is None else ahead,
+    )
 
 
 def _partitions(
@@ -551,19 +559,7 @@ def maintain(
     report = MaintenanceReport(table)
     key = _lock_key(table)
     with admin_connection(source, lambda: table_missing(table)) as conn:
-        _require_partitioned(conn, table)
-        settings = read_settings(conn, table)
-        if settings is None:
-            raise SchemaError(
-                f"outbox table {table!r} is partitioned but has no outboxkit partition settings"
-                " (its comment was changed?): run `outboxkit migrate --partition-by day|hour`"
-                " with its granularity to record them"
-            )
-        settings = PartitionSettings(
-            settings.by,
-            settings.keep if keep is None else keep,
-            settings.ahead if ahead is None else ahead,
-        )
+        settings = _settings(conn, table, keep, ahead)
         got = conn.execute(q.TRY_LOCK, (key,)).fetchone()
         if not got or not got[0]:
             report.skipped = "another maintenance of this table is running (advisory lock held)"
