@@ -60,8 +60,17 @@ async def _drain(dsn: str, url: str, table: str, n: int, **options: Any) -> dict
     }
 
 
+def _free_partitions(dsn: str) -> None:
+    """No lease or membership left from an earlier run (or a killed relay)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {ORDERED}_partitions SET owner = NULL, expires_at = NULL")
+        conn.execute(f"DELETE FROM {ORDERED}_relays")
+
+
 def in_process(dsn: str, url: str, n: int, ordered: bool) -> dict[str, Any]:
     table = ORDERED if ordered else "outbox"
+    if ordered:
+        _free_partitions(dsn)
     n = reload(dsn, table=table, limit=n)
     options: dict[str, Any] = {"ordered": True} if ordered else {}
     return asyncio.run(_drain(dsn, url, table, n, **options))
@@ -73,10 +82,9 @@ def processes(dsn: str, url: str, n: int, procs: int) -> dict[str, Any]:
     The events are loaded once the processes divided the partitions evenly: the rate of
     a running pair, not of a hand-over (how long that took is reported).
     """
-    with psycopg.connect(dsn, autocommit=True) as conn:  # no lease left from an earlier run
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {ORDERED}")
-        conn.execute(f"UPDATE {ORDERED}_partitions SET owner = NULL, expires_at = NULL")
-        conn.execute(f"DELETE FROM {ORDERED}_relays")
+    _free_partitions(dsn)
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
     env = {**os.environ, "OUTBOXKIT_DSN": dsn}
     command = [sys.executable, "-m", "outboxkit", "relay", "--broker", url, "--table", ORDERED]
