@@ -254,7 +254,7 @@ class OrderedChaosRun:
             _NatsBroker(workdir) if broker == "nats" else _KafkaBroker(partitions=8)
         )
         self.relays: list[subprocess.Popen[bytes] | None] = [None] * relays
-        self._spawned = [0] * relays
+        self._log_from = [0] * relays  # where the running incarnation's log lines start
         self._deck: list[str] = []
 
     # -- parts ---------------------------------------------------------------------
@@ -268,7 +268,8 @@ class OrderedChaosRun:
         ]
         if self.ordered:
             args += ["--ordered", "--on-dead-letter", "block"]
-        self._spawned[i] += 1
+        log = self.workdir / f"relay-{i}.log"
+        self._log_from[i] = log.stat().st_size if log.exists() else 0
         self.relays[i] = spawn_relay(
             self.dsn,
             self.broker.url,
@@ -402,9 +403,9 @@ class OrderedChaosRun:
     def _stop_relays(self) -> None:
         # A relay respawned by _heal must have installed its SIGTERM handler first.
         deadline = time.monotonic() + 60
-        for i, spawned in enumerate(self._spawned):
+        for i, start in enumerate(self._log_from):
             log = self.workdir / f"relay-{i}.log"
-            while log.read_text(errors="replace").count("claiming batches") < spawned:
+            while "claiming batches" not in log.read_bytes()[start:].decode(errors="replace"):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"relay {i} did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
