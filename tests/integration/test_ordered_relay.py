@@ -436,6 +436,52 @@ async def test_a_sigkilled_relay_loses_its_partitions_to_the_survivor_within_two
     assert per_key == _by_key(events)
 
 
+class _Gated:
+    """A publisher that confirms everything, once the test opens the gate."""
+
+    name = "gated"
+    batch_shape = (50, 1)
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.publishing = asyncio.Event()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        self.publishing.set()
+        await self.gate.wait()
+        return [PublishResult.success()] * len(messages)
+
+
+async def test_a_settle_after_another_relay_took_the_partitions_is_a_counted_no_op(
+    ordered_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The publish was confirmed, but meanwhile the partitions passed to relay b: the
+    settle changes nothing (namastack #75/#204), lease_lost is logged and counted."""
+    events = _events(keys=5, per_key=2)
+    _write(ordered_dsn, events)
+    publisher = _Gated()
+    async with running_relay(ordered_dsn, publisher, ordered=True, lease=20.0) as relay:
+        await asyncio.wait_for(publisher.publishing.wait(), 20)
+        with psycopg.connect(ordered_dsn, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outbox_partitions SET owner = 'b', epoch = epoch + 1,"
+                " expires_at = now() + interval '1 minute'"
+            )
+        publisher.gate.set()
+        await wait_for(lambda: relay.stats.lease_lost > 0, what="the lost leases counted")
+        assert relay.stats.published == 0
+    assert relay.stats.lease_lost == len(events)
+    assert "lease_lost" in caplog.text
+    left = rows(ordered_dsn)
+    assert len(left) == len(events) and all(r["status"] == 0 for r in left)
+
+
 # -- fencing and the crash-loop guard, at the statement level ----------------------------------
 
 
