@@ -342,7 +342,14 @@ class ReplicationStream:
         ):
             table = self.slot.removeprefix("outboxkit_")
             return SlotInvalidated(f"{invalidated_message(self.slot, table)} ({text})")
-        if isinstance(exc, pg.OperationalError | pg.InterfaceError):
+        code = getattr(exc, "pgcode", None)
+        # No SQLSTATE: libpq lost the connection (a server crash shows as "error with status
+        # PGRES_COPY_BOTH and no message"); 08/57P: connection failure, server shut down.
+        if (
+            isinstance(exc, pg.OperationalError | pg.InterfaceError)
+            or (code is None and type(exc) is pg.DatabaseError)
+            or (code is not None and code.startswith(("08", "57P")))
+        ):
             return ReplicationConnectionLost(
                 f"the replication connection of slot {self.slot!r} was lost ({text}); "
                 "reconnect: streaming resumes at the slot's confirmed position"
