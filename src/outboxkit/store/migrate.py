@@ -82,6 +82,8 @@ class MigrationResult:
             return line
         if not self.ordered_added:
             return f"{line}; ordered mode in place with {self.partitions} partitions"
+        if self.action is MigrationAction.UNCHANGED:  # (not "nothing to do": it added some)
+            line = line.replace(": nothing to do", "")
         return (
             f"{line}; ordered mode with {self.partitions} partitions:"
             f" added {', '.join(self.ordered_added)}"
