@@ -274,6 +274,7 @@ async def test_a_relay_sigkilled_mid_stream_loses_nothing_and_nats_absorbs_the_t
         await wait_for(lambda: slot_lag(logical_db_dsn, slot) < 4096, what="slot confirmed")
     finally:
         second.stop()
+    assert count(logical_db_dsn) == 0, "a published row was left behind as pending"
     ids = await _nats_ids(nats_server.url, root, 3001, 10.0)
     # none lost, none twice: the re-published tail was absorbed by Nats-Msg-Id
     assert ids == [str(e.event_id) for e in events], first.output + second.output

@@ -83,3 +83,25 @@ def test_demo_on_servers_the_user_runs_cuts_a_proxy_and_drops_its_database(
     _assert_outbox_lost_nothing_and_naive_did(report)
     assert any("proxy" in fault["event"] for fault in report["faults"])
     assert _demo_databases(pg_server.dsn) <= before, "the demo's scratch database was left behind"
+
+
+def test_demo_with_the_cdc_relay_loses_nothing_and_the_standby_takes_over(
+    tmp_path: Path,
+) -> None:
+    """`make demo ARGS=--source cdc`: the relays stream a slot; relay-a is SIGKILLed while
+    streaming and relay-b, its standby, takes the slot over."""
+    try:
+        EmbeddedPostgres(tmp_path / "pg", logical=True)
+        EmbeddedNats(tmp_path / "nats")
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"`outboxkit demo` needs the embedded servers: {exc}")
+
+    report, elapsed = _run_demo("--source", "cdc")
+
+    outbox, naive = report["outbox"], report["naive"]
+    assert report["ok"] is True
+    assert (outbox["committed"], outbox["lost"], outbox["delivered"]) == (300, 0, 300)
+    assert naive["lost"] > 0, "the broker outage must cost the naive path events"
+    assert report["relay_kill"]["taken_over_after_s"] < 10
+    assert report["relay_exit_codes"]["relay-b"] == 0, "relay-b must stop cleanly on SIGTERM"
+    assert elapsed < 75

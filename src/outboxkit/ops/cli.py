@@ -1115,8 +1115,22 @@ async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
 )
 @click.option("--dsn", default=None, help="PostgreSQL to use [default: an embedded one].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
+@click.option(
+    "--source",
+    type=click.Choice(["poll", "cdc"]),
+    default="poll",
+    show_default=True,
+    help="cdc: the relays stream a replication slot (the embedded PostgreSQL starts with"
+    " wal_level=logical; one relay streams, the other is its standby and takes over when the"
+    " first is SIGKILLed).",
+)
 def demo(
-    orders: int | None, duration: float | None, broker: str | None, dsn: str | None, as_json: bool
+    orders: int | None,
+    duration: float | None,
+    broker: str | None,
+    dsn: str | None,
+    as_json: bool,
+    source: str,
 ) -> None:
     """Show the dual-write problem and the outbox closing it, under real faults.
 
@@ -1132,6 +1146,7 @@ def demo(
         broker=broker,
         dsn=dsn,
         as_json=as_json,
+        source=source,
         **_given(orders=orders, duration=duration),
     )
     sys.exit(0 if ok else 1)

@@ -30,6 +30,7 @@ def run_demo(
     broker: str | None = None,
     dsn: str | None = None,
     as_json: bool = False,
+    source: str = "poll",
 ) -> bool:
     """Run the demo, print its table (or one JSON object); True iff the outbox lost nothing.
 
@@ -39,6 +40,8 @@ def run_demo(
         raise ValueError("--orders must be at least 10")
     if not 5.0 <= duration <= 3600.0:
         raise ValueError("--duration must be between 5 and 3600 seconds")
+    if source not in ("poll", "cdc"):
+        raise ValueError("--source must be poll or cdc")
     try:
         from outboxkit.ops.demo.scenario import Scenario
         from outboxkit.ops.demo.servers import proxy_target
@@ -55,7 +58,7 @@ def run_demo(
     out = Console()
     # With --json, stdout carries only the JSON object; progress goes to stderr.
     progress = Console(stderr=True) if as_json else out
-    scenario = Scenario(orders=orders, duration=duration, progress=progress)
+    scenario = Scenario(orders=orders, duration=duration, progress=progress, source=source)
     try:
         with _quiet_client_logs():
             report = scenario.run(broker, dsn)

@@ -31,6 +31,7 @@ from psycopg import sql
 from rich.console import Console
 
 from outboxkit._redact import redact
+from outboxkit.cdc import slots as cdc_slots
 from outboxkit.errors import OutboxkitError
 from outboxkit.events import Event
 from outboxkit.ops.demo.display import Display
@@ -99,8 +100,14 @@ WHERE datname = current_database() AND application_name = 'outboxkit-relay:claim
 class Scenario:
     """Runs the two write paths, the faults, the consumer; the display shows it as it goes."""
 
-    def __init__(self, *, orders: int, duration: float, progress: Console) -> None:
+    def __init__(
+        self, *, orders: int, duration: float, progress: Console, source: str = "poll"
+    ) -> None:
         self.orders = orders
+        # cdc: the relays stream the outbox's replication slot; relay-a streams, relay-b
+        # waits as its standby and takes over when relay-a is SIGKILLed.
+        self.source = source
+        self._logs = Path()
         self.duration = duration
         self.naive = PathStats()
         self.outbox = PathStats()
@@ -142,7 +149,7 @@ class Scenario:
                     stack.enter_context(tempfile.TemporaryDirectory(prefix="outboxkit-demo-"))
                 )
                 pg, nats_server = embedded_servers(
-                    work, want_pg=dsn is None, want_nats=broker is None
+                    work, want_pg=dsn is None, want_nats=broker is None, logical=self.cdc
                 )
                 for server in (pg, nats_server):
                     if server is not None:  # close() also deletes PostgreSQL's data directory
@@ -178,6 +185,9 @@ class Scenario:
             db_name, dsn = await create_scratch_database(server_dsn)
             stack.push_async_callback(drop_scratch_database, server_dsn, db_name)
             await asyncio.to_thread(migrate, dsn, table=TABLE)
+            if self.cdc:  # the slot goes before the database (DROP DATABASE refuses a slot)
+                await asyncio.to_thread(cdc_slots.setup, dsn, table=TABLE)
+                stack.push_async_callback(asyncio.to_thread, quietly, lambda: _drop_slot(dsn))
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 await conn.execute(CREATE_ORDERS)
 
@@ -227,6 +237,7 @@ class Scenario:
                 f"{client_url.split('?')[0]}?stream={stream}&subjects={','.join(subjects)}"
             )
             stack.push_async_callback(self._reap_relays)
+            self._logs = logs
             for name in RELAYS:
                 self.relays[name] = spawn_relay(
                     dsn,
@@ -235,8 +246,11 @@ class Scenario:
                     "--relay-id",
                     name,
                     *RELAY_OPTIONS,
+                    *(("--source", "cdc") if self.cdc else ()),
                     log_level=None,
                 )
+                if self.cdc and name == RELAYS[0]:  # relay-a streams, relay-b is its standby
+                    await self._wait_for_log(name, "streaming slot")
 
             self._outbox_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
             stack.push_async_callback(self._outbox_conn.close)
@@ -258,8 +272,34 @@ class Scenario:
             return await self._report(broker_url, external=nats_server is None)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @property
+    def cdc(self) -> bool:
+        return self.source == "cdc"
+
+    def _logged(self, name: str, text: str) -> bool:
+        with contextlib.suppress(OSError):
+            return text in (self._logs / f"{name}.log").read_text(errors="replace")
+        return False
+
+    async def _wait_for_log(self, name: str, text: str, within: float = 30.0) -> None:
+        """Wait for ``text`` in relay ``name``'s log (cdc: streaming, or waiting as standby)."""
+        deadline = time.monotonic() + within
+        while not self._logged(name, text):
+            proc = self.relays[name]
+            if proc.poll() is not None:
+                raise OutboxkitError(
+                    f"{name} exited with code {proc.returncode} at start-up;"
+                    f" see its log in {self._logs}"
+                )
+            if time.monotonic() > deadline:
+                raise OutboxkitError(f"{name} did not log {text!r} within {within:.0f}s")
+            await asyncio.sleep(0.1)
+
     async def _wait_for_relays(self, logs: Path) -> None:
         """Start the clock only once both relays have connected, so latencies are fair."""
+        if self.cdc:
+            await self._wait_for_log(RELAYS[1], "standby:")
+            return
         deadline = time.monotonic() + 20.0
         while True:
             cur = await self._monitor_conn.execute(RELAYS_CONNECTED)
@@ -335,6 +375,9 @@ class Scenario:
         SIGSTOP first, because a batch is claimed, published and settled within
         milliseconds: a kill sent on sight could land after the settle.
         """
+        if self.cdc:
+            await self._kill_streaming(name)
+            return
         proc = self.relays[name]
         deadline = time.monotonic() + 5.0
         held: list[uuid.UUID] = []
@@ -371,6 +414,32 @@ class Scenario:
                 f"{name} SIGKILLed (it held no claim within 5s); relay-b carries on",
                 phase=f"{name} killed",
             )
+
+    async def _kill_streaming(self, name: str) -> None:
+        """cdc: SIGKILL the relay streaming the slot; its standby takes the slot over."""
+        proc = self.relays[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+        killed_at = self.display.elapsed()
+        self.kill = {"relay": name, "at_s": round(killed_at, 2), "held_events": 0}
+        self.display.note(
+            f"{name} SIGKILLed while streaming the slot: what it published but had not"
+            " confirmed comes again (NATS drops the duplicates); relay-b takes over",
+            phase=f"{name} killed",
+        )
+        self._watcher = asyncio.create_task(self._watch_slot_takeover(killed_at))
+
+    async def _watch_slot_takeover(self, killed_at: float) -> None:
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._logged(RELAYS[1], "streaming slot"):
+                after = self.display.elapsed() - killed_at
+                self.kill["taken_over_after_s"] = round(after, 2)
+                self.display.note(
+                    f"relay-b took over the slot {after:.1f}s after the kill and streams on"
+                )
+                return
+            await asyncio.sleep(0.1)
 
     async def _held(self, relay: str) -> list[uuid.UUID]:
         cur = await self._monitor_conn.execute(self._held_by, (relay,))
@@ -548,3 +617,7 @@ def _order_event(topic: str, order_id: int, customer: str, amount: int) -> Event
         aggregate_id=str(order_id),
         payload={"order_id": order_id, "customer": customer, "amount_cents": amount},
     )
+
+
+def _drop_slot(dsn: str) -> None:
+    cdc_slots.drop(dsn, table=TABLE, force=True)

@@ -66,10 +66,10 @@ def quietly(fn: Callable[[], Any]) -> None:
 
 
 def embedded_servers(
-    work: Path, *, want_pg: bool, want_nats: bool
+    work: Path, *, want_pg: bool, want_nats: bool, logical: bool = False
 ) -> tuple[EmbeddedPostgres | None, EmbeddedNats | None]:
     try:  # PostgreSQL makes its own data directory: under root it must be one it can reach
-        pg = EmbeddedPostgres() if want_pg else None
+        pg = EmbeddedPostgres(logical=logical) if want_pg else None
     except OutboxkitError as exc:
         raise OutboxkitError(cannot_embed("PostgreSQL", exc)) from None
     try:
