@@ -321,6 +321,10 @@ class PsycopgSync(WritePath):
             # Outbox(ordered=True): the key's advisory lock in the same statement / pipeline
             "outbox.put, ordered": outbox(Outbox(ordered=True)),
             "outbox.transaction, ordered": with_commit(Outbox(ordered=True)),
+            # Outbox(storage="wal"): a logical message per event instead of a row (notify off)
+            "outbox.put, storage=wal": outbox(Outbox(storage="wal")),
+            "outbox.transaction, storage=wal": with_commit(Outbox(storage="wal")),
+            "outbox.execute_with, storage=wal": attached(Outbox(storage="wal")),
             "ref: conn.execute per put (before)": before,
             "ref: psycopg pipeline() for INSERT + COMMIT": pipelined,
             "ref: event in the order's statement": same_statement,

@@ -6,23 +6,20 @@ refusals outside a transaction), and ``transaction()`` emits the messages in its
 pipeline (``outboxkit.commit``). The statements live in ``store.wal_sql``, the envelope
 format in ``outboxkit.wal_envelope``.
 
-``execute_with`` cannot ride in the caller's statement as the table mode's INSERT does:
-only a data-modifying CTE is sure to run, and a ``SELECT pg_logical_emit_message(...)``
-CTE nobody references is never executed. So with psycopg the messages go in the same
-pipeline as the caller's statement, just ahead of it (one round trip, one Sync: if the
-caller's statement fails, the transaction has failed and the messages roll back with
-it). asyncpg has no pipeline API: there they are one statement of their own first.
+``execute_with`` rides in the caller's statement as a data-modifying CTE, as in the
+table mode: a ``SELECT pg_logical_emit_message(...)`` CTE that nothing references would
+never run, so the messages are emitted by the filter of an INSERT that inserts nothing
+(``store.wal_sql``, ``ATTACHED_ONE``): exactly once, with no round trip of its own. It
+names the outbox table, which must exist (migrated; nothing is written to it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-import psycopg
-
-from outboxkit.drivers import Statement, asyncpg_adapter, psycopg_adapter, type_name
+from outboxkit.drivers import Statement
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 from outboxkit.store.postgres import numbered
@@ -65,9 +62,7 @@ class WalWrite:
 
     def many(self, events: Iterable[Event], check: _Check) -> _Prepared | None:
         """One statement for ``events`` (each checked; at most a batch), None for none."""
-        envelopes = [encode_envelope(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
-        if len(envelopes) > MAX_BATCH_EVENTS:
-            raise too_many_events()
+        envelopes = self._envelopes(events, check)
         if not envelopes:
             return None
         if len(envelopes) == 1:  # the cheaper statement: no array to build and unnest
@@ -76,60 +71,22 @@ class WalWrite:
             return self._many, [self.channel, envelopes]  # NOTIFY_MANY's order
         return self._many, [envelopes]
 
-    # -- execute_with ---------------------------------------------------------------
+    def _envelopes(self, events: Iterable[Event], check: _Check) -> list[bytes]:
+        envelopes = [encode_envelope(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
+        if len(envelopes) > MAX_BATCH_EVENTS:
+            raise too_many_events()
+        return envelopes
 
-    def execute_with(
-        self,
-        conn: psycopg.Connection[Any],
-        query: str,
-        params: Sequence[Any],
-        events: Iterable[Event],
-        check: _Check,
-    ) -> psycopg.Cursor[Any]:
-        emit = self._attached(query, params, events, check)
-        psycopg_adapter.check_in_transaction(conn)
-        if emit is None:
-            return conn.execute(query, params)
-        with conn.pipeline():
-            conn.execute(emit[0].text, emit[1])
-            cursor = conn.execute(query, params)
-        return cursor
-
-    async def aexecute_with(
-        self,
-        conn: Any,
-        query: str,
-        params: Sequence[Any],
-        events: Iterable[Event],
-        check: _Check,
-    ) -> Any:
-        """psycopg ``AsyncConnection`` (the cursor) or asyncpg (the rows); else None."""
-        if isinstance(conn, psycopg.AsyncConnection):
-            emit = self._attached(query, params, events, check)
-            psycopg_adapter.check_in_transaction(conn)
-            if emit is None:
-                return await conn.execute(query, params)
-            async with conn.pipeline():
-                await conn.execute(emit[0].text, emit[1])
-                cursor = await conn.execute(query, params)
-            return cursor
-        if asyncpg_adapter.Asyncpg.handles(type(conn)):
-            emit = self._attached(query, params, events, check)
-            asyncpg_adapter.check_in_transaction(conn)
-            if emit is not None:
-                await conn.execute(emit[0].dollar, *emit[1])
-            return await conn.fetch(query, *params)
-        return None
-
-    def _attached(
-        self, query: str, params: Sequence[Any], events: Iterable[Event], check: _Check
-    ) -> _Prepared | None:
-        # The table mode's checks, so that a query runs the same under either storage.
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {type_name(query)}")
-        if isinstance(params, Mapping):
-            raise TypeError(
-                "execute_with takes positional %s parameters (a sequence), not a mapping:"
-                " the events' parameters are positional too"
-            )
-        return self.many(events, check)
+    def attached(self, events: Iterable[Event], check: _Check) -> tuple[str, list[Any]] | None:
+        """The CTE (``%s`` style) and parameters that emit ``events`` in the caller's statement."""
+        envelopes = self._envelopes(events, check)
+        if not envelopes:
+            return None
+        sql = self.sql
+        event_params: list[Any] = envelopes if len(envelopes) == 1 else [envelopes]
+        if self.notify:
+            event_params.append(self.channel)
+            cte = sql.attached_one_notify if len(envelopes) == 1 else sql.attached_many_notify
+        else:
+            cte = sql.attached_one if len(envelopes) == 1 else sql.attached_many
+        return cte, event_params

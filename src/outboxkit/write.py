@@ -327,8 +327,6 @@ class Outbox:
         """
         if not isinstance(conn, psycopg.Connection):
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
-        if self._wal is not None:  # in the same pipeline: see outboxkit.wal_write
-            return self._wal.execute_with(conn, query, params, events, self._check)
         stmt, all_params = self._attached(query, params, events)
         psycopg_adapter.check_in_transaction(conn)
         try:
@@ -372,13 +370,7 @@ class Outbox:
         With psycopg, ``query`` uses ``%s`` and the cursor is returned; with
         asyncpg, ``query`` uses ``$1 … $n`` and the rows (``conn.fetch``) are
         returned, an empty list for a statement without ``RETURNING``.
-        With ``storage="wal"`` and asyncpg, the events are a statement of their own
-        ahead of ``query`` (asyncpg has no pipeline): one more round trip.
         """
-        if self._wal is not None and (
-            isinstance(conn, psycopg.AsyncConnection) or asyncpg_adapter.Asyncpg.handles(type(conn))
-        ):
-            return await self._wal.aexecute_with(conn, query, params, events, self._check)
         try:
             if isinstance(conn, psycopg.AsyncConnection):
                 stmt, all_params = self._attached(query, params, events)
@@ -407,6 +399,9 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
+        if self._wal is not None:  # storage="wal": see outboxkit.wal_write
+            wal = self._wal.attached(events, self._check)
+            return (query, list(params)) if wal is None else _attach(query, params, *wal, dollar)
         rows = self._check_all(events)
         if not rows:
             return query, list(params)
@@ -422,20 +417,7 @@ class Outbox:
         if notify:
             event_params.append(self._sql.channel)
         cte = self._attached_sql[many, keys is not None, notify]
-        if dollar:
-            # $n parameters: the caller's keep their numbers, the events' follow them.
-            taken = max((int(n) for n in _DOLLAR_PARAM.findall(query)), default=0)
-            cte = numbered(cte, start=taken + 1)
-            all_params = [*params, *event_params]
-        else:
-            # %s parameters: the events' CTE comes first in the text, so theirs do too.
-            all_params = [*event_params, *params]
-        leading = _LEADING_WITH.match(query)
-        if leading:
-            stmt = f"{query[: leading.end()]}{cte},\n{query[leading.end() :]}"
-        else:
-            stmt = f"WITH {cte}\n{query}"
-        return stmt, all_params
+        return _attach(query, params, cte, event_params, dollar)
 
     # -- async ----------------------------------------------------------------
 
@@ -462,6 +444,26 @@ class Outbox:
             if (missing := outbox_table_missing(exc, self.table)) is not None:
                 raise missing from exc
             raise
+
+
+def _attach(
+    query: str, params: Sequence[Any], cte: str, event_params: list[Any], dollar: bool
+) -> tuple[str, list[Any]]:
+    """``query`` with the events' ``cte`` in front of it (joining its own WITH list)."""
+    if dollar:
+        # $n parameters: the caller's keep their numbers, the events' follow them.
+        taken = max((int(n) for n in _DOLLAR_PARAM.findall(query)), default=0)
+        cte = numbered(cte, start=taken + 1)
+        all_params = [*params, *event_params]
+    else:
+        # %s parameters: the events' CTE comes first in the text, so theirs do too.
+        all_params = [*event_params, *params]
+    leading = _LEADING_WITH.match(query)
+    if leading:
+        stmt = f"{query[: leading.end()]}{cte},\n{query[leading.end() :]}"
+    else:
+        stmt = f"WITH {cte}\n{query}"
+    return stmt, all_params
 
 
 def _unsupported_attach(conn: Any, method: str, expected: str) -> Exception:

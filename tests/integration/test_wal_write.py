@@ -26,6 +26,7 @@ from outboxkit import (
     InvalidEventError,
     NotInTransactionError,
     Outbox,
+    TableNotFoundError,
 )
 from outboxkit.cdc.envelope import decode_envelope
 from outboxkit.wal_envelope import parse_envelope
@@ -287,6 +288,31 @@ async def test_aexecute_with_emits_once_psycopg_and_asyncpg(wal_dsn: str) -> Non
     finally:
         await aconn.close()
     _assert_emitted(wal_dsn, [*first, *second])
+
+
+def test_execute_with_joins_the_callers_with_list_and_notifies_once(wal_dsn: str) -> None:
+    outbox, events = Outbox(storage="wal", notify=True), _events(3, "with")
+    with psycopg.connect(wal_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN outboxkit_outbox")
+        with psycopg.connect(wal_dsn) as conn, conn.transaction():
+            cur = outbox.execute_with(
+                conn, "WITH x AS (SELECT %s::int AS v) SELECT v FROM x", (7,), events=events
+            )
+            assert cur.fetchall() == [(7,)]
+        got = list(listener.notifies(timeout=1.0, stop_after=2))
+    assert [n.channel for n in got] == ["outboxkit_outbox"]
+    _assert_emitted(wal_dsn, events)
+
+
+def test_execute_with_needs_the_outbox_table_and_says_so(wal_dsn: str) -> None:
+    """The messages ride in a zero-row INSERT into the table: it must exist (migrate)."""
+    outbox = Outbox("missing_outbox", storage="wal")
+    with psycopg.connect(wal_dsn) as conn:
+        with pytest.raises(TableNotFoundError, match="missing_outbox"):
+            outbox.execute_with(conn, "SELECT 1", events=_events(1, "x"))
+        conn.rollback()
+        with conn.transaction():  # put and transaction() need no table at all
+            outbox.put(conn, _events(1, "x")[0])
 
 
 def test_execute_with_a_failing_statement_emits_nothing(wal_dsn: str) -> None:
