@@ -175,3 +175,7 @@ def drop(dsn: str, table: str, slot: str | None, publication: str | None, force:
         f"publication {result.publication} "
         + ("dropped" if result.dropped_publication else "did not exist")
     )
+
+
+# Registered here, not by cli.py, so importing this module first works too (no import cycle).
+cli.main.add_command(cdc)

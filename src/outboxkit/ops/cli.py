@@ -1156,7 +1156,7 @@ def demo(
 from outboxkit.ops.partitions_cli import partitions as _partitions  # noqa: E402
 
 main.add_command(_partitions)
-main.add_command(importlib.import_module("outboxkit.ops.cdc_cli").cdc)
+importlib.import_module("outboxkit.ops.cdc_cli")  # registers `outboxkit cdc` on main
 
 if __name__ == "__main__":  # pragma: no cover
     main()
