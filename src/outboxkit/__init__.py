@@ -7,13 +7,20 @@ Write events in the same transaction as your business change with
 from outboxkit.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
+    CdcError,
+    CdcSetupError,
     ConfigurationError,
     EnvelopeError,
     InvalidEventError,
     MissingExtraError,
     NotInTransactionError,
     OutboxkitError,
+    ReplicationConnectionLost,
+    ReplicationError,
     SchemaError,
+    SlotInUse,
+    SlotInvalidated,
+    SlotNotFound,
     TableNotFoundError,
     WalEnvelopeError,
 )
@@ -34,6 +41,8 @@ __version__ = "0.1.0"
 # package never imports a broker client.
 __all__ = [
     "AsyncOutboxTransaction",
+    "CdcError",
+    "CdcSetupError",
     "ConfigurationError",
     "ConsumerRunner",
     "ConsumerStats",
@@ -56,9 +65,14 @@ __all__ = [
     "Relay",
     "RelayObserver",
     "RelayStats",
+    "ReplicationConnectionLost",
+    "ReplicationError",
     "Route",
     "RoutingPublisher",
     "SchemaError",
+    "SlotInUse",
+    "SlotInvalidated",
+    "SlotNotFound",
     "TableNotFoundError",
     "WalEnvelopeError",
     "__version__",

@@ -214,3 +214,34 @@ def outbox_table_missing(
         # The server quotes the relation as written: "outbox" or "schema.outbox".
         return None
     return table_missing(table, in_transaction=True, rolled_back=rolled_back)
+
+
+# --- the WAL relay (outboxkit.cdc) ---------------------------------------------
+
+
+class CdcError(OutboxkitError):
+    """Root of the errors of logical replication (`outboxkit.cdc`)."""
+
+
+class CdcSetupError(CdcError):
+    """The server or the role cannot serve a slot (wal_level, privileges, slots full...)."""
+
+
+class ReplicationError(CdcError):
+    """The replication stream failed; reconnecting (from the slot's position) is the remedy."""
+
+
+class ReplicationConnectionLost(ReplicationError):
+    """The replication connection broke or went silent; the unconfirmed tail will come again."""
+
+
+class SlotInUse(ReplicationError):
+    """Another process streams the slot: a standby relay waits and tries again."""
+
+
+class SlotNotFound(ReplicationError):
+    """The replication slot does not exist: `outboxkit cdc setup` creates it."""
+
+
+class SlotInvalidated(ReplicationError):
+    """The slot lost WAL it still needed (`max_slot_wal_keep_size`): it can never stream again."""

@@ -1,36 +1,31 @@
-"""The errors of the WAL side: the slot, its stream and its set-up, each saying what to do."""
+"""The errors of the WAL side: the slot, its stream and its set-up, each saying what to do.
+
+The classes live in ``outboxkit.errors`` with every other error (one place to find what
+to catch); this module re-exports them for ``outboxkit.cdc`` and says how to recover.
+"""
 
 from __future__ import annotations
 
-from outboxkit.errors import OutboxkitError
+from outboxkit.errors import (
+    CdcError,
+    CdcSetupError,
+    ReplicationConnectionLost,
+    ReplicationError,
+    SlotInUse,
+    SlotInvalidated,
+    SlotNotFound,
+)
 
-
-class CdcError(OutboxkitError):
-    """Root of the errors of logical replication (`outboxkit.cdc`)."""
-
-
-class CdcSetupError(CdcError):
-    """The server or the role cannot serve a slot (wal_level, privileges, slots full...)."""
-
-
-class ReplicationError(CdcError):
-    """The replication stream failed; reconnecting (from the slot's position) is the remedy."""
-
-
-class ReplicationConnectionLost(ReplicationError):
-    """The replication connection broke or went silent; the unconfirmed tail will come again."""
-
-
-class SlotInUse(ReplicationError):
-    """Another process streams the slot: a standby relay waits and tries again."""
-
-
-class SlotNotFound(ReplicationError):
-    """The replication slot does not exist: `outboxkit cdc setup` creates it."""
-
-
-class SlotInvalidated(ReplicationError):
-    """The slot lost WAL it still needed (`max_slot_wal_keep_size`): it can never stream again."""
+__all__ = [
+    "CdcError",
+    "CdcSetupError",
+    "ReplicationConnectionLost",
+    "ReplicationError",
+    "SlotInUse",
+    "SlotInvalidated",
+    "SlotNotFound",
+    "invalidated_message",
+]
 
 
 def invalidated_message(slot: str, table: str, since: str | None = None) -> str:
