@@ -1152,11 +1152,10 @@ def demo(
     sys.exit(0 if ok else 1)
 
 
-# Registered last: the group's module uses this one's options and helpers.
-from outboxkit.ops.partitions_cli import partitions as _partitions  # noqa: E402
-
-main.add_command(_partitions)
-importlib.import_module("outboxkit.ops.cdc_cli")  # registers `outboxkit cdc` on main
+# Registered last: each group's module uses this one's options and helpers and adds its
+# group to `main` itself (so importing either module on its own works too).
+importlib.import_module("outboxkit.ops.partitions_cli")  # `outboxkit partitions`
+importlib.import_module("outboxkit.ops.cdc_cli")  # `outboxkit cdc`
 
 if __name__ == "__main__":  # pragma: no cover
     main()

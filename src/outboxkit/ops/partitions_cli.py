@@ -214,3 +214,6 @@ def set_command(dsn: str, table: str, keep: str | None, ahead: int | None) -> No
         f"{table}: partitioned by {settings.by}, keep {settings.keep}, "
         f"{settings.ahead} period(s) ahead"
     )
+
+
+cli.main.add_command(partitions)  # imported by ops/cli.py last, so `outboxkit partitions` exists
