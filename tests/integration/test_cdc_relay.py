@@ -363,6 +363,8 @@ async def test_the_relay_reconnects_and_resumes_when_postgresql_restarts_under_i
             write_events(dsn, after[10:])
             await wait_for(lambda: relay.stats.published >= 40, timeout=30, what="after")
             assert relay.stats.db_reconnects >= 1
+            # the bulk delete reconnects too: no published row is left pending
+            await wait_for(lambda: count(dsn) == 0, what="published rows removed")
     finally:
         pg.close()
     ids = await _nats_ids(nats_server.url, root, 41, 5.0)

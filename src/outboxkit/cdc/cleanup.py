@@ -95,20 +95,26 @@ class Cleanup:
         if not self._ids or (not force and time.monotonic() - self._last < self.interval):
             return
         self._last = time.monotonic()
+        retried = False
         while self._ids:
             chunk = self._ids[:_CHUNK]
             try:
                 conn = await self._connection()
                 cur = await conn.execute(self._sql.cdc_delete_published, (chunk,))
             except psycopg.Error as exc:
+                stale = self._conn is not None and (self._conn.broken or self._conn.closed)
+                if stale:
+                    with contextlib.suppress(Exception):
+                        await self._conn.close()  # type: ignore[union-attr]
+                    self._conn = None
+                if stale and not retried:  # e.g. the server restarted since the last pass
+                    retried = True
+                    continue
                 log.warning(
                     "could not remove %d published row(s) (%s); retrying later",
                     len(self._ids),
                     first_line(exc),
                 )
-                if self._conn is not None and self._conn.broken:
-                    with contextlib.suppress(Exception):
-                        await self._conn.close()
                 return
             self.deleted += cur.rowcount
             del self._ids[: len(chunk)]

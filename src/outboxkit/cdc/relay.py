@@ -54,7 +54,7 @@ from outboxkit.relay.observer import (
     StatsObserver,
     default_observer,
 )
-from outboxkit.relay.outage import OutageLog
+from outboxkit.relay.outage import FailureEpisode, OutageLog
 from outboxkit.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")
@@ -158,7 +158,9 @@ class CdcRelay:
         #: Whether this relay streams the slot now (False while a standby or reconnecting).
         self.streaming = False
         self._stopping = asyncio.Event()
-        self._stream_backoff = Backoff(base=0.2, cap=10.0)
+        self._stream_backoff = Backoff(base=0.2, cap=5.0)
+        # A database down for a while: one WARNING, reminders, one INFO when it is back.
+        self._stream_outage = FailureEpisode("replication stream")
         # An outage hands events back untried; this paces the retries of the stream's head.
         self._broker_backoff = Backoff(base=retry_base, cap=min(retry_cap, 10.0))
         self._running = False
@@ -254,7 +256,7 @@ class CdcRelay:
     async def _stream_lost(self, exc: BaseException) -> None:
         self.streaming = False
         delay = self._stream_backoff.next_delay()
-        log.warning(
+        self._stream_outage.failed(
             "replication stream of slot %s lost (%s); reconnecting in %.2fs",
             self.slot,
             first_line(exc),
@@ -289,6 +291,7 @@ class CdcRelay:
             if self._stopping.is_set():
                 raise _Stopped
             items = await reader.take(self.batch_size, wait=1.0)
+            self._stream_outage.succeeded()  # (returns at once unless an outage is ending)
             batch: list[_Entry] = []
             for item in items:
                 if isinstance(item, Row):
