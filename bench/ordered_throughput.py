@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="20 000 events, 1 round")
+    parser.add_argument(
+        "--processes-only", action="store_true", help="only 1 vs 2 ordered relay processes"
+    )
     args = parser.parse_args()
     if not args.dsn:
         parser.error("give --dsn or OUTBOXKIT_BENCH_DSN (a database of its own: it is emptied)")
@@ -166,7 +169,7 @@ def main() -> None:
         url = f"{server.url}?stream=BENCH&subjects={TOPIC.split('.')[0]}.>"
         unordered: list[dict[str, Any]] = []
         ordered: list[dict[str, Any]] = []
-        for _ in range(rounds):  # alternated: the machine's noise hits both alike
+        for _ in range(0 if args.processes_only else rounds):  # alternated: noise hits both
             unordered.append(in_process(args.dsn, url, n, ordered=False))
             print(f"unordered relay: {unordered[-1]['rate']:,.0f} events/s")
             ordered.append(in_process(args.dsn, url, n, ordered=True))
@@ -180,6 +183,22 @@ def main() -> None:
                     f"ordered, {k} process(es): {last['rate']:,.0f} events/s"
                     f" (partitions divided {last['split_after_s']:.1f}s after start)"
                 )
+    if args.processes_only:
+        p1, p2 = summary(procs[1]), summary(procs[2])
+        save(
+            "ordered_processes",
+            {
+                "events": n,
+                "ordered_processes_1": p1,
+                "ordered_processes_2": p2,
+                "two_over_one_process_median": p2["median"] / p1["median"],
+                "machine": server_facts(args.dsn),
+                "command": " ".join(["python", *sys.argv]),
+                "raw": procs,
+            },
+        )
+        print(f"2 / 1 ordered processes: {p2['median'] / p1['median']:.0%}")
+        return
     u, o = summary(unordered), summary(ordered)
     p1, p2 = summary(procs[1]), summary(procs[2])
     result = {
