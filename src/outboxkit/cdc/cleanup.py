@@ -15,16 +15,15 @@ letters keep theirs). ``enabled=False`` turns removal off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import psycopg
 
 from outboxkit._text import first_line
+from outboxkit.cdc._db import OwnConnection
 from outboxkit.store.cdc_sql import CdcRelayStatements
 
 log = logging.getLogger("outboxkit.relay")
@@ -60,14 +59,14 @@ class Cleanup:
         self.partition_interval = partition_interval
         self._confirmed_through = confirmed_through
         self._last_drop = time.monotonic()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._db = OwnConnection(dsn, "cleanup")
 
     async def check(self) -> None:
         """Turn removal off for a partitioned table (partitions are dropped, not deleted from)."""
         if not self.enabled:
             return
         try:
-            conn = await self._connection()
+            conn = await self._db.get()
             cur = await conn.execute(self._sql.cdc_is_partitioned, (self._sql.qualified,))
             row = await cur.fetchone()
         except psycopg.Error as exc:
@@ -99,14 +98,10 @@ class Cleanup:
         while self._ids:
             chunk = self._ids[:_CHUNK]
             try:
-                conn = await self._connection()
+                conn = await self._db.get()
                 cur = await conn.execute(self._sql.cdc_delete_published, (chunk,))
             except psycopg.Error as exc:
-                stale = self._conn is not None and (self._conn.broken or self._conn.closed)
-                if stale:
-                    with contextlib.suppress(Exception):
-                        await self._conn.close()  # type: ignore[union-attr]
-                    self._conn = None
+                stale = await self._db.drop_if_lost()
                 if stale and not retried:  # e.g. the server restarted since the last pass
                     retried = True
                     continue
@@ -135,18 +130,5 @@ class Cleanup:
         except Exception as exc:  # maintenance must never stop the stream
             log.warning("could not drop published partitions of %s (%s)", self.table, exc)
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=10,
-                application_name="outboxkit-relay:cleanup",
-            )
-        return self._conn
-
     async def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.close()
-            self._conn = None
+        await self._db.close()

@@ -8,13 +8,10 @@ delivers that insert too, and the relay skips it (only pending rows are events).
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
 import orjson
-import psycopg
 from psycopg.types.json import Jsonb
 
+from outboxkit.cdc._db import OwnConnection
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.store.cdc_sql import CdcRelayStatements
 
@@ -25,21 +22,11 @@ class DeadLetters:
     def __init__(self, dsn: str, table: str) -> None:
         self.dsn = dsn
         self._sql = CdcRelayStatements(table)
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=10,
-                application_name="outboxkit-relay:dead-letters",
-            )
-        return self._conn
+        self._db = OwnConnection(dsn, "dead-letters")
 
     async def write(self, message: OutboundMessage, *, row_id: int | None, error: str) -> None:
         """Mark the table row ``row_id`` failed, or insert the event as a failed row."""
-        conn = await self._connection()
+        conn = await self._db.get()
         await conn.execute(
             self._sql.cdc_dead_letter,
             {
@@ -88,7 +75,7 @@ class DeadLetters:
             )
         )
         row = text("id")
-        conn = await self._connection()
+        conn = await self._db.get()
         await conn.execute(
             self._sql.cdc_dead_letter,
             {
@@ -109,7 +96,4 @@ class DeadLetters:
         )
 
     async def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.close()
-            self._conn = None
+        await self._db.close()
