@@ -197,3 +197,17 @@ def test_an_empty_key_is_not_a_missing_key() -> None:
 def test_the_prefix_names_the_outbox() -> None:
     assert message_prefix("outbox") == "outboxkit:outbox"
     assert message_prefix("shop.outbox") == "outboxkit:shop.outbox"
+
+
+def test_the_wal_statements_name_the_outbox_and_leave_no_slot() -> None:
+    from outboxkit.store.wal_sql import WalStatements
+
+    s = WalStatements("app.events")
+    for name in WalStatements.templates():
+        text = getattr(s, name)
+        assert "{" not in text, name
+        assert "'outboxkit:app.events'" in text, name
+    assert '"app"."events"' in s.attached_one  # the zero-row INSERT's table, quoted
+    assert s.emit_many.count("%s") == 1 and s.emit_one_notify.count("%s") == 2
+    with pytest.raises(ValueError, match="invalid outbox table name"):
+        WalStatements("x'; DROP TABLE y; --")
