@@ -87,9 +87,12 @@ DROP TABLE IF EXISTS {partitions_table};
 # The scan is bounded: only the first %(scan)s available keyed rows (in id order) of
 # those partitions are looked at (an earlier available row of a key is always among
 # them), so a claim while every key's head is in flight costs a few thousand index
-# probes, not the whole backlog. Rows are locked after they were chosen;
-# one that could not be locked (SKIP LOCKED) or changed meanwhile drops out with every
-# later row of its key, so what is returned is still a prefix per key.
+# probes, not the whole backlog. Per key, one walk of the (key, id) index from its
+# oldest row up to its last scanned row finds the first blocking row (usually the first
+# row read: the head in flight), so the cost is the scanned rows, not scanned x rows in
+# flight. Rows are locked after they were chosen; one that could not be locked (SKIP
+# LOCKED) or changed meanwhile drops out with every later row of its key, so what is
+# returned is still a prefix per key.
 #
 # Keyless rows keep the unordered claim (a share of the batch). A row claimed
 # max_attempts times without a settle (the relay died or hung publishing it every time)
@@ -106,15 +109,20 @@ WITH mine AS MATERIALIZED (
       AND o.partition = ANY((SELECT parts FROM mine)::smallint[]) AND o.available_at <= now()
     ORDER BY o.id
     LIMIT %(scan)s
+), blockers AS MATERIALIZED (
+    SELECT k.key, (
+        SELECT e.id FROM {table} AS e
+        WHERE e.key = k.key AND e.key IS NOT NULL AND e.id < k.last
+          AND e.status IN ({pending}, {failed})
+          AND (e.status = {pending} AND e.available_at > now()
+               OR e.status = {failed} AND %(block)s)
+        ORDER BY e.id
+        LIMIT 1
+    ) AS first_block
+    FROM (SELECT key, max(id) AS last FROM scanned GROUP BY key) AS k
 ), chosen AS MATERIALIZED (
-    SELECT s.id, s.key FROM scanned AS s
-    WHERE NOT EXISTS (
-          SELECT 1 FROM {table} AS e
-          WHERE e.key = s.key AND e.id < s.id AND e.key IS NOT NULL
-            AND e.status IN ({pending}, {failed})
-            AND (e.status = {pending} AND e.available_at > now()
-                 OR e.status = {failed} AND %(block)s)
-      )
+    SELECT s.id, s.key FROM scanned AS s JOIN blockers AS b ON b.key = s.key
+    WHERE b.first_block IS NULL OR s.id < b.first_block
     ORDER BY s.id
     LIMIT %(limit)s
 ), locked AS MATERIALIZED (
