@@ -15,6 +15,7 @@ from outboxkit.errors import (
     MissingExtraError,
     NotInTransactionError,
     OutboxkitError,
+    PgoutputError,
     ReplicationConnectionLost,
     ReplicationError,
     SchemaError,
@@ -22,6 +23,7 @@ from outboxkit.errors import (
     SlotInvalidated,
     SlotNotFound,
     TableNotFoundError,
+    UndecodableRow,
     WalEnvelopeError,
 )
 from outboxkit.events import Event
@@ -58,6 +60,7 @@ __all__ = [
     "Outbox",
     "OutboxTransaction",
     "OutboxkitError",
+    "PgoutputError",
     "PublishResult",
     "Publisher",
     "Reachability",
@@ -74,6 +77,7 @@ __all__ = [
     "SlotInvalidated",
     "SlotNotFound",
     "TableNotFoundError",
+    "UndecodableRow",
     "WalEnvelopeError",
     "__version__",
     "from_url",

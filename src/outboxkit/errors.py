@@ -245,3 +245,11 @@ class SlotNotFound(ReplicationError):
 
 class SlotInvalidated(ReplicationError):
     """The slot lost WAL it still needed (`max_slot_wal_keep_size`): it can never stream again."""
+
+
+class PgoutputError(OutboxkitError, ValueError):
+    """Bytes that are not a valid pgoutput v1 message (or a change of an unknown relation)."""
+
+
+class UndecodableRow(OutboxkitError):
+    """A row of the outbox table the relay cannot turn into a message (dead-lettered)."""

@@ -14,15 +14,11 @@ from collections.abc import Mapping
 
 import orjson
 
-from outboxkit.errors import OutboxkitError
+from outboxkit.errors import UndecodableRow
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.store.postgres import Status
 
 _PENDING = str(int(Status.PENDING)).encode()
-
-
-class UndecodableRow(OutboxkitError):
-    """A row of the outbox table the relay cannot turn into a message (dead-lettered)."""
 
 
 def is_pending(values: Mapping[str, bytes | None]) -> bool:

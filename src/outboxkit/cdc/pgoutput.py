@@ -21,14 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from outboxkit.errors import OutboxkitError
+from outboxkit.errors import PgoutputError
 
 #: PostgreSQL's epoch: timestamps on the wire are microseconds since this instant.
 PG_EPOCH: Final = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-
-
-class PgoutputError(OutboxkitError, ValueError):
-    """Bytes that are not a valid pgoutput v1 message (or a change of an unknown relation)."""
 
 
 class _Unchanged:

@@ -32,14 +32,14 @@ from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.cdc.cleanup import Cleanup
 from outboxkit.cdc.deadletter import DeadLetters
-from outboxkit.cdc.decode import UndecodableRow, is_pending, row_id, row_message
+from outboxkit.cdc.decode import is_pending, row_id, row_message
 from outboxkit.cdc.envelope import WalEnvelopeError, decode_envelope
 from outboxkit.cdc.errors import ReplicationError, SlotInUse, SlotInvalidated, SlotNotFound
 from outboxkit.cdc.progress import Progress
 from outboxkit.cdc.reader import StreamReader
 from outboxkit.cdc.slots import default_name
 from outboxkit.cdc.stream import Begin, Commit, Keepalive, Message, Row
-from outboxkit.errors import ConfigurationError
+from outboxkit.errors import ConfigurationError, UndecodableRow
 from outboxkit.publishers.base import (
     OutboundMessage,
     Publisher,

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from outboxkit.cdc import pgoutput
 from outboxkit.cdc.errors import CdcSetupError, SlotInvalidated, invalidated_message
+from outboxkit.errors import PgoutputError
 from outboxkit.store import cdc_sql
 from outboxkit.store.postgres import DEFAULT_TABLE, parse_table, quote_table
 
@@ -304,7 +305,7 @@ def _measure_lag_seconds(dsn: str, report: SlotStatus, now: dt.datetime) -> None
         return
     try:
         message = pgoutput.Decoder().decode(bytes(first["data"]))
-    except pgoutput.PgoutputError as exc:
+    except PgoutputError as exc:
         report.notes.append(f"lag in seconds not measured: {exc}")
         return
     if isinstance(message, pgoutput.Begin):
