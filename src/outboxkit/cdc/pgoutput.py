@@ -174,28 +174,31 @@ class _Reader:
         self._pos = end
         return chunk
 
-    def _unpack(self, fmt: str) -> int:
-        size = struct.calcsize(fmt)
-        value: int = struct.unpack(fmt, self._take(size))[0]
+    def _unpack(self, fmt: struct.Struct) -> int:
+        end = self._pos + fmt.size
+        if end > len(self._data):
+            raise self.fail(f"truncated, {fmt.size} more bytes expected")
+        value: int = fmt.unpack_from(self._data, self._pos)[0]
+        self._pos = end
         return value
 
     def int8(self) -> int:
-        return self._unpack(">B")
+        return self._unpack(_UINT8)
 
     def int16(self) -> int:
-        return self._unpack(">h")
+        return self._unpack(_INT16)
 
     def int32(self) -> int:
-        return self._unpack(">i")
+        return self._unpack(_INT32)
 
     def uint32(self) -> int:
-        return self._unpack(">I")
+        return self._unpack(_UINT32)
 
     def int64(self) -> int:
-        return self._unpack(">q")
+        return self._unpack(_INT64)
 
     def uint64(self) -> int:
-        return self._unpack(">Q")
+        return self._unpack(_UINT64)
 
     def byte(self) -> str:
         return chr(self._take(1)[0])
@@ -326,28 +329,54 @@ class Decoder:
 
 
 def _tuple(r: _Reader, relation: Relation) -> dict[str, Value]:
+    # The hot loop of the WAL relay (every column of every outbox row): it reads the
+    # buffer directly rather than through _Reader's methods, with the same checks.
     count = r.int16()
-    if count != len(relation.columns):
+    columns = relation.columns
+    if count != len(columns):
         raise r.fail(
             f"{count} columns for {relation.qualified_name}, whose Relation message has "
-            f"{len(relation.columns)}"
+            f"{len(columns)}"
         )
+    data, pos, limit = r._data, r._pos, len(r._data)
+    unpack_size = _INT32.unpack_from
     values: dict[str, Value] = {}
-    for column in relation.columns:
-        kind = r.byte()
-        if kind == "n":
-            values[column.name] = None
-        elif kind == "u":
-            values[column.name] = UNCHANGED
-        elif kind in ("t", "b"):
-            size = r.int32()
-            if size < 0:
-                raise r.fail(f"negative length {size} of column {column.name!r}")
-            values[column.name] = r.bytes(size)
-        else:
-            raise r.fail(f"unknown column value kind {kind!r} of column {column.name!r}")
+    try:
+        for column in columns:
+            if pos >= limit:
+                raise r.fail("truncated, 1 more bytes expected")
+            kind = data[pos]
+            pos += 1
+            if kind in (_TEXT, _BINARY):
+                if pos + 4 > limit:
+                    raise r.fail("truncated, 4 more bytes expected")
+                size = unpack_size(data, pos)[0]
+                pos += 4
+                if size < 0:
+                    raise r.fail(f"negative length {size} of column {column.name!r}")
+                end = pos + size
+                if end > limit:
+                    raise r.fail(f"truncated, {size} more bytes expected")
+                values[column.name] = data[pos:end]
+                pos = end
+            elif kind == _NULL:
+                values[column.name] = None
+            elif kind == _UNCHANGED_TOAST:
+                values[column.name] = UNCHANGED
+            else:
+                raise r.fail(f"unknown column value kind {chr(kind)!r} of column {column.name!r}")
+    finally:
+        r._pos = pos
     return values
 
+
+_UINT8 = struct.Struct(">B")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_INT64 = struct.Struct(">q")
+_UINT64 = struct.Struct(">Q")
+_TEXT, _BINARY, _NULL, _UNCHANGED_TOAST = b"t"[0], b"b"[0], b"n"[0], b"u"[0]
 
 _NAMES = {
     "B": "Begin",
