@@ -341,6 +341,16 @@ WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 
 # --- ops ----------------------------------------------------------------------
 
+# A scheduled event (Event(deliver_at=...)) is pending but not late before its time: the
+# oldest-pending age (status, the dashboard, OutboxOldestPendingTooOld) skips a row
+# never tried whose time has not come, and counts a due one from its time, not from its
+# write. (A row handed back during an outage also has attempts 0, but carries last_error:
+# it stays counted from its write, so the age keeps growing through the outage.)
+_NOT_DUE = "(attempts = 0 AND claim_token IS NULL AND last_error IS NULL AND available_at > now())"
+_WAITING_SINCE = (
+    "CASE WHEN attempts = 0 AND claim_token IS NULL AND last_error IS NULL"
+    " THEN greatest(created_at, available_at) ELSE created_at END"
+)
 STATUS_BY_TOPIC = """
 SELECT topic,
        count(*) FILTER (
@@ -351,8 +361,9 @@ SELECT topic,
        ) AS in_flight,
        count(*) FILTER (WHERE status = {failed}) AS failed,
        count(*) FILTER (WHERE status = {published}) AS published,
-       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = {pending}))::float8
-           AS oldest_pending_age_s
+       extract(epoch FROM now() - min({waiting_since}) FILTER (
+           WHERE status = {pending} AND NOT {not_due}
+       ))::float8 AS oldest_pending_age_s
 FROM {table}
 GROUP BY topic
 ORDER BY topic
@@ -400,8 +411,8 @@ METRICS_PENDING_BY_TOPIC = """
 SELECT topic,
        count(*) FILTER (WHERE NOT (claim_token IS NOT NULL AND available_at > now())),
        count(*) FILTER (WHERE claim_token IS NOT NULL AND available_at > now()),
-       extract(epoch FROM now() - min(created_at))::float8
-FROM (SELECT topic, claim_token, available_at, created_at FROM {table}
+       extract(epoch FROM now() - min({waiting_since}) FILTER (WHERE NOT {not_due}))::float8
+FROM (SELECT topic, claim_token, available_at, created_at, attempts, last_error FROM {table}
       WHERE status = {pending} ORDER BY available_at, id LIMIT %(cap)s) AS p
 GROUP BY topic
 """
@@ -582,6 +593,8 @@ class Statements(NamedStatements):
             "oversized_error": _oversized_error("d."),
             "looped_error": _looped_error("d."),
             "event_columns": _EVENT_COLUMNS,
+            "not_due": _NOT_DUE,
+            "waiting_since": _WAITING_SINCE,
             **{state.name.lower(): str(int(state)) for state in Status},
         }
         self.migrations = {v: ddl.format(**slots) for v, ddl in MIGRATIONS.items()}
