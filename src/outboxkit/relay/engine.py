@@ -128,10 +128,10 @@ class Relay:
     never loss (docs/architecture.md).
 
     Wake-up: a relay that found work looks again after 1, 2, 4, ... ms for ``linger``
-    seconds (default 0.03) before it waits for a ``NOTIFY``; only a waiting relay makes
-    writers notify (the wake-up gate, store/postgres.py ``WAKE_GATE``), so writers
-    committing while events flow skip NOTIFY's commit-time lock. ``linger=0`` waits at
-    once after every batch that was not full.
+    seconds (default 0.03, at most ``poll_interval``) before it waits for a ``NOTIFY``;
+    only a waiting relay makes writers notify (the wake-up gate, store/postgres.py
+    ``WAKE_GATE``), so writers committing while events flow skip NOTIFY's commit-time
+    lock. ``linger=0`` waits at once after every batch that was not full.
 
     ``lease`` is how long a claim holds its rows without news from this relay: a
     publish still running after ``lease / 3`` extends its rows' lease every
@@ -185,8 +185,9 @@ class Relay:
             raise ConfigurationError("batch_size must be at least 1")
         if lease <= 0 or poll_interval <= 0:
             raise ConfigurationError("lease and poll_interval must be positive")
-        if not 0 <= linger <= poll_interval:
-            raise ConfigurationError("linger must be between 0 and poll_interval")
+        if linger < 0:
+            raise ConfigurationError("linger must not be negative")
+        linger = min(linger, poll_interval)  # a faster poll needs no lingering beyond it
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         if retention not in ("delete", "keep"):
