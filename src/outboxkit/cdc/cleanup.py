@@ -86,13 +86,18 @@ class Cleanup:
         if self.enabled and not self.partitioned and len(self._ids) < _MAX_IDS:
             self._ids.extend(ids)
 
-    async def flush(self, *, force: bool = False) -> None:
-        """Delete what was collected once ``interval`` passed (or ``force``); a failure keeps it."""
+    async def flush(self, *, force: bool = False) -> bool:
+        """Delete what was collected once ``interval`` passed (or ``force``); a failure keeps it.
+
+        Returns whether nothing collected is left: with ``force`` the relay confirms the
+        slot only then, or a DELETE that failed (a timeout under load, a lost connection)
+        followed by a confirm and a crash would leave published rows pending for good.
+        """
         if self.partitioned:
             await self._drop_partitions()
-            return
+            return True
         if not self._ids or (not force and time.monotonic() - self._last < self.interval):
-            return
+            return not self._ids
         self._last = time.monotonic()
         retried = False
         while self._ids:
@@ -106,15 +111,17 @@ class Cleanup:
                     retried = True
                     continue
                 log.warning(
-                    "could not remove %d published row(s) (%s); retrying later",
+                    "could not remove %d published row(s) (%s); retrying later, the slot"
+                    " is not confirmed past them meanwhile",
                     len(self._ids),
                     first_line(exc),
                 )
-                return
+                return False
             self.deleted += cur.rowcount
             del self._ids[: len(chunk)]
             if not force:
-                return
+                break
+        return not self._ids
 
     async def _drop_partitions(self) -> None:
         through = self._confirmed_through()

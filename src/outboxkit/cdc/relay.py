@@ -287,6 +287,7 @@ class CdcRelay:
     async def _stream(self, reader: StreamReader, progress: Progress) -> None:
         commit_time = dt.datetime.now(dt.UTC)
         self._unconfirmed.clear()  # a new session streams them again
+        held_back: int | None = None  # a confirm waiting for its rows' DELETE
         while True:
             if self._stopping.is_set():
                 raise _Stopped
@@ -330,13 +331,16 @@ class CdcRelay:
                 self.observer.claimed(0, 0.0)
             # Every event taken is now published or dead-lettered (written and committed).
             progress.settle(progress.received)
-            lsn = progress.confirmable()
+            lsn = progress.confirmable() or held_back
             if lsn is not None:
                 # Published rows leave before the slot moves past them: a relay killed
-                # after a confirm leaves no published row behind as pending.
-                await self.cleanup.flush(force=True)
-                reader.confirm(lsn)
-                self._confirmed(lsn)
+                # after a confirm leaves no published row behind as pending. (A DELETE
+                # that failed holds the confirm back until a later pass succeeds.)
+                held_back = lsn
+                if await self.cleanup.flush(force=True):
+                    reader.confirm(lsn)
+                    self._confirmed(lsn)
+                    held_back = None
             else:
                 await self.cleanup.flush()
 
