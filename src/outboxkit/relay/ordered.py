@@ -87,7 +87,7 @@ class OrderedMode:
             self.delivery_bound = float(bound(self.window / 2))
         self.leases = PartitionLeases(relay.dsn, self.sql, relay.relay_id, relay.lease)
         self._open: dict[asyncio.Task[None], float] = {}
-        self._starts: dict[uuid.UUID, float] = {}
+        self._starts: dict[uuid.UUID, tuple[float, int]] = {}
         self._claim_started = 0.0
 
     # -- claim --------------------------------------------------------------------
@@ -98,8 +98,8 @@ class OrderedMode:
         self._claim_started = now
         if len(self._starts) > 64:  # tokens of claims that returned nothing
             horizon = now - 2 * self.relay.lease
-            self._starts = {t: s for t, s in self._starts.items() if s > horizon}
-        self._starts[params["token"]] = now
+            self._starts = {t: s for t, s in self._starts.items() if s[0] > horizon}
+        self._starts[params["token"]] = (now, self.leases.losses)
         self._release_drained()
         params.update(
             scan=SCAN_FACTOR * params["limit"],
@@ -135,17 +135,16 @@ class OrderedMode:
     async def publish(self, batch: _Batch) -> list[PublishResult]:
         """Publish ``batch`` in waves; results in the batch's order."""
         messages = batch.messages
-        started = self._starts.pop(batch.token, None)
-        if started is None:  # (not claimed through claim(): give it no time at all)
-            started = -math.inf
-        deadline = started + self.window
+        # (a batch not claimed through claim() gets no time at all)
+        started, losses = self._starts.pop(batch.token, (-math.inf, -1))
+        fixed = started + self.window
         results: list[PublishResult | None] = [None] * len(messages)
         failed: set[str] = set()
         for wave in waves(messages):
             todo = [i for i in wave if messages[i].key not in failed]
             if not todo:
                 continue
-            remaining = deadline - time.monotonic()
+            remaining = self._deadline(fixed, losses) - time.monotonic()
             if remaining <= self.delivery_bound or remaining <= 0:
                 break  # the rest is handed back untried: the lease could pass on meanwhile
             sub = type(batch)(
@@ -167,6 +166,19 @@ class OrderedMode:
             r if r is not None else _untried(messages[i].key in failed)
             for i, r in enumerate(results)
         ]
+
+    def _deadline(self, fixed: float, losses: int) -> float:
+        """When the waves of a batch must have ended.
+
+        ``fixed``: the claim saw the lease last ``margin`` past its start, so the window
+        from the claim's start is safe whatever happens next. Later, as long as no
+        heartbeat since the claim found a held partition taken, every partition of the
+        batch was renewed by the last heartbeat: the publish may go on until that
+        renewal's lease (a slow claim or broker does not make every batch hand back).
+        """
+        if self.leases.losses != losses:
+            return fixed
+        return max(fixed, self.leases.safe_until())
 
     # -- partitions ---------------------------------------------------------------
 

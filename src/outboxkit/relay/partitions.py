@@ -67,10 +67,19 @@ class PartitionLeases:
         self._wake = asyncio.Event()
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.beats = 0
+        #: Counts heartbeats that found a held partition taken: a batch claimed before one
+        #: may hold rows of it, so it cannot lean on the renewals since (ordered.py).
+        self.losses = 0
 
     def owned_count(self) -> int:
         """Partitions held now (0 once the last renewal's lease has run out)."""
         return len(self.owned) if time.monotonic() < self._valid_until else 0
+
+    def safe_until(self) -> float:
+        """Monotonic time before which every partition renewed at the last heartbeat is
+        certainly still held (its lease counted from before the renewal was sent), less
+        a tenth of the lease for what is already on the wire."""
+        return self._valid_until - 0.1 * self.lease
 
     def release_soon(self, partitions: Iterable[int]) -> None:
         """The claim loop's word: nothing claimed from these is in flight any more."""
@@ -149,8 +158,10 @@ class PartitionLeases:
         wanted = sorted(self.desired | set(self.draining))
         cur = await conn.execute(self.stmts.acquire_partitions, {**params, "wanted": wanted})
         owned = frozenset(int(r[0]) for r in await cur.fetchall())
-        self._valid_until = started + self.lease
         gained, lost = owned - self.owned, (self.owned - owned) - set(release)
+        if lost:  # before the renewal counts: nothing awaited in between
+            self.losses += 1
+        self._valid_until = started + self.lease
         if gained:
             log.info("took %d partition(s) (now %d): %s", len(gained), len(owned), sorted(gained))
         if lost:
