@@ -152,8 +152,14 @@ async def test_a_fenced_settle_counts_only_the_rows_it_settled(
     options = {"lease": 1.0, "publish_timeout": 30.0, "batch_size": 10, "max_in_flight": 1}
     async with running_relay(db_dsn, publisher, observer=metrics, **options) as relay:
         await asyncio.wait_for(publisher.publishing.wait(), 10)
-        await asyncio.sleep(1.5)  # the relay's lease ends while its publish is held
-        with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # Four rows' lease runs out while the publish is held (as if the relay's lease
+        # heartbeat could not reach the database), and another relay re-claims them at
+        # once, in the same transaction: the heartbeat's next extension is fenced out.
+        with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute(
+                "UPDATE outbox SET available_at = now() - interval '1 second'"
+                " WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 4)"
+            )
             params = {
                 "lease": 60.0,
                 "token": uuid.uuid4(),
