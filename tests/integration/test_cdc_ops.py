@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 
@@ -18,8 +17,6 @@ from outboxkit.cdc.stream import Commit, ReplicationStream
 from outboxkit.ops.cli import main
 from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable
 from tests.support.servers import require_or_skip
-
-MACHINE_DSN = os.environ.get("OUTBOXKIT_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def _write(dsn: str, count: int) -> None:
@@ -38,25 +35,26 @@ def _catalog(dsn: str) -> tuple[int, int]:
     return row[0], row[1]
 
 
-def test_setup_on_a_replica_level_server_explains_what_to_change_and_changes_nothing() -> None:
-    try:
-        with psycopg.connect(MACHINE_DSN, autocommit=True, connect_timeout=3) as conn:
-            level = conn.execute("SHOW wal_level").fetchone()
-    except psycopg.OperationalError as exc:
-        require_or_skip(f"no PostgreSQL at {MACHINE_DSN}: {exc}")
+def test_setup_on_a_replica_level_server_explains_what_to_change_and_changes_nothing(
+    db_dsn: str,
+) -> None:
+    # The session's server: the embedded one runs with wal_level=replica, as does the
+    # machine's (OUTBOXKIT_TEST_DSN) in CI; only a read-only check runs against it.
+    with psycopg.connect(db_dsn, autocommit=True, connect_timeout=3) as conn:
+        level = conn.execute("SHOW wal_level").fetchone()
     if level == ("logical",):
         pytest.skip("this server already has wal_level=logical")
-    before = _catalog(MACHINE_DSN)
+    before = _catalog(db_dsn)
     with pytest.raises(CdcSetupError) as failure:
-        slots.setup(MACHINE_DSN, "outbox")
+        slots.setup(db_dsn, "outbox")
     message = str(failure.value)
     assert f"wal_level is {level[0]!r}" in message
     assert "set wal_level = logical in postgresql.conf" in message
     assert "ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL" in message
-    result = CliRunner().invoke(main, ["cdc", "setup", "--dsn", MACHINE_DSN])
+    result = CliRunner().invoke(main, ["cdc", "setup", "--dsn", db_dsn])
     assert result.exit_code == 2
     assert "restart PostgreSQL" in result.output
-    assert _catalog(MACHINE_DSN) == before  # no publication, no slot left behind
+    assert _catalog(db_dsn) == before  # no publication, no slot left behind
 
 
 def test_setup_creates_publication_and_slot_once_and_drop_removes_both(
