@@ -39,7 +39,8 @@ def cdc() -> None:
     A slot keeps every WAL segment its relay has not confirmed: a relay down for a day
     keeps a day of WAL on the server's disk, up to max_slot_wal_keep_size, past which
     the server invalidates the slot. Watch `cdc status` (or the
-    outboxkit_cdc_slot_lag_bytes metric); docs/operations.md says how to size it.
+    outboxkit_cdc_slot_lag_bytes metric). How to size it:
+    https://github.com/outboxkit/outboxkit/blob/main/docs/operations.md
 
     \b
       outboxkit cdc setup  --dsn postgresql://app@db/shop
