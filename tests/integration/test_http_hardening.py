@@ -285,7 +285,8 @@ async def test_slow_loris_flood_neither_starves_the_relay_nor_floods_its_log(
             probes: list[int] = []
             for _ in range(5):
                 write_events(db_dsn, _events(topic, 20))
-                probes.append(await asyncio.to_thread(_probe, f"{base}/healthz"))
+                # a kubelet's probe: up to 3 tries (its default failureThreshold)
+                probes.append(await asyncio.to_thread(_probe, f"{base}/healthz", 3))
                 await asyncio.sleep(3)
             await wait_for(
                 lambda: count(db_dsn, "status = 1") == 100,
@@ -295,7 +296,7 @@ async def test_slow_loris_flood_neither_starves_the_relay_nor_floods_its_log(
             assert stats["opened"] > 1100, stats
             assert relay.poll() is None, "the relay died under the flood"
             # a health probe gets through: the slowest header-senders make room for it
-            assert probes.count(200) >= 4, probes
+            assert probes.count(200) == 5, probes
             assert await asyncio.to_thread(_probe, f"{base}/healthz", 3) == 200
         published = _attempts(db_dsn)
         assert published == {1: 100}, f"events claimed more than once: {published}"
