@@ -15,6 +15,17 @@ def full_jitter(attempt: int, *, base: float, cap: float) -> float:
     return random.uniform(0.0, min(cap, base * (2.0**exponent)))
 
 
+def bounded_retry_after(retry_after: float | None, cap: float) -> float:
+    """A publisher's ``retry_after`` as a delay in [0, cap]: None, NaN and negatives mean none.
+
+    Any publisher (third-party ones too) may ask for anything: 1e20 s, a receiver's
+    absurd Retry-After, overflowed the settle's timestamp and failed every settle of the row.
+    """
+    if retry_after is None or not retry_after > 0:
+        return 0.0
+    return min(retry_after, cap)
+
+
 class Backoff:
     """Reconnect pacing for one dependency: grows on failure, resets on success."""
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from outboxkit._backoff import Backoff, full_jitter
+from outboxkit._backoff import Backoff, bounded_retry_after, full_jitter
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.cdc.cleanup import Cleanup
@@ -406,8 +406,8 @@ class CdcRelay:
             if result.ok:
                 continue
             first_error = first_error or redact(result.error or "unknown error")
-            if result.retry_after is not None and result.retry_after > 0:
-                delay = max(delay, min(result.retry_after, self.retry_cap))
+            # the stream waits in memory, so the relay's own cap bounds a publisher's ask
+            delay = max(delay, bounded_retry_after(result.retry_after, self.retry_cap))
             if not result.counts_attempt or (broker_down and result.retryable):
                 handed_back += 1
                 again.append(entry)

@@ -25,7 +25,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import set_json_loads
 
-from outboxkit._backoff import Backoff, full_jitter
+from outboxkit._backoff import Backoff, bounded_retry_after, full_jitter
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.errors import (
@@ -69,14 +69,8 @@ _PENDING_CAP = 100_000
 
 
 def _bounded(retry_after: float | None) -> float:
-    """A publisher's ``retry_after`` as a delay the settle can store.
-
-    The settle adds it to ``now()``: 1e20 s (a receiver's absurd Retry-After) overflowed
-    the timestamp and failed every settle of the row. NaN and negatives mean no delay.
-    """
-    if retry_after is None or not retry_after > 0:
-        return 0.0
-    return min(retry_after, _MAX_RETRY_DELAY)
+    """A publisher's ``retry_after`` as a delay the settle can store (added to ``now()``)."""
+    return bounded_retry_after(retry_after, _MAX_RETRY_DELAY)
 
 
 def default_relay_id() -> str:

@@ -16,6 +16,9 @@ import psycopg
 from outboxkit.errors import SchemaError
 from outboxkit.store._connection import Source, admin_connection
 from outboxkit.store.postgres import (
+    CLAIM_LEASE,
+    CLAIM_RETURNING,
+    DEAD_ON_CLAIM,
     DEFAULT_TABLE,
     SETTLE_FAILURES,
     SETTLE_PUBLISHED_KEEP,
@@ -98,7 +101,8 @@ DROP TABLE IF EXISTS {partitions_table};
 # max_attempts times without a settle (the relay died or hung publishing it every time)
 # or too large to load is dead-lettered by the claim, and under block the later rows of
 # its key in this claim are left alone.
-ORDERED_CLAIM = """
+ORDERED_CLAIM = (
+    """
 WITH mine AS MATERIALIZED (
     SELECT coalesce(array_agg(partition), '{{}}') AS parts FROM {partitions_table}
     WHERE owner = %(relay_id)s AND expires_at > now() + make_interval(secs => %(margin)s)
@@ -146,33 +150,21 @@ WITH mine AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), batch AS (
     SELECT * FROM keyed UNION ALL SELECT * FROM keyless
-), dead AS (
-    UPDATE {table} AS d
-    SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
-        claim_token = NULL, claimed_by = %(relay_id)s,
-        last_error = CASE WHEN d.attempts >= %(max_attempts)s THEN {looped_error}
-                          ELSE {oversized_error} END
-    WHERE d.id = ANY(ARRAY(
-        SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
-), dead_keys AS (
+), dead AS ("""
+    + DEAD_ON_CLAIM
+    + """), dead_keys AS (
     SELECT key, min(id) AS first_dead FROM batch
     WHERE key IS NOT NULL AND (oversized IS NOT NULL OR attempts >= %(max_attempts)s)
     GROUP BY key
-)
-UPDATE {table} AS o
-SET attempts = o.attempts + 1,
-    available_at = now() + make_interval(secs => %(lease)s),
-    claim_token = %(token)s,
-    claimed_by = %(relay_id)s
-WHERE o.id = ANY(ARRAY(
+)"""
+    + CLAIM_LEASE
+    + """WHERE o.id = ANY(ARRAY(
     SELECT b.id FROM batch AS b LEFT JOIN dead_keys AS x ON x.key = b.key
     WHERE b.oversized IS NULL AND b.attempts < %(max_attempts)s
       AND (x.key IS NULL OR NOT %(block)s OR b.id < x.first_dead)))
-  AND {commit_named}
-RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
-          o.payload, o.headers, o.created_at, o.attempts,
-          coalesce(o.occurred_at, o.created_at), o.schema_version
-"""
+  AND {commit_named}"""
+    + CLAIM_RETURNING
+)
 # A keyed row's settle also needs this relay's lease on the row's partition, unexpired:
 # once the lease is gone another relay may publish the key, and the late settle of the
 # old owner must change nothing (claimed_by is the relay whose claim the token names).

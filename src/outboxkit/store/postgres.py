@@ -266,14 +266,10 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # counts claims; a failure settle dead-letters the last one) was never settled by the
 # relay that held it last: each relay died or hung publishing it. The claim
 # dead-letters it with an error that says so instead of handing it to the next victim.
-CLAIM_BATCH = """
-WITH batch AS MATERIALIZED (
-    SELECT id, attempts, {oversized} AS oversized FROM {table}
-    WHERE status = {pending} AND available_at <= now()
-    ORDER BY available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), oversized AS (
+# The claim's shared parts (the ordered claim in store/ordered_sql.py uses them too):
+# the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
+# claim writes, and the columns it returns (`OutboundMessage`'s order).
+DEAD_ON_CLAIM = """
     UPDATE {table} AS d
     SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
         claim_token = NULL, claimed_by = %(relay_id)s,
@@ -281,19 +277,36 @@ WITH batch AS MATERIALIZED (
                           ELSE {oversized_error} END
     WHERE d.id = ANY(ARRAY(
         SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
-)
+"""
+CLAIM_LEASE = """
 UPDATE {table} AS o
 SET attempts = o.attempts + 1,
     available_at = now() + make_interval(secs => %(lease)s),
     claim_token = %(token)s,
     claimed_by = %(relay_id)s
-WHERE o.id = ANY(ARRAY(
-    SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
-  AND {commit_named}
+"""
+CLAIM_RETURNING = """
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
           o.payload, o.headers, o.created_at, o.attempts,
           coalesce(o.occurred_at, o.created_at), o.schema_version
 """
+CLAIM_BATCH = (
+    """
+WITH batch AS MATERIALIZED (
+    SELECT id, attempts, {oversized} AS oversized FROM {table}
+    WHERE status = {pending} AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), oversized AS ("""
+    + DEAD_ON_CLAIM
+    + ")"
+    + CLAIM_LEASE
+    + """WHERE o.id = ANY(ARRAY(
+    SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
+  AND {commit_named}"""
+    + CLAIM_RETURNING
+)
 # The settles return the ids they changed: when the fence drops rows (another relay
 # re-claimed them) the relay reports exactly which rows it settled. (The relay reads
 # them only then; a full settle is told by its row count.)
