@@ -127,10 +127,11 @@ class Outbox:
     ``transaction()`` the locks are taken in a fixed order; across several ``put()``
     calls of one transaction they follow the calls, so two transactions putting keys
     a, b and b, a may deadlock (PostgreSQL aborts one: retry it, as with row locks).
-    The locks share the server's lock table (``max_locks_per_transaction`` ×
-    ``max_connections``, 6 400 by default, for all sessions at once): a transaction of
-    thousands of distinct keys can fail with "out of shared memory" (nothing is written;
-    raise ``max_locks_per_transaction`` or split the write). docs/architecture.md ("Ordered writes") says why an advisory lock.
+    The locks share the server's lock table (``max_locks_per_transaction`` times
+    ``max_connections`` entries for all sessions): a transaction of over ten thousand
+    distinct keys can fail with "out of shared memory" (nothing is written; raise
+    ``max_locks_per_transaction`` or split the write). docs/architecture.md
+    ("Ordered writes") says why an advisory lock.
 
     ``storage="wal"`` writes no row: each event becomes one transactional logical
     message (``pg_logical_emit_message``, prefix ``outboxkit:<table>``) carrying it in a
