@@ -179,7 +179,9 @@ class _AskingForever:
         self.given: dict[uuid.UUID, float] = {}  # an event keeps its delay when it comes back
 
     def _delay(self, message: OutboundMessage) -> float:
-        return self.given.setdefault(message.event_id, self.delays[len(self.given) % len(self.delays)])
+        return self.given.setdefault(
+            message.event_id, self.delays[len(self.given) % len(self.delays)]
+        )
 
     async def start(self) -> None:
         pass

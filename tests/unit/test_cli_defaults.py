@@ -127,12 +127,13 @@ def test_unset_relay_options_are_not_passed(recorded: dict[str, dict[str, Any]])
 def test_given_relay_options_are_passed(recorded: dict[str, dict[str, Any]]) -> None:
     args = ["relay", "--dsn", "postgresql://x/y", "--broker", "nats://x", "--lease", "5"]
     args += ["--no-listen", "--synchronous-commit", "--batch-size", "7", "--retention", "keep"]
-    args += ["--log-interval", "3"]
+    args += ["--log-interval", "3", "--linger", "0"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     passed = {k: v for k, v in recorded["Relay"].items() if k not in ("table", "observer")}
     assert passed == {
         "lease": 5.0,
+        "linger": 0.0,
         "listen": False,
         "synchronous_commit": True,
         "batch_size": 7,
@@ -201,6 +202,7 @@ README = Path(__file__).parents[2] / "README.md"
 README_ROWS = {
     "--synchronous-commit": ["synchronous_commit"],
     "--poll-interval": ["poll_interval"],
+    "--linger": ["linger"],
     "--lease": ["lease"],
     "--max-attempts": ["max_attempts"],
     "--retry-base` / `--retry-cap": ["retry_base", "retry_cap"],

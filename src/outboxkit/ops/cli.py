@@ -403,6 +403,15 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     help="Seconds between polls when idle (NOTIFY usually wakes the relay sooner).",
 )
 @click.option(
+    "--linger",
+    cls=LibraryOption,
+    default_from=(_RELAY, "linger"),
+    type=click.FloatRange(min=0),
+    help="Seconds a relay that found work keeps looking (after 1, 2, 4, ... ms) before it"
+    " waits for a NOTIFY. Writers notify only while a relay waits, so a busy relay spares"
+    " them NOTIFY's commit-time lock; 0 waits at once (lowest CPU when idle).",
+)
+@click.option(
     "--lease",
     cls=LibraryOption,
     default_from=(_RELAY, "lease"),
