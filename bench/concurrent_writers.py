@@ -526,16 +526,19 @@ def gate_cost(dsn: str, n: int = 20000, repeat: int = 5) -> dict[str, float]:
 
 # -- the wake-up options: commit -> broker-ack latency (bench/latency.py's method) ----------
 
-# name -> (writers notify, relay linger, relay poll_interval, gate held by a bystander)
-WAKE_VARIANTS: dict[str, tuple[bool, float, float, bool]] = {
+# name -> (writers notify, relay linger, relay poll_interval, gate held by a bystander,
+#          the relay's first look again after work, in seconds)
+WAKE_VARIANTS: dict[str, tuple[bool, float, float, bool, float]] = {
     # Before the gate: every commit notifies, the relay waits after every batch.
-    "every commit notifies (before)": (True, 0.0, 1.0, True),
-    # The default: the relay looks again for 30 ms after work; writers notify only
-    # while it waits.
-    "gated NOTIFY, linger 30 ms (default)": (True, 0.03, 1.0, False),
-    "gated NOTIFY, linger 10 ms": (True, 0.01, 1.0, False),
+    "every commit notifies (before)": (True, 0.0, 1.0, True, 0.001),
+    # The relay looks again after 1, 2, 4 ... ms for 30 ms after work; writers notify
+    # only while it waits.
+    "gated NOTIFY, linger 30 ms, first look 1 ms": (True, 0.03, 1.0, False, 0.001),
+    "gated NOTIFY, linger 30 ms, first look 2 ms": (True, 0.03, 1.0, False, 0.002),
+    "gated NOTIFY, linger 30 ms, first look 4 ms": (True, 0.03, 1.0, False, 0.004),
+    "gated NOTIFY, linger 10 ms, first look 1 ms": (True, 0.01, 1.0, False, 0.001),
     # No NOTIFY at all: the relay polls the partial index every 5 ms when idle.
-    "no NOTIFY, 5 ms polling": (False, 0.0, 0.005, False),
+    "no NOTIFY, 5 ms polling": (False, 0.0, 0.005, False, 0.001),
 }
 
 
@@ -544,16 +547,18 @@ async def _latency_run(
     bootstrap: str,
     rate: float,
     seconds: float,
-    variant: tuple[bool, float, float, bool],
+    variant: tuple[bool, float, float, bool, float],
 ) -> dict[str, Any]:
     import asyncio
 
     import latency
+    from _common import CpuMeter
 
     from outboxkit import Relay
     from outboxkit.publishers.kafka import KafkaPublisher
+    from outboxkit.relay import engine
 
-    notify, linger, poll, hold = variant
+    notify, linger, poll, hold, first = variant
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
     gate = GateHolder(dsn) if hold else None
@@ -562,8 +567,12 @@ async def _latency_run(
     publisher = latency.TimingPublisher(KafkaPublisher({"bootstrap.servers": bootstrap}))
     await publisher.start()
     relay = Relay(dsn, publisher, listen=notify, poll_interval=poll, linger=min(linger, poll))
+    relay._linger_waits = engine._linger_waits(min(linger, poll), first)
     task = asyncio.create_task(relay.run())
     await asyncio.sleep(1.0)  # connected and listening
+    meter = CpuMeter()  # the machine, and this process: the relay and librdkafka
+    meter.start()
+    batches0 = relay.stats.batches
     listener = Listeners(dsn, ["outbox"])  # counts the commits that notified
     proc = mp.get_context("spawn").Process(target=latency.writer, args=(dsn, rate, seconds, notify))
     proc.start()
@@ -572,6 +581,8 @@ async def _latency_run(
     while len(publisher.latencies) < expected and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.1)
     await asyncio.to_thread(proc.join)
+    cpu = meter.stop(max(len(publisher.latencies), 1))
+    batches = relay.stats.batches - batches0
     await asyncio.sleep(0.3)
     listener.close()
     relay.stop()
@@ -586,6 +597,9 @@ async def _latency_run(
         "p99_ms": round(pct(lat, 0.99), 2),
         "max_ms": round(lat[-1], 2),
         "notifying_commits": listener.received,
+        "events_per_claim": round(len(lat) / max(batches, 1), 2),
+        "relay_cpu_us_per_event": round(cpu["us_per_event_client"], 1),
+        "machine_cpu_us_per_event": round(cpu["us_per_event_total"], 1),
     }
 
 
@@ -601,8 +615,10 @@ def latency_variants(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
             out[name] = asyncio.run(_latency_run(dsn, bootstrap, rate, seconds, variant))
             r = out[name]
             print(
-                f"  latency {name:<40} p50 {r['p50_ms']:6.2f}  p99 {r['p99_ms']:6.2f}"
-                f"  max {r['max_ms']:7.1f} ms  ({r['events']} events)",
+                f"  latency {name:<44} p50 {r['p50_ms']:6.2f}  p99 {r['p99_ms']:6.2f}"
+                f"  max {r['max_ms']:7.1f} ms  ({r['events']} events,"
+                f" {r['events_per_claim']} per claim, relay {r['relay_cpu_us_per_event']} us,"
+                f" machine {r['machine_cpu_us_per_event']} us CPU per event)",
                 flush=True,
             )
     return out
@@ -627,6 +643,10 @@ def main() -> None:
         help="also commit -> Kafka ack latency of each wake-up option at 1 000 events/s",
     )
     ap.add_argument("--latency-seconds", type=float, default=None)
+    ap.add_argument(
+        "--latency-only", action="store_true", help="only the wake-up options' latency runs"
+    )
+    ap.add_argument("--rate", type=float, default=1000.0, help="events/s of the latency runs")
     ap.add_argument("--name", default="concurrent_writers", help="results file name")
     ap.add_argument(
         "--no-relay",
@@ -659,7 +679,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     started = time.time()
     try:
-        for n in writers:
+        for n in [] if args.latency_only else writers:
             results += measure(args.dsn, n, modes, rounds, seconds, tables)
     finally:
         listeners.close()
@@ -667,9 +687,9 @@ def main() -> None:
             relay.close()
     elapsed = time.time() - started
     wake: dict[str, Any] = {}
-    if args.latency:
+    if args.latency or args.latency_only:
         wake = latency_variants(
-            args.dsn, 1000.0, args.latency_seconds or (10.0 if args.quick else 30.0)
+            args.dsn, args.rate, args.latency_seconds or (10.0 if args.quick else 30.0)
         )
 
     print(

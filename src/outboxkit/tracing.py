@@ -38,6 +38,8 @@ class _Otel:
 
         self.trace = trace
         self.propagator = TraceContextTextMapPropagator()
+        # What get_tracer_provider() returns until an SDK's provider is set.
+        self.no_sdk = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 # None: not looked up yet; False: not installed.
@@ -101,7 +103,9 @@ def batch_span(messages: Sequence[_HasHeaders], system: str = "") -> Iterator[An
     the span is recording, so an unconfigured SDK costs next to nothing.
     """
     otel = _load()
-    if otel is None:
+    if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.no_sdk):
+        # No SDK configured: the span would be a non-recording no-op, yet creating it
+        # and making it current cost 4 % of a relay's event-loop time at 2 events a batch.
         yield None
         return
     topics = {m.topic for m in messages}

@@ -407,7 +407,7 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     cls=LibraryOption,
     default_from=(_RELAY, "linger"),
     type=click.FloatRange(min=0),
-    help="Seconds a relay that found work keeps looking (after 1, 2, 4, ... ms) before it"
+    help="Seconds a relay that found work keeps looking (after 2, 4, 8, ... ms) before it"
     " waits for a NOTIFY. Writers notify only while a relay waits, so a busy relay spares"
     " them NOTIFY's commit-time lock; 0 waits at once (lowest CPU when idle).",
 )
