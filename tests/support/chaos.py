@@ -19,24 +19,35 @@ The invariants, checked from the broker's side (docs/reliability.md):
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import random
-import signal
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 
 from outboxkit.testing import EmbeddedNats, TcpProxy, spawn_relay
+from tests.support.chaos_common import (
+    REPO,
+    ChaosReportBase,
+    create_stream,
+    fault_while_writing,
+    kill_relays,
+    next_fault,
+    read_rolled_back,
+    read_stream,
+    respawn_exited,
+    restart_relay,
+    start_writers,
+    stop_relays,
+    wait_drained,
+)
 from tests.support.chaos_writer import LEDGER
 
 STREAM = "CHAOS"
 TOKEN = "chaos-s3cr3t-token-7f3a9c"  # a test secret: it must appear in no log
-REPO = Path(__file__).resolve().parents[2]
 FAULTS = ("relay_kill", "relay_kill", "broker_kill", "db_terminate", "link_cut", "link_stall")
 
 
@@ -52,7 +63,19 @@ class _TokenNats(EmbeddedNats):
 
 
 @dataclass
-class ChaosReport:
+class ChaosReport(ChaosReportBase):
+    CHECKED: ClassVar[tuple[str, ...]] = (
+        "lost",
+        "phantom",
+        "unknown",
+        "duplicates",
+        "poison_published",
+        "poison_not_dead_lettered",
+        "dead_letters_without_reason",
+        "healthy_dead_lettered",
+        "secret_leaks",
+    )
+
     seconds: float
     seed: int
     writers: int
@@ -75,23 +98,6 @@ class ChaosReport:
     relay_restarts: int = 0
     drain_seconds: float = 0.0
     writer_output: list[str] = field(default_factory=list)
-
-    def violations(self) -> list[str]:
-        checks = {
-            "lost": self.lost,
-            "phantom": self.phantom,
-            "unknown": self.unknown,
-            "duplicates": self.duplicates,
-            "poison_published": self.poison_published,
-            "poison_not_dead_lettered": self.poison_not_dead_lettered,
-            "dead_letters_without_reason": self.dead_letters_without_reason,
-            "healthy_dead_lettered": self.healthy_dead_lettered,
-            "secret_leaks": self.secret_leaks,
-        }
-        return [f"{k}={v}" for k, v in checks.items() if v]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
 
 
 class ChaosRun:
@@ -152,7 +158,7 @@ class ChaosRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.rolled_back_path.write_text("")
         self.nats.start()
-        asyncio.run(_create_stream(self.nats.token_url))
+        asyncio.run(create_stream(self.nats.token_url, STREAM, ["chaos.>"]))
         self.proxy = TcpProxy("127.0.0.1", self.nats.port).start()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(LEDGER)
@@ -160,43 +166,23 @@ class ChaosRun:
             self._spawn_relay(i)
 
     def _start_writers(self) -> list[subprocess.Popen[bytes]]:
-        procs = []
-        for w in range(self.writers):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tests.support.chaos_writer",
-                "--dsn",
-                self.dsn,
-                "--seconds",
-                str(self.seconds),
-                "--seed",
-                str(w + 1),
-                "--rolled-back",
-                str(self.rolled_back_path.with_suffix(f".{w}.txt")),
-            ]
-            procs.append(
-                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-            )
-        return procs
+        return start_writers(
+            "tests.support.chaos_writer",
+            self.writers,
+            lambda w: [
+                *("--dsn", self.dsn, "--seconds", str(self.seconds), "--seed", str(w + 1)),
+                *("--rolled-back", str(self.rolled_back_path.with_suffix(f".{w}.txt"))),
+            ],
+        )
 
     # -- faults --------------------------------------------------------------------
 
     def _fault(self) -> None:
-        if not self._deck:  # every kind of fault once per round, in a random order
-            self._deck = [*FAULTS]
-            self.rng.shuffle(self._deck)
-        kind = self._deck.pop()
-        self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
+        kind = next_fault(self._deck, FAULTS, self.rng, self.report.faults)
         assert self.proxy is not None
         if kind == "relay_kill":
             i = self.rng.randrange(len(self.relays))
-            proc = self.relays[i]
-            if proc is not None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            time.sleep(self.rng.uniform(0.2, 1.5))
-            self._spawn_relay(i)
+            restart_relay(self.relays, i, self.rng, self._spawn_relay)
             self.report.relay_restarts += 1
         elif kind == "broker_kill":
             self.nats.kill()
@@ -223,9 +209,7 @@ class ChaosRun:
         self.proxy.resume()
         if not self.nats.is_running():
             self.nats.start()
-        for i, proc in enumerate(self.relays):
-            if proc is None or proc.poll() is not None:
-                self._spawn_relay(i)
+        respawn_exited(self.relays, self._spawn_relay)
 
     # -- the run -------------------------------------------------------------------
 
@@ -233,48 +217,24 @@ class ChaosRun:
         try:
             self._start()
             writers = self._start_writers()
-            while any(w.poll() is None for w in writers):
-                time.sleep(self.rng.uniform(1.0, 4.0))
-                if any(w.poll() is None for w in writers):
-                    self._fault()
-            for w in writers:
-                out = w.stdout.read().decode() if w.stdout else ""
-                self.report.writer_output.append(out.strip())
-                if w.returncode != 0:
-                    raise AssertionError(f"a writer failed (exit {w.returncode}):\n{out}")
+            fault_while_writing(
+                writers, self.rng, self._fault, (1.0, 4.0), self.report.writer_output
+            )
             self._heal()
             self._drain()
-            self._stop_relays()
+            stop_relays(self.relays)
             self._count()
             return self.report
         finally:
-            for proc in self.relays:
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            kill_relays(self.relays)
             if self.proxy is not None:
                 self.proxy.close()
             self.nats.close()
 
     def _drain(self, timeout: float = 180.0) -> None:
-        start = time.monotonic()
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while True:
-                row = conn.execute("SELECT count(*) FROM outbox WHERE status = 0").fetchone()
-                if row is not None and row[0] == 0:
-                    break
-                if time.monotonic() - start > timeout:
-                    raise AssertionError(f"the outbox did not drain in {timeout:.0f}s: {row}")
-                time.sleep(0.5)
-        self.report.drain_seconds = round(time.monotonic() - start, 1)
-
-    def _stop_relays(self) -> None:
-        for proc in self.relays:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.relays:
-            if proc is not None and proc.wait(timeout=30) != 0:
-                raise AssertionError(f"a relay exited {proc.returncode} on SIGTERM")
+        self.report.drain_seconds = wait_drained(
+            self.dsn, timeout, 0.5, lambda row: f"the outbox did not drain in {timeout:.0f}s: {row}"
+        )
 
     def _count(self) -> None:
         r = self.report
@@ -295,10 +255,11 @@ class ChaosRun:
                     "SELECT last_error FROM outbox WHERE last_error IS NOT NULL"
                 )
             ]
-        rolled_back: set[str] = set()
-        for path in self.workdir.glob("rolled_back.*.txt"):
-            rolled_back.update(line for line in path.read_text().split() if line)
-        published = asyncio.run(_read_stream(self.nats.token_url))
+        rolled_back = read_rolled_back(self.workdir)
+        headers = asyncio.run(
+            read_stream(self.nats.token_url, STREAM, "chaos.>", batch=1000, seconds=60)
+        )
+        published = [h.get("Nats-Msg-Id", "") for h in headers]
         distinct = set(published)
         healthy = {e for e, k in ledger.items() if k == "ok"}
         poison = {e for e, k in ledger.items() if k != "ok"}
@@ -317,47 +278,3 @@ class ChaosRun:
         r.healthy_dead_lettered = len(healthy & set(dead))
         texts = [p.read_text(errors="replace") for p in self.workdir.glob("relay-*.log")]
         r.secret_leaks = sum(t.count(TOKEN) for t in texts) + sum(TOKEN in e for e in stored_errors)
-
-
-async def _create_stream(url: str) -> None:
-    import nats
-    from nats.js.api import StorageType, StreamConfig
-
-    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
-    try:
-        await nc.jetstream().add_stream(
-            StreamConfig(
-                name=STREAM,
-                subjects=["chaos.>"],
-                storage=StorageType.FILE,
-                duplicate_window=900.0,  # longer than any run: every re-publish is absorbed
-            )
-        )
-    finally:
-        await nc.close()
-
-
-async def _read_stream(url: str) -> list[str]:
-    """Every message's ``Nats-Msg-Id`` (the event id), in stream order."""
-    import nats
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-    nc = await nats.connect(url, connect_timeout=5, allow_reconnect=False)
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(STREAM)).state.messages
-        sub = await js.pull_subscribe(
-            "chaos.>",
-            stream=STREAM,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
-        )
-        ids: list[str] = []
-        deadline = time.monotonic() + 60
-        while len(ids) < total and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
-                for msg in await sub.fetch(min(1000, total - len(ids)), timeout=2):
-                    ids.append((msg.headers or {}).get("Nats-Msg-Id", ""))
-        await sub.unsubscribe()
-        return ids
-    finally:
-        await nc.close()

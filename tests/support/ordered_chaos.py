@@ -23,27 +23,47 @@ import contextlib
 import datetime as dt
 import json
 import random
-import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import psycopg
 
 from outboxkit.testing import EmbeddedKafka, EmbeddedNats, TcpProxy, free_port, spawn_relay
+from tests.support.chaos_common import (
+    REPO,
+    ChaosReportBase,
+    create_stream,
+    fault_while_writing,
+    kill_relays,
+    next_fault,
+    read_rolled_back,
+    read_stream,
+    respawn_exited,
+    restart_relay,
+    start_writers,
+    stop_relays,
+    wait_drained,
+)
 from tests.support.ordered_chaos_writer import TOPIC, setup
 
-REPO = Path(__file__).resolve().parents[2]
 STREAM = "OCHAOS"
 Broker = Literal["nats", "kafka"]
 
 
 @dataclass
-class OrderedChaosReport:
+class OrderedChaosReport(ChaosReportBase):
+    CHECKED: ClassVar[tuple[str, ...]] = (
+        "lost",
+        "phantom",
+        "unknown",
+        "keys_out_of_order",
+        "dead_lettered",
+    )
+
     broker: str
     ordered: bool
     seconds: float
@@ -71,19 +91,6 @@ class OrderedChaosReport:
     drain_seconds: float = 0.0
     total_seconds: float = 0.0
     writer_output: list[str] = field(default_factory=list)
-
-    def violations(self) -> list[str]:
-        checks = {
-            "lost": self.lost,
-            "phantom": self.phantom,
-            "unknown": self.unknown,
-            "keys_out_of_order": self.keys_out_of_order,
-            "dead_lettered": self.dead_lettered,
-        }
-        return [f"{k}={v}" for k, v in checks.items() if v]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
 
 
 class _KafkaBroker:
@@ -169,7 +176,7 @@ class _NatsBroker:
 
     def start(self) -> None:
         self.server.start()
-        asyncio.run(self._create_stream())
+        asyncio.run(create_stream(self.server.url, STREAM, ["ochaos.>"]))
 
     @property
     def url(self) -> str:
@@ -178,51 +185,12 @@ class _NatsBroker:
     def close(self) -> None:
         self.server.close()
 
-    async def _create_stream(self) -> None:
-        import nats
-        from nats.js.api import StorageType, StreamConfig
-
-        nc = await nats.connect(self.server.url, connect_timeout=5, allow_reconnect=False)
-        try:
-            await nc.jetstream().add_stream(
-                StreamConfig(
-                    name=STREAM,
-                    subjects=["ochaos.>"],
-                    storage=StorageType.FILE,
-                    duplicate_window=900.0,  # longer than any run: every re-publish is absorbed
-                )
-            )
-        finally:
-            await nc.close()
-
     def read(self) -> list[tuple[str, str | None]]:
-        return asyncio.run(self._read())
-
-    async def _read(self) -> list[tuple[str, str | None]]:
         """(event id, key) of every message, in stream order."""
-        import nats
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        nc = await nats.connect(self.server.url, connect_timeout=5, allow_reconnect=False)
-        try:
-            js = nc.jetstream()
-            total = (await js.stream_info(STREAM)).state.messages
-            sub = await js.pull_subscribe(
-                "ochaos.>",
-                stream=STREAM,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE),
-            )
-            got: list[tuple[str, str | None]] = []
-            deadline = time.monotonic() + 120
-            while len(got) < total and time.monotonic() < deadline:
-                with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
-                    for msg in await sub.fetch(min(2000, total - len(got)), timeout=2):
-                        headers = msg.headers or {}
-                        got.append((headers.get("Nats-Msg-Id", ""), headers.get("ce-partitionkey")))
-            await sub.unsubscribe()
-            return got
-        finally:
-            await nc.close()
+        headers = asyncio.run(
+            read_stream(self.server.url, STREAM, "ochaos.>", batch=2000, seconds=120)
+        )
+        return [(h.get("Nats-Msg-Id", ""), h.get("ce-partitionkey")) for h in headers]
 
 
 class OrderedChaosRun:
@@ -302,22 +270,17 @@ class OrderedChaosRun:
             self._spawn_relay(i)
 
     def _start_writers(self) -> list[subprocess.Popen[bytes]]:
-        procs = []
         per_writer = -(-self.events // self.writers)
-        for w in range(self.writers):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tests.support.ordered_chaos_writer",
+        return start_writers(
+            "tests.support.ordered_chaos_writer",
+            self.writers,
+            lambda w: [
                 *("--dsn", self.dsn, "--events", str(per_writer)),
                 *("--seconds", str(self.seconds), "--seed", str(w + 1)),
                 *("--keys", str(self.keys)),
                 *("--rolled-back", str(self.workdir / f"rolled_back.{w}.txt")),
-            ]
-            procs.append(
-                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-            )
-        return procs
+            ],
+        )
 
     # -- faults --------------------------------------------------------------------
 
@@ -326,22 +289,13 @@ class OrderedChaosRun:
         return ["relay_kill", "relay_kill", "relay_kill", other]
 
     def _fault(self) -> None:
-        if not self._deck:  # each kind in every round, in a random order
-            self._deck = self._kinds()
-            self.rng.shuffle(self._deck)
-        kind = self._deck.pop()
-        self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
+        kind = next_fault(self._deck, self._kinds(), self.rng, self.report.faults)
         at = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
         self.report.timeline.append(f"{at} {kind}")
         if kind == "relay_kill":
             i = self.rng.randrange(len(self.relays))
             self.report.timeline[-1] += f" ochaos-{i}"
-            proc = self.relays[i]
-            if proc is not None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            time.sleep(self.rng.uniform(0.2, 1.5))
-            self._spawn_relay(i)
+            restart_relay(self.relays, i, self.rng, self._spawn_relay)
         elif kind == "broker_kill":
             assert isinstance(self.broker, _NatsBroker)
             self.broker.server.kill()
@@ -358,9 +312,7 @@ class OrderedChaosRun:
             self.broker.proxy.resume()
         elif not self.broker.server.is_running():
             self.broker.server.start()
-        for i, proc in enumerate(self.relays):
-            if proc is None or proc.poll() is not None:
-                self._spawn_relay(i)
+        respawn_exited(self.relays, self._spawn_relay)
 
     # -- the run -------------------------------------------------------------------
 
@@ -369,17 +321,10 @@ class OrderedChaosRun:
         try:
             self._start()
             writers = self._start_writers()
-            started = time.monotonic()
-            while any(w.poll() is None for w in writers):
-                time.sleep(self.rng.uniform(1.0, 3.0))
-                if any(w.poll() is None for w in writers):
-                    self._fault()
-            self.report.writing_seconds = round(time.monotonic() - started, 1)
-            for w in writers:
-                out = w.stdout.read().decode() if w.stdout else ""
-                self.report.writer_output.append(out.strip())
-                if w.returncode != 0:
-                    raise AssertionError(f"a writer failed (exit {w.returncode}):\n{out}")
+            writing = fault_while_writing(
+                writers, self.rng, self._fault, (1.0, 3.0), self.report.writer_output
+            )
+            self.report.writing_seconds = round(writing, 1)
             self._heal()
             self._drain()
             self._stop_relays()
@@ -387,30 +332,21 @@ class OrderedChaosRun:
             self.report.total_seconds = round(time.monotonic() - began, 1)
             return self.report
         finally:
-            for proc in self.relays:
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            kill_relays(self.relays)
             self.broker.close()
 
     def _drain(self, timeout: float = 180.0) -> None:
-        start = time.monotonic()
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while True:
-                row = conn.execute("SELECT count(*) FROM outbox WHERE status = 0").fetchone()
-                if row is not None and row[0] == 0:
-                    break
-                if time.monotonic() - start > timeout:
-                    tails = {
-                        p.name: p.read_text(errors="replace")[-2000:]
-                        for p in self.workdir.glob("relay-*.log")
-                    }
-                    raise AssertionError(
-                        f"the outbox did not drain in {timeout:.0f}s: {row[0] if row else '?'}"
-                        f" pending\n{json.dumps(tails, indent=1)}"
-                    )
-                time.sleep(0.3)
-        self.report.drain_seconds = round(time.monotonic() - start, 1)
+        def failure(row: tuple[int] | None) -> str:
+            tails = {
+                p.name: p.read_text(errors="replace")[-2000:]
+                for p in self.workdir.glob("relay-*.log")
+            }
+            return (
+                f"the outbox did not drain in {timeout:.0f}s: {row[0] if row else '?'}"
+                f" pending\n{json.dumps(tails, indent=1)}"
+            )
+
+        self.report.drain_seconds = wait_drained(self.dsn, timeout, 0.3, failure)
 
     def _stop_relays(self) -> None:
         # A relay respawned by _heal must have installed its SIGTERM handler first.
@@ -421,12 +357,7 @@ class OrderedChaosRun:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"relay {i} did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
-        for proc in self.relays:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.relays:
-            if proc is not None and proc.wait(timeout=30) != 0:
-                raise AssertionError(f"a relay exited {proc.returncode} on SIGTERM")
+        stop_relays(self.relays)
 
     def _count(self) -> None:
         r = self.report
@@ -442,9 +373,7 @@ class OrderedChaosRun:
         for event_id, key in ledger:
             committed[key].append(event_id)
             key_of[event_id] = key
-        rolled_back: set[str] = set()
-        for path in self.workdir.glob("rolled_back.*.txt"):
-            rolled_back.update(line for line in path.read_text().split() if line)
+        rolled_back = read_rolled_back(self.workdir)
         consumed = self.broker.read()
         r.committed = len(key_of)
         r.rolled_back = len(rolled_back)
