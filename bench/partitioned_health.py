@@ -22,18 +22,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import multiprocessing
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from _common import ensure_topic, kafka_broker, make_event, save, server_facts
-from table_health import claim_latency_ms, writer
+from _common import make_event, save, server_facts
+from table_health import Series, claim_latency_ms, median, quarter_and_half, run_load
 
 from outboxkit import Outbox, migrate
 from outboxkit.store import partitions
@@ -103,7 +98,7 @@ def claim_vs_partitions(dsn: str, counts: tuple[int, ...] = (0, 10, 50, 170)) ->
                 claim_latency_ms(conn, stmts)  # warm
             times = sorted(claim_latency_ms(conn, stmts) for _ in range(200))
             conn.execute(f"DROP TABLE {table}")
-        out[str(n)] = {"median_ms": _median(times), "p90_ms": times[int(len(times) * 0.9)]}
+        out[str(n)] = {"median_ms": median(times), "p90_ms": times[int(len(times) * 0.9)]}
         print(
             f"  claim with {n:3} partitions: median {out[str(n)]['median_ms']:.2f} ms", flush=True
         )
@@ -116,14 +111,8 @@ def _setting(dsn: str, name: str) -> str:
     return str(row[0]) if row else "?"
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 def summarize(points: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    half = points[len(points) // 2 :]
-    first = points[: max(1, len(points) // 4)]
+    first, half = quarter_and_half(points)
     return {
         "samples": points,
         "events_written": points[-1]["written"],
@@ -131,8 +120,8 @@ def summarize(points: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "size_mb_first_quarter_max": max(p["size_mb"] for p in first),
         "size_mb_second_half_max": max(p["size_mb"] for p in half),
         "size_mb_second_half_min": min(p["size_mb"] for p in half),
-        "claim_ms_first_quarter_median": _median([p["claim_ms"] for p in first]),
-        "claim_ms_second_half_median": _median([p["claim_ms"] for p in half]),
+        "claim_ms_first_quarter_median": median([p["claim_ms"] for p in first]),
+        "claim_ms_second_half_median": median([p["claim_ms"] for p in half]),
         "claim_ms_p95": sorted(p["claim_ms"] for p in points)[int(len(points) * 0.95)],
         "dead_tuples_second_half_max": max(p["dead_tuples"] for p in half),
         "pending_max": max(p["pending"] for p in points),
@@ -193,74 +182,40 @@ def run(args: argparse.Namespace) -> None:
         "events_per_tx": per_tx,
         "partitioned": {"partition_by": "minute", "keep_s": keep.total_seconds()},
     }
-    series: dict[str, list[dict[str, Any]]] = {mode: [] for mode in TABLES}
     dropped: list[str] = []
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-partitioned-"))
-    with kafka_broker(args.kafka) as bootstrap:
-        ensure_topic(bootstrap, TOPIC)
-        env = {**os.environ, "OUTBOXKIT_DSN": args.dsn}
-        relays = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "outboxkit",
-                    "relay",
-                    "--broker",
-                    f"kafka://{bootstrap}",
-                    "--table",
-                    table,
-                    "--retention",
-                    RETENTION[mode],
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=(logdir / f"{mode}.log").open("wb"),
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-            for mode, table in TABLES.items()
-        ]
-        ctx = multiprocessing.get_context("spawn")
-        writers = [
-            ctx.Process(target=writer, args=(args.dsn, t, rate, seconds, per_tx))
-            for t in TABLES.values()
-        ]
-        try:
-            for w in writers:
-                w.start()
-            t0 = time.monotonic()
-            last_maintain = t0
-            stmts = {mode: Statements(t) for mode, t in TABLES.items()}
-            with psycopg.connect(args.dsn, autocommit=True) as conn:
-                while time.monotonic() - t0 < seconds:
-                    time.sleep(5.0)
-                    now = time.monotonic()
-                    if now - last_maintain >= maintain_every:
-                        report = partitions.maintain(args.dsn, TABLES["partitioned"])
-                        dropped += report.dropped
-                        last_maintain = now
-                    for mode, table in TABLES.items():
-                        point = {"t": now - t0, **sample(conn, table, stmts[mode])}
-                        series[mode].append(point)
-                    d, p = series["delete"][-1], series["partitioned"][-1]
-                    print(
-                        f"  t={now - t0:5.0f}s  delete: {d['size_mb']:6.1f} MB"
-                        f" claim {d['claim_ms']:5.1f} ms dead {d['dead_tuples']:6}"
-                        f" pending {d['pending']:6}"
-                        f" | partitioned: {p['size_mb']:6.1f} MB claim {p['claim_ms']:5.1f} ms"
-                        f" dead {p['dead_tuples']:6} pending {p['pending']:6}"
-                        f" rows {p['rows']:7} parts {p['partitions']:2}"
-                        f" dropped {len(dropped)}",
-                        flush=True,
-                    )
-        finally:
-            for w in writers:
-                w.join(30)
-            for r in relays:
-                r.terminate()
-            for r in relays:
-                r.wait(30)
+
+    def maintain() -> None:
+        dropped.extend(partitions.maintain(args.dsn, TABLES["partitioned"]).dropped)
+
+    def show(t: float, series: Series) -> None:
+        d, p = series["delete"][-1], series["partitioned"][-1]
+        print(
+            f"  t={t:5.0f}s  delete: {d['size_mb']:6.1f} MB"
+            f" claim {d['claim_ms']:5.1f} ms dead {d['dead_tuples']:6}"
+            f" pending {d['pending']:6}"
+            f" | partitioned: {p['size_mb']:6.1f} MB claim {p['claim_ms']:5.1f} ms"
+            f" dead {p['dead_tuples']:6} pending {p['pending']:6}"
+            f" rows {p['rows']:7} parts {p['partitions']:2}"
+            f" dropped {len(dropped)}",
+            flush=True,
+        )
+
+    series = run_load(
+        args.dsn,
+        args.kafka,
+        TOPIC,
+        TABLES,
+        RETENTION,
+        rate=rate,
+        seconds=seconds,
+        per_tx=per_tx,
+        logdir=logdir,
+        sampler=sample,
+        chore_every=maintain_every,
+        chore=maintain,
+        show=show,
+    )
 
     for mode, points in series.items():
         results[mode] = {**results.get(mode, {}), **summarize(points, seconds)}

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,99 @@ def sample(conn: psycopg.Connection[Any], table: str, stmts: Statements) -> dict
     }
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def quarter_and_half(points: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """The samples of the first quarter of the run (at least one) and of its second half."""
+    return points[: max(1, len(points) // 4)], points[len(points) // 2 :]
+
+
+Sampler = Callable[[psycopg.Connection[Any], str, Statements], dict[str, Any]]
+Series = dict[str, list[dict[str, Any]]]
+
+
+def run_load(
+    dsn: str,
+    kafka: str | None,
+    topic: str,
+    tables: dict[str, str],
+    retention: dict[str, str],
+    *,
+    rate: float,
+    seconds: float,
+    per_tx: int,
+    logdir: Path,
+    sampler: Sampler,
+    chore_every: float,
+    chore: Callable[[], None],
+    show: Callable[[float, Series], None],
+) -> Series:
+    """Per table (``tables``: mode -> table) an ``outboxkit relay`` with its ``retention``
+    to ``topic`` on Kafka (``kafka``, or Tansu when None) and a writer process at ``rate``
+    events/s for ``seconds``; every 5 s ``chore()`` when ``chore_every`` seconds have passed
+    since the last, then one ``sampler`` point per table, then ``show(t, series)``.
+    Returns the points per mode."""
+    with kafka_broker(kafka) as bootstrap:
+        ensure_topic(bootstrap, topic)
+        env = {**os.environ, "OUTBOXKIT_DSN": dsn}
+        relays = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "outboxkit",
+                    "relay",
+                    "--broker",
+                    f"kafka://{bootstrap}",
+                    "--table",
+                    table,
+                    "--retention",
+                    retention[mode],
+                    "--log-level",
+                    "warning",
+                ],
+                stdout=(logdir / f"{mode}.log").open("wb"),
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+            for mode, table in tables.items()
+        ]
+        ctx = multiprocessing.get_context("spawn")
+        writers = [
+            ctx.Process(target=writer, args=(dsn, t, rate, seconds, per_tx))
+            for t in tables.values()
+        ]
+        series: Series = {mode: [] for mode in tables}
+        try:
+            for w in writers:
+                w.start()
+            t0 = time.monotonic()
+            last_chore = t0
+            stmts = {mode: Statements(t) for mode, t in tables.items()}
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while time.monotonic() - t0 < seconds:
+                    time.sleep(5.0)
+                    now = time.monotonic()
+                    if now - last_chore >= chore_every:
+                        chore()
+                        last_chore = now
+                    for mode, table in tables.items():
+                        point = {"t": now - t0, **sampler(conn, table, stmts[mode])}
+                        series[mode].append(point)
+                    show(now - t0, series)
+        finally:
+            for w in writers:
+                w.join(30)
+            for r in relays:
+                r.terminate()
+            for r in relays:
+                r.wait(30)
+        return series
+
+
 def plot(series: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -135,82 +229,47 @@ def main() -> None:
         "rate_per_table": args.rate,
         "events_per_tx": per_tx,
     }
-    series: dict[str, list[dict[str, Any]]] = {mode: [] for mode in TABLES}
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-health-"))
     purged = 0
-    with kafka_broker(args.kafka) as bootstrap:
-        ensure_topic(bootstrap, TOPIC)
-        env = {**os.environ, "OUTBOXKIT_DSN": args.dsn}
-        relays = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "outboxkit",
-                    "relay",
-                    "--broker",
-                    f"kafka://{bootstrap}",
-                    "--table",
-                    table,
-                    "--retention",
-                    mode,
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=(logdir / f"{mode}.log").open("wb"),
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-            for mode, table in TABLES.items()
-        ]
-        ctx = multiprocessing.get_context("spawn")
-        writers = [
-            ctx.Process(target=writer, args=(args.dsn, t, args.rate, seconds, per_tx))
-            for t in TABLES.values()
-        ]
-        try:
-            for w in writers:
-                w.start()
-            t0 = time.monotonic()
-            last_purge = t0
-            stmts = {mode: Statements(t) for mode, t in TABLES.items()}
-            with psycopg.connect(args.dsn, autocommit=True) as conn:
-                while time.monotonic() - t0 < seconds:
-                    time.sleep(5.0)
-                    now = time.monotonic()
-                    if now - last_purge >= 10.0:
-                        purged += purge(
-                            args.dsn, TABLES["keep"], older_than=dt.timedelta(seconds=30)
-                        )
-                        last_purge = now
-                    for mode, table in TABLES.items():
-                        point = {"t": now - t0, **sample(conn, table, stmts[mode])}
-                        series[mode].append(point)
-                    d, k = series["delete"][-1], series["keep"][-1]
-                    print(
-                        f"  t={now - t0:5.0f}s  delete: {d['size_mb']:6.1f} MB"
-                        f" claim {d['claim_ms']:5.1f} ms pending {d['pending']:6}"
-                        f" | keep: {k['size_mb']:6.1f} MB claim {k['claim_ms']:5.1f} ms"
-                        f" rows {k['rows']:7}",
-                        flush=True,
-                    )
-        finally:
-            for w in writers:
-                w.join(30)
-            for r in relays:
-                r.terminate()
-            for r in relays:
-                r.wait(30)
+
+    def purge_keep() -> None:
+        nonlocal purged
+        purged += purge(args.dsn, TABLES["keep"], older_than=dt.timedelta(seconds=30))
+
+    def show(t: float, series: Series) -> None:
+        d, k = series["delete"][-1], series["keep"][-1]
+        print(
+            f"  t={t:5.0f}s  delete: {d['size_mb']:6.1f} MB"
+            f" claim {d['claim_ms']:5.1f} ms pending {d['pending']:6}"
+            f" | keep: {k['size_mb']:6.1f} MB claim {k['claim_ms']:5.1f} ms"
+            f" rows {k['rows']:7}",
+            flush=True,
+        )
+
+    series = run_load(
+        args.dsn,
+        args.kafka,
+        TOPIC,
+        TABLES,
+        {mode: mode for mode in TABLES},
+        rate=args.rate,
+        seconds=seconds,
+        per_tx=per_tx,
+        logdir=logdir,
+        sampler=sample,
+        chore_every=10.0,
+        chore=purge_keep,
+        show=show,
+    )
 
     for mode, points in series.items():
-        half = points[len(points) // 2 :]
-        first = points[: max(1, len(points) // 4)]
+        first, half = quarter_and_half(points)
         results[mode] = {
             "samples": points,
             "size_mb_first_quarter_max": max(p["size_mb"] for p in first),
             "size_mb_second_half_max": max(p["size_mb"] for p in half),
-            "claim_ms_first_quarter_median": sorted(p["claim_ms"] for p in first)[len(first) // 2],
-            "claim_ms_second_half_median": sorted(p["claim_ms"] for p in half)[len(half) // 2],
+            "claim_ms_first_quarter_median": median([p["claim_ms"] for p in first]),
+            "claim_ms_second_half_median": median([p["claim_ms"] for p in half]),
             "claim_ms_max": max(p["claim_ms"] for p in points),
             "pending_max": max(p["pending"] for p in points),
         }
