@@ -669,7 +669,7 @@ class Relay:
     async def _settle(self, batch: _Batch, results: Sequence[PublishResult]) -> None:
         ids, messages = batch.ids, batch.messages
         if all(r.ok for r in results):  # the common case: one pass, no per-row lists
-            await self._settle_published(batch, ids, messages)
+            await self._settle_published(batch, ids, messages, whole_claim=True)
             return
         published: list[int] = []
         published_messages: list[OutboundMessage] = []
@@ -781,14 +781,28 @@ class Relay:
                 )
 
     async def _settle_published(
-        self, batch: _Batch, ids: list[int], messages: Sequence[OutboundMessage]
+        self,
+        batch: _Batch,
+        ids: list[int],
+        messages: Sequence[OutboundMessage],
+        whole_claim: bool = False,
     ) -> None:
-        stmt = (
-            self._sql.settle_published_delete
-            if self.retention == "delete"
-            else self._sql.settle_published_keep
-        )
-        done = await self._settle_statement(batch, stmt, (ids, batch.token, self._commit), ids)
+        params: tuple[Any, ...]
+        if whole_claim and self._ordered is None:  # ids sorted (_claim): by token and range
+            stmt = (
+                self._sql.settle_claim_delete
+                if self.retention == "delete"
+                else self._sql.settle_claim_keep
+            )
+            params = (ids[0], ids[-1], batch.token, self._commit)
+        else:  # some rows failed, or ordered (its fenced settles take the ids)
+            stmt = (
+                self._sql.settle_published_delete
+                if self.retention == "delete"
+                else self._sql.settle_published_keep
+            )
+            params = (ids, batch.token, self._commit)
+        done = await self._settle_statement(batch, stmt, params, ids)
         if done is None:
             return
         if done is not ids:  # the fence dropped rows: report only those settled

@@ -320,6 +320,17 @@ SET status = {published}, published_at = now(), claim_token = NULL, last_error =
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 RETURNING id
 """
+# A whole claim published (the common case): the claim's token names exactly its rows
+# (one token per claim; a row re-claimed since has another), so the id range only
+# narrows the primary-key scan. No id array to send: its adaptation was 5 % of a
+# relay's event-loop time at 1 000 events a batch.
+SETTLE_CLAIM_DELETE = (
+    "DELETE FROM {table} WHERE id BETWEEN %s AND %s AND claim_token = %s"
+    " AND {commit_positional} RETURNING id"
+)
+SETTLE_CLAIM_KEEP = SETTLE_PUBLISHED_KEEP.replace(
+    "WHERE id = ANY(%s) AND", "WHERE id BETWEEN %s AND %s AND"
+)
 # Failures of one batch in one statement: each row gets its own delay, error and
 # next state (pending again, or failed once out of attempts or rejected for good).
 # `refund` gives back the claim's attempt of a row the publisher handed back untried.
@@ -567,6 +578,8 @@ class Statements(NamedStatements):
     wake_unlock = SqlTemplate(WAKE_UNLOCK)
     settle_published_delete = SqlTemplate(SETTLE_PUBLISHED_DELETE)
     settle_published_keep = SqlTemplate(SETTLE_PUBLISHED_KEEP)
+    settle_claim_delete = SqlTemplate(SETTLE_CLAIM_DELETE)
+    settle_claim_keep = SqlTemplate(SETTLE_CLAIM_KEEP)
     settle_failures = SqlTemplate(SETTLE_FAILURES)
     release_leases = SqlTemplate(RELEASE_LEASES)
     extend_leases = SqlTemplate(EXTEND_LEASES)
