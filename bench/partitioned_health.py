@@ -16,12 +16,20 @@ in a transaction that is rolled back). Writes JSON into bench/results/.
 
     python bench/partitioned_health.py --dsn postgresql://postgres@127.0.0.1/bench \
         [--minutes 10 --rate 5000 | --quick]
+
+``--source cdc`` runs the partitioned table alone, relayed by ``outboxkit relay --source
+cdc`` (the table source: rows are never updated nor deleted, partitions are dropped once
+the slot confirmed them), on a server with ``wal_level=logical`` (``--embedded`` starts
+one); no claim is sampled (that relay does not claim). Results: partitioned_health_cdc.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,12 +44,20 @@ from outboxkit.store.postgres import Statements
 
 TOPIC = "bench.partitioned"
 TABLES = {"delete": "outbox_plain", "partitioned": "outbox_part"}
+CDC_TABLES = {"partitioned": "outbox_part_cdc"}
 RETENTION = {"delete": "delete", "partitioned": "keep"}
 KEEP = dt.timedelta(minutes=2)
 QUICK_KEEP = dt.timedelta(0)  # a partition goes as soon as its minute is over and published
 
 
-def sample(conn: psycopg.Connection[Any], table: str, stmts: Statements) -> dict[str, Any]:
+def sample_cdc(conn: psycopg.Connection[Any], table: str, stmts: Statements) -> dict[str, Any]:
+    """``sample`` without the claim (the CDC relay does not claim; every row stays pending)."""
+    return sample(conn, table, stmts, claim=False)
+
+
+def sample(
+    conn: psycopg.Connection[Any], table: str, stmts: Statements, claim: bool = True
+) -> dict[str, Any]:
     # The leaves of the table's partition tree (the table itself when plain).
     leaves = (
         "SELECT coalesce(array_agg(relid::oid), ARRAY[%s::regclass::oid])"
@@ -71,7 +87,7 @@ def sample(conn: psycopg.Connection[Any], table: str, stmts: Statements) -> dict
         "dead_tuples": int(dead),
         "vacuums": int(vacuums),
         "partitions": int(parts),
-        "claim_ms": claim_latency_ms(conn, stmts),
+        "claim_ms": claim_latency_ms(conn, stmts) if claim else 0.0,
     }
 
 
@@ -143,11 +159,17 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="50 s at 1 000 events/s per table, a 0 s window"
     )
+    ap.add_argument(
+        "--source",
+        choices=("poll", "cdc"),
+        default="poll",
+        help="cdc: the partitioned table alone, relayed from the WAL (needs wal_level=logical)",
+    )
     args = ap.parse_args()
     if args.embedded:
         from outboxkit.testing import EmbeddedPostgres
 
-        server = EmbeddedPostgres(fsync=True)
+        server = EmbeddedPostgres(fsync=True, logical=args.source == "cdc")
         server.start()
         try:
             args.dsn = server.dsn
@@ -165,14 +187,31 @@ def run(args: argparse.Namespace) -> None:
     rate = 1000.0 if args.quick else args.rate
     per_tx = 10
 
+    cdc = args.source == "cdc"
+    tables = CDC_TABLES if cdc else TABLES
+    env = {**os.environ, "OUTBOXKIT_DSN": args.dsn}
     with psycopg.connect(args.dsn, autocommit=True) as conn:
-        for table in TABLES.values():
+        for table in tables.values():
+            if cdc:
+                subprocess.run(  # a slot left by an earlier run would hold WAL
+                    [sys.executable, "-m", "outboxkit", "cdc", "drop", "--table", table],
+                    env=env,
+                    capture_output=True,
+                    check=False,
+                )
             conn.execute(f"DROP TABLE IF EXISTS {table}")
-    migrate(args.dsn, table=TABLES["delete"])
-    migrate(args.dsn, table=TABLES["partitioned"], partition_by="minute")
+    if not cdc:
+        migrate(args.dsn, table=TABLES["delete"])
+    migrate(args.dsn, table=tables["partitioned"], partition_by="minute")
     keep = QUICK_KEEP if args.quick else KEEP
     maintain_every = 5.0 if args.quick else 10.0
-    partitions.update_settings(args.dsn, TABLES["partitioned"], keep=keep, ahead=3)
+    partitions.update_settings(args.dsn, tables["partitioned"], keep=keep, ahead=3)
+    if cdc:
+        subprocess.run(
+            [sys.executable, "-m", "outboxkit", "cdc", "setup", "--table", tables["partitioned"]],
+            env=env,
+            check=True,
+        )
     results: dict[str, Any] = {
         "machine": server_facts(args.dsn),
         "server": "embedded" if args.embedded else "given --dsn",
@@ -180,21 +219,28 @@ def run(args: argparse.Namespace) -> None:
         "seconds": seconds,
         "rate_per_table": rate,
         "events_per_tx": per_tx,
+        "source": args.source,
         "partitioned": {"partition_by": "minute", "keep_s": keep.total_seconds()},
     }
     dropped: list[str] = []
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-partitioned-"))
 
     def maintain() -> None:
-        dropped.extend(partitions.maintain(args.dsn, TABLES["partitioned"]).dropped)
+        dropped.extend(partitions.maintain(args.dsn, tables["partitioned"]).dropped)
 
     def show(t: float, series: Series) -> None:
-        d, p = series["delete"][-1], series["partitioned"][-1]
+        p = series["partitioned"][-1]
+        d = series["delete"][-1] if "delete" in series else None
         print(
-            f"  t={t:5.0f}s  delete: {d['size_mb']:6.1f} MB"
-            f" claim {d['claim_ms']:5.1f} ms dead {d['dead_tuples']:6}"
-            f" pending {d['pending']:6}"
-            f" | partitioned: {p['size_mb']:6.1f} MB claim {p['claim_ms']:5.1f} ms"
+            f"  t={t:5.0f}s"
+            + (
+                f"  delete: {d['size_mb']:6.1f} MB"
+                f" claim {d['claim_ms']:5.1f} ms dead {d['dead_tuples']:6}"
+                f" pending {d['pending']:6} |"
+                if d is not None
+                else ""
+            )
+            + f" partitioned: {p['size_mb']:6.1f} MB claim {p['claim_ms']:5.1f} ms"
             f" dead {p['dead_tuples']:6} pending {p['pending']:6}"
             f" rows {p['rows']:7} parts {p['partitions']:2}"
             f" dropped {len(dropped)}",
@@ -205,16 +251,17 @@ def run(args: argparse.Namespace) -> None:
         args.dsn,
         args.kafka,
         TOPIC,
-        TABLES,
+        tables,
         RETENTION,
         rate=rate,
         seconds=seconds,
         per_tx=per_tx,
         logdir=logdir,
-        sampler=sample,
+        sampler=sample_cdc if cdc else sample,
         chore_every=maintain_every,
         chore=maintain,
         show=show,
+        relay_args={"partitioned": ["--source", "cdc"]} if cdc else None,
     )
 
     for mode, points in series.items():
@@ -222,7 +269,7 @@ def run(args: argparse.Namespace) -> None:
     results["partitioned"]["partitions_dropped"] = len(dropped)
     title = f"{rate:.0f} events/s per table for {seconds / 60:.1f} min"
     print(f"\npartitioned table health, {title}")
-    for mode in TABLES:
+    for mode in tables:
         r = results[mode]
         print(
             f"  {mode:<11} wrote {r['events_per_s_written']:.0f} ev/s; size max"
@@ -233,6 +280,14 @@ def run(args: argparse.Namespace) -> None:
             f" max pending {r['pending_max']}"
         )
     print(f"  partitions dropped: {len(dropped)}")
+    if cdc:
+        subprocess.run(
+            [sys.executable, "-m", "outboxkit", "cdc", "drop", "--table", tables["partitioned"]],
+            env=env,
+            check=False,
+        )
+        save("partitioned_health_cdc", results)
+        return
     counts = (0, 10, 50) if args.quick else (0, 10, 50, 170)
     results["claim_vs_partitions"] = claim_vs_partitions(args.dsn, counts)
     # A server without autovacuum (the CI machine's) gets its own file: not comparable.

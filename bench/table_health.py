@@ -120,11 +120,13 @@ def run_load(
     chore_every: float,
     chore: Callable[[], None],
     show: Callable[[float, Series], None],
+    relay_args: dict[str, list[str]] | None = None,
 ) -> Series:
     """Per table (``tables``: mode -> table) an ``outboxkit relay`` with its ``retention``
     to ``topic`` on Kafka (``kafka``, or Tansu when None) and a writer process at ``rate``
     events/s for ``seconds``; every 5 s ``chore()`` when ``chore_every`` seconds have passed
     since the last, then one ``sampler`` point per table, then ``show(t, series)``.
+    ``relay_args`` (mode -> arguments) replace a mode's ``--retention`` (``--source cdc``).
     Returns the points per mode."""
     with kafka_broker(kafka) as bootstrap:
         ensure_topic(bootstrap, topic)
@@ -140,8 +142,7 @@ def run_load(
                     f"kafka://{bootstrap}",
                     "--table",
                     table,
-                    "--retention",
-                    retention[mode],
+                    *(relay_args or {}).get(mode, ["--retention", retention.get(mode, "delete")]),
                     "--log-level",
                     "warning",
                 ],
