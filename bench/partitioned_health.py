@@ -142,6 +142,8 @@ def summarize(points: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "dead_tuples_second_half_max": max(p["dead_tuples"] for p in half),
         "pending_max": max(p["pending"] for p in points),
         "rows_second_half_max": max(p["rows"] for p in half),
+        # rows that left the table (with their partition, or by a DELETE) by the end
+        "rows_gone_at_end": points[-1]["written"] - points[-1]["rows"],
     }
 
 
@@ -279,7 +281,12 @@ def run(args: argparse.Namespace) -> None:
             f" ms; dead tuples max (2nd half) {r['dead_tuples_second_half_max']};"
             f" max pending {r['pending_max']}"
         )
-    print(f"  partitions dropped: {len(dropped)}")
+    print(
+        f"  partitions dropped by `partitions maintain`: {len(dropped)}"
+        + (" (the CDC relay drops its own)" if cdc else "")
+    )
+    for mode in tables:
+        print(f"  {mode}: {results[mode]['rows_gone_at_end']} rows left the table by the end")
     if cdc:
         subprocess.run(
             [sys.executable, "-m", "outboxkit", "cdc", "drop", "--table", tables["partitioned"]],
