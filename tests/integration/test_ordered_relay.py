@@ -597,3 +597,36 @@ async def test_an_ordered_relay_on_a_table_without_ordered_mode_says_to_migrate(
     relay = Relay(db_dsn, WebhookPublisher.from_url(receiver.url()), ordered=True)
     with pytest.raises(SchemaError, match="migrate --ordered"):
         await asyncio.wait_for(relay.run(), 20)
+
+
+class _ConfirmAtOnce:
+    name = "confirm"
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        return [PublishResult.success()] * len(messages)
+
+
+async def test_a_second_process_with_the_same_relay_id_is_refused(ordered_dsn: str) -> None:
+    """Before: two relays started with one --relay-id were one member to the others and
+    shared its partitions, publishing the same keys side by side. Now the second stops at
+    once with the reason, the first keeps its partitions, and the id is free once it stops."""
+    from outboxkit import Relay
+    from outboxkit.errors import ConfigurationError
+
+    options: dict[str, Any] = {"ordered": True, "lease": 3.0, "relay_id": "twin"}
+    async with running_relay(ordered_dsn, _ConfirmAtOnce(), **options):
+        await wait_for(lambda: _owners(ordered_dsn).get("twin") == PARTITIONS, what="owns all")
+        second = Relay(ordered_dsn, _ConfirmAtOnce(), **options)
+        with pytest.raises(ConfigurationError, match="another ordered relay runs with relay id"):
+            await asyncio.wait_for(second.run(), 20)
+        assert _owners(ordered_dsn).get("twin") == PARTITIONS
+        _write(ordered_dsn, _events(keys=3, per_key=2, topic="orders"))
+        await wait_for(lambda: not rows(ordered_dsn, "status = 0"), what="the first one relays")
+    async with running_relay(ordered_dsn, _ConfirmAtOnce(), **options):  # the id is free again
+        await wait_for(lambda: _owners(ordered_dsn).get("twin") == PARTITIONS, what="owns all")

@@ -440,7 +440,11 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     type=click.Choice(["delete", "keep"]),
     help="delete published rows (no bloat) or keep them as an audit trail (then purge).",
 )
-@click.option("--relay-id", help="Name shown in claimed_by [default: host-pid-random].")
+@click.option(
+    "--relay-id",
+    help="Name shown in claimed_by [default: host-pid-random]. Ordered relays refuse to run"
+    " two processes with one id on a table (they would share its partitions).",
+)
 @click.option(
     "--retry-base",
     cls=LibraryOption,

@@ -24,7 +24,7 @@ from psycopg import errors as pg_errors
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
-from outboxkit.errors import SchemaError
+from outboxkit.errors import ConfigurationError, SchemaError
 from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay.partitions")
@@ -188,19 +188,34 @@ class PartitionLeases:
                 await conn.execute(self.stmts.leave, params)
             if owned:
                 log.info("gave back %d partition(s) at shutdown", len(owned))
-        except (psycopg.Error, TimeoutError) as exc:
+        except (psycopg.Error, TimeoutError, ConfigurationError) as exc:
             log.warning("could not give back partitions at shutdown (%s): they expire", exc)
         finally:
             await self._drop_connection()
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
+            conn = await psycopg.AsyncConnection.connect(
                 self.dsn,
                 autocommit=True,
                 connect_timeout=10,
                 application_name="outboxkit-relay:partitions",
             )
+            try:
+                cur = await conn.execute(self.stmts.relay_id_lock, {"relay_id": self.relay_id})
+                row = await cur.fetchone()
+            except BaseException:
+                await conn.close()
+                raise
+            if not row or not row[0]:
+                await conn.close()
+                raise ConfigurationError(
+                    f"another ordered relay runs with relay id {self.relay_id!r} on"
+                    f" {self.stmts.table!r}: two processes with one id would share its"
+                    " partitions and publish the same keys side by side; give each relay"
+                    " its own --relay-id (the default, host-pid-random, is unique)"
+                )
+            self._conn = conn
         return self._conn
 
     async def _drop_connection(self) -> None:

@@ -227,6 +227,14 @@ UPDATE {partitions_table} SET owner = NULL, expires_at = NULL
 WHERE partition = ANY(%(parts)s::smallint[]) AND owner = %(relay_id)s
 """
 LEAVE = "DELETE FROM {relays_table} WHERE relay_id = %(relay_id)s"
+# One process per relay id and table: the heartbeat's session holds this lock, so a second
+# process started with the same --relay-id (it would share the first one's partitions and
+# publish its keys beside it) is refused. Its own namespace: the writers' key locks use
+# the table's oid, never this hash of the relays table's name.
+RELAY_ID_LOCK = (
+    "SELECT pg_try_advisory_lock(hashtext('outboxkit relay id ' || {relays_literal}),"
+    " hashtext(%(relay_id)s))"
+)
 PARTITION_COUNT = "SELECT count(*) FROM {partitions_table}"
 # Who holds what (status, tests, the dashboard).
 PARTITION_OWNERS = """
@@ -268,6 +276,7 @@ class OrderedStatements(Statements):
     acquire_partitions = SqlTemplate(ACQUIRE_PARTITIONS)
     release_partitions = SqlTemplate(RELEASE_PARTITIONS)
     leave = SqlTemplate(LEAVE)
+    relay_id_lock = SqlTemplate(RELAY_ID_LOCK)
     partition_count = SqlTemplate(PARTITION_COUNT)
     partition_owners = SqlTemplate(PARTITION_OWNERS)
     blocked_keys = SqlTemplate(BLOCKED_KEYS)
@@ -295,6 +304,7 @@ class OrderedStatements(Statements):
             **slots,
             "partitions_table": self.partitions_table,
             "relays_table": self.relays_table,
+            "relays_literal": f"'{self.relays_table}'",  # a validated name: no quote inside
             "index_key_head": quote_table(None, f"{name}_key_head_idx"[:63]),
             "index_ordered": quote_table(None, f"{name}_ordered_idx"[:63]),
             "index_keyless": quote_table(None, f"{name}_keyless_idx"[:63]),
