@@ -157,6 +157,11 @@ class CdcRelay:
         self._unconfirmed: deque[tuple[int, dt.datetime]] = deque()
         #: Whether this relay streams the slot now (False while a standby or reconnecting).
         self.streaming = False
+        #: Whether this relay waits as a standby (another relay streams the slot).
+        self.standby = False
+        # When the replication stream was last lost, and the class of that error.
+        self._stream_lost_at = 0.0
+        self._stream_error = ""
         self._stopping = asyncio.Event()
         self._stream_backoff = Backoff(base=0.2, cap=5.0)
         # A database down for a while: one WARNING, reminders, one INFO when it is back.
@@ -241,6 +246,7 @@ class CdcRelay:
                         self.slot,
                         now - standby_since,
                     )
+                self._waiting_as_standby()
                 await self._sleep(self.standby_retry)
             except _Stopped:
                 return
@@ -254,7 +260,9 @@ class CdcRelay:
                 await self._stream_lost(exc)
 
     async def _stream_lost(self, exc: BaseException) -> None:
-        self.streaming = False
+        self.streaming = self.standby = False
+        self._stream_lost_at = time.monotonic()
+        self._stream_error = type(exc).__name__
         delay = self._stream_backoff.next_delay()
         self._stream_outage.failed(
             "replication stream of slot %s lost (%s); reconnecting in %.2fs",
@@ -265,6 +273,34 @@ class CdcRelay:
         if isinstance(exc, Exception):
             self.observer.database_error("stream", exc, True)
         await self._sleep(delay)
+
+    def _waiting_as_standby(self) -> None:
+        """A standby has no lost stream: the server answers, another relay streams the slot
+        (once no loss for ``recover_after`` seconds: right after one, the slot may still be
+        held by this relay's own walsender, on its way out)."""
+        self.standby = True
+        outage = self._stream_outage
+        if outage.started_at is not None and self._stream_up_for(outage.recover_after):
+            log.info("replication stream: the server answers again (slot %s is taken)", self.slot)
+            self._stream_outage = FailureEpisode("replication stream")
+
+    def _stream_up_for(self, seconds: float) -> bool:
+        """Streaming or waiting as a standby, with no loss for ``seconds``."""
+        up = self.streaming or self.standby
+        return up and time.monotonic() - self._stream_lost_at >= seconds
+
+    def stream_down(self) -> tuple[float, str] | None:
+        """Seconds the replication stream has been failing, and the last error's class.
+
+        None before the first failure, and once the relay has streamed (or waited as a
+        standby while another relay streams the slot) for the outage's ``recover_after``
+        seconds without one: a stream lost again and again (reconnecting, streaming a
+        moment, lost) counts as down from the first loss (``relay.outage.FailureEpisode``).
+        """
+        started = self._stream_outage.started_at
+        if started is None or self._stream_up_for(self._stream_outage.recover_after):
+            return None
+        return time.monotonic() - started, self._stream_error
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -277,7 +313,7 @@ class CdcRelay:
         await reader.open()  # raises SlotInUse while another relay streams the slot
         try:
             log.info("streaming slot %s", self.slot)
-            self.streaming = True
+            self.streaming, self.standby = True, False
             self._stream_backoff.reset()
             await self._stream(reader, Progress())
         finally:

@@ -503,6 +503,11 @@ class RelayMetrics(RelayObserver):
             reason = "starting: no successful database read yet"
         elif snap.read_at is not None and time.time() - snap.read_at > stale_after:
             reason = f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
+        elif (down := _stream_down(self.relay)) is not None and down[0] > stale_after:
+            # --source cdc: the same grace as the database's reads, for its replication
+            # stream (a standby waiting for the slot is not down: see docs/operations.md)
+            reason = f"replication stream down since {down[0]:.0f}s ({_kind(down[1])})"
+            detail = f"replication stream down ({down[1]})"
         elif (gone := unreachable(self.publisher)) is not None and gone[0] >= UNREACHABLE_AFTER:
             # The client said so (disconnected, all brokers down): no need to wait for
             # a publish to time out. The cause is a kind of failure, never an address.
@@ -518,6 +523,12 @@ class RelayMetrics(RelayObserver):
             log.warning("not ready: %s: %s", reason, detail)
         self._reported = detail
         return reason
+
+
+def _stream_down(relay: object) -> tuple[float, str] | None:
+    """A WAL relay's (``relay.cdc``) lost replication stream: seconds down and error class."""
+    stream_down = getattr(getattr(relay, "cdc", None), "stream_down", None)
+    return stream_down() if callable(stream_down) else None
 
 
 def _kind(error: str) -> str:
