@@ -473,3 +473,49 @@ async def test_a_partitioned_table_source_is_relayed_and_its_partitions_dropped_
         await relay.cleanup.flush()  # drops nothing young enough to still be current
         assert count(logical_db_dsn) == 10
     assert await _nats_ids(nats_server.url, root, 11, 5.0) == [str(e.event_id) for e in events]
+
+
+async def test_the_bulk_delete_waits_for_the_inserting_transaction_to_become_visible(
+    logical_db_dsn: str,
+) -> None:
+    """The stream delivers a transaction once its commit record is flushed, a moment before a
+    new snapshot sees it, so a DELETE then missed its rows (the demo's leftover rows). A
+    transaction held open stands in for that moment: the bulk delete waits for it (and keeps
+    the row for a later pass, holding the confirm, past its bound); a row gone already is
+    not waited for."""
+    from outboxkit.cdc.cleanup import Cleanup
+
+    cleanup = Cleanup(logical_db_dsn, "outbox")
+    late, early = make_events("orders", 2)
+    try:
+        with psycopg.connect(logical_db_dsn) as writer:
+            Outbox().put(writer, late)
+            row = writer.execute(
+                "SELECT id, pg_current_xact_id()::text::bigint %% 4294967296 FROM outbox"
+                " WHERE event_id = %s",
+                (late.event_id,),
+            ).fetchone()
+            assert row is not None
+            cleanup.add([(row[0], row[1]), (10**12, row[1])])  # and an id gone already
+            started = time.monotonic()
+            assert await cleanup.flush(force=True) is False  # not visible within the bound
+            assert time.monotonic() - started >= 0.9
+            flushing = asyncio.create_task(cleanup.flush(force=True))
+            await asyncio.sleep(0.3)
+            assert not flushing.done(), "the delete did not wait for the open transaction"
+            writer.commit()
+            assert await flushing is True
+        assert count(logical_db_dsn) == 0, "the row committed meanwhile was not deleted"
+        write_events(logical_db_dsn, [early])
+        with psycopg.connect(logical_db_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT id, xmin::text::bigint FROM outbox WHERE event_id = %s", (early.event_id,)
+            ).fetchone()
+        assert row is not None
+        cleanup.add([(row[0], row[1]), (10**12, row[1])])
+        started = time.monotonic()
+        assert await cleanup.flush(force=True) is True
+        assert time.monotonic() - started < 0.5  # visible: the missing id is gone, no wait
+        assert count(logical_db_dsn) == 0
+    finally:
+        await cleanup.close()

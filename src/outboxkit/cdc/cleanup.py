@@ -6,6 +6,14 @@ confirmed past them (so a relay killed after a confirm leaves no published row b
 or every ``interval`` seconds. The WAL still holds the inserts, so a relay killed before
 confirming the slot re-publishes them from the stream, deleted or not.
 
+The stream delivers a transaction as soon as its commit record is flushed, which is a
+moment before the committing backend ends it in the ProcArray: a DELETE in that moment does
+not see its rows yet (``outboxkit demo --source cdc`` under load left ~1 % of the rows so).
+When a DELETE removes fewer rows than it was given, the transactions that inserted them
+(pgoutput's Begin carries their xid) are waited for until a new snapshot sees them, and the
+DELETE is run again; rows whose transactions are visible and still not there are gone
+already (deleted before a restart re-streamed them).
+
 A partitioned outbox table (``migrate --partition-by``) is never deleted from: every
 ``partition_interval`` seconds the relay drops the partitions whose rows all committed
 before its last confirmed commit (``store.partitions.drop_published_partitions``; dead
@@ -19,6 +27,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import psycopg
 
@@ -32,6 +41,20 @@ log = logging.getLogger("outboxkit.relay")
 _CHUNK = 20_000
 #: Ids remembered at most while deletes fail (past it, rows stay: `outboxkit purge` territory).
 _MAX_IDS = 1_000_000
+#: Seconds a pass waits for the inserting transactions to become visible; past it the rows
+#: are kept for the next pass (and the slot not confirmed past them meanwhile).
+_VISIBLE_WITHIN = 1.0
+# How many of the given 32-bit xids a new snapshot does not see as ended yet (each widened to
+# xid8 with the epoch of the snapshot's xmax: they are recent). PostgreSQL 13+.
+_NOT_VISIBLE = """
+SELECT count(*)
+FROM (SELECT pg_current_snapshot() AS s) AS snap,
+     LATERAL (SELECT pg_snapshot_xmax(snap.s)::text::bigint AS xmax) AS m,
+     LATERAL (SELECT ((m.xmax >> 32) << 32) + x AS xid FROM unnest(%s::bigint[]) AS x) AS f
+WHERE NOT pg_visible_in_snapshot(
+    (f.xid - CASE WHEN f.xid > m.xmax + 2147483648 THEN 4294967296 ELSE 0 END)::text::xid8,
+    snap.s)
+"""
 
 
 class Cleanup:
@@ -54,6 +77,7 @@ class Cleanup:
         self.deleted = 0
         self._sql = CdcRelayStatements(table)
         self._ids: list[int] = []
+        self._xids: set[int] = set()  # of the transactions that inserted them
         self._last = time.monotonic()
         self.partitioned = False
         self.partition_interval = partition_interval
@@ -82,9 +106,12 @@ class Cleanup:
                 self.table,
             )
 
-    def add(self, ids: Iterable[int]) -> None:
+    def add(self, rows: Iterable[tuple[int, int]]) -> None:
+        """Collect published rows: (row id, xid of the transaction that inserted it)."""
         if self.enabled and not self.partitioned and len(self._ids) < _MAX_IDS:
-            self._ids.extend(ids)
+            for row_id, xid in rows:
+                self._ids.append(row_id)
+                self._xids.add(xid)
 
     async def flush(self, *, force: bool = False) -> bool:
         """Delete what was collected once ``interval`` passed (or ``force``); a failure keeps it.
@@ -105,6 +132,17 @@ class Cleanup:
             try:
                 conn = await self._db.get()
                 cur = await conn.execute(self._sql.cdc_delete_published, (chunk,))
+                deleted = cur.rowcount
+                if deleted < len(chunk) and not await self._visible(conn):
+                    log.warning(
+                        "rows to remove are not visible after %.0fs: their transactions have"
+                        " not ended; retrying later, the slot is not confirmed past them",
+                        _VISIBLE_WITHIN,
+                    )
+                    return False
+                if deleted < len(chunk):
+                    cur = await conn.execute(self._sql.cdc_delete_published, (chunk,))
+                    deleted += cur.rowcount
             except psycopg.Error as exc:
                 stale = await self._db.drop_if_lost()
                 if stale and not retried:  # e.g. the server restarted since the last pass
@@ -117,11 +155,29 @@ class Cleanup:
                     first_line(exc),
                 )
                 return False
-            self.deleted += cur.rowcount
+            self.deleted += deleted
             del self._ids[: len(chunk)]
             if not force:
                 break
+        if not self._ids:
+            self._xids.clear()
         return not self._ids
+
+    async def _visible(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Wait until a new snapshot sees every collected transaction as ended (False: not
+        within ``_VISIBLE_WITHIN`` seconds). Checked only when a DELETE missed rows."""
+        xids = sorted(self._xids)
+        deadline = time.monotonic() + _VISIBLE_WITHIN
+        delay = 0.001
+        while True:
+            cur = await conn.execute(_NOT_VISIBLE, (xids,))
+            row = await cur.fetchone()
+            if row is None or not row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
     async def _drop_partitions(self) -> None:
         through = self._confirmed_through()

@@ -73,6 +73,7 @@ class _Entry:
     seq: int
     message: OutboundMessage
     row_id: int | None
+    xid: int = 0  # of the transaction (pgoutput's Begin)
 
 
 class _Stopped(Exception):
@@ -322,6 +323,7 @@ class CdcRelay:
 
     async def _stream(self, reader: StreamReader, progress: Progress) -> None:
         commit_time = dt.datetime.now(dt.UTC)
+        xid = 0
         self._unconfirmed.clear()  # a new session streams them again
         held_back: int | None = None  # a confirm waiting for its rows' DELETE
         while True:
@@ -340,7 +342,7 @@ class CdcRelay:
                     except UndecodableRow as exc:
                         await self._dead_letter_raw(item.values, str(exc))
                         continue
-                    batch.append(_Entry(seq, message, row_id(item.values)))
+                    batch.append(_Entry(seq, message, row_id(item.values), xid))
                 elif isinstance(item, Message):
                     if item.prefix != self.prefix:
                         continue
@@ -353,7 +355,7 @@ class CdcRelay:
                     batch.append(_Entry(seq, message, None))
                 elif isinstance(item, Begin):
                     progress.begin()
-                    commit_time = item.commit_time
+                    commit_time, xid = item.commit_time, item.xid
                 elif isinstance(item, Commit):
                     progress.commit(item.end_lsn)
                     self._unconfirmed.append((item.end_lsn, item.commit_time))
@@ -411,7 +413,7 @@ class CdcRelay:
             published = [e for e, r in zip(todo, results, strict=True) if r.ok]
             if published:
                 self._broker_backoff.reset()
-                self.cleanup.add(e.row_id for e in published if e.row_id is not None)
+                self.cleanup.add((e.row_id, e.xid) for e in published if e.row_id is not None)
                 if not self.stats.published:
                     log.info(
                         "first batch published: %d event(s) via %s",
