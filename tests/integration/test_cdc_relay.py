@@ -226,15 +226,8 @@ async def test_a_failing_event_is_retried_dead_lettered_into_the_table_then_repl
 
 
 async def _stored(url: str, root: str) -> list[Any]:
-    """Every message the stream stores, in stream order: as many as its own count says.
-
-    Called once the relays have stopped. Asking a consumer for one more than expected
-    proved "nothing extra" only by waiting out its timeout; the count proves it at once.
-    """
-    n = await _stream_count(url, root)
-    msgs = await consume_nats(url, root.upper(), f"{root}.>", n, 20.0)
-    assert len(msgs) == n, f"the stream stores {n} messages, {len(msgs)} were read"
-    return msgs
+    """Every message the stream stores, in stream order (the relays have stopped)."""
+    return await consume_nats(url, root.upper(), f"{root}.>", None, 20.0)
 
 
 async def _nats_ids(url: str, root: str, n: int | None = None, timeout: float = 20.0) -> list[str]:

@@ -119,13 +119,18 @@ async def ensure_stream(url: str, name: str, subjects: list[str]) -> None:
 
 
 async def consume_nats(
-    url: str, stream: str, subject: str, n: int, timeout: float = 10.0
+    url: str, stream: str, subject: str, n: int | None, timeout: float = 10.0
 ) -> list[Any]:
     """Read up to `n` messages of `subject` from the start of `stream` (fewer on timeout).
 
     An ephemeral pull consumer: nothing is left behind on the server, and messages already
     read by other consumers are read again. The returned `nats.aio.msg.Msg` objects keep
     their data, headers and metadata after the connection is closed.
+
+    `n=None`: every message the stream stores when the consumer is made (its pending
+    count), all of them or an AssertionError: the final read once the publishers have
+    stopped. Asking for one more than expected proves "nothing extra" only by waiting out
+    the timeout; the stream's own count proves it at once.
     """
     import nats
     from nats.errors import TimeoutError as NatsTimeout
@@ -144,6 +149,9 @@ async def consume_nats(
                 inactive_threshold=30.0,
             ),
         )
+        every = n is None
+        if n is None:
+            n = (await sub.consumer_info()).num_pending or 0
         messages: list[Any] = []
         while len(messages) < n:
             remaining = deadline - time.monotonic()
@@ -154,6 +162,7 @@ async def consume_nats(
             except (TimeoutError, NatsTimeout):
                 continue
         await sub.unsubscribe()
+        assert not every or len(messages) == n, f"{stream} stores {n}, {len(messages)} read"
         return messages
     finally:
         await nc.close()
