@@ -341,3 +341,66 @@ async def test_postgresql_restarted_under_the_stream_loses_nothing_after_reconne
         server.close()
     assert _keys(first) == ["before"]
     assert _keys(again) == ["before", "after"]  # never confirmed: delivered again, in order
+
+
+def _slot_confirmed(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (SLOT,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_keepalive_never_confirms_a_transaction_read_but_not_confirmed(
+    cdc_dsn: str,
+) -> None:
+    """psycopg2 moves the flush position it reports to a keepalive's WAL end once the caller
+    has confirmed the start of the last message read. A transaction that began before the
+    confirmed commit starts its messages below it, so a keepalive read among them reported
+    every transaction read since as flushed: T2 here, read and never confirmed, would be
+    skipped by the next stream (lost, had the relay died before publishing it). The stream
+    reads no further while that can happen, until the caller confirms what it read."""
+    payload = b"p" * 1000
+    with psycopg.connect(cdc_dsn) as big:  # T3: writes first (~20 MB), commits last
+        for start in range(0, 20_000, 10_000):
+            Outbox().put_many(
+                big,
+                [
+                    Event(topic="bulk", event_type="e", key=f"b{i}", payload=payload)
+                    for i in range(start, start + 10_000)
+                ],
+            )
+        _put(cdc_dsn, "t1")
+        _put(cdc_dsn, "t2")
+        big.commit()
+    async with ReplicationStream(cdc_dsn, SLOT, PUB, status_interval=1.0) as stream:
+        items = stream.__aiter__()
+        ends: list[int] = []
+        while len(ends) < 2:  # T1 and T2, whole
+            item = await asyncio.wait_for(anext(items), 20)
+            if isinstance(item, Commit):
+                ends.append(item.end_lsn)
+        t1_end, t2_end = ends
+        stream.confirm(t1_end)  # T1 published; T2 not yet
+        rows = 0
+
+        async def read_t3() -> None:
+            nonlocal rows
+            async for item in items:
+                if isinstance(item, Row):
+                    rows += 1
+                    if rows == 10:
+                        await asyncio.sleep(3)  # the walsender blocks mid-T3, answers status
+                elif isinstance(item, Commit):
+                    return
+
+        reading = asyncio.create_task(read_t3())
+        await asyncio.sleep(8)  # keepalives come and psycopg2 reports what it takes as flushed
+        assert _slot_confirmed(cdc_dsn) < t2_end, "T2 confirmed without the caller confirming it"
+        assert not reading.done() and rows <= 1  # waits for T2's confirm before reading on
+        stream.confirm(t2_end)
+        await asyncio.wait_for(reading, 60)
+        assert rows == 20_000
