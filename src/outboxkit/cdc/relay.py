@@ -254,10 +254,12 @@ class CdcRelay:
             except (SlotNotFound, SlotInvalidated):
                 raise  # a restart will not fix these: the messages say what will
             except ReplicationError as exc:
+                standby_since = None  # a standby again later says so again
                 await self._stream_lost(exc)
             except Exception as exc:
                 if not _is_connection_error(exc):
                     raise
+                standby_since = None
                 await self._stream_lost(exc)
 
     async def _stream_lost(self, exc: BaseException) -> None:
