@@ -1,6 +1,7 @@
 """The chaos run (tests/support/chaos.py): nothing lost, nothing phantom, no duplicate.
 
-The suite runs a short version (OUTBOXKIT_CHAOS_SECONDS, default 60 s of writing);
+The suite runs a short version (OUTBOXKIT_CHAOS_SECONDS, default 30 s of writing: with
+seed 1 every fault kind has struck by about 21 s, 8 faults in all);
 ``make chaos`` runs a long one and writes its report to bench/results/chaos.json.
 """
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import ChaosRun
+from tests.support.chaos import FAULTS, ChaosRun
 
-SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "60"))
+SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "30"))
 REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
 KEEP = os.environ.get("OUTBOXKIT_CHAOS_DIR")  # keep the logs there, for a person to read
 
@@ -32,4 +33,5 @@ def test_chaos_run_loses_nothing_publishes_no_phantom_and_no_duplicate(
     assert report.rolled_back > 0
     assert report.poison > 0
     assert sum(report.faults.values()) >= SECONDS / 6
+    assert set(report.faults) == set(FAULTS), report.faults  # every kind struck at least once
     assert report.violations() == [], report.to_json()
