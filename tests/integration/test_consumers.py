@@ -245,7 +245,7 @@ async def test_nats_runner_applies_once_retries_and_dead_letters(
             await nc.close()
 
     async def dead_letters() -> list[str]:
-        messages = await consume_nats(nats_server.url, dlq_stream, f"{prefix}.dlq", 5, timeout=1)
+        messages = await consume_nats(nats_server.url, dlq_stream, f"{prefix}.dlq", None)
         return [m.headers.get("ce-id", "") for m in messages]
 
     await run_scenario(
