@@ -47,7 +47,7 @@ lint: $(DEV_STAMP)
 
 # The long chaos run (docs/reliability.md): writers, 3 relays and NATS under random real
 # faults for CHAOS_SECONDS of writing, then the invariants checked from the broker's side.
-# `make test` runs a 60-second version. The report goes to bench/results/chaos.json.
+# `make test` runs a 30-second version. The report goes to bench/results/chaos.json.
 CHAOS_SECONDS ?= 300
 chaos: $(DEV_STAMP)
 	OUTBOXKIT_CHAOS_SECONDS=$(CHAOS_SECONDS) OUTBOXKIT_CHAOS_REPORT=bench/results/chaos.json \
@@ -56,7 +56,8 @@ chaos: $(DEV_STAMP)
 # The long ordered chaos run (docs/reliability.md, "Ordered delivery under chaos"): 3 ordered
 # relays, 200 keys, writers, relay kills and a broker restart (Kafka: link cuts), then every
 # key's consumed sequence checked against its committed one, on NATS and Kafka, and the naive
-# run with unordered relays. `make test` runs a 20 000-event version of each.
+# run with unordered relays. `make test` runs 10 000 events per broker and 5 000 for the
+# naive run.
 CHAOS_ORDERED_EVENTS ?= 100000
 CHAOS_ORDERED_SECONDS ?= 120
 chaos-ordered: $(DEV_STAMP)
