@@ -336,8 +336,13 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
             lambda: _over(_stream_count(nats_server.url, root), 19), timeout=30, what="late"
         )
         takeover = time.monotonic() - killed
-        assert _metric(port, "outboxkit_cdc_streaming") == 1.0
-        assert _metric(port, "outboxkit_cdc_confirmed_lsn") > 0
+        # the gauges follow at their next refresh (every gauge interval)
+        await wait_for(
+            lambda: _metric(port, "outboxkit_cdc_streaming") == 1.0, what="streaming gauge"
+        )
+        await wait_for(
+            lambda: (_metric(port, "outboxkit_cdc_confirmed_lsn") or 0) > 0, what="confirmed gauge"
+        )
         assert _metric(port, "outboxkit_cdc_lag_seconds") is not None
     finally:
         active.kill()

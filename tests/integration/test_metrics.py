@@ -220,7 +220,12 @@ async def test_series_stay_bounded_while_10000_events_with_distinct_topics_and_k
             other_published = metrics.registry.get_sample_value(
                 "outboxkit_events_published_total", {"topic": OTHER_TOPICS}
             )
-            await asyncio.sleep(2.0)  # idle for longer than idle_after: drained topics leave
+            # idle for longer than idle_after: drained topics leave (at the next rerank)
+            await wait_for(
+                lambda: topics_of(_series(metrics)) <= {OTHER_TOPICS},
+                timeout=15,
+                what="drained topics' series dropped",
+            )
             after = _series(metrics)
         finally:
             gauges.cancel()
