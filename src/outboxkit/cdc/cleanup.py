@@ -44,17 +44,6 @@ _MAX_IDS = 1_000_000
 #: Seconds a pass waits for the inserting transactions to become visible; past it the rows
 #: are kept for the next pass (and the slot not confirmed past them meanwhile).
 _VISIBLE_WITHIN = 1.0
-# How many of the given 32-bit xids a new snapshot does not see as ended yet (each widened to
-# xid8 with the epoch of the snapshot's xmax: they are recent). PostgreSQL 13+.
-_NOT_VISIBLE = """
-SELECT count(*)
-FROM (SELECT pg_current_snapshot() AS s) AS snap,
-     LATERAL (SELECT pg_snapshot_xmax(snap.s)::text::bigint AS xmax) AS m,
-     LATERAL (SELECT ((m.xmax >> 32) << 32) + x AS xid FROM unnest(%s::bigint[]) AS x) AS f
-WHERE NOT pg_visible_in_snapshot(
-    (f.xid - CASE WHEN f.xid > m.xmax + 2147483648 THEN 4294967296 ELSE 0 END)::text::xid8,
-    snap.s)
-"""
 
 
 class Cleanup:
@@ -170,7 +159,7 @@ class Cleanup:
         deadline = time.monotonic() + _VISIBLE_WITHIN
         delay = 0.001
         while True:
-            cur = await conn.execute(_NOT_VISIBLE, (xids,))
+            cur = await conn.execute(self._sql.cdc_not_visible, (xids,))
             row = await cur.fetchone()
             if row is None or not row[0]:
                 return True

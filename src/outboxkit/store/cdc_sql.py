@@ -120,6 +120,17 @@ WHERE NOT EXISTS (SELECT 1 FROM marked)
 CDC_DELETE_PUBLISHED = "DELETE FROM {table} WHERE id = ANY(%s) AND status = {pending}"
 # Whether the outbox table is partitioned (its partitions are dropped, never deleted from).
 CDC_IS_PARTITIONED = "SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass"
+# How many of the given 32-bit xids a new snapshot does not see as ended yet (each widened to
+# xid8 with the epoch of the snapshot's xmax: they are recent). PostgreSQL 13+.
+CDC_NOT_VISIBLE = """
+SELECT count(*)
+FROM (SELECT pg_current_snapshot() AS s) AS snap,
+     LATERAL (SELECT pg_snapshot_xmax(snap.s)::text::bigint AS xmax) AS m,
+     LATERAL (SELECT ((m.xmax >> 32) << 32) + x AS xid FROM unnest(%s::bigint[]) AS x) AS f
+WHERE NOT pg_visible_in_snapshot(
+    (f.xid - CASE WHEN f.xid > m.xmax + 2147483648 THEN 4294967296 ELSE 0 END)::text::xid8,
+    snap.s)
+"""
 # Whether a publication carries the table: replay then inserts the events anew, which the
 # stream delivers as inserts (an UPDATE back to pending is invisible to it).
 CDC_IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pg_publication_rel WHERE prrelid = %s::regclass)"
@@ -145,6 +156,7 @@ class CdcRelayStatements(Statements):
     cdc_delete_published = SqlTemplate(CDC_DELETE_PUBLISHED)
     cdc_is_partitioned = SqlTemplate(CDC_IS_PARTITIONED)
     cdc_is_published = SqlTemplate(CDC_IS_PUBLISHED)
+    cdc_not_visible = SqlTemplate(CDC_NOT_VISIBLE)
     cdc_replay_by_id = SqlTemplate(CDC_REPLAY_BY_ID)
     cdc_replay_by_topic = SqlTemplate(CDC_REPLAY_BY_TOPIC)
     cdc_replay_all_failed = SqlTemplate(CDC_REPLAY_ALL_FAILED)
