@@ -328,6 +328,7 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
             what="the standby waits",
         )
         await wait_for(lambda: _metric(port, "outboxkit_cdc_streaming") == 0.0, what="metrics")
+        await wait_for(lambda: _metric(port, "outboxkit_cdc_standby") == 1.0, what="standby")
         active.kill()
         killed = time.monotonic()
         late = make_events(f"{root}.orders", 10)
@@ -340,6 +341,7 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
         await wait_for(
             lambda: _metric(port, "outboxkit_cdc_streaming") == 1.0, what="streaming gauge"
         )
+        assert _metric(port, "outboxkit_cdc_standby") == 0.0
         await wait_for(
             lambda: (_metric(port, "outboxkit_cdc_confirmed_lsn") or 0) > 0, what="confirmed gauge"
         )

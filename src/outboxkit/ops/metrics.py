@@ -612,6 +612,12 @@ def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:
         value=1 if cdc.streaming else 0,
     )
     yield GaugeMetricFamily(
+        "outboxkit_cdc_standby",
+        "1 while this relay waits as a standby (another relay streams the slot); with"
+        " outboxkit_cdc_streaming 0 and this 0, the relay is reconnecting.",
+        value=1 if getattr(cdc, "standby", False) else 0,
+    )
+    yield GaugeMetricFamily(
         "outboxkit_cdc_confirmed_lsn",
         "The WAL position this relay last confirmed to the slot (bytes; every event before it"
         " is confirmed by the broker).",
