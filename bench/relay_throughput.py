@@ -29,7 +29,6 @@ import gc
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -55,6 +54,7 @@ from outboxkit import OutboundMessage, PublishResult, Relay
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.store.postgres import Statements
+from outboxkit.testing import spawn_relay
 from outboxkit.wire.kafka import encode_headers as kafka_headers
 
 SEED_COLUMNS = (
@@ -406,30 +406,18 @@ def relay_processes(dsn: str, broker_url: str, n: int, procs: int) -> dict[str, 
     """``outboxkit relay`` times procs; the steady rate while 2 %..98 % of the rows drain."""
     reload(dsn, limit=n)
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-"))
-    env = {**os.environ, "OUTBOXKIT_DSN": dsn}
-    children = []
-    for i in range(procs):
-        log = (logdir / f"relay{i}.log").open("wb")
-        children.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "outboxkit",
-                    "relay",
-                    "--broker",
-                    broker_url,
-                    "--no-listen",
-                    "--poll-interval",
-                    "0.05",
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
+    children = [
+        spawn_relay(
+            dsn,
+            broker_url,
+            logdir / f"relay{i}.log",
+            "--no-listen",
+            "--poll-interval",
+            "0.05",
+            log_level="warning",
         )
+        for i in range(procs)
+    ]
     samples: list[tuple[float, int]] = []
     deadline = time.monotonic() + 600
     # Counting a large backlog costs the server work of its own: sample it less often.

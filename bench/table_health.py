@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import multiprocessing
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -33,6 +30,7 @@ from _common import ensure_topic, kafka_broker, make_event, save, server_facts
 from outboxkit import Outbox, migrate
 from outboxkit.store.admin import purge
 from outboxkit.store.postgres import Statements
+from outboxkit.testing import spawn_relay
 
 TOPIC = "bench.health"
 TABLES = {"delete": "outbox", "keep": "outbox_keep"}
@@ -130,25 +128,15 @@ def run_load(
     Returns the points per mode."""
     with kafka_broker(kafka) as bootstrap:
         ensure_topic(bootstrap, topic)
-        env = {**os.environ, "OUTBOXKIT_DSN": dsn}
         relays = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "outboxkit",
-                    "relay",
-                    "--broker",
-                    f"kafka://{bootstrap}",
-                    "--table",
-                    table,
-                    *(relay_args or {}).get(mode, ["--retention", retention.get(mode, "delete")]),
-                    "--log-level",
-                    "warning",
-                ],
-                stdout=(logdir / f"{mode}.log").open("wb"),
-                stderr=subprocess.STDOUT,
-                env=env,
+            spawn_relay(
+                dsn,
+                f"kafka://{bootstrap}",
+                logdir / f"{mode}.log",
+                "--table",
+                table,
+                *(relay_args or {}).get(mode, ["--retention", retention.get(mode, "delete")]),
+                log_level="warning",
             )
             for mode, table in tables.items()
         ]
