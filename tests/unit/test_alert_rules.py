@@ -44,7 +44,9 @@ def exported() -> dict[str, set[str]]:
         read_at=1.0,
     )
     # A WAL relay (--source cdc): its stream's gauges and its slot's, as the server reports it.
-    cdc = SimpleNamespace(streaming=True, confirmed_lsn=1, lag_seconds=lambda: 0.0, slot="s")
+    cdc = SimpleNamespace(
+        streaming=True, standby=False, confirmed_lsn=1, lag_seconds=lambda: 0.0, slot="s"
+    )
     metrics.relay = SimpleNamespace(cdc=cdc)
     metrics.slot_lag(4096, wal_status="reserved")
     names: dict[str, set[str]] = {}

@@ -224,15 +224,13 @@ class CdcRelay:
             )
 
     async def _sessions(self) -> None:
-        standby_since: float | None = None
-        reminded = 0.0
+        standby_since = reminded = 0.0
         while not self._stopping.is_set():
             try:
                 await self._session()
-                standby_since = None
             except SlotInUse as exc:
                 now = time.monotonic()
-                if standby_since is None:
+                if not self.standby:  # (streaming and a lost stream clear it)
                     standby_since = reminded = now
                     log.info(
                         "standby: slot %s is streamed by another relay (%s); taking over when"
@@ -254,12 +252,10 @@ class CdcRelay:
             except (SlotNotFound, SlotInvalidated):
                 raise  # a restart will not fix these: the messages say what will
             except ReplicationError as exc:
-                standby_since = None  # a standby again later says so again
                 await self._stream_lost(exc)
             except Exception as exc:
                 if not _is_connection_error(exc):
                     raise
-                standby_since = None
                 await self._stream_lost(exc)
 
     async def _stream_lost(self, exc: BaseException) -> None:

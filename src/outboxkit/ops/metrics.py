@@ -615,7 +615,7 @@ def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:
         "outboxkit_cdc_standby",
         "1 while this relay waits as a standby (another relay streams the slot); with"
         " outboxkit_cdc_streaming 0 and this 0, the relay is reconnecting.",
-        value=1 if getattr(cdc, "standby", False) else 0,
+        value=1 if cdc.standby else 0,
     )
     yield GaugeMetricFamily(
         "outboxkit_cdc_confirmed_lsn",
