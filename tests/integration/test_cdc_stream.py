@@ -17,6 +17,7 @@ from outboxkit.cdc import slots
 from outboxkit.cdc.errors import ReplicationConnectionLost, SlotInUse, SlotNotFound
 from outboxkit.cdc.stream import Begin, Commit, Item, Keepalive, Message, ReplicationStream, Row
 from outboxkit.testing import EmbeddedPostgres, EmbeddedServerUnavailable, TcpProxy
+from tests.support.cdc_relaying import slot_confirmed
 from tests.support.servers import require_or_skip
 
 SLOT = PUB = "outboxkit_outbox"
@@ -343,17 +344,6 @@ async def test_postgresql_restarted_under_the_stream_loses_nothing_after_reconne
     assert _keys(again) == ["before", "after"]  # never confirmed: delivered again, in order
 
 
-def _slot_confirmed(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
-            " WHERE slot_name = %s",
-            (SLOT,),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 async def test_a_keepalive_never_confirms_a_transaction_read_but_not_confirmed(
     cdc_dsn: str,
 ) -> None:
@@ -399,7 +389,9 @@ async def test_a_keepalive_never_confirms_a_transaction_read_but_not_confirmed(
 
         reading = asyncio.create_task(read_t3())
         await asyncio.sleep(8)  # keepalives come and psycopg2 reports what it takes as flushed
-        assert _slot_confirmed(cdc_dsn) < t2_end, "T2 confirmed without the caller confirming it"
+        assert slot_confirmed(cdc_dsn, SLOT) < t2_end, (
+            "T2 confirmed without the caller confirming it"
+        )
         assert not reading.done() and rows <= 1  # waits for T2's confirm before reading on
         stream.confirm(t2_end)
         await asyncio.wait_for(reading, 60)

@@ -38,6 +38,18 @@ def slot_lag(dsn: str, slot: str) -> int:
     return int(row[0])
 
 
+def slot_confirmed(dsn: str, slot: str) -> int:
+    """The slot's confirmed_flush_lsn as a number (the position the server resumes from)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    assert row is not None, f"no slot {slot}"
+    return int(row[0])
+
+
 def slot_active(dsn: str, slot: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
