@@ -31,7 +31,7 @@ from outboxkit.cdc import slots
 from outboxkit.cdc.relay import CdcRelay
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.relay.observer import RelayObserver
-from outboxkit.wal_envelope import encode_envelope, message_prefix
+from outboxkit.write.wal_envelope import encode_envelope, message_prefix
 
 
 class _Latency(RelayObserver):

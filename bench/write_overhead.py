@@ -39,9 +39,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, Outbox
-from outboxkit.commit import _pipeline as commit_pipeline
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import Statements
+from outboxkit.write.commit import _pipeline as commit_pipeline
 
 SCHEMA = """
 DROP TABLE IF EXISTS bench_order_lines, bench_orders, bench_stock;

@@ -4,7 +4,6 @@ Write events in the same transaction as your business change with
 :class:`Outbox`; publish them with at-least-once delivery with :class:`Relay`.
 """
 
-from outboxkit.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
     CdcError,
@@ -34,7 +33,7 @@ from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, 
 from outboxkit.relay import Relay, RelayObserver, RelayStats
 from outboxkit.store.inbox_sql import migrate_inbox
 from outboxkit.store.migrate import migrate
-from outboxkit.write import Outbox
+from outboxkit.write import AsyncOutboxTransaction, Outbox, OutboxTransaction
 
 __version__ = "0.1.0"
 

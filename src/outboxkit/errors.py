@@ -49,7 +49,7 @@ class EnvelopeError(OutboxkitError, ValueError):
 class WalEnvelopeError(EnvelopeError):
     """A logical message under an outbox's prefix is not a WAL envelope this version reads.
 
-    (An unknown format version, or malformed bytes: ``outboxkit.wal_envelope``.) The CDC
+    (An unknown format version, or malformed bytes: ``outboxkit.write.wal_envelope``.) The CDC
     relay dead-letters it instead of publishing it, and moves on.
     """
 

@@ -145,7 +145,7 @@ def _writer(dsn: str, topic: str, writer: int, n: int, wal: bool) -> None:
                     key=f"w{writer}",
                 )
                 if wal:
-                    from outboxkit.wal_envelope import encode_envelope, message_prefix
+                    from outboxkit.write.wal_envelope import encode_envelope, message_prefix
 
                     conn.execute(
                         "SELECT pg_logical_emit_message(true, %s, %s)",

@@ -29,7 +29,7 @@ from outboxkit import (
     TableNotFoundError,
 )
 from outboxkit.cdc.envelope import decode_envelope
-from outboxkit.wal_envelope import parse_envelope
+from outboxkit.write.wal_envelope import parse_envelope
 
 SLOT = "wal_write_test"
 PUBLICATION = "wal_write_test"

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from outboxkit import Event, InvalidEventError, Outbox
-from outboxkit.commit import _first_due, _params, ordered_lock_params
-from outboxkit.write import any_due, ordered_keys
+from outboxkit.write.commit import _first_due, _params, ordered_lock_params
+from outboxkit.write.outbox import any_due, ordered_keys
 
 
 def _event(**kwargs: Any) -> Event:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from outboxkit import Event
 from outboxkit.cdc.envelope import decode_envelope
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.wal_envelope import (
+from outboxkit.write.wal_envelope import (
     ENVELOPE_VERSION,
     WalEnvelopeError,
     encode_envelope,

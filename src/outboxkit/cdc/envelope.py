@@ -1,6 +1,6 @@
 """A WAL-only event (``Outbox(storage="wal")``) as the message the relay publishes.
 
-The format lives in ``outboxkit.wal_envelope`` (the write side encodes with it and
+The format lives in ``outboxkit.write.wal_envelope`` (the write side encodes with it and
 must not import the publishers); this is the relay's end of it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.wal_envelope import WalEnvelopeError, parse_envelope
+from outboxkit.write.wal_envelope import WalEnvelopeError, parse_envelope
 
 __all__ = ["WalEnvelopeError", "decode_envelope"]
 

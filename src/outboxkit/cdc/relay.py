@@ -55,7 +55,7 @@ from outboxkit.relay.observer import (
     default_observer,
 )
 from outboxkit.relay.outage import FailureEpisode, OutageLog
-from outboxkit.wal_envelope import message_prefix
+from outboxkit.write.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")
 

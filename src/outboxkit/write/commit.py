@@ -41,7 +41,7 @@ from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
 from outboxkit.store.wal_sql import WalStatements
-from outboxkit.wal_envelope import encode_envelope
+from outboxkit.write.wal_envelope import encode_envelope
 
 _IDLE = pq.TransactionStatus.IDLE
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)

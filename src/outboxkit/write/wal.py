@@ -3,8 +3,8 @@
 The outbox chooses this object in ``__init__``; its ``put``/``aput`` families send the
 statement and parameters built here through the same driver adapters (so the same
 refusals outside a transaction), and ``transaction()`` emits the messages in its COMMIT's
-pipeline (``outboxkit.commit``). The statements live in ``store.wal_sql``, the envelope
-format in ``outboxkit.wal_envelope``.
+pipeline (``outboxkit.write.commit``). The statements live in ``store.wal_sql``, the envelope
+format in ``outboxkit.write.wal_envelope``.
 
 ``execute_with`` rides in the caller's statement as a data-modifying CTE, as in the
 table mode: a ``SELECT pg_logical_emit_message(...)`` CTE that nothing references would
@@ -24,7 +24,7 @@ from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS, too_many_events
 from outboxkit.store.postgres import numbered
 from outboxkit.store.wal_sql import WalStatements
-from outboxkit.wal_envelope import encode_envelope
+from outboxkit.write.wal_envelope import encode_envelope
 
 _Check = Callable[[object], Event]
 _Prepared = tuple[Statement, list[Any]]

@@ -3,7 +3,7 @@
 The driver adapters (``outboxkit.drivers``) refuse to run where the write could not
 be atomic with the business change (autocommit connection, a pool, a session with
 no transaction begun), because that is the dual-write problem again. The events
-written with the COMMIT (``Outbox.transaction()``) live in ``outboxkit.commit``.
+written with the COMMIT (``Outbox.transaction()``) live in ``outboxkit.write.commit``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, overload
 import orjson
 import psycopg
 
-from outboxkit.commit import AsyncOutboxTransaction, CommitInserts, OutboxTransaction
 from outboxkit.drivers import (
     AsyncConnection,
     CursorCache,
@@ -39,7 +38,8 @@ from outboxkit.limits import (
     too_many_events,
 )
 from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
-from outboxkit.wal_write import WalWrite
+from outboxkit.write.commit import AsyncOutboxTransaction, CommitInserts, OutboxTransaction
+from outboxkit.write.wal import WalWrite
 
 if TYPE_CHECKING:
     import asyncpg
@@ -135,7 +135,7 @@ class Outbox:
 
     ``storage="wal"`` writes no row: each event becomes one transactional logical
     message (``pg_logical_emit_message``, prefix ``outboxkit:<table>``) carrying it in a
-    binary envelope (``outboxkit.wal_envelope``), for the CDC relay (``Relay(...,
+    binary envelope (``outboxkit.write.wal_envelope``), for the CDC relay (``Relay(...,
     source="cdc")``) to read from a replication slot in commit order. Same API, checks
     and refusals; no outbox table is written, no index or vacuum cost. ``notify``
     defaults to False there (the stream needs no wake-up); ``ordered`` is refused (the
@@ -174,7 +174,7 @@ class Outbox:
         self.max_payload_bytes = max_payload_bytes
         self.max_key_bytes = max_key_bytes
         self.storage = storage
-        # storage="wal": the WAL write's statements and parameters (outboxkit.wal_write).
+        # storage="wal": the WAL write's statements and parameters (outboxkit.write.wal).
         self._wal = WalWrite(table, notify=notify) if storage == "wal" else None
         self._sql = sql = Statements(table)
         # The statements by (locks keys, notifies): a scheduled event's write sends no
@@ -403,7 +403,7 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
-        if self._wal is not None:  # storage="wal": see outboxkit.wal_write
+        if self._wal is not None:  # storage="wal": see outboxkit.write.wal
             wal = self._wal.attached(events, self._check)
             return (query, list(params)) if wal is None else _attach(query, params, *wal, dollar)
         rows = self._check_all(events)
