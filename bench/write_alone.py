@@ -28,7 +28,7 @@ from _common import save
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import Statements
-from outboxkit.write.outbox import _row
+from outboxkit.write.table import _row
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from psycopg import ClientCursor
 
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
+from outboxkit.store.postgres import Statements
 
 SCHEMA = """
 DROP TABLE IF EXISTS bench_order_lines, bench_orders, bench_stock, bench_small;
@@ -81,7 +82,7 @@ def main() -> None:
     conn = psycopg.connect(args.dsn, autocommit=True)
     pg = conn.pgconn
     literal = ClientCursor(conn)
-    insert = Outbox(notify=False)._sql.insert_one
+    insert = Statements("outbox").insert_one
     cursor = conn.cursor()
 
     def raw(query: bytes) -> Any:
@@ -165,7 +166,7 @@ def main() -> None:
         " INCLUDING DEFAULTS INCLUDING IDENTITY); ALTER TABLE outbox_pk_only ADD PRIMARY KEY (id)"
     )
     for table in ("outbox", "outbox_pk_only"):
-        stmt = Outbox(table, notify=False)._sql.insert_one
+        stmt = Statements(table).insert_one
         batch = b";".join(literal.mogrify(stmt, row(event())).encode() for _ in range(2000))
         best: float = float("inf")
         for _ in range(3):

@@ -11,6 +11,7 @@ import pytest
 
 from outboxkit import InvalidEventError, NotInTransactionError, Outbox
 from outboxkit.errors import TableNotFoundError
+from outboxkit.store.postgres import Statements
 from tests.integration.test_write import _client_round_trips, _event
 from tests.integration.test_write import shop_dsn as shop_dsn  # the fixture, shared
 from tests.support.relaying import count, rows
@@ -187,8 +188,10 @@ async def test_asyncpg_is_pointed_to_put(shop_dsn: str) -> None:
 def test_the_commit_notifies_an_idle_relay_once(shop_dsn: str) -> None:
     outbox = Outbox()
     with psycopg.connect(shop_dsn, autocommit=True) as listener:
-        listener.execute(f"LISTEN {outbox._sql.channel}")
-        listener.execute(outbox._sql.try_wake_lock)  # waits for work, as an idle relay does
+        listener.execute(f"LISTEN {Statements(outbox.table).channel}")
+        listener.execute(
+            Statements(outbox.table).try_wake_lock
+        )  # waits for work, as an idle relay does
         with psycopg.connect(shop_dsn, autocommit=True) as conn:
             with outbox.transaction(conn) as tx:
                 tx.put_many([_event(1), _event(2)])

@@ -13,8 +13,7 @@ import orjson
 from outboxkit import Event
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.store.postgres import CLAIM_BATCH, WRITE_COLUMNS, Statements
-from outboxkit.write.commit import _TYPES, _params
-from outboxkit.write.outbox import _row
+from outboxkit.write.table import _TYPES, _params, _row
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _NAMES = [name for name, _ in WRITE_COLUMNS]

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from outboxkit import Event, InvalidEventError, Outbox
-from outboxkit.write.commit import _first_due, _params, ordered_lock_params
-from outboxkit.write.outbox import any_due, ordered_keys
+from outboxkit.write.table import _KEY, _first_due, _params, _text_array, any_due, lock_param
 
 
 def _event(**kwargs: Any) -> Event:
@@ -70,16 +69,26 @@ def test_only_events_due_now_are_worth_a_notify() -> None:
 
 
 def test_an_ordered_write_locks_each_distinct_key_once_and_keyless_ones_not_at_all() -> None:
-    assert ordered_keys([None, None]) is None
-    assert sorted(ordered_keys(["b", None, "a", "b"]) or []) == ["a", "b"]
-    assert ordered_lock_params([_params(_event())]) is None
-    one = ordered_lock_params([_params(_event(key="b")), _params(_event(key="b"))])
-    assert one == (False, [b"b"])  # one key: a text parameter
-    several = ordered_lock_params([_params(_event(key="b")), _params(_event(key="a"))])
-    assert several is not None and several[0]
+    assert lock_param([None, None], one_row=False) is None
+    assert lock_param([None], one_row=True) is None
+    several = lock_param(["b", None, "a", "b"], one_row=False)
+    assert several is not None and several[0] and sorted(several[1]) == ["a", "b"]
+    # a statement of many rows takes even one key as an array (KEY_LOCKS)...
+    assert lock_param(["b", "b"], one_row=False) == (True, ["b"])
+    # ...a one-row statement takes it as a text (KEY_LOCK)
+    assert lock_param(["b"], one_row=True) == (False, "b")
+
+    def commit_lock(*keys: str | None) -> object:  # transaction()'s first INSERT, in binary
+        rows = [_params(_event(key=key)) for key in keys]
+        return lock_param((row[_KEY] for row in rows), one_row=True, array=_text_array)
+
+    assert commit_lock(None) is None
+    assert commit_lock("b", "b") == (False, b"b")  # one key: a text parameter
+    binary = commit_lock("b", "a")
+    assert isinstance(binary, tuple) and binary[0]
     # a one-dimensional text[] of two elements: ndim 1, no NULL, oid 25, length 2, lbound 1
     header = bytes.fromhex("00000001 00000000 00000019 00000002 00000001")
-    assert several[1][0] in (
+    assert binary[1] in (
         header + b"\x00\x00\x00\x01a\x00\x00\x00\x01b",
         header + b"\x00\x00\x00\x01b\x00\x00\x00\x01a",
     )

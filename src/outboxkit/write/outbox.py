@@ -2,25 +2,24 @@
 
 The driver adapters (``outboxkit.drivers``) refuse to run where the write could not
 be atomic with the business change (autocommit connection, a pool, a session with
-no transaction begun), because that is the dual-write problem again. The events
-written with the COMMIT (``Outbox.transaction()``) live in ``outboxkit.write.commit``.
+no transaction begun), because that is the dual-write problem again. The outbox
+checks each event and runs what its storage (``write.table`` or ``write.wal``, chosen
+once, at construction) makes of it; the events written with the COMMIT
+(``Outbox.transaction()``) go through ``write.commit``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
-import orjson
 import psycopg
 
 from outboxkit.drivers import (
     AsyncConnection,
     CursorCache,
-    Statement,
     SyncConnection,
     Use,
     async_adapter,
@@ -31,20 +30,16 @@ from outboxkit.drivers import (
 )
 from outboxkit.errors import ConfigurationError, InvalidEventError, outbox_table_missing
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
-from outboxkit.limits import (
-    DEFAULT_MAX_KEY_BYTES,
-    MAX_BATCH_EVENTS,
-    MAX_KEY_BYTES,
-    too_many_events,
-)
-from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
-from outboxkit.write.commit import AsyncOutboxTransaction, CommitInserts, OutboxTransaction
-from outboxkit.write.wal import WalWrite
+from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
+from outboxkit.store.postgres import numbered
+from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.write.storage import Prepared, Storage, checked_batch
+from outboxkit.write.table import TableStorage
+from outboxkit.write.wal import WalStorage
 
 if TYPE_CHECKING:
     import asyncpg
 
-_EMPTY_HEADERS = "{}"
 # A caller's statement that has its own WITH list: the events join that list.
 _LEADING_WITH = re.compile(r"\s*WITH(\s+RECURSIVE)?\s+", re.IGNORECASE)
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
@@ -54,54 +49,33 @@ _WRITE = Use(
     sync_methods="put()/put_many()",
     async_methods="`await aput()`/`aput_many()`",
 )
-# One event's values in store.postgres.WRITE_COLUMNS order (tests/unit/test_outbox_columns.py).
-_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None, Any]
-_KEY = [name for name, _ in WRITE_COLUMNS].index("key")
-_AVAILABLE_AT = [name for name, _ in WRITE_COLUMNS].index("available_at")
 
 
-def _row(event: Event) -> _Row:
-    headers = orjson.dumps(event.headers).decode() if event.headers else _EMPTY_HEADERS
-    return (
-        event.event_id,
-        event.topic,
-        event.key,
-        event.event_type,
-        event.aggregate_type,
-        event.aggregate_id,
-        event.payload,
-        headers,
-        event.occurred_at,
-        event.schema_version,
-        event.available_at,
-    )
+class _SchemaErrors:
+    """Every write path's one translation of the driver's error for a missing (or not
+    yet migrated) outbox table into outboxkit's, which says what to do.
 
-
-def any_due(available_at: Iterable[Any]) -> bool:
-    """Whether any of the events is due now: only then is a NOTIFY worth sending.
-
-    A scheduled event (``deliver_at``/``delay``) in the future would wake the relays
-    for nothing; their poll finds it within ``poll_interval`` of its time.
+    ``with_callers_sql``: the statement also ran the caller's SQL (``execute_with``), so
+    only an error naming the outbox table counts. Stateless: one per outbox, shared by
+    its threads and tasks.
     """
-    now: dt.datetime | None = None
-    for at in available_at:
-        if at is None:
-            return True
-        if now is None:
-            now = dt.datetime.now(dt.UTC)
-        if at <= now:
-            return True
-    return False
 
+    __slots__ = ("table", "with_callers_sql")
 
-def ordered_keys(keys: Iterable[Any]) -> list[str] | None:
-    """The distinct keys whose advisory locks an ordered write takes, or None (keyless).
+    def __init__(self, table: str, *, with_callers_sql: bool) -> None:
+        self.table = table
+        self.with_callers_sql = with_callers_sql
 
-    The SQL (store.postgres.KEY_LOCKS) locks them in hash order, whatever order they
-    come in here, so two writers can never wait for each other in a cycle.
-    """
-    distinct = {k for k in keys if k is not None}
-    return list(distinct) if distinct else None
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, Exception):
+            missing = outbox_table_missing(exc, self.table, with_callers_sql=self.with_callers_sql)
+            if missing is not None:
+                raise missing from exc
 
 
 class Outbox:
@@ -174,42 +148,14 @@ class Outbox:
         self.max_payload_bytes = max_payload_bytes
         self.max_key_bytes = max_key_bytes
         self.storage = storage
-        # storage="wal": the WAL write's statements and parameters (outboxkit.write.wal).
-        self._wal = WalWrite(table, notify=notify) if storage == "wal" else None
-        self._sql = sql = Statements(table)
-        # The statements by (locks keys, notifies): a scheduled event's write sends no
-        # NOTIFY; only an ordered outbox's keyed write takes the key locks.
-        one = {
-            (False, False): sql.insert_one,
-            (False, True): sql.insert_one_notify,
-            (True, False): sql.insert_one_ordered,
-            (True, True): sql.insert_one_ordered_notify,
-        }
-        many = {
-            (False, False): sql.insert_many,
-            (False, True): sql.insert_many_notify,
-            (True, False): sql.insert_many_ordered,
-            (True, True): sql.insert_many_ordered_notify,
-        }
-        self._one_stmts = {k: Statement(v, numbered(v)) for k, v in one.items()}
-        self._many_stmts = {k: Statement(v, numbered(v)) for k, v in many.items()}
-        self._attached_sql = {
-            (False, False, False): sql.attached_one,
-            (False, False, True): sql.attached_one_notify,
-            (False, True, False): sql.attached_one_ordered,
-            (False, True, True): sql.attached_one_ordered_notify,
-            (True, False, False): sql.attached_many,
-            (True, False, True): sql.attached_many_notify,
-            (True, True, False): sql.attached_many_ordered,
-            (True, True, True): sql.attached_many_ordered_notify,
-        }
-        self._commit = CommitInserts(
-            sql,
-            notify=notify,
-            ordered=ordered,
-            check=self._check,
-            wal=self._wal.sql if self._wal is not None else None,
+        # Chosen once: every write path below asks it for its statements and parameters.
+        self._storage: Storage = (
+            WalStorage(table, notify=notify)
+            if storage == "wal"
+            else TableStorage(table, notify=notify, ordered=ordered)
         )
+        self._errors = _SchemaErrors(table, with_callers_sql=False)
+        self._attached_errors = _SchemaErrors(table, with_callers_sql=True)
         # One reusable psycopg cursor per Outbox and API, for the connection it last
         # wrote through (see CursorCache).
         self._sync_cursor = CursorCache()
@@ -217,7 +163,7 @@ class Outbox:
 
     def __repr__(self) -> str:
         ordered = ", ordered=True" if self.ordered else ""
-        wal = ", storage='wal'" if self._wal is not None else ""
+        wal = ", storage='wal'" if self.storage == "wal" else ""
         return f"Outbox(table={self.table!r}, notify={self.notify}{ordered}{wal})"
 
     # -- validation and parameters --------------------------------------------
@@ -228,65 +174,25 @@ class Outbox:
         event.check_size(self.max_payload_bytes, self.max_key_bytes)
         return event
 
-    def _check_all(self, events: Iterable[Event]) -> list[_Row]:
-        """The rows of ``events``, every one checked; refuses more than a batch's worth."""
-        rows = [_row(self._check(e)) for e in itertools.islice(events, MAX_BATCH_EVENTS + 1)]
-        if len(rows) > MAX_BATCH_EVENTS:
-            raise too_many_events()
-        return rows
-
-    def _params_one(self, event: object) -> tuple[Statement, list[Any]]:
-        checked = self._check(event)
-        if self._wal is not None:
-            return self._wal.one(checked)
-        params: list[Any] = list(_row(checked))
-        locks = self.ordered and checked.key is not None
-        if locks:
-            params.append(checked.key)
-        notify = self.notify and (checked.available_at is None or any_due([checked.available_at]))
-        if notify:
-            params.append(self._sql.channel)
-        return self._one_stmts[locks, notify], params
-
-    def _params_many(self, events: Iterable[Event]) -> tuple[Statement, list[Any]] | None:
-        if self._wal is not None:
-            return self._wal.many(events, self._check)
-        rows = self._check_all(events)
-        if not rows:
-            return None
-        params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
-        keys = ordered_keys(params[_KEY]) if self.ordered else None
-        if keys is not None:
-            params.append(keys)
-        notify = self.notify and any_due(params[_AVAILABLE_AT])
-        if notify:
-            params.append(self._sql.channel)
-        return self._many_stmts[keys is not None, notify], params
+    def _params_many(self, events: Iterable[Event]) -> Prepared | None:
+        checked = checked_batch(events, self._check)
+        return self._storage.many(checked) if checked else None
 
     # -- sync -----------------------------------------------------------------
 
     def put(self, conn: SyncConnection, event: Event) -> None:
         """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
-        stmt, params = self._params_one(event)
-        try:
+        stmt, params = self._storage.one(self._check(event))
+        with self._errors:
             sync_adapter(conn, _WRITE).execute(conn, stmt, params, self._sync_cursor)
-        except Exception as exc:
-            if (missing := outbox_table_missing(exc, self.table)) is not None:
-                raise missing from exc
-            raise
 
     def put_many(self, conn: SyncConnection, events: Iterable[Event]) -> None:
         """Append ``events`` (at most 10 000) in one statement and one round trip."""
         prepared = self._params_many(events)
         if prepared is None:
             return
-        try:
-            adapter = sync_adapter(conn, _WRITE)
-            adapter.execute(conn, *prepared, self._sync_cursor)
-        except Exception as exc:
-            if (missing := outbox_table_missing(exc, self.table)) is not None:
-                raise missing from exc
-            raise
+        with self._errors:
+            sync_adapter(conn, _WRITE).execute(conn, *prepared, self._sync_cursor)
 
     # -- events written with the COMMIT ------------------------------------------
 
@@ -303,11 +209,11 @@ class Outbox:
                 conn.execute("INSERT INTO orders ...")
                 tx.put(Event(topic="orders", event_type="order.placed", payload=...))
         """
-        return OutboxTransaction(self._commit, conn)
+        return OutboxTransaction(self._storage, self._check, conn)
 
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction:
         """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
-        return AsyncOutboxTransaction(self._commit, conn)
+        return AsyncOutboxTransaction(self._storage, self._check, conn)
 
     # -- events in the caller's own statement -----------------------------------
 
@@ -333,13 +239,8 @@ class Outbox:
             raise _unsupported_attach(conn, "execute_with", "psycopg.Connection")
         stmt, all_params = self._attached(query, params, events)
         psycopg_adapter.check_in_transaction(conn)
-        try:
+        with self._attached_errors:
             return conn.execute(stmt, all_params)
-        except Exception as exc:
-            missing = outbox_table_missing(exc, self.table, with_callers_sql=True)
-            if missing is not None:
-                raise missing from exc
-            raise
 
     @overload
     async def aexecute_with(
@@ -375,7 +276,7 @@ class Outbox:
         asyncpg, ``query`` uses ``$1 … $n`` and the rows (``conn.fetch``) are
         returned, an empty list for a statement without ``RETURNING``.
         """
-        try:
+        with self._attached_errors:
             if isinstance(conn, psycopg.AsyncConnection):
                 stmt, all_params = self._attached(query, params, events)
                 psycopg_adapter.check_in_transaction(conn)
@@ -384,11 +285,6 @@ class Outbox:
                 stmt, all_params = self._attached(query, params, events, dollar=True)
                 asyncpg_adapter.check_in_transaction(conn)
                 return await conn.fetch(stmt, *all_params)
-        except Exception as exc:
-            missing = outbox_table_missing(exc, self.table, with_callers_sql=True)
-            if missing is not None:
-                raise missing from exc
-            raise
         raise _unsupported_attach(
             conn, "aexecute_with", "psycopg.AsyncConnection or asyncpg.Connection"
         )
@@ -403,51 +299,27 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
-        if self._wal is not None:  # storage="wal": see outboxkit.write.wal
-            wal = self._wal.attached(events, self._check)
-            return (query, list(params)) if wal is None else _attach(query, params, *wal, dollar)
-        rows = self._check_all(events)
-        if not rows:
+        checked = checked_batch(events, self._check)
+        if not checked:
             return query, list(params)
-        many = len(rows) > 1
-        if many:
-            event_params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
-        else:
-            event_params = list(rows[0])
-        keys = ordered_keys(row[_KEY] for row in rows) if self.ordered else None
-        if keys is not None:
-            event_params.append(keys if many else keys[0])  # one event: KEY_LOCK, a text
-        notify = self.notify and any_due(row[_AVAILABLE_AT] for row in rows)
-        if notify:
-            event_params.append(self._sql.channel)
-        cte = self._attached_sql[many, keys is not None, notify]
+        cte, event_params = self._storage.attached(checked)
         return _attach(query, params, cte, event_params, dollar)
 
     # -- async ----------------------------------------------------------------
 
     async def aput(self, conn: AsyncConnection, event: Event) -> None:
         """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
-        stmt, params = self._params_one(event)
-        try:
-            adapter = async_adapter(conn, _WRITE)
-            await adapter.execute(conn, stmt, params, self._async_cursor)
-        except Exception as exc:
-            if (missing := outbox_table_missing(exc, self.table)) is not None:
-                raise missing from exc
-            raise
+        stmt, params = self._storage.one(self._check(event))
+        with self._errors:
+            await async_adapter(conn, _WRITE).execute(conn, stmt, params, self._async_cursor)
 
     async def aput_many(self, conn: AsyncConnection, events: Iterable[Event]) -> None:
         """Async :meth:`put_many`."""
         prepared = self._params_many(events)
         if prepared is None:
             return
-        try:
-            adapter = async_adapter(conn, _WRITE)
-            await adapter.execute(conn, *prepared, self._async_cursor)
-        except Exception as exc:
-            if (missing := outbox_table_missing(exc, self.table)) is not None:
-                raise missing from exc
-            raise
+        with self._errors:
+            await async_adapter(conn, _WRITE).execute(conn, *prepared, self._async_cursor)
 
 
 def _attach(
