@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from outboxkit.errors import SchemaError
-from outboxkit.store._connection import admin_connection
+from outboxkit.store._connection import admin_connection, connect
 from outboxkit.store.postgres import (
     MIGRATION_LOCK,
     NamedStatements,
@@ -91,7 +91,10 @@ class InboxStatements(NamedStatements):
 def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> None:
     """Create the inbox table and its index if missing; safe to run twice or concurrently."""
     stmts = InboxStatements(table)
-    with psycopg.connect(conninfo) as conn, conn.transaction():
+    with (
+        connect(conninfo, application_name="outboxkit-migrate", autocommit=False) as conn,
+        conn.transaction(),
+    ):
         # Two concurrent CREATE ... IF NOT EXISTS can still collide in the catalog.
         conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
         conn.execute(stmts.create)

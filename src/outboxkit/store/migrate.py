@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from outboxkit.errors import SchemaError
+from outboxkit.store._connection import connect
 from outboxkit.store.inbox_sql import InboxStatements
 from outboxkit.store.ordered_sql import (
     DEFAULT_PARTITIONS,
@@ -47,6 +48,15 @@ _CREATED = re.compile(
     re.IGNORECASE,
 )
 _COMMENT = re.compile(r"--[^\n]*")
+
+
+#: ``migrate``'s connection in pg_stat_activity.
+APPLICATION_NAME = "outboxkit-migrate"
+
+
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    """A connection whose statements run in the one transaction the caller opens."""
+    return connect(conninfo, application_name=APPLICATION_NAME, autocommit=False)
 
 
 class MigrationAction(enum.StrEnum):
@@ -184,7 +194,7 @@ def migrate(
     schema, _name = parse_table(table)
     by_version = {v: _objects(ddl, schema) for v, ddl in sorted(stmts.migrations.items())}
     everything = [o for objects in by_version.values() for o in objects]
-    with psycopg.connect(conninfo) as conn, conn.transaction():
+    with _connect(conninfo) as conn, conn.transaction():
         conn.execute(MIGRATION_LOCK, (migration_lock_key(table),))
         if by is not None:
             prepare_migration(conn, stmts, by)  # the partitioned DDL, or a refusal
@@ -292,7 +302,7 @@ def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> Migratio
     stmts = InboxStatements(table)
     schema, _name = parse_table(table)
     objects = _objects(stmts.create, schema)
-    with psycopg.connect(conninfo) as conn, conn.transaction():
+    with _connect(conninfo) as conn, conn.transaction():
         # The same lock key as inbox_sql.migrate_inbox: the two serialise.
         conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
         missing = _missing(conn, objects, stmts.qualified)
@@ -308,7 +318,7 @@ def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> Migratio
 def schema_version(conninfo: str, *, table: str = DEFAULT_TABLE) -> int | None:
     """The recorded schema version of ``table``, or None if it was never migrated."""
     stmts = Statements(table)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo, application_name=APPLICATION_NAME) as conn:
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (stmts.versions_table,))
         row = exists.fetchone()
         if not row or not row[0]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from outboxkit.errors import SchemaError
-from outboxkit.store._connection import Source, admin_connection
+from outboxkit.store._connection import (
+    ADMIN_APPLICATION_NAME,
+    Source,
+    admin_connection,
+    connect,
+)
 from outboxkit.store.postgres import (
     CLAIM_LEASE,
     CLAIM_RETURNING,
@@ -352,5 +355,5 @@ def blocked_keys(
 def partition_owners(conninfo: str, *, table: str = DEFAULT_TABLE) -> list[tuple[Any, ...]]:
     """(partition, owner, epoch, held) for every partition of an ordered outbox."""
     stmts = OrderedStatements(table)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo, application_name=ADMIN_APPLICATION_NAME) as conn:
         return list(conn.execute(stmts.partition_owners).fetchall())
