@@ -31,8 +31,7 @@ from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from
 from outboxkit.publishers.base import Reachability
 from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, with_routes
 from outboxkit.relay import Relay, RelayObserver, RelayStats
-from outboxkit.store.inbox_sql import migrate_inbox
-from outboxkit.store.migrate import migrate
+from outboxkit.store.migrate import migrate, migrate_inbox
 from outboxkit.write import AsyncOutboxTransaction, Outbox, OutboxTransaction
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ import pytest
 
 from outboxkit import Event, Outbox, Publisher
 from outboxkit.consumers.base import ConsumerRunner, ReceivedEvent
-from outboxkit.store.inbox_sql import migrate_inbox
+from outboxkit.store.migrate import migrate_inbox
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import unique_name
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from outboxkit import Inbox, NotInTransactionError
 from outboxkit.events import new_event_id
 from outboxkit.ops.cli import main
-from outboxkit.store.inbox_sql import migrate_inbox
+from outboxkit.store.migrate import migrate_inbox
 
 CREATE_LEDGER = "CREATE TABLE ledger (id serial PRIMARY KEY, event_id uuid NOT NULL, amount int)"
 INSERT_LEDGER = "INSERT INTO ledger (event_id, amount) VALUES (%s, %s)"

@@ -202,7 +202,7 @@ async def test_a_consumer_runner_continues_the_write_time_trace(
 ) -> None:
     from outboxkit.consumers.base import ReceivedEvent
     from outboxkit.consumers.nats import NatsConsumer
-    from outboxkit.store.inbox_sql import migrate_inbox
+    from outboxkit.store.migrate import migrate_inbox
 
     migrate_inbox(db_dsn)
     root = f"tc{uuid.uuid4().hex[:8]}"

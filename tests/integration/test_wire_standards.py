@@ -321,7 +321,7 @@ async def test_nats_consumer_runner_hands_the_handler_version_and_occurred_time(
     """End to end through the runner (not only its decode): the handler sees both fields."""
     from outboxkit.consumers.nats import NatsConsumer
     from outboxkit.publishers.nats import NatsPublisher
-    from outboxkit.store.inbox_sql import migrate_inbox
+    from outboxkit.store.migrate import migrate_inbox
     from tests.support.servers import ensure_stream
 
     migrate_inbox(db_dsn)

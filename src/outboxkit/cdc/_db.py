@@ -8,6 +8,8 @@ from typing import Any
 
 import psycopg
 
+from outboxkit.store._connection import aconnect
+
 
 class OwnConnection:
     """One autocommit connection, named ``outboxkit-relay:<role>`` in pg_stat_activity."""
@@ -19,12 +21,7 @@ class OwnConnection:
 
     async def get(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=10,
-                application_name=f"outboxkit-relay:{self.role}"[:63],
-            )
+            self._conn = await aconnect(self.dsn, application_name=f"outboxkit-relay:{self.role}")
         return self._conn
 
     async def drop_if_lost(self) -> bool:

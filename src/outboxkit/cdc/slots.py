@@ -21,6 +21,7 @@ from outboxkit.cdc import pgoutput
 from outboxkit.cdc.errors import CdcSetupError, SlotInvalidated, invalidated_message
 from outboxkit.errors import PgoutputError
 from outboxkit.store import cdc_sql
+from outboxkit.store._connection import connect
 from outboxkit.store.postgres import DEFAULT_TABLE, parse_table, quote_table
 
 #: How long `status` may spend measuring the lag in seconds before it gives up on that figure.
@@ -41,7 +42,9 @@ def default_name(table: str) -> str:
 
 
 def _connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=10, row_factory=dict_row)
+    conn = connect(dsn, application_name="outboxkit-cdc")
+    conn.row_factory = dict_row
+    return conn
 
 
 # --------------------------------------------------------------------------- setup

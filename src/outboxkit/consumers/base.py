@@ -24,6 +24,7 @@ from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
+from outboxkit.store._connection import aconnect
 from outboxkit.tracing import consumer_span
 from outboxkit.wire.cloudevents import Envelope
 
@@ -155,7 +156,9 @@ class _Database:
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             await self.close()
-            self._conn = await psycopg.AsyncConnection.connect(self._dsn, connect_timeout=10)
+            self._conn = await aconnect(
+                self._dsn, application_name="outboxkit-consumer", autocommit=False
+            )
         return self._conn
 
     async def close(self) -> None:

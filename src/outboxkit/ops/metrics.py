@@ -35,6 +35,7 @@ from outboxkit.publishers.base import (
 )
 from outboxkit.relay.observer import Failure, RelayObserver
 from outboxkit.store import cdc_sql
+from outboxkit.store._connection import aconnect
 from outboxkit.store.postgres import Statements
 
 log = logging.getLogger("outboxkit.metrics")
@@ -457,12 +458,7 @@ class RelayMetrics(RelayObserver):
             while stop is None or not stop.is_set():
                 try:
                     if conn is None or conn.closed or conn.broken:
-                        conn = await psycopg.AsyncConnection.connect(
-                            self.dsn,
-                            autocommit=True,
-                            connect_timeout=10,
-                            application_name="outboxkit-relay:metrics",
-                        )
+                        conn = await aconnect(self.dsn, application_name="outboxkit-relay:metrics")
                     await self.refresh_gauges(conn)
                     slot = getattr(getattr(self.relay, "cdc", None), "slot", None)
                     if isinstance(slot, str):

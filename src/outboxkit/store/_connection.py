@@ -1,4 +1,9 @@
-"""The short autocommit connection the admin commands (status, replay, purge, inbox purge) use."""
+"""Every connection the library opens: one factory (sync and async), and the admin commands' one.
+
+One place for the connect timeout and the ``application_name`` each part of outboxkit shows
+in ``pg_stat_activity`` (``outboxkit-relay:claim``, ``outboxkit-admin``, ...), so an
+operator can tell them apart and a dead server is noticed after the same time everywhere.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,43 @@ from psycopg import errors as pg_errors
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
 Source = str | psycopg.Connection[Any]
+
+#: Seconds a connection attempt may take before it fails (libpq's ``connect_timeout``).
+CONNECT_TIMEOUT = 10
+#: The admin commands' connections (status, replay, purge, migrate, partitions, inbox purge).
+ADMIN_APPLICATION_NAME = "outboxkit-admin"
+
+
+def _options(application_name: str, autocommit: bool, connect_timeout: int) -> dict[str, Any]:
+    return {
+        "autocommit": autocommit,
+        "connect_timeout": connect_timeout,
+        "application_name": application_name[:63],  # what PostgreSQL keeps of a name
+    }
+
+
+def connect(
+    dsn: str,
+    *,
+    application_name: str,
+    autocommit: bool = True,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> psycopg.Connection[Any]:
+    """A psycopg connection named ``application_name`` (it overrides one in the DSN)."""
+    return psycopg.connect(dsn, **_options(application_name, autocommit, connect_timeout))
+
+
+async def aconnect(
+    dsn: str,
+    *,
+    application_name: str,
+    autocommit: bool = True,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> psycopg.AsyncConnection[Any]:
+    """The async twin of :func:`connect`."""
+    return await psycopg.AsyncConnection.connect(
+        dsn, **_options(application_name, autocommit, connect_timeout)
+    )
 
 
 @contextmanager
@@ -26,7 +68,7 @@ def admin_connection(
         if isinstance(source, psycopg.Connection):
             yield source
             return
-        with psycopg.connect(source, autocommit=True, connect_timeout=10) as conn:
+        with connect(source, application_name=ADMIN_APPLICATION_NAME) as conn:
             yield conn
     except pg_errors.UndefinedTable:
         raise table_missing() from None

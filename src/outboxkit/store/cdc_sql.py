@@ -134,19 +134,26 @@ WHERE NOT pg_visible_in_snapshot(
 # Whether a publication carries the table: replay then inserts the events anew, which the
 # stream delivers as inserts (an UPDATE back to pending is invisible to it).
 CDC_IS_PUBLISHED = "SELECT EXISTS (SELECT 1 FROM pg_publication_rel WHERE prrelid = %s::regclass)"
-_CDC_REINSERT = """
-WITH gone AS (DELETE FROM {table} WHERE status = {failed} AND %s
+
+
+def _cdc_reinsert(failed_rows: str) -> str:
+    """Replay on a published table: the failed rows matching ``failed_rows`` (a condition on
+    its columns, with the statement's one parameter if any) deleted and inserted anew."""
+    return f"""
+WITH gone AS (DELETE FROM {{table}} WHERE status = {{failed}} AND {failed_rows}
               RETURNING id, event_id, topic, key, event_type, aggregate_type, aggregate_id,
                         payload, headers, created_at, occurred_at, schema_version)
-INSERT INTO {table} (event_id, topic, key, event_type, aggregate_type, aggregate_id, payload,
+INSERT INTO {{table}} (event_id, topic, key, event_type, aggregate_type, aggregate_id, payload,
                      headers, created_at, occurred_at, schema_version)
 SELECT event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,
        created_at, occurred_at, schema_version
 FROM gone ORDER BY id
 """
-CDC_REPLAY_BY_ID = _CDC_REINSERT.replace("%s", "id = ANY(%s)", 1)
-CDC_REPLAY_BY_TOPIC = _CDC_REINSERT.replace("%s", "topic = %s", 1)
-CDC_REPLAY_ALL_FAILED = _CDC_REINSERT.replace("%s", "true", 1)
+
+
+CDC_REPLAY_BY_ID = _cdc_reinsert("id = ANY(%s)")
+CDC_REPLAY_BY_TOPIC = _cdc_reinsert("topic = %s")
+CDC_REPLAY_ALL_FAILED = _cdc_reinsert("true")
 
 
 class CdcRelayStatements(Statements):

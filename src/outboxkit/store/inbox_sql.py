@@ -14,32 +14,23 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from outboxkit.errors import SchemaError
 from outboxkit.store._connection import admin_connection
+from outboxkit.store.migrations import migration_files
 from outboxkit.store.postgres import (
-    MIGRATION_LOCK,
     NamedStatements,
     SqlTemplate,
-    migration_lock_key,
     parse_table,
     quote_table,
+    table_identifier,
 )
 
 DEFAULT_INBOX_TABLE = "processed_events"
 
-# The primary key is the dedup: a second insert of the pair waits for the first
-# transaction, then inserts nothing (or, if the first rolled back, takes its place).
-CREATE_INBOX = """
-CREATE TABLE IF NOT EXISTS {table} (
-    consumer_name text NOT NULL,
-    event_id      uuid NOT NULL,
-    processed_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer_name, event_id)
-);
--- retention deletes the oldest records first, in small batches
-CREATE INDEX IF NOT EXISTS {index_processed_at} ON {table} (processed_at);
-"""
+# The inbox's schema: the files of store/migrations/inbox/ (the primary key is the dedup).
+CREATE_INBOX = "\n".join(f.template for f in migration_files("inbox"))
 # RETURNING makes "inserted or not" one fetch in every driver (rowcount is not uniform).
 MARK_PROCESSED = """
 INSERT INTO {table} (consumer_name, event_id) VALUES (%s, %s::uuid)
@@ -85,16 +76,17 @@ class InboxStatements(NamedStatements):
 
     def ddl(self) -> str:
         """The inbox schema as one script, for users who run their own migration tool."""
-        return self.create.strip() + "\n"
+        slots = inbox_slots(self.table)
+        return "\n".join(f.render(slots) for f in migration_files("inbox")).strip() + "\n"
 
 
-def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> None:
-    """Create the inbox table and its index if missing; safe to run twice or concurrently."""
-    stmts = InboxStatements(table)
-    with psycopg.connect(conninfo) as conn, conn.transaction():
-        # Two concurrent CREATE ... IF NOT EXISTS can still collide in the catalog.
-        conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
-        conn.execute(stmts.create)
+def inbox_slots(table: str) -> dict[str, sql.Composable]:
+    """The placeholders of the inbox's migration files for ``table``."""
+    schema, name = parse_table(table)
+    return {
+        "table": table_identifier(schema, name),
+        "index_processed_at": sql.Identifier(f"{name}_processed_at_idx"[:63]),
+    }
 
 
 def purge_inbox(

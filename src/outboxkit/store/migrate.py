@@ -11,19 +11,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from outboxkit.errors import SchemaError
-from outboxkit.store.inbox_sql import InboxStatements
+from outboxkit.store._connection import connect
+from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements, inbox_slots
+from outboxkit.store.migrations import Kind, migration_files
 from outboxkit.store.ordered_sql import (
     DEFAULT_PARTITIONS,
     PARTITION_EXPRESSION,
     OrderedStatements,
     check_partitions,
+    ordered_slots,
 )
 from outboxkit.store.partitions import check_partition_by, finish_migration, prepare_migration
 from outboxkit.store.postgres import (
@@ -37,6 +40,7 @@ from outboxkit.store.postgres import (
     migration_lock_key,
     parse_table,
     quote_table,
+    schema_slots,
 )
 
 _NAME = r'"[^"]+"|\w+'
@@ -47,6 +51,15 @@ _CREATED = re.compile(
     re.IGNORECASE,
 )
 _COMMENT = re.compile(r"--[^\n]*")
+
+
+#: ``migrate``'s connection in pg_stat_activity.
+APPLICATION_NAME = "outboxkit-migrate"
+
+
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    """A connection whose statements run in the one transaction the caller opens."""
+    return connect(conninfo, application_name=APPLICATION_NAME, autocommit=False)
 
 
 class MigrationAction(enum.StrEnum):
@@ -182,9 +195,10 @@ def migrate(
         check_partitions(partitions)
     stmts = Statements(table)
     schema, _name = parse_table(table)
-    by_version = {v: _objects(ddl, schema) for v, ddl in sorted(stmts.migrations.items())}
+    scripts = stmts.scripts("outbox" if by is None else "partitioned")
+    by_version = {v: _objects(ddl, schema) for v, ddl in sorted(scripts.items())}
     everything = [o for objects in by_version.values() for o in objects]
-    with psycopg.connect(conninfo) as conn, conn.transaction():
+    with _connect(conninfo) as conn, conn.transaction():
         conn.execute(MIGRATION_LOCK, (migration_lock_key(table),))
         if by is not None:
             prepare_migration(conn, stmts, by)  # the partitioned DDL, or a refusal
@@ -222,7 +236,7 @@ def migrate(
         # Idempotent DDL: from version 1 when something is missing, else only the new ones.
         first = 1 if missing or recorded is None else recorded + 1
         for version in range(first, SCHEMA_VERSION + 1):
-            conn.execute(stmts.migrations[version])
+            conn.execute(scripts[version])
         conn.execute(stmts.set_version, (table, SCHEMA_VERSION))
         still = _missing(conn, everything, stmts.qualified)
         if still:
@@ -287,18 +301,22 @@ def _migrate_ordered(
     return dataclasses.replace(result, partitions=wanted, ordered_added=added)
 
 
-def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> MigrationResult:
-    """Create the inbox table and its index if missing, and say which it was."""
+def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> MigrationResult:
+    """Create the inbox table and its index if missing, and say which it was.
+
+    Safe to run twice or concurrently (two ``CREATE ... IF NOT EXISTS`` can still collide
+    in the catalog: an advisory lock serialises them).
+    """
     stmts = InboxStatements(table)
     schema, _name = parse_table(table)
-    objects = _objects(stmts.create, schema)
-    with psycopg.connect(conninfo) as conn, conn.transaction():
-        # The same lock key as inbox_sql.migrate_inbox: the two serialise.
+    ddl = stmts.ddl()
+    objects = _objects(ddl, schema)
+    with _connect(conninfo) as conn, conn.transaction():
         conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
         missing = _missing(conn, objects, stmts.qualified)
         if not missing:
             return MigrationResult(table, MigrationAction.UNCHANGED, None, kind="inbox")
-        conn.execute(stmts.create)
+        conn.execute(ddl)
     if any(o.name == stmts.qualified for o in missing):
         return MigrationResult(table, MigrationAction.CREATED, None, kind="inbox")
     labels = tuple(o.label for o in missing)
@@ -308,10 +326,46 @@ def migrate_inbox(conninfo: str, *, table: str = "processed_events") -> Migratio
 def schema_version(conninfo: str, *, table: str = DEFAULT_TABLE) -> int | None:
     """The recorded schema version of ``table``, or None if it was never migrated."""
     stmts = Statements(table)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo, application_name=APPLICATION_NAME) as conn:
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (stmts.versions_table,))
         row = exists.fetchone()
         if not row or not row[0]:
             return None
         found = conn.execute(stmts.get_version, (table,)).fetchone()
         return int(found[0]) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedMigration:
+    """One schema version's statements for one table, ready for any migration tool."""
+
+    kind: Kind
+    version: int
+    name: str  # its file, e.g. "0002_occurred_at.sql"
+    description: str  # the file's header comment: what the version does and why
+    statements: tuple[str, ...]
+
+
+def migration_statements(
+    table: str | None = None, *, kind: Kind = "outbox", partitions: int = DEFAULT_PARTITIONS
+) -> Iterator[RenderedMigration]:
+    """The statements of each schema version of ``kind`` for ``table``, in version order.
+
+    For a migration tool of your own (a Django migration, an Alembic revision, a DBA's
+    scripts): apply each version once, in order, in one transaction, and record that it
+    ran. ``kind`` is ``outbox`` (``table`` defaults to ``outbox``), ``partitioned`` (the
+    same table range-partitioned by ``created_at``: its partitions and their settings come
+    from ``outboxkit migrate --partition-by`` or the relay's maintenance, see
+    docs/operations.md), ``ordered`` (ordered mode on top of an outbox, with ``partitions``
+    partitions) or ``inbox`` (``table`` defaults to ``processed_events``). Every statement
+    is idempotent (``IF NOT EXISTS``), so applying a version twice does no harm;
+    ``outboxkit migrate`` applies the same files.
+    """
+    if kind == "inbox":
+        slots = inbox_slots(table or DEFAULT_INBOX_TABLE)
+    elif kind == "ordered":
+        slots = ordered_slots(table or DEFAULT_TABLE, partitions)
+    else:
+        slots = schema_slots(table or DEFAULT_TABLE)
+    for f in migration_files(kind):
+        yield RenderedMigration(kind, f.version, f.name, f.description, tuple(f.statements(slots)))

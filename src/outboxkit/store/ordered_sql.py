@@ -11,55 +11,37 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
+from psycopg import sql
 
 from outboxkit.errors import SchemaError
-from outboxkit.store._connection import Source, admin_connection
+from outboxkit.store._connection import (
+    ADMIN_APPLICATION_NAME,
+    Source,
+    admin_connection,
+    connect,
+)
+from outboxkit.store.migrations import migration_files
 from outboxkit.store.postgres import (
     CLAIM_LEASE,
     CLAIM_RETURNING,
     DEAD_ON_CLAIM,
     DEFAULT_TABLE,
-    SETTLE_FAILURES,
-    SETTLE_PUBLISHED_KEEP,
+    FAILURES_UPDATE,
+    PUBLISHED_SET,
     SqlTemplate,
     Statements,
     parse_table,
     quote_table,
+    schema_slots,
+    table_identifier,
 )
 
 DEFAULT_PARTITIONS = 64
 MAX_PARTITIONS = 32767  # a smallint
 
-# The partition of a key: NULL for a keyless row (hashtext is strict), else 0..P-1.
-# hashtext() is PostgreSQL's own, immutable: the same key lands in the same partition
-# whatever writes it. The column is STORED: adding it rewrites the table once.
-ORDERED_SCHEMA = """
-ALTER TABLE {table} ADD COLUMN IF NOT EXISTS partition smallint
-    GENERATED ALWAYS AS (mod(hashtext(key)::bigint + 2147483648, {partitions})::smallint) STORED;
--- the head-of-key probe: the earliest rows of one key that are not published
-CREATE INDEX IF NOT EXISTS {index_key_head} ON {table} (key, id)
-    WHERE status IN ({pending}, {failed}) AND key IS NOT NULL;
--- the keyed claim walks pending keyed rows in id (commit) order
-CREATE INDEX IF NOT EXISTS {index_ordered} ON {table} (id)
-    WHERE status = {pending} AND partition IS NOT NULL;
--- keyless rows keep the unordered claim, without walking past keyed ones
-CREATE INDEX IF NOT EXISTS {index_keyless} ON {table} (available_at, id)
-    WHERE status = {pending} AND key IS NULL;
-CREATE TABLE IF NOT EXISTS {partitions_table} (
-    partition  smallint PRIMARY KEY,
-    owner      text,
-    epoch      bigint NOT NULL DEFAULT 0,
-    expires_at timestamptz
-);
-CREATE TABLE IF NOT EXISTS {relays_table} (
-    relay_id   text PRIMARY KEY,
-    expires_at timestamptz NOT NULL
-);
-INSERT INTO {partitions_table} (partition)
-SELECT p FROM generate_series(0, {partitions} - 1) AS p ON CONFLICT DO NOTHING;
-DELETE FROM {partitions_table} WHERE partition >= {partitions};
-"""
+# The ordered-mode schema: the files of store/migrations/ordered/ (the partition column,
+# its indexes, the lease tables), filled in by ordered_slots.
+ORDERED_SCHEMA = "\n".join(f.template for f in migration_files("ordered"))
 # Whether the outbox has ordered mode's column (`migrate --ordered`, blocked_keys).
 PARTITION_COLUMN_EXISTS = """
 SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)
@@ -177,12 +159,18 @@ FENCED_SETTLE_PUBLISHED_DELETE = (
     f"DELETE FROM {{table}} AS o WHERE o.id = ANY(%s) AND {_FENCED} AND {{commit_positional}}"
     " RETURNING o.id"
 )
-FENCED_SETTLE_PUBLISHED_KEEP = (
-    SETTLE_PUBLISHED_KEEP.replace("UPDATE {table}\n", "UPDATE {table} AS o\n")
-    .replace("WHERE id = ANY(%s) AND claim_token = %s", f"WHERE o.id = ANY(%s) AND {_FENCED}")
-    .replace("RETURNING id", "RETURNING o.id")
+FENCED_SETTLE_PUBLISHED_KEEP = f"""
+UPDATE {{table}} AS o
+{PUBLISHED_SET}
+WHERE o.id = ANY(%s) AND {_FENCED} AND {{commit_positional}}
+RETURNING o.id
+"""
+FENCED_SETTLE_FAILURES = (
+    FAILURES_UPDATE
+    + f"""WHERE o.id = u.id AND {_FENCED} AND {{commit_positional}}
+RETURNING o.id
+"""
 )
-FENCED_SETTLE_FAILURES = SETTLE_FAILURES.replace("o.claim_token = %s", _FENCED)
 FENCED_RELEASE_LEASES = f"""
 UPDATE {{table}} AS o
 SET available_at = now(), claim_token = NULL, attempts = greatest(attempts - 1, 0)
@@ -305,21 +293,33 @@ class OrderedStatements(Statements):
             "partitions_table": self.partitions_table,
             "relays_table": self.relays_table,
             "relays_literal": f"'{self.relays_table}'",  # a validated name: no quote inside
-            "index_key_head": quote_table(None, f"{name}_key_head_idx"[:63]),
-            "index_ordered": quote_table(None, f"{name}_ordered_idx"[:63]),
-            "index_keyless": quote_table(None, f"{name}_keyless_idx"[:63]),
         }
         super()._render(self._slots)
 
     def ordered_ddl(self, partitions: int = DEFAULT_PARTITIONS) -> str:
         """The ordered-mode schema with ``partitions`` partitions (``--print-sql``)."""
-        return ORDERED_SCHEMA.format(**self._slots, partitions=int(partitions)).strip() + "\n"
+        slots = ordered_slots(self.table, partitions)
+        return "\n".join(f.render(slots) for f in migration_files("ordered")).strip() + "\n"
 
     def repartition_ddl(self) -> str:
         return REPARTITION.format(**self._slots).strip() + "\n"
 
     def format(self, template: str) -> str:
         return template.format(**self._slots).strip()
+
+
+def ordered_slots(table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[str, sql.Composable]:
+    """The placeholders of the ordered-mode migration files for ``table`` and P."""
+    schema, name = parse_table(table)
+    return {
+        **schema_slots(table),
+        "partitions_table": table_identifier(schema, f"{name}_partitions"[:63]),
+        "relays_table": table_identifier(schema, f"{name}_relays"[:63]),
+        "index_key_head": sql.Identifier(f"{name}_key_head_idx"[:63]),
+        "index_ordered": sql.Identifier(f"{name}_ordered_idx"[:63]),
+        "index_keyless": sql.Identifier(f"{name}_keyless_idx"[:63]),
+        "partitions": sql.Literal(check_partitions(int(partitions))),
+    }
 
 
 def check_partitions(partitions: int) -> int:
@@ -352,5 +352,5 @@ def blocked_keys(
 def partition_owners(conninfo: str, *, table: str = DEFAULT_TABLE) -> list[tuple[Any, ...]]:
     """(partition, owner, epoch, held) for every partition of an ordered outbox."""
     stmts = OrderedStatements(table)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo, application_name=ADMIN_APPLICATION_NAME) as conn:
         return list(conn.execute(stmts.partition_owners).fetchall())

@@ -338,7 +338,7 @@ def prepare_migration(
 
     Runs inside migrate's transaction after its lock. An existing plain table is refused
     when it holds rows (converting it is a manual, planned step: docs/operations.md), and
-    replaced when empty. The migration 1 DDL is swapped for its partitioned form.
+    replaced when empty. ``migrate`` then runs the partitioned schema's files.
     """
     table = stmts.table
     state = is_partitioned(conn, table)
@@ -354,7 +354,6 @@ def prepare_migration(
                 " the old one), or drop the empty table first"
             )
         conn.execute(q.render(q.DROP_PARTITION, partition=sql.SQL(stmts.qualified)))
-    stmts.migrations[1] = q.partitioned_ddl(stmts.migrations[1])[0]
 
 
 def finish_migration(
@@ -626,7 +625,6 @@ def partitioned_script(table: str, partition_by: str, *, now: dt.datetime | None
     settings = PartitionSettings(check_partition_by(partition_by))
     names = _Names.of(table)
     stmts = Statements(table)
-    stmts.migrations[1] = q.partitioned_ddl(stmts.migrations[1])[0]
     storage = sql.SQL(q.PARTITION_STORAGE)
     parts = [
         q.render(
@@ -657,4 +655,4 @@ def partitioned_script(table: str, partition_by: str, *, now: dt.datetime | None
         "\n-- Partitions ahead are created (and expired ones dropped) by the relay or by"
         " `outboxkit partitions maintain` (cron).\n"
     )
-    return stmts.ddl() + extra + note
+    return stmts.ddl(partitioned=True) + extra + note

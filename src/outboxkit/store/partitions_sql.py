@@ -1,14 +1,10 @@
 """The SQL of a range-partitioned outbox table (``outboxkit migrate --partition-by day|hour``).
 
-The parent is the outbox table of ``MIGRATIONS[1]`` (store/postgres.py) with two changes
-PostgreSQL requires of a partitioned table, derived from that DDL so the columns never
-drift: the primary key includes the partition key, ``(id, created_at)``, and the
-autovacuum settings move from the parent (a partitioned table has no storage) to each
-partition. ``id`` stays ``GENERATED ALWAYS AS IDENTITY``: PostgreSQL 10-16 accept an
-identity column on a partitioned table and fill it for every row inserted through the
-parent, which is the only way outboxkit writes (17 adds it for inserts straight into
-a partition). The partial indexes are created on the parent: PostgreSQL builds them on
-every partition, present and future.
+The parent is created by its own schema version 1, store/migrations/partitioned/0001_outbox.sql:
+the plain outbox's columns and indexes with the two changes PostgreSQL requires of a
+partitioned table (the primary key includes the partition key, ``(id, created_at)``, and
+the autovacuum settings move from the parent, which has no storage, to each partition:
+:data:`PARTITION_STORAGE`). Later versions are the plain outbox's files.
 
 Partitions are named ``<table>_pYYYYMMDD`` (day) or ``<table>_pYYYYMMDDHH`` (hour), in
 UTC; ``<table>_default`` catches a row no partition covers (the maintenance stopped
@@ -22,30 +18,17 @@ import re
 
 from psycopg import sql
 
-from outboxkit.store.postgres import MIGRATIONS, Status
+from outboxkit.store.postgres import Status
 
-_PLAIN_ID = "id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-_PARTITIONED_ID = "id             bigint GENERATED ALWAYS AS IDENTITY,"
-_STORAGE = re.compile(r"\)\s*WITH\s*\((?P<options>.*?)\n\);", re.DOTALL)
-_COMMENT = re.compile(r"--[^\n]*\n")
-
-
-def partitioned_ddl(ddl: str) -> tuple[str, str]:
-    """Migration 1 (template or rendered) as (partitioned DDL, the partitions' storage options)."""
-    storage = _STORAGE.search(ddl)
-    if _PLAIN_ID not in ddl or storage is None:  # pragma: no cover - caught by the tests
-        raise RuntimeError("store/postgres.py MIGRATIONS[1] changed: update partitions_sql.py")
-    options = " ".join(_COMMENT.sub("\n", storage.group("options")).split())
-    partitioned = (
-        ddl[: storage.start()].rstrip()
-        + ",\n    PRIMARY KEY (id, created_at)\n) PARTITION BY RANGE (created_at);"
-        + ddl[storage.end() :]
-    ).replace(_PLAIN_ID, _PARTITIONED_ID)
-    return partitioned, options
-
-
-#: The autovacuum settings of every partition: the plain outbox table's.
-PARTITION_STORAGE = partitioned_ddl(MIGRATIONS[1])[1]
+#: The autovacuum settings of every partition: the plain outbox table's (the WITH clause of
+#: store/migrations/outbox/0001_outbox.sql; a partitioned parent has no storage to set them on).
+#: tests/integration/test_migration_files.py holds the two equal.
+PARTITION_STORAGE = (
+    "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,"
+    " autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 20000,"
+    " autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 5000,"
+    " autovacuum_vacuum_cost_delay = 0"
+)
 
 # Every SQL text below runs with TimeZone = 'UTC' (the bounds are read back as text).
 SET_UTC = "SELECT set_config('TimeZone', 'UTC', true)"

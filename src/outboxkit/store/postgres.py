@@ -9,6 +9,7 @@ asyncpg's ``$n`` style (:func:`numbered`).
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from enum import IntEnum
@@ -18,6 +19,7 @@ from psycopg import sql
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import STORE_MAX_HEADERS_BYTES, STORE_MAX_TEXT_BYTES
+from outboxkit.store.migrations import Kind, migration_files
 
 
 class Status(IntEnum):
@@ -31,7 +33,6 @@ class Status(IntEnum):
     FAILED = 2
 
 
-SCHEMA_VERSION = 2
 #: The outbox table every API and command uses unless given another.
 DEFAULT_TABLE = "outbox"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -50,10 +51,27 @@ def parse_table(name: str) -> tuple[str | None, str]:
     return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
 
-def quote_table(schema: str | None, name: str) -> str:
+def table_identifier(schema: str | None, name: str) -> sql.Identifier:
     """The one identifier-quoting function: every table name in SQL goes through it."""
-    ident = sql.Identifier(schema, name) if schema else sql.Identifier(name)
-    return ident.as_string(None)
+    return sql.Identifier(schema, name) if schema else sql.Identifier(name)
+
+
+def quote_table(schema: str | None, name: str) -> str:
+    """:func:`table_identifier` as text, for the templates rendered with ``str.format``."""
+    return table_identifier(schema, name).as_string(None)
+
+
+def schema_slots(table: str) -> dict[str, sql.Composable]:
+    """The placeholders of the outbox's migration files (store/migrations/) for ``table``."""
+    schema, name = parse_table(table)
+    return {
+        "table": table_identifier(schema, name),
+        # an index lives in its table's schema: its name is never qualified
+        "index_pending": sql.Identifier(f"{name}_pending_idx"[:63]),
+        "index_failed": sql.Identifier(f"{name}_failed_idx"[:63]),
+        "index_published": sql.Identifier(f"{name}_published_idx"[:63]),
+        **{state.name.lower(): sql.Literal(int(state)) for state in Status},
+    }
 
 
 def channel_for(table: str) -> str:
@@ -66,53 +84,13 @@ def channel_for(table: str) -> str:
 
 # --- schema -------------------------------------------------------------------
 
-# One migration per schema version; each runs in the migrating transaction.
-MIGRATIONS: dict[int, str] = {
-    1: """
-CREATE TABLE IF NOT EXISTS {table} (
-    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    event_id       uuid NOT NULL,
-    topic          text NOT NULL,
-    key            text,
-    event_type     text NOT NULL,
-    aggregate_type text,
-    aggregate_id   text,
-    payload        bytea NOT NULL,
-    headers        jsonb NOT NULL DEFAULT '{{}}',
-    status         smallint NOT NULL DEFAULT {pending},
-    attempts       integer NOT NULL DEFAULT 0,
-    available_at   timestamptz NOT NULL DEFAULT now(),
-    claim_token    uuid,
-    claimed_by     text,
-    last_error     text,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    published_at   timestamptz
-) WITH (
-    -- a queue table: vacuum after a fixed number of dead rows, not a fraction of the table
-    autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 5000,
-    autovacuum_vacuum_insert_scale_factor = 0,
-    autovacuum_vacuum_insert_threshold = 20000,
-    autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 5000,
-    autovacuum_vacuum_cost_delay = 0
-);
--- the claim walks this index in (available_at, id) order and stops after one batch
-CREATE INDEX IF NOT EXISTS {index_pending} ON {table} (available_at, id) WHERE status = {pending};
-CREATE INDEX IF NOT EXISTS {index_failed} ON {table} (id) WHERE status = {failed};
-CREATE INDEX IF NOT EXISTS {index_published} ON {table} (published_at) WHERE status = {published};
-""",
-    # When the fact happened (set by the application, distinct from created_at) and the
-    # payload's schema version. Rows written before this version keep occurred_at NULL
-    # (the claim falls back to created_at): no table rewrite, and the default applies
-    # only to rows inserted from now on, including by writers not yet upgraded.
-    2: """
-ALTER TABLE {table} ADD COLUMN IF NOT EXISTS occurred_at timestamptz;
-ALTER TABLE {table} ALTER COLUMN occurred_at SET DEFAULT now();
-ALTER TABLE {table} ADD COLUMN IF NOT EXISTS schema_version text;
-""",
-}
+# One migration per schema version, each a file of store/migrations/outbox/ (templates with
+# {placeholders}: schema_slots fills them); each runs in the migrating transaction.
+MIGRATIONS: dict[int, str] = {f.version: f.template for f in migration_files("outbox")}
+SCHEMA_VERSION = max(MIGRATIONS)
 
+#: Where `outboxkit migrate` records each outbox's schema version (in the outbox's schema).
+VERSIONS_TABLE = "outboxkit_schema_versions"
 CREATE_VERSION_TABLE = """
 CREATE TABLE IF NOT EXISTS {versions} (
     table_name text PRIMARY KEY,
@@ -314,10 +292,15 @@ SETTLE_PUBLISHED_DELETE = (
     "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}"
     " RETURNING id"
 )
-SETTLE_PUBLISHED_KEEP = """
-UPDATE {table}
-SET status = {published}, published_at = now(), claim_token = NULL, last_error = NULL
-WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
+# What marking a row published writes (retention = keep); the fenced settle of ordered mode
+# (store/ordered_sql.py) writes the same.
+PUBLISHED_SET = (
+    "SET status = {published}, published_at = now(), claim_token = NULL, last_error = NULL"
+)
+SETTLE_PUBLISHED_KEEP = f"""
+UPDATE {{table}}
+{PUBLISHED_SET}
+WHERE id = ANY(%s) AND claim_token = %s AND {{commit_positional}}
 RETURNING id
 """
 # A whole claim published (the common case): the claim's token names exactly its rows
@@ -328,13 +311,17 @@ SETTLE_CLAIM_DELETE = (
     "DELETE FROM {table} WHERE id BETWEEN %s AND %s AND claim_token = %s"
     " AND {commit_positional} RETURNING id"
 )
-SETTLE_CLAIM_KEEP = SETTLE_PUBLISHED_KEEP.replace(
-    "WHERE id = ANY(%s) AND", "WHERE id BETWEEN %s AND %s AND"
-)
+SETTLE_CLAIM_KEEP = f"""
+UPDATE {{table}}
+{PUBLISHED_SET}
+WHERE id BETWEEN %s AND %s AND claim_token = %s AND {{commit_positional}}
+RETURNING id
+"""
 # Failures of one batch in one statement: each row gets its own delay, error and
 # next state (pending again, or failed once out of attempts or rejected for good).
 # `refund` gives back the claim's attempt of a row the publisher handed back untried.
-SETTLE_FAILURES = """
+# (FAILURES_UPDATE is shared with ordered mode's fenced settle: the rows `o`, their updates `u`.)
+FAILURES_UPDATE = """
 UPDATE {table} AS o
 SET status = u.next_status,
     available_at = now() + make_interval(secs => u.delay),
@@ -343,9 +330,13 @@ SET status = u.next_status,
     attempts = greatest(o.attempts - u.refund, 0)
 FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[])
      AS u(id, next_status, delay, error, refund)
-WHERE o.id = u.id AND o.claim_token = %s AND {commit_positional}
+"""
+SETTLE_FAILURES = (
+    FAILURES_UPDATE
+    + """WHERE o.id = u.id AND o.claim_token = %s AND {commit_positional}
 RETURNING o.id
 """
+)
 # On shutdown: hand unpublished rows back at once, and give back the attempt.
 RELEASE_LEASES = """
 UPDATE {table}
@@ -603,16 +594,13 @@ class Statements(NamedStatements):
         schema, name = parse_table(table)
         self.table = table
         self.qualified = quote_table(schema, name)
-        self.versions_table = quote_table(schema, "outboxkit_schema_versions")
+        self.versions_table = quote_table(schema, VERSIONS_TABLE)
         self.channel = channel_for(table)
         slots = {
             "table": self.qualified,
             "table_literal": f"'{self.qualified}'",  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
             "versions": self.versions_table,
-            "index_pending": quote_table(None, f"{name}_pending_idx"[:63]),
-            "index_failed": quote_table(None, f"{name}_failed_idx"[:63]),
-            "index_published": quote_table(None, f"{name}_published_idx"[:63]),
             "commit_named": _COMMIT_NAMED,
             "commit_positional": _COMMIT_POSITIONAL,
             "oversized": _oversized(""),
@@ -623,18 +611,32 @@ class Statements(NamedStatements):
             "waiting_since": _WAITING_SINCE,
             **{state.name.lower(): str(int(state)) for state in Status},
         }
-        self.migrations = {v: ddl.format(**slots) for v, ddl in MIGRATIONS.items()}
         self._render(slots)
 
-    def ddl(self) -> str:
+    @functools.cached_property
+    def migrations(self) -> dict[int, str]:
+        """Each schema version's script for this table (store/migrations/outbox/)."""
+        return self.scripts("outbox")
+
+    def scripts(self, kind: Kind) -> dict[int, str]:
+        """Each version's script of ``kind`` (``outbox`` or ``partitioned``) for this table."""
+        slots = schema_slots(self.table)
+        return {f.version: f.render(slots) for f in migration_files(kind)}
+
+    def ddl(self, *, partitioned: bool = False) -> str:
         """The whole schema as one script, for users who run their own migration tool."""
-        parts = [self.migrations[v].strip() for v in sorted(self.migrations)]
+        scripts = self.scripts("partitioned") if partitioned else self.migrations
+        parts = [scripts[v].strip() for v in sorted(scripts)]
         parts.append(self.create_version_table.strip() + ";")
-        parts.append(
-            f"INSERT INTO {self.versions_table} (table_name, version)"
-            f" VALUES ('{self.table}', {SCHEMA_VERSION})"
+        record = sql.SQL(
+            "INSERT INTO {versions} (table_name, version) VALUES ({table}, {version})"
             " ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version;"
+        ).format(
+            versions=table_identifier(parse_table(self.table)[0], VERSIONS_TABLE),
+            table=sql.Literal(self.table),
+            version=sql.Literal(SCHEMA_VERSION),
         )
+        parts.append(record.as_string(None))
         return "\n\n".join(parts) + "\n"
 
 

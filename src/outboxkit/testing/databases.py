@@ -7,6 +7,10 @@ import urllib.parse
 import psycopg
 from psycopg import sql
 
+from outboxkit.store._connection import connect
+
+APPLICATION_NAME = "outboxkit-testing"
+
 
 def dsn_with_dbname(dsn: str, dbname: str) -> str:
     """`dsn` pointing at database `dbname`; URLs stay URLs (asyncpg accepts only those)."""
@@ -27,14 +31,18 @@ def create_database(
     statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
+    with connect(
+        admin_dsn, application_name=APPLICATION_NAME, connect_timeout=connect_timeout
+    ) as conn:
         conn.execute(statement)
     return dsn_with_dbname(admin_dsn, name)
 
 
 def drop_database(admin_dsn: str, name: str, *, connect_timeout: int = 10) -> None:
     """Drop `name` if it exists, disconnecting whoever is still connected (a relay left behind)."""
-    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
+    with connect(
+        admin_dsn, application_name=APPLICATION_NAME, connect_timeout=connect_timeout
+    ) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )

@@ -34,6 +34,7 @@ from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops._throttle import Throttled
 from outboxkit.store import admin
+from outboxkit.store._connection import connect
 from outboxkit.store.ordered_sql import blocked_keys
 
 log = logging.getLogger("outboxkit.dashboard")
@@ -297,12 +298,7 @@ class _Connections:
     def _call(self, fn: Callable[..., _T], args: Any, kwargs: Any, *, reuse: bool) -> _T:
         conn = self._idle.pop() if reuse and self._idle else None
         if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=10,
-                application_name="outboxkit-dashboard",
-            )
+            conn = connect(self.dsn, application_name="outboxkit-dashboard")
             self.opened += 1
         try:
             result = fn(conn, *args, **kwargs)

@@ -50,6 +50,7 @@ from outboxkit.ops.demo.servers import (
     start_servers,
     wait_exit,
 )
+from outboxkit.store._connection import aconnect
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import Statements, Status
 from outboxkit.testing import TcpProxy, spawn_relay
@@ -59,6 +60,8 @@ log = logging.getLogger("outboxkit.demo")
 
 TABLE = "outbox"
 RELAYS = ("relay-a", "relay-b")
+#: The demo's own connections (the writers and the monitor) in pg_stat_activity.
+APPLICATION_NAME = "outboxkit-demo"
 # Faults as fractions of the order phase: the broker is down for a fifth of it.
 BROKER_DOWN_AT, BROKER_UP_AT, RELAY_KILL_AT = 0.25, 0.45, 0.65
 LEASE_S = 3.0  # short, so the killed relay's claim expires and is re-claimed within the demo
@@ -188,7 +191,7 @@ class Scenario:
             if self.cdc:  # the slot goes before the database (DROP DATABASE refuses a slot)
                 await asyncio.to_thread(cdc_slots.setup, dsn, table=TABLE)
                 stack.push_async_callback(asyncio.to_thread, quietly, lambda: _drop_slot(dsn))
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async with await aconnect(dsn, application_name=APPLICATION_NAME) as conn:
                 await conn.execute(CREATE_ORDERS)
 
             # A broker the user runs cannot be stopped by us: cut a proxy in front of it.
@@ -252,11 +255,11 @@ class Scenario:
                 if self.cdc and name == RELAYS[0]:  # relay-a streams, relay-b is its standby
                     await self._wait_for_log(name, "streaming slot")
 
-            self._outbox_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            self._outbox_conn = await aconnect(dsn, application_name=APPLICATION_NAME)
             stack.push_async_callback(self._outbox_conn.close)
-            self._naive_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            self._naive_conn = await aconnect(dsn, application_name=APPLICATION_NAME)
             stack.push_async_callback(self._naive_conn.close)
-            self._monitor_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            self._monitor_conn = await aconnect(dsn, application_name=APPLICATION_NAME)
             stack.push_async_callback(self._monitor_conn.close)
             await self._wait_for_relays(logs)
 
