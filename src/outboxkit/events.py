@@ -13,19 +13,13 @@ from uuid_utils.compat import uuid7
 from outboxkit.errors import InvalidEventError
 from outboxkit.limits import (
     DEFAULT_MAX_KEY_BYTES,
-    MAX_AGGREGATE_ID_BYTES,
-    MAX_AGGREGATE_TYPE_BYTES,
-    MAX_EVENT_TYPE_BYTES,
     MAX_KEY_BYTES,
-    headers_problem,
-    text_problem,
-    topic_problem,
+    MAX_SCHEMA_VERSION_CHARS,
+    event_problem,
 )
 from outboxkit.tracing import capture as _capture_trace_context
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-#: Longest ``schema_version`` string: a version label ("3", "2.1", "2024-06-01"), not a schema.
-MAX_SCHEMA_VERSION_CHARS = 64
 
 
 def new_event_id() -> uuid.UUID:
@@ -42,6 +36,8 @@ class Event:
     reaches the database. Every field is bounded and free of control characters,
     and header names a broker acts on are refused (``outboxkit.limits`` says what
     and why): a topic or a header can never inject a broker command or forge an id.
+    A topic naming a broker's system destination (``$JS.API...``, ``_INBOX.``) is refused
+    too, unless ``allow_system_topic=True`` (the relay's publisher must allow it as well).
 
     ``occurred_at`` is when the fact happened (a timezone-aware datetime; default:
     now, at construction) and is what every broker sends as the event's time —
@@ -100,40 +96,22 @@ class Event:
         schema_version: str | int | None = None,
         deliver_at: dt.datetime | None = None,
         delay: dt.timedelta | None = None,
+        allow_system_topic: bool = False,
     ) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise InvalidEventError("event topic must be a non-empty string")
-        if (problem := topic_problem(topic)) is not None:
-            raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
         if not isinstance(event_type, str) or not event_type.strip():
             raise InvalidEventError(f"event_type must be a non-empty string (topic {topic!r})")
-        for name, value, max_bytes in (
-            ("event_type", event_type, MAX_EVENT_TYPE_BYTES),
-            ("key", key, MAX_KEY_BYTES),
-            ("aggregate_type", aggregate_type, MAX_AGGREGATE_TYPE_BYTES),
-            ("aggregate_id", aggregate_id, MAX_AGGREGATE_ID_BYTES),
+        for name, value in (
+            ("key", key),
+            ("aggregate_type", aggregate_type),
+            ("aggregate_id", aggregate_id),
         ):
-            if value is None:
-                continue
-            if not isinstance(value, str):
+            if value is not None and not isinstance(value, str):
                 raise InvalidEventError(
                     f"{name} must be a string or None, got {type(value).__name__}"
                     " (convert ids with str())"
                 )
-            if (problem := text_problem(name, value, max_bytes)) is not None:
-                raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
-        if isinstance(payload, bytes | bytearray | memoryview):
-            self.payload = bytes(payload)
-            is_json = False
-        else:
-            try:
-                self.payload = orjson.dumps(payload)
-            except TypeError as exc:
-                raise InvalidEventError(
-                    f"payload of {event_type!r} is not JSON-serialisable: {exc};"
-                    " pass bytes to publish a payload you encoded yourself"
-                ) from None
-            is_json = True
         clean_headers: dict[str, str] = {}
         if headers is not None:
             if not isinstance(headers, Mapping):
@@ -146,8 +124,30 @@ class Event:
                         f"header {hname!r} must be a string, got {type(hvalue).__name__}"
                     )
                 clean_headers[hname] = hvalue
-            if (problem := headers_problem(clean_headers)) is not None:
-                raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
+        # The rules every publisher applies again to what the relay claims (outboxkit.limits).
+        problem = event_problem(
+            topic=topic,
+            event_type=event_type,
+            key=key,
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            headers=clean_headers,
+            allow_system_topic=allow_system_topic,
+        )
+        if problem is not None:
+            raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
+        if isinstance(payload, bytes | bytearray | memoryview):
+            self.payload = bytes(payload)
+            is_json = False
+        else:
+            try:
+                self.payload = orjson.dumps(payload)
+            except TypeError as exc:
+                raise InvalidEventError(
+                    f"payload of {event_type!r} is not JSON-serialisable: {exc};"
+                    " pass bytes to publish a payload you encoded yourself"
+                ) from None
+            is_json = True
         # W3C traceparent/tracestate of the active span, if any (a dict lookup otherwise).
         _capture_trace_context(clean_headers)
         if not is_json and "content-type" not in clean_headers:

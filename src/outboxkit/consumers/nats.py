@@ -4,12 +4,20 @@ A failed delivery is ``nak``-ed with a backoff delay; JetStream redelivers it.
 After ``max_deliveries`` failed deliveries the message is published to the
 dead-letter subject (stored by a stream you own, confirmed by its PubAck) and
 then terminated, so it is never redelivered again.
+
+The runner sends its own pull requests instead of nats-py's ``fetch()``: that one
+takes any message carrying a ``Status`` header for a status of the server, so a
+stored message with ``Status: 404`` or ``408`` was dropped unhandled and one with
+``Status: 500`` made the whole fetch raise, its healthy messages with it. Here a
+stream message is told from a server status by its ``$JS.ACK.`` reply subject,
+whatever its headers say.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -18,6 +26,7 @@ from outboxkit.errors import missing_extra
 try:
     import nats
     import nats.errors
+    import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 except ModuleNotFoundError as exc:  # one line naming the extra, not a traceback
     raise missing_extra(exc, "outboxkit.consumers.nats") from exc
@@ -36,6 +45,13 @@ from outboxkit.wire import nats as wire
 log = logging.getLogger("outboxkit.consumer.nats")
 
 _ACK_TIMEOUT = 5.0
+# A delivered stream message's reply subject; the server's statuses have none.
+_ACK_PREFIX = "$JS.ACK."
+# Statuses that end a pull request without an error worth a line: no messages, expired,
+# and 409 (a request limit reached, a leadership change).
+_QUIET_STATUSES = frozenset({"404", "408", "409"})
+# How much longer than the request's expiry the runner waits for its last message.
+_FETCH_MARGIN = 0.5
 
 
 def decode(
@@ -110,22 +126,12 @@ class NatsConsumer(ConsumerRunner):
         )
         try:
             self._js = nc.jetstream(timeout=10.0)
-            sub = await self._js.pull_subscribe(
-                self.subject,
-                durable=self.durable,
-                stream=self.stream,
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT,
-                    deliver_policy=DeliverPolicy.ALL,
-                    max_deliver=self.max_deliveries + 1,
-                    ack_wait=self.ack_wait,
-                ),
-            )
+            await self._ensure_consumer()
+            sub = await nc.subscribe(nc.new_inbox())
+            pull = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
             while not self.stopping:
                 try:
-                    messages = await sub.fetch(self.batch, timeout=self.fetch_timeout)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
+                    messages = await self._fetch(nc, sub, pull)
                 except nats.errors.ConnectionClosedError:
                     raise
                 except Exception as exc:
@@ -138,6 +144,63 @@ class NatsConsumer(ConsumerRunner):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5.0)
             await self._close_db()
+
+    async def _ensure_consumer(self) -> None:
+        """Create the durable pull consumer if it does not exist (an existing one is kept)."""
+        try:
+            await self._js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_consumer(
+                self.stream,
+                config=ConsumerConfig(
+                    name=self.durable,
+                    durable_name=self.durable,
+                    filter_subject=self.subject,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    max_deliver=self.max_deliveries + 1,
+                    ack_wait=self.ack_wait,
+                ),
+            )
+
+    async def _fetch(self, nc: Any, sub: Any, pull: str) -> list[Any]:
+        """One pull request: up to ``batch`` stream messages, none if nothing came in time.
+
+        A message left over from an earlier request (it arrived after that one's wait
+        ended) is a delivery like any other and is returned here.
+        """
+        request = {"batch": self.batch, "expires": int(self.fetch_timeout * 1e9)}
+        await nc.publish(pull, json.dumps(request).encode(), reply=sub.subject)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.fetch_timeout + _FETCH_MARGIN
+        messages: list[Any] = []
+        while len(messages) < self.batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                msg = await sub.next_msg(timeout=remaining)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            if msg.reply and msg.reply.startswith(_ACK_PREFIX):
+                messages.append(msg)
+                continue
+            status = (msg.headers or {}).get("Status", "")
+            if status == "100":  # a heartbeat: the request goes on
+                continue
+            if status in ("404", "408"):
+                break  # nothing (more) to deliver: the request is over
+            if status not in _QUIET_STATUSES:
+                log.warning(
+                    "nats consumer %r: pull request answered %s %s",
+                    self.consumer,
+                    status or "without a status",
+                    (msg.headers or {}).get("Description", ""),
+                )
+            if not messages:  # refused at once (limits, no consumer): do not spin
+                await self._sleep_or_stop(_FETCH_MARGIN)
+            break
+        return messages
 
     async def _handle(self, msg: Any) -> None:
         delivered = int(msg.metadata.num_delivered or 1)

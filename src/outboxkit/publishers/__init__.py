@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from outboxkit._redact import remember_secrets
 from outboxkit.errors import ConfigurationError, MissingExtraError, missing_extra
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
+from outboxkit.publishers.reserved import allow_system_destinations, split_allow_system
 
 __all__ = ["OutboundMessage", "PublishResult", "Publisher", "from_url"]
 
@@ -29,14 +30,19 @@ def from_url(url: str) -> Publisher:
     """Build the publisher for a broker URL such as ``kafka://127.0.0.1:9092``.
 
     Broker modules are imported lazily, so a deployment needs only the client
-    library of the broker it uses.
+    library of the broker it uses. Every broker takes ``allow_system=GLOB,...``: the
+    system destinations (``$KV.orders.*``, ``__consumer_offsets``, ...) this deployment
+    really publishes to, refused otherwise (``publishers.reserved``).
     """
     remember_secrets(url)  # a client's error may quote its token without the URL
     scheme = urlsplit(url).scheme.lower()
     if scheme not in _SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
         raise ConfigurationError(f"unsupported broker URL scheme {scheme!r}; use one of {known}")
+    url, allow_system = split_allow_system(url)
     publisher: Publisher = _publisher_class(scheme).from_url(url)
+    if allow_system:
+        allow_system_destinations(publisher, allow_system)
     return publisher
 
 

@@ -29,6 +29,7 @@ from outboxkit.publishers.base import (
     PublishResult,
     Reachability,
 )
+from outboxkit.publishers.reserved import Guard
 from outboxkit.wire.kafka import encode_record, wire_time
 
 log = logging.getLogger("outboxkit.kafka")
@@ -199,6 +200,8 @@ class KafkaPublisher:
         #: Broker reachability for the relay's /readyz: lost on librdkafka's _ALL_BROKERS_DOWN,
         #: restored by a delivered message or an answered metadata probe.
         self.reachability = Reachability()
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> KafkaPublisher:
@@ -445,6 +448,9 @@ class KafkaPublisher:
             produce = producer.produce
             on_delivery = waiter.on_delivery
             for i, message in enumerate(messages):
+                if (refused := self.guard.refuse(message)) is not None:
+                    waiter.report(i, refused)
+                    continue
                 key = message.key  # librdkafka takes str keys as UTF-8
                 callback = functools.partial(on_delivery, i)
                 try:

@@ -25,6 +25,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.limits import wire_header_problem
 from outboxkit.publishers._util import ThrottledLog
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
 from outboxkit.wire.nats import encode_headers
 
 log = logging.getLogger("outboxkit.nats")
@@ -85,6 +86,8 @@ class NatsPublisher:
         self._reconnecting: asyncio.Task[None] | None = None
         # Subjects and header names already judged: their verdict, None when publishable.
         self._seen: dict[str, str | None] = {}
+        #: Event()'s rules and the system subjects ($JS., $SYS., _INBOX., ...), at publish.
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> NatsPublisher:
@@ -294,6 +297,9 @@ class NatsPublisher:
             if problem is not None:
                 # Never sent: a client that does not check would let the server act on it.
                 results[i] = PublishResult.permanent(f"nats: {problem}", "invalid_message")
+                continue
+            if (refused := self.guard.refuse(message)) is not None:
+                results[i] = refused
                 continue
             try:
                 future = await js.publish_async(

@@ -32,6 +32,7 @@ from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers._util import ThrottledLog
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
 from outboxkit.publishers.routing import Destinations
 from outboxkit.wire.rabbitmq import encode_headers
 
@@ -117,6 +118,8 @@ class RabbitMQPublisher:
         #: fails, restored by a connect (retried in the background while idle).
         self.reachability = Reachability()
         self._reconnecting: asyncio.Task[None] | None = None
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> RabbitMQPublisher:
@@ -297,6 +300,8 @@ class RabbitMQPublisher:
         routing_key, refused = self.destinations.resolve(message.topic)
         if routing_key is None:
             return PublishResult.permanent(f"rabbitmq: {refused}", "not_allowed")
+        if (refusal := self.guard.refuse(message, routing_key)) is not None:
+            return refusal
         where = f"exchange {self._exchange_name!r} with routing key {routing_key!r}"
         if len(routing_key.encode()) > _MAX_ROUTING_KEY_BYTES:
             return PublishResult.permanent(

@@ -33,6 +33,7 @@ from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
 from outboxkit.publishers.routing import Destinations
 from outboxkit.wire import redis as wire
 
@@ -110,6 +111,8 @@ class RedisStreamsPublisher:
         #: For the relay's /readyz: unreachable once round trips have failed to connect for a
         #: few seconds with none answered (redis-py reports no connection events).
         self.reachability = Reachability()
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStreamsPublisher:
@@ -210,6 +213,8 @@ class RedisStreamsPublisher:
             stream, refused = self.destinations.resolve(message.topic)
             if stream is None:
                 results[i] = PublishResult.permanent(f"redis: {refused}", "not_allowed")
+            elif (refusal := self.guard.refuse(message, stream)) is not None:
+                results[i] = refusal
             else:
                 streams[i] = stream
                 todo.append(i)

@@ -29,6 +29,7 @@ from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
 from outboxkit.wire import sqs as wire
 
 log = logging.getLogger("outboxkit.sqs")
@@ -91,6 +92,8 @@ class SqsPublisher:
         #: For the relay's /readyz: unreachable once connects to the endpoint have failed for
         #: a few seconds with no answer in between.
         self.reachability = Reachability()
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> SqsPublisher:
@@ -217,6 +220,9 @@ class SqsPublisher:
         results: list[PublishResult | None] = [None] * len(messages)
         by_queue: dict[str, list[int]] = {}
         for i, message in enumerate(messages):
+            if (refused := self.guard.refuse(message)) is not None:
+                results[i] = refused
+                continue
             by_queue.setdefault(self._queue.replace(_PLACEHOLDER, message.topic), []).append(i)
         await asyncio.gather(
             *(self._publish_to(name, idx, messages, results) for name, idx in by_queue.items())

@@ -35,6 +35,7 @@ from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
 from outboxkit.wire import webhook as wire
 
 log = logging.getLogger("outboxkit.webhook")
@@ -101,6 +102,8 @@ class WebhookPublisher:
         #: For the relay's /readyz: unreachable once connects have failed (refused, timed
         #: out) for a few seconds with no response from any receiver in between.
         self.reachability = Reachability()
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
 
     @classmethod
     def from_url(cls, url: str) -> WebhookPublisher:
@@ -181,6 +184,8 @@ class WebhookPublisher:
         return list(await asyncio.gather(*(self._post(client, m) for m in messages)))
 
     async def _post(self, client: httpx.AsyncClient, message: OutboundMessage) -> PublishResult:
+        if (refused := self.guard.refuse(message)) is not None:
+            return refused
         try:
             url = self.url_for(message)
             headers = self._headers(message, message.payload)
