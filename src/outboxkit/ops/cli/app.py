@@ -12,14 +12,18 @@ from outboxkit.ops.cli.output import fail
 
 
 class _Commands(click.Group):
-    """A command that needs a library this install lacks says which extra brings it."""
+    """A command that needs a library this install lacks says which extra brings it.
+
+    An outboxkit error no command caught (an option's check, such as --dsn's) is one line
+    too, never a traceback.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except OutboxkitError as exc:
+            fail(str(exc), 2)
         except ModuleNotFoundError as exc:
-            if isinstance(exc, OutboxkitError):
-                fail(str(exc), 2)
             if (exc.name or "outboxkit").startswith("outboxkit"):
                 raise  # a broken install or a bug: the traceback is what helps
             fail(str(missing_extra(exc, f"`outboxkit {ctx.invoked_subcommand}`")), 2)

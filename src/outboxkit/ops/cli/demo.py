@@ -7,7 +7,7 @@ import sys
 import click
 
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import DEMO, LibraryOption, given
+from outboxkit.ops.cli.options import DEMO, LibraryOption, checked_dsn, given
 
 
 @click.command()
@@ -30,7 +30,12 @@ from outboxkit.ops.cli.options import DEMO, LibraryOption, given
     default=None,
     help="nats:// URL of a NATS JetStream you already run [default: an embedded one].",
 )
-@click.option("--dsn", default=None, help="PostgreSQL to use [default: an embedded one].")
+@click.option(
+    "--dsn",
+    default=None,
+    callback=checked_dsn,
+    help="PostgreSQL to use [default: an embedded one].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
 @click.option(
     "--source",

@@ -8,6 +8,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     DSN_HELP,
+    checked_dsn,
     given,
     inbox_option,
     inbox_table_option,
@@ -17,7 +18,9 @@ from outboxkit.ops.cli.output import fail, ok
 
 
 @click.command()
-@click.option("--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP)
+@click.option(
+    "--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP, callback=checked_dsn
+)
 @table_option
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
 @inbox_option

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from outboxkit.errors import ConfigurationError
+
 
 def library_default(target: str, name: str) -> Any:
     """The default ``target`` ("module:callable") declares for its parameter ``name``.
@@ -102,8 +104,55 @@ DSN_HELP = (
 )
 _TABLE_HELP = "Outbox table name, optionally schema-qualified (schema.table)."
 
+# Quoted words in psycopg's parse errors: "S3cret%ZZpass" is the password itself.
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot parse, with psycopg's reason minus any part of the DSN.
+
+    A bad ``%`` escape in a password is reported by psycopg quoting the password; the
+    relay met it only when it connected, as a traceback. Only option names are kept.
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        option_names = set(re.findall(r"([A-Za-z_]+)\s*=", dsn))
+
+        def mask(m: re.Match[str]) -> str:
+            word = m.group(1)
+            return m.group(0) if word in option_names or not word.strip("=") else '"***"'
+
+        reason = _QUOTED.sub(mask, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        hint = (
+            "in a postgresql:// URL, percent-encode the user name and password"
+            " (% as %25, @ as %40, : as %3A, / as %2F)"
+            if "percent" in reason
+            else "write a postgresql://user@host:port/dbname URL or libpq key=value pairs"
+        )
+        raise ConfigurationError(
+            f"--dsn (or OUTBOXKIT_DSN) is not a valid PostgreSQL connection string: {reason};"
+            f" {hint}"
+        ) from None
+
+
+def checked_dsn(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: :func:`check_dsn` on the value given, if any."""
+    if value is not None:
+        check_dsn(value)
+    return value
+
+
 dsn_option = click.option(
-    "--dsn", envvar="OUTBOXKIT_DSN", required=True, show_envvar=True, help=DSN_HELP
+    "--dsn",
+    envvar="OUTBOXKIT_DSN",
+    required=True,
+    show_envvar=True,
+    help=DSN_HELP,
+    callback=checked_dsn,
 )
 table_option = click.option(
     "--table",
