@@ -12,9 +12,13 @@ from rich.text import Text
 from outboxkit._redact import redact
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
+    MAX_INT8,
     LibraryOption,
+    checked_duration,
+    count_range,
     dsn_option,
     given,
+    in_range,
     inbox_option,
     inbox_table_option,
     parse_duration,
@@ -145,6 +149,7 @@ def failed() -> None:
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option(
     "--limit",
+    callback=count_range,
     cls=LibraryOption,
     default_from=("outboxkit.store.admin:list_failed", "limit"),
     type=click.IntRange(min=1),
@@ -206,7 +211,14 @@ def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
 @click.command()
 @dsn_option
 @table_option
-@click.option("--id", "ids", multiple=True, type=int, help="Row id to replay (repeatable).")
+@click.option(
+    "--id",
+    "ids",
+    callback=in_range(1, MAX_INT8),
+    multiple=True,
+    type=int,
+    help="Row id to replay (repeatable).",
+)
 @click.option("--topic", default=None, help="Replay every failed event of this topic.")
 @click.option("--all-failed", is_flag=True, help="Replay every failed event.")
 def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_failed: bool) -> None:
@@ -228,10 +240,14 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
 @dsn_option
 @table_option
 @click.option(
-    "--older-than", required=True, help="Age of published rows to delete, e.g. 7d, 12h, 1h30m."
+    "--older-than",
+    required=True,
+    callback=checked_duration,
+    help="Age of published rows to delete, e.g. 7d, 12h, 1h30m.",
 )
 @click.option(
     "--batch-size",
+    callback=count_range,
     cls=LibraryOption,
     default_from=("outboxkit.store.admin:purge", "batch_size"),
     type=click.IntRange(min=1),

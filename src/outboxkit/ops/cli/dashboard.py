@@ -11,7 +11,14 @@ from rich.text import Text
 
 from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import LibraryOption, dsn_option, given, table_option
+from outboxkit.ops.cli.options import (
+    LibraryOption,
+    dsn_option,
+    given,
+    port_range,
+    seconds_range,
+    table_option,
+)
 from outboxkit.ops.cli.output import console, fail
 from outboxkit.ops.logs import setup_logging
 
@@ -20,7 +27,9 @@ from outboxkit.ops.logs import setup_logging
 @dsn_option
 @table_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--port", callback=port_range, default=8080, show_default=True, help="Port to listen on."
+)
 @click.option(
     "--admin-token",
     envvar="OUTBOXKIT_ADMIN_TOKEN",
@@ -30,6 +39,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--sample-interval",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=("outboxkit.ops.dashboard:Dashboard", "sample_interval"),
     type=float,

@@ -7,12 +7,20 @@ import sys
 import click
 
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import DEMO, LibraryOption, checked_dsn, given
+from outboxkit.ops.cli.options import (
+    DEMO,
+    LibraryOption,
+    checked_dsn,
+    count_range,
+    given,
+    seconds_range,
+)
 
 
 @click.command()
 @click.option(
     "--orders",
+    callback=count_range,
     cls=LibraryOption,
     default_from=(DEMO, "orders"),
     type=int,
@@ -20,6 +28,7 @@ from outboxkit.ops.cli.options import DEMO, LibraryOption, checked_dsn, given
 )
 @click.option(
     "--duration",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(DEMO, "duration"),
     type=float,

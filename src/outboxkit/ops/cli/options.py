@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import inspect
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -177,6 +178,54 @@ inbox_table_option = click.option(
     help="Inbox table name (with --inbox), optionally schema-qualified.",
 )
 
+#: The longest time any seconds option or duration takes: past it, timers, timedeltas and
+#: PostgreSQL's intervals and timestamps overflow (a year of seconds is more than any needs).
+MAX_SECONDS = 365 * 86400
+_MAX_DURATION_DAYS = 36500  # 100 years: `now() - interval` stays a valid timestamp
+#: PostgreSQL's int (attempts, batch sizes, LIMIT) and bigint (row ids).
+MAX_INT4 = 2**31 - 1
+MAX_INT8 = 2**63 - 1
+MAX_PORT = 65535
+
+_Number = int | float
+
+
+def in_range(
+    low: _Number, high: _Number, *, low_open: bool = False
+) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback refusing a number (or each of several) outside ``low``..``high``.
+
+    A callback, not a range type, so ``--help`` reads as before; NaN and infinity are out
+    of every range (they passed ``float`` and overflowed far from the option that set them).
+    """
+
+    def check(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        for number in value if isinstance(value, tuple) else (value,):
+            if number is None:
+                continue
+            inside = (
+                math.isfinite(number)
+                and high >= number
+                and (number > low if low_open else number >= low)
+            )
+            if not inside:
+                above = f"above {low}" if low_open else f"from {low}"
+                raise click.BadParameter(
+                    f"{number} is out of range: give a number {above} to {high}"
+                )
+        return value
+
+    return check
+
+
+#: Seconds options: not negative, at most MAX_SECONDS.
+seconds_range = in_range(0, MAX_SECONDS)
+#: Seconds options that must be positive.
+positive_seconds_range = in_range(0, MAX_SECONDS, low_open=True)
+#: Counts stored in or compared with an int column.
+count_range = in_range(1, MAX_INT4)
+port_range = in_range(0, MAX_PORT)
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
 _UNIT_SECONDS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
@@ -189,4 +238,16 @@ def parse_duration(text: str) -> dt.timedelta:
         raise click.BadParameter(
             f"{text!r} is not a duration; write e.g. 7d, 12h, 1h30m, 90s (units w d h m s)"
         )
-    return dt.timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts))
+    seconds = sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts)
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise click.BadParameter(
+            f"{text!r} is out of range: give at most {_MAX_DURATION_DAYS}d (100 years)"
+        )
+    return dt.timedelta(seconds=seconds)
+
+
+def checked_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: :func:`parse_duration` at parse time, so the error names the option."""
+    if value is not None:
+        parse_duration(value)
+    return value

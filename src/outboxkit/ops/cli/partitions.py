@@ -11,8 +11,17 @@ from rich.table import Table
 from rich.text import Text
 
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import dsn_option, parse_duration, table_option
+from outboxkit.ops.cli.options import (
+    checked_duration,
+    dsn_option,
+    in_range,
+    parse_duration,
+    table_option,
+)
 from outboxkit.ops.cli.output import console, err_console, ok
+
+# More periods ahead than any retention needs would be thousands of tables to create.
+_MAX_AHEAD = 1000
 
 
 @click.group()
@@ -103,11 +112,13 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
 @click.option(
     "--keep",
     default=None,
+    callback=checked_duration,
     help="Retention window, e.g. 7d, 36h: a partition whose whole range is older is dropped"
     " [default: the table's, see `partitions set`; 7d].",
 )
 @click.option(
     "--ahead",
+    callback=in_range(1, _MAX_AHEAD),
     type=click.IntRange(min=1),
     default=None,
     help="Periods to create after the current one [default: the table's; 3].",
@@ -187,8 +198,19 @@ def maintain_command(
 @partitions.command("set")
 @dsn_option
 @table_option
-@click.option("--keep", default=None, help="Retention window the relays and cron use, e.g. 7d.")
-@click.option("--ahead", type=click.IntRange(min=1), default=None, help="Periods created ahead.")
+@click.option(
+    "--keep",
+    default=None,
+    callback=checked_duration,
+    help="Retention window the relays and cron use, e.g. 7d.",
+)
+@click.option(
+    "--ahead",
+    callback=in_range(1, _MAX_AHEAD),
+    type=click.IntRange(min=1),
+    default=None,
+    help="Periods created ahead.",
+)
 def set_command(dsn: str, table: str, keep: str | None, ahead: int | None) -> None:
     """Store the table's partition settings (read by every relay and `maintain`).
 

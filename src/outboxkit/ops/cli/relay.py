@@ -12,12 +12,17 @@ import click
 from outboxkit._redact import redact
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import (
+    MAX_INT4,
     METRICS,
     RELAY,
     LibraryOption,
     batch_shape_help,
+    count_range,
     dsn_option,
     given,
+    in_range,
+    port_range,
+    seconds_range,
     table_option,
 )
 from outboxkit.ops.cli.output import fail
@@ -58,6 +63,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--batch-size",
+    callback=count_range,
     cls=LibraryOption,
     default_from=batch_shape_help(0),
     type=click.IntRange(min=1),
@@ -65,6 +71,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--max-in-flight",
+    callback=count_range,
     cls=LibraryOption,
     default_from=batch_shape_help(1),
     type=click.IntRange(min=1),
@@ -81,6 +88,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--poll-interval",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "poll_interval"),
     type=float,
@@ -88,6 +96,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--linger",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "linger"),
     type=click.FloatRange(min=0),
@@ -97,6 +106,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--lease",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "lease"),
     type=float,
@@ -104,6 +114,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--publish-timeout",
+    callback=seconds_range,
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Seconds one batch's publish may take before it is retried [default: 0.8 x --lease]."
@@ -112,6 +123,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--max-attempts",
+    callback=count_range,
     cls=LibraryOption,
     default_from=(RELAY, "max_attempts"),
     type=int,
@@ -131,6 +143,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--retry-base",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "retry_base"),
     type=float,
@@ -138,6 +151,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--retry-cap",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "retry_cap"),
     type=float,
@@ -152,6 +166,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--shutdown-timeout",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(RELAY, "shutdown_timeout"),
     type=float,
@@ -174,6 +189,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--log-interval",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=("outboxkit.relay.observer:SummaryLog", "interval"),
     type=float,
@@ -181,6 +197,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--metrics-port",
+    callback=port_range,
     type=int,
     envvar="OUTBOXKIT_METRICS_PORT",
     show_envvar=True,
@@ -197,6 +214,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--metrics-max-topics",
+    callback=in_range(0, MAX_INT4),
     cls=LibraryOption,
     default_from=(METRICS, "max_topics"),
     type=int,
@@ -230,6 +248,7 @@ from outboxkit.ops.logs import setup_logging
 )
 @click.option(
     "--gauge-interval",
+    callback=seconds_range,
     cls=LibraryOption,
     default_from=(METRICS, "gauge_interval"),
     type=float,
