@@ -1,8 +1,11 @@
 """Keep secrets out of logs, stored errors and HTTP answers: every text goes through :func:`redact`.
 
-Three nets, widest last:
+Four nets, widest last:
 
 * URL userinfo — ``nats://TOKEN@host`` and ``amqp://user:pw@host`` — is masked whatever the scheme;
+* URL path segments that carry a secret — what follows ``/services/``, ``/hooks/``, ``/webhooks/``
+  or ``/key/`` (Slack's ``/services/T…/B…/TOKEN``, Discord's ``/api/webhooks/ID/TOKEN``) unless it
+  is a lowercase word or a ``{template}``, and anywhere a long run of letters and digits;
 * secret-looking parameters — ``?token=``, ``api_key=``, ``sslpassword=`` in a query string or a
   libpq ``key=value`` DSN, ``"password": "…"`` in JSON, ``Bearer …`` — have their value masked;
 * the secrets of the configured URLs (:func:`remember_secrets`) are masked anywhere in free text,
@@ -47,6 +50,19 @@ _HINTS = (
     *("jwt", "seed", "sas", "code"),
 )
 _MAX_CACHED_CHARS = 4096
+# A URL's path: after "scheme://authority", up to a query, a fragment, a space or a quote.
+_URL_PATH = re.compile(
+    rf"(?<![a-zA-Z0-9+.-])(?P<base>{_SCHEME}[^\s/?#\"'<>]*)(?P<path>/[^\s?#\"'<>()\[\]]*)"
+)
+# Path segments after which the rest of a path is a credential (webhook services, key paths).
+_SECRET_PATH_NAMES = frozenset(
+    {"services", "hooks", "hook", "webhooks", "webhook", "key", "keys", "token", "tokens"}
+    | {"secret", "secrets", "apikey", "api_key", "api-key", "password", "sig", "signature"}
+)
+_WORD = re.compile(r"[a-z][a-z._-]*")  # "orders", "catch", "incoming": names, not secrets
+_TEMPLATE = re.compile(r"\{[^{}/]*\}")  # "{topic}", filled in per event
+#: A path segment at least this long made of letters and digits is a token wherever it is.
+MIN_PATH_TOKEN = 20
 _BEARER = re.compile(r"\b(?P<head>(?:Bearer|Basic)\s+)(?P<value>[A-Za-z0-9._~+/=-]{8,})")
 # A lone name before "@" is a user name, not a token, for these schemes.
 _USER_SCHEMES = frozenset(
@@ -74,6 +90,7 @@ def _redact(text: str) -> str:
         text = pattern.sub(MASK, text)
     if "://" in text:
         text = _USERINFO.sub(_mask_userinfo, text)
+        text = _URL_PATH.sub(_mask_path, text)
     lower = text.lower()
     # Substring tests are ~50x cheaper than the regex on text that names no secret.
     if any(hint in lower for hint in _HINTS):
@@ -126,6 +143,12 @@ def _secrets_of(text: str) -> set[str]:
             found.add(password)
         elif scheme not in _USER_SCHEMES:
             found.add(user)  # token-only userinfo: nats://TOKEN@host
+    for m in _URL_PATH.finditer(text):
+        # Only the distinctive ones are searched for in free text: "Orders" after /hooks/ is
+        # masked in its URL, but would mask every "OrdersPlaced" elsewhere.
+        for segment in _secret_segments(m.group("path")):
+            if len(segment) >= 12 or _has_letter_and_digit(segment):
+                found.add(segment)
     for m in _NAMED.finditer(text):
         found.add(_unquote_value(m.group("value")))
     found |= {unquote(s) for s in found}
@@ -155,3 +178,33 @@ def _mask_value(m: re.Match[str]) -> str:
         return m.group(0)
     quote = value[0] if value[:1] in ("'", '"') and len(value) >= 2 else ""
     return f"{m.group('head')}{quote}{MASK}{quote}"
+
+
+def _secret_segments(path: str) -> list[str]:
+    """The segments of a URL path that carry a secret (see the module's docstring)."""
+    found: list[str] = []
+    after_name = False
+    for segment in path.split("/"):
+        if not segment or segment == MASK or _TEMPLATE.fullmatch(segment):
+            continue
+        if after_name:
+            if not _WORD.fullmatch(segment):
+                found.append(segment)
+        elif len(segment) >= MIN_PATH_TOKEN and _has_letter_and_digit(segment):
+            found.append(segment)
+        if segment.lower() in _SECRET_PATH_NAMES:
+            after_name = True
+    return found
+
+
+def _has_letter_and_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text) and any(c.isalpha() for c in text)
+
+
+def _mask_path(m: re.Match[str]) -> str:
+    path = m.group("path")
+    secrets = set(_secret_segments(path))
+    if not secrets:
+        return m.group(0)
+    masked = "/".join(MASK if s in secrets else s for s in path.split("/"))
+    return m.group("base") + masked

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class OutboxkitError(Exception):
     """Root of every exception outboxkit raises on purpose."""
@@ -163,16 +165,50 @@ def table_missing(
 
 
 def relay_schema_outdated(exc: BaseException, table: str) -> SchemaError | None:
-    """The relay's error when ``exc`` says the table lacks a column of a later schema version."""
+    """The relay's error when ``exc`` says the table lacks a column of a later schema version.
+
+    A column every outbox has (``status``, ``topic``): the table is another one, see
+    :func:`not_an_outbox`.
+    """
     text = str(exc).strip()
     if not _has_sqlstate(exc, _UNDEFINED_COLUMN) or not any(
         f'"{column}"' in text for column in _NEWER_COLUMNS
     ):
-        return None
+        return not_an_outbox(exc, table)
     return SchemaError(
         f"outbox table {table!r} is older than this outboxkit (the server says:"
         f" {text.splitlines()[0]}): upgrade it with `outboxkit migrate --dsn … --table {table}`,"
         " then start the relay again"
+    )
+
+
+# PostgreSQL's 42703 text: column "status" does not exist / column o.status does not exist
+_MISSING_COLUMN = re.compile(r'column "?(?:[^"\s]+\.)?([^"\s]+?)"? does not exist')
+
+
+def missing_column(exc: BaseException) -> str | None:
+    """The column an undefined-column error (SQLSTATE 42703) names, else None."""
+    if not _has_sqlstate(exc, _UNDEFINED_COLUMN):
+        return None
+    found = _MISSING_COLUMN.search(str(exc))
+    return found.group(1) if found else "?"
+
+
+def not_an_outbox(
+    exc: BaseException, table: str, *, what: str = "outbox", option: str = "--table"
+) -> SchemaError | None:
+    """The error when ``exc`` says ``table`` lacks a column every ``what`` table has, else None.
+
+    Such a table exists but is something else (a name mistyped into an application's own
+    table); a column of a later schema version is not this case: the table is only older.
+    """
+    column = missing_column(exc)
+    if column is None or column in _NEWER_COLUMNS:
+        return None
+    return SchemaError(
+        f"table {table!r} is not an outboxkit {what} table: it has no column {column!r}:"
+        f" give the {what} table's name with {option}, or create one under a name of its own"
+        f" with `outboxkit migrate{' --inbox' if what == 'inbox' else ''} --dsn … {option} NAME`"
     )
 
 

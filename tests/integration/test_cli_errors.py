@@ -483,3 +483,111 @@ def test_status_title_does_not_repeat_words(db_dsn: str) -> None:
     title = out.strip().splitlines()[0].split()
     assert all(a != b for a, b in itertools.pairwise(title)), out
     assert "outbox outbox" not in out
+
+
+# -- a table that is not an outbox, numbers out of range, ports it may not bind -----------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["relay", "--broker", "nats://127.0.0.1:1"],
+        ["failed", "list"],
+        ["replay", "--all-failed"],
+        ["purge", "--older-than", "7d"],
+        ["dashboard", "--port", "0"],
+        ["migrate"],
+    ],
+)
+def test_a_table_that_is_not_an_outbox_is_one_line_naming_it_and_its_missing_column(
+    empty_db_dsn: str, command: list[str]
+) -> None:
+    """Before: psycopg's UndefinedColumn traceback (column "topic" does not exist)."""
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id bigint PRIMARY KEY, name text)")
+    proc = run_cli(*command, "--dsn", empty_db_dsn, "--table", "customers")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert line.startswith("error: table 'customers' is not an outboxkit outbox table"), line
+    assert re.search(r"it has no column '(status|topic|event_id)'", line), line
+    assert "--table" in line and "outboxkit migrate" in line, line
+
+
+def test_an_inbox_table_that_is_not_an_inbox_names_the_inbox_option(empty_db_dsn: str) -> None:
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id bigint PRIMARY KEY, name text)")
+    proc = run_cli(
+        "purge", "--inbox", "--inbox-table", "customers", "--older-than", "1d",
+        "--dsn", empty_db_dsn,
+    )  # fmt: skip
+    line = one_line(proc.stderr)
+    assert "table 'customers' is not an outboxkit inbox table" in line, line
+    assert "--inbox-table" in line and "migrate --inbox" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["purge", "--older-than", "999999999999999999d"], "--older-than"),
+        (["purge", "--older-than", "99999999d"], "--older-than"),
+        (["relay", "--broker", "nats://127.0.0.1:1", "--lease", "1e309"], "--lease"),
+        (["relay", "--broker", "nats://127.0.0.1:1", "--poll-interval", "nan"], "--poll-interval"),
+        (["relay", "--broker", "nats://127.0.0.1:1", "--batch-size", "9" * 20], "--batch-size"),
+        (["relay", "--broker", "nats://127.0.0.1:1", "--metrics-port", "99999"], "--metrics-port"),
+        (["dashboard", "--port", "-1"], "--port"),
+        (["replay", "--id", "9" * 20], "--id"),
+    ],
+)
+def test_numbers_and_durations_out_of_range_are_refused_at_their_option(
+    db_dsn: str, command: list[str], option: str
+) -> None:
+    """Before: OverflowError and psycopg out-of-range tracebacks, or a relay that ran anyway."""
+    proc = run_cli(*command, "--dsn", db_dsn, timeout=30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert f"'{option}'" in error and "out of range" in error, error
+
+
+def _as_nobody() -> list[str]:
+    """A command prefix that drops root (binding port 80 is then refused), else skip."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: every port can be bound")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.parametrize(
+    ("command", "hint"),
+    [
+        (["dashboard", "--port", "80"], "choose another --port"),
+        (
+            ["relay", "--broker", "nats://127.0.0.1:1", "--metrics-port", "80", "--dashboard"],
+            "choose another --metrics-port",
+        ),
+    ],
+)
+def test_a_port_the_process_may_not_bind_is_one_line(
+    db_dsn: str, command: list[str], hint: str
+) -> None:
+    proc = subprocess.run(
+        [*_as_nobody(), sys.executable, "-m", "outboxkit", *command, "--dsn", db_dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "60"},
+    )
+    if proc.returncode == 0:
+        pytest.skip("this process may bind port 80")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and hint in errors[0], proc.stderr
+    assert "permission denied" in errors[0].lower(), errors[0]
+    assert proc.returncode == 2

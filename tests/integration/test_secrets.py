@@ -183,3 +183,74 @@ def _publish_one(dsn: str, topic: str) -> Callable[[], bool]:
 def _ids(dsn: str) -> list[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id").fetchall()]
+
+
+# A password with a "%" that starts no escape: psycopg's parse error quotes it whole.
+BAD_ESCAPE_PASSWORD = "S3cret%ZZpass"
+BAD_DSN = f"postgresql://u:{BAD_ESCAPE_PASSWORD}@127.0.0.1/db"
+
+
+def _outboxkit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outboxkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "60", **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "in_env"),
+    [
+        (["relay", "--broker", "nats://127.0.0.1:1"], False),
+        (["relay", "--broker", "nats://127.0.0.1:1"], True),
+        (["migrate"], True),
+        (["status"], True),
+        (["purge", "--older-than", "7d"], True),
+        (["dashboard", "--port", "0"], True),
+        (["cdc", "status"], True),
+        (["demo", "--orders", "10", "--duration", "1"], False),
+    ],
+)
+def test_a_dsn_that_does_not_parse_is_one_line_with_its_password_masked(
+    command: list[str], in_env: bool
+) -> None:
+    """Before: an uncaught traceback ending in `invalid percent-encoded token: "S3cret%ZZpass"`."""
+    if in_env:
+        done = _outboxkit(*command, env={"OUTBOXKIT_DSN": BAD_DSN})
+    else:
+        done = _outboxkit(*command, "--dsn", BAD_DSN)
+    output = done.stdout + done.stderr
+    assert "S3cret" not in output and "ZZpass" not in output, output
+    assert "Traceback" not in output, output
+    assert done.returncode == 2, output
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: --dsn (or OUTBOXKIT_DSN) is not a valid PostgreSQL"), line
+    assert 'invalid percent-encoded token: "***"' in line and "%25" in line, line
+
+
+async def test_a_webhook_secret_in_the_url_path_never_shows_in_logs_or_last_error(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    """Before: the relay's start line logged a Slack-style URL verbatim at INFO."""
+    closed = free_port()
+    secret = "Xq" + uuid.uuid4().hex  # the last segment of /services/T…/B…/SECRET
+    url = f"http://127.0.0.1:{closed}/services/T0001/B0001/{secret}"
+    write_events(db_dsn, [Event(topic="orders", event_type="x", payload={})])
+    log_path = tmp_path / "relay.log"
+    relay = _relay(db_dsn, url, log_path, "--max-attempts", "2")
+    try:
+        await wait_for(
+            lambda: count(db_dsn, "last_error IS NOT NULL") == 1, timeout=30, what="a stored error"
+        )
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        code = relay.wait(30)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    [error] = _last_errors(db_dsn)
+    for output in (text, error):
+        assert secret not in output, output[-3000:]
+    assert f"to http://127.0.0.1:{closed}/services/***/***/***" in text, text[-3000:]

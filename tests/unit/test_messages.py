@@ -16,7 +16,7 @@ from outboxkit.errors import (
     missing_extra,
     outbox_table_missing,
 )
-from outboxkit.ops import cli
+from outboxkit.ops.cli import output
 from outboxkit.ops.demo.report import print_table
 from outboxkit.store.migrate import MigrationAction, MigrationResult, _objects
 from outboxkit.store.postgres import MIGRATIONS, Statements
@@ -176,7 +176,7 @@ def test_cli_errors_keep_square_brackets_and_stay_on_one_line(
         "the embedded servers are missing: install it with `pip install 'outboxkit[embedded]'`"
     )
     with pytest.raises(SystemExit) as exit_info:
-        cli._fail(message + " " + "x" * 200, 2)
+        output.fail(message + " " + "x" * 200, 2)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "pip install 'outboxkit[embedded]'" in err
@@ -184,7 +184,7 @@ def test_cli_errors_keep_square_brackets_and_stay_on_one_line(
 
 
 def test_cli_success_lines_keep_square_brackets(capsys: pytest.CaptureFixture[str]) -> None:
-    cli._ok("deleted 3 [bold]rows[/bold]")
+    output.ok("deleted 3 [bold]rows[/bold]")
     assert "[bold]rows[/bold]" in capsys.readouterr().out
 
 

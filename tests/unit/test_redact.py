@@ -169,3 +169,54 @@ def test_redaction_time_is_linear_in_the_text() -> None:
     for unit, n in (("x", 50_000), ("a1", 25_000), ("token", 10_000), ("k=v&", 12_500)):
         small, large = best(unit * n), best(unit * n * 4)
         assert large < 8 * small + 0.01, (unit, small, large)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Slack-style: everything after /services/ is the credential
+        (
+            "relay to https://hooks.example/services/T000/B000/XXXX now",
+            "relay to https://hooks.example/services/***/***/*** now",
+        ),
+        # Discord-style: /api/webhooks/ID/TOKEN
+        (
+            "https://discord.example/api/webhooks/123456789012345678/abcDEF_ghi-JKL0",
+            "https://discord.example/api/webhooks/***/***",
+        ),
+        # a key as a path segment
+        (
+            "https://maker.example/trigger/ev/with/key/dK3j2kLmn0",
+            "https://maker.example/trigger/ev/with/key/***",
+        ),
+        # a long token anywhere in a path, userinfo and query masked as well
+        (
+            "https://u:pw@h.example/in/0190c2a17e2b7c3d9a8b1234567890ab?token=abc&x=1",
+            "https://u:***@h.example/in/***?token=***&x=1",
+        ),
+    ],
+)
+def test_secrets_in_url_paths_are_masked(text: str, expected: str) -> None:
+    assert redact(text) == expected
+    assert redact(expected) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://example.com/hooks/{topic}/{event_type}",
+        "https://api.example.com/hooks/orders/eu",
+        "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+        "http://127.0.0.1:8080/dashboard/api/failed",
+    ],
+)
+def test_url_paths_without_secrets_are_left_alone(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_a_webhook_path_token_is_masked_anywhere_once_its_url_is_configured() -> None:
+    token = "XXXXXXXXXXXXXXXXXXXXXXXX1"
+    remember_secrets(f"https://hooks.example/services/T000/B000/{token}")
+    assert redact(f"client error for token {token}") == "client error for token ***"
+    remember_secrets("https://example.com/hooks/Orders")  # masked in its URL, not searched for
+    assert redact("OrdersPlaced") == "OrdersPlaced"

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
-from outboxkit.ops import cli
-from outboxkit.ops.cli import _ok, _run_guarded, console, err_console, parse_duration
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import (
+    checked_duration,
+    dsn_option,
+    in_range,
+    parse_duration,
+    table_option,
+)
+from outboxkit.ops.cli.output import console, err_console, ok
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-# cli.py registers this group at its end: typed here, as mypy cannot infer across the cycle.
-dsn_option = cast(Callable[[_F], _F], vars(cli)["dsn_option"])
-table_option = cast(Callable[[_F], _F], vars(cli)["table_option"])
+# More periods ahead than any retention needs would be thousands of tables to create.
+_MAX_AHEAD = 1000
 
 
 @click.group()
@@ -69,7 +73,7 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
     """
     from outboxkit.store.partitions import list_partitions
 
-    infos = _run_guarded(list_partitions, dsn, table, exact=exact)
+    infos = run_guarded(list_partitions, dsn, table, exact=exact)
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos]))
         return
@@ -108,11 +112,13 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
 @click.option(
     "--keep",
     default=None,
+    callback=checked_duration,
     help="Retention window, e.g. 7d, 36h: a partition whose whole range is older is dropped"
     " [default: the table's, see `partitions set`; 7d].",
 )
 @click.option(
     "--ahead",
+    callback=in_range(1, _MAX_AHEAD),
     type=click.IntRange(min=1),
     default=None,
     help="Periods to create after the current one [default: the table's; 3].",
@@ -145,11 +151,11 @@ def maintain_command(
     if ahead is not None:
         kwargs["ahead"] = ahead
     if as_json:
-        report = _run_guarded(maintain, dsn, table, **kwargs)
+        report = run_guarded(maintain, dsn, table, **kwargs)
         click.echo(json.dumps(report.as_dict()))
         return
     with console.status(f"maintaining the partitions of {table}...") as status:
-        report = _run_guarded(
+        report = run_guarded(
             maintain,
             dsn,
             table,
@@ -157,9 +163,9 @@ def maintain_command(
             **kwargs,
         )
     if report.skipped:
-        _ok(f"nothing done: {report.skipped}")
+        ok(f"nothing done: {report.skipped}")
         return
-    _ok(
+    ok(
         f"{table}: created {len(report.created)} partition(s), dropped {len(report.dropped)}"
         + (f", moved {report.moved_rows} stray row(s) in" if report.moved_rows else "")
     )
@@ -192,8 +198,19 @@ def maintain_command(
 @partitions.command("set")
 @dsn_option
 @table_option
-@click.option("--keep", default=None, help="Retention window the relays and cron use, e.g. 7d.")
-@click.option("--ahead", type=click.IntRange(min=1), default=None, help="Periods created ahead.")
+@click.option(
+    "--keep",
+    default=None,
+    callback=checked_duration,
+    help="Retention window the relays and cron use, e.g. 7d.",
+)
+@click.option(
+    "--ahead",
+    callback=in_range(1, _MAX_AHEAD),
+    type=click.IntRange(min=1),
+    default=None,
+    help="Periods created ahead.",
+)
 def set_command(dsn: str, table: str, keep: str | None, ahead: int | None) -> None:
     """Store the table's partition settings (read by every relay and `maintain`).
 
@@ -203,17 +220,14 @@ def set_command(dsn: str, table: str, keep: str | None, ahead: int | None) -> No
     """
     from outboxkit.store.partitions import update_settings
 
-    settings = _run_guarded(
+    settings = run_guarded(
         update_settings,
         dsn,
         table,
         keep=None if keep is None else parse_duration(keep),
         ahead=ahead,
     )
-    _ok(
+    ok(
         f"{table}: partitioned by {settings.by}, keep {settings.keep}, "
         f"{settings.ahead} period(s) ahead"
     )
-
-
-cli.main.add_command(partitions)  # imported by ops/cli.py last, so `outboxkit partitions` exists

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
-from outboxkit.ops import cli
-from outboxkit.ops.cli import _fail, _ok, _run_guarded, console
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import dsn_option, table_option
+from outboxkit.ops.cli.output import console, fail, ok
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-# cli.py registers this group at its end: typed here, as mypy cannot infer across the cycle.
-dsn_option = cast(Callable[[_F], _F], vars(cli)["dsn_option"])
-table_option = cast(Callable[[_F], _F], vars(cli)["table_option"])
 slot_option = click.option(
     "--slot", help="Replication slot name [default: outboxkit_<table>, what the relay uses]."
 )
@@ -66,13 +62,13 @@ def setup(dsn: str, table: str, slot: str | None, publication: str | None) -> No
     """
     from outboxkit.cdc.slots import setup as setup_slot
 
-    result = _run_guarded(setup_slot, dsn, table, slot=slot, publication=publication)
+    result = run_guarded(setup_slot, dsn, table, slot=slot, publication=publication)
     created = "created" if result.created_publication else "exists"
-    _ok(f"publication {result.publication} ({created}): inserts into {result.table}")
+    ok(f"publication {result.publication} ({created}): inserts into {result.table}")
     if result.created_slot:
-        _ok(f"slot {result.slot} created at {result.slot_lsn} (plugin pgoutput)")
+        ok(f"slot {result.slot} created at {result.slot_lsn} (plugin pgoutput)")
     else:
-        _ok(f"slot {result.slot} exists (plugin pgoutput)")
+        ok(f"slot {result.slot} exists (plugin pgoutput)")
     console.print(f"next: outboxkit relay --source cdc --table {result.table} --broker …")
 
 
@@ -95,7 +91,7 @@ def status(dsn: str, table: str, slot: str | None, publication: str | None, as_j
     """
     from outboxkit.cdc.slots import status as slot_status
 
-    report = _run_guarded(slot_status, dsn, table, slot=slot, publication=publication)
+    report = run_guarded(slot_status, dsn, table, slot=slot, publication=publication)
     if as_json:
         console.print(json.dumps(report.as_dict(), indent=2, default=str), soft_wrap=True)
     else:
@@ -104,7 +100,7 @@ def status(dsn: str, table: str, slot: str | None, publication: str | None, as_j
             console.print(f"note: {note}", soft_wrap=True)
     if report.problem is not None:
         if not as_json:
-            _fail(report.problem, 2)
+            fail(report.problem, 2)
         sys.exit(2)
 
 
@@ -170,13 +166,9 @@ def drop(dsn: str, table: str, slot: str | None, publication: str | None, force:
     """
     from outboxkit.cdc.slots import drop as drop_slot
 
-    result = _run_guarded(drop_slot, dsn, table, slot=slot, publication=publication, force=force)
-    _ok(f"slot {result.slot} " + ("dropped" if result.dropped_slot else "did not exist"))
-    _ok(
+    result = run_guarded(drop_slot, dsn, table, slot=slot, publication=publication, force=force)
+    ok(f"slot {result.slot} " + ("dropped" if result.dropped_slot else "did not exist"))
+    ok(
         f"publication {result.publication} "
         + ("dropped" if result.dropped_publication else "did not exist")
     )
-
-
-# Registered here, not by cli.py, so importing this module first works too (no import cycle).
-cli.main.add_command(cdc)

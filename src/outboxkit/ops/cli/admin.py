@@ -1,0 +1,319 @@
+"""``outboxkit status | failed | replay | purge``: look at the table and act on its rows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from outboxkit._redact import redact
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import (
+    MAX_INT8,
+    LibraryOption,
+    checked_duration,
+    count_range,
+    dsn_option,
+    given,
+    in_range,
+    inbox_option,
+    inbox_table_option,
+    parse_duration,
+    table_option,
+)
+from outboxkit.ops.cli.output import console, fail, jsonable, ok
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@click.command()
+@dsn_option
+@table_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+def status(dsn: str, table: str, as_json: bool) -> None:
+    """Pending, in-flight, failed and published counts, and the oldest pending age.
+
+    With --json prints one object with the keys pending, in_flight, failed,
+    published, oldest_pending_age_s, topics (a list of the same per topic) and
+    blocked_keys (ordered mode: keys stopped behind a dead-lettered head event, each
+    with the head's id, event_id, topic, event_type, attempts, last_error, created_at
+    and the count of events waiting behind it; empty on an unordered table).
+    """
+    from outboxkit.store import admin
+    from outboxkit.store.ordered_sql import blocked_keys
+
+    report = run_guarded(admin.status, dsn, table)
+    blocked = run_guarded(blocked_keys, dsn, table=table, limit=_BLOCKED_KEYS_SHOWN)
+    for head in blocked:
+        head["last_error"] = redact(head["last_error"] or "")
+    if as_json:
+        shown = [{k: jsonable(v) for k, v in head.items()} for head in blocked]
+        click.echo(json.dumps({**report.as_dict(), "blocked_keys": shown}))
+        return
+    tbl = Table(title=Text(f"{table} by topic"), title_justify="left")
+    for col in ("topic", "pending", "in flight", "failed", "published", "oldest pending"):
+        tbl.add_column(col, justify="left" if col == "topic" else "right")
+    for t in report.topics:
+        tbl.add_row(
+            Text(t.topic),
+            str(t.pending),
+            str(t.in_flight),
+            Text(str(t.failed), style="red") if t.failed else "0",
+            str(t.published),
+            _age(t.oldest_pending_age_s),
+        )
+    tbl.add_section()
+    tbl.add_row(
+        Text("total", style="bold"),
+        str(report.pending),
+        str(report.in_flight),
+        Text(str(report.failed), style="bold red") if report.failed else "0",
+        str(report.published),
+        _age(report.oldest_pending_age_s),
+    )
+    console.print(tbl)
+    if blocked:
+        _print_blocked_keys(table, blocked)
+    if report.failed:
+        console.print(
+            Text.assemble(("dead letters present:", "yellow"), " see `outboxkit failed list`")
+        )
+    from outboxkit.store.partitions import stray_rows
+
+    if stray := run_guarded(stray_rows, dsn, table):  # a partitioned outbox's default partition
+        console.print(
+            Text.assemble(
+                ("rows outside every partition:", "yellow"),
+                f" {stray} in the default partition; see `outboxkit partitions list`",
+            )
+        )
+
+
+_BLOCKED_KEYS_SHOWN = 100
+
+
+def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
+    """Ordered mode: each key stopped behind its dead-lettered head event, with its error."""
+    more = "+" if len(blocked) >= _BLOCKED_KEYS_SHOWN else ""
+    tbl = Table(
+        title=Text(
+            f"{table}: {len(blocked)}{more} blocked key(s), each behind a failed head event"
+        ),
+        title_justify="left",
+    )
+    for col in ("key", "head id", "topic", "attempts", "waiting", "head event's error"):
+        tbl.add_column(
+            col, justify="right" if col in ("head id", "attempts", "waiting") else "left"
+        )
+    for head in blocked:
+        tbl.add_row(
+            Text(str(head["key"])),
+            str(head["id"]),
+            Text(str(head["topic"])),
+            str(head["attempts"]),
+            str(head["waiting"]),
+            Text((str(head["last_error"] or "-").splitlines() or ["-"])[0][:200], style="red"),
+        )
+    console.print(tbl)
+    console.print(
+        Text.assemble(
+            ("blocked keys:", "yellow"),
+            " fix the cause, then `outboxkit replay --id <head id>` (or discard the head from"
+            " the dashboard) to let the key go on",
+        )
+    )
+
+
+# -- failed / replay / purge --------------------------------------------------------
+
+
+@click.group()
+def failed() -> None:
+    """Inspect dead-lettered events (status failed)."""
+
+
+@failed.command("list")
+@dsn_option
+@table_option
+@click.option("--topic", default=None, help="Only this topic.")
+@click.option(
+    "--limit",
+    callback=count_range,
+    cls=LibraryOption,
+    default_from=("outboxkit.store.admin:list_failed", "limit"),
+    type=click.IntRange(min=1),
+    help="List at most this many events (the oldest first).",
+)
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
+def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_json: bool) -> None:
+    """List dead-lettered events, oldest first."""
+    from outboxkit.store import admin
+
+    rows = run_guarded(admin.list_failed, dsn, table, topic=topic, **given(limit=limit))
+    if as_json:
+        click.echo(json.dumps([{k: jsonable(v) for k, v in r.items()} for r in rows]))
+        return
+    if not rows:
+        console.print(Text("no failed events", style="green"))
+        return
+    tbl = Table(title=Text(f"failed events in {table}"), title_justify="left")
+    for col in ("id", "event id", "topic", "type", "attempts", "last error"):
+        tbl.add_column(col, overflow="fold")
+    for r in rows:
+        tbl.add_row(
+            str(r["id"]),
+            str(r["event_id"]),
+            Text(r["topic"]),
+            Text(r["event_type"]),
+            str(r["attempts"]),
+            Text((r["last_error"] or "")[:120]),
+        )
+    console.print(tbl)
+    console.print("replay with: outboxkit replay --id ID | --topic T | --all-failed")
+
+
+@failed.command("show")
+@click.argument("ref")
+@dsn_option
+@table_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
+    """Show one event (by row id or event id), headers and payload included."""
+    from outboxkit.store import admin
+
+    row = run_guarded(admin.get_event, dsn, ref, table)
+    if row is None:
+        fail(f"no event {ref!r} in {table}", 1)
+    data = {k: jsonable(v) for k, v in row.items()}
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    tbl = Table(show_header=False, title=Text(f"event {ref}"), title_justify="left")
+    tbl.add_column("field", style="bold")
+    tbl.add_column("value", overflow="fold")
+    for k, v in data.items():
+        text = json.dumps(v, indent=2) if isinstance(v, dict | list) else str(v)
+        tbl.add_row(k, Text(text[:4000]))
+    console.print(tbl)
+
+
+@click.command()
+@dsn_option
+@table_option
+@click.option(
+    "--id",
+    "ids",
+    callback=in_range(1, MAX_INT8),
+    multiple=True,
+    type=int,
+    help="Row id to replay (repeatable).",
+)
+@click.option("--topic", default=None, help="Replay every failed event of this topic.")
+@click.option("--all-failed", is_flag=True, help="Replay every failed event.")
+def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_failed: bool) -> None:
+    """Put dead-lettered events back in line with a fresh attempt budget.
+
+    Exactly one of --id, --topic or --all-failed.
+    """
+    from outboxkit.store import admin
+
+    if sum(bool(x) for x in (ids, topic, all_failed)) != 1:
+        fail("say what to replay: --id ID (repeatable), --topic T, or --all-failed", 2)
+    n = run_guarded(
+        admin.replay, dsn, table, ids=list(ids) or None, topic=topic, all_failed=all_failed
+    )
+    ok(f"{n} event(s) back to pending")
+
+
+@click.command()
+@dsn_option
+@table_option
+@click.option(
+    "--older-than",
+    required=True,
+    callback=checked_duration,
+    help="Age of published rows to delete, e.g. 7d, 12h, 1h30m.",
+)
+@click.option(
+    "--batch-size",
+    callback=count_range,
+    cls=LibraryOption,
+    default_from=("outboxkit.store.admin:purge", "batch_size"),
+    type=click.IntRange(min=1),
+    help="Rows per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help='Print {"deleted": N} only, for programs.')
+@inbox_option
+@inbox_table_option
+@click.option("--consumer", default=None, help="With --inbox: only this consumer's records.")
+def purge(
+    dsn: str,
+    table: str,
+    older_than: str,
+    batch_size: int | None,
+    as_json: bool,
+    inbox: bool,
+    inbox_table: str,
+    consumer: str | None,
+) -> None:
+    """Delete published rows (retention=keep) older than a duration, in small batches.
+
+    With --inbox, delete inbox records older than the duration instead; keep
+    them longer than any redelivery can arrive (a purged record no longer
+    stops a late duplicate).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from outboxkit.store import admin, inbox_sql
+
+    age = parse_duration(older_than)
+
+    def run_purge(**kw: Any) -> Any:
+        kw.update(given(batch_size=batch_size))
+        if inbox:
+            return run_guarded(
+                inbox_sql.purge_inbox,
+                dsn,
+                older_than=age,
+                table=inbox_table,
+                consumer=consumer,
+                **kw,
+            )
+        return run_guarded(admin.purge, dsn, table, older_than=age, **kw)
+
+    if as_json:
+        click.echo(json.dumps({"deleted": run_purge()}))
+        return
+    if inbox:
+        total = run_guarded(
+            inbox_sql.count_inbox_purgeable,
+            dsn,
+            older_than=age,
+            table=inbox_table,
+            consumer=consumer,
+        )
+    else:
+        total = run_guarded(admin.count_purgeable, dsn, table, age)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("purging", total=total)
+        n = run_purge(progress=lambda k: progress.advance(task, k))
+    what = "inbox record(s)" if inbox else "published row(s)"
+    ok(f"deleted {n} {what} older than {older_than}")

@@ -1,0 +1,130 @@
+"""``outboxkit dashboard``: the web page on its own, beside the relays."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import click
+from rich.text import Text
+
+from outboxkit.errors import ConfigurationError, OutboxkitError
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import (
+    LibraryOption,
+    dsn_option,
+    given,
+    port_range,
+    seconds_range,
+    table_option,
+)
+from outboxkit.ops.cli.output import console, fail
+from outboxkit.ops.logs import setup_logging
+
+
+@click.command()
+@dsn_option
+@table_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option(
+    "--port", callback=port_range, default=8080, show_default=True, help="Port to listen on."
+)
+@click.option(
+    "--admin-token",
+    envvar="OUTBOXKIT_ADMIN_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Enables replay/discard for whoever enters this token [default: read-only].",
+)
+@click.option(
+    "--sample-interval",
+    callback=seconds_range,
+    cls=LibraryOption,
+    default_from=("outboxkit.ops.dashboard:Dashboard", "sample_interval"),
+    type=float,
+    help="Seconds between table reads.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="A Host name the page answers to besides IP addresses and localhost (repeat it;"
+    " names not listed are refused against DNS rebinding).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per line, for log pipelines (actions taken are logged).",
+)
+def dashboard(
+    dsn: str,
+    table: str,
+    host: str,
+    port: int,
+    admin_token: str | None,
+    sample_interval: float | None,
+    allow_hosts: tuple[str, ...],
+    log_format: str,
+) -> None:
+    """Serve a web page with live throughput, backlog, topics and dead letters.
+
+    Read-only unless started with --admin-token (or OUTBOXKIT_ADMIN_TOKEN): then
+    failed events can be replayed or discarded by whoever enters the token;
+    every action is logged.
+
+    \b
+    Example:
+      OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
+    """
+    from outboxkit.ops.dashboard import Dashboard, dashboard_app
+    from outboxkit.store import admin
+
+    setup_logging("info", log_format)
+    run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
+    try:
+        board = Dashboard(
+            dsn,
+            table=table,
+            admin_token=admin_token,
+            host=host,
+            allowed_hosts=allow_hosts,
+            **given(sample_interval=sample_interval),
+        )
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+    mode = "replay/discard enabled (token)" if admin_token else "read-only"
+    try:
+        asyncio.run(_serve_dashboard(dashboard_app(board), host, port, mode))
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+
+
+async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
+    """Serve until SIGINT/SIGTERM; the URL is announced only once the port is bound."""
+    from outboxkit.ops.http import GuardedSite, raise_open_file_limit
+    from outboxkit.ops.http import runner as http_runner
+
+    raise_open_file_limit()
+    runner = http_runner(app)  # capped connections and header time, as the relay's
+    await runner.setup()
+    try:
+        try:
+            await GuardedSite(runner, host, port).start()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port"
+            ) from None
+        bound = runner.addresses[0][1] if runner.addresses else port  # --port 0: the real one
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{bound}/"
+        console.print(Text.assemble("outboxkit dashboard on ", (url, "bold"), f" ({mode})"))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

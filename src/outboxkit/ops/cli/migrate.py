@@ -1,0 +1,133 @@
+"""``outboxkit migrate``: create or upgrade the outbox (or inbox) table, or print its DDL."""
+
+from __future__ import annotations
+
+import click
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import (
+    DSN_HELP,
+    checked_dsn,
+    given,
+    inbox_option,
+    inbox_table_option,
+    table_option,
+)
+from outboxkit.ops.cli.output import fail, ok
+
+
+@click.command()
+@click.option(
+    "--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP, callback=checked_dsn
+)
+@table_option
+@click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
+@inbox_option
+@inbox_table_option
+@click.option(
+    "--partition-by",
+    type=click.Choice(["day", "hour"]),
+    default=None,
+    help="Create the outbox range-partitioned by created_at (UTC days or hours): published"
+    " rows leave by dropping whole partitions (see `outboxkit partitions --help`).",
+)
+@click.option(
+    "--ordered",
+    is_flag=True,
+    help="Add ordered mode (relay --ordered: per-key order across relays): a partition column"
+    " hashed from the key, two indexes and the partition lease tables. Rewrites the table"
+    " once; tables without it pay nothing.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1, max=32767),
+    default=None,
+    help="With --ordered: how many partitions the keys hash into, the most relays that can"
+    " share the work [default: 64, or the table's current count].",
+)
+@click.option(
+    "--repartition",
+    is_flag=True,
+    help="With --ordered --partitions N: change the count of an ordered table. Stop every"
+    " relay first (refused while one is alive); rewrites the table.",
+)
+def migrate(
+    dsn: str | None,
+    table: str,
+    print_sql: bool,
+    inbox: bool,
+    inbox_table: str,
+    partition_by: str | None,
+    ordered: bool,
+    partitions: int | None,
+    repartition: bool,
+) -> None:
+    """Create or upgrade the outbox table (idempotent; safe from several processes at once).
+
+    With --inbox, create the consumer-side inbox table (processed_events) instead.
+
+    \b
+    Examples:
+      outboxkit migrate --dsn postgresql://app@db/shop
+      outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
+      outboxkit migrate --inbox --dsn postgresql://app@db/billing
+      outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
+      outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
+    """
+    from outboxkit.store.migrate import migrate as run_migrate
+    from outboxkit.store.postgres import Statements
+
+    if inbox:
+        _migrate_inbox(dsn, inbox_table, print_sql)
+        return
+    if (partitions is not None or repartition) and not ordered:
+        fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
+    ordered_options = given(partitions=partitions) | ({"repartition": True} if repartition else {})
+    if print_sql and ordered:
+        from outboxkit.store.ordered_sql import DEFAULT_PARTITIONS, OrderedStatements
+
+        try:
+            stmts = OrderedStatements(table)
+            click.echo(stmts.ddl(), nl=False)
+            if repartition:
+                click.echo(stmts.repartition_ddl(), nl=False)
+            click.echo(stmts.ordered_ddl(partitions or DEFAULT_PARTITIONS), nl=False)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+        return
+    if print_sql:
+        try:
+            if partition_by is not None:
+                from outboxkit.store.partitions import partitioned_script
+
+                click.echo(partitioned_script(table, partition_by), nl=False)
+                return
+            click.echo(Statements(table).ddl(), nl=False)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+        return
+    if not dsn:
+        fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    if ordered:
+        ordered_options["ordered"] = True
+    result = run_guarded(
+        run_migrate, dsn, table=table, **given(partition_by=partition_by), **ordered_options
+    )
+    ok(result.describe())
+
+
+def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
+    from outboxkit.store.inbox_sql import InboxStatements
+    from outboxkit.store.migrate import migrate_inbox
+
+    if print_sql:
+        try:
+            click.echo(InboxStatements(inbox_table).ddl(), nl=False)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+        return
+    if not dsn:
+        fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    result = run_guarded(migrate_inbox, dsn, table=inbox_table)
+    ok(result.describe())

@@ -1,0 +1,253 @@
+"""The options several commands share, and defaults read from the library, never restated."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from outboxkit.errors import ConfigurationError
+
+
+def library_default(target: str, name: str) -> Any:
+    """The default ``target`` ("module:callable") declares for its parameter ``name``.
+
+    The CLI restates no default of the library: it reads them here, when a command
+    needs one or ``--help`` shows one.
+    """
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return inspect.signature(obj).parameters[name].default
+
+
+class LibraryOption(click.Option):
+    """An option whose default is the library's, read from the signature that declares it.
+
+    ``default_from``: ("module:callable", parameter), or a function giving the text to
+    show. Unset, the option's value is None and the command passes nothing, so the
+    library's own default applies; with ``resolve=True`` the command gets the library's
+    value instead (it needs it itself, e.g. to name the table in its output).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        default_from: tuple[str, str] | Callable[[], str],
+        resolve: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.default_from = default_from
+        if resolve:
+            kwargs["default"] = self.library_value
+        super().__init__(*args, **kwargs)
+
+    def library_value(self) -> Any:
+        if callable(self.default_from):
+            return self.default_from()
+        return library_default(*self.default_from)
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        try:
+            value = self.library_value()
+        except ModuleNotFoundError:  # an extra this install lacks: the command will say which
+            return extra
+        if value is not None and value != "":
+            extra["default"] = str(value)
+        return extra
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options the user set (None: unset, the library's default applies)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def batch_shape_help(index: int) -> Callable[[], str]:
+    """Help text for a value each publisher chooses: its batch_shape, read per broker."""
+
+    def text() -> str:
+        from outboxkit.publishers import batch_shapes
+
+        shapes = batch_shapes()
+        by_value: dict[int, list[str]] = {}
+        missing: list[str] = []
+        for scheme, shape in shapes.items():
+            if scheme.endswith("s") and scheme[:-1] in shapes:
+                continue  # rediss, amqps, https: shown as redis[s] ...
+            broker = f"{scheme}[s]" if f"{scheme}s" in shapes else scheme
+            if shape is None:
+                missing.append(broker)
+            else:
+                by_value.setdefault(shape[index], []).append(broker)
+        parts = [f"{v} for {', '.join(names)}" for v, names in by_value.items()]
+        if missing:
+            parts.append(f"{', '.join(missing)} not installed")
+        return "the broker's: " + "; ".join(parts)
+
+    return text
+
+
+RELAY = "outboxkit.relay:Relay"
+METRICS = "outboxkit.ops.metrics:RelayMetrics"
+DEMO = "outboxkit.ops.demo:run_demo"
+
+DSN_HELP = (
+    "PostgreSQL connection string, e.g. postgresql://app@127.0.0.1:5432/shop."
+    " Prefer the OUTBOXKIT_DSN environment variable: it keeps the password out of `ps`."
+)
+_TABLE_HELP = "Outbox table name, optionally schema-qualified (schema.table)."
+
+# Quoted words in psycopg's parse errors: "S3cret%ZZpass" is the password itself.
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot parse, with psycopg's reason minus any part of the DSN.
+
+    A bad ``%`` escape in a password is reported by psycopg quoting the password; the
+    relay met it only when it connected, as a traceback. Only option names are kept.
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        option_names = set(re.findall(r"([A-Za-z_]+)\s*=", dsn))
+
+        def mask(m: re.Match[str]) -> str:
+            word = m.group(1)
+            return m.group(0) if word in option_names or not word.strip("=") else '"***"'
+
+        reason = _QUOTED.sub(mask, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        hint = (
+            "in a postgresql:// URL, percent-encode the user name and password"
+            " (% as %25, @ as %40, : as %3A, / as %2F)"
+            if "percent" in reason
+            else "write a postgresql://user@host:port/dbname URL or libpq key=value pairs"
+        )
+        raise ConfigurationError(
+            f"--dsn (or OUTBOXKIT_DSN) is not a valid PostgreSQL connection string: {reason};"
+            f" {hint}"
+        ) from None
+
+
+def checked_dsn(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: :func:`check_dsn` on the value given, if any."""
+    if value is not None:
+        check_dsn(value)
+    return value
+
+
+dsn_option = click.option(
+    "--dsn",
+    envvar="OUTBOXKIT_DSN",
+    required=True,
+    show_envvar=True,
+    help=DSN_HELP,
+    callback=checked_dsn,
+)
+table_option = click.option(
+    "--table",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.postgres:Statements", "table"),
+    resolve=True,
+    envvar="OUTBOXKIT_TABLE",
+    show_envvar=True,
+    help=_TABLE_HELP,
+)
+
+inbox_option = click.option(
+    "--inbox", is_flag=True, help="Act on the consumer inbox table instead of the outbox."
+)
+inbox_table_option = click.option(
+    "--inbox-table",
+    cls=LibraryOption,
+    default_from=("outboxkit.store.inbox_sql:InboxStatements", "table"),
+    resolve=True,
+    envvar="OUTBOXKIT_INBOX_TABLE",
+    show_envvar=True,
+    help="Inbox table name (with --inbox), optionally schema-qualified.",
+)
+
+#: The longest time any seconds option or duration takes: past it, timers, timedeltas and
+#: PostgreSQL's intervals and timestamps overflow (a year of seconds is more than any needs).
+MAX_SECONDS = 365 * 86400
+_MAX_DURATION_DAYS = 36500  # 100 years: `now() - interval` stays a valid timestamp
+#: PostgreSQL's int (attempts, batch sizes, LIMIT) and bigint (row ids).
+MAX_INT4 = 2**31 - 1
+MAX_INT8 = 2**63 - 1
+MAX_PORT = 65535
+
+_Number = int | float
+
+
+def in_range(
+    low: _Number, high: _Number, *, low_open: bool = False
+) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback refusing a number (or each of several) outside ``low``..``high``.
+
+    A callback, not a range type, so ``--help`` reads as before; NaN and infinity are out
+    of every range (they passed ``float`` and overflowed far from the option that set them).
+    """
+
+    def check(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        for number in value if isinstance(value, tuple) else (value,):
+            if number is None:
+                continue
+            inside = (
+                math.isfinite(number)
+                and high >= number
+                and (number > low if low_open else number >= low)
+            )
+            if not inside:
+                above = f"above {low}" if low_open else f"from {low}"
+                raise click.BadParameter(
+                    f"{number} is out of range: give a number {above} to {high}"
+                )
+        return value
+
+    return check
+
+
+#: Seconds options: not negative, at most MAX_SECONDS.
+seconds_range = in_range(0, MAX_SECONDS)
+#: Seconds options that must be positive.
+positive_seconds_range = in_range(0, MAX_SECONDS, low_open=True)
+#: Counts stored in or compared with an int column.
+count_range = in_range(1, MAX_INT4)
+port_range = in_range(0, MAX_PORT)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
+_UNIT_SECONDS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w`` → timedelta."""
+    cleaned = text.strip().replace(" ", "")
+    parts = _DURATION.findall(cleaned)
+    if not cleaned or "".join(n + u for n, u in parts).lower() != cleaned.lower():
+        raise click.BadParameter(
+            f"{text!r} is not a duration; write e.g. 7d, 12h, 1h30m, 90s (units w d h m s)"
+        )
+    seconds = sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts)
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise click.BadParameter(
+            f"{text!r} is out of range: give at most {_MAX_DURATION_DAYS}d (100 years)"
+        )
+    return dt.timedelta(seconds=seconds)
+
+
+def checked_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: :func:`parse_duration` at parse time, so the error names the option."""
+    if value is not None:
+        parse_duration(value)
+    return value
