@@ -19,9 +19,10 @@ import nats
 import psycopg
 import pytest
 
-from outboxkit import Event
+from outboxkit import Event, Outbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.nats import NatsConsumer
+from outboxkit.errors import InvalidEventError
 from outboxkit.publishers import from_url
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.store.inbox_sql import migrate_inbox
@@ -150,6 +151,19 @@ async def test_a_cc_header_written_by_sql_is_dead_lettered_before_it_can_close_t
 
 
 # -- item 8: rows written around Event(), refused by Event()'s rules at publish ----------------
+
+
+def test_a_lone_surrogate_fails_at_event_and_the_transaction_goes_on(db_dsn: str) -> None:
+    """It used to pass ``Event()`` and fail at ``put`` with a ``UnicodeEncodeError`` from the
+    driver, inside the caller's transaction."""
+    outbox = Outbox()
+    with psycopg.connect(db_dsn) as conn:
+        with conn.transaction():
+            for fields in ({"key": "k\ud800"}, {"headers": {"x-note": "\udfff"}}):
+                with pytest.raises(InvalidEventError, match="lone surrogate"):
+                    outbox.put(conn, event("orders", **fields))
+            outbox.put(conn, event("orders"))
+    assert count(db_dsn) == 1
 
 
 @pytest.mark.parametrize(

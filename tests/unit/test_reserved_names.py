@@ -204,6 +204,9 @@ def test_a_publisher_without_a_guard_cannot_be_given_allow_system() -> None:
         ({"aggregate_type": "\udc00"}, "aggregate_type contains a lone surrogate"),
         ({"aggregate_id": "4\ud800"}, "aggregate_id contains a lone surrogate"),
         ({"headers": {"x-note": "a\ud800"}}, "header 'x-note' contains a lone surrogate"),
+        ({"headers": {"x\ud800": "1"}}, "is not an HTTP token"),
+        ({"schema_version": "v\ud800"}, "schema_version must be 1 to 64 printable"),
+        ({"payload": {"note": "\ud800"}}, "surrogates not allowed"),
     ],
 )
 def test_a_lone_surrogate_is_refused_at_construction(
