@@ -268,3 +268,14 @@ def test_what_event_builds_passes_the_publish_time_check() -> None:
     )
     assert len(message.headers) == limits.MAX_HEADERS + 2
     assert Guard("nats").refuse(message) is None
+
+
+def test_the_verdict_caches_never_keep_an_oversized_topic_or_header_name() -> None:
+    """Rows written by SQL reach the publish-time check with topics and header names of up to
+    64 KiB: 4 096 cached verdicts of such strings would hold 256 MiB."""
+    big = "t" * (limits.STORE_MAX_TEXT_BYTES - 1)
+    refused = Guard("kafka").refuse(_message(topic=big, headers={"n" * 5000: "1"}))
+    assert refused is not None and "over the limit of 255" in (refused.error or "")
+    assert Guard("kafka").refuse(_message(headers={"n" * 5000: "1"})) is not None
+    assert big not in limits._TOPIC_VERDICTS
+    assert "n" * 5000 not in limits._NAME_VERDICTS
