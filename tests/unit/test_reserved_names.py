@@ -279,3 +279,7 @@ def test_the_verdict_caches_never_keep_an_oversized_topic_or_header_name() -> No
     assert Guard("kafka").refuse(_message(headers={"n" * 5000: "1"})) is not None
     assert big not in limits._TOPIC_VERDICTS
     assert "n" * 5000 not in limits._NAME_VERDICTS
+    nats_publisher = NatsPublisher(["nats://127.0.0.1:4222"])
+    assert nats_publisher._problem(_message(topic=big)) is None  # not NATS's rule: the guard's
+    assert nats_publisher.guard.refuse(_message(topic=big)) is not None
+    assert big not in nats_publisher._seen
