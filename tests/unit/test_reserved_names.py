@@ -283,3 +283,6 @@ def test_the_verdict_caches_never_keep_an_oversized_topic_or_header_name() -> No
     assert nats_publisher._problem(_message(topic=big)) is None  # not NATS's rule: the guard's
     assert nats_publisher.guard.refuse(_message(topic=big)) is not None
     assert big not in nats_publisher._seen
+    redis_publisher = RedisStreamsPublisher.from_url("redis://127.0.0.1:6379/0?allow=t*")
+    assert redis_publisher.destinations.resolve(big) == (big, None)
+    assert big not in redis_publisher.destinations._verdicts
