@@ -162,9 +162,10 @@ def topic_problem(topic: str, *, allow_system: bool = False) -> str | None:
             and _TOPIC_BAD.search(topic)
         ):
             problem = f"topic contains whitespace: {_excerpt(topic)}"
-        if len(_TOPIC_VERDICTS) >= _NAME_VERDICTS_MAX:
-            _TOPIC_VERDICTS.clear()
-        _TOPIC_VERDICTS[topic] = problem
+        if len(topic) <= MAX_TOPIC_BYTES:  # a row's oversized topic is judged, not kept
+            if len(_TOPIC_VERDICTS) >= _NAME_VERDICTS_MAX:
+                _TOPIC_VERDICTS.clear()
+            _TOPIC_VERDICTS[topic] = problem
     if problem is None and not allow_system and topic.startswith(SYSTEM_TOPIC_PREFIXES):
         problem = (
             f"topic {_excerpt(topic)} is a system destination ('$...' subjects are the NATS"
@@ -242,9 +243,10 @@ def _name_verdict(name: str) -> tuple[str | None, bool]:
         lowered = name.lower()
         reserved = lowered in RESERVED_HEADER_NAMES or lowered.startswith(RESERVED_HEADER_PREFIXES)
         verdict = (problem, reserved)
-        if len(_NAME_VERDICTS) >= _NAME_VERDICTS_MAX:
-            _NAME_VERDICTS.clear()
-        _NAME_VERDICTS[name] = verdict
+        if len(name) <= MAX_HEADER_NAME_BYTES:  # a row's oversized name is judged, not kept
+            if len(_NAME_VERDICTS) >= _NAME_VERDICTS_MAX:
+                _NAME_VERDICTS.clear()
+            _NAME_VERDICTS[name] = verdict
     return verdict
 
 

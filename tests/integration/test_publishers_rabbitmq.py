@@ -103,13 +103,17 @@ async def test_committed_events_arrive_at_rabbitmq_with_properties_headers_and_p
         payload=b"\x00\xffraw",
         headers={"x-app": "1"},
     )
-    # Event() refuses reserved names now; a row written before that still reaches the
-    # relay, and the publisher drops them.
-    forger.headers.update({"idempotency-key": "forged", "cloudEvents_id": "forged"})
     events.append(forger)
-    write_events(db_dsn, events)
+    # Event() refuses reserved names; a row written around it reaches the relay, and the
+    # publisher dead-letters it by Event()'s rules (issue 26), never sends it.
+    forged = Event(topic="orders.placed", event_type="order.forged", payload=b"x")
+    forged.headers.update({"idempotency-key": "forged", "cloudEvents_id": "forged"})
+    write_events(db_dsn, [*events, forged])
     async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):
-        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="outbox settled")
+    [dead] = rows(db_dsn, "status = 2")
+    assert dead["event_id"] == forged.event_id
+    assert "is reserved by outboxkit" in dead["last_error"]
     messages = await rabbit.read(queue, len(events))
     by_id = {m.message_id: m for m in messages}
     assert set(by_id) == {str(e.event_id) for e in events}

@@ -61,17 +61,21 @@ async def test_events_are_posted_signed_with_cloudevents_headers_and_payload_byt
         event_type="file.raw",
         payload=b'{"raw": true}',
     )
-    # Event() refuses reserved names now; a row written before that still reaches the
-    # relay, and the publisher drops them.
-    raw.headers.update({"webhook-id": "forged", "ce-id": "forged", "Idempotency-Key": "forged"})
     events.append(raw)
-    write_events(db_dsn, events)
+    # Event() refuses reserved names; a row written around it reaches the relay, and the
+    # publisher dead-letters it by Event()'s rules (issue 26), never sends it.
+    forged = Event(topic="orders/eu", event_type="file.raw", payload=b"x")
+    forged.headers.update({"webhook-id": "forged", "ce-id": "forged", "Idempotency-Key": "forged"})
+    write_events(db_dsn, [*events, forged])
     publisher = _publisher(
         server, "/hooks/{topic}/{event_type}", secret_env=secret_env, source="outboxkit"
     )
     assert SECRET not in repr(publisher)
     async with running_relay(db_dsn, publisher):
-        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="outbox settled")
+    [dead] = rows(db_dsn, "status = 2")
+    assert dead["event_id"] == forged.event_id
+    assert "is reserved by outboxkit" in dead["last_error"]
     by_id = {r.headers["webhook-id"]: r for r in server.requests}
     assert set(by_id) == {str(e.event_id) for e in events}
     assert len(server.requests) == len(events)

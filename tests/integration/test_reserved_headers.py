@@ -13,21 +13,24 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import nats
 import psycopg
 import pytest
 
-from outboxkit import Event
+from outboxkit import Event, Outbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.nats import NatsConsumer
+from outboxkit.errors import InvalidEventError
 from outboxkit.publishers import from_url
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.store.inbox_sql import migrate_inbox
 from outboxkit.wire.nats import encode_headers
 from tests.integration.test_hostile_events import dead_letters, insert_raw
 from tests.support.local_brokers import rabbitmq_url
+from tests.support.moto_sqs import MotoSqs
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, consume_nats, ensure_stream, unique_name
 
@@ -152,6 +155,19 @@ async def test_a_cc_header_written_by_sql_is_dead_lettered_before_it_can_close_t
 # -- item 8: rows written around Event(), refused by Event()'s rules at publish ----------------
 
 
+def test_a_lone_surrogate_fails_at_event_and_the_transaction_goes_on(db_dsn: str) -> None:
+    """It used to pass ``Event()`` and fail at ``put`` with a ``UnicodeEncodeError`` from the
+    driver, inside the caller's transaction."""
+    outbox = Outbox()
+    with psycopg.connect(db_dsn) as conn:
+        with conn.transaction():
+            for fields in ({"key": "k\ud800"}, {"headers": {"x-note": "\udfff"}}):
+                with pytest.raises(InvalidEventError, match="lone surrogate"):
+                    outbox.put(conn, event("orders", **fields))
+            outbox.put(conn, event("orders"))
+    assert count(db_dsn) == 1
+
+
 @pytest.mark.parametrize(
     ("topic_suffix", "headers", "reason"),
     [
@@ -198,3 +214,34 @@ async def test_kafka_refuses_a_forged_ce_id_header_written_by_sql(
     assert "'ce_id' is reserved by outboxkit" in dead[str(forged)]["last_error"]
     records = consume_kafka(kafka_broker.bootstrap, topic, 1)
     assert [dict(r.headers() or [])["ce_id"].decode() for r in records] == [str(honest.event_id)]
+
+
+@pytest.fixture
+def moto_sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoSqs]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = MotoSqs()
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_sqs_refuses_a_header_that_would_forge_the_schema_version(
+    db_dsn: str, moto_sqs: MotoSqs
+) -> None:
+    """SQS carries user headers in one JSON attribute, and a reader takes ``ce_schemaversion``
+    from there when the attributes ran out: a forged one became the event's schema version."""
+    queue = unique_name("orders")
+    queue_url = moto_sqs.create_queue(queue)
+    honest = event(queue)
+    forged = insert_raw(db_dsn, queue, headers={"ce_schemaversion": "99"})
+    write_events(db_dsn, [honest])
+    async with running_relay(db_dsn, from_url(moto_sqs.url(queue)), max_attempts=5):
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="outbox settled")
+    dead = dead_letters(db_dsn)
+    assert list(dead) == [str(forged)]
+    assert "'ce_schemaversion' is reserved by outboxkit" in dead[str(forged)]["last_error"]
+    messages = await asyncio.to_thread(moto_sqs.drain, queue_url)
+    ids = [m["MessageAttributes"]["ce_id"]["StringValue"] for m in messages]
+    assert ids == [str(honest.event_id)]

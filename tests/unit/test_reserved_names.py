@@ -204,6 +204,9 @@ def test_a_publisher_without_a_guard_cannot_be_given_allow_system() -> None:
         ({"aggregate_type": "\udc00"}, "aggregate_type contains a lone surrogate"),
         ({"aggregate_id": "4\ud800"}, "aggregate_id contains a lone surrogate"),
         ({"headers": {"x-note": "a\ud800"}}, "header 'x-note' contains a lone surrogate"),
+        ({"headers": {"x\ud800": "1"}}, "is not an HTTP token"),
+        ({"schema_version": "v\ud800"}, "schema_version must be 1 to 64 printable"),
+        ({"payload": {"note": "\ud800"}}, "surrogates not allowed"),
     ],
 )
 def test_a_lone_surrogate_is_refused_at_construction(
@@ -265,3 +268,21 @@ def test_what_event_builds_passes_the_publish_time_check() -> None:
     )
     assert len(message.headers) == limits.MAX_HEADERS + 2
     assert Guard("nats").refuse(message) is None
+
+
+def test_the_verdict_caches_never_keep_an_oversized_topic_or_header_name() -> None:
+    """Rows written by SQL reach the publish-time check with topics and header names of up to
+    64 KiB: 4 096 cached verdicts of such strings would hold 256 MiB."""
+    big = "t" * (limits.STORE_MAX_TEXT_BYTES - 1)
+    refused = Guard("kafka").refuse(_message(topic=big, headers={"n" * 5000: "1"}))
+    assert refused is not None and "over the limit of 255" in (refused.error or "")
+    assert Guard("kafka").refuse(_message(headers={"n" * 5000: "1"})) is not None
+    assert big not in limits._TOPIC_VERDICTS
+    assert "n" * 5000 not in limits._NAME_VERDICTS
+    nats_publisher = NatsPublisher(["nats://127.0.0.1:4222"])
+    assert nats_publisher._problem(_message(topic=big)) is None  # not NATS's rule: the guard's
+    assert nats_publisher.guard.refuse(_message(topic=big)) is not None
+    assert big not in nats_publisher._seen
+    redis_publisher = RedisStreamsPublisher.from_url("redis://127.0.0.1:6379/0?allow=t*")
+    assert redis_publisher.destinations.resolve(big) == (big, None)
+    assert big not in redis_publisher.destinations._verdicts

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
+
+import orjson
 
 from outboxkit.errors import missing_extra
 
@@ -170,7 +171,7 @@ class NatsConsumer(ConsumerRunner):
         ended) is a delivery like any other and is returned here.
         """
         request = {"batch": self.batch, "expires": int(self.fetch_timeout * 1e9)}
-        await nc.publish(pull, json.dumps(request).encode(), reply=sub.subject)
+        await nc.publish(pull, orjson.dumps(request), reply=sub.subject)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.fetch_timeout + _FETCH_MARGIN
         messages: list[Any] = []

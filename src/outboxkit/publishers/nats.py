@@ -271,6 +271,8 @@ class NatsPublisher:
         return None
 
     def _remember(self, key: str, verdict: str | None) -> str | None:
+        if len(key) > _SEEN_KEY_MAX:  # a row's oversized subject or name: judged, not kept
+            return verdict
         if len(self._seen) >= _SEEN_MAX:
             self._seen.clear()
         self._seen[key] = verdict
@@ -336,6 +338,7 @@ _SUCCESS = PublishResult.success()
 _UNSEEN = "unseen"
 _HEADER = "\n"  # prefixes a header name in the verdict cache: no subject holds a newline
 _SEEN_MAX = 10_000
+_SEEN_KEY_MAX = 256  # longer subjects and header names are refused anyway (outboxkit.limits)
 # Whitespace and control characters end or split a protocol line; never in a subject.
 _SUBJECT_BAD = re.compile(r"[\x00-\x20\x7f]")
 

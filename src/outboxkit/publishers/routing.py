@@ -143,13 +143,15 @@ class Destinations:
                 )
             else:
                 verdict = (self.prefix + topic, None)
-            if len(self._verdicts) >= _VERDICTS_MAX:  # topics repeat: a small, bounded cache
-                self._verdicts.clear()
-            self._verdicts[topic] = verdict
+            if len(topic) <= _VERDICT_KEY_MAX:  # a row's oversized topic: judged, not kept
+                if len(self._verdicts) >= _VERDICTS_MAX:  # topics repeat: a small, bounded cache
+                    self._verdicts.clear()
+                self._verdicts[topic] = verdict
         return verdict
 
 
 _VERDICTS_MAX = 10_000
+_VERDICT_KEY_MAX = 256  # longer topics are refused anyway (outboxkit.limits)
 
 
 def with_routes(publisher: Publisher, routes: Sequence[str]) -> Publisher:
