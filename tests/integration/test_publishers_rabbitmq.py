@@ -163,18 +163,27 @@ async def test_unroutable_event_is_retried_with_a_clear_error_until_a_queue_is_b
     assert message.message_id == str(event.event_id)
 
 
-async def test_message_over_max_message_bytes_is_dead_lettered_at_once(
+async def test_headers_over_frame_max_are_dead_lettered_alone_before_breaking_the_connection(
     db_dsn: str, rabbit: Rabbit
 ) -> None:
+    # A content header frame cannot be split: over frame_max (128 KiB by default) the
+    # broker closes the whole connection, failing every publish in flight on it.
     queue = await rabbit.bind()
-    big = Event(topic="files", event_type="file.stored", payload=b"x" * 5000)
-    small = Event(topic="files", event_type="file.stored", payload=b"ok")
-    write_events(db_dsn, [big, small])
-    publisher = RabbitMQPublisher.from_url(rabbit.broker_url(max_message_bytes="4096"))
-    async with running_relay(db_dsn, publisher):
-        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="both settled")
+    healthy = make_events("orders.placed", 20)
+    heavy = Event(
+        topic="orders.placed",
+        event_type="order.annotated",
+        payload={"n": 1},
+        headers={f"x-note-{i}": "n" * 8000 for i in range(20)},
+    )
+    write_events(db_dsn, [*healthy[:10], heavy, *healthy[10:]])
+    publisher = RabbitMQPublisher.from_url(rabbit.broker_url())
+    async with running_relay(db_dsn, publisher) as relay:
+        await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="all settled")
     [dead] = rows(db_dsn)
-    assert dead["event_id"] == big.event_id
-    assert (dead["status"], dead["attempts"]) == (2, 1), "failed on the first attempt"
-    assert "max_message_bytes=4096" in dead["last_error"]
-    assert [m.message_id for m in await rabbit.read(queue, 1)] == [str(small.event_id)]
+    assert dead["event_id"] == heavy.event_id
+    assert (dead["status"], dead["attempts"]) == (2, 1), "dead-lettered at once"
+    assert "frame_max" in dead["last_error"] and "131 072" in dead["last_error"]
+    assert relay.stats.released == 0, "no connection lost, nothing handed back"
+    got = await rabbit.read(queue, len(healthy))
+    assert sorted(m.message_id for m in got) == sorted(str(e.event_id) for e in healthy)

@@ -23,9 +23,9 @@ import nats.js.errors
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import wire_header_problem
-from outboxkit.publishers._util import ThrottledLog
+from outboxkit.publishers._util import ThrottledLog, too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
-from outboxkit.wire.nats import encode_headers
+from outboxkit.wire.nats import encode_headers, oversize
 
 log = logging.getLogger("outboxkit.nats")
 
@@ -83,6 +83,8 @@ class NatsPublisher:
         #: failed connect, restored on reconnected or a connect.
         self.reachability = Reachability()
         self._reconnecting: asyncio.Task[None] | None = None
+        #: Disconnects so far: a batch that saw one hands back what the server never acked.
+        self._disconnects = 0
         # Subjects and header names already judged: their verdict, None when publishable.
         self._seen: dict[str, str | None] = {}
 
@@ -210,6 +212,7 @@ class NatsPublisher:
         self._warn.warning("NATS client error: %s", redact(str(exc) or type(exc).__name__))
 
     async def _on_disconnected(self) -> None:
+        self._disconnects += 1
         if self._closing:
             log.debug("disconnected from NATS (closed by the relay)")
             return
@@ -267,6 +270,27 @@ class NatsPublisher:
                 return problem
         return None
 
+    @staticmethod
+    def _too_large(
+        message: OutboundMessage, headers: dict[str, str], max_payload: int
+    ) -> PublishResult | None:
+        """The dead letter of a message over the server's ``max_payload``, or None.
+
+        The server answers such a message by closing the connection, which loses the
+        PubAcks of every other message in flight on it: it must never be sent.
+        """
+        size = oversize(message.payload, headers, max_payload)
+        if size is None:
+            return None
+        return too_large(
+            "nats",
+            size,
+            "with headers",
+            "the NATS server's max_payload",
+            max_payload,
+            "raise max_payload in the server's configuration, up to 64 MB, or send less",
+        )
+
     def _remember(self, key: str, verdict: str | None) -> str | None:
         if len(self._seen) >= _SEEN_MAX:
             self._seen.clear()
@@ -289,18 +313,24 @@ class NatsPublisher:
         # a fifth of the throughput.) One deadline covers the whole batch.
         results: list[PublishResult | None] = [None] * len(messages)
         waiting: dict[asyncio.Future[Any], int] = {}
+        disconnects = self._disconnects
+        max_payload = self._nc.max_payload  # the server's, from its INFO
         for i, message in enumerate(messages):
             problem = self._problem(message)
             if problem is not None:
                 # Never sent: a client that does not check would let the server act on it.
                 results[i] = PublishResult.permanent(f"nats: {problem}", "invalid_message")
                 continue
+            headers = encode_headers(message)
+            if self._stream is not None:
+                headers[_EXPECTED_STREAM] = self._stream  # as publish_async adds it
+            too_big = self._too_large(message, headers, max_payload)
+            if too_big is not None:
+                results[i] = too_big
+                continue
             try:
                 future = await js.publish_async(
-                    message.topic,
-                    message.payload,
-                    stream=self._stream,
-                    headers=encode_headers(message),
+                    message.topic, message.payload, stream=self._stream, headers=headers
                 )
             except Exception as exc:
                 results[i] = _classify(exc, message.topic, self._timeout)
@@ -308,9 +338,12 @@ class NatsPublisher:
                 waiting[future] = i
         if waiting:
             done, pending = await asyncio.wait(waiting, timeout=self._timeout)
+            lost = self._disconnects != disconnects
             for future in pending:
                 future.cancel()  # frees its slot in nats-py's pending-ack table
-                results[waiting[future]] = _classify(TimeoutError(), "", self._timeout)
+                results[waiting[future]] = (
+                    _LOST_BEFORE_ACK if lost else _classify(TimeoutError(), "", self._timeout)
+                )
             for future in done:
                 i = waiting[future]
                 error = (
@@ -327,6 +360,12 @@ class NatsPublisher:
 
 
 _SUCCESS = PublishResult.success()
+_EXPECTED_STREAM = "Nats-Expected-Stream"
+# Sent, but the connection dropped before its PubAck: the server may or may not have
+# stored it; published again (Nats-Msg-Id dedups), the attempt not counted.
+_LOST_BEFORE_ACK = PublishResult.hand_back(
+    "nats: the connection was lost before the PubAck; published again", "connection_lost"
+)
 _UNSEEN = "unseen"
 _HEADER = "\n"  # prefixes a header name in the verdict cache: no subject holds a newline
 _SEEN_MAX = 10_000

@@ -33,6 +33,12 @@ class BrokerHarness(ABC):
     dedups: ClassVar[bool] = False
     #: Query options the in-process relay's publisher gets (short timeouts for outage tests).
     options: ClassVar[str] = ""
+    #: What the dead letter of a 1 MiB payload names: the broker's default limit for a whole
+    #: message, when headers + payload exceed it; None where such an event fits by default.
+    default_limit: ClassVar[str | None] = None
+    #: URL options that lower the broker's limit to 4 KiB, and the name the dead letter
+    #: quotes; None where a test cannot lower it.
+    small_limit: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         self.request = request
@@ -89,6 +95,8 @@ class BrokerHarness(ABC):
 
 class KafkaHarness(BrokerHarness):
     name = "kafka"
+    default_limit = "message.max.bytes"
+    small_limit = ("message.max.bytes=4096", "message.max.bytes")
 
     async def _open(self, cuttable: bool) -> None:
         self._proxied = self.request.getfixturevalue("kafka_behind_proxy") if cuttable else None
@@ -127,6 +135,7 @@ class KafkaHarness(BrokerHarness):
 
 class NatsHarness(BrokerHarness):
     name = "nats"
+    default_limit = "max_payload"
     dedups = True  # JetStream's duplicate window, keyed by Nats-Msg-Id
     options = "timeout=0.5"
 
@@ -179,6 +188,7 @@ class RabbitMQHarness(BrokerHarness):
     """One exchange of the machine's RabbitMQ per test, a queue bound per destination."""
 
     name = "rabbitmq"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
     options = "timeout=2"
 
     async def _open(self, cuttable: bool) -> None:
@@ -300,6 +310,8 @@ class SqsHarness(BrokerHarness):
     """moto's SQS server of the test's own: an outage stops it, its queues survive."""
 
     name = "sqs"
+    default_limit = "MaximumMessageSize"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
     options = "timeout=2"
     suffix = ""
 
