@@ -85,6 +85,7 @@ class NatsPublisher:
         self._reconnecting: asyncio.Task[None] | None = None
         #: Disconnects so far: a batch that saw one hands back what the server never acked.
         self._disconnects = 0
+        self._lost_waiters: set[asyncio.Future[None]] = set()
         # Subjects and header names already judged: their verdict, None when publishable.
         self._seen: dict[str, str | None] = {}
 
@@ -213,6 +214,9 @@ class NatsPublisher:
 
     async def _on_disconnected(self) -> None:
         self._disconnects += 1
+        for waiter in self._lost_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         if self._closing:
             log.debug("disconnected from NATS (closed by the relay)")
             return
@@ -269,6 +273,41 @@ class NatsPublisher:
             if not value.isprintable() and (problem := wire_header_problem(name, value)):
                 return problem
         return None
+
+    async def _wait_for_acks(
+        self, futures: dict[asyncio.Future[Any], int], disconnects: int
+    ) -> None:
+        """Until every PubAck is in, the timeout passes, or the connection drops.
+
+        Once the connection dropped, the PubAcks of what was sent before are lost with it:
+        the batch returns at once, and what is unacked is handed back instead of waiting
+        out the timeout (Nats-Msg-Id dedups a message that was stored after all).
+        """
+        loop = asyncio.get_running_loop()
+        all_in: asyncio.Future[None] = loop.create_future()
+        remaining = len(futures)
+
+        def one_done(_future: asyncio.Future[Any]) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if not remaining and not all_in.done():
+                all_in.set_result(None)
+
+        for future in futures:
+            future.add_done_callback(one_done)
+        lost: asyncio.Future[None] = loop.create_future()
+        self._lost_waiters.add(lost)
+        try:
+            if self._disconnects == disconnects:
+                await asyncio.wait(
+                    (all_in, lost), timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            self._lost_waiters.discard(lost)
+            lost.cancel()
+            all_in.cancel()
+            for future in futures:
+                future.remove_done_callback(one_done)
 
     @staticmethod
     def _too_large(
@@ -337,15 +376,15 @@ class NatsPublisher:
             else:
                 waiting[future] = i
         if waiting:
-            done, pending = await asyncio.wait(waiting, timeout=self._timeout)
+            await self._wait_for_acks(waiting, disconnects)
             lost = self._disconnects != disconnects
-            for future in pending:
-                future.cancel()  # frees its slot in nats-py's pending-ack table
-                results[waiting[future]] = (
-                    _LOST_BEFORE_ACK if lost else _classify(TimeoutError(), "", self._timeout)
-                )
-            for future in done:
-                i = waiting[future]
+            for future, i in waiting.items():
+                if not future.done():
+                    future.cancel()  # frees its slot in nats-py's pending-ack table
+                    results[i] = (
+                        _LOST_BEFORE_ACK if lost else _classify(TimeoutError(), "", self._timeout)
+                    )
+                    continue
                 error = (
                     ConnectionError("publish cancelled")
                     if future.cancelled()

@@ -92,6 +92,13 @@ class BrokerHarness(ABC):
     async def restore(self) -> None:
         """Give the broker back after :meth:`cut`."""
 
+    #: :meth:`pause` works: the link passes through a proxy that can hold bytes.
+    pausable: ClassVar[bool] = False
+
+    async def pause(self) -> None:
+        """Hold every byte between relay and broker, connections left open (then cut/restore)."""
+        raise NotImplementedError(f"{self.name}: the link cannot be paused")
+
 
 class KafkaHarness(BrokerHarness):
     name = "kafka"
@@ -131,6 +138,12 @@ class KafkaHarness(BrokerHarness):
     async def restore(self) -> None:
         assert self._proxied is not None, "open(cuttable=True) first"
         self._proxied.proxy.resume()
+
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxied is not None, "open(cuttable=True) first"
+        self._proxied.proxy.pause()
 
 
 class NatsHarness(BrokerHarness):
@@ -182,6 +195,12 @@ class NatsHarness(BrokerHarness):
     async def restore(self) -> None:
         assert self._proxy is not None
         self._proxy.resume()
+
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxy is not None
+        self._proxy.pause()
 
 
 class RabbitMQHarness(BrokerHarness):
@@ -255,6 +274,12 @@ class RabbitMQHarness(BrokerHarness):
     async def restore(self) -> None:
         assert self._proxy is not None
         self._proxy.resume()
+
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxy is not None
+        self._proxy.pause()
 
 
 class RedisHarness(BrokerHarness):
