@@ -92,11 +92,11 @@ def _ids(messages: list[Any]) -> list[str]:
     return [m.headers["idempotency-key"] for m in messages]
 
 
-async def test_committed_events_arrive_at_rabbitmq_with_properties_headers_and_payload_bytes(
+async def test_headers_forged_in_a_row_written_around_event_do_not_reach_rabbitmq(
     db_dsn: str, rabbit: Rabbit
 ) -> None:
+    # (What every event carries, properties included: tests/integration/brokers/.)
     queue = await rabbit.bind("orders.#")
-    events = make_events("orders.placed", 30)
     forger = Event(
         topic="orders.placed",
         event_type="order.forged",
@@ -106,39 +106,17 @@ async def test_committed_events_arrive_at_rabbitmq_with_properties_headers_and_p
     # Event() refuses reserved names now; a row written before that still reaches the
     # relay, and the publisher drops them.
     forger.headers.update({"idempotency-key": "forged", "cloudEvents_id": "forged"})
-    events.append(forger)
-    write_events(db_dsn, events)
+    write_events(db_dsn, [forger])
     async with running_relay(db_dsn, RabbitMQPublisher.from_url(rabbit.broker_url())):
         await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
-    messages = await rabbit.read(queue, len(events))
-    by_id = {m.message_id: m for m in messages}
-    assert set(by_id) == {str(e.event_id) for e in events}
-    assert len(messages) == len(events)
-    for e in events:
-        m = by_id[str(e.event_id)]
-        headers = m.headers
-        assert m.body == e.payload
-        assert m.routing_key == "orders.placed"
-        assert m.type == e.event_type
-        assert m.app_id == "outboxkit"
-        assert m.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
-        assert m.timestamp is not None
-        assert headers["idempotency-key"] == str(e.event_id)
-        assert headers["cloudEvents_id"] == str(e.event_id)
-        assert headers["cloudEvents_type"] == e.event_type
-        assert headers["cloudEvents_specversion"] == "1.0"
-        assert "cloudEvents_datacontenttype" not in headers
-        if e is forger:
-            assert m.content_type == "application/octet-stream"
-            assert headers["x-app"] == "1"
-            assert "cloudEvents_subject" not in headers
-        else:
-            assert m.content_type == "application/json"
-            assert headers["cloudEvents_source"] == "/outboxkit/order"
-            assert headers["cloudEvents_subject"] == e.aggregate_id
-            assert headers["cloudEvents_partitionkey"] == e.key
-            assert headers["tenant"] == "acme"
-            assert headers["traceparent"] == e.headers["traceparent"]
+    [m] = await rabbit.read(queue, 1)
+    assert m.message_id == str(forger.event_id)
+    assert m.body == forger.payload
+    assert m.content_type == "application/octet-stream"
+    assert m.headers["idempotency-key"] == str(forger.event_id)
+    assert m.headers["cloudEvents_id"] == str(forger.event_id)
+    assert m.headers["x-app"] == "1"
+    assert "cloudEvents_subject" not in m.headers
 
 
 async def test_unroutable_event_is_retried_with_a_clear_error_until_a_queue_is_bound(
