@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
+import aio_pika
+import aiormq.exceptions
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from nats.aio.client import Client as NATS
 
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.kafka import KafkaPublisher
+from outboxkit.publishers.rabbitmq import RabbitMQPublisher
+from outboxkit.publishers.redis import RedisStreamsPublisher
 from outboxkit.wire import kafka as kafka_wire
 from outboxkit.wire import nats as nats_wire
+from outboxkit.wire import redis as redis_wire
 
 
 def _message(**overrides: Any) -> OutboundMessage:
@@ -110,3 +116,61 @@ def test_kafka_broker_refusal_dead_letters_the_largest_and_hands_back_its_neighb
     assert "message.max.bytes" in (big.error or "") and "'orders'" in (big.error or "")
     for neighbour in (results[0], results[3]):
         assert neighbour.retryable and not neighbour.counts_attempt, "handed back, not charged"
+
+
+def _rabbit(**options: Any) -> RabbitMQPublisher:
+    return RabbitMQPublisher("amqp://guest:guest@127.0.0.1:5672/", **options)
+
+
+def _amqp_connection(version: bytes, frame_max: int) -> Any:
+    tune = SimpleNamespace(frame_max=frame_max)
+    amqp = SimpleNamespace(connection_tune=tune, server_properties={"version": version})
+    return SimpleNamespace(transport=SimpleNamespace(connection=amqp))
+
+
+@pytest.mark.parametrize(
+    ("version", "limit"), [(b"3.13.7", 128 * 1024 * 1024), (b"4.0.5", 16 * 1024 * 1024)]
+)
+def test_rabbitmq_body_limit_follows_the_server_version(version: bytes, limit: int) -> None:
+    publisher = _rabbit()
+    publisher._read_limits(_amqp_connection(version, 131072))
+    assert publisher._too_large(aio_pika.Message(b"x" * limit)) is None
+    dead = publisher._too_large(aio_pika.Message(b"x" * (limit + 1)))
+    assert dead is not None and not dead.retryable
+    assert "max_message_size" in (dead.error or "")
+
+
+def test_rabbitmq_headers_over_frame_max_are_judged_exactly() -> None:
+    publisher = _rabbit()
+    publisher._read_limits(_amqp_connection(b"3.13.7", 4096))
+    fits = aio_pika.Message(b"{}", headers={"note": "n" * 3000})
+    assert publisher._too_large(fits) is None
+    heavy = aio_pika.Message(b"{}", headers={"note": "n" * 4096})
+    dead = publisher._too_large(heavy)
+    assert dead is not None and "frame_max is 4 096" in (dead.error or "")
+
+
+def test_rabbitmq_channel_closed_over_another_message_hands_this_one_back() -> None:
+    publisher = _rabbit()
+    closed = aiormq.exceptions.ChannelPreconditionFailed(
+        406, "PRECONDITION_FAILED - message size 5000 is larger than configured max size 4096"
+    )
+    culprit = publisher._channel_lost(closed, "here", _message(payload=b"x" * 5000))
+    assert (culprit.retryable, culprit.error_class) == (False, "message_too_large")
+    neighbour = publisher._channel_lost(closed, "here", _message(payload=b"{}"))
+    assert neighbour.retryable and not neighbour.counts_attempt, "handed back, not charged"
+    # The broker's configured limit is learnt: the next oversized body is never sent.
+    dead = publisher._too_large(aio_pika.Message(b"x" * 4097))
+    assert dead is not None and "max_message_size is 4 096" in (dead.error or "")
+
+
+def test_redis_payload_or_headers_over_proto_max_bulk_len_are_refused() -> None:
+    publisher = RedisStreamsPublisher("redis://127.0.0.1:6379/0")
+    publisher._max_bulk = 2000
+    ok = redis_wire.encode(_message(payload=b"x" * 2000))
+    assert publisher._too_large(ok, "orders") is None
+    big = redis_wire.encode(_message(payload=b"x" * 2001))
+    dead = publisher._too_large(big, "orders")
+    assert dead is not None and "proto-max-bulk-len is 2 000" in (dead.error or "")
+    heavy = redis_wire.encode(_message(headers={f"h{i}": "v" * 200 for i in range(10)}))
+    assert publisher._too_large(heavy, "orders") is not None, "the headers field counts too"
