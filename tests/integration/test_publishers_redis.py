@@ -13,15 +13,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import redis.asyncio
 
-from outboxkit import Event
+from outboxkit import Event, Outbox
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.redis import DEDUP_KEY_PREFIX, RedisStreamsPublisher
 from outboxkit.testing import spawn_relay
-from tests.support.local_brokers import redis_url
+from tests.support.local_brokers import OwnRedis, redis_url
 from tests.support.relaying import (
     count,
     make_events,
@@ -85,38 +84,6 @@ def _message(topic: str, event: Event) -> OutboundMessage:
         headers=event.headers,
         created_at=dt.datetime.now(dt.UTC),
     )
-
-
-async def test_committed_events_arrive_in_redis_streams_with_fields_and_payload_bytes(
-    db_dsn: str, streams: Streams
-) -> None:
-    stream = streams.name()
-    events = make_events(stream, 30)
-    bare = Event(topic=stream, event_type="order.raw", payload=b"\x00\xff raw bytes")
-    events.append(bare)
-    write_events(db_dsn, events)
-    async with running_relay(db_dsn, RedisStreamsPublisher.from_url(streams.url)):
-        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
-    entries = await streams.entries(stream)
-    assert [f[b"ce_id"].decode() for f in entries] == [str(e.event_id) for e in events], (
-        "every event once, in outbox order"
-    )
-    for e, fields in zip(events, entries, strict=True):
-        assert fields[b"data"] == e.payload
-        assert fields[b"ce_type"] == e.event_type.encode()
-        assert fields[b"ce_specversion"] == b"1.0"
-        assert fields[b"ce_time"]
-        if e is bare:
-            assert fields[b"ce_datacontenttype"] == b"application/octet-stream"
-            assert fields[b"ce_source"] == b"/outboxkit"
-            assert b"headers" not in fields, "no user headers, no field"
-            assert b"ce_subject" not in fields and b"ce_partitionkey" not in fields
-        else:
-            assert fields[b"ce_datacontenttype"] == b"application/json"
-            assert fields[b"ce_source"] == b"/outboxkit/order"
-            assert fields[b"ce_subject"] == e.aggregate_id.encode()  # type: ignore[union-attr]
-            assert fields[b"ce_partitionkey"] == e.key.encode()  # type: ignore[union-attr]
-            assert orjson.loads(fields[b"headers"]) == e.headers
 
 
 async def test_maxlen_trims_the_stream_approximately(streams: Streams) -> None:
@@ -211,3 +178,35 @@ async def test_relay_command_routes_event_and_aggregate_types_to_their_streams(
     assert await streams.ids(orders) == [str(placed.event_id)]
     assert await streams.ids(customers) == [str(moved.event_id)]
     assert await streams.ids(other.topic) == [str(other.event_id)], "no rule: keeps its topic"
+
+
+@pytest.mark.parametrize("query", ["", "?dedup_window=60"])
+async def test_a_field_over_proto_max_bulk_len_is_dead_lettered_alone(
+    db_dsn: str, tmp_path: Path, query: str
+) -> None:
+    # Over proto-max-bulk-len the server answers "invalid bulk length" and closes the
+    # connection: the whole pipeline failed, every event of the batch with it, forever.
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    client: Any = redis.asyncio.Redis.from_url(server.url)
+    try:
+        await client.config_set("proto-max-bulk-len", str(1024 * 1024))  # its smallest
+        stream = unique_name("files")
+        healthy = make_events(stream, 20)
+        big = Event(topic=stream, event_type="file.stored", payload=b"x" * (1024 * 1024 + 1))
+        write_events(
+            db_dsn, [*healthy[:10], big, *healthy[10:]], outbox=Outbox(max_payload_bytes=2 << 20)
+        )
+        publisher = RedisStreamsPublisher.from_url(server.url + query)
+        async with running_relay(db_dsn, publisher) as relay:
+            await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="all settled")
+        [dead] = rows(db_dsn)
+        assert dead["event_id"] == big.event_id
+        assert (dead["status"], dead["attempts"]) == (2, 1), "dead-lettered at once"
+        assert "proto-max-bulk-len is 1 048 576" in dead["last_error"], dead["last_error"]
+        assert relay.stats.released == 0, "the connection was never lost"
+        ids = [f[b"ce_id"].decode() for _id, f in await client.xrange(stream)]
+        assert ids == [str(e.event_id) for e in healthy]
+    finally:
+        await client.aclose()
+        server.kill()

@@ -7,8 +7,6 @@ whole) are in tests/integration/brokers/.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,45 +46,6 @@ def _attrs(message: dict[str, Any]) -> dict[str, str]:
     return {k: v["StringValue"] for k, v in message["MessageAttributes"].items()}
 
 
-async def test_committed_events_arrive_in_sqs_with_attributes_and_payload(
-    db_dsn: str, sqs: MotoSqs
-) -> None:
-    queue = unique_name("orders")
-    queue_url = sqs.create_queue(queue)
-    events = make_events("orders", 25)
-    raw = Event(topic="orders", event_type="file.raw", payload=b"\x00\xff\xfe binary")
-    control = Event(topic="orders", event_type="note.added", payload="bell \x07 ✓".encode())
-    events += [raw, control]
-    write_events(db_dsn, events)
-    async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url(queue))):
-        await wait_for(lambda: count(db_dsn) == 0, what="outbox drained")
-    messages = await asyncio.to_thread(sqs.drain, queue_url)
-    by_id = {_attrs(m)["ce_id"]: m for m in messages}
-    assert set(by_id) == {str(e.event_id) for e in events}
-    assert len(messages) == len(events)
-    for e in events:
-        message = by_id[str(e.event_id)]
-        attrs = _attrs(message)
-        assert len(attrs) <= 10, "SQS allows at most 10 message attributes"
-        assert attrs["ce_type"] == e.event_type
-        assert attrs["ce_specversion"] == "1.0"
-        assert attrs["ce_time"]
-        if e in (raw, control):
-            # not valid UTF-8, or characters SQS refuses in a body: base64
-            assert attrs["content-transfer-encoding"] == "base64"
-            assert base64.b64decode(message["Body"]) == e.payload
-            assert "ce_partitionkey" not in attrs and "headers" not in attrs
-        else:
-            assert "content-transfer-encoding" not in attrs
-            assert message["Body"].encode() == e.payload
-            assert attrs["content-type"] == "application/json"
-            assert attrs["ce_source"] == "/outboxkit/order"
-            assert attrs["ce_subject"] == e.aggregate_id
-            assert attrs["ce_partitionkey"] == e.key
-            assert json.loads(attrs["headers"]) == e.headers
-    assert _attrs(by_id[str(raw.event_id)])["content-type"] == "application/octet-stream"
-
-
 async def test_fifo_queue_groups_by_key_and_deduplicates_by_event_id(
     db_dsn: str, sqs: MotoSqs
 ) -> None:
@@ -109,21 +68,18 @@ async def test_fifo_queue_groups_by_key_and_deduplicates_by_event_id(
         assert in_queue == [str(e.event_id) for e in events if e.key == key], "per-key order"
 
 
-async def test_message_over_the_queue_limit_and_a_missing_queue_are_dead_lettered_at_once(
-    db_dsn: str, sqs: MotoSqs
-) -> None:
+async def test_a_missing_queue_is_dead_lettered_at_once(db_dsn: str, sqs: MotoSqs) -> None:
+    # (An event over the queue's size limit: tests/integration/brokers/test_sizes.py.)
     queue = unique_name("files")
-    queue_url = sqs.create_queue(queue, MaximumMessageSize="262144")
-    big = Event(topic=queue, event_type="file.stored", payload=b"x" * 270_000)
+    queue_url = sqs.create_queue(queue)
     fits = Event(topic=queue, event_type="file.stored", payload=b"y" * 200_000)
     lost = Event(topic=unique_name("nowhere"), event_type="file.stored", payload=b"z")
-    write_events(db_dsn, [big, fits, lost])
+    write_events(db_dsn, [fits, lost])
     # one queue per topic: sqs://{topic}
     async with running_relay(db_dsn, SqsPublisher.from_url(sqs.url("{topic}"))):
         await wait_for(lambda: count(db_dsn, "status = 0") == 0, what="all settled")
-    dead = {r["event_id"]: r for r in rows(db_dsn)}
-    assert set(dead) == {big.event_id, lost.event_id}
-    assert all(r["status"] == 2 and r["attempts"] == 1 for r in dead.values()), "at once"
-    assert "over the queue's limit of 262144 bytes" in dead[big.event_id]["last_error"]
-    assert "does not exist" in dead[lost.event_id]["last_error"]
+    [dead] = rows(db_dsn)
+    assert dead["event_id"] == lost.event_id
+    assert (dead["status"], dead["attempts"]) == (2, 1), "at once"
+    assert "does not exist" in dead["last_error"]
     assert _ids(await asyncio.to_thread(sqs.drain, queue_url)) == [str(fits.event_id)]

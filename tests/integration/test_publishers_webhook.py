@@ -52,9 +52,10 @@ def _publisher(server: WebhookServer, path: str = "/hooks", **options: str) -> W
     return WebhookPublisher.from_url(f"{server.url(path)}?{query}")
 
 
-async def test_events_are_posted_signed_with_cloudevents_headers_and_payload_bytes(
+async def test_events_are_posted_signed_to_the_templated_path_and_forged_headers_are_dropped(
     db_dsn: str, server: WebhookServer, secret_env: str
 ) -> None:
+    # (What every event carries, ce-* headers included: tests/integration/brokers/.)
     events = make_events("orders/eu", 20)
     raw = Event(
         topic="orders/eu",
@@ -87,19 +88,7 @@ async def test_events_are_posted_signed_with_cloudevents_headers_and_payload_byt
         assert request.path == f"/hooks/orders%2Feu/{e.event_type}?source=outboxkit"
         assert request.headers["idempotency-key"] == str(e.event_id)
         assert request.headers["ce-id"] == str(e.event_id)
-        assert request.headers["ce-type"] == e.event_type
-        assert request.headers["ce-specversion"] == "1.0"
-        assert request.headers["ce-time"]
         assert request.headers["webhook-signature"].startswith("v1,")
-        if e is raw:
-            assert request.headers["content-type"] == "application/octet-stream"
-        else:
-            assert request.headers["content-type"] == "application/json"
-            assert request.headers["ce-source"] == "/outboxkit/order"
-            assert request.headers["ce-subject"] == e.aggregate_id
-            assert request.headers["ce-partitionkey"] == e.key
-            assert request.headers["tenant"] == "acme"
-            assert request.headers["traceparent"] == e.headers["traceparent"]
 
 
 @pytest.mark.parametrize("status", [400, 413])

@@ -23,14 +23,14 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers._util import ThrottledLog
+from outboxkit.publishers._util import ThrottledLog, too_large
 from outboxkit.publishers.base import (
     OutboundMessage,
     PublishResult,
     Reachability,
 )
 from outboxkit.publishers.reserved import Guard
-from outboxkit.wire.kafka import encode_record, wire_time
+from outboxkit.wire.kafka import encode_record, record_size, wire_time
 
 log = logging.getLogger("outboxkit.kafka")
 # librdkafka's own lines; `outboxkit relay` lowers their ERRORs and rate-limits them.
@@ -82,6 +82,15 @@ _DEFAULTS: dict[str, Any] = {
     "socket.keepalive.enable": True,
 }
 _SUCCESS = PublishResult.success()
+# The producer's message.max.bytes unless the URL sets it (librdkafka's default).
+_LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000
+# A delivery report's MSG_SIZE_TOO_LARGE: the broker refused the record batch.
+_TOO_LARGE_NAME = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE).name()
+_REFUSED_WITH_A_LARGER_ONE = PublishResult.hand_back(
+    "kafka: the broker refused the record batch as too large because of a larger message"
+    " of the same batch (dead-lettered); published again",
+    "refused_with_neighbour",
+)
 _WARM_UP_TIMEOUT = 2.0
 _YIELD_EVERY = 128
 _SMALL_BATCH = 100  # fewer messages than this are sent without lingering
@@ -466,7 +475,7 @@ class KafkaPublisher:
                 except BufferError:
                     await self._produce_when_room(producer, waiter, i, message, key, callback)
                 except KafkaException as exc:
-                    self._produce_failed(waiter, i, exc)
+                    self._produce_failed(waiter, i, exc, message)
                     if not waiter.remaining:
                         break  # the producer failed fatally: the rest is handed back
                 except (TypeError, ValueError) as exc:
@@ -485,6 +494,8 @@ class KafkaPublisher:
         finally:
             self._pending.discard(waiter)
         results = [r if r is not None else PublishResult.retry("no report") for r in waiter.results]
+        if any(r.error_class == _TOO_LARGE_NAME for r in results):
+            self._judge_refused_as_too_large(messages, results)
         if any(r.ok for r in results):  # a delivery: the broker is reachable
             self.reachability.restored()
         return results
@@ -515,20 +526,74 @@ class KafkaPublisher:
             except BufferError:
                 continue
             except KafkaException as exc:
-                self._produce_failed(waiter, index, exc)
+                self._produce_failed(waiter, index, exc, message)
                 return
             except (TypeError, ValueError) as exc:
                 waiter.report(index, PublishResult.permanent(f"kafka: {exc}", "invalid_message"))
                 return
 
-    def _produce_failed(self, waiter: _BatchWaiter, index: int, exc: KafkaException) -> None:
+    def _produce_failed(
+        self, waiter: _BatchWaiter, index: int, exc: KafkaException, message: OutboundMessage
+    ) -> None:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            # librdkafka refused it before sending: over the producer's own limit.
+            waiter.report(index, self._over_producer_limit(message))
+            return
         if err is not None and _is_fatal(err):
             self._producer_failed(waiter.generation, err)
             result = PublishResult.hand_back(f"kafka {err.name()}: {err.str()}", "producer_fatal")
             waiter.hand_back_rest(result)
             return
         waiter.report(index, _classify(err) if err else PublishResult.retry(str(exc), "kafka"))
+
+    @property
+    def _max_message_bytes(self) -> int:
+        return int(self._config.get("message.max.bytes", _LIBRDKAFKA_MAX_MESSAGE_BYTES))
+
+    def _over_producer_limit(self, message: OutboundMessage) -> PublishResult:
+        headers, _ = encode_record(message)
+        return too_large(
+            "kafka",
+            record_size(message.key, message.payload, headers),
+            "with its key and headers",
+            "the producer's message.max.bytes",
+            self._max_message_bytes,
+            "raise message.max.bytes in the relay's broker URL, and the topic's"
+            " max.message.bytes with it, or send less",
+        )
+
+    def _judge_refused_as_too_large(
+        self, messages: Sequence[OutboundMessage], results: list[PublishResult]
+    ) -> None:
+        """Tell the message the broker refused as too large from its neighbours.
+
+        Under the producer's limit, but over a smaller topic (``max.message.bytes``) or
+        broker limit: the broker refuses the whole record batch, every message of the
+        batch's partition with it. Per topic, the largest refused message is the cause and
+        is dead-lettered; the others are handed back, their attempt not counted.
+        """
+        refused: dict[str, list[tuple[int, int]]] = {}
+        for i, result in enumerate(results):
+            if result.error_class == _TOO_LARGE_NAME:
+                message = messages[i]
+                headers, _ = encode_record(message)
+                size = record_size(message.key, message.payload, headers)
+                refused.setdefault(message.topic, []).append((size, i))
+        for topic, sized in refused.items():
+            size, culprit = max(sized)
+            for _, i in sized:
+                results[i] = _REFUSED_WITH_A_LARGER_ONE
+            results[culprit] = too_large(
+                "kafka",
+                size,
+                "with its key and headers, under the producer's message.max.bytes but refused"
+                f" by the broker as too large for topic {topic!r}",
+                "the producer's message.max.bytes",
+                self._max_message_bytes,
+                "the topic's max.message.bytes or the broker's message.max.bytes is smaller:"
+                " raise it, or lower message.max.bytes in the relay's broker URL to match",
+            )
 
     def _flush(self, producer: Any, generation: int) -> None:
         """Wait (in a worker thread) for the queued messages; their reports carry the outcome."""

@@ -23,10 +23,10 @@ import nats.js.errors
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import wire_header_problem
-from outboxkit.publishers._util import ThrottledLog
+from outboxkit.publishers._util import ThrottledLog, too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.reserved import Guard
-from outboxkit.wire.nats import encode_headers
+from outboxkit.wire.nats import encode_headers, oversize
 
 log = logging.getLogger("outboxkit.nats")
 
@@ -84,6 +84,9 @@ class NatsPublisher:
         #: failed connect, restored on reconnected or a connect.
         self.reachability = Reachability()
         self._reconnecting: asyncio.Task[None] | None = None
+        #: Disconnects so far: a batch that saw one hands back what the server never acked.
+        self._disconnects = 0
+        self._lost_waiters: set[asyncio.Future[None]] = set()
         # Subjects and header names already judged: their verdict, None when publishable.
         self._seen: dict[str, str | None] = {}
         #: Event()'s rules and the system subjects ($JS., $SYS., _INBOX., ...), at publish.
@@ -213,6 +216,10 @@ class NatsPublisher:
         self._warn.warning("NATS client error: %s", redact(str(exc) or type(exc).__name__))
 
     async def _on_disconnected(self) -> None:
+        self._disconnects += 1
+        for waiter in self._lost_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         if self._closing:
             log.debug("disconnected from NATS (closed by the relay)")
             return
@@ -270,6 +277,62 @@ class NatsPublisher:
                 return problem
         return None
 
+    async def _wait_for_acks(
+        self, futures: dict[asyncio.Future[Any], int], disconnects: int
+    ) -> None:
+        """Until every PubAck is in, the timeout passes, or the connection drops.
+
+        Once the connection dropped, the PubAcks of what was sent before are lost with it:
+        the batch returns at once, and what is unacked is handed back instead of waiting
+        out the timeout (Nats-Msg-Id dedups a message that was stored after all).
+        """
+        loop = asyncio.get_running_loop()
+        all_in: asyncio.Future[None] = loop.create_future()
+        remaining = len(futures)
+
+        def one_done(_future: asyncio.Future[Any]) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if not remaining and not all_in.done():
+                all_in.set_result(None)
+
+        for future in futures:
+            future.add_done_callback(one_done)
+        lost: asyncio.Future[None] = loop.create_future()
+        self._lost_waiters.add(lost)
+        try:
+            if self._disconnects == disconnects:
+                await asyncio.wait(
+                    (all_in, lost), timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            self._lost_waiters.discard(lost)
+            lost.cancel()
+            all_in.cancel()
+            for future in futures:
+                future.remove_done_callback(one_done)
+
+    @staticmethod
+    def _too_large(
+        message: OutboundMessage, headers: dict[str, str], max_payload: int
+    ) -> PublishResult | None:
+        """The dead letter of a message over the server's ``max_payload``, or None.
+
+        The server answers such a message by closing the connection, which loses the
+        PubAcks of every other message in flight on it: it must never be sent.
+        """
+        size = oversize(message.payload, headers, max_payload)
+        if size is None:
+            return None
+        return too_large(
+            "nats",
+            size,
+            "with headers",
+            "the NATS server's max_payload",
+            max_payload,
+            "raise max_payload in the server's configuration, up to 64 MB, or send less",
+        )
+
     def _remember(self, key: str, verdict: str | None) -> str | None:
         if len(key) > _SEEN_KEY_MAX:  # a row's oversized subject or name: judged, not kept
             return verdict
@@ -294,6 +357,8 @@ class NatsPublisher:
         # a fifth of the throughput.) One deadline covers the whole batch.
         results: list[PublishResult | None] = [None] * len(messages)
         waiting: dict[asyncio.Future[Any], int] = {}
+        disconnects = self._disconnects
+        max_payload = self._nc.max_payload  # the server's, from its INFO
         for i, message in enumerate(messages):
             problem = self._problem(message)
             if problem is not None:
@@ -303,24 +368,31 @@ class NatsPublisher:
             if (refused := self.guard.refuse(message)) is not None:
                 results[i] = refused
                 continue
+            headers = encode_headers(message)
+            if self._stream is not None:
+                headers[_EXPECTED_STREAM] = self._stream  # as publish_async adds it
+            too_big = self._too_large(message, headers, max_payload)
+            if too_big is not None:
+                results[i] = too_big
+                continue
             try:
                 future = await js.publish_async(
-                    message.topic,
-                    message.payload,
-                    stream=self._stream,
-                    headers=encode_headers(message),
+                    message.topic, message.payload, stream=self._stream, headers=headers
                 )
             except Exception as exc:
                 results[i] = _classify(exc, message.topic, self._timeout)
             else:
                 waiting[future] = i
         if waiting:
-            done, pending = await asyncio.wait(waiting, timeout=self._timeout)
-            for future in pending:
-                future.cancel()  # frees its slot in nats-py's pending-ack table
-                results[waiting[future]] = _classify(TimeoutError(), "", self._timeout)
-            for future in done:
-                i = waiting[future]
+            await self._wait_for_acks(waiting, disconnects)
+            lost = self._disconnects != disconnects
+            for future, i in waiting.items():
+                if not future.done():
+                    future.cancel()  # frees its slot in nats-py's pending-ack table
+                    results[i] = (
+                        _LOST_BEFORE_ACK if lost else _classify(TimeoutError(), "", self._timeout)
+                    )
+                    continue
                 error = (
                     ConnectionError("publish cancelled")
                     if future.cancelled()
@@ -335,6 +407,12 @@ class NatsPublisher:
 
 
 _SUCCESS = PublishResult.success()
+_EXPECTED_STREAM = "Nats-Expected-Stream"
+# Sent, but the connection dropped before its PubAck: the server may or may not have
+# stored it; published again (Nats-Msg-Id dedups), the attempt not counted.
+_LOST_BEFORE_ACK = PublishResult.hand_back(
+    "nats: the connection was lost before the PubAck; published again", "connection_lost"
+)
 _UNSEEN = "unseen"
 _HEADER = "\n"  # prefixes a header name in the verdict cache: no subject holds a newline
 _SEEN_MAX = 10_000

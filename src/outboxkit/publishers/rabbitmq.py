@@ -30,7 +30,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers._util import ThrottledLog
+from outboxkit.publishers._util import ThrottledLog, too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.reserved import Guard
 from outboxkit.publishers.routing import Destinations
@@ -42,10 +42,18 @@ DEFAULT_EXCHANGE = "outboxkit"
 _EXCHANGE_TYPES = ("topic", "direct", "fanout", "headers")
 _DEFAULT_TIMEOUT = 10.0
 _CONNECT_TIMEOUT = 5.0
-# RabbitMQ's max_message_size: 128 MiB up to 3.13, 16 MiB from 4.0. Checked before
-# sending because the broker answers an oversized message by closing the channel,
-# which fails every other publish in flight on it.
-_DEFAULT_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+# RabbitMQ's max_message_size (the body's bytes) by default: 128 MiB up to 3.13, 16 MiB
+# from 4.0 (read from the server's version). Checked before sending because the broker
+# answers an oversized message by closing the channel, which fails every other publish
+# in flight on it; a content header over frame_max closes the whole connection.
+_MAX_MESSAGE_BYTES_3 = 128 * 1024 * 1024
+_MAX_MESSAGE_BYTES_4 = 16 * 1024 * 1024
+# The properties frame's fixed part (frame header and end, class, weight, body size, flags)
+# and what a property other than headers takes at most: judged exactly only above this.
+_HEADER_FRAME_BOUND = 1024
+# A content header frame without its properties: type, channel and size (7), class,
+# weight and body size (12), frame end (1).
+_CONTENT_HEADER_FRAME = 20
 _MAX_ROUTING_KEY_BYTES = 255
 # Header (field table) names: pamqp silently truncates longer ones to 128 bytes, which
 # would alter the event (and could merge two headers into one).
@@ -86,7 +94,7 @@ class RabbitMQPublisher:
         exchange_type: str = "topic",
         declare: bool = True,
         timeout: float = _DEFAULT_TIMEOUT,
-        max_message_bytes: int = _DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int | None = None,
         routing_key_prefix: str = "",
         allow: Sequence[str] = (),
     ) -> None:
@@ -97,7 +105,7 @@ class RabbitMQPublisher:
             )
         if timeout <= 0:
             raise ConfigurationError("rabbitmq timeout must be positive (seconds)")
-        if max_message_bytes < 1:
+        if max_message_bytes is not None and max_message_bytes < 1:
             raise ConfigurationError("rabbitmq max_message_bytes must be at least 1")
         if exchange.startswith("amq.") and declare:
             # amq.* exchanges exist already and may not be declared by clients.
@@ -107,7 +115,11 @@ class RabbitMQPublisher:
         self._exchange_type = exchange_type
         self._declare = declare and exchange != ""
         self._timeout = timeout
+        #: The body limit set in the URL (max_message_bytes=), else the server's default,
+        #: lowered to what the broker reports when it refuses a message as too large.
         self._max_message_bytes = max_message_bytes
+        self._server_max_message_bytes = _MAX_MESSAGE_BYTES_3
+        self._frame_max = 0  # negotiated at connect; 0: unknown, not checked
         self.destinations = Destinations(routing_key_prefix, tuple(allow))
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -212,6 +224,7 @@ class RabbitMQPublisher:
                     self.reachability.lost(type(exc).__name__)
                     raise
                 self._connection = connection
+                self._read_limits(connection)
                 self.reachability.restored()
                 connection.close_callbacks.add(
                     lambda _sender, _exc, lost=connection: self._connection_closed(lost)
@@ -228,6 +241,19 @@ class RabbitMQPublisher:
                     raise
             assert self._exchange is not None
             return self._exchange
+
+    def _read_limits(self, connection: AbstractConnection) -> None:
+        """The negotiated frame_max, and the body limit the server's version implies."""
+        amqp = getattr(connection.transport, "connection", None)
+        tune = getattr(amqp, "connection_tune", None)
+        self._frame_max = int(getattr(tune, "frame_max", 0) or 0)
+        version = (getattr(amqp, "server_properties", None) or {}).get("version", b"")
+        if isinstance(version, bytes):
+            version = version.decode(errors="replace")
+        major = str(version).partition(".")[0]
+        if major.isdigit():
+            default = _MAX_MESSAGE_BYTES_4 if int(major) >= 4 else _MAX_MESSAGE_BYTES_3
+            self._server_max_message_bytes = min(self._server_max_message_bytes, default)
 
     async def _open_exchange(self, channel: AbstractChannel) -> AbstractExchange:
         if self._exchange_name == "":
@@ -316,15 +342,13 @@ class RabbitMQPublisher:
                     " bytes (the client would truncate it)",
                     "header_name_too_long",
                 )
-        if len(message.payload) > self._max_message_bytes:
-            return PublishResult.permanent(
-                f"rabbitmq: message of {len(message.payload)} bytes is over max_message_bytes="
-                f"{self._max_message_bytes} (the broker's max_message_size)",
-                "message_too_large",
-            )
+        amqp_message = _message(message)
+        too_big = self._too_large(amqp_message)
+        if too_big is not None:
+            return too_big
         try:
             confirmation = await exchange.publish(
-                _message(message), routing_key, mandatory=True, timeout=self._timeout
+                amqp_message, routing_key, mandatory=True, timeout=self._timeout
             )
         except aiormq.exceptions.DeliveryError as exc:
             # str(exc) would embed the whole message; the frame name says enough.
@@ -360,18 +384,74 @@ class RabbitMQPublisher:
             "no_ack",
         )
 
+    def _too_large(self, amqp_message: aio_pika.Message) -> PublishResult | None:
+        """The dead letter of a message the broker would refuse for its size, or None.
+
+        Two limits: the body against ``max_message_size`` (RabbitMQ counts the body
+        only), and the properties with the headers against ``frame_max``, since a content
+        header frame cannot be split.
+        """
+        size = len(amqp_message.body)
+        limit = self._max_message_bytes or self._server_max_message_bytes
+        if size > limit:
+            named = (
+                f"max_message_bytes={limit} (the broker's max_message_size)"
+                if self._max_message_bytes
+                else "the broker's max_message_size"
+            )
+            return too_large(
+                "rabbitmq",
+                size,
+                "(its body)",
+                named,
+                limit,
+                "raise max_message_size in rabbitmq.conf and max_message_bytes= in the"
+                " relay's broker URL, or send less",
+            )
+        frame_max = self._frame_max
+        if frame_max:
+            headers = amqp_message.headers or {}
+            chars = sum(map(len, headers)) + sum(len(str(v)) for v in headers.values())
+            if 4 * chars + 6 * len(headers) + _HEADER_FRAME_BOUND > frame_max:
+                frame = _CONTENT_HEADER_FRAME + len(amqp_message.properties.marshal())
+                if frame > frame_max:
+                    return too_large(
+                        "rabbitmq",
+                        frame,
+                        "of properties and headers (one content header frame)",
+                        "the connection's frame_max",
+                        frame_max,
+                        "send fewer or shorter headers, or raise frame_max on the broker",
+                    )
+        return None
+
     def _channel_lost(
         self, exc: BaseException, where: str, message: OutboundMessage
     ) -> PublishResult:
         text = describe(exc)
-        too_large = _OVERSIZED.search(str(exc))
-        if too_large and int(too_large.group(1)) == len(message.payload):
-            # The broker closed the channel over this very message (over its
-            # max_message_size); the others in flight on the channel are retried.
-            return PublishResult.permanent(f"rabbitmq: {text}", "message_too_large")
+        oversized = _OVERSIZED.search(str(exc))
+        if oversized:
+            # The broker closed the channel over a message over its max_message_size
+            # (configured below what the publisher assumed): learn its limit.
+            limit = _configured_max(str(exc))
+            if limit is not None and not self._max_message_bytes:
+                self._server_max_message_bytes = min(self._server_max_message_bytes, limit)
+            if int(oversized.group(1)) == len(message.payload):
+                return PublishResult.permanent(f"rabbitmq: {text}", "message_too_large")
+            # Another message broke the channel: this one was never judged.
+            return PublishResult.hand_back(
+                f"rabbitmq: the broker closed the channel over another, oversized message"
+                f" ({text}); published again",
+                "channel_closed",
+            )
         if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
             return PublishResult.retry(
                 f"rabbitmq: {text} — does the exchange exist? ({where})", "not_found"
+            )
+        if isinstance(exc, aiormq.exceptions.ChannelInvalidStateError):
+            # Sent on (or after) a channel some earlier failure closed: never judged.
+            return PublishResult.hand_back(
+                f"rabbitmq: channel closed before the broker confirmed: {text}", "channel_closed"
             )
         return PublishResult.retry(
             f"rabbitmq: connection or channel lost: {text}", "channel_closed"
@@ -389,6 +469,15 @@ def _message(message: OutboundMessage) -> aio_pika.Message:
         type=message.event_type,
         app_id="outboxkit",
     )
+
+
+def _configured_max(text: str) -> int | None:
+    """The limit quoted by RabbitMQ's "message size N is larger than configured max size M"."""
+    found = _CONFIGURED_MAX.search(text)
+    return int(found.group(1)) if found else None
+
+
+_CONFIGURED_MAX = re.compile(r"larger than configured max size (\d+)")
 
 
 def _is_open(connection: AbstractConnection | None) -> bool:

@@ -32,6 +32,7 @@ from redis.backoff import NoBackoff
 from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
+from outboxkit.publishers._util import too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.reserved import Guard
 from outboxkit.publishers.routing import Destinations
@@ -40,6 +41,14 @@ from outboxkit.wire import redis as wire
 log = logging.getLogger("outboxkit.redis")
 
 DEDUP_KEY_PREFIX = "outboxkit:dedup:"
+# Redis's defaults for the largest argument (proto-max-bulk-len) and the largest command
+# (client-query-buffer-limit), used when CONFIG GET is not allowed (managed services).
+# Over either the server answers with a protocol error and closes the connection, which
+# fails the whole pipeline: every other event of the batch.
+_DEFAULT_MAX_BULK = 512 * 1024 * 1024
+_DEFAULT_MAX_QUERY = 1024 * 1024 * 1024
+# The text fields besides data and headers together, at most: ~12 of 64 KiB, UTF-8.
+_TEXT_FIELDS_BOUND = 12 * 4 * 64 * 1024
 _DEFAULT_TIMEOUT = 10.0
 _CONNECT_TIMEOUT = 5.0
 
@@ -107,6 +116,8 @@ class RedisStreamsPublisher:
         self._wait_ms = max(1, round(wait_timeout * 1000))
         self._client: Any = None
         self._script_sha: str | None = None
+        self._max_bulk = _DEFAULT_MAX_BULK
+        self._max_query = _DEFAULT_MAX_QUERY
         self.destinations = Destinations(stream_prefix, tuple(allow))
         #: For the relay's /readyz: unreachable once round trips have failed to connect for a
         #: few seconds with none answered (redis-py reports no connection events).
@@ -176,10 +187,59 @@ class RedisStreamsPublisher:
         client = self._ensure_client()
         try:
             await client.ping()
+            await self._read_limits(client)
             if self._dedup_window:
                 self._script_sha = await client.script_load(_DEDUP_XADD)
         except Exception as exc:
             log.warning("Redis not reachable at start (%s); will retry", describe(exc))
+
+    async def _read_limits(self, client: Any) -> None:
+        """The server's proto-max-bulk-len and client-query-buffer-limit, if it tells them."""
+        for name, attribute in (
+            ("proto-max-bulk-len", "_max_bulk"),
+            ("client-query-buffer-limit", "_max_query"),
+        ):
+            try:
+                reply = await client.config_get(name)
+            except redis.exceptions.ResponseError:  # CONFIG refused (ACL, a managed service)
+                continue
+            value = (reply or {}).get(name)
+            if value is not None and str(value).isdigit():
+                setattr(self, attribute, int(value))
+
+    def _too_large(self, fields: dict[str, bytes | str], stream: str) -> PublishResult | None:
+        """The dead letter of an entry the server would refuse for its size, or None.
+
+        Only ``data`` (the payload) and ``headers`` can be large: the other fields are
+        text the store bounds (64 KiB each), far under the smallest proto-max-bulk-len.
+        """
+        payload = len(fields["data"])
+        headers = len(fields.get("headers", b""))
+        largest = max(payload, headers)
+        if largest > self._max_bulk:
+            return too_large(
+                "redis",
+                largest,
+                "in its largest field (the payload or the headers)",
+                "the server's proto-max-bulk-len",
+                self._max_bulk,
+                "raise proto-max-bulk-len in redis.conf, or send less",
+            )
+        if payload + headers + _TEXT_FIELDS_BOUND > self._max_query:
+            total = len(stream.encode()) + sum(
+                len(name) + len(value if isinstance(value, bytes) else value.encode())
+                for name, value in fields.items()
+            )
+            if total > self._max_query:
+                return too_large(
+                    "redis",
+                    total,
+                    "with all its fields",
+                    "the server's client-query-buffer-limit",
+                    self._max_query,
+                    "raise client-query-buffer-limit in redis.conf, or send less",
+                )
+        return None
 
     def _ensure_client(self) -> Any:
         if self._client is None:
@@ -208,20 +268,29 @@ class RedisStreamsPublisher:
         client = self._ensure_client()
         results: list[PublishResult | None] = [None] * len(messages)
         streams: list[str] = [""] * len(messages)
+        encoded: list[dict[str, bytes | str]] = [{}] * len(messages)
         todo: list[int] = []
         for i, message in enumerate(messages):
             stream, refused = self.destinations.resolve(message.topic)
             if stream is None:
                 results[i] = PublishResult.permanent(f"redis: {refused}", "not_allowed")
-            elif (refusal := self.guard.refuse(message, stream)) is not None:
+                continue
+            if (refusal := self.guard.refuse(message, stream)) is not None:
                 results[i] = refusal
-            else:
-                streams[i] = stream
-                todo.append(i)
+                continue
+            fields = wire.encode(message)
+            too_big = self._too_large(fields, stream)
+            if too_big is not None:
+                results[i] = too_big
+                continue
+            streams[i], encoded[i] = stream, fields
+            todo.append(i)
         for _ in range(2):  # a second pass only if the server lost our script (restart)
             if not todo:
                 break
-            replies = await self._send(client, [(messages[i], streams[i]) for i in todo])
+            replies = await self._send(
+                client, [(messages[i], streams[i], encoded[i]) for i in todo]
+            )
             if isinstance(replies, PublishResult):
                 return [r if r is not None else replies for r in results]
             again: list[int] = []
@@ -238,7 +307,7 @@ class RedisStreamsPublisher:
         return [r if r is not None else missing for r in results]
 
     async def _send(
-        self, client: Any, messages: Sequence[tuple[OutboundMessage, str]]
+        self, client: Any, messages: Sequence[tuple[OutboundMessage, str, dict[str, bytes | str]]]
     ) -> list[Any] | PublishResult:
         """One pipelined round trip; per-command errors come back in place of replies.
 
@@ -249,8 +318,8 @@ class RedisStreamsPublisher:
             if self._dedup_window and self._script_sha is None:
                 self._script_sha = await client.script_load(_DEDUP_XADD)
             async with client.pipeline(transaction=False) as pipe:
-                for message, stream in messages:
-                    self._queue(pipe, message, stream)
+                for message, stream, fields in messages:
+                    self._queue(pipe, message, stream, fields)
                 if self._wait_replicas:
                     pipe.execute_command("WAIT", self._wait_replicas, self._wait_ms)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
@@ -273,8 +342,9 @@ class RedisStreamsPublisher:
                 return [r if isinstance(r, Exception) else error for r in replies]
         return replies
 
-    def _queue(self, pipe: Any, message: OutboundMessage, stream: str) -> None:
-        fields = wire.encode(message)
+    def _queue(
+        self, pipe: Any, message: OutboundMessage, stream: str, fields: dict[str, bytes | str]
+    ) -> None:
         if self._dedup_window:
             args: list[Any] = [self._dedup_window, self._maxlen or 0]
             for name, value in fields.items():

@@ -28,6 +28,7 @@ import botocore.exceptions
 from outboxkit._redact import redact
 from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
+from outboxkit.publishers._util import too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.reserved import Guard
 from outboxkit.wire import sqs as wire
@@ -211,7 +212,19 @@ class SqsPublisher:
         if isinstance(exc, botocore.exceptions.EndpointConnectionError):
             self.reachability.failed(type(exc).__name__)
             return PublishResult.hand_back(text, "unreachable")
+        if isinstance(exc, botocore.exceptions.ConnectionClosedError):
+            # The connection dropped before SQS answered: no entry was judged.
+            return PublishResult.hand_back(text, "connection_lost")
         return PublishResult.retry(text, error_class)
+
+    def _too_large(self, size: int, limit: int) -> PublishResult:
+        if self._max_message_bytes is not None:
+            named = f"max_message_bytes={limit} in the relay's broker URL"
+            fix = "raise it (up to the queue's MaximumMessageSize), or send less"
+        else:
+            named = "the queue's MaximumMessageSize"
+            fix = "raise MaximumMessageSize (up to 1 MiB), or send less"
+        return too_large("sqs", size, "with its attributes", named, limit, fix)
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
         if not messages:
@@ -262,11 +275,7 @@ class SqsPublisher:
         for i in indexes:
             entry, size = _entry(i, messages[i], fifo)
             if size > limit:
-                results[i] = PublishResult.permanent(
-                    f"sqs: message is {size} bytes with its attributes, over the queue's"
-                    f" limit of {limit} bytes (MaximumMessageSize)",
-                    "message_too_large",
-                )
+                results[i] = self._too_large(size, limit)
                 continue
             if chunk and (len(chunk) == _BATCH_ENTRIES or chunk_bytes + size > _CLASSIC_LIMIT):
                 chunks.append(chunk)

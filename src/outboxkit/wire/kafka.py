@@ -126,3 +126,30 @@ def decode(
         else:
             envelope.headers[name] = text
     return envelope
+
+
+# librdkafka's RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: a record's length, attributes, timestamp
+# and offset deltas, key and value lengths and header count, as varints at their largest.
+_RECORD_OVERHEAD = 36
+
+
+def record_size(key: str | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    """A record's size as the producer counts it against ``message.max.bytes``.
+
+    (librdkafka's ``rd_kafka_msg_max_wire_size``: the overhead at its largest, the key,
+    the value, and each header's name and value with their varint lengths.)
+    """
+    size = _RECORD_OVERHEAD + len(value) + (len(key.encode()) if key is not None else 0)
+    for name, data in headers:
+        name_len = len(name.encode())
+        size += name_len + len(data) + _varint_size(name_len) + _varint_size(len(data))
+    return size
+
+
+def _varint_size(n: int) -> int:
+    """Bytes of ``n`` as a Kafka (zig-zag) varint."""
+    zigzag, size = n << 1, 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        size += 1
+    return size

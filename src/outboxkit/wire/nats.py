@@ -42,3 +42,33 @@ def decode(data: bytes, headers: Mapping[str, str] | None) -> Envelope:
         content_type=attributes.get("datacontenttype") or content_type,
         fallback_id=(headers or {}).get(MSG_ID),
     )
+
+
+# "NATS/1.0\r\n" opens a header block, "\r\n" ends it; each header is "name: value\r\n".
+_HEADER_BLOCK = 12
+_PER_HEADER = 4
+
+
+def message_size(payload: bytes, headers: Mapping[str, str]) -> int:
+    """Bytes the server counts against its ``max_payload``: the header block and the payload.
+
+    Counted as nats-py encodes them (names and values stripped, UTF-8): the server drops
+    the whole connection over a message one byte too large, so the count is exact.
+    """
+    size = len(payload) + _HEADER_BLOCK
+    for name, value in headers.items():
+        size += len(name.strip()) + len(value.strip().encode()) + _PER_HEADER
+    return size
+
+
+def oversize(payload: bytes, headers: Mapping[str, str], limit: int) -> int | None:
+    """:func:`message_size` when it is over ``limit``, else None.
+
+    Every event pays this check: a character is at most 4 UTF-8 bytes, so most messages
+    are cleared without encoding anything.
+    """
+    chars = sum(map(len, headers)) + sum(map(len, headers.values()))
+    if len(payload) + _HEADER_BLOCK + _PER_HEADER * len(headers) + 4 * chars <= limit:
+        return None
+    size = message_size(payload, headers)
+    return size if size > limit else None

@@ -9,6 +9,9 @@ The scenarios in this package use nothing else.
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime as dt
+import re
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -16,8 +19,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import orjson
 import pytest
 
+from outboxkit import Event
 from outboxkit.consumers.base import ReceivedEvent, from_envelope
 from tests.support.local_brokers import OwnRedis, rabbitmq_url
 from tests.support.moto_sqs import MotoSqs
@@ -33,6 +38,12 @@ class BrokerHarness(ABC):
     dedups: ClassVar[bool] = False
     #: Query options the in-process relay's publisher gets (short timeouts for outage tests).
     options: ClassVar[str] = ""
+    #: What the dead letter of a 1 MiB payload names: the broker's default limit for a whole
+    #: message, when headers + payload exceed it; None where such an event fits by default.
+    default_limit: ClassVar[str | None] = None
+    #: URL options that lower the broker's limit to 4 KiB, and the name the dead letter
+    #: quotes; None where a test cannot lower it.
+    small_limit: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         self.request = request
@@ -74,9 +85,25 @@ class BrokerHarness(ABC):
     async def published(self, topic: str) -> int:
         """How many messages reached the broker, read without consuming them."""
 
-    @abstractmethod
     async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
         """Everything that arrived on ``topic`` (at least ``n``, unless time ran out), decoded."""
+        return [self.decode(topic, raw) for raw in await self.fetch(topic, n, timeout)]
+
+    @abstractmethod
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
+        """Everything that arrived on ``topic`` (at least ``n``, unless time ran out), as the
+        broker's client returns it."""
+
+    @abstractmethod
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        """One fetched message, read by the consumer side's own decoder."""
+
+    #: The broker keeps the relay's order for one relay and one destination (entries in
+    #: outbox order): the scenario checks it.
+    ordered: ClassVar[bool] = False
+
+    def check_binding(self, event: Event, raw: Any) -> None:  # noqa: B027 - optional
+        """Assert what this broker's binding adds to the envelope (properties, native ids)."""
 
     @abstractmethod
     async def cut(self) -> None:
@@ -86,9 +113,18 @@ class BrokerHarness(ABC):
     async def restore(self) -> None:
         """Give the broker back after :meth:`cut`."""
 
+    #: :meth:`pause` works: the link passes through a proxy that can hold bytes.
+    pausable: ClassVar[bool] = False
+
+    async def pause(self) -> None:
+        """Hold every byte between relay and broker, connections left open (then cut/restore)."""
+        raise NotImplementedError(f"{self.name}: the link cannot be paused")
+
 
 class KafkaHarness(BrokerHarness):
     name = "kafka"
+    default_limit = "message.max.bytes"
+    small_limit = ("message.max.bytes=4096", "message.max.bytes")
 
     async def _open(self, cuttable: bool) -> None:
         self._proxied = self.request.getfixturevalue("kafka_behind_proxy") if cuttable else None
@@ -106,15 +142,27 @@ class KafkaHarness(BrokerHarness):
             await asyncio.to_thread(consume_kafka, self._broker.bootstrap, topic, 10**6, 1.0)
         )
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.consumers.kafka import decode
-
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         bootstrap = self._broker.bootstrap
         got = await asyncio.to_thread(consume_kafka, bootstrap, topic, n, timeout)
         # Then everything for a moment: duplicates beyond `n` must be seen too.
         everything = await asyncio.to_thread(consume_kafka, bootstrap, topic, 10**6, 2.0)
-        got = everything if len(everything) >= len(got) else got
-        return [decode(m.topic(), m.key(), m.value(), m.headers()) for m in got]
+        return everything if len(everything) >= len(got) else got
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.kafka import decode
+
+        return decode(raw.topic(), raw.key(), raw.value(), raw.headers())
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Key = event key; CloudEvents as ``ce_*`` headers; CreateTime = occurred_at."""
+        assert raw.key() == (event.key.encode() if event.key is not None else None)
+        headers = dict(raw.headers())
+        event_id = str(event.event_id).encode()
+        assert headers["idempotency-key"] == headers["ce_id"] == event_id
+        assert headers["ce_specversion"] == b"1.0"
+        assert headers["content-type"] == _content_type(event).encode()
+        assert raw.timestamp()[1] == (event.occurred_at - _EPOCH) // dt.timedelta(milliseconds=1)
 
     async def cut(self) -> None:
         assert self._proxied is not None, "open(cuttable=True) first"
@@ -124,9 +172,16 @@ class KafkaHarness(BrokerHarness):
         assert self._proxied is not None, "open(cuttable=True) first"
         self._proxied.proxy.resume()
 
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxied is not None, "open(cuttable=True) first"
+        self._proxied.proxy.pause()
+
 
 class NatsHarness(BrokerHarness):
     name = "nats"
+    default_limit = "max_payload"
     dedups = True  # JetStream's duplicate window, keyed by Nats-Msg-Id
     options = "timeout=0.5"
 
@@ -155,16 +210,25 @@ class NatsHarness(BrokerHarness):
     async def published(self, topic: str) -> int:
         return len(await consume_nats(self._server_url, self._streams[topic], topic, None))
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.consumers.nats import decode
-
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         stream = self._streams[topic]
         got = await consume_nats(self._server_url, stream, topic, n, timeout)
         # Then everything the stream stores (read once the relays stopped): duplicates
         # beyond `n` must be seen too.
         everything = await consume_nats(self._server_url, stream, topic, None)
-        got = everything if len(everything) >= len(got) else got
-        return [decode(m.subject, m.data, m.headers) for m in got]
+        return everything if len(everything) >= len(got) else got
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.nats import decode
+
+        return decode(raw.subject, raw.data, raw.headers)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """``Nats-Msg-Id`` = event id (JetStream's dedup key); ``ce-*`` headers."""
+        assert raw.subject == event.topic
+        assert raw.headers["Nats-Msg-Id"] == raw.headers["ce-id"] == str(event.event_id)
+        assert raw.headers["ce-specversion"] == "1.0"
+        assert raw.headers["content-type"] == _content_type(event)
 
     async def cut(self) -> None:
         assert self._proxy is not None
@@ -174,11 +238,18 @@ class NatsHarness(BrokerHarness):
         assert self._proxy is not None
         self._proxy.resume()
 
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxy is not None
+        self._proxy.pause()
+
 
 class RabbitMQHarness(BrokerHarness):
     """One exchange of the machine's RabbitMQ per test, a queue bound per destination."""
 
     name = "rabbitmq"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
     options = "timeout=2"
 
     async def _open(self, cuttable: bool) -> None:
@@ -222,21 +293,44 @@ class RabbitMQHarness(BrokerHarness):
         declared = await self._channel.declare_queue(self._queues[topic].name, passive=True)
         return int(declared.declaration_result.message_count or 0)
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.consumers.rabbitmq import decode
-
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         queue = self._queues[topic]
         deadline = time.monotonic() + timeout
-        got: list[ReceivedEvent] = []
+        got: list[Any] = []
         while time.monotonic() < deadline:
             message = await queue.get(no_ack=True, fail=False)
             if message is not None:
-                got.append(decode(message, message.routing_key or topic))
+                got.append(message)
             elif len(got) >= n:
                 break
             else:
                 await asyncio.sleep(0.05)
         return got
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.rabbitmq import decode
+
+        return decode(raw, raw.routing_key or topic)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """AMQP properties (id, type, persistence, time, app) and ``cloudEvents_*`` headers."""
+        import aio_pika
+
+        event_id = str(event.event_id)
+        assert raw.message_id == event_id
+        assert raw.routing_key == event.topic
+        assert raw.type == event.event_type
+        assert raw.app_id == "outboxkit"
+        assert raw.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert raw.timestamp is not None
+        assert raw.content_type == _content_type(event)
+        headers = raw.headers
+        assert headers["idempotency-key"] == headers["cloudEvents_id"] == event_id
+        assert headers["cloudEvents_type"] == event.event_type
+        assert headers["cloudEvents_specversion"] == "1.0"
+        assert headers["cloudEvents_source"] == _source(event)
+        assert "cloudEvents_datacontenttype" not in headers, "the content_type property"
+        assert ("cloudEvents_subject" in headers) == (event.aggregate_id is not None)
 
     async def cut(self) -> None:
         assert self._proxy is not None
@@ -245,6 +339,12 @@ class RabbitMQHarness(BrokerHarness):
     async def restore(self) -> None:
         assert self._proxy is not None
         self._proxy.resume()
+
+    pausable = True
+
+    async def pause(self) -> None:
+        assert self._proxy is not None
+        self._proxy.pause()
 
 
 class RedisHarness(BrokerHarness):
@@ -275,13 +375,34 @@ class RedisHarness(BrokerHarness):
     async def published(self, topic: str) -> int:
         return int(await self._client.xlen(topic))
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.consumers.redis import decode
+    ordered = True  # one pipeline per batch, in outbox order
 
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         deadline = time.monotonic() + timeout
         while await self.published(topic) < n and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        return [decode(topic, fields) for _id, fields in await self._client.xrange(topic)]
+        return [fields for _id, fields in await self._client.xrange(topic)]
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.redis import decode
+
+        return decode(topic, raw)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Fields ``data`` (the bytes), ``ce_<attr>``, and ``headers`` only when there are any."""
+        assert raw[b"data"] == event.payload
+        assert raw[b"ce_id"] == str(event.event_id).encode()
+        assert raw[b"ce_type"] == event.event_type.encode()
+        assert raw[b"ce_specversion"] == b"1.0"
+        assert raw[b"ce_time"]
+        assert raw[b"ce_datacontenttype"] == _content_type(event).encode()
+        assert raw[b"ce_source"] == _source(event).encode()
+        user = {k: v for k, v in event.headers.items() if k != "content-type"}
+        if user:
+            assert orjson.loads(raw[b"headers"]) == user
+        else:
+            assert b"headers" not in raw, "no user headers, no field"
+        assert (b"ce_partitionkey" in raw) == (event.key is not None)
 
     async def cut(self) -> None:
         self._server.kill()
@@ -300,6 +421,8 @@ class SqsHarness(BrokerHarness):
     """moto's SQS server of the test's own: an outage stops it, its queues survive."""
 
     name = "sqs"
+    default_limit = "MaximumMessageSize"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
     options = "timeout=2"
     suffix = ""
 
@@ -327,14 +450,32 @@ class SqsHarness(BrokerHarness):
     async def published(self, topic: str) -> int:
         return await asyncio.to_thread(self._server.depth, self._queue_url)
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.consumers.sqs import decode
-
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         deadline = time.monotonic() + timeout
         while await self.published(topic) < n and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        drained = await asyncio.to_thread(self._server.drain, self._queue_url)
-        return [decode(self._queue, m) for m in drained]
+        return list(await asyncio.to_thread(self._server.drain, self._queue_url))
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.sqs import decode
+
+        return decode(self._queue, raw)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """At most 10 String attributes; a body SQS cannot carry as text is base64."""
+        attrs = {k: v["StringValue"] for k, v in raw["MessageAttributes"].items()}
+        assert len(attrs) <= 10, "SQS allows at most 10 message attributes"
+        assert attrs["ce_id"] == str(event.event_id)
+        assert attrs["ce_type"] == event.event_type
+        assert attrs["ce_specversion"] == "1.0"
+        assert attrs["ce_time"]
+        assert attrs["content-type"] == _content_type(event)
+        if _sqs_text(event.payload):
+            assert "content-transfer-encoding" not in attrs
+            assert raw["Body"].encode() == event.payload
+        else:  # not UTF-8, or characters SQS refuses in a body
+            assert attrs["content-transfer-encoding"] == "base64"
+            assert base64.b64decode(raw["Body"]) == event.payload
 
     async def cut(self) -> None:
         await asyncio.to_thread(self._server.stop)
@@ -372,21 +513,54 @@ class WebhookHarness(BrokerHarness):
     async def published(self, topic: str) -> int:
         return len(self._server.requests)
 
-    async def received(self, topic: str, n: int, timeout: float = 20.0) -> list[ReceivedEvent]:
-        from outboxkit.wire.webhook import decode
-
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
         deadline = time.monotonic() + timeout
         while len(self._server.requests) < n and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        return [
-            from_envelope(topic, decode(r.body, r.headers)) for r in list(self._server.requests)
-        ]
+        return list(self._server.requests)
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.wire.webhook import decode
+
+        return from_envelope(topic, decode(raw.body, raw.headers))
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """The body as it is, ``ce-*`` headers, the event id as webhook-id and idempotency key."""
+        event_id = str(event.event_id)
+        assert raw.body == event.payload
+        assert raw.headers["webhook-id"] == raw.headers["idempotency-key"] == event_id
+        assert raw.headers["ce-id"] == event_id
+        assert raw.headers["ce-specversion"] == "1.0"
+        assert raw.headers["ce-time"]
+        assert raw.headers["content-type"] == _content_type(event)
 
     async def cut(self) -> None:
         await asyncio.to_thread(self._server.stop)
 
     async def restore(self) -> None:
         await asyncio.to_thread(self._server.start)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _content_type(event: Event) -> str:
+    return event.headers.get("content-type", "application/json")
+
+
+def _source(event: Event) -> str:
+    return f"/outboxkit/{event.aggregate_type}" if event.aggregate_type else "/outboxkit"
+
+
+# What an SQS body may hold as text (its allowed Unicode ranges).
+_SQS_TEXT = re.compile("[\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*")
+
+
+def _sqs_text(payload: bytes) -> bool:
+    try:
+        return _SQS_TEXT.fullmatch(payload.decode("utf-8")) is not None
+    except UnicodeDecodeError:
+        return False
 
 
 #: Every broker once: the scenarios run over these.

@@ -1,7 +1,8 @@
 """Every broker carries an event whole: id, type, key, headers, payload bytes, time, schema.
 
 What arrives is read back with the consumer side's own decoder, so this is the wire
-format's round trip through a real broker and the real relay.
+format's round trip through a real broker and the real relay; each harness then checks
+what its binding adds (AMQP properties, Redis fields, SQS attributes, native ids).
 """
 
 from __future__ import annotations
@@ -61,10 +62,15 @@ async def test_committed_events_arrive_whole_with_key_headers_payload_and_time(
     write_events(db_dsn, events)
     async with running_relay(db_dsn, from_url(broker.publisher_url)):
         await wait_for(lambda: count(db_dsn) == 0, timeout=30, what="the relay drains")
-    received = {r.event_id: r for r in await broker.received(topic, len(events))}
+    fetched = await broker.fetch(topic, len(events))
+    decoded = [(broker.decode(topic, raw), raw) for raw in fetched]
+    received = {got.event_id: (got, raw) for got, raw in decoded}
+    assert len(fetched) == len(events), "each event arrived once"
     assert set(received) == {e.event_id for e in events}, "each event arrived"
+    if broker.ordered:
+        assert [got.event_id for got, _ in decoded] == [e.event_id for e in events]
     for event in events:
-        got = received[event.event_id]
+        got, raw = received[event.event_id]
         assert got.event_type == event.event_type
         assert got.key == event.key
         assert got.payload == event.payload, "payload bytes unchanged"
@@ -75,3 +81,4 @@ async def test_committed_events_arrive_whole_with_key_headers_payload_and_time(
         assert got.schema_version == event.schema_version
         assert got.aggregate_type == event.aggregate_type
         assert got.aggregate_id == event.aggregate_id
+        broker.check_binding(event, raw)
