@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from outboxkit import Event, Outbox, SchemaError
+from outboxkit.maintenance import side_task as maintenance
 from outboxkit.ops.cli import main
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
-from outboxkit.relay import maintenance
 from outboxkit.store import partitions as P
 from outboxkit.store.migrate import MigrationAction, migrate
 from outboxkit.store.postgres import SCHEMA_VERSION

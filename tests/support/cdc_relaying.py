@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-import sys
-import threading
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import psycopg
 
 from outboxkit import Outbox, Publisher
 from outboxkit.cdc.relay import CdcRelay
+from outboxkit.testing import spawn_relay
 
 
 def setup_cdc(dsn: str, table: str = "outbox") -> str:
@@ -86,20 +86,14 @@ def write_wal(
 
 
 class RelayProcess:
-    """`outboxkit relay --source cdc` as a real process (to SIGKILL); its log collected."""
+    """`outboxkit relay --source cdc` as a real process (to SIGKILL), started by the library's
+    `spawn_relay` (the DSN travels in its environment, not in argv); its log in a file."""
 
     def __init__(self, dsn: str, broker: str, *extra: str) -> None:
-        args = [sys.executable, "-m", "outboxkit", "relay", "--source", "cdc", "--dsn", dsn]
-        args += ["--broker", broker, "--retry-base", "0.05", "--retry-cap", "0.5", *extra]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.decode(errors="replace"))
+        self._dir = tempfile.TemporaryDirectory(prefix="outboxkit-cdc-relay-")  # gone with self
+        self.log_path = Path(self._dir.name) / "relay.log"
+        args = ["--source", "cdc", "--retry-base", "0.05", "--retry-cap", "0.5", *extra]
+        self.proc = spawn_relay(dsn, broker, self.log_path, *args, log_level=None)
 
     @property
     def pid(self) -> int:
@@ -107,7 +101,11 @@ class RelayProcess:
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def lines(self) -> list[str]:
+        return self.output.splitlines(keepends=True)
 
     def logged(self, text: str) -> bool:
         return any(text in line for line in self.lines)
@@ -116,7 +114,6 @@ class RelayProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
-        self._reader.join(timeout=10)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -125,7 +122,6 @@ class RelayProcess:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._reader.join(timeout=10)
 
 
 def peak_rss_kib(pid: int) -> int:

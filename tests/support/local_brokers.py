@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from outboxkit.testing import free_port
-from tests.support.servers import port_open, require_or_skip
+from outboxkit.testing import free_port, port_accepts
+from tests.support.servers import require_or_skip
 
 RABBITMQ_URL_ENV = "OUTBOXKIT_TEST_RABBITMQ_URL"
 REDIS_URL_ENV = "OUTBOXKIT_TEST_REDIS_URL"
@@ -28,7 +28,7 @@ def rabbitmq_url() -> str:
     """The RabbitMQ to test against (the machine's, unless OUTBOXKIT_TEST_RABBITMQ_URL says)."""
     url = os.environ.get(RABBITMQ_URL_ENV, DEFAULT_RABBITMQ_URL)
     parts = urlsplit(url)
-    if not port_open(parts.hostname or "127.0.0.1", parts.port or 5672):
+    if not port_accepts(parts.port or 5672, host=parts.hostname or "127.0.0.1", timeout=2.0):
         require_or_skip(f"RabbitMQ at {url.split('@')[-1]} is not reachable")
     return url
 
@@ -37,7 +37,7 @@ def redis_url() -> str:
     """The Redis to test against (the machine's, unless OUTBOXKIT_TEST_REDIS_URL says)."""
     url = os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL)
     parts = urlsplit(url)
-    if not port_open(parts.hostname or "127.0.0.1", parts.port or 6379):
+    if not port_accepts(parts.port or 6379, host=parts.hostname or "127.0.0.1", timeout=2.0):
         require_or_skip(f"Redis at {url.split('@')[-1]} is not reachable")
     return url
 
@@ -80,7 +80,7 @@ class OwnRedis:
         log = (self.directory / "redis.log").open("ab")
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
-        while not port_open("127.0.0.1", self.port, timeout=0.2):
+        while not port_accepts(self.port, timeout=0.2):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start: {self._log_tail()}")
             time.sleep(0.05)

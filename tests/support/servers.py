@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 import urllib.parse
 import uuid
@@ -15,7 +14,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from outboxkit._redact import redact
-from outboxkit.testing import EmbeddedKafka, TcpProxy, dsn_with_dbname
+from outboxkit.testing import EmbeddedKafka, TcpProxy, dsn_with_dbname, port_accepts
 
 REQUIRE_SERVICES_ENV = "OUTBOXKIT_REQUIRE_SERVICES"
 PG_DSN_ENV = "OUTBOXKIT_TEST_DSN"
@@ -47,14 +46,6 @@ def stop_without_postgres(reason: str) -> NoReturn:
 def unique_name(prefix: str) -> str:
     """A name no other test (or concurrent test session) uses: `prefix_<12 hex>`."""
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
-
-
-def port_open(host: str, port: int, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -95,7 +86,7 @@ class ExternalNats:
 
 def check_nats(url: str) -> None:
     parts = urllib.parse.urlsplit(url)
-    if not port_open(parts.hostname or "127.0.0.1", parts.port or 4222):
+    if not port_accepts(parts.port or 4222, host=parts.hostname or "127.0.0.1", timeout=2.0):
         require_or_skip(f"NATS at {NATS_URL_ENV}={redact(url)} is not reachable")
 
 
@@ -184,7 +175,7 @@ class ExternalKafka:
 
 def check_kafka(bootstrap: str) -> None:
     host, _, port = bootstrap.split(",")[0].rpartition(":")
-    if not port_open(host or "127.0.0.1", int(port or 9092)):
+    if not port_accepts(int(port or 9092), host=host or "127.0.0.1", timeout=2.0):
         require_or_skip(f"Kafka at {KAFKA_ENV}={bootstrap} is not reachable")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -14,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outboxkit.errors import table_missing
+from outboxkit.maintenance.purge import in_batches
 from outboxkit.store._connection import Source, admin_connection
 from outboxkit.store.cdc_sql import CdcRelayStatements
 from outboxkit.store.postgres import DEFAULT_TABLE, Statements, Status
@@ -147,17 +147,14 @@ def purge(
     holds a long lock or builds one huge vacuum debt.
     """
     sql = Statements(table)
-    total = 0
+    params = (older_than.total_seconds(), batch_size)
     with _connect(dsn, table) as conn:
-        while True:
-            cur = conn.execute(sql.purge_published_batch, (older_than.total_seconds(), batch_size))
-            total += cur.rowcount
-            if progress is not None:
-                progress(cur.rowcount)
-            if cur.rowcount < batch_size:
-                return total
-            if pause:
-                time.sleep(pause)
+        return in_batches(
+            lambda: conn.execute(sql.purge_published_batch, params).rowcount,
+            batch_size=batch_size,
+            pause=pause,
+            progress=progress,
+        )
 
 
 def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:

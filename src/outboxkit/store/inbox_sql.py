@@ -8,7 +8,6 @@ validation and quoting (:func:`parse_table`, :func:`quote_table`).
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -17,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from outboxkit.errors import SchemaError
+from outboxkit.maintenance.purge import in_batches
 from outboxkit.store._connection import admin_connection
 from outboxkit.store.migrations import migration_files
 from outboxkit.store.postgres import (
@@ -104,21 +104,15 @@ def purge_inbox(
     Keep the records longer than any redelivery can arrive (broker retention,
     relay retries): a purged record no longer stops a late duplicate.
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
     stmts = InboxStatements(table)
     params = {"age": older_than.total_seconds(), "consumer": consumer, "limit": batch_size}
-    total = 0
     with _connect(conninfo, table) as conn:
-        while True:
-            deleted = conn.execute(stmts.purge_batch, params).rowcount
-            total += deleted
-            if progress is not None:
-                progress(deleted)
-            if deleted < batch_size:
-                return total
-            if pause:
-                time.sleep(pause)
+        return in_batches(
+            lambda: conn.execute(stmts.purge_batch, params).rowcount,
+            batch_size=batch_size,
+            pause=pause,
+            progress=progress,
+        )
 
 
 def count_inbox_purgeable(

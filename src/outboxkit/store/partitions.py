@@ -1,18 +1,13 @@
-"""Time partitions of an outbox table: created ahead, dropped once expired and settled.
+"""Time partitions of an outbox table, the PostgreSQL side: read them, create, drop, move rows.
 
 A partitioned outbox (``outboxkit migrate --partition-by day|hour``) keeps published rows
 (``retention="keep"``) and gets rid of them a whole partition at a time: ``DROP TABLE`` of a
 day costs the same whether it held ten rows or ten million, leaves nothing to vacuum, and
-the hot partition stays small. :func:`maintain` is the one routine, run by the relay
-(relay/maintenance.py) and by ``outboxkit partitions maintain`` (cron), one at a time per
-table (a session advisory lock):
-
-- it creates the partitions of the current period and of ``ahead`` periods after it, and of
-  any period whose rows ended up in the default partition (moving them in);
-- it drops a partition whose whole range is older than the retention window (``keep``),
-  unless it still holds a pending or a failed row (checked through the partial indexes:
-  the cost follows those rows, never the table). A partition kept for a dead letter is
-  reported; replay or discard the event and the next run drops it.
+the hot partition stays small. What to create and what to drop is decided in
+maintenance/partitions.py; :func:`maintain` runs it, from the relay (maintenance/side_task.py)
+and from ``outboxkit partitions maintain`` (cron), one at a time per table (a session
+advisory lock). An expired partition still holding a pending or a failed row is kept
+(checked through the partial indexes: the cost follows those rows, never the table).
 
 Dropping and creating take a short ACCESS EXCLUSIVE lock on the outbox table (writers wait
 milliseconds); each waits at most ``lock_timeout`` and is retried at the next run.
@@ -21,81 +16,71 @@ milliseconds); each waits at most ``lock_timeout`` and is retried at the next ru
 from __future__ import annotations
 
 import datetime as dt
-import json
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from outboxkit.errors import ConfigurationError, SchemaError, table_missing
+from outboxkit.errors import OutboxkitError, SchemaError, table_missing
+from outboxkit.maintenance.partitions import (
+    DEFAULT_AHEAD,
+    DEFAULT_KEEP,
+    DEFAULT_LOCK_TIMEOUT,
+    PERIODS,
+    KeptPartition,
+    MaintenanceReport,
+    PartitionBy,
+    PartitionSettings,
+    blocks_drop,
+    check_partition_by,
+    default_partition_name,
+    drop_horizon,
+    has_expired,
+    partition_name,
+    period_start,
+    periods_to_create,
+)
 from outboxkit.store import partitions_sql as q
-from outboxkit.store._connection import Source, admin_connection
+from outboxkit.store._connection import Source, admin_connection, connect
 from outboxkit.store.postgres import DEFAULT_TABLE, Statements, parse_table
 
-#: "minute" compresses days into minutes for tests and benchmarks (the CLI offers day|hour).
-PartitionBy = Literal["day", "hour", "minute"]
-PERIODS: dict[str, dt.timedelta] = {
-    "day": dt.timedelta(days=1),
-    "hour": dt.timedelta(hours=1),
-    "minute": dt.timedelta(minutes=1),
-}
-_NAME_FORMATS = {"day": "_p%Y%m%d", "hour": "_p%Y%m%d%H", "minute": "_p%Y%m%d%H%M"}
-#: How long published rows stay (a partition is dropped once its whole range is older).
-DEFAULT_KEEP = dt.timedelta(days=7)
-#: Periods created ahead of the current one: a stopped maintenance has this long to come back.
-DEFAULT_AHEAD = 3
-#: How long a create or a drop waits for its lock before it is deferred to the next run.
-DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
-_MARK = "outboxkit partitions "
+__all__ = [  # the decisions' vocabulary, as callers of this module have always imported it
+    "DEFAULT_AHEAD",
+    "DEFAULT_KEEP",
+    "DEFAULT_LOCK_TIMEOUT",
+    "PERIODS",
+    "KeptPartition",
+    "MaintenanceReport",
+    "PartitionBy",
+    "PartitionChore",
+    "PartitionInfo",
+    "PartitionSettings",
+    "check_partition_by",
+    "default_partition_name",
+    "drop_expired",
+    "drop_published_partitions",
+    "ensure_partitions",
+    "finish_migration",
+    "is_partitioned",
+    "list_partitions",
+    "maintain",
+    "partition_name",
+    "partitioned_script",
+    "period_start",
+    "prepare_migration",
+    "read_settings",
+    "stray_rows",
+    "update_settings",
+    "write_settings",
+]
 
-
-def check_partition_by(value: str) -> PartitionBy:
-    if value not in PERIODS:
-        raise ConfigurationError(f"partition_by must be 'day' or 'hour', not {value!r}")
-    return cast(PartitionBy, value)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionSettings:
-    """How a partitioned outbox is maintained; stored in the outbox table's comment."""
-
-    by: PartitionBy
-    keep: dt.timedelta = DEFAULT_KEEP
-    ahead: int = DEFAULT_AHEAD
-
-    def __post_init__(self) -> None:
-        check_partition_by(self.by)
-        if self.keep < dt.timedelta(0):
-            raise ConfigurationError("the retention window (keep) cannot be negative")
-        if self.ahead < 1:
-            raise ConfigurationError("partitions ahead must be at least 1")
-
-    @property
-    def period(self) -> dt.timedelta:
-        return PERIODS[self.by]
-
-    def comment(self) -> str:
-        doc = {"by": self.by, "keep_s": self.keep.total_seconds(), "ahead": self.ahead}
-        return _MARK + json.dumps(doc)
-
-    @classmethod
-    def from_comment(cls, text: str | None) -> PartitionSettings | None:
-        if not text or not text.startswith(_MARK):
-            return None
-        try:
-            doc = json.loads(text[len(_MARK) :])
-            return cls(
-                check_partition_by(doc["by"]),
-                dt.timedelta(seconds=float(doc.get("keep_s", DEFAULT_KEEP.total_seconds()))),
-                int(doc.get("ahead", DEFAULT_AHEAD)),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
+#: The relay's side task's connections in pg_stat_activity.
+APPLICATION_NAME = "outboxkit-relay:partitions"
 
 
 @dataclass(slots=True)
@@ -121,65 +106,6 @@ class PartitionInfo:
         d["upper"] = self.upper.isoformat() if self.upper else None
         d["default"] = self.is_default
         return d
-
-
-@dataclass(slots=True)
-class KeptPartition:
-    """An expired partition that was not dropped, and why."""
-
-    name: str
-    pending: int
-    failed: int
-
-    @property
-    def reason(self) -> str:
-        parts = []
-        if self.failed:
-            parts.append(f"{self.failed} dead letter(s): replay or discard them")
-        if self.pending:
-            parts.append(f"{self.pending} pending event(s): the relay has not published them")
-        return "; ".join(parts)
-
-
-@dataclass(slots=True)
-class MaintenanceReport:
-    """What one :func:`maintain` run did."""
-
-    table: str
-    created: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    kept: list[KeptPartition] = field(default_factory=list)
-    moved_rows: int = 0
-    stray_rows: int = 0  # rows still in the default partition after the run
-    deferred: list[str] = field(default_factory=list)  # lock not obtained: retried next run
-    skipped: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["kept"] = [dict(asdict(k), reason=k.reason) for k in self.kept]
-        return d
-
-
-# -- periods and names -------------------------------------------------------------------
-
-
-def period_start(at: dt.datetime, by: PartitionBy) -> dt.datetime:
-    """The start (UTC) of the period ``at`` falls in."""
-    at = at.astimezone(dt.UTC)
-    if by == "day":
-        return at.replace(hour=0, minute=0, second=0, microsecond=0)
-    if by == "hour":
-        return at.replace(minute=0, second=0, microsecond=0)
-    return at.replace(second=0, microsecond=0)
-
-
-def partition_name(table_name: str, start: dt.datetime, by: PartitionBy) -> str:
-    suffix = start.astimezone(dt.UTC).strftime(_NAME_FORMATS[by])
-    return table_name[: 63 - len(suffix)] + suffix
-
-
-def default_partition_name(table_name: str) -> str:
-    return table_name[: 63 - len("_default")] + "_default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +313,6 @@ def ensure_partitions(
     """Create the default partition, the current and ``ahead`` periods, and the periods of
     stray rows in the default partition (moved in). Returns (created, moved rows, deferred)."""
     names = _Names.of(table)
-    by, period = settings.by, settings.period
     now = now or dt.datetime.now(dt.UTC)
     default = default_partition_name(names.name)
     storage = sql.SQL(q.PARTITION_STORAGE)
@@ -413,37 +338,34 @@ def ensure_partitions(
         else:
             created.append(default)
             has_default = True
-    ranges = [b for _, _, b, _, _ in existing if b is not None]
-    first = period_start(now, by)
-    wanted = {first + i * period for i in range(settings.ahead + 1)}
-    stray: set[dt.datetime] = set()
+    strays: list[dt.datetime] = []
     if has_default:
-        found = conn.execute(q.render(q.STRAY_PERIODS, partition=names.child(default)), (by,))
-        stray = {period_start(start, by) for (start,) in found.fetchall()}
-    for start in sorted(wanted | stray):
-        end = start + period
-        if any(lo < end and start < hi for lo, hi in ranges):
-            continue  # covered (or overlapped by a partition someone made by hand)
-        name = partition_name(names.name, start, by)
+        found = conn.execute(
+            q.render(q.STRAY_PERIODS, partition=names.child(default)), (settings.by,)
+        )
+        strays = [start for (start,) in found.fetchall()]
+    ranges = [b for _, _, b, _, _ in existing if b is not None]
+    for period in periods_to_create(names.name, settings, now, ranges, strays):
         create = q.render(
             q.CREATE_PARTITION,
-            partition=names.child(name),
+            partition=names.child(period.name),
             table=names.ident,
-            lower=q.bound(start),
-            upper=q.bound(end),
+            lower=q.bound(period.start),
+            upper=q.bound(period.end),
             storage=storage,
         )
         try:
             with _step(conn, lock_timeout):
-                if start in stray:
-                    moved += _create_moving_strays(conn, names, default, create, start, end)
+                if period.holds_strays:
+                    moved += _create_moving_strays(
+                        conn, names, default, create, period.start, period.end
+                    )
                 else:
                     conn.execute(create)
         except pg_errors.LockNotAvailable:
-            deferred.append(name)
+            deferred.append(period.name)
             continue
-        ranges.append((start, end))
-        created.append(name)
+        created.append(period.name)
     return created, moved, deferred
 
 
@@ -495,26 +417,22 @@ def drop_expired(
     it reached the broker); failed rows (dead letters) still do.
     """
     names = _Names.of(table)
-    now = now or dt.datetime.now(dt.UTC)
-    horizon = now - keep
-    if confirmed_through is not None:
-        horizon = min(horizon, confirmed_through)
+    horizon = drop_horizon(now or dt.datetime.now(dt.UTC), keep, confirmed_through)
     dropped: list[str] = []
     kept: list[KeptPartition] = []
     deferred: list[str] = []
     for regclass, relname, bounds, _rows, _size in _partitions(conn, names):
-        if bounds is None or bounds[1] > horizon:
+        if not has_expired(bounds, horizon):
             continue
         child = names.child(relname)
         check = q.render(q.HOLDS_UNSETTLED, partition=child)
         pending, failed = conn.execute(check).fetchone() or (False, False)
-        if confirmed_through is not None:
-            pending = False
-        if pending or failed:
+        if blocks_drop(pending, failed, confirmed_through=confirmed_through):
             counts = conn.execute(q.render(q.COUNT_STATE, partition=child)).fetchone() or (0, 0)
+            counted = pending and confirmed_through is None
             kept.append(
                 KeptPartition(
-                    regclass, int(counts[0]) if pending else 0, int(counts[1]) if failed else 0
+                    regclass, int(counts[0]) if counted else 0, int(counts[1]) if failed else 0
                 )
             )
             continue
@@ -523,10 +441,10 @@ def drop_expired(
                 # The parent first, as every writer and claim locks it: no deadlock.
                 conn.execute(q.render(q.LOCK_EXCLUSIVE, table=names.ident))
                 pending, failed = conn.execute(check).fetchone() or (False, False)
-                if confirmed_through is not None:
-                    pending = False
-                if pending or failed:  # a row changed since the first look
-                    kept.append(KeptPartition(regclass, int(bool(pending)), int(bool(failed))))
+                if blocks_drop(pending, failed, confirmed_through=confirmed_through):
+                    # a row changed since the first look
+                    counted = pending and confirmed_through is None
+                    kept.append(KeptPartition(regclass, int(bool(counted)), int(bool(failed))))
                     continue
                 conn.execute(q.render(q.DROP_PARTITION, partition=child))
         except pg_errors.LockNotAvailable:
@@ -656,3 +574,21 @@ def partitioned_script(table: str, partition_by: str, *, now: dt.datetime | None
         " `outboxkit partitions maintain` (cron).\n"
     )
     return stmts.ddl(partitioned=True) + extra + note
+
+
+class PartitionChore:
+    """A relay's partition maintenance of one table (maintenance/side_task.py runs it)."""
+
+    errors: tuple[type[Exception], ...] = (psycopg.Error, OutboxkitError)
+
+    def __init__(self, dsn: str, table: str) -> None:
+        self.dsn = dsn
+        self.table = table
+
+    def is_partitioned(self) -> bool:
+        with connect(self.dsn, application_name=APPLICATION_NAME) as conn:
+            return bool(is_partitioned(conn, self.table))
+
+    def maintain(self) -> MaintenanceReport:
+        with connect(self.dsn, application_name=APPLICATION_NAME) as conn:
+            return maintain(conn, self.table)

