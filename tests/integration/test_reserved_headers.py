@@ -116,6 +116,58 @@ async def test_the_nats_runner_handles_every_message_of_a_fetch_whatever_its_sta
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+async def test_a_status_headed_message_the_runner_cannot_read_is_dead_lettered_readably(
+    db_dsn: str, nats_server: Any
+) -> None:
+    """Not an outboxkit event (no id) and ``Status: 500``: dead-lettered in one line, the
+    next message handled, and the copy's Status renamed so that nats-py's ``fetch()`` can
+    read the dead-letter stream (with the header as it was, it raises there too)."""
+    migrate_inbox(db_dsn)
+    prefix = unique_name("status_dlq").replace("-", "_")
+    stream, dlq_stream = f"{prefix}_S", f"{prefix}_DLQ"
+    subject = f"{prefix}.orders"
+    await ensure_stream(nats_server.url, stream, [subject])
+    await ensure_stream(nats_server.url, dlq_stream, [f"{prefix}.dlq"])
+    healthy = event(subject, 1)
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.publish(subject, b"{}", headers={"Status": "500", "Description": "x"})
+        await js.publish(subject, healthy.payload, headers=as_stored(healthy))
+    finally:
+        await nc.close()
+    handled: list[Any] = []
+
+    async def handler(tx: psycopg.AsyncConnection[Any], received: ReceivedEvent) -> None:
+        handled.append(received.event_id)
+
+    runner = NatsConsumer(
+        db_dsn,
+        handler,
+        consumer="billing",
+        servers=nats_server.url,
+        stream=stream,
+        subject=subject,
+        dead_letter_subject=f"{prefix}.dlq",
+        fetch_timeout=0.5,
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_for(
+            lambda: (handled and runner.stats.dead_lettered == 1) or task.done(),
+            timeout=8,
+            what="the healthy event handled and the other dead-lettered",
+        )
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+    assert handled == [healthy.event_id]
+    [copy] = await consume_nats(nats_server.url, dlq_stream, f"{prefix}.dlq", None)
+    assert copy.headers["outboxkit-original-Status"] == "500"
+    assert "Status" not in copy.headers
+    assert "carries no event id" in copy.headers["outboxkit-dead-letter-reason"]
+
+
 # -- item 2: RabbitMQ's CC header closes the channel -------------------------------------------
 
 

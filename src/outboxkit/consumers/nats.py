@@ -53,6 +53,10 @@ _ACK_PREFIX = "$JS.ACK."
 _QUIET_STATUSES = frozenset({"404", "408", "409"})
 # How much longer than the request's expiry the runner waits for its last message.
 _FETCH_MARGIN = 0.5
+_STATUS_RENAMED = {
+    "Status": "outboxkit-original-Status",
+    "Description": "outboxkit-original-Description",
+}
 
 
 def decode(
@@ -234,8 +238,10 @@ class NatsConsumer(ConsumerRunner):
                 await msg.term()
             return
         # Keep the dedup id; drop the publisher's Nats-Expected-* checks meant for its stream.
+        # A stored Status/Description is kept renamed: a reader of the dead-letter stream
+        # with nats-py's fetch() would take it for a server status.
         headers = {
-            k: v
+            _STATUS_RENAMED.get(k, k): v
             for k, v in (msg.headers or {}).items()
             if not k.startswith("Nats-") or k == "Nats-Msg-Id"
         }
