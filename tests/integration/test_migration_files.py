@@ -23,8 +23,8 @@ from outboxkit.store.migrate import (
     migration_statements,
     schema_version,
 )
-from outboxkit.store.migrations import Kind
-from outboxkit.store.postgres import SCHEMA_VERSION, Statements
+from outboxkit.store.migrations import Kind, migration_files
+from outboxkit.store.postgres import SCHEMA_VERSION, VERSIONS_TABLE, Statements
 
 _RELATIONS = """
 SELECT c.relname, c.relkind::text, coalesce(c.reloptions, '{}'), pg_get_partkeydef(c.oid),
@@ -61,8 +61,13 @@ def _catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[tuple
     def plain(value: Any) -> Any:
         return value.replace(f"{schema}.", "") if isinstance(value, str) else value
 
+    # The version records are bookkeeping (asserted by schema_version), not the schema.
     return {
-        name: [tuple(plain(v) for v in row) for row in conn.execute(query, (schema,))]
+        name: [
+            tuple(plain(v) for v in row)
+            for row in conn.execute(query, (schema,))
+            if not row[0].startswith(VERSIONS_TABLE)
+        ]
         for name, query in [
             ("relations", _RELATIONS),
             ("columns", _COLUMNS),
@@ -142,11 +147,21 @@ def test_the_files_statement_by_statement_make_what_migrate_makes(empty_db_dsn: 
     _record(empty_db_dsn, "files.outbox", SCHEMA_VERSION)
     _diff(empty_db_dsn, "fresh", "files")
     assert schema_version(empty_db_dsn, table="files.outbox") == SCHEMA_VERSION
+    assert schema_version(empty_db_dsn, table="files.outbox", kind="ordered") is None
     again = migrate(empty_db_dsn, table="files.outbox", ordered=True, partitions=8)
     assert again.action is MigrationAction.UNCHANGED and not again.ordered_added
-    assert migrate_inbox(empty_db_dsn, table="files.processed_events").action is (
-        MigrationAction.UNCHANGED
-    )
+    inbox = migrate_inbox(empty_db_dsn, table="files.processed_events")
+    assert inbox.action is MigrationAction.UNCHANGED and inbox.version == 1
+    # each kind's version is recorded beside the outbox's (what a later file upgrades from)
+    for schema in ("fresh", "files"):
+        table, inbox_table = f"{schema}.outbox", f"{schema}.processed_events"
+        assert schema_version(empty_db_dsn, table=table) == SCHEMA_VERSION
+        assert schema_version(empty_db_dsn, table=table, kind="ordered") == len(
+            migration_files("ordered")
+        )
+        assert schema_version(empty_db_dsn, table=inbox_table, kind="inbox") == len(
+            migration_files("inbox")
+        )
 
 
 def test_ordered_mode_added_to_an_old_outbox_equals_a_fresh_ordered_one(

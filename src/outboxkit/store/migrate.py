@@ -297,8 +297,25 @@ def _migrate_ordered(
     ddl = stmts.ordered_ddl(wanted)
     missing = _missing(conn, _objects(ddl, schema), stmts.qualified)
     conn.execute(ddl)
+    _record(conn, result.table, "ordered", len(migration_files("ordered")))
     added = tuple(o.label for o in missing)
     return dataclasses.replace(result, partitions=wanted, ordered_added=added)
+
+
+def _record_key(kind: Kind, table: str) -> str:
+    """The version record of ``kind`` for ``table``: the table's name for the outbox (plain
+    or partitioned: one history), ``ordered:<table>`` and ``inbox:<table>`` for the others."""
+    return table if kind in ("outbox", "partitioned") else f"{kind}:{table}"
+
+
+def _record(conn: psycopg.Connection[Any], table: str, kind: Kind, version: int) -> None:
+    """Record that ``table`` has ``kind``'s files up to ``version`` (unless it says so already)."""
+    stmts = Statements(table)
+    key = _record_key(kind, table)
+    conn.execute(stmts.create_version_table)
+    row = conn.execute(stmts.get_version, (key,)).fetchone()
+    if row is None or int(row[0]) != version:
+        conn.execute(stmts.set_version, (key, version))
 
 
 def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> MigrationResult:
@@ -311,27 +328,32 @@ def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> Migrati
     schema, _name = parse_table(table)
     ddl = stmts.ddl()
     objects = _objects(ddl, schema)
+    version = len(migration_files("inbox"))
     with _connect(conninfo) as conn, conn.transaction():
         conn.execute(MIGRATION_LOCK, (migration_lock_key(f"inbox:{table}"),))
         missing = _missing(conn, objects, stmts.qualified)
-        if not missing:
-            return MigrationResult(table, MigrationAction.UNCHANGED, None, kind="inbox")
-        conn.execute(ddl)
+        if missing:
+            conn.execute(ddl)
+        _record(conn, table, "inbox", version)
+    if not missing:
+        return MigrationResult(table, MigrationAction.UNCHANGED, version, kind="inbox")
     if any(o.name == stmts.qualified for o in missing):
-        return MigrationResult(table, MigrationAction.CREATED, None, kind="inbox")
+        return MigrationResult(table, MigrationAction.CREATED, version, kind="inbox")
     labels = tuple(o.label for o in missing)
-    return MigrationResult(table, MigrationAction.REPAIRED, None, recreated=labels, kind="inbox")
+    return MigrationResult(table, MigrationAction.REPAIRED, version, recreated=labels, kind="inbox")
 
 
-def schema_version(conninfo: str, *, table: str = DEFAULT_TABLE) -> int | None:
-    """The recorded schema version of ``table``, or None if it was never migrated."""
+def schema_version(
+    conninfo: str, *, table: str = DEFAULT_TABLE, kind: Kind = "outbox"
+) -> int | None:
+    """The recorded schema version of ``table`` (of its ordered mode or of an inbox with
+    ``kind``), or None if it was never migrated."""
     stmts = Statements(table)
     with connect(conninfo, application_name=APPLICATION_NAME) as conn:
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (stmts.versions_table,))
-        row = exists.fetchone()
+        row = conn.execute(TABLE_EXISTS, (stmts.versions_table,)).fetchone()
         if not row or not row[0]:
             return None
-        found = conn.execute(stmts.get_version, (table,)).fetchone()
+        found = conn.execute(stmts.get_version, (_record_key(kind, table),)).fetchone()
         return int(found[0]) if found else None
 
 
