@@ -32,6 +32,9 @@ def test_chaos_run_loses_nothing_publishes_no_phantom_and_no_duplicate(
     assert report.committed > 0
     assert report.rolled_back > 0
     assert report.poison > 0
+    # Each kind of poison was written: among them an event at the default size limit (over
+    # NATS's max_payload with its headers) and a row with a Status header (issue 26).
+    assert set(report.poison_kinds) == {"limit", "oversized", "poison", "status"}, report
     assert sum(report.faults.values()) >= SECONDS / 6
     assert set(report.faults) == set(FAULTS), report.faults  # every kind struck at least once
     assert report.violations() == [], report.to_json()

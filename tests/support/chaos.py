@@ -22,6 +22,7 @@ import asyncio
 import random
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -84,6 +85,8 @@ class ChaosReport(ChaosReportBase):
     committed: int = 0
     rolled_back: int = 0
     poison: int = 0
+    #: The poison committed, by kind (poison topic, oversized, at the limit, Status header).
+    poison_kinds: dict[str, int] = field(default_factory=dict)
     published_messages: int = 0
     distinct_published: int = 0
     lost: int = 0
@@ -266,6 +269,7 @@ class ChaosRun:
         r.committed = len(healthy)
         r.rolled_back = len(rolled_back)
         r.poison = len(poison)
+        r.poison_kinds = dict(sorted(Counter(ledger[e] for e in poison).items()))
         r.published_messages = len(published)
         r.distinct_published = len(distinct)
         r.lost = len(healthy - distinct)

@@ -25,7 +25,7 @@ from outboxkit import Event, InvalidEventError, Outbox
 LEDGER = """
 CREATE TABLE IF NOT EXISTS chaos_ledger (
     event_id uuid PRIMARY KEY,
-    kind     text NOT NULL,     -- ok | poison | oversized
+    kind     text NOT NULL,     -- ok | poison | oversized | limit | status
     writer   int NOT NULL
 )
 """
@@ -34,6 +34,14 @@ POISON_TOPIC = "poison.orders"  # no stream stores it: retried, then dead-letter
 OUTBOX_MAX_PAYLOAD = 2 * 1024 * 1024  # over the broker's 1 MiB: rejected by NATS
 BROKER_REJECTS = 1_200_000  # bytes: accepted by the outbox, refused by the broker
 OUTBOX_REFUSES = 3 * 1024 * 1024  # bytes: refused at put, the transaction rolls back
+# A payload at Event()'s default limit: with its headers it is over NATS's max_payload (1 MiB),
+# which closed the connection and dead-lettered its neighbours before issue 26.
+AT_THE_LIMIT = 1024 * 1024
+# A row written around Event() with a header NATS gives meaning to (issue 26): dead-lettered.
+STATUS_ROW = """
+INSERT INTO outbox (event_id, topic, key, event_type, payload, headers)
+VALUES (%s, %s, %s, 'order.placed', %s, '{"Status": "500", "writer": "x"}')
+"""
 
 
 class _Rollback(Exception):
@@ -44,6 +52,8 @@ def _event(kind: str, writer: int, n: int, rng: random.Random) -> Event:
     topic = POISON_TOPIC if kind == "poison" else TOPIC
     if kind == "oversized":
         payload: Any = b"x" * BROKER_REJECTS
+    elif kind == "limit":
+        payload = b"x" * AT_THE_LIMIT
     elif kind == "refused":
         payload = b"x" * OUTBOX_REFUSES
     else:
@@ -76,6 +86,10 @@ def run(dsn: str, seconds: float, seed: int, rolled_back: Path) -> dict[str, int
                 kind = "oversized"
             elif roll < 0.06:
                 kind = "refused"
+            elif roll < 0.07:
+                kind = "limit"
+            elif roll < 0.08:
+                kind = "status"
             rollback = kind == "ok" and rng.random() < 0.15
             events = [_event(kind, seed, n + i, rng) for i in range(rng.randint(1, 4))]
             n += len(events)
@@ -100,7 +114,12 @@ def run(dsn: str, seconds: float, seed: int, rolled_back: Path) -> dict[str, int
                             "INSERT INTO chaos_ledger VALUES (%s, %s, %s)",
                             [(i, kind, seed) for i in ids],
                         )
-                    if rng.random() < 0.5:
+                    if kind == "status":  # around Event(), as plain SQL would
+                        for e in events:
+                            conn.execute(
+                                STATUS_ROW, (e.event_id, TOPIC, e.key, b'{"forged": true}')
+                            )
+                    elif rng.random() < 0.5:
                         tx.put_many(events)
                     else:  # the other write path, in the same transaction
                         outbox.put_many(conn, events)
