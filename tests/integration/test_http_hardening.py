@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import statistics
 import subprocess
@@ -466,8 +467,11 @@ async def test_readyz_says_why_without_naming_servers_hosts_or_roles(
 _STARVED_SERVER = """
 import asyncio, logging, os, resource, sys
 from aiohttp import web
+from outboxkit.ops import http
 from outboxkit.ops.http import serving
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+if len(sys.argv) > 3:
+    http._LOG_EVERY = float(sys.argv[3])  # seconds between two lines about failing accepts
 async def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     async with serving(web.Application(), "127.0.0.1", int(sys.argv[1])):
@@ -483,20 +487,22 @@ asyncio.run(main())
 """
 
 
-async def test_accept_errors_out_of_descriptors_are_logged_once_per_interval() -> None:
+async def _starve(seconds: float, *log_every: str) -> tuple[str, int]:
+    """Run a server out of descriptors while clients knock for ``seconds``: its log, knocks."""
     port = free_port()
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         _STARVED_SERVER,
         str(port),
-        "8",
+        str(seconds + 2),
+        *log_every,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     assert server.stdout is not None
     assert await asyncio.wait_for(server.stdout.readline(), 30) == b"starved\n"
-    deadline = time.monotonic() + 6
+    deadline = time.monotonic() + seconds
     attempts = 0
     while time.monotonic() < deadline:  # clients keep knocking; each accept fails
         with contextlib.suppress(OSError, TimeoutError):
@@ -507,7 +513,28 @@ async def test_accept_errors_out_of_descriptors_are_logged_once_per_interval() -
     _out, err = await server.communicate()
     log = err.decode()
     assert server.returncode == 0, log[-2000:]
+    return log, attempts
+
+
+async def test_accept_errors_out_of_descriptors_are_logged_once_per_interval() -> None:
+    log, attempts = await _starve(6)
     # asyncio's own handler wrote one traceback per failed accept (one per second here)
     assert log.count("socket.accept() out of system resource") == 1, log[-3000:]
     assert "Too many open files" in log and "Traceback" not in log, log[-3000:]
     assert attempts > 20
+
+
+async def test_failed_accepts_are_counted_once_per_retry_not_once_per_accept_call() -> None:
+    """Before: "(4 755 more since the last such line)" after 30 s of a starved relay.
+
+    asyncio's accept loop goes on after EMFILE: up to `backlog` (128) failing accept()
+    calls in one loop tick, each reported. One tick is one failure; asyncio retries the
+    socket once a second, so a second of starvation counts about one.
+    """
+    log, _attempts = await _starve(5, "2.0")
+    lines = log.count("socket.accept() out of system resource")
+    held = [int(n) for n in re.findall(r"\((\d+) more since the last such line\)", log)]
+    assert 2 <= lines <= 4 and held, log[-3000:]
+    # 5 s of knocking (plus the server's last 2 s): one count per second at most
+    assert lines + sum(held) <= 8, f"held-back counts {held}: one per accept() call"
+    assert "ulimit -n" in log, "the line says what to do"

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import resource
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -209,7 +211,7 @@ class GuardedSite(web.BaseSite):
         self._port = port
         self._limits = limits
         self.gate = _Gate(limits.connection_cap(), f"{host}:{port}")
-        self._undo_quiet: Callable[[], None] | None = None
+        self._acceptors: list[_Acceptor] = []
 
     @property
     def name(self) -> str:
@@ -231,17 +233,123 @@ class GuardedSite(web.BaseSite):
             return _GuardedProtocol(server(), gate, timeout)
 
         loop = asyncio.get_running_loop()
+        # Bound and listening, but accepted by _Acceptor, not by asyncio (see there).
         self._server = await loop.create_server(
-            protocol, self._host, self._port, backlog=128, reuse_address=True
+            protocol,
+            self._host,
+            self._port,
+            backlog=_BACKLOG,
+            reuse_address=True,
+            start_serving=False,
         )
         self.gate.where = f"{self._host}:{self.port}"
-        self._undo_quiet = _quiet_accept_errors(loop)
+        failures = Throttled(log, _LOG_EVERY)
+        for listening in self._server.sockets:
+            acceptor = _Acceptor(loop, listening, protocol, failures)
+            self._acceptors.append(acceptor)
+            acceptor.start()
 
     async def stop(self) -> None:
-        if self._undo_quiet is not None:
-            self._undo_quiet()
-            self._undo_quiet = None
+        for acceptor in self._acceptors:
+            acceptor.close()
+        self._acceptors.clear()
         await super().stop()
+
+
+#: Seconds to wait before accepting again on a socket whose accept() ran out of descriptors.
+_ACCEPT_RETRY = 1.0
+#: Connections the kernel queues for a listening socket, and accepted per wake-up.
+_BACKLOG = 128
+_ACCEPT_BATCH = _BACKLOG
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class _Acceptor:
+    """Accepts one listening socket's connections, and backs off once when out of descriptors.
+
+    asyncio's own accept loop goes on after EMFILE: up to its backlog of failing accept()
+    calls in one tick, each reported and each scheduling a retry, so the retries
+    multiplied (4 755 failed accepts in 30 s of a starved relay, growing). Here the first
+    failure stops the loop and one retry follows a second later; the log line is throttled.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        listening: Any,
+        protocol: Callable[[], asyncio.Protocol],
+        failures: Throttled,
+    ) -> None:
+        self._loop = loop
+        # Our own handle on the listening socket (asyncio's wrapper has no accept()):
+        # a duplicate descriptor of the same socket, closed with the site.
+        self._sock = socket.fromfd(listening.fileno(), listening.family, listening.type)
+        self._sock.setblocking(False)
+        self._sock.listen(_BACKLOG)  # asyncio listens only when it serves itself
+        self._protocol = protocol
+        self._failures = failures
+        self._retry: asyncio.TimerHandle | None = None
+        self._connecting: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def start(self) -> None:
+        self._retry = None
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _address = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # nothing more waiting
+            except OSError as exc:
+                self._loop.remove_reader(self._sock.fileno())
+                self._retry = self._loop.call_later(_ACCEPT_RETRY, self.start)
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._failures(
+                        logging.ERROR,
+                        "http %s: socket.accept() out of system resource: %s; new connections"
+                        " wait until descriptors are free: raise the open-file limit (ulimit -n,"
+                        " systemd LimitNOFILE=)",
+                        _address_of(self._sock),
+                        exc,
+                    )
+                else:
+                    self._failures(
+                        logging.ERROR, "http %s: accept() failed: %s", _address_of(self._sock), exc
+                    )
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._connect(conn))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._protocol, conn)
+        except Exception:  # the client left before its transport was made, most likely
+            log.debug("http: an accepted connection failed", exc_info=True)
+            conn.close()
+
+
+def _address_of(sock: socket.socket) -> str:
+    """host:port of a listening socket, for a log line."""
+    try:
+        name = sock.getsockname()
+    except OSError:
+        return "?"
+    host = f"[{name[0]}]" if ":" in str(name[0]) else name[0]
+    return f"{host}:{name[1]}"
 
 
 def runner(app: web.Application, limits: ServerLimits = DEFAULT_LIMITS) -> web.AppRunner:
@@ -365,34 +473,6 @@ def raise_open_file_limit() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             return target
     return soft
-
-
-def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """Rate-limit asyncio's "socket.accept() out of system resource" reports; return an undo.
-
-    asyncio logs one with a traceback for every failed accept; out of
-    descriptors, that was 170 MB of log in 80 seconds.
-    """
-    previous = loop.get_exception_handler()
-    throttled = Throttled(log, _LOG_EVERY)
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        message = str(context.get("message", ""))
-        if message.startswith("socket.accept()"):
-            throttled(logging.ERROR, "http: %s: %s", message, context.get("exception"))
-            return
-        if previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-
-    def undo() -> None:
-        if loop.get_exception_handler() is handler:
-            loop.set_exception_handler(previous)
-
-    return undo
 
 
 @contextlib.asynccontextmanager
