@@ -2,11 +2,12 @@
 
 ``Outbox(storage=...)`` picks one at construction: ``table.TableStorage`` (a row of the
 outbox table per event, for any relay) or ``wal.WalStorage`` (a transactional logical
-message per event, for the CDC relay). The outbox owns the event check and runs
-statements through the driver adapters; a storage turns events into statements and
-parameters, for each write path: ``put`` (``one``), ``put_many`` (``many``),
-``execute_with`` (``attached``) and ``transaction()`` (``encode`` and ``commit_inserts``:
-binary parameters and prepared statements sent in the COMMIT's pipeline).
+message per event, for the CDC relay). The outbox owns the event check (a batch's is
+handed over, so each event is checked and encoded in one pass) and runs statements
+through the driver adapters; a storage turns events into statements and parameters,
+for each write path: ``put`` (``one``), ``put_many`` (``many``), ``execute_with``
+(``attached``) and ``transaction()`` (``encode`` and ``commit_inserts``: binary
+parameters and prepared statements sent in the COMMIT's pipeline).
 """
 
 from __future__ import annotations
