@@ -75,15 +75,18 @@ def test_an_ordered_write_locks_each_distinct_key_once_and_keyless_ones_not_at_a
     assert several is not None and several[0] and sorted(several[1]) == ["a", "b"]
     # a statement of many rows takes even one key as an array (KEY_LOCKS)...
     assert lock_param(["b", "b"], one_row=False) == (True, ["b"])
+    assert lock_param(["b"], one_row=False) == (True, ["b"])
     # ...a one-row statement takes it as a text (KEY_LOCK)
     assert lock_param(["b"], one_row=True) == (False, "b")
 
     def commit_lock(*keys: str | None) -> object:  # transaction()'s first INSERT, in binary
         rows = [_params(_event(key=key)) for key in keys]
-        return lock_param((row[_KEY] for row in rows), one_row=True, array=_text_array)
+        return lock_param([row[_KEY] for row in rows], one_row=True, array=_text_array)
 
     assert commit_lock(None) is None
     assert commit_lock("b", "b") == (False, b"b")  # one key: a text parameter
+    assert commit_lock("b") == (False, b"b")
+    assert commit_lock(None, "b") == (False, b"b")
     binary = commit_lock("b", "a")
     assert isinstance(binary, tuple) and binary[0]
     # a one-dimensional text[] of two elements: ndim 1, no NULL, oid 25, length 2, lbound 1

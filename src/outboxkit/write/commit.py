@@ -35,7 +35,7 @@ from outboxkit.drivers import type_name
 from outboxkit.drivers.psycopg_adapter import check_usable
 from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
-from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Storage, checked_batch
+from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Storage, encode_batch
 
 _IDLE = pq.TransactionStatus.IDLE
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
@@ -69,8 +69,7 @@ class BaseOutboxTransaction(Generic[_Conn]):
     def put_many(self, events: Iterable[Event]) -> None:
         """Queue several events, at most 10 000 per call (all validated before any is queued)."""
         self._require_active()
-        encode = self._storage.encode
-        self._rows.extend([encode(e) for e in checked_batch(events, self._check)])
+        self._rows.extend(encode_batch(events, self._check, self._storage.encode))
 
     def _require_active(self) -> None:
         if not self._active:

@@ -33,7 +33,7 @@ from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
 from outboxkit.store.postgres import numbered
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
-from outboxkit.write.storage import Prepared, Storage, checked_batch
+from outboxkit.write.storage import Prepared, Storage
 from outboxkit.write.table import TableStorage
 from outboxkit.write.wal import WalStorage
 
@@ -175,8 +175,7 @@ class Outbox:
         return event
 
     def _params_many(self, events: Iterable[Event]) -> Prepared | None:
-        checked = checked_batch(events, self._check)
-        return self._storage.many(checked) if checked else None
+        return self._storage.many(events, self._check)
 
     # -- sync -----------------------------------------------------------------
 
@@ -299,10 +298,10 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
-        checked = checked_batch(events, self._check)
-        if not checked:
+        attached = self._storage.attached(events, self._check)
+        if attached is None:
             return query, list(params)
-        cte, event_params = self._storage.attached(checked)
+        cte, event_params = attached
         return _attach(query, params, cte, event_params, dollar)
 
     # -- async ----------------------------------------------------------------

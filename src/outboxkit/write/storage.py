@@ -2,11 +2,12 @@
 
 ``Outbox(storage=...)`` picks one at construction: ``table.TableStorage`` (a row of the
 outbox table per event, for any relay) or ``wal.WalStorage`` (a transactional logical
-message per event, for the CDC relay). The outbox checks events and runs statements
-through the driver adapters; a storage only turns checked events into statements and
-parameters, for each write path: ``put`` (``one``), ``put_many`` (``many``),
-``execute_with`` (``attached``) and ``transaction()`` (``encode`` and ``commit_inserts``:
-binary parameters and prepared statements sent in the COMMIT's pipeline).
+message per event, for the CDC relay). The outbox owns the event check (a batch's is
+handed over, so each event is checked and encoded in one pass) and runs statements
+through the driver adapters; a storage turns events into statements and parameters,
+for each write path: ``put`` (``one``), ``put_many`` (``many``), ``execute_with``
+(``attached``) and ``transaction()`` (``encode`` and ``commit_inserts``: binary
+parameters and prepared statements sent in the COMMIT's pipeline).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from outboxkit.drivers import Statement
 from outboxkit.drivers.psycopg_private import Key
@@ -27,6 +28,8 @@ Prepared = tuple[Statement, list[Any]]
 Check = Callable[[object], Event]
 #: One event's parameters in ``transaction()``'s pipeline, each in binary (None is NULL).
 BinaryRow = list[bytes | None]
+
+_R = TypeVar("_R")
 
 #: PostgreSQL type oids of the parameters ``transaction()`` sends in binary.
 OIDS = {"uuid": 2950, "text": 25, "bytea": 17, "jsonb": 3802, "timestamptz": 1184, "text[]": 1009}
@@ -61,13 +64,13 @@ class Storage(Protocol):
         """The statement and parameters that write one checked event (``put``)."""
         ...
 
-    def many(self, events: list[Event]) -> Prepared:
-        """One statement for one or more checked events (``put_many``)."""
+    def many(self, events: Iterable[Event], check: Check) -> Prepared | None:
+        """One statement for ``events``, each checked (``put_many``); None for none."""
         ...
 
-    def attached(self, events: list[Event]) -> tuple[str, list[Any]]:
-        """The CTE (``%s`` style) and its parameters that write one or more checked
-        events in front of the caller's statement (``execute_with``)."""
+    def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
+        """The CTE (``%s`` style) and its parameters that write ``events``, each checked,
+        in front of the caller's statement (``execute_with``); None for none."""
         ...
 
     def encode(self, event: Event) -> BinaryRow:
@@ -83,13 +86,13 @@ class Storage(Protocol):
         ...
 
 
-def checked_batch(events: Iterable[Event], check: Check) -> list[Event]:
-    """``events``, every one checked; refuses more than a batch's worth without reading
-    further (a generator may be endless)."""
-    checked = [check(e) for e in islice(events, MAX_BATCH_EVENTS + 1)]
-    if len(checked) > MAX_BATCH_EVENTS:
+def encode_batch(events: Iterable[Event], check: Check, encode: Callable[[Event], _R]) -> list[_R]:
+    """``events`` checked and encoded in one pass; refuses more than a batch's worth
+    without reading further (a generator may be endless)."""
+    encoded = [encode(check(e)) for e in islice(events, MAX_BATCH_EVENTS + 1)]
+    if len(encoded) > MAX_BATCH_EVENTS:
         raise too_many_events()
-    return checked
+    return encoded
 
 
 def commit_statement(text: str, types: Iterable[int], prefix: bytes) -> CommitStatement:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -23,10 +23,12 @@ from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
 from outboxkit.write.storage import (
     OIDS,
     BinaryRow,
+    Check,
     CommitStatement,
     Prepared,
     Send,
     commit_statement,
+    encode_batch,
 )
 
 _EMPTY_HEADERS = "{}"
@@ -123,11 +125,11 @@ def _text_array(items: Iterable[bytes]) -> bytes:
 
 
 def lock_param(
-    keys: Iterable[_K | None], *, one_row: bool, array: Callable[[list[_K]], Any] = list
+    keys: Sequence[_K | None], one_row: bool, array: Callable[[list[_K]], Any] = list
 ) -> tuple[bool, Any] | None:
-    """Which key locks an ordered write takes: None if no event has a key, else whether
-    it locks several (``store.postgres.KEY_LOCKS``, a text[]) or one (``KEY_LOCK``, a
-    text), and that parameter.
+    """Which key locks an ordered write of events with these ``keys`` takes: None if
+    none has a key, else whether it locks several (``store.postgres.KEY_LOCKS``, a
+    text[]) or one (``KEY_LOCK``, a text), and that parameter.
 
     A one-row statement (``put``, a one-event ``execute_with``, the first INSERT of
     ``transaction()``) locks a single distinct key through a text parameter: a
@@ -137,7 +139,13 @@ def lock_param(
     order, whatever order they come in, so two writers never wait for each other in a
     cycle.
     """
-    distinct = {k for k in keys if k is not None}
+    if len(keys) == 1:  # one event (every ordered put): no set to build
+        key = keys[0]
+        if key is None:
+            return None
+        return (False, key) if one_row else (True, array([key]))
+    distinct: set[Any] = set(keys)
+    distinct.discard(None)
     if not distinct:
         return None
     if one_row and len(distinct) == 1:
@@ -224,7 +232,7 @@ class TableStorage:
 
     def one(self, event: Event) -> Prepared:
         params: list[Any] = list(_row(event))
-        lock = lock_param((event.key,), one_row=True) if self.ordered else None
+        lock = lock_param((event.key,), True) if self.ordered else None
         if lock is not None:
             params.append(lock[1])
         notify = self.notify and (event.available_at is None or any_due([event.available_at]))
@@ -232,10 +240,13 @@ class TableStorage:
             params.append(self.channel)
         return self._one[lock is not None, notify], params
 
-    def many(self, events: list[Event]) -> Prepared:
+    def many(self, events: Iterable[Event], check: Check) -> Prepared | None:
+        rows = encode_batch(events, check, _row)
+        if not rows:
+            return None
         # One array per column: one statement (unnest) whatever the count.
-        params: list[Any] = [list(column) for column in zip(*map(_row, events), strict=True)]
-        lock = lock_param(params[_KEY], one_row=False) if self.ordered else None
+        params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
+        lock = lock_param(params[_KEY], False) if self.ordered else None
         if lock is not None:
             params.append(lock[1])
         notify = self.notify and any_due(params[_AVAILABLE_AT])
@@ -243,14 +254,16 @@ class TableStorage:
             params.append(self.channel)
         return self._many[lock is not None, notify], params
 
-    def attached(self, events: list[Event]) -> tuple[str, list[Any]]:
-        rows = [_row(e) for e in events]
+    def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
+        rows = encode_batch(events, check, _row)
+        if not rows:
+            return None
         several = len(rows) > 1
         if several:
             params: list[Any] = [list(column) for column in zip(*rows, strict=True)]
         else:
             params = list(rows[0])
-        lock = lock_param((r[_KEY] for r in rows), one_row=not several) if self.ordered else None
+        lock = lock_param([r[_KEY] for r in rows], not several) if self.ordered else None
         if lock is not None:
             params.append(lock[1])
         notify = self.notify and any_due(r[_AVAILABLE_AT] for r in rows)
@@ -269,7 +282,7 @@ class TableStorage:
         notify_at = _first_due(rows) if self.notify else -1
         lock = None
         if self.ordered:
-            lock = lock_param((r[_KEY] for r in rows), one_row=True, array=_text_array)
+            lock = lock_param([r[_KEY] for r in rows], True, _text_array)
         channel = self._channel_bytes
         for i, row in enumerate(rows):
             if i == 0 and lock is not None:

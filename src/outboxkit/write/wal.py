@@ -14,6 +14,7 @@ names the outbox table, which must exist (migrated; nothing is written to it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from outboxkit.drivers import Statement
@@ -23,10 +24,12 @@ from outboxkit.store.wal_sql import WalStatements
 from outboxkit.write.storage import (
     OIDS,
     BinaryRow,
+    Check,
     CommitStatement,
     Prepared,
     Send,
     commit_statement,
+    encode_batch,
 )
 from outboxkit.write.wal_envelope import encode_envelope
 
@@ -67,17 +70,21 @@ class WalStorage:
             return self._one, [encode_envelope(event), self.channel]
         return self._one, [encode_envelope(event)]
 
-    def many(self, events: list[Event]) -> Prepared:
-        if len(events) == 1:  # the cheaper statement: no array to build and unnest
-            return self.one(events[0])
-        envelopes = [encode_envelope(e) for e in events]
+    def many(self, events: Iterable[Event], check: Check) -> Prepared | None:
+        envelopes = encode_batch(events, check, encode_envelope)
+        if not envelopes:
+            return None
+        if len(envelopes) == 1:  # the cheaper statement: no array to build and unnest
+            return self._one, [envelopes[0], self.channel] if self.notify else envelopes
         if self.notify:
             return self._many, [self.channel, envelopes]  # NOTIFY_MANY's order
         return self._many, [envelopes]
 
-    def attached(self, events: list[Event]) -> tuple[str, list[Any]]:
+    def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
+        envelopes = encode_batch(events, check, encode_envelope)
+        if not envelopes:
+            return None
         sql = self.sql
-        envelopes = [encode_envelope(e) for e in events]
         one = len(envelopes) == 1
         params: list[Any] = envelopes if one else [envelopes]
         if self.notify:
