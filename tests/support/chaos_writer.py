@@ -33,6 +33,9 @@ TOPIC = "chaos.orders"
 POISON_TOPIC = "poison.orders"  # no stream stores it: retried, then dead-lettered
 OUTBOX_MAX_PAYLOAD = 2 * 1024 * 1024  # over the broker's 1 MiB: rejected by NATS
 BROKER_REJECTS = 1_200_000  # bytes: accepted by the outbox, refused by the broker
+# The most Event() takes by default: over NATS's max_payload only with its headers, which
+# the server answered by dropping the connection of its neighbours too (issue 26).
+AT_THE_LIMIT = 1024 * 1024
 OUTBOX_REFUSES = 3 * 1024 * 1024  # bytes: refused at put, the transaction rolls back
 
 
@@ -43,7 +46,7 @@ class _Rollback(Exception):
 def _event(kind: str, writer: int, n: int, rng: random.Random) -> Event:
     topic = POISON_TOPIC if kind == "poison" else TOPIC
     if kind == "oversized":
-        payload: Any = b"x" * BROKER_REJECTS
+        payload: Any = b"x" * (BROKER_REJECTS if n % 2 else AT_THE_LIMIT)
     elif kind == "refused":
         payload = b"x" * OUTBOX_REFUSES
     else:
