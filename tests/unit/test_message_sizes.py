@@ -14,6 +14,7 @@ from typing import Any
 
 import aio_pika
 import aiormq.exceptions
+import botocore.exceptions
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from nats.aio.client import Client as NATS
@@ -22,6 +23,7 @@ from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
 from outboxkit.publishers.redis import RedisStreamsPublisher
+from outboxkit.publishers.sqs import SqsPublisher
 from outboxkit.wire import kafka as kafka_wire
 from outboxkit.wire import nats as nats_wire
 from outboxkit.wire import redis as redis_wire
@@ -174,3 +176,20 @@ def test_redis_payload_or_headers_over_proto_max_bulk_len_are_refused() -> None:
     assert dead is not None and "proto-max-bulk-len is 2 000" in (dead.error or "")
     heavy = redis_wire.encode(_message(headers={f"h{i}": "v" * 200 for i in range(10)}))
     assert publisher._too_large(heavy, "orders") is not None, "the headers field counts too"
+
+
+def test_sqs_request_whose_connection_closed_is_handed_back_not_charged() -> None:
+    publisher = SqsPublisher("orders", region="us-east-1")
+    closed = botocore.exceptions.ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
+    result = publisher._failed(closed, "sqs: request failed", "ConnectionClosedError")
+    assert result.retryable and not result.counts_attempt
+    timed_out = botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+    result = publisher._failed(timed_out, "sqs: request failed", "ReadTimeoutError")
+    assert result.counts_attempt, "no answer in time: SQS may have judged it"
+
+
+def test_sqs_dead_letter_names_the_limit_it_came_from() -> None:
+    queue_limit = SqsPublisher("orders", region="us-east-1")._too_large(2000, 1024)
+    assert "the queue's MaximumMessageSize is 1 024" in (queue_limit.error or "")
+    url_limit = SqsPublisher("orders", region="us-east-1", max_message_bytes=1024)
+    assert "max_message_bytes=1024" in (url_limit._too_large(2000, 1024).error or "")

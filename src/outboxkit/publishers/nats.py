@@ -277,62 +277,6 @@ class NatsPublisher:
                 return problem
         return None
 
-    async def _wait_for_acks(
-        self, futures: dict[asyncio.Future[Any], int], disconnects: int
-    ) -> None:
-        """Until every PubAck is in, the timeout passes, or the connection drops.
-
-        Once the connection dropped, the PubAcks of what was sent before are lost with it:
-        the batch returns at once, and what is unacked is handed back instead of waiting
-        out the timeout (Nats-Msg-Id dedups a message that was stored after all).
-        """
-        loop = asyncio.get_running_loop()
-        all_in: asyncio.Future[None] = loop.create_future()
-        remaining = len(futures)
-
-        def one_done(_future: asyncio.Future[Any]) -> None:
-            nonlocal remaining
-            remaining -= 1
-            if not remaining and not all_in.done():
-                all_in.set_result(None)
-
-        for future in futures:
-            future.add_done_callback(one_done)
-        lost: asyncio.Future[None] = loop.create_future()
-        self._lost_waiters.add(lost)
-        try:
-            if self._disconnects == disconnects:
-                await asyncio.wait(
-                    (all_in, lost), timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-        finally:
-            self._lost_waiters.discard(lost)
-            lost.cancel()
-            all_in.cancel()
-            for future in futures:
-                future.remove_done_callback(one_done)
-
-    @staticmethod
-    def _too_large(
-        message: OutboundMessage, headers: dict[str, str], max_payload: int
-    ) -> PublishResult | None:
-        """The dead letter of a message over the server's ``max_payload``, or None.
-
-        The server answers such a message by closing the connection, which loses the
-        PubAcks of every other message in flight on it: it must never be sent.
-        """
-        size = oversize(message.payload, headers, max_payload)
-        if size is None:
-            return None
-        return too_large(
-            "nats",
-            size,
-            "with headers",
-            "the NATS server's max_payload",
-            max_payload,
-            "raise max_payload in the server's configuration, up to 64 MB, or send less",
-        )
-
     def _remember(self, key: str, verdict: str | None) -> str | None:
         if len(key) > _SEEN_KEY_MAX:  # a row's oversized subject or name: judged, not kept
             return verdict
@@ -404,6 +348,62 @@ class NatsPublisher:
                     else _classify(error, messages[i].topic, self._timeout)
                 )
         return [r if r is not None else PublishResult.retry("no PubAck", "nats") for r in results]
+
+    async def _wait_for_acks(
+        self, futures: dict[asyncio.Future[Any], int], disconnects: int
+    ) -> None:
+        """Until every PubAck is in, the timeout passes, or the connection drops.
+
+        Once the connection dropped, the PubAcks of what was sent before are lost with it:
+        the batch returns at once, and what is unacked is handed back instead of waiting
+        out the timeout (Nats-Msg-Id dedups a message that was stored after all).
+        """
+        loop = asyncio.get_running_loop()
+        all_in: asyncio.Future[None] = loop.create_future()
+        remaining = len(futures)
+
+        def one_done(_future: asyncio.Future[Any]) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if not remaining and not all_in.done():
+                all_in.set_result(None)
+
+        for future in futures:
+            future.add_done_callback(one_done)
+        lost: asyncio.Future[None] = loop.create_future()
+        self._lost_waiters.add(lost)
+        try:
+            if self._disconnects == disconnects:
+                await asyncio.wait(
+                    (all_in, lost), timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            self._lost_waiters.discard(lost)
+            lost.cancel()
+            all_in.cancel()
+            for future in futures:
+                future.remove_done_callback(one_done)
+
+    @staticmethod
+    def _too_large(
+        message: OutboundMessage, headers: dict[str, str], max_payload: int
+    ) -> PublishResult | None:
+        """The dead letter of a message over the server's ``max_payload``, or None.
+
+        The server answers such a message by closing the connection, which loses the
+        PubAcks of every other message in flight on it: it must never be sent.
+        """
+        size = oversize(message.payload, headers, max_payload)
+        if size is None:
+            return None
+        return too_large(
+            "nats",
+            size,
+            "with headers",
+            "the NATS server's max_payload",
+            max_payload,
+            "raise max_payload in the server's configuration, up to 64 MB, or send less",
+        )
 
 
 _SUCCESS = PublishResult.success()
