@@ -146,6 +146,9 @@ class OrderedMode:
     def restored_since(self, when: float) -> bool:
         return self.inner.restored_since(when)
 
+    def dead_outcome(self, error: str, error_class: str) -> PublishResult:
+        return self.inner.dead_outcome(error, error_class)
+
     async def process(
         self, token: uuid.UUID, messages: Sequence[OutboundMessage]
     ) -> list[PublishResult]:

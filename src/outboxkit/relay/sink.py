@@ -75,6 +75,9 @@ class PublisherSink:
     def restored_since(self, when: float) -> bool:
         return restored_since(self.publisher, when)
 
+    def dead_outcome(self, error: str, error_class: str) -> PublishResult:
+        return PublishResult.permanent(error, error_class)
+
 
 class FailureLog(RelayObserver):
     """Every dead letter one ERROR line (and each retry a DEBUG line): ids are greppable.

@@ -62,6 +62,15 @@ SCAN_FACTOR = 4
 _ROW_ID = operator.itemgetter(0)
 
 
+def _dead_class(error: str) -> str:
+    """The kind of a dead letter the claim made, from the error it stored (store/postgres.py)."""
+    if error.startswith("relay: claimed"):
+        return "crash_loop"
+    if error.startswith("relay: tried"):
+        return "max_attempts"
+    return "oversized"
+
+
 class PgQueueStore(Generic[T]):
     """An outbox table as a queue store. ``make_item`` builds an item from a claimed row's
     columns after the id (the claim's RETURNING order: ``OutboundMessage`` for the outbox).
@@ -201,12 +210,17 @@ class PgQueueStore(Generic[T]):
             raise await self._translate(exc) from exc
         if not records:
             return None
+        make = self.make_item
+        dead: list[tuple[T, str, str]] | None = None
+        if records[-1][-1] is not None or any(r[-1] is not None for r in records):
+            # Rows the claim dead-lettered (their error in the last column): reported.
+            dead = [(make(*r[1:-1]), _dead_class(r[-1]), r[-1]) for r in records if r[-1]]
+            records = [r for r in records if r[-1] is None]
         # The claim returns rows in primary-key order in practice, not by contract:
         # sorting an already sorted list costs one pass.
         records.sort(key=_ROW_ID)
-        make = self.make_item
         # Positional construction: the claim returns the item's fields in order.
-        return Claim(token, [r[0] for r in records], [make(*r[1:]) for r in records])
+        return Claim(token, [r[0] for r in records], [make(*r[1:-1]) for r in records], dead)
 
     # -- settle -------------------------------------------------------------------------
 
