@@ -101,7 +101,7 @@ class Sink(Protocol[T_contra, O_co]):
 
 
 class QueueObserver(Protocol[T_contra, O_contra]):
-    """The hooks the loop calls (``outboxkit.relay.observer.RelayObserver`` is one)."""
+    """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one)."""
 
     def claimed(self, count: int, seconds: float) -> None: ...
 

@@ -32,7 +32,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
-from outboxkit.relay.sink import PublisherSink
+from outboxkit.sink.publisher import PublisherSink
 from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay")

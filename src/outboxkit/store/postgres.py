@@ -269,7 +269,7 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # The claim's shared parts (the ordered claim in store/ordered_sql.py uses them too):
 # the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
 # claim writes, and the columns it returns (`OutboundMessage`'s order). The claim returns
-# the rows it dead-lettered too (CLAIM_WITH_DEAD), with their error in a last column, so
+# the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last column, so
 # the relay counts and logs them: their bounded text fields only, never a payload.
 DEAD_ON_CLAIM = """
     UPDATE {table} AS d
