@@ -659,8 +659,8 @@ class ClaimLoop(Generic[T, R]):
         finally:
             if denied:
                 self._denied_settles -= 1
-                if self.stopping.is_set() is False:
-                    self._allowed()
+                if not self.stopping.is_set():
+                    self._allowed()  # the settle went through: claim again
 
     def _giving_up(self, claim: Claim[T]) -> bool:
         if self.stopping.is_set() and (

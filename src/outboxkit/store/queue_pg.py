@@ -32,6 +32,7 @@ from outboxkit.errors import (
     write_denied,
 )
 from outboxkit.queue.store import (
+    DONE,
     Attempted,
     Claim,
     ClaimPolicy,
@@ -229,7 +230,7 @@ class PgQueueStore(Generic[T]):
         token = claim.token
         commit = self._commit
         keep = self.retention == "keep"
-        if all(d.verdict is Verdict.DONE for d in decisions):
+        if decisions.count(DONE) == len(ids):  # (identity first: the shared DONE value)
             if self.ordered:  # (its fenced settles take the ids)
                 stmt = self._published_keep if keep else self._published_delete
                 params: tuple[Any, ...] = (ids, token, commit)
