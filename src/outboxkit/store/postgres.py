@@ -246,7 +246,9 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # dead-letters it with an error that says so instead of handing it to the next victim.
 # The claim's shared parts (the ordered claim in store/ordered_sql.py uses them too):
 # the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
-# claim writes, and the columns it returns (`OutboundMessage`'s order).
+# claim writes, and the columns it returns (`OutboundMessage`'s order). The claim returns
+# the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last column, so
+# the relay counts and logs them: their bounded text fields only, never a payload.
 DEAD_ON_CLAIM = """
     UPDATE {table} AS d
     SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
@@ -255,6 +257,9 @@ DEAD_ON_CLAIM = """
                           ELSE {oversized_error} END
     WHERE d.id = ANY(ARRAY(
         SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
+    RETURNING d.id, d.event_id, left(d.topic, 200), NULL::text, left(d.event_type, 200),
+              NULL::text, NULL::text, ''::bytea, jsonb_build_object(), d.created_at, d.attempts,
+              coalesce(d.occurred_at, d.created_at), d.schema_version, d.last_error
 """
 CLAIM_LEASE = """
 UPDATE {table} AS o
@@ -278,12 +283,13 @@ WITH batch AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), oversized AS ("""
     + DEAD_ON_CLAIM
-    + ")"
+    + "), claimed AS ("
     + CLAIM_LEASE
     + """WHERE o.id = ANY(ARRAY(
     SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
   AND {commit_named}"""
     + CLAIM_RETURNING
+    + ") SELECT *, NULL::text FROM claimed UNION ALL SELECT * FROM oversized"
 )
 # The settles return the ids they changed: when the fence drops rows (another relay
 # re-claimed them) the relay reports exactly which rows it settled. (The relay reads
@@ -352,6 +358,29 @@ EXTEND_LEASES = """
 UPDATE {table}
 SET available_at = now() + make_interval(secs => %s)
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
+"""
+
+# The end of a broker outage (issue 26 item 7): rows handed back while the broker was
+# down were paced by a growing delay; once it is back they are due at once (their
+# attempt was refunded already). Rows claimed or settled since are left alone.
+HASTEN_HANDED_BACK = """
+UPDATE {table}
+SET available_at = now()
+WHERE id = ANY(%s) AND status = {pending} AND claim_token IS NULL AND available_at > now()
+  AND {commit_positional}
+"""
+# Can this role settle? (UPDATE, and DELETE under retention=delete, on a writable server.)
+# Refused at start in one line rather than found out by the first settle, after publishing.
+CHECK_WRITE_RIGHTS = """
+SELECT has_table_privilege({table_literal}, 'UPDATE')
+           OR (has_column_privilege({table_literal}, 'status', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'attempts', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'available_at', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'claim_token', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'claimed_by', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'last_error', 'UPDATE')),
+       has_table_privilege({table_literal}, 'DELETE'),
+       current_setting('transaction_read_only') = 'on'
 """
 
 # --- ops ----------------------------------------------------------------------
@@ -470,12 +499,23 @@ def _oversized(alias: str) -> str:
 
 
 def _looped_error(alias: str) -> str:
-    """SQL: the last_error of a row the crash-loop guard dead-letters."""
+    """SQL: the last_error of a row the crash-loop guard dead-letters, its last error kept.
+
+    A claim token left on the row means the relay that claimed it last never settled it
+    (died or hung publishing it); none means a settle handed it back as a retry, so it
+    only reached this relay's max_attempts, lower than the one that retried it before.
+    """
     return (
-        f"'relay: claimed ' || {alias}attempts || ' times (max_attempts) and never settled:"
-        " each relay that claimed it died or hung publishing it (a message that crashes or"
-        " hangs the relay, an OOM?). Dead-lettered without publishing it again: inspect it"
-        " with `outboxkit failed show`, then replay or discard it'"
+        f"CASE WHEN {alias}claim_token IS NOT NULL THEN 'relay: claimed ' || {alias}attempts"
+        " || ' times (max_attempts) and never settled: each relay that claimed it died or"
+        " hung publishing it (a message that crashes or hangs the relay, an OOM?)."
+        " Dead-lettered without publishing it again: inspect it with `outboxkit failed"
+        " show`, then replay or discard it'"
+        f" ELSE 'relay: tried ' || {alias}attempts || ' times already, as many as this"
+        " relay''s max_attempts (' || %(max_attempts)s || '): a relay with a higher"
+        " max_attempts retried it before. Dead-lettered without publishing it again:"
+        " give the relays one --max-attempts, then replay it' END"
+        f" || coalesce('. Last error: ' || left({alias}last_error, 1000), '')"
     )
 
 
@@ -574,6 +614,8 @@ class Statements(NamedStatements):
     settle_failures = SqlTemplate(SETTLE_FAILURES)
     release_leases = SqlTemplate(RELEASE_LEASES)
     extend_leases = SqlTemplate(EXTEND_LEASES)
+    hasten_handed_back = SqlTemplate(HASTEN_HANDED_BACK)
+    check_write_rights = SqlTemplate(CHECK_WRITE_RIGHTS)
     status_by_topic = SqlTemplate(STATUS_BY_TOPIC)
     list_failed = SqlTemplate(LIST_FAILED)
     show_event = SqlTemplate(SHOW_EVENT)
