@@ -40,6 +40,9 @@ class Config:
     STORAGE: str = "table"
     MAX_PAYLOAD_BYTES: int = DEFAULT_MAX_PAYLOAD_BYTES
     MAX_KEY_BYTES: int = DEFAULT_MAX_KEY_BYTES
+    #: psycopg 3: the events go with the atomic block's COMMIT (no round trip of their own);
+    #: False: an INSERT at each put (for code that reads its events back before COMMIT).
+    WRITE_WITH_COMMIT: bool = True
 
 
 _KEYS = tuple(Config.__dataclass_fields__)
@@ -51,6 +54,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "STORAGE": (str,),
     "MAX_PAYLOAD_BYTES": (int,),
     "MAX_KEY_BYTES": (int,),
+    "WRITE_WITH_COMMIT": (bool,),
 }
 
 

@@ -1,12 +1,10 @@
 """``outbox`` and ``inbox``: the library's Outbox and Inbox on Django's connections.
 
-Each write is one INSERT in the caller's ``transaction.atomic()`` block, on the driver
-connection underneath Django's (psycopg 3, or psycopg2 on Django < 4.2). Why not with the
-COMMIT, as ``Outbox.transaction()`` does: Django sends the COMMIT from ``Atomic.__exit__``
-through a private method and has no hook before it (``on_commit`` runs after it), and
-events queued until then would have to leave the queue when a nested ``atomic()``
-rolls back to its savepoint, which only Django's own bookkeeping sees. docs/django.md
-gives the measured cost of the INSERT.
+On Django's psycopg 3 backend the events ride with the COMMIT of the outermost
+``transaction.atomic()`` block, as ``Outbox.transaction()`` sends them: no round trip of
+their own (``deferred.py`` says how). Elsewhere (psycopg2, i.e. Django < 4.2, or
+``WRITE_WITH_COMMIT: False``) each write is one INSERT in the block, on the driver
+connection underneath Django's. docs/django.md gives the measured cost of both.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from outboxkit.contrib.django import conf
+from outboxkit.contrib.django import conf, deferred
 from outboxkit.contrib.django.db import atomic_connection
 from outboxkit.events import Event
 from outboxkit.inbox import Inbox
@@ -34,6 +32,7 @@ class DjangoOutbox:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._outbox: Outbox | None = None
+        self._with_commit = True
         conf._on_reset.append(self._forget)
 
     def _forget(self) -> None:
@@ -47,6 +46,7 @@ class DjangoOutbox:
             with self._lock:
                 if self._outbox is None:
                     c = conf.get()
+                    self._with_commit = c.WRITE_WITH_COMMIT
                     self._outbox = Outbox(
                         c.TABLE,
                         notify=c.NOTIFY,
@@ -59,9 +59,15 @@ class DjangoOutbox:
         return found
 
     def put(self, event: Event, *, using: str | None = None) -> None:
-        """Append ``event`` in the open ``transaction.atomic()`` block of database ``using``."""
+        """Append ``event`` in the open ``transaction.atomic()`` block of database ``using``.
+
+        Checked now; on psycopg 3 written with the block's COMMIT (not visible before it).
+        """
         ob = self.outbox
         conn = atomic_connection(using, "write an outbox event")
+        if self._with_commit and deferred.defers(conn.connection):
+            deferred.queue(conn, ob, (event,))
+            return
         with conn.wrap_database_errors:
             ob.put(conn.connection, event)
 
@@ -69,6 +75,9 @@ class DjangoOutbox:
         """Append ``events`` (at most 10 000) in one statement, in the open atomic block."""
         ob = self.outbox
         conn = atomic_connection(using, "write outbox events")
+        if self._with_commit and deferred.defers(conn.connection):
+            deferred.queue(conn, ob, events)
+            return
         with conn.wrap_database_errors:
             ob.put_many(conn.connection, events)
 
