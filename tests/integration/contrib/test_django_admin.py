@@ -132,3 +132,17 @@ def test_a_staff_user_without_the_permission_gets_no_actions(django_dsn: str) ->
     bad = _id(django_dsn, "bad")
     client.post(url, {"action": "replay", "_selected_action": [bad]})
     assert next(r for r in rows(django_dsn) if r["key"] == "bad")["status"] == 2
+
+
+def test_a_secret_in_an_error_stays_out_of_the_filter_links_and_search_is_safe(
+    django_dsn: str, admin_client: Any
+) -> None:
+    _events(django_dsn)
+    _fail(django_dsn, "late", "401 from https://user:hunter22secret@hooks.example.com/x")
+    url = "/admin/outboxkit/outboxevent/"
+    page = admin_client.get(url).content.decode()
+    assert "hunter22secret" not in page
+    late = _id(django_dsn, "late")
+    assert _link(late) in _listed(admin_client.get(url, {"error": "401 from https://user:***"}))
+    for q in ("not-a-uuid", str(late), "late"):
+        assert admin_client.get(url, {"q": q}).status_code == 200

@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from outboxkit._redact import redact
+from outboxkit._redact import MASK, redact
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.db import dsn_for
 from outboxkit.contrib.django.models import OutboxEvent
@@ -90,11 +90,14 @@ class ErrorFilter(admin.SimpleListFilter):
             .annotate(n=Count("id"))
             .order_by("-n")[:20]
         )
-        return [(r["head"], f"{redact(r['head'])} ({r['n']})") for r in rows]
+        # Masked in the value too: it lands in URLs, browser histories and access logs.
+        return [(redact(r["head"]), f"{redact(r['head'])} ({r['n']})") for r in rows]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value():
-            return queryset.filter(last_error__startswith=self.value())
+            # up to the first masked secret: the rest of the key is not known here
+            prefix = self.value().split(MASK)[0]
+            return queryset.filter(status=int(Status.FAILED), last_error__startswith=prefix)
         return queryset
 
 
