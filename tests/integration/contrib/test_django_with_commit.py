@@ -130,3 +130,18 @@ def test_on_commit_hooks_run_after_the_events_are_committed(django_dsn: str) -> 
         outbox.put(_event("a"))
         transaction.on_commit(lambda: seen.append([r["key"] for r in rows(django_dsn)]))
     assert seen == [["a"]]
+
+
+def test_inside_djangos_testcase_transaction_each_put_inserts_at_once(django_dsn: str) -> None:
+    from django.db import transaction
+
+    from outboxkit.contrib.django import outbox
+
+    test_case = transaction.atomic()
+    test_case._from_testcase = True  # what django.test.TestCase marks its atomic blocks with
+    with test_case:
+        with transaction.atomic():  # the code under test: never committed in a TestCase
+            outbox.put(_event("seen"))
+        assert _in_table() == 1
+        transaction.set_rollback(True)
+    assert rows(django_dsn) == []

@@ -65,7 +65,7 @@ class DjangoOutbox:
         """
         ob = self.outbox
         conn = atomic_connection(using, "write an outbox event")
-        if self._with_commit and deferred.defers(conn.connection):
+        if self._with_commit and deferred.defers(conn):
             deferred.queue(conn, ob, (event,))
             return
         with conn.wrap_database_errors:
@@ -75,7 +75,7 @@ class DjangoOutbox:
         """Append ``events`` (at most 10 000) in one statement, in the open atomic block."""
         ob = self.outbox
         conn = atomic_connection(using, "write outbox events")
-        if self._with_commit and deferred.defers(conn.connection):
+        if self._with_commit and deferred.defers(conn):
             deferred.queue(conn, ob, events)
             return
         with conn.wrap_database_errors:
