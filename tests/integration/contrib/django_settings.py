@@ -58,4 +58,7 @@ TEMPLATES = [
     }
 ]
 DATABASES = {"default": {**_database(), "ATOMIC_REQUESTS": True}, "other": _database()}
-OUTBOXKIT = {"TABLE": "outbox", "INBOX_TABLE": "processed_events"}
+OUTBOXKIT = {
+    "TABLE": os.environ.get("OUTBOXKIT_TEST_DJANGO_TABLE", "outbox"),
+    "INBOX_TABLE": os.environ.get("OUTBOXKIT_TEST_DJANGO_INBOX_TABLE", "processed_events"),
+}
