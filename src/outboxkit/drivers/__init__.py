@@ -1,7 +1,8 @@
 """Database driver glue: what outboxkit needs from each driver, behind one small surface.
 
 ``base`` defines the adapter interface and the registry; each driver is one module
-(``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``) registered below.
+(``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``, ``psycopg2_adapter``)
+registered below.
 Adding a driver is one new module and one line here (and its type in the unions).
 ``psycopg_private`` is the only place that reads psycopg's private state.
 """
@@ -24,6 +25,7 @@ from outboxkit.drivers.base import (
     sync_adapter,
     type_name,
 )
+from outboxkit.drivers.psycopg2_adapter import Psycopg2Sync
 from outboxkit.drivers.psycopg_adapter import PsycopgAsync, PsycopgSync
 from outboxkit.drivers.sqlalchemy_adapter import SQLAlchemyAsync, SQLAlchemySync
 
@@ -54,6 +56,7 @@ else:
 
 for _adapter in (PsycopgSync(), PsycopgAsync(), Asyncpg(), SQLAlchemySync(), SQLAlchemyAsync()):
     register(_adapter)
+register(Psycopg2Sync())
 
 __all__ = [
     "AsyncAdapter",

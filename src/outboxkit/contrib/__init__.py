@@ -1,0 +1,1 @@
+"""Integrations that import a framework (Django, Alembic); the core never imports them."""

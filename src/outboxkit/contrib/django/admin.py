@@ -1,0 +1,201 @@
+"""The admin's view of the outbox: every event read-only, replay and discard for dead letters.
+
+Replay and discard go through ``outboxkit.store.admin`` (the statements ``outboxkit replay``
+and the dashboard run, fenced to failed rows) on a connection of their own, and each is
+recorded in Django's LogEntry. Payloads, headers and errors are shown escaped, secrets in
+headers and errors masked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from outboxkit._redact import MASK, redact
+from outboxkit.contrib.django import conf
+from outboxkit.contrib.django.db import dsn_for
+from outboxkit.contrib.django.models import OutboxEvent
+from outboxkit.store import admin as store_admin
+from outboxkit.store.postgres import Status
+
+#: What the detail page shows of a payload (the rest is cut, and said to be).
+MAX_PAYLOAD_CHARS = 64 * 1024
+_ERROR_CHARS = 80
+
+
+class CappedPaginator(Paginator):
+    """Counts at most ``COUNT_CAP`` rows: a COUNT(*) of a busy outbox on every page is a scan."""
+
+    COUNT_CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        return int(self.object_list.values("pk")[: self.COUNT_CAP].count())
+
+
+class _FailedValuesFilter(admin.SimpleListFilter):
+    """A column's values among the dead letters (the failed rows' partial index), not the
+    whole table's: a DISTINCT over millions of pending or kept rows per page is a scan."""
+
+    field: str
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        values = (
+            model_admin.get_queryset(request)
+            .filter(status=int(Status.FAILED))
+            .values_list(self.field, flat=True)
+            .distinct()
+            .order_by(self.field)[:50]
+        )
+        return [(v, v) for v in values]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.field: self.value()})
+        return queryset
+
+
+class TopicFilter(_FailedValuesFilter):
+    title = "topic (failed events)"
+    parameter_name = field = "topic"
+
+
+class EventTypeFilter(_FailedValuesFilter):
+    title = "event type (failed events)"
+    parameter_name = field = "event_type"
+
+
+class ErrorFilter(admin.SimpleListFilter):
+    """The dead letters' errors, by the start of the message (the most frequent first)."""
+
+    title = "error"
+    parameter_name = "error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from django.db.models import Count
+        from django.db.models.functions import Left
+
+        rows = (
+            model_admin.get_queryset(request)
+            .filter(status=int(Status.FAILED), last_error__isnull=False)
+            .annotate(head=Left("last_error", _ERROR_CHARS))
+            .values("head")
+            .annotate(n=Count("id"))
+            .order_by("-n")[:20]
+        )
+        # Masked in the value too: it lands in URLs, browser histories and access logs.
+        return [(redact(r["head"]), f"{redact(r['head'])} ({r['n']})") for r in rows]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            # up to the first masked secret: the rest of the key is not known here
+            prefix = self.value().split(MASK)[0]
+            return queryset.filter(status=int(Status.FAILED), last_error__startswith=prefix)
+        return queryset
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(admin.ModelAdmin):
+    list_display = ("id", "topic", "event_type", "status", "attempts", "error", "created_at")
+    list_filter = ("status", TopicFilter, EventTypeFilter, ErrorFilter)
+    paginator = CappedPaginator
+    search_fields = ("=event_id", "=aggregate_id", "key")
+    actions = ["replay", "discard"]
+    fields = (
+        "id",
+        "event_id",
+        "topic",
+        "key",
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "status",
+        "attempts",
+        "available_at",
+        "claimed_by",
+        "error",
+        "created_at",
+        "occurred_at",
+        "published_at",
+        "schema_version",
+        "headers_shown",
+        "payload_shown",
+    )
+    readonly_fields = fields
+    list_per_page = 50
+    show_full_result_count = False  # a COUNT(*) over a big outbox on every page: no
+
+    # Events are written by the application and settled by the relay: never edited here.
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """Replay and discard: for whoever may change outbox events (the model's permission)."""
+        return bool(request.user.has_perm("outboxkit.change_outboxevent"))
+
+    @admin.display(description="error")
+    def error(self, obj: OutboxEvent) -> str:
+        return redact(obj.last_error or "")
+
+    @admin.display(description="headers")
+    def headers_shown(self, obj: OutboxEvent) -> str:
+        text = json.dumps(obj.headers or {}, indent=2, ensure_ascii=False, sort_keys=True)
+        return str(format_html("<pre>{}</pre>", redact(text)))
+
+    @admin.display(description="payload")
+    def payload_shown(self, obj: OutboxEvent) -> str:
+        payload = bytes(obj.payload)
+        try:
+            text = json.dumps(json.loads(payload), indent=2, ensure_ascii=False)
+        except ValueError:
+            text = payload.decode("utf-8", "replace")
+        note = ""
+        if len(text) > MAX_PAYLOAD_CHARS:
+            text = text[:MAX_PAYLOAD_CHARS]
+            note = f"(the first {MAX_PAYLOAD_CHARS} characters of {len(payload)} bytes)"
+        return str(format_html("<pre>{}</pre>{}", text, note))
+
+    @admin.action(description="Replay the selected failed events", permissions=["manage"])
+    def replay(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, "replay")
+
+    @admin.action(description="Discard the selected failed events", permissions=["manage"])
+    def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, "discard")
+
+    def _act(self, request: HttpRequest, queryset: QuerySet[Any], action: str) -> None:
+        failed = list(queryset.filter(status=int(Status.FAILED)))
+        skipped = queryset.count() - len(failed)
+        done = 0
+        if failed:
+            ids = [e.id for e in failed]
+            dsn = dsn_for(queryset.db)
+            table = conf.get().TABLE
+            if action == "replay":
+                done = store_admin.replay(dsn, table, ids=ids)
+            else:
+                done = store_admin.discard(dsn, table, ids=ids)
+            past = "replayed" if action == "replay" else "discarded"
+            for event in failed:
+                self.log_change(request, event, f"{past} through outboxkit ({event.event_id})")
+        verb = "replayed" if action == "replay" else "discarded"
+        self.message_user(request, f"{done} failed event(s) {verb}.", messages.SUCCESS)
+        if skipped:
+            self.message_user(
+                request,
+                f"{skipped} selected event(s) left alone: only failed events can be {verb}.",
+                messages.WARNING,
+            )

@@ -1,0 +1,156 @@
+"""Events written with Django's COMMIT (psycopg 3): no round trip of their own.
+
+Django has no hook before its COMMIT (``on_commit`` runs after it). The one place that sends
+it is the connection wrapper's ``_commit()``, which ``transaction.atomic()`` reaches for the
+outermost block and every backend subclass (PostGIS, pools, instrumentation) inherits. The
+first deferred write on a connection wraps that method on that wrapper instance (the class is
+never touched), with ``_rollback()``, ``_savepoint()`` and ``_savepoint_rollback()``:
+
+* ``put`` checks the event at once (a bad event fails there, not at COMMIT) and queues it;
+  each savepoint taken records how long the queue was;
+* rolling back to a savepoint (a nested ``atomic()`` that raised, ``savepoint_rollback``)
+  drops the events queued since it was taken, as the database drops the rows written
+  since; a rollback drops them all;
+* the COMMIT goes out as ``Outbox.transaction()`` sends it: the INSERTs and the COMMIT in
+  one libpq pipeline. If an INSERT fails, the server skips the COMMIT, the transaction is
+  rolled back (the business change with it) and the error is raised from ``atomic()``.
+
+Inside the block the events are not in the table yet (``WRITE_WITH_COMMIT: False`` writes each
+``put`` at once, one round trip each, for code that reads them back before committing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from outboxkit.errors import InvalidEventError
+from outboxkit.events import Event
+from outboxkit.write import Outbox
+from outboxkit.write.storage import checked_batch
+
+_ATTRIBUTE = "_outboxkit_pending"
+
+
+@dataclass
+class _Queued:
+    outbox: Outbox
+    events: list[Event]
+
+
+@dataclass
+class Pending:
+    """The events of one Django connection's open transaction, not sent yet."""
+
+    raw: Any = None  # the driver connection they were queued on
+    queued: list[_Queued] = field(default_factory=list)
+    #: Each savepoint of the transaction: how many entries were queued when it was taken.
+    marks: dict[str, int] = field(default_factory=dict)
+
+    def take(self, raw: Any) -> list[_Queued]:
+        """Everything queued on ``raw`` (a reconnect drops what the old connection had)."""
+        found = self.queued if raw is self.raw else []
+        self.queued, self.raw, self.marks = [], None, {}
+        return found
+
+    def roll_back_to(self, sid: str) -> None:
+        """Drop what was queued since savepoint ``sid`` was taken (all of it for one taken
+        before the first deferred write on this connection: it is not marked)."""
+        del self.queued[self.marks.get(sid, 0) :]
+
+
+def defers(wrapper: Any) -> bool:
+    """Whether the events can go with this connection's COMMIT.
+
+    Not on psycopg2; not inside Django's ``TestCase``, whose transaction is rolled back,
+    never committed: there each ``put`` inserts at once, so a test sees its events.
+    """
+    if not isinstance(wrapper.connection, psycopg.Connection):
+        return False
+    return not any(getattr(b, "_from_testcase", False) for b in wrapper.atomic_blocks)
+
+
+def _check(outbox: Outbox) -> Callable[[object], Event]:
+    def check(event: object) -> Event:
+        if not isinstance(event, Event):
+            raise InvalidEventError(
+                f"expected an outboxkit.Event, got {type(event).__module__}."
+                f"{type(event).__qualname__}"
+            )
+        event.check_size(outbox.max_payload_bytes, outbox.max_key_bytes)
+        return event
+
+    return check
+
+
+def queue(wrapper: Any, outbox: Outbox, events: list[Event] | tuple[Event, ...] | Any) -> None:
+    """Check ``events`` and queue them for ``wrapper``'s COMMIT (inside its atomic block)."""
+    checked = checked_batch(events, _check(outbox))
+    if not checked:
+        return
+    pending = _install(wrapper)
+    raw = wrapper.connection
+    if pending.raw is not raw:
+        pending.take(None)
+        pending.raw = raw
+    pending.queued.append(_Queued(outbox, checked))
+
+
+def _install(wrapper: Any) -> Pending:
+    pending: Pending | None = wrapper.__dict__.get(_ATTRIBUTE)
+    if pending is not None:
+        return pending
+    pending = Pending()
+    commit, rollback = wrapper._commit, wrapper._rollback
+    savepoint, savepoint_rollback = wrapper._savepoint, wrapper._savepoint_rollback
+
+    def _commit() -> Any:
+        queued = pending.take(wrapper.connection)
+        if not queued:
+            return commit()
+        try:
+            with wrapper.wrap_database_errors:
+                _write_with_commit(wrapper.connection, queued)
+        except BaseException:
+            # Nothing committed. A failed INSERT left the transaction rolled back; Django
+            # rolls back on its own errors only, so the hooks of this transaction go too.
+            with contextlib.suppress(Exception):
+                rollback()
+            wrapper.run_on_commit = []
+            raise
+        return None
+
+    def _rollback() -> Any:
+        pending.take(None)
+        return rollback()
+
+    def _savepoint(sid: str) -> Any:
+        pending.marks[sid] = len(pending.queued)
+        return savepoint(sid)
+
+    def _savepoint_rollback(sid: str) -> Any:
+        pending.roll_back_to(sid)
+        return savepoint_rollback(sid)
+
+    wrapper._commit = _commit
+    wrapper._rollback = _rollback
+    wrapper._savepoint = _savepoint
+    wrapper._savepoint_rollback = _savepoint_rollback
+    wrapper.__dict__[_ATTRIBUTE] = pending
+    return pending
+
+
+def _write_with_commit(raw: psycopg.Connection[Any], queued: list[_Queued]) -> None:
+    """The queued events' INSERTs and the COMMIT, in one pipeline (``Outbox.transaction``)."""
+    last = queued[-1].outbox
+    for q in queued:
+        if q.outbox is not last:  # the settings changed mid-transaction (tests): plain INSERT
+            q.outbox.put_many(raw, q.events)
+    with last.transaction(raw) as tx:
+        for q in queued:
+            if q.outbox is last:
+                tx.put_many(q.events)

@@ -1,0 +1,111 @@
+"""What another migration tool (Django, Alembic) runs around the versioned ``.sql`` files.
+
+``upgrade_statements`` is a version's file (``migrate.migration_statements``) between the
+lock ``outboxkit migrate`` takes and the version record it keeps, so either tool can run
+first and the other then finds the version recorded and everything in place. The record
+is never lowered: a tool at version 1 does not undo what ``outboxkit migrate`` recorded.
+``downgrade_statements`` undoes one version (the files have no down migrations: these
+are the only down statements, one per version, tested against the files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from psycopg import sql
+
+from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, inbox_slots
+from outboxkit.store.migrate import migration_statements
+from outboxkit.store.migrations import Kind
+from outboxkit.store.postgres import (
+    CREATE_VERSION_TABLE,
+    DEFAULT_TABLE,
+    VERSIONS_TABLE,
+    migration_lock_key,
+    parse_table,
+    schema_slots,
+    table_identifier,
+)
+
+#: The kinds another tool applies: the plain outbox (versioned) and the inbox (no record).
+TOOL_KINDS: tuple[Kind, ...] = ("outbox", "inbox")
+
+_LOCK = "SELECT pg_advisory_xact_lock({key})"
+RECORD_VERSION = """
+INSERT INTO {versions} (table_name, version) VALUES ({table_name}, {version})
+ON CONFLICT (table_name) DO UPDATE SET version = EXCLUDED.version, applied_at = now()
+WHERE {versions}.version < EXCLUDED.version
+"""
+LOWER_VERSION = "UPDATE {versions} SET version = {previous} WHERE table_name = {table_name}"
+FORGET_VERSION = "DELETE FROM {versions} WHERE table_name = {table_name}"
+
+# One version's down statements per kind; {table} etc. are the files' own placeholders.
+DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
+    ("outbox", 1): ("DROP TABLE IF EXISTS {table}",),
+    ("outbox", 2): (
+        "ALTER TABLE {table} DROP COLUMN IF EXISTS occurred_at,"
+        " DROP COLUMN IF EXISTS schema_version",
+    ),
+    ("inbox", 1): ("DROP TABLE IF EXISTS {table}",),
+}
+
+
+def _table(kind: Kind, table: str | None) -> str:
+    if kind not in TOOL_KINDS:
+        raise ValueError(
+            f"kind {kind!r}: other tools apply 'outbox' or 'inbox'; ordered mode and"
+            " time partitions come from `outboxkit migrate --ordered / --partition-by`"
+        )
+    return table or (DEFAULT_INBOX_TABLE if kind == "inbox" else DEFAULT_TABLE)
+
+
+def versions(kind: Kind) -> list[int]:
+    """The schema versions of ``kind``, in order."""
+    return [m.version for m in migration_statements(kind=kind)]
+
+
+def _render(template: str, **slots: sql.Composable) -> str:
+    return sql.SQL(template).format(**slots).as_string(None).strip()
+
+
+def _record_slots(table: str) -> dict[str, sql.Composable]:
+    schema, _name = parse_table(table)
+    return {
+        "versions": table_identifier(schema, VERSIONS_TABLE),
+        "table_name": sql.Literal(table),
+    }
+
+
+def upgrade_statements(table: str | None, *, kind: Kind, version: int) -> Iterator[str]:
+    """The statements that bring ``table`` from ``version - 1`` to ``version``, recorded."""
+    name = _table(kind, table)
+    lock = f"inbox:{name}" if kind == "inbox" else name
+    yield _render(_LOCK, key=sql.Literal(migration_lock_key(lock)))
+    found = [m for m in migration_statements(name, kind=kind) if m.version == version]
+    if not found:
+        raise ValueError(f"{kind} has no schema version {version}")
+    yield from found[0].statements
+    if kind == "outbox":
+        slots = _record_slots(name)
+        yield _render(CREATE_VERSION_TABLE, versions=slots["versions"])
+        yield _render(RECORD_VERSION, version=sql.Literal(version), **slots)
+
+
+def downgrade_statements(table: str | None, *, kind: Kind, version: int) -> Iterator[str]:
+    """The statements that take ``table`` from ``version`` back to ``version - 1``."""
+    name = _table(kind, table)
+    try:
+        down = DOWNGRADES[(kind, version)]
+    except KeyError:
+        raise ValueError(f"{kind} has no downgrade of schema version {version}") from None
+    slots = inbox_slots(name) if kind == "inbox" else schema_slots(name)
+    for statement in down:
+        yield _render(statement, **slots)
+    if kind == "outbox":
+        rec = _record_slots(name)
+        if version == 1:
+            # The record table may be gone already (a database rebuilt by hand).
+            yield _render(CREATE_VERSION_TABLE, versions=rec["versions"])
+            yield _render(FORGET_VERSION, **rec)
+        else:
+            yield _render(LOWER_VERSION, previous=sql.Literal(version - 1), **rec)

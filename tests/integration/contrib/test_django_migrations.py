@@ -1,0 +1,128 @@
+"""The app's migrations apply the versioned SQL files: ``manage.py migrate`` and ``outboxkit
+migrate`` make the same schema and keep the same version record, in either order."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit.store.migrate import MigrationAction, migrate, migrate_inbox
+from outboxkit.store.migrations import migration_files
+from outboxkit.store.postgres import SCHEMA_VERSION
+from outboxkit.testing import create_database, drop_database
+from tests.integration.contrib.conftest import django_migrate, point_django_at
+from tests.integration.test_migration_files import _apply, _catalog, _record
+from tests.support.servers import unique_name
+
+_OURS = ("outbox", "processed_events")  # outbox, its indexes and sequence, the records
+
+
+def _schema(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        whole = _catalog(conn, "public")
+    return {part: [r for r in rows if str(r[0]).startswith(_OURS)] for part, rows in whole.items()}
+
+
+def _record_of(dsn: str) -> tuple[int, Any] | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT version, applied_at FROM outboxkit_schema_versions WHERE table_name = 'outbox'"
+        ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+@pytest.fixture
+def second_db(pg_server: Any) -> Iterator[str]:
+    name = unique_name("test")
+    create_database(pg_server.dsn, name)
+    yield pg_server.dsn_for(name)
+    drop_database(pg_server.dsn, name)
+
+
+def _outboxkit_migrate(dsn: str) -> None:
+    assert migrate(dsn).action is MigrationAction.CREATED
+    assert migrate_inbox(dsn).action is MigrationAction.CREATED
+
+
+def test_manage_py_migrate_makes_the_schema_outboxkit_migrate_makes(
+    django_configured: None, empty_db_dsn: str, second_db: str
+) -> None:
+    django_migrate(empty_db_dsn)
+    _outboxkit_migrate(second_db)
+    by_django, by_outboxkit = _schema(empty_db_dsn), _schema(second_db)
+    assert by_django["columns"], "manage.py migrate made no outbox table"
+    for part in by_django:
+        assert by_django[part] == by_outboxkit[part], f"{part} differ"
+    assert _record_of(empty_db_dsn) is not None
+    assert _record_of(empty_db_dsn)[0] == _record_of(second_db)[0] == SCHEMA_VERSION  # type: ignore[index]
+
+
+def test_outboxkit_migrate_after_manage_py_migrate_has_nothing_to_do(
+    django_configured: None, empty_db_dsn: str
+) -> None:
+    django_migrate(empty_db_dsn)
+    assert migrate(empty_db_dsn).action is MigrationAction.UNCHANGED
+    assert migrate_inbox(empty_db_dsn).action is MigrationAction.UNCHANGED
+
+
+def test_manage_py_migrate_after_outboxkit_migrate_changes_nothing(
+    django_configured: None, empty_db_dsn: str
+) -> None:
+    _outboxkit_migrate(empty_db_dsn)
+    before, record = _schema(empty_db_dsn), _record_of(empty_db_dsn)
+    django_migrate(empty_db_dsn)
+    assert _schema(empty_db_dsn) == before
+    assert _record_of(empty_db_dsn) == record  # not even applied_at was rewritten
+
+
+@pytest.mark.parametrize("start", range(1, SCHEMA_VERSION))
+def test_manage_py_migrate_upgrades_an_older_outbox_like_outboxkit_migrate(
+    django_configured: None, empty_db_dsn: str, second_db: str, start: int
+) -> None:
+    _apply(empty_db_dsn, "outbox", "outbox", through=start)
+    _record(empty_db_dsn, "outbox", start)
+    django_migrate(empty_db_dsn)
+    _outboxkit_migrate(second_db)
+    assert _schema(empty_db_dsn) == _schema(second_db)
+    assert _record_of(empty_db_dsn)[0] == SCHEMA_VERSION  # type: ignore[index]
+
+
+def test_migrating_the_app_to_zero_drops_its_tables_and_forward_again_rebuilds_them(
+    django_configured: None, empty_db_dsn: str
+) -> None:
+    from django.core.management import call_command
+    from django.db import connections
+
+    django_migrate(empty_db_dsn)
+    made = _schema(empty_db_dsn)
+    point_django_at(empty_db_dsn)
+    call_command("migrate", "outboxkit", "0001", verbosity=0)
+    assert _record_of(empty_db_dsn)[0] == 1  # type: ignore[index]
+    call_command("migrate", "outboxkit", "zero", verbosity=0)
+    connections.close_all()
+    left = {r[0] for r in _schema(empty_db_dsn)["columns"]}
+    assert left == {"outboxkit_schema_versions"}  # shared by every outbox of the schema
+    assert _record_of(empty_db_dsn) is None
+    django_migrate(empty_db_dsn)
+    assert _schema(empty_db_dsn) == made
+
+
+def test_every_schema_version_has_its_django_migration() -> None:
+    import outboxkit.contrib.django.migrations as package
+
+    names = sorted(p.stem for p in Path(package.__path__[0]).glob("[0-9]*.py"))
+    stems = [re.sub(r"^\d+_", "", n) for n in names]
+    expected = [f.name.removesuffix(".sql")[5:] for f in migration_files("outbox")]
+    expected += [f.name.removesuffix(".sql")[5:] for f in migration_files("inbox")]
+    assert stems == expected, "add a Django migration for each new .sql file, in order"
+
+
+def test_the_models_need_no_new_migration(django_dsn: str) -> None:
+    from django.core.management import call_command
+
+    call_command("makemigrations", "outboxkit", "--check", "--dry-run", verbosity=0)
