@@ -31,7 +31,7 @@ import psycopg
 from outboxkit.errors import InvalidEventError
 from outboxkit.events import Event
 from outboxkit.write import Outbox
-from outboxkit.write.storage import checked_batch
+from outboxkit.write.storage import encode_batch
 
 _ATTRIBUTE = "_outboxkit_pending"
 
@@ -89,7 +89,7 @@ def _check(outbox: Outbox) -> Callable[[object], Event]:
 
 def queue(wrapper: Any, outbox: Outbox, events: list[Event] | tuple[Event, ...] | Any) -> None:
     """Check ``events`` and queue them for ``wrapper``'s COMMIT (inside its atomic block)."""
-    checked = checked_batch(events, _check(outbox))
+    checked = encode_batch(events, _check(outbox), lambda e: e)
     if not checked:
         return
     pending = _install(wrapper)
