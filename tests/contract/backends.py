@@ -1,0 +1,219 @@
+"""The backends the queue store contract runs on, behind one small harness each.
+
+A scenario writes items, claims and settles them through the store interface only, and
+reads an item's state back (:class:`Row`) through the harness. Time moves by
+:meth:`Backend.advance`: the in-memory queue's clock moves; PostgreSQL's stored times
+move back by as much (every ``available_at`` and partition lease), which is the same to
+every statement that compares them with ``now()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import datetime as dt
+import json
+from typing import Any, Literal
+
+import psycopg
+import pytest
+
+from outboxkit.events import Event
+from outboxkit.publishers.base import OutboundMessage
+from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore
+from outboxkit.queue.store import QueueStore
+from outboxkit.write import Outbox
+
+#: Ordered queues have this many key partitions on both backends.
+PARTITIONS = 8
+TOPIC = "contract"
+
+Store = QueueStore[OutboundMessage]
+StatusName = Literal["pending", "published", "failed"]
+_STATUS: dict[int, StatusName] = {0: "pending", 1: "published", 2: "failed"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """An item's stored state; ``due_in``: seconds until ``available_at`` (lease or retry)."""
+
+    status: StatusName
+    attempts: int
+    due_in: float
+    claim_token: Any
+    claimed_by: str | None
+    last_error: str | None
+
+
+def number(item: OutboundMessage) -> int:
+    """The ``n`` an item was written with (:meth:`Backend.put`)."""
+    value = json.loads(item.payload)["n"]
+    assert isinstance(value, int)
+    return value
+
+
+class Backend(abc.ABC):
+    """One backend's queue (ordered or not) and the stores claiming from it."""
+
+    name: str
+
+    def __init__(self, ordered: bool) -> None:
+        self.ordered = ordered
+        self._stores: list[Store] = []
+
+    @abc.abstractmethod
+    async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
+        """Write one item (payload ``{"n": n}``), due after ``delay`` seconds; its id."""
+
+    async def put_many(self, count: int, *, key: str | None = None) -> list[int]:
+        return [await self.put(n, key=key) for n in range(count)]
+
+    def store(self, *, retention: Literal["delete", "keep"] = "delete") -> Store:
+        """A new claimer on the queue (closed after the test); ordered if the queue is."""
+        store = self._make_store(retention)
+        self._stores.append(store)
+        return store
+
+    @abc.abstractmethod
+    def _make_store(self, retention: Literal["delete", "keep"]) -> Store: ...
+
+    @abc.abstractmethod
+    async def row(self, item_id: int) -> Row | None:
+        """The item's state; None once it was deleted."""
+
+    @abc.abstractmethod
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass for every lease, retry time and partition lease."""
+
+    @abc.abstractmethod
+    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
+        """Give ``owner`` the lease on every free partition (ordered mode's membership)."""
+
+    async def close(self) -> None:
+        for store in self._stores:
+            await store.close()
+
+
+class MemoryBackend(Backend):
+    name = "memory"
+
+    def __init__(self, ordered: bool) -> None:
+        super().__init__(ordered)
+        self.clock = ManualClock(1_000.0)
+        self.queue: MemoryQueue[OutboundMessage] = MemoryQueue(
+            clock=self.clock, partitions=PARTITIONS if ordered else None
+        )
+
+    async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
+        event = Event(topic=TOPIC, event_type="contract.item", payload={"n": n}, key=key)
+        message = OutboundMessage(
+            event.event_id,
+            event.topic,
+            event.key,
+            event.event_type,
+            None,
+            None,
+            event.payload,
+            {},
+            dt.datetime.now(dt.UTC),
+        )
+        return self.queue.put(message, key=key, delay=delay)
+
+    def _make_store(self, retention: Literal["delete", "keep"]) -> Store:
+        return MemoryQueueStore(
+            self.queue,
+            lambda message, attempt: dataclasses.replace(message, attempt=attempt),
+            retention=retention,
+            ordered=self.ordered,
+        )
+
+    async def row(self, item_id: int) -> Row | None:
+        r = self.queue.row(item_id)
+        if r is None:
+            return None
+        return Row(
+            _STATUS[int(r.status)],
+            r.attempts,
+            r.available_at - self.clock(),
+            r.claim_token,
+            r.claimed_by,
+            r.last_error,
+        )
+
+    async def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
+        return self.queue.acquire_partitions(owner, range(PARTITIONS), lease)
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+
+    def __init__(self, dsn: str, ordered: bool) -> None:
+        super().__init__(ordered)
+        try:
+            from outboxkit.store import queue_pg
+        except ImportError as exc:  # the core's PostgreSQL store has not landed yet
+            pytest.skip(f"outboxkit.store.queue_pg is not importable yet ({exc})")
+        self._pg_store = queue_pg.PgQueueStore
+        self.dsn = dsn
+        self.outbox = Outbox()
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        if ordered:
+            from outboxkit.store.migrate import migrate
+
+            migrate(dsn, ordered=True, partitions=PARTITIONS)
+
+    async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
+        event = Event(
+            topic=TOPIC,
+            event_type="contract.item",
+            payload={"n": n},
+            key=key,
+            delay=dt.timedelta(seconds=delay) if delay else None,
+        )
+        with psycopg.connect(self.dsn) as conn:
+            self.outbox.put(conn, event)
+        row = self.conn.execute(
+            "SELECT id FROM outbox WHERE event_id = %s", (event.event_id,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _make_store(self, retention: Literal["delete", "keep"]) -> Store:
+        store: Store = self._pg_store(
+            self.dsn, "outbox", OutboundMessage, retention=retention, ordered=self.ordered
+        )
+        return store
+
+    async def row(self, item_id: int) -> Row | None:
+        r = self.conn.execute(
+            "SELECT status, attempts, extract(epoch FROM available_at - now())::float8,"
+            " claim_token, claimed_by, last_error FROM outbox WHERE id = %s",
+            (item_id,),
+        ).fetchone()
+        return None if r is None else Row(_STATUS[r[0]], *r[1:])
+
+    async def advance(self, seconds: float) -> None:
+        shift = "make_interval(secs => %s)"
+        self.conn.execute(
+            f"UPDATE outbox SET available_at = available_at - {shift},"
+            f" created_at = created_at - {shift}",
+            (seconds, seconds),
+        )
+        if self.ordered:
+            self.conn.execute(
+                f"UPDATE outbox_partitions SET expires_at = expires_at - {shift}", (seconds,)
+            )
+
+    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
+        from outboxkit.store.ordered_sql import OrderedStatements
+
+        params = {"relay_id": owner, "lease": lease, "wanted": list(range(PARTITIONS))}
+        cur = self.conn.execute(OrderedStatements().acquire_partitions, params)
+        return sorted(r[0] for r in cur.fetchall())
+
+    async def close(self) -> None:
+        await super().close()
+        self.conn.close()
