@@ -20,7 +20,7 @@ import pytest
 
 from outboxkit.events import Event
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore
+from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore, MemoryRow
 from outboxkit.queue.store import QueueStore
 from outboxkit.write import Outbox
 
@@ -43,6 +43,17 @@ class Row:
     claim_token: Any
     claimed_by: str | None
     last_error: str | None
+
+    def state(self) -> tuple[Any, ...]:
+        """Everything but the exact time: due or not (the backends' clocks differ by ms)."""
+        return (
+            self.status,
+            self.attempts,
+            self.claim_token,
+            self.claimed_by,
+            self.last_error,
+            self.due_in <= 0,
+        )
 
 
 def number(item: OutboundMessage) -> int:
@@ -82,6 +93,10 @@ class Backend(abc.ABC):
         """The item's state; None once it was deleted."""
 
     @abc.abstractmethod
+    async def table(self) -> dict[int, Row]:
+        """Every item's state by id (published ones only under retention keep)."""
+
+    @abc.abstractmethod
     async def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass for every lease, retry time and partition lease."""
 
@@ -97,9 +112,9 @@ class Backend(abc.ABC):
 class MemoryBackend(Backend):
     name = "memory"
 
-    def __init__(self, ordered: bool) -> None:
+    def __init__(self, ordered: bool, clock: ManualClock | None = None) -> None:
         super().__init__(ordered)
-        self.clock = ManualClock(1_000.0)
+        self.clock = clock or ManualClock(1_000.0)
         self.queue: MemoryQueue[OutboundMessage] = MemoryQueue(
             clock=self.clock, partitions=PARTITIONS if ordered else None
         )
@@ -129,8 +144,12 @@ class MemoryBackend(Backend):
 
     async def row(self, item_id: int) -> Row | None:
         r = self.queue.row(item_id)
-        if r is None:
-            return None
+        return None if r is None else self._row(r)
+
+    async def table(self) -> dict[int, Row]:
+        return {r.id: self._row(r) for r in self.queue.rows()}
+
+    def _row(self, r: MemoryRow[OutboundMessage]) -> Row:
         return Row(
             _STATUS[int(r.status)],
             r.attempts,
@@ -187,13 +206,20 @@ class PostgresBackend(Backend):
         )
         return store
 
+    _COLUMNS = (
+        "id, status, attempts, extract(epoch FROM available_at - now())::float8,"
+        " claim_token, claimed_by, last_error"
+    )
+
     async def row(self, item_id: int) -> Row | None:
         r = self.conn.execute(
-            "SELECT status, attempts, extract(epoch FROM available_at - now())::float8,"
-            " claim_token, claimed_by, last_error FROM outbox WHERE id = %s",
-            (item_id,),
+            f"SELECT {self._COLUMNS} FROM outbox WHERE id = %s", (item_id,)
         ).fetchone()
-        return None if r is None else Row(_STATUS[r[0]], *r[1:])
+        return None if r is None else Row(_STATUS[r[1]], *r[2:])
+
+    async def table(self) -> dict[int, Row]:
+        rows = self.conn.execute(f"SELECT {self._COLUMNS} FROM outbox ORDER BY id").fetchall()
+        return {r[0]: Row(_STATUS[r[1]], *r[2:]) for r in rows}
 
     async def advance(self, seconds: float) -> None:
         shift = "make_interval(secs => %s)"

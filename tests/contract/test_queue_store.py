@@ -516,3 +516,15 @@ async def test_ordered_a_settle_after_the_partition_passed_on_changes_nothing(
     assert (list(settled.ids), settled.lost) == ([free], 1)
     row = await b.row(keyed)
     assert row is not None and (row.status, row.claim_token) == ("pending", got.token)
+
+
+async def test_ordered_keyless_items_get_a_quarter_of_a_batch_full_of_keyed_ones(
+    ordered_backend: Backend,
+) -> None:
+    b = ordered_backend
+    keyed = [await b.put(n, key=f"k{n}") for n in range(6)]
+    free = [await b.put(10 + n) for n in range(3)]
+    await b.hold_partitions("relay-a")
+    store = b.store()
+    assert await claimed_ids(store, limit=4, policy=HEADS) == keyed[:4] + free[:1]
+    assert await claimed_ids(store, limit=4, policy=HEADS) == keyed[4:] + free[1:]
