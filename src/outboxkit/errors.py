@@ -58,6 +58,37 @@ class EmbeddedServerUnavailable(OutboxkitError):
     """An embedded test server (``outboxkit.testing``) is missing its wheel or would not start."""
 
 
+# The queue store's failures (outboxkit.queue.store), which the claim loop tells apart.
+
+
+class StoreError(OutboxkitError):
+    """A store operation failed; the core logs it, backs off and tries again.
+
+    ``cause`` is the backend's own exception (observers get it as it is).
+    """
+
+    def __init__(self, message: str, *, cause: Exception | None = None) -> None:
+        super().__init__(message)
+        self.cause: Exception = cause if cause is not None else self
+
+
+class StoreUnavailable(StoreError):
+    """The connection is lost or was never made: reconnect, back off, retry."""
+
+
+class StoreTimeout(StoreError):
+    """The statement was cancelled (a statement or lock timeout) on a working connection:
+    retry it after a backoff."""
+
+
+class StoreDenied(StoreError):
+    """The store refuses the relay's writes (no privilege, read-only): a configuration fault.
+
+    Retrying does not help until an operator fixes the role or the server: the core
+    stops claiming (nothing is processed again until it can settle) and says so once.
+    """
+
+
 # The client library each optional feature imports, and the extra that installs it.
 _EXTRAS = {
     "aio_pika": "rabbitmq",
@@ -127,18 +158,67 @@ def is_undefined_table(exc: BaseException) -> bool:
 
 
 def _has_sqlstate(exc: BaseException, sqlstate: str) -> bool:
+    return any(state == sqlstate for state in _sqlstates(exc))
+
+
+def _sqlstates(exc: BaseException) -> list[str | None]:
+    """The SQLSTATE of ``exc`` and of what it wraps, through any driver (None: it has none).
+
+    The one SQLSTATE reader: psycopg and asyncpg errors carry ``sqlstate``, psycopg2's
+    ``pgcode``; SQLAlchemy wraps them (``orig``) and its asyncpg adapter chains them
+    (``__cause__``).
+    """
     seen: set[int] = set()
+    states: list[str | None] = []
     stack: list[BaseException | None] = [exc]
     while stack:
         current = stack.pop()
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
-        if state == sqlstate:
-            return True
+        states.append(getattr(current, "sqlstate", None) or getattr(current, "pgcode", None))
         stack += [getattr(current, "orig", None), current.__cause__]
-    return False
+    return states
+
+
+# SQLSTATE classes of a connection that is gone or was never made: 08 (connection),
+# 53 (insufficient resources: too many connections), 57P (shutdown, terminated).
+_CONNECTION_LOST = ("08", "53", "57P")
+# A role or a server that refuses the writes: insufficient privilege, read-only transaction
+# (a hot standby, default_transaction_read_only).
+_WRITE_DENIED = ("42501", "25006")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone (or was never made), not a failed statement.
+
+    The one rule, for every connection outboxkit opens (psycopg 3 or psycopg2): an
+    InterfaceError, or an OperationalError with no SQLSTATE or one of class 08, 53 or 57P;
+    a statement timeout (57014) or a lock timeout (55P03) leaves the connection usable.
+    Socket errors (``OSError``) count as lost. psycopg2's replication connection reports
+    a lost server as a bare DatabaseError.
+    """
+    names = {klass.__name__ for klass in type(exc).__mro__}
+    module = type(exc).__module__
+    if not module.startswith("psycopg"):
+        return isinstance(exc, OSError)
+    if "InterfaceError" in names:
+        return True
+    if module.startswith("psycopg2") and type(exc).__name__ == "DatabaseError":
+        return True
+    if "OperationalError" not in names:
+        return False
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return state is None or state.startswith(_CONNECTION_LOST)
+
+
+def write_denied(exc: BaseException) -> bool:
+    """Whether the database refused a write for want of a privilege or because it is read-only.
+
+    A configuration fault, not a transient one: retrying does not help until an operator
+    grants the privilege or points the relay at a primary.
+    """
+    return any(state in _WRITE_DENIED for state in _sqlstates(exc))
 
 
 def table_missing(

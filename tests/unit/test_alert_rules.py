@@ -7,7 +7,6 @@ import json
 import re
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ import yaml
 
 from outboxkit.ops.metrics import RelayMetrics, TableSnapshot
 from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.relay.engine import CdcStatus, RelayStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "outboxkit-alerts.yml"
@@ -44,10 +44,8 @@ def exported() -> dict[str, set[str]]:
         read_at=1.0,
     )
     # A WAL relay (--source cdc): its stream's gauges and its slot's, as the server reports it.
-    cdc = SimpleNamespace(
-        streaming=True, standby=False, confirmed_lsn=1, lag_seconds=lambda: 0.0, slot="s"
-    )
-    metrics.relay = SimpleNamespace(cdc=cdc)
+    cdc = CdcStatus(slot="s", streaming=True, standby=False, confirmed_lsn=1, lag_seconds=0.0)
+    metrics.status = lambda: RelayStatus(cdc=cdc)
     metrics.slot_lag(4096, wal_status="reserved")
     names: dict[str, set[str]] = {}
     for family in metrics.registry.collect():

@@ -1,11 +1,11 @@
-"""LeaseHeartbeat (relay/heartbeat.py): nothing for a short publish, every interval for a
+"""LeaseHeartbeat (queue/heartbeat.py): nothing for a short publish, every interval for a
 long one, and an extension in progress is finished, never cut, by stop()."""
 
 from __future__ import annotations
 
 import asyncio
 
-from outboxkit.relay.heartbeat import LeaseHeartbeat
+from outboxkit.queue.heartbeat import LeaseHeartbeat
 
 
 async def test_a_publish_shorter_than_the_interval_extends_nothing() -> None:

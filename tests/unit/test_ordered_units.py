@@ -66,8 +66,10 @@ def test_the_metrics_show_the_partitions_an_ordered_relay_holds() -> None:
     from types import SimpleNamespace
 
     from outboxkit.ops.metrics import RelayMetrics
+    from outboxkit.relay.engine import RelayStatus
 
     metrics = RelayMetrics("postgresql://unused", process_metrics=False)
     assert metrics.registry.get_sample_value("outboxkit_partitions_owned") is None
-    metrics.attach(SimpleNamespace(relay_id="r1", publisher=None, partitions_owned=5))
+    status = RelayStatus(partitions_owned=5)
+    metrics.attach(SimpleNamespace(relay_id="r1", publisher=None, status=lambda: status))
     assert metrics.registry.get_sample_value("outboxkit_partitions_owned") == 5

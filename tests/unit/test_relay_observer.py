@@ -11,7 +11,6 @@ import pytest
 from psycopg import errors as pg_errors
 
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.relay.engine import _connection_lost
 from outboxkit.relay.observer import Observers, RelayObserver, RelayStats, StatsObserver
 
 
@@ -52,21 +51,3 @@ def test_every_hook_reaches_the_stats_past_an_observer_that_raises(
     assert (stats.db_reconnects, stats.db_errors) == (1, 1)
     assert stats.last_error == "ConnectionError: refused"
     assert sum("observer bug" in (r.exc_text or "") for r in caplog.records) == 4
-
-
-@pytest.mark.parametrize(
-    ("error", "lost"),
-    [
-        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
-        (psycopg.InterfaceError("the connection is closed"), True),
-        (pg_errors.AdminShutdown(), True),  # pg_terminate_backend
-        (pg_errors.ConnectionFailure(), True),
-        (pg_errors.TooManyConnections(), True),
-        (pg_errors.QueryCanceled(), False),  # statement_timeout: an OperationalError too
-        (pg_errors.LockNotAvailable(), False),
-        (pg_errors.RaiseException(), False),
-        (pg_errors.UniqueViolation(), False),
-    ],
-)
-def test_only_a_lost_connection_counts_as_a_reconnect(error: psycopg.Error, lost: bool) -> None:
-    assert _connection_lost(error) is lost

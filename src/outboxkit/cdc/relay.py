@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from outboxkit._backoff import Backoff, bounded_retry_after, full_jitter
+from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.cdc.cleanup import Cleanup
@@ -39,7 +39,7 @@ from outboxkit.cdc.progress import Progress
 from outboxkit.cdc.reader import StreamReader
 from outboxkit.cdc.slots import default_name
 from outboxkit.cdc.stream import Begin, Commit, Keepalive, Message, Row
-from outboxkit.errors import ConfigurationError, UndecodableRow
+from outboxkit.errors import ConfigurationError, UndecodableRow, connection_lost
 from outboxkit.publishers.base import (
     OutboundMessage,
     Publisher,
@@ -47,6 +47,8 @@ from outboxkit.publishers.base import (
     batch_shape,
     unreachable,
 )
+from outboxkit.queue.decide import RetryPolicy, decide, stored_error
+from outboxkit.queue.store import Verdict
 from outboxkit.relay.observer import (
     Observers,
     RelayObserver,
@@ -55,11 +57,11 @@ from outboxkit.relay.observer import (
     default_observer,
 )
 from outboxkit.relay.outage import FailureEpisode, OutageLog
+from outboxkit.relay.sink import FailureLog, publish
 from outboxkit.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")
 
-_MAX_ERROR_CHARS = 2000
 #: Seconds between a standby's reminders that it is still waiting for the slot.
 _STANDBY_REMINDER = 300.0
 
@@ -142,6 +144,8 @@ class CdcRelay:
         if stats is None:  # a Relay delegating here passes its stats and observers as they are
             observer = Observers(StatsObserver(self.stats), observer)
         self.observer = observer
+        # Retries and dead letters reach the log through the same hook as the metrics.
+        self._settled_hooks = Observers(observer, FailureLog())
         self.outage = outage if outage is not None else OutageLog(max_attempts=max_attempts)
         self.dead_letters = DeadLetters(dsn, table)
         self.cleanup = Cleanup(
@@ -254,7 +258,7 @@ class CdcRelay:
             except ReplicationError as exc:
                 await self._stream_lost(exc)
             except Exception as exc:
-                if not _is_connection_error(exc):
+                if not connection_lost(exc):
                     raise
                 await self._stream_lost(exc)
 
@@ -405,7 +409,7 @@ class CdcRelay:
             messages = [e.message for e in todo]
             with self.observer.publishing(messages):
                 started = time.perf_counter()
-                results = await self._publish(messages)
+                results = await publish(self.publisher, messages, self.publish_timeout)
                 self.observer.published(messages, results, time.perf_counter() - started)
                 self.outage.published(messages, results, 0.0)
             published = [e for e, r in zip(todo, results, strict=True) if r.ok]
@@ -430,8 +434,16 @@ class CdcRelay:
     async def _failures(
         self, todo: list[_Entry], results: Sequence[PublishResult]
     ) -> tuple[list[_Entry], float]:
-        """Sort failures into dead letters (written now), retries and hand-backs."""
-        broker_down = unreachable(self.publisher) is not None
+        """Sort failures into dead letters (written now), retries and hand-backs
+        (outboxkit.queue.decide: the relay's own decision)."""
+        target_down = unreachable(self.publisher) is not None
+        # the stream waits in memory, so the relay's own cap bounds a publisher's ask
+        policy = RetryPolicy(
+            max_attempts=self.max_attempts,
+            base=self.retry_base,
+            cap=self.retry_cap,
+            max_delay=self.retry_cap,
+        )
         again: list[_Entry] = []
         dead: list[tuple[_Entry, PublishResult]] = []
         retried: list[tuple[OutboundMessage, PublishResult]] = []
@@ -441,74 +453,37 @@ class CdcRelay:
         for entry, result in zip(todo, results, strict=True):
             if result.ok:
                 continue
-            first_error = first_error or redact(result.error or "unknown error")
-            # the stream waits in memory, so the relay's own cap bounds a publisher's ask
-            delay = max(delay, bounded_retry_after(result.retry_after, self.retry_cap))
-            if not result.counts_attempt or (broker_down and result.retryable):
+            decision = decide(entry.message.attempt, result, policy, target_down=target_down)
+            first_error = first_error or decision.error
+            delay = max(delay, decision.delay)
+            if decision.verdict is Verdict.HAND_BACK:
                 handed_back += 1
                 again.append(entry)
-            elif not result.retryable or entry.message.attempt >= self.max_attempts:
+            elif decision.verdict is Verdict.DEAD:
                 dead.append((entry, result))
             else:
                 retried.append((entry.message, result))
-                delay = max(
-                    delay,
-                    full_jitter(entry.message.attempt, base=self.retry_base, cap=self.retry_cap),
-                )
                 entry.message = replace(entry.message, attempt=entry.message.attempt + 1)
                 again.append(entry)
         if dead:
             await self._dead_letter(dead)
         if retried or dead:
-            self.observer.settled((), retried, [(e.message, r) for e, r in dead])
+            self._settled_hooks.settled((), retried, [(e.message, r) for e, r in dead])
         if handed_back:
             delay = max(delay, self._broker_backoff.next_delay())
             self.observer.handed_back(handed_back, first_error)
         return again, delay
 
-    async def _publish(self, messages: list[OutboundMessage]) -> Sequence[PublishResult]:
-        try:
-            results = await asyncio.wait_for(
-                self.publisher.publish_batch(messages), timeout=self.publish_timeout
-            )
-        except TimeoutError:
-            error = f"publish not confirmed within {self.publish_timeout:.1f}s"
-            return [PublishResult.retry(error, "publish_timeout")] * len(messages)
-        except (ConnectionError, OSError) as exc:
-            error = redact(f"{type(exc).__name__}: {exc}")
-            return [PublishResult.hand_back(error, type(exc).__name__)] * len(messages)
-        except Exception as exc:
-            error = redact(f"{type(exc).__name__}: {exc}")
-            return [PublishResult.retry(error, type(exc).__name__)] * len(messages)
-        if len(results) != len(messages):
-            error = f"publisher returned {len(results)} results for {len(messages)} messages"
-            return [PublishResult.retry(error, "publisher_bug")] * len(messages)
-        return results
-
     # -- dead letters -------------------------------------------------------------
 
     async def _dead_letter(self, dead: list[tuple[_Entry, PublishResult]]) -> None:
+        """Write each dead letter to the table (its log line comes with the settled hook)."""
         for entry, result in dead:
-            error = redact(result.error or "unknown error")[:_MAX_ERROR_CHARS]
+            error = stored_error(result.error)
             await self._write_dead_letter(
                 lambda e=entry, err=error: self.dead_letters.write(
                     e.message, row_id=e.row_id, error=err
                 )
-            )
-            log.error(
-                "event dead-lettered after %d attempt(s): topic=%s event_id=%s error_class=%s"
-                " error=%s",
-                entry.message.attempt,
-                entry.message.topic,
-                entry.message.event_id,
-                result.error_class,
-                error,
-                extra={
-                    "topic": entry.message.topic,
-                    "event_id": str(entry.message.event_id),
-                    "attempt": entry.message.attempt,
-                    "error_class": result.error_class,
-                },
             )
 
     async def _dead_letter_raw(
@@ -529,23 +504,9 @@ class CdcRelay:
                 await write()
                 return
             except Exception as exc:
-                if not _is_connection_error(exc):
+                if not connection_lost(exc):
                     raise
                 if self._stopping.is_set():
                     raise _Stopped from exc
                 self.observer.database_error("dead_letter", exc, True)
                 await self._sleep(backoff.next_delay())
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    """A lost or refused connection (psycopg 3 or psycopg2), not a failed statement."""
-    import psycopg
-
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        state = getattr(exc, "sqlstate", None)
-        return state is None or state.startswith(("08", "53", "57P"))
-    module = type(exc).__module__
-    if module.startswith("psycopg2"):
-        name = type(exc).__name__
-        return name in ("OperationalError", "InterfaceError", "DatabaseError")
-    return isinstance(exc, OSError | ConnectionError)

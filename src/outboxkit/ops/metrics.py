@@ -16,7 +16,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
+from outboxkit.relay.engine import CdcStatus, RelayStatus
 from outboxkit.relay.observer import Failure, RelayObserver
 from outboxkit.store import cdc_sql
 from outboxkit.store.postgres import Statements
@@ -223,7 +224,9 @@ class RelayMetrics(RelayObserver):
         self.broker_error: str | None = None
         self._broker_error_at = 0.0
         self.publisher: object = None  # set by attach(): its ``reachability``, if any, is read
-        self.relay: object = None  # set by attach()
+        # The relay's state (ordered partitions, the WAL relay's stream, a refused role), read
+        # at scrape time and by /readyz: set by attach().
+        self.status: Callable[[], RelayStatus] = RelayStatus
         self._sql = Statements(table)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
@@ -315,7 +318,7 @@ class RelayMetrics(RelayObserver):
         """Label the output with the relay's id; read its publisher's reachability."""
         self.relay_id = relay.relay_id
         self.publisher = relay.publisher
-        self.relay = relay  # ordered mode: partitions_owned, read at scrape time
+        self.status = relay.status
 
     # -- relay hooks -------------------------------------------------------------
 
@@ -464,9 +467,9 @@ class RelayMetrics(RelayObserver):
                             application_name="outboxkit-relay:metrics",
                         )
                     await self.refresh_gauges(conn)
-                    slot = getattr(getattr(self.relay, "cdc", None), "slot", None)
-                    if isinstance(slot, str):
-                        await self.refresh_slot(conn, slot)
+                    cdc = self.status().cdc
+                    if cdc is not None:
+                        await self.refresh_slot(conn, cdc.slot)
                 except psycopg.Error as exc:
                     self.snapshot.error = first_line(exc, with_type=True)
                     log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
@@ -497,13 +500,19 @@ class RelayMetrics(RelayObserver):
         stale_after = 3 * self.gauge_interval + 5
         reason: str | None = None
         detail: str | None = None
-        if snap.error is not None:
+        status = self.status()
+        if status.denied is not None:
+            # A configuration fault (issue 26, item 5): the relay claims nothing until an
+            # operator grants the role its rights or points it at a writable primary.
+            reason = f"database refuses the relay's writes ({_kind(status.denied)})"
+            detail = f"database refuses the relay's writes: {status.denied}"
+        elif snap.error is not None:
             reason, detail = f"database unreachable ({_kind(snap.error)})", snap.error
         elif snap.read_at is None and self.last_claim_at is None:
             reason = "starting: no successful database read yet"
         elif snap.read_at is not None and time.time() - snap.read_at > stale_after:
             reason = f"database reads stale: last success {time.time() - snap.read_at:.0f}s ago"
-        elif (down := _stream_down(self.relay)) is not None and down[0] > stale_after:
+        elif (down := status.stream_down) is not None and down[0] > stale_after:
             # --source cdc: the same grace as the database's reads, for its replication
             # stream (a standby waiting for the slot is not down: see docs/operations.md)
             reason = f"replication stream down since {down[0]:.0f}s ({_kind(down[1])})"
@@ -523,12 +532,6 @@ class RelayMetrics(RelayObserver):
             log.warning("not ready: %s: %s", reason, detail)
         self._reported = detail
         return reason
-
-
-def _stream_down(relay: object) -> tuple[float, str] | None:
-    """A WAL relay's (``relay.cdc``) lost replication stream: seconds down and error class."""
-    stream_down = getattr(getattr(relay, "cdc", None), "stream_down", None)
-    return stream_down() if callable(stream_down) else None
 
 
 def _kind(error: str) -> str:
@@ -588,22 +591,22 @@ class _StateCollector(Collector):
         )
         info.add_metric([self.m.relay_id or "unknown"], 1)
         yield info
-        owned = getattr(getattr(self.m, "relay", None), "partitions_owned", None)
-        if isinstance(owned, int):  # ordered mode
+        status = self.m.status()
+        owned = status.partitions_owned
+        if owned is not None:  # ordered mode
             yield GaugeMetricFamily(
                 "outboxkit_partitions_owned",
                 "Ordered mode: partitions this relay holds a lease on (0: it cannot heartbeat,"
                 " or more relays run than the table has partitions).",
                 value=owned,
             )
-        cdc = getattr(getattr(self.m, "relay", None), "cdc", None)
-        if cdc is not None:  # --source cdc: the WAL relay's position, read at scrape time
-            yield from _cdc_families(cdc)
+        if status.cdc is not None:  # --source cdc: the WAL relay's position, read at scrape time
+            yield from _cdc_families(status.cdc)
         if self.m.slot is not None:
             yield from _slot_families(self.m.slot)
 
 
-def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:
+def _cdc_families(cdc: CdcStatus) -> Iterable[GaugeMetricFamily]:
     """The WAL relay's gauges (outboxkit.cdc.relay.CdcRelay): its stream and its position."""
     yield GaugeMetricFamily(
         "outboxkit_cdc_streaming",
@@ -627,5 +630,5 @@ def _cdc_families(cdc: Any) -> Iterable[GaugeMetricFamily]:
         "outboxkit_cdc_lag_seconds",
         "Age of the oldest transaction the relay has received but not yet confirmed"
         " (0: caught up). `outboxkit cdc status` also gives the slot's lag in bytes.",
-        value=cdc.lag_seconds(),
+        value=cdc.lag_seconds,
     )

@@ -24,7 +24,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from outboxkit.errors import OutboxkitError
+from outboxkit.errors import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
+
+__all__ = [
+    "DONE",
+    "Attempted",
+    "Claim",
+    "ClaimPolicy",
+    "Decision",
+    "HeadsOnly",
+    "QueueStore",
+    "Settled",
+    "StoreDenied",
+    "StoreError",
+    "StoreInfo",
+    "StoreTimeout",
+    "StoreUnavailable",
+    "Verdict",
+]
 
 
 class Attempted(Protocol):
@@ -127,40 +144,15 @@ class StoreInfo:
     where: str = ""
 
 
-# -- failures the core tells apart -----------------------------------------------------
-
-
-class StoreError(OutboxkitError):
-    """A store operation failed; the core logs it, backs off and tries again.
-
-    ``cause`` is the backend's own exception (observers get it as it is).
-    """
-
-    def __init__(self, message: str, *, cause: Exception | None = None) -> None:
-        super().__init__(message)
-        self.cause: Exception = cause if cause is not None else self
-
-
-class StoreUnavailable(StoreError):
-    """The connection is lost or was never made: reconnect, back off, retry."""
-
-
-class StoreDenied(StoreError):
-    """The store refuses the relay's writes (no privilege, read-only): a configuration fault.
-
-    Retrying does not help until an operator fixes the role or the server: the core
-    stops claiming (nothing is processed again until it can settle) and says so once.
-    """
-
-
 # -- the interface -----------------------------------------------------------------------
 
 
 class QueueStore(Protocol[T]):
     """A backend's queue table, as the claim loop uses it. Every method is fenced or idempotent.
 
-    Errors: a lost connection raises :class:`StoreUnavailable`, missing privileges or
-    a read-only server :class:`StoreDenied`, any other failed operation
+    Errors: a lost connection raises :class:`StoreUnavailable`, a cancelled statement
+    :class:`StoreTimeout`, missing privileges or a read-only server :class:`StoreDenied`,
+    any other failed operation
     :class:`StoreError`; a missing table raises ``outboxkit.errors.SchemaError``.
     """
 

@@ -1,6 +1,7 @@
 """Ordered mode: each key's events reach the broker in commit (id) order, across relays.
 
-The relay (``Relay(ordered=True)``) claims with ``ordered_claim`` (store/ordered_sql.py):
+The relay (``Relay(ordered=True)``) hands the claim loop this module's policy, so the
+store (store/queue_pg.py) claims with ``ordered_claim`` (store/ordered_sql.py):
 a key's row only when every earlier unpublished row of the key is claimable too, and
 only in partitions this relay leases (relay/partitions.py). A batch therefore holds a
 prefix of each key's rows, published in waves: the first event of every key, then the
@@ -25,15 +26,14 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
+from outboxkit.relay.sink import PublisherSink
 from outboxkit.store.ordered_sql import OrderedStatements
-
-if TYPE_CHECKING:
-    from outboxkit.relay.engine import Relay, _Batch
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -42,8 +42,6 @@ DEAD_LETTER_POLICIES: tuple[DeadLetterPolicy, ...] = ("block", "skip")
 #: The share of the lease a batch may publish for, and the lease it must have left.
 WINDOW_SHARE = 0.5
 MARGIN_SHARE = 0.6
-#: The ordered claim looks at this many times the batch size of pending keyed rows.
-SCAN_FACTOR = 4
 
 
 def waves(messages: Sequence[OutboundMessage]) -> list[list[int]]:
@@ -63,51 +61,60 @@ def waves(messages: Sequence[OutboundMessage]) -> list[list[int]]:
 
 
 class OrderedMode:
-    """The ordered relay's claim, waves and partition leases, hooked into :class:`Relay`."""
+    """Ordered mode as the claim loop sees it: a claim policy (outboxkit.queue.loop.Ordering)
+    and a sink that publishes each claim in waves through the relay's publisher sink.
 
-    def __init__(self, relay: Relay, dead_letter_policy: str) -> None:
+    It owns the partition leases (a side task of the loop); the store, built with
+    ``ordered=True``, runs the ordered claim and the partition-fenced settles.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        sink: PublisherSink,
+        *,
+        relay_id: str,
+        lease: float,
+        dead_letter_policy: str,
+    ) -> None:
         if dead_letter_policy not in DEAD_LETTER_POLICIES:
             raise ConfigurationError(
                 f"dead_letter_policy must be 'block' or 'skip', not {dead_letter_policy!r}"
             )
-        self.relay = relay
+        self.inner = sink
         self.policy = dead_letter_policy
-        self.sql = OrderedStatements(relay.table)
-        # The relay's settles become the fenced ones (same parameters).
-        for base, fenced in OrderedStatements.FENCED:
-            setattr(self.sql, base, getattr(self.sql, fenced))
-        self.window = min(relay.publish_timeout, relay.lease * WINDOW_SHARE)
-        self.margin = relay.lease * MARGIN_SHARE
+        self.lease = lease
+        self.window = min(sink.timeout, lease * WINDOW_SHARE)
+        self.margin = lease * MARGIN_SHARE
         # A publisher whose client may still deliver after the relay stopped waiting
         # (librdkafka retries until delivery.timeout.ms) is told to give up sooner, and
         # no wave starts later than that bound before the window ends.
         self.delivery_bound = 0.0
-        bound = _find(relay.publisher, "bound_delivery_time")
+        bound = _find(sink.publisher, "bound_delivery_time")
         if callable(bound):
             self.delivery_bound = float(bound(self.window / 2))
-        self.leases = PartitionLeases(relay.dsn, self.sql, relay.relay_id, relay.lease)
+        self.leases = PartitionLeases(dsn, OrderedStatements(table), relay_id, lease)
         self._open: dict[asyncio.Task[None], float] = {}
         self._starts: dict[uuid.UUID, tuple[float, int]] = {}
         self._claim_started = 0.0
 
-    # -- claim --------------------------------------------------------------------
+    # -- the claim policy -------------------------------------------------------------
 
-    def claim(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The ordered claim and its parameters; called as each claim starts."""
+    def before_claim(self, token: uuid.UUID, limit: int) -> HeadsOnly:
+        """The ordered claim's policy; called as each claim starts."""
         now = time.monotonic()
         self._claim_started = now
         if len(self._starts) > 64:  # tokens of claims that returned nothing
-            horizon = now - 2 * self.relay.lease
+            horizon = now - 2 * self.lease
             self._starts = {t: s for t, s in self._starts.items() if s[0] > horizon}
-        self._starts[params["token"]] = (now, self.leases.losses)
+        self._starts[token] = (now, self.leases.losses)
         self._release_drained()
-        params.update(
-            scan=SCAN_FACTOR * params["limit"],
-            margin=self.margin,
-            draining=sorted(self.leases.draining),
+        return HeadsOnly(
             block=self.policy == "block",
+            margin=self.margin,
+            draining=tuple(self.leases.draining),
         )
-        return self.sql.ordered_claim, params
 
     def track(self, task: asyncio.Task[None]) -> None:
         """Remember the batch task of the claim that just returned, until it is done."""
@@ -116,9 +123,6 @@ class OrderedMode:
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._open.pop(task, None)
-        # The keys of the batch are free again: claim now, not at the next poll (an empty
-        # ordered claim may only mean that every head was in flight).
-        self.relay._wake.set()
 
     def _release_drained(self) -> None:
         """Draining partitions no batch claimed before their drain began still holds."""
@@ -130,13 +134,24 @@ class OrderedMode:
         if ready:
             self.leases.release_soon(ready)
 
-    # -- publish ------------------------------------------------------------------
+    # -- the sink -------------------------------------------------------------------------
 
-    async def publish(self, batch: _Batch) -> list[PublishResult]:
-        """Publish ``batch`` in waves; results in the batch's order."""
-        messages = batch.messages
-        # (a batch not claimed through claim() gets no time at all)
-        started, losses = self._starts.pop(batch.token, (-math.inf, -1))
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def target_down(self) -> bool:
+        return self.inner.target_down()
+
+    def restored_since(self, when: float) -> bool:
+        return self.inner.restored_since(when)
+
+    async def process(
+        self, token: uuid.UUID, messages: Sequence[OutboundMessage]
+    ) -> list[PublishResult]:
+        """Publish a claim in waves; results in the claim's order."""
+        # (a batch not claimed through before_claim() gets no time at all)
+        started, losses = self._starts.pop(token, (-math.inf, -1))
         fixed = started + self.window
         results: list[PublishResult | None] = [None] * len(messages)
         failed: set[str] = set()
@@ -147,13 +162,9 @@ class OrderedMode:
             remaining = self._deadline(fixed, losses) - time.monotonic()
             if remaining <= self.delivery_bound or remaining <= 0:
                 break  # the rest is handed back untried: the lease could pass on meanwhile
-            sub = type(batch)(
-                batch.token, [batch.ids[i] for i in todo], [messages[i] for i in todo]
-            )
-            sub.claimed_at = batch.claimed_at
             try:
                 async with asyncio.timeout(remaining):
-                    wave_results = await self.relay._publish(sub)
+                    wave_results = await self.inner.publish([messages[i] for i in todo])
             except TimeoutError:
                 error = f"publish not confirmed within the ordered window ({self.window:.1f}s)"
                 wave_results = [PublishResult.retry(error, "publish_timeout")] * len(todo)
@@ -191,7 +202,7 @@ class OrderedMode:
             "ordered mode: dead_letter_policy=%s publish window %.1fs of a %.1fs lease",
             self.policy,
             self.window,
-            self.relay.lease,
+            self.lease,
         )
         await self.leases.run()
 

@@ -1,4 +1,4 @@
-"""The short autocommit connection the admin commands (status, replay, purge, inbox purge) use."""
+"""The one connection factory (connect / aconnect), and the admin commands' short connection."""
 
 from __future__ import annotations
 
@@ -11,6 +11,41 @@ from psycopg import errors as pg_errors
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
 Source = str | psycopg.Connection[Any]
+
+#: Seconds a connection attempt may take, for every connection outboxkit opens.
+CONNECT_TIMEOUT = 10
+
+
+def connect(
+    dsn: str,
+    *,
+    application_name: str,
+    autocommit: bool = True,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> psycopg.Connection[Any]:
+    """A connection opened the one way: a timeout, and a name ``pg_stat_activity`` shows."""
+    return psycopg.connect(
+        dsn,
+        autocommit=autocommit,
+        connect_timeout=connect_timeout,
+        application_name=application_name[:63],
+    )
+
+
+async def aconnect(
+    dsn: str,
+    *,
+    application_name: str,
+    autocommit: bool = True,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> psycopg.AsyncConnection[Any]:
+    """The async :func:`connect`."""
+    return await psycopg.AsyncConnection.connect(
+        dsn,
+        autocommit=autocommit,
+        connect_timeout=connect_timeout,
+        application_name=application_name[:63],
+    )
 
 
 @contextmanager

@@ -363,6 +363,29 @@ SET available_at = now() + make_interval(secs => %s)
 WHERE id = ANY(%s) AND claim_token = %s AND {commit_positional}
 """
 
+# The end of a broker outage (issue 26 item 7): rows handed back while the broker was
+# down were paced by a growing delay; once it is back they are due at once (their
+# attempt was refunded already). Rows claimed or settled since are left alone.
+HASTEN_HANDED_BACK = """
+UPDATE {table}
+SET available_at = now()
+WHERE id = ANY(%s) AND status = {pending} AND claim_token IS NULL AND available_at > now()
+  AND {commit_positional}
+"""
+# Can this role settle? (UPDATE, and DELETE under retention=delete, on a writable server.)
+# Refused at start in one line rather than found out by the first settle, after publishing.
+CHECK_WRITE_RIGHTS = """
+SELECT has_table_privilege({table_literal}, 'UPDATE')
+           OR (has_column_privilege({table_literal}, 'status', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'attempts', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'available_at', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'claim_token', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'claimed_by', 'UPDATE')
+               AND has_column_privilege({table_literal}, 'last_error', 'UPDATE')),
+       has_table_privilege({table_literal}, 'DELETE'),
+       current_setting('transaction_read_only') = 'on'
+"""
+
 # --- ops ----------------------------------------------------------------------
 
 # A scheduled event (Event(deliver_at=...)) is pending but not late before its time: the
@@ -583,6 +606,8 @@ class Statements(NamedStatements):
     settle_failures = SqlTemplate(SETTLE_FAILURES)
     release_leases = SqlTemplate(RELEASE_LEASES)
     extend_leases = SqlTemplate(EXTEND_LEASES)
+    hasten_handed_back = SqlTemplate(HASTEN_HANDED_BACK)
+    check_write_rights = SqlTemplate(CHECK_WRITE_RIGHTS)
     status_by_topic = SqlTemplate(STATUS_BY_TOPIC)
     list_failed = SqlTemplate(LIST_FAILED)
     show_event = SqlTemplate(SHOW_EVENT)

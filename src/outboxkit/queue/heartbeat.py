@@ -1,4 +1,4 @@
-"""The lease heartbeat: a publish that legitimately runs long keeps its rows' lease alive.
+"""The lease heartbeat: work that legitimately runs long keeps its items' lease alive.
 
 A batch's rows are leased for ``lease`` seconds at the claim. A publish still running
 after a third of it (a slow webhook) extends the lease every ``lease / 3`` seconds, so
@@ -22,10 +22,16 @@ class LeaseHeartbeat:
     it (cancelling a query mid-flight would break the connection it shares with settles).
     """
 
-    __slots__ = ("_extend", "_interval", "_stopped", "_task", "_timer")
+    __slots__ = ("_extend", "_interval", "_name", "_stopped", "_task", "_timer")
 
-    def __init__(self, extend: Callable[[], Awaitable[None]], interval: float) -> None:
+    def __init__(
+        self,
+        extend: Callable[[], Awaitable[None]],
+        interval: float,
+        name: str = "outboxkit-relay",
+    ) -> None:
         self._extend = extend
+        self._name = name
         self._interval = interval
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -37,7 +43,7 @@ class LeaseHeartbeat:
     def _begin(self) -> None:
         self._timer = None
         self._stopped = asyncio.Event()
-        self._task = asyncio.create_task(self._run(self._stopped), name="outboxkit-relay:lease")
+        self._task = asyncio.create_task(self._run(self._stopped), name=f"{self._name}:lease")
 
     async def _run(self, stopped: asyncio.Event) -> None:
         while not stopped.is_set():
