@@ -13,19 +13,21 @@ import abc
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import psycopg
-import pytest
 
-from outboxkit.events import Event
+from outboxkit import Event, Outbox
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore, MemoryRow
 from outboxkit.queue.store import QueueStore
-from outboxkit.write import Outbox
+from outboxkit.store.migrate import migrate
+from outboxkit.store.ordered_sql import OrderedStatements
+from outboxkit.store.queue_pg import PgQueueStore
 
 #: Ordered queues have this many key partitions on both backends.
-PARTITIONS = 8
+PARTITIONS = 7  # not a power of two: a partition is a remainder of the hash
 TOPIC = "contract"
 
 Store = QueueStore[OutboundMessage]
@@ -101,8 +103,11 @@ class Backend(abc.ABC):
         """Let ``seconds`` pass for every lease, retry time and partition lease."""
 
     @abc.abstractmethod
-    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
-        """Give ``owner`` the lease on every free partition (ordered mode's membership)."""
+    async def hold_partitions(
+        self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
+    ) -> list[int]:
+        """Give ``owner`` the lease on the free ones of ``wanted`` and renew its own (ordered
+        mode's membership); the partitions it holds of them, sorted."""
 
     async def close(self) -> None:
         for store in self._stores:
@@ -162,8 +167,10 @@ class MemoryBackend(Backend):
     async def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
-        return self.queue.acquire_partitions(owner, range(PARTITIONS), lease)
+    async def hold_partitions(
+        self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
+    ) -> list[int]:
+        return self.queue.acquire_partitions(owner, wanted, lease)
 
 
 class PostgresBackend(Backend):
@@ -171,17 +178,10 @@ class PostgresBackend(Backend):
 
     def __init__(self, dsn: str, ordered: bool) -> None:
         super().__init__(ordered)
-        try:
-            from outboxkit.store import queue_pg
-        except ImportError as exc:  # the core's PostgreSQL store has not landed yet
-            pytest.skip(f"outboxkit.store.queue_pg is not importable yet ({exc})")
-        self._pg_store = queue_pg.PgQueueStore
         self.dsn = dsn
         self.outbox = Outbox()
         self.conn = psycopg.connect(dsn, autocommit=True)
         if ordered:
-            from outboxkit.store.migrate import migrate
-
             migrate(dsn, ordered=True, partitions=PARTITIONS)
 
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
@@ -201,7 +201,7 @@ class PostgresBackend(Backend):
         return int(row[0])
 
     def _make_store(self, retention: Literal["delete", "keep"]) -> Store:
-        store: Store = self._pg_store(
+        store: Store = PgQueueStore(
             self.dsn, "outbox", OutboundMessage, retention=retention, ordered=self.ordered
         )
         return store
@@ -233,10 +233,10 @@ class PostgresBackend(Backend):
                 f"UPDATE outbox_partitions SET expires_at = expires_at - {shift}", (seconds,)
             )
 
-    async def hold_partitions(self, owner: str, lease: float = 60.0) -> list[int]:
-        from outboxkit.store.ordered_sql import OrderedStatements
-
-        params = {"relay_id": owner, "lease": lease, "wanted": list(range(PARTITIONS))}
+    async def hold_partitions(
+        self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
+    ) -> list[int]:
+        params = {"relay_id": owner, "lease": lease, "wanted": list(wanted)}
         cur = self.conn.execute(OrderedStatements().acquire_partitions, params)
         return sorted(r[0] for r in cur.fetchall())
 

@@ -15,7 +15,7 @@ import pytest
 
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.queue.store import DONE, Claim, ClaimPolicy, Decision, HeadsOnly, Verdict
-from tests.contract.backends import Backend, Store, number
+from tests.contract.backends import PARTITIONS, Backend, Store, number
 
 LEASE = 30.0
 MAX_ATTEMPTS = 3
@@ -494,7 +494,7 @@ async def test_ordered_a_claim_needs_the_partition_lease_for_longer_than_the_mar
     await b.hold_partitions("relay-a", lease=10)
     store = b.store()
     assert await claim(store, policy=HeadsOnly(margin=20)) is None
-    draining = HeadsOnly(draining=range(8))
+    draining = HeadsOnly(draining=range(PARTITIONS))
     assert await claim(store, policy=draining) is None
     assert await claimed_ids(store, policy=HeadsOnly(margin=5)) == [keyed]
 

@@ -109,7 +109,11 @@ class _Life:
         limit = self.rng.randint(1, 5)
         policy: ClaimPolicy = None
         if self.ordered and self.rng.random() < 0.8:
-            policy = HeadsOnly(block=self.rng.random() < 0.7, margin=self.rng.choice([0.0, 5.0]))
+            policy = HeadsOnly(
+                block=self.rng.random() < 0.7,
+                margin=self.rng.choice([0.0, 5.0]),
+                draining=sorted(self.rng.sample(range(PARTITIONS), self.rng.randint(0, 2))),
+            )
         token = uuid.uuid4()
         self.log.append(f"claim by {OWNERS[s]} limit={limit} {policy}")
         got = [
@@ -179,9 +183,10 @@ class _Life:
 
     async def hold(self) -> tuple[Any, Any]:
         owner = self.rng.choice(OWNERS)
-        self.log.append(f"partitions to {owner}")
-        answers = [len(await b.hold_partitions(owner, lease=60.0)) for b in self.backends]
-        assert answers[0] in (0, PARTITIONS)  # all or none: partition numbers never matter
+        wanted = sorted(self.rng.sample(range(PARTITIONS), self.rng.randint(1, PARTITIONS)))
+        lease = self.rng.choice([30.0, 60.0])
+        self.log.append(f"partitions {wanted} to {owner} for {lease}")
+        answers = [await b.hold_partitions(owner, lease, wanted) for b in self.backends]
         return answers[0], answers[1]
 
     async def tables(self) -> list[dict[int, Any]]:
@@ -189,6 +194,20 @@ class _Life:
             {self.index[b][i]: r.state() for i, r in (await backend.table()).items()}
             for b, backend in enumerate(self.backends)
         ]
+
+
+async def test_keys_land_in_the_same_partitions_on_both_backends(db_dsn: str) -> None:
+    """The memory queue hashes keys as PostgreSQL's ``partition`` column does (hashtext)."""
+    pg = PostgresBackend(db_dsn, ordered=True)
+    memory = MemoryBackend(ordered=True)
+    keys = ["", "a", "k0", "order-42", "é", "ключ", "🙂 x", "x" * 11, "y" * 12, "z" * 13, "w" * 40]
+    try:
+        for key in keys:
+            item_id = await pg.put(0, key=key)
+            row = pg.conn.execute("SELECT partition FROM outbox WHERE id = %s", (item_id,))
+            assert memory.queue.partition_of(key) == row.fetchone()[0], key  # type: ignore[index]
+    finally:
+        await pg.close()
 
 
 @pytest.mark.parametrize("seed", [1, 2])

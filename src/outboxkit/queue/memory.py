@@ -24,7 +24,6 @@ import heapq
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
@@ -62,6 +61,46 @@ _LOOPED_ERROR = (
     " an OOM?). Dead-lettered without publishing it again: inspect it with `outboxkit"
     " failed show`, then replay or discard it"
 )
+
+
+def _rotate(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
+
+
+def _hashtext(data: bytes) -> int:
+    """PostgreSQL's ``hashtext`` (hash_bytes in src/common/hashfn.c, Jenkins' lookup3) as
+    an unsigned 32-bit value: keys land in the partitions they land in there."""
+    m = 0xFFFFFFFF
+    a = b = c = (0x9E3779B9 + len(data) + 3923095) & m
+    whole = len(data) - len(data) % 12
+    for i in range(0, whole, 12):
+        a = (a + int.from_bytes(data[i : i + 4], "little")) & m
+        b = (b + int.from_bytes(data[i + 4 : i + 8], "little")) & m
+        c = (c + int.from_bytes(data[i + 8 : i + 12], "little")) & m
+        a = ((a - c) & m) ^ _rotate(c, 4)
+        c = (c + b) & m
+        b = ((b - a) & m) ^ _rotate(a, 6)
+        a = (a + c) & m
+        c = ((c - b) & m) ^ _rotate(b, 8)
+        b = (b + a) & m
+        a = ((a - c) & m) ^ _rotate(c, 16)
+        c = (c + b) & m
+        b = ((b - a) & m) ^ _rotate(a, 19)
+        a = (a + c) & m
+        c = ((c - b) & m) ^ _rotate(b, 4)
+        b = (b + a) & m
+    tail = data[whole:].ljust(12, b"\0")  # the last 11 bytes; c's low byte is the length's
+    a = (a + int.from_bytes(tail[0:4], "little")) & m
+    b = (b + int.from_bytes(tail[4:8], "little")) & m
+    c = (c + (int.from_bytes(tail[8:12], "little") << 8)) & m
+    c = ((c ^ b) - _rotate(b, 14)) & m
+    a = ((a ^ c) - _rotate(c, 11)) & m
+    b = ((b ^ a) - _rotate(a, 25)) & m
+    c = ((c ^ b) - _rotate(b, 16)) & m
+    a = ((a ^ c) - _rotate(c, 4)) & m
+    b = ((b ^ a) - _rotate(a, 14)) & m
+    c = ((c ^ b) - _rotate(b, 24)) & m
+    return c
 
 
 class Status(enum.IntEnum):
@@ -208,10 +247,11 @@ class MemoryQueue(Generic[V]):
     # -- ordered mode's partition leases (store/ordered_sql.py) -------------------------
 
     def partition_of(self, key: str | None) -> int | None:
-        """The key's partition (stable across runs); None for a keyless item or queue."""
+        """The key's partition, the one PostgreSQL's ``partition`` column gives it
+        (ordered_sql.py: ``mod(hashtext(key) + 2^31, P)``); None for a keyless item."""
         if key is None or self.partitions is None:
             return None
-        return zlib.crc32(key.encode()) % self.partitions
+        return (_hashtext(key.encode()) ^ 0x80000000) % self.partitions
 
     def acquire_partitions(self, owner: str, wanted: Iterable[int], lease: float) -> list[int]:
         """Take the free or expired partitions of ``wanted``, renew ``owner``'s own
