@@ -72,8 +72,10 @@ class Running:
 
 
 @pytest.fixture
-async def running() -> AsyncIterator[Running]:
-    """A claim loop on a memory queue that only wake-ups can move (it polls every 60 s)."""
+async def running(request: pytest.FixtureRequest) -> AsyncIterator[Running]:
+    """A claim loop on a memory queue that only wake-ups can move: it polls every 60 s
+    (or every ``request.param`` seconds, parametrised indirectly)."""
+    poll_interval: float = getattr(request, "param", 60.0)
     queue: MemoryQueue[OutboundMessage] = MemoryQueue()
     publisher = ListPublisher()
     options = LoopOptions(
@@ -81,7 +83,7 @@ async def running() -> AsyncIterator[Running]:
         batch_size=50,
         max_in_flight=2,
         lease=10.0,
-        poll_interval=60.0,
+        poll_interval=poll_interval,
         linger=0.01,
         listen=True,
         shutdown_timeout=0.5,
@@ -120,6 +122,8 @@ async def test_a_write_from_another_thread_wakes_the_loop(running: Running) -> N
     await wait_for(lambda: running.publisher.confirmed == [7], timeout=5, what="the write")
 
 
+# A retry is due later with no write to wake the loop: the poll finds it (as on PostgreSQL).
+@pytest.mark.parametrize("running", [0.02], indirect=True)
 async def test_failing_items_are_retried_then_dead_lettered(running: Running) -> None:
     running.publisher.verdict = lambda m: (
         PublishResult.retry("nope") if int(m.payload) % 5 == 0 else PublishResult.success()
