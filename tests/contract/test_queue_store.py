@@ -528,3 +528,40 @@ async def test_ordered_keyless_items_get_a_quarter_of_a_batch_full_of_keyed_ones
     store = b.store()
     assert await claimed_ids(store, limit=4, policy=HEADS) == keyed[:4] + free[:1]
     assert await claimed_ids(store, limit=4, policy=HEADS) == keyed[4:] + free[1:]
+
+
+async def test_ordered_concurrent_claimers_never_hold_one_key_at_once_and_go_in_order(
+    ordered_backend: Backend,
+) -> None:
+    b = ordered_backend
+    keys = [f"k{n % 5}" for n in range(60)]
+    ids = [await b.put(n, key=key) for n, key in enumerate(keys)]
+    key_of = dict(zip(ids, keys, strict=True))
+    await b.hold_partitions("relay-a")
+    stores = [b.store() for _ in range(4)]  # one relay's concurrent claims (max_in_flight)
+    holder: dict[str, int] = {}  # key -> the claimer holding some of its items now
+    order: dict[str, list[int]] = {}
+
+    async def work(n: int, store: Store) -> None:
+        idle = 0
+        while idle < 3:
+            got = await claim(store, limit=3, policy=HEADS)
+            if got is None:
+                idle += 1
+                await asyncio.sleep(0.01)
+                continue
+            idle = 0
+            mine = {key_of[i] for i in got.ids}
+            for key in mine:
+                assert holder.setdefault(key, n) == n, f"{key} held by two claims at once"
+            for i in got.ids:
+                order.setdefault(key_of[i], []).append(i)
+            await asyncio.sleep(0.005)  # the publish
+            settled = await store.settle(got, [DONE] * len(got))
+            assert settled.lost == 0
+            for key in mine:
+                del holder[key]
+
+    await asyncio.gather(*(work(n, s) for n, s in enumerate(stores)))
+    assert {key: sorted(got) for key, got in order.items()} == order  # each key in id order
+    assert sorted(i for got in order.values() for i in got) == ids  # each item once
