@@ -58,7 +58,7 @@ def test_summary_is_logged_at_most_once_per_interval(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("outboxkit.relay.observer.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("outboxkit.sink.observer.time.monotonic", lambda: now[0])
     summary = SummaryLog(interval=10.0)
     with caplog.at_level(logging.INFO, logger="outboxkit.relay"):
         for _ in range(50):

@@ -13,7 +13,7 @@ import orjson
 from outboxkit import Event
 from outboxkit.commit import _TYPES, _params
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.postgres import CLAIM_BATCH, WRITE_COLUMNS, Statements
+from outboxkit.store.postgres import CLAIM_BATCH, CLAIM_RETURNING, WRITE_COLUMNS, Statements
 from outboxkit.write import _row
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
@@ -76,7 +76,8 @@ def test_the_commits_binary_parameters_follow_the_column_list() -> None:
 
 
 def test_the_claim_returns_the_columns_in_outbound_message_field_order() -> None:
-    returning = CLAIM_BATCH.rsplit("RETURNING", 1)[1]
+    assert CLAIM_RETURNING in CLAIM_BATCH
+    returning = CLAIM_RETURNING.split("RETURNING", 1)[1]
     columns = [c.strip() for c in re.split(r",(?![^(]*\))", returning) if c.strip()]
     # coalesce(o.occurred_at, o.created_at) is the occurred_at field; attempts, attempt
     names = [re.sub(r"^coalesce\(o\.(\w+),.*", r"\1", c).removeprefix("o.") for c in columns]

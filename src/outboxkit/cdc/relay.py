@@ -49,15 +49,15 @@ from outboxkit.publishers.base import (
 )
 from outboxkit.queue.decide import RetryPolicy, decide, stored_error
 from outboxkit.queue.store import Verdict
-from outboxkit.relay.observer import (
+from outboxkit.sink.observer import (
     Observers,
     RelayObserver,
     RelayStats,
     StatsObserver,
     default_observer,
 )
-from outboxkit.relay.outage import FailureEpisode, OutageLog
-from outboxkit.relay.sink import FailureLog, publish
+from outboxkit.sink.outage import FailureEpisode, OutageLog
+from outboxkit.sink.publisher import FailureLog, publish
 from outboxkit.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")

@@ -95,9 +95,13 @@ class Sink(Protocol[T_contra, O_co]):
 
     def restored_since(self, when: float) -> bool: ...
 
+    def dead_outcome(self, error: str, error_class: str) -> O_co:
+        """The outcome observers get for an item the store dead-lettered at claim."""
+        ...
+
 
 class QueueObserver(Protocol[T_contra, O_contra]):
-    """The hooks the loop calls (``outboxkit.relay.observer.RelayObserver`` is one)."""
+    """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one)."""
 
     def claimed(self, count: int, seconds: float) -> None: ...
 
@@ -381,6 +385,14 @@ class ClaimLoop(Generic[T, R]):
         self._db_outage.succeeded()
         count = 0 if claim is None else len(claim.ids)
         self.observer.claimed(count, time.perf_counter() - started)
+        if claim is not None and claim.dead:
+            # The crash-loop guard or the size guard dead-lettered these in the claim
+            # itself: counted and logged like every other dead letter.
+            sink = self.sink
+            dead = [(item, sink.dead_outcome(error, kind)) for item, kind, error in claim.dead]
+            self.observer.settled((), (), dead)
+            if not claim.ids:
+                return None
         return claim
 
     async def _wait_for_work(self) -> None:
@@ -647,8 +659,8 @@ class ClaimLoop(Generic[T, R]):
         finally:
             if denied:
                 self._denied_settles -= 1
-                if self.stopping.is_set() is False:
-                    self._allowed()
+                if not self.stopping.is_set():
+                    self._allowed()  # the settle went through: claim again
 
     def _giving_up(self, claim: Claim[T]) -> bool:
         if self.stopping.is_set() and (

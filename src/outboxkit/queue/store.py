@@ -63,12 +63,23 @@ class Claim(Generic[T]):
     thousands of items a second, and the sink wants the items as a list anyway.
     """
 
-    __slots__ = ("claimed_at", "ids", "items", "token")
+    __slots__ = ("claimed_at", "dead", "ids", "items", "token")
 
-    def __init__(self, token: uuid.UUID, ids: list[int], items: list[T]) -> None:
+    def __init__(
+        self,
+        token: uuid.UUID,
+        ids: list[int],
+        items: list[T],
+        dead: list[tuple[T, str, str]] | None = None,
+    ) -> None:
         self.token = token
         self.ids = ids
         self.items = items
+        #: Items the claim dead-lettered itself instead of leasing them, as
+        #: (item, error class, stored error): the crash-loop guard ("crash_loop": claimed
+        #: max_attempts times, never settled; "max_attempts": retried up to a higher limit
+        #: before), or a row too large to load ("oversized"). Reported, never processed.
+        self.dead: list[tuple[T, str, str]] = dead if dead is not None else []
         #: time.monotonic() when the claim returned (lease bookkeeping, logs).
         self.claimed_at = time.monotonic()
 
@@ -170,7 +181,10 @@ class QueueStore(Protocol[T]):
         max_attempts: int,
         policy: ClaimPolicy = None,
     ) -> Claim[T] | None:
-        """Lease up to ``limit`` due items under ``token``; None when none is due."""
+        """Lease up to ``limit`` due items under ``token``; None when none is due or dead.
+
+        A claim with no ids may still carry ``dead`` items (all it found was dead-lettered).
+        """
         ...
 
     async def settle(self, claim: Claim[T], decisions: Sequence[Decision]) -> Settled:

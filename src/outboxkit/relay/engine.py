@@ -24,16 +24,16 @@ from outboxkit.queue.decide import RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions, LoopStatus
 from outboxkit.queue.store import StoreDenied, StoreError
 from outboxkit.relay.maintenance import partition_maintenance
-from outboxkit.relay.observer import (
+from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
+from outboxkit.sink.observer import (
     Observers,
     RelayObserver,
     RelayStats,
     StatsObserver,
     default_observer,
 )
-from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
-from outboxkit.relay.outage import OutageLog
-from outboxkit.relay.sink import FailureLog, PublisherSink
+from outboxkit.sink.outage import OutageLog
+from outboxkit.sink.publisher import FailureLog, PublisherSink
 from outboxkit.store.queue_pg import PgQueueStore
 
 if TYPE_CHECKING:
@@ -185,14 +185,14 @@ class Relay:
         # flush unless asked: a database crash can then only cause re-publication,
         # never loss (see store/postgres.py), and each batch saves two fsync waits.
         self.synchronous_commit = synchronous_commit
-        # Counters, metrics, tracing and summary logs hook in here (relay/observer.py): every
+        # Counters, metrics, tracing and summary logs hook in here (sink/observer.py): every
         # fact of the relay reaches them through the same hooks, the stats included.
         # A hook that raises is logged, never allowed to break a batch (Observers guards it).
         self.stats = RelayStats()
         self.observer: RelayObserver = Observers(
             StatsObserver(self.stats), default_observer() if observer is None else observer
         )
-        # Publish failures are logged as outages, a few lines per relay (relay/outage.py).
+        # Publish failures are logged as outages, a few lines per relay (sink/outage.py).
         self.outage = OutageLog(max_attempts=max_attempts)
         self.ordered = ordered
         self.linger = linger
@@ -383,7 +383,10 @@ class Relay:
 
 
 def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:
-    """The WAL relay a ``Relay(source="cdc")`` runs (``outboxkit.cdc.relay``), same options."""
+    """The WAL relay a ``Relay(source="cdc")`` runs (``outboxkit.cdc.relay``), same options.
+
+    Imported when used: ``import outboxkit`` does not load the WAL relay's modules.
+    """
     from outboxkit.cdc.relay import CdcRelay
 
     return CdcRelay(

@@ -32,7 +32,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
-from outboxkit.relay.sink import PublisherSink
+from outboxkit.sink.publisher import PublisherSink
 from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay")
@@ -145,6 +145,9 @@ class OrderedMode:
 
     def restored_since(self, when: float) -> bool:
         return self.inner.restored_since(when)
+
+    def dead_outcome(self, error: str, error_class: str) -> PublishResult:
+        return self.inner.dead_outcome(error, error_class)
 
     async def process(
         self, token: uuid.UUID, messages: Sequence[OutboundMessage]

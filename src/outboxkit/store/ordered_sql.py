@@ -156,7 +156,7 @@ WITH mine AS MATERIALIZED (
     SELECT key, min(id) AS first_dead FROM batch
     WHERE key IS NOT NULL AND (oversized IS NOT NULL OR attempts >= %(max_attempts)s)
     GROUP BY key
-)"""
+), claimed AS ("""
     + CLAIM_LEASE
     + """WHERE o.id = ANY(ARRAY(
     SELECT b.id FROM batch AS b LEFT JOIN dead_keys AS x ON x.key = b.key
@@ -164,6 +164,7 @@ WITH mine AS MATERIALIZED (
       AND (x.key IS NULL OR NOT %(block)s OR b.id < x.first_dead)))
   AND {commit_named}"""
     + CLAIM_RETURNING
+    + ") SELECT *, NULL::text FROM claimed UNION ALL SELECT * FROM dead"
 )
 # A keyed row's settle also needs this relay's lease on the row's partition, unexpired:
 # once the lease is gone another relay may publish the key, and the late settle of the

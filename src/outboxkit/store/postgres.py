@@ -268,7 +268,9 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # dead-letters it with an error that says so instead of handing it to the next victim.
 # The claim's shared parts (the ordered claim in store/ordered_sql.py uses them too):
 # the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
-# claim writes, and the columns it returns (`OutboundMessage`'s order).
+# claim writes, and the columns it returns (`OutboundMessage`'s order). The claim returns
+# the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last column, so
+# the relay counts and logs them: their bounded text fields only, never a payload.
 DEAD_ON_CLAIM = """
     UPDATE {table} AS d
     SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
@@ -277,6 +279,9 @@ DEAD_ON_CLAIM = """
                           ELSE {oversized_error} END
     WHERE d.id = ANY(ARRAY(
         SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
+    RETURNING d.id, d.event_id, left(d.topic, 200), NULL::text, left(d.event_type, 200),
+              NULL::text, NULL::text, ''::bytea, jsonb_build_object(), d.created_at, d.attempts,
+              coalesce(d.occurred_at, d.created_at), d.schema_version, d.last_error
 """
 CLAIM_LEASE = """
 UPDATE {table} AS o
@@ -300,12 +305,13 @@ WITH batch AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), oversized AS ("""
     + DEAD_ON_CLAIM
-    + ")"
+    + "), claimed AS ("
     + CLAIM_LEASE
     + """WHERE o.id = ANY(ARRAY(
     SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
   AND {commit_named}"""
     + CLAIM_RETURNING
+    + ") SELECT *, NULL::text FROM claimed UNION ALL SELECT * FROM oversized"
 )
 # The settles return the ids they changed: when the fence drops rows (another relay
 # re-claimed them) the relay reports exactly which rows it settled. (The relay reads
@@ -502,12 +508,23 @@ def _oversized(alias: str) -> str:
 
 
 def _looped_error(alias: str) -> str:
-    """SQL: the last_error of a row the crash-loop guard dead-letters."""
+    """SQL: the last_error of a row the crash-loop guard dead-letters, its last error kept.
+
+    A claim token left on the row means the relay that claimed it last never settled it
+    (died or hung publishing it); none means a settle handed it back as a retry, so it
+    only reached this relay's max_attempts, lower than the one that retried it before.
+    """
     return (
-        f"'relay: claimed ' || {alias}attempts || ' times (max_attempts) and never settled:"
-        " each relay that claimed it died or hung publishing it (a message that crashes or"
-        " hangs the relay, an OOM?). Dead-lettered without publishing it again: inspect it"
-        " with `outboxkit failed show`, then replay or discard it'"
+        f"CASE WHEN {alias}claim_token IS NOT NULL THEN 'relay: claimed ' || {alias}attempts"
+        " || ' times (max_attempts) and never settled: each relay that claimed it died or"
+        " hung publishing it (a message that crashes or hangs the relay, an OOM?)."
+        " Dead-lettered without publishing it again: inspect it with `outboxkit failed"
+        " show`, then replay or discard it'"
+        f" ELSE 'relay: tried ' || {alias}attempts || ' times already, as many as this"
+        " relay''s max_attempts (' || %(max_attempts)s || '): a relay with a higher"
+        " max_attempts retried it before. Dead-lettered without publishing it again:"
+        " give the relays one --max-attempts, then replay it' END"
+        f" || coalesce('. Last error: ' || left({alias}last_error, 1000), '')"
     )
 
 

@@ -32,6 +32,7 @@ from outboxkit.errors import (
     write_denied,
 )
 from outboxkit.queue.store import (
+    DONE,
     Attempted,
     Claim,
     ClaimPolicy,
@@ -60,6 +61,15 @@ PENDING_CAP = 100_000
 SCAN_FACTOR = 4
 
 _ROW_ID = operator.itemgetter(0)
+
+
+def _dead_class(error: str) -> str:
+    """The kind of a dead letter the claim made, from the error it stored (store/postgres.py)."""
+    if error.startswith("relay: claimed"):
+        return "crash_loop"
+    if error.startswith("relay: tried"):
+        return "max_attempts"
+    return "oversized"
 
 
 class PgQueueStore(Generic[T]):
@@ -201,12 +211,17 @@ class PgQueueStore(Generic[T]):
             raise await self._translate(exc) from exc
         if not records:
             return None
+        make = self.make_item
+        dead: list[tuple[T, str, str]] | None = None
+        if records[-1][-1] is not None or any(r[-1] is not None for r in records):
+            # Rows the claim dead-lettered (their error in the last column): reported.
+            dead = [(make(*r[1:-1]), _dead_class(r[-1]), r[-1]) for r in records if r[-1]]
+            records = [r for r in records if r[-1] is None]
         # The claim returns rows in primary-key order in practice, not by contract:
         # sorting an already sorted list costs one pass.
         records.sort(key=_ROW_ID)
-        make = self.make_item
         # Positional construction: the claim returns the item's fields in order.
-        return Claim(token, [r[0] for r in records], [make(*r[1:]) for r in records])
+        return Claim(token, [r[0] for r in records], [make(*r[1:-1]) for r in records], dead)
 
     # -- settle -------------------------------------------------------------------------
 
@@ -215,7 +230,7 @@ class PgQueueStore(Generic[T]):
         token = claim.token
         commit = self._commit
         keep = self.retention == "keep"
-        if all(d.verdict is Verdict.DONE for d in decisions):
+        if decisions.count(DONE) == len(ids):  # (identity first: the shared DONE value)
             if self.ordered:  # (its fenced settles take the ids)
                 stmt = self._published_keep if keep else self._published_delete
                 params: tuple[Any, ...] = (ids, token, commit)

@@ -20,7 +20,7 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.relay.observer import Failure, RelayObserver
+from outboxkit.sink.observer import Failure, RelayObserver
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -75,11 +75,14 @@ class PublisherSink:
     def restored_since(self, when: float) -> bool:
         return restored_since(self.publisher, when)
 
+    def dead_outcome(self, error: str, error_class: str) -> PublishResult:
+        return PublishResult.permanent(error, error_class)
+
 
 class FailureLog(RelayObserver):
     """Every dead letter one ERROR line (and each retry a DEBUG line): ids are greppable.
 
-    The outage itself is a WARNING of relay/outage.py, not a line per event.
+    The outage itself is a WARNING of sink/outage.py, not a line per event.
     """
 
     def settled(
