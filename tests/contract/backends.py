@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime as dt
-import json
+import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -58,13 +58,6 @@ class Row:
         )
 
 
-def number(item: OutboundMessage) -> int:
-    """The ``n`` an item was written with (:meth:`Backend.put`)."""
-    value = json.loads(item.payload)["n"]
-    assert isinstance(value, int)
-    return value
-
-
 class Backend(abc.ABC):
     """One backend's queue (ordered or not) and the stores claiming from it."""
 
@@ -73,6 +66,12 @@ class Backend(abc.ABC):
     def __init__(self, ordered: bool) -> None:
         self.ordered = ordered
         self._stores: list[Store] = []
+        self._numbers: dict[uuid.UUID, int] = {}
+
+    def number(self, item: OutboundMessage) -> int:
+        """The ``n`` an item was written with (by its event id: the items a claim
+        dead-letters carry no payload on PostgreSQL)."""
+        return self._numbers[item.event_id]
 
     @abc.abstractmethod
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
@@ -126,6 +125,7 @@ class MemoryBackend(Backend):
 
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
         event = Event(topic=TOPIC, event_type="contract.item", payload={"n": n}, key=key)
+        self._numbers[event.event_id] = n
         message = OutboundMessage(
             event.event_id,
             event.topic,
@@ -192,6 +192,7 @@ class PostgresBackend(Backend):
             key=key,
             delay=dt.timedelta(seconds=delay) if delay else None,
         )
+        self._numbers[event.event_id] = n
         with psycopg.connect(self.dsn) as conn:
             self.outbox.put(conn, event)
         row = self.conn.execute(

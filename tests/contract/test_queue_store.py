@@ -15,7 +15,7 @@ import pytest
 
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.queue.store import DONE, Claim, ClaimPolicy, Decision, HeadsOnly, Verdict
-from tests.contract.backends import PARTITIONS, Backend, Store, number
+from tests.contract.backends import PARTITIONS, Backend, Store
 
 LEASE = 30.0
 MAX_ATTEMPTS = 3
@@ -62,7 +62,7 @@ async def test_a_claim_leases_due_items_in_id_order_and_counts_an_attempt(
     got = await claim(store, owner="relay-a")
     assert got is not None
     assert got.ids == ids
-    assert [number(i) for i in got.items] == [0, 1, 2]
+    assert [backend.number(i) for i in got.items] == [0, 1, 2]
     assert [i.attempt for i in got.items] == [1, 1, 1]
     for item_id in ids:
         row = await backend.row(item_id)
@@ -318,6 +318,41 @@ async def test_the_crash_loop_guard_dead_letters_an_item_no_claimer_ever_settled
         "relay-z",
     )
     assert row.last_error is not None and "never settled" in row.last_error
+    # the claim reports what it dead-lettered (counted and logged like every dead letter)
+    assert [(backend.number(item), kind, error) for item, kind, error in got.dead] == [
+        (0, "crash_loop", row.last_error)
+    ]
+
+
+async def test_a_claim_that_found_only_dead_items_still_reports_them(backend: Backend) -> None:
+    looping = await backend.put(0)
+    store = backend.store()
+    for _ in range(MAX_ATTEMPTS):
+        await claim(store)
+        await backend.advance(LEASE + 1)
+    got = await claim(store)
+    assert got is not None and got.ids == [] and len(got.dead) == 1
+    assert await backend.row(looping) is not None
+    assert await claim(store) is None
+
+
+async def test_an_item_retried_up_to_a_higher_max_attempts_is_dead_lettered_by_the_claim(
+    backend: Backend,
+) -> None:
+    item_id = await backend.put(0)
+    patient, strict = backend.store(), backend.store()
+    for _ in range(MAX_ATTEMPTS):
+        got = await claim(patient, max_attempts=MAX_ATTEMPTS + 2)
+        assert got is not None
+        await patient.settle(got, [retry(0, "HTTP 500")])
+    got = await claim(strict, max_attempts=MAX_ATTEMPTS)
+    assert got is not None and got.ids == []
+    ((item, kind, error),) = got.dead
+    assert (backend.number(item), item.attempt, kind) == (0, MAX_ATTEMPTS, "max_attempts")
+    assert error.startswith(f"relay: tried {MAX_ATTEMPTS} times already")
+    assert error.endswith("Last error: HTTP 500")  # the real cause survives
+    row = await backend.row(item_id)
+    assert row is not None and (row.status, row.last_error) == ("failed", error)
 
 
 async def test_hasten_makes_handed_back_items_due_now_and_leaves_claimed_ones(

@@ -25,7 +25,7 @@ import pytest
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.queue.memory import ManualClock
 from outboxkit.queue.store import DONE, Claim, ClaimPolicy, Decision, HeadsOnly, Verdict
-from tests.contract.backends import PARTITIONS, Backend, MemoryBackend, PostgresBackend, number
+from tests.contract.backends import PARTITIONS, Backend, MemoryBackend, PostgresBackend
 
 STEPS = 120
 LEASE = 30.0
@@ -88,10 +88,10 @@ class _Life:
         """A claim as comparable across backends: (item index, attempt, n) per item."""
         if claim is None:
             return None
-        return [
-            (self.index[b][i], item.attempt, number(item))
-            for i, item in zip(claim.ids, claim.items, strict=True)
-        ]
+        items = zip(claim.ids, claim.items, strict=True)
+        number = self.backends[b].number
+        dead = sorted((number(item), item.attempt, kind, error) for item, kind, error in claim.dead)
+        return [(self.index[b][i], item.attempt, number(item)) for i, item in items], dead
 
     async def put(self) -> tuple[Any, Any]:
         key = self.rng.choice(["a", "b", "c", None] if self.ordered else [None])
@@ -115,14 +115,15 @@ class _Life:
                 draining=sorted(self.rng.sample(range(PARTITIONS), self.rng.randint(0, 2))),
             )
         token = uuid.uuid4()
-        self.log.append(f"claim by {OWNERS[s]} limit={limit} {policy}")
+        max_attempts = self.rng.choice([MAX_ATTEMPTS, MAX_ATTEMPTS, MAX_ATTEMPTS + 1])
+        self.log.append(f"claim by {OWNERS[s]} limit={limit} {max_attempts=} {policy}")
         got = [
             await self.stores[b][s].claim(
                 limit=limit,
                 lease=LEASE,
                 token=token,
                 owner=OWNERS[s],
-                max_attempts=MAX_ATTEMPTS,
+                max_attempts=max_attempts,
                 policy=policy,
             )
             for b in (0, 1)
@@ -207,6 +208,40 @@ async def test_keys_land_in_the_same_partitions_on_both_backends(db_dsn: str) ->
             row = pg.conn.execute("SELECT partition FROM outbox WHERE id = %s", (item_id,))
             assert memory.queue.partition_of(key) == row.fetchone()[0], key  # type: ignore[index]
     finally:
+        await pg.close()
+
+
+async def test_the_claims_own_dead_letters_read_the_same_on_both_backends(db_dsn: str) -> None:
+    """Word for word: the crash-loop guard's two verdicts, with the last real error kept."""
+    pg = PostgresBackend(db_dsn, ordered=False)
+    memory = MemoryBackend(ordered=False, clock=_RunningClock())
+    try:
+        answers = []
+        for backend in (memory, pg):
+            looping, retried = await backend.put(0), await backend.put(1)
+            store = backend.store()
+            token = uuid.uuid4()
+            for _ in range(MAX_ATTEMPTS):
+                got = await store.claim(
+                    limit=2, lease=LEASE, token=token, owner="a", max_attempts=MAX_ATTEMPTS + 2
+                )
+                assert got is not None and got.ids == [looping, retried]
+                await store.settle(got, [Decision(Verdict.RETRY, 0.0, "HTTP 500")] * 2)
+                await backend.advance(10)
+            got = await store.claim(limit=1, lease=LEASE, token=token, owner="a", max_attempts=9)
+            assert got is not None and got.ids == [looping]  # it leaves its token behind
+            await backend.advance(LEASE + 10)
+            got = await store.claim(
+                limit=2, lease=LEASE, token=token, owner="b", max_attempts=MAX_ATTEMPTS
+            )
+            assert got is not None and got.ids == []
+            dead = sorted((backend.number(i), i.attempt, k, e) for i, k, e in got.dead)
+            rows = [(await backend.row(i)) for i in (looping, retried)]
+            answers.append((dead, [r.state() if r else None for r in rows]))
+        assert answers[0] == answers[1]
+        assert [kind for _n, _a, kind, _e in answers[0][0]] == ["crash_loop", "max_attempts"]
+    finally:
+        await memory.close()
         await pg.close()
 
 

@@ -23,8 +23,8 @@ from outboxkit.queue.decide import RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore, Status
 from outboxkit.queue.store import HeadsOnly, StoreUnavailable
-from outboxkit.relay.observer import RelayObserver
-from outboxkit.relay.sink import PublisherSink
+from outboxkit.sink.observer import RelayObserver
+from outboxkit.sink.publisher import PublisherSink
 from tests.support.relaying import wait_for
 
 Verdict = Callable[[OutboundMessage], PublishResult]

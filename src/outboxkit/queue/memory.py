@@ -55,11 +55,17 @@ PENDING_CAP = 100_000
 #: PostgreSQL's ORDERED_CLAIM does: a bound, so a claim costs the same as there).
 SCAN_FACTOR = 4
 
-_LOOPED_ERROR = (
+# The crash-loop guard's errors (store/postgres.py _looped_error), word for word.
+_NEVER_SETTLED = (
     "relay: claimed {attempts} times (max_attempts) and never settled: each relay that"
     " claimed it died or hung publishing it (a message that crashes or hangs the relay,"
     " an OOM?). Dead-lettered without publishing it again: inspect it with `outboxkit"
     " failed show`, then replay or discard it"
+)
+_TRIED_BEFORE = (
+    "relay: tried {attempts} times already, as many as this relay's max_attempts"
+    " ({max_attempts}): a relay with a higher max_attempts retried it before. Dead-lettered"
+    " without publishing it again: give the relays one --max-attempts, then replay it"
 )
 
 
@@ -101,6 +107,23 @@ def _hashtext(data: bytes) -> int:
     b = ((b ^ a) - _rotate(a, 14)) & m
     c = ((c ^ b) - _rotate(b, 24)) & m
     return c
+
+
+def _looped(row: MemoryRow[V], max_attempts: int) -> tuple[str, str]:
+    """(error class, stored error) of an item the crash-loop guard dead-letters.
+
+    A claim token left on the item: the claimer that took it last never settled it; none:
+    a settle retried it up to a higher max_attempts than this claimer's. Its last real
+    error is kept after the verdict.
+    """
+    if row.claim_token is not None:
+        kind, error = "crash_loop", _NEVER_SETTLED.format(attempts=row.attempts)
+    else:
+        kind = "max_attempts"
+        error = _TRIED_BEFORE.format(attempts=row.attempts, max_attempts=max_attempts)
+    if row.last_error is not None:
+        error += ". Last error: " + row.last_error[:1000]
+    return kind, error
 
 
 class Status(enum.IntEnum):
@@ -393,18 +416,22 @@ class MemoryQueueStore(Generic[V, T]):
                 batch = heapq.nsmallest(limit, due, key=lambda r: (r.available_at, r.id))
             # The crash-loop guard (DEAD_ON_CLAIM): an item already claimed max_attempts
             # times was never settled by any claimer that held it; it is dead-lettered,
-            # not handed to the next victim. Under block, the later items of its key in
-            # this batch wait behind it (a dead head blocks its key).
+            # not handed to the next victim, and returned as the claim's ``dead``. Under
+            # block, the later items of its key in this batch wait behind it.
             block = isinstance(policy, HeadsOnly) and policy.block
             first_dead: dict[str, int] = {}
             claimed: list[MemoryRow[V]] = []
+            dead: list[tuple[T, str, str]] = []
+            make = self.make_item
             for row in sorted(batch, key=lambda r: r.id):
                 if row.attempts >= max_attempts:
+                    kind, error = _looped(row, max_attempts)
                     row.status = Status.FAILED
                     row.claim_token = None
                     row.claimed_by = owner
-                    row.last_error = _LOOPED_ERROR.format(attempts=row.attempts)
+                    row.last_error = error
                     del queue._pending[row.id]
+                    dead.append((make(row.value, row.attempts), kind, error))
                     if row.key is not None:
                         first_dead.setdefault(row.key, row.id)
                     continue
@@ -415,12 +442,10 @@ class MemoryQueueStore(Generic[V, T]):
                 row.claim_token = token
                 row.claimed_by = owner
                 claimed.append(row)
-            if not claimed:
+            if not claimed and not dead:
                 return None
-            make = self.make_item
-            return Claim(
-                token, [r.id for r in claimed], [make(r.value, r.attempts) for r in claimed]
-            )
+            items = [make(r.value, r.attempts) for r in claimed]
+            return Claim(token, [r.id for r in claimed], items, dead)
 
     def _ordered_batch(
         self, policy: HeadsOnly, limit: int, owner: str, now: float
