@@ -108,6 +108,14 @@ class Backend(abc.ABC):
         """Give ``owner`` the lease on the free ones of ``wanted`` and renew its own (ordered
         mode's membership); the partitions it holds of them, sorted."""
 
+    @abc.abstractmethod
+    async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
+        """Renew ``relay_id``'s membership (ordered mode); the live members, sorted."""
+
+    @abc.abstractmethod
+    async def leave(self, relay_id: str) -> None:
+        """``relay_id`` leaves the membership."""
+
     async def close(self) -> None:
         for store in self._stores:
             await store.close()
@@ -172,6 +180,12 @@ class MemoryBackend(Backend):
     ) -> list[int]:
         return self.queue.acquire_partitions(owner, wanted, lease)
 
+    async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
+        return self.queue.relay_heartbeat(relay_id, lease)
+
+    async def leave(self, relay_id: str) -> None:
+        self.queue.leave(relay_id)
+
 
 class PostgresBackend(Backend):
     name = "postgres"
@@ -230,9 +244,10 @@ class PostgresBackend(Backend):
             (seconds, seconds),
         )
         if self.ordered:
-            self.conn.execute(
-                f"UPDATE outbox_partitions SET expires_at = expires_at - {shift}", (seconds,)
-            )
+            for table in ("outbox_partitions", "outbox_relays"):
+                self.conn.execute(
+                    f"UPDATE {table} SET expires_at = expires_at - {shift}", (seconds,)
+                )
 
     async def hold_partitions(
         self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
@@ -240,6 +255,14 @@ class PostgresBackend(Backend):
         params = {"relay_id": owner, "lease": lease, "wanted": list(wanted)}
         cur = self.conn.execute(OrderedStatements().acquire_partitions, params)
         return sorted(r[0] for r in cur.fetchall())
+
+    async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
+        params = {"relay_id": relay_id, "lease": lease}
+        cur = self.conn.execute(OrderedStatements().relay_heartbeat, params)
+        return [r[0] for r in cur.fetchall()]
+
+    async def leave(self, relay_id: str) -> None:
+        self.conn.execute(OrderedStatements().leave, {"relay_id": relay_id})
 
     async def close(self) -> None:
         await super().close()

@@ -31,6 +31,8 @@ STEPS = 120
 LEASE = 30.0
 MAX_ATTEMPTS = 3
 OWNERS = ("relay-a", "relay-b")
+#: Ordered mode's members (one case: PostgreSQL sorts them by its collation).
+RELAYS = ("relay-a", "relay-b", "relay-c")
 
 
 class _RunningClock(ManualClock):
@@ -190,6 +192,18 @@ class _Life:
         answers = [await b.hold_partitions(owner, lease, wanted) for b in self.backends]
         return answers[0], answers[1]
 
+    async def beat(self) -> tuple[Any, Any]:
+        relay = self.rng.choice(RELAYS)
+        if self.rng.random() < 0.2:
+            self.log.append(f"{relay} leaves")
+            for backend in self.backends:
+                await backend.leave(relay)
+            return None, None
+        lease = self.rng.choice([30.0, 60.0])
+        self.log.append(f"{relay} beats for {lease}")
+        answers = [await backend.heartbeat(relay, lease) for backend in self.backends]
+        return answers[0], answers[1]
+
     async def tables(self) -> list[dict[int, Any]]:
         return [
             {self.index[b][i]: r.state() for i, r in (await backend.table()).items()}
@@ -245,6 +259,51 @@ async def test_the_claims_own_dead_letters_read_the_same_on_both_backends(db_dsn
         await pg.close()
 
 
+async def test_ordered_membership_reads_the_same_on_both_backends(db_dsn: str) -> None:
+    """Heartbeats, expiry and leaving: the members each heartbeat returns."""
+    pg = PostgresBackend(db_dsn, ordered=True)
+    memory = MemoryBackend(ordered=True, clock=_RunningClock())
+    script: list[tuple[str, str]] = [
+        ("beat", "relay-a"),
+        ("beat", "relay-b"),
+        ("advance", "20"),
+        ("beat", "relay-c"),
+        ("leave", "relay-a"),
+        ("beat", "relay-b"),
+        ("advance", "20"),
+        ("beat", "relay-b"),
+        ("advance", "40"),
+        ("beat", "relay-b"),
+    ]
+    try:
+        answers = []
+        for backend in (memory, pg):
+            members = []
+            for what, arg in script:
+                if what == "beat":
+                    members.append(await backend.heartbeat(arg, 30.0))
+                elif what == "leave":
+                    await backend.leave(arg)
+                else:
+                    await backend.advance(float(arg))
+            answers.append(members)
+        assert (
+            answers[0]
+            == answers[1]
+            == [
+                ["relay-a"],
+                ["relay-a", "relay-b"],
+                ["relay-a", "relay-b", "relay-c"],
+                ["relay-b", "relay-c"],
+                ["relay-b", "relay-c"],
+                ["relay-b"],
+            ]
+        )
+    finally:
+        await memory.close()
+        await pg.close()
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_one_random_life_gives_the_same_answers_and_table_on_both_backends(
     pair: tuple[Backend, Backend], seed: int
@@ -259,6 +318,7 @@ async def test_one_random_life_gives_the_same_answers_and_table_on_both_backends
         life.hasten: 1,
         life.advance: 2,
         life.hold: 1 if life.ordered else 0,
+        life.beat: 1 if life.ordered else 0,
     }
     for step in range(STEPS):
         op = life.rng.choices(list(ops), weights=list(ops.values()))[0]

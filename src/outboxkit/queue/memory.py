@@ -211,6 +211,7 @@ class MemoryQueue(Generic[V]):
         self._pending: dict[int, MemoryRow[V]] = {}
         self._next_id = 1
         self._leases = [_PartitionLease() for _ in range(partitions or 0)]
+        self._relays: dict[str, float] = {}  # ordered mode's members: relay id -> expiry
         self._gate: object | None = None
         self._listeners: list[_Listener] = []
         # Taken by every operation: writers may run in other threads than the claimers.
@@ -301,6 +302,23 @@ class MemoryQueue(Generic[V]):
             for p in parts:
                 if 0 <= p < len(self._leases) and self._leases[p].owner == owner:
                     self._leases[p].owner = self._leases[p].expires_at = None
+
+    def relay_heartbeat(self, relay_id: str, lease: float) -> list[str]:
+        """Renew ``relay_id``'s membership for ``lease`` seconds (RELAY_HEARTBEAT); every
+        live member, itself included, sorted. Members dead for ten leases are forgotten."""
+        with self.lock:
+            now = self.clock()
+            self._relays = {
+                r: expires for r, expires in self._relays.items() if expires >= now - 10 * lease
+            }
+            live = {r for r, expires in self._relays.items() if expires > now} | {relay_id}
+            self._relays[relay_id] = now + lease
+            return sorted(live)
+
+    def leave(self, relay_id: str) -> None:
+        """Leave the membership at once (LEAVE): the others take its partitions over."""
+        with self.lock:
+            self._relays.pop(relay_id, None)
 
     def partition_owners(self) -> list[tuple[int, str | None, int, bool]]:
         """(partition, owner, epoch, held now) for every partition (PARTITION_OWNERS)."""
