@@ -14,6 +14,12 @@ Every rule below is a statement of store/postgres.py or store/ordered_sql.py, do
 Python; where they differ, PostgreSQL is right and this module is the bug. Time is the
 queue's ``clock`` (seconds, :class:`ManualClock` in tests that move it by hand):
 ``available_at`` is the retry time while pending and the lease expiry while claimed.
+
+Where it knowingly differs, because nothing here needs it: no size guard (items are
+values, not rows a relay might fail to load), so a claim dead-letters only by the
+crash-loop guard, and its dead items carry their whole value (PostgreSQL's carry no
+payload); the wake-up gate is taken once, not counted like a session's advisory lock;
+relay ids sort by code point, not by the database's collation.
 """
 
 from __future__ import annotations
