@@ -3,8 +3,11 @@
 A scenario writes items, claims and settles them through the store interface only, and
 reads an item's state back (:class:`Row`) through the harness. Time moves by
 :meth:`Backend.advance`: the in-memory queue's clock moves; PostgreSQL's stored times
-move back by as much (every ``available_at`` and partition lease), which is the same to
-every statement that compares them with ``now()``.
+move back by as much (every ``available_at``, partition lease and member's expiry), which
+is the same to every statement that compares them with ``now()``.
+
+A new backend (MariaDB's) joins with one :class:`Backend` subclass here and its name in
+``BACKENDS`` (conftest.py): every scenario then runs on it.
 """
 
 from __future__ import annotations
