@@ -41,6 +41,7 @@ from outboxkit.queue.store import (
     ClaimPolicy,
     Decision,
     HeadsOnly,
+    QueueStore,
     Settled,
     StoreInfo,
     StoreUnavailable,
@@ -639,3 +640,8 @@ class MemoryQueueStore(Generic[V, T]):
 
     async def close(self) -> None:
         self._lose_gate()
+
+
+def _keeps_to_the_interface(store: MemoryQueueStore[object, T]) -> QueueStore[T]:
+    """Never called: mypy checks here that the memory store is a QueueStore."""
+    return store
