@@ -262,6 +262,16 @@ def relay_schema_outdated(exc: BaseException, table: str) -> SchemaError | None:
     )
 
 
+# The columns every table of a kind has had since its first schema version: one missing means
+# the table is another one, not an older one (store/postgres.py and store/inbox_sql.py).
+_FIRST_COLUMNS = {
+    "outbox": frozenset(
+        {"id", "event_id", "topic", "key", "event_type", "aggregate_type", "aggregate_id"}
+        | {"payload", "headers", "status", "attempts", "available_at", "claim_token"}
+        | {"claimed_by", "last_error", "created_at", "published_at"}
+    ),
+    "inbox": frozenset({"consumer_name", "event_id", "processed_at"}),
+}
 # PostgreSQL's 42703 text: column "status" does not exist / column o.status does not exist
 _MISSING_COLUMN = re.compile(r'column "?(?:[^"\s]+\.)?([^"\s]+?)"? does not exist')
 
@@ -280,11 +290,11 @@ def not_an_outbox(
     """The error when ``exc`` says ``table`` lacks a column every ``what`` table has, else None.
 
     Such a table exists but is something else (a name mistyped into an application's own
-    table); a column of a later schema version is not this case: the table is only older.
+    table); a column added later (a schema version, ordered mode) is not this case.
     """
     column = missing_column(exc)
-    if column is None or column in _NEWER_COLUMNS:
-        return None
+    if column is None or column not in _FIRST_COLUMNS.get(what, frozenset()):
+        return None  # a later version's column (occurred_at, ordered mode's partition)
     return SchemaError(
         f"table {table!r} is not an outboxkit {what} table: it has no column {column!r}:"
         f" give the {what} table's name with {option}, or create one under a name of its own"

@@ -591,3 +591,15 @@ def test_a_port_the_process_may_not_bind_is_one_line(
     assert len(errors) == 1 and hint in errors[0], proc.stderr
     assert "permission denied" in errors[0].lower(), errors[0]
     assert proc.returncode == 2
+
+
+def test_a_metrics_port_in_use_is_one_line(db_dsn: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        proc = run_cli(
+            "relay", "--dsn", db_dsn, "--broker", "nats://127.0.0.1:1", "--metrics-port", str(port)
+        )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and "choose another --metrics-port" in errors[0], proc.stderr
+    assert f"127.0.0.1:{port}" in errors[0] and proc.returncode == 2

@@ -27,9 +27,9 @@ def run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
         if (other := not_an_outbox(exc, table, what=what, option=option)) is not None:
             fail(str(other), 2)
         fail(
-            f"{what} table {table!r} is older than this outboxkit (it has no column"
-            f" {missing_column(exc)!r}): upgrade it with `outboxkit migrate --dsn …"
-            f" {option} {table}`",
+            f"{what} table {table!r} has no column {missing_column(exc)!r}, which this command"
+            f" needs: upgrade it with `outboxkit migrate --dsn … {option} {table}` (with the"
+            " options it was created with, e.g. --ordered)",
             2,
         )
     except psycopg.DataError as exc:  # a value out of the column's range, e.g. a huge number

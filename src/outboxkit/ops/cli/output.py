@@ -19,16 +19,19 @@ err_console = Console(stderr=True, markup=False, highlight=False)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` (redacted) on stderr and exit with ``code``."""
     # soft_wrap: one line whatever the terminal width, so it greps and pastes whole.
     err_console.print(Text.assemble(("error:", "bold red"), " ", redact(message)), soft_wrap=True)
     sys.exit(code)
 
 
 def ok(message: str) -> None:
+    """Print a one-line success on stdout."""
     console.print(Text.assemble(("✓", "green"), " ", message), soft_wrap=True)
 
 
 def jsonable(value: Any) -> Any:
+    """A column value for --json: payloads as JSON (or text), times and UUIDs as strings."""
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         try:
