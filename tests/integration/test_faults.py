@@ -227,12 +227,19 @@ async def test_relay_survives_a_postgres_restart(kafka_broker: Any) -> None:
 def test_relay_process_exits_0_on_sigterm_when_idle(
     db_dsn: str, kafka_broker: Any, tmp_path: Path
 ) -> None:
-    proc = spawn_relay(db_dsn, kafka_broker.url, tmp_path / "relay.log")
+    log_file = tmp_path / "relay.log"
+    proc = spawn_relay(db_dsn, kafka_broker.url, log_file)
     try:
         import time
 
-        time.sleep(2.0)
-        assert proc.poll() is None, (tmp_path / "relay.log").read_text()
+        # Idle means started and claiming: a fixed sleep sent SIGTERM before the signal
+        # handler existed on a loaded machine (the process then died of the signal).
+        deadline = time.monotonic() + 30
+        while "claiming batches" not in log_file.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log_file.read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert proc.poll() is None, log_file.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:

@@ -47,11 +47,13 @@ FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class c ON c.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s ORDER BY c.relname, i.relname
 """
+# PostgreSQL 18 lists NOT NULL as constraints (contype 'n') with generated names; the
+# columns' part compares nullability on every version already.
 _CONSTRAINTS = """
 SELECT c.relname, k.conname, k.contype::text, pg_get_constraintdef(k.oid)
 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s ORDER BY c.relname, k.conname
+WHERE n.nspname = %s AND k.contype <> 'n' ORDER BY c.relname, k.conname
 """
 
 
