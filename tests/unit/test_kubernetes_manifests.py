@@ -192,11 +192,12 @@ def test_the_secret_the_docs_create_is_the_one_the_deployment_reads() -> None:
         for e in _container()["env"]
         if "valueFrom" in e
     }
-    for source in (OPERATIONS.read_text(), (K8S / "kustomization.yaml").read_text()):
+    for path in (OPERATIONS, ROOT / "README.md", K8S / "kustomization.yaml"):
+        source = path.read_text()
         command = re.search(r"create secret generic (\S+)((?:[\s\\#]*--from-literal=\S+)+)", source)
-        assert command is not None, "no `kubectl create secret generic` snippet"
+        assert command is not None, f"no `kubectl create secret generic` snippet in {path.name}"
         keys = re.findall(r"--from-literal=([A-Za-z0-9_.-]+)=", command.group(2))
-        assert {(command.group(1), k) for k in keys} == wanted
+        assert {(command.group(1), k) for k in keys} == wanted, path.name
 
 
 def test_ports_and_probe_paths_exist_in_the_relay(monkeypatch: pytest.MonkeyPatch) -> None:
