@@ -118,6 +118,7 @@ def test_kustomization_lists_every_manifest_and_each_file_exists() -> None:
         "PodDisruptionBudget",
         "Service",
         "ServiceMonitor",
+        "PrometheusRule",
         "ScaledObject",
     }
 
@@ -130,6 +131,7 @@ def test_every_manifest_has_a_known_kind_and_api_version() -> None:
         "Service": "v1",
         "ServiceMonitor": "monitoring.coreos.com/v1",
         "PodMonitor": "monitoring.coreos.com/v1",
+        "PrometheusRule": "monitoring.coreos.com/v1",
         "ScaledObject": "keda.sh/v1alpha1",
     }
     for path in K8S.glob("*.yaml"):
@@ -268,6 +270,13 @@ def test_the_disruption_budget_lets_a_drain_through() -> None:
     spec = _resources()["PodDisruptionBudget"]["spec"]
     assert spec == spec | {"maxUnavailable": 1}
     assert "minAvailable" not in spec
+
+
+def test_the_prometheus_rule_holds_the_shipped_alert_rules() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "outboxkit-alerts.yml").read_text())
+    assert _resources()["PrometheusRule"]["spec"]["groups"] == rules["groups"], (
+        "prometheusrule.yaml's spec.groups must be deploy/prometheus/outboxkit-alerts.yml's groups"
+    )
 
 
 def _scaled_object() -> dict[str, Any]:
