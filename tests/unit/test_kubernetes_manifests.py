@@ -175,6 +175,8 @@ def test_the_environment_is_what_the_relay_reads() -> None:
     container = _container()
     reads = _relay_env()
     names = {e["name"] for e in container["env"]}
+    # service links would add <SERVICE>_PORT variables: outboxkit-metrics -> OUTBOXKIT_METRICS_PORT
+    assert _resources()["Deployment"]["spec"]["template"]["spec"]["enableServiceLinks"] is False
     assert {"OUTBOXKIT_DSN", "OUTBOXKIT_BROKER"} <= names
     assert names <= reads, f"the relay reads none of {sorted(names - reads)}"
     maps = _generated_config()
