@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Coroutine
@@ -371,6 +372,10 @@ class Relay:
             self._loop.deny(exc, "settles")
             return
         except StoreError as exc:
+            if (fault := _configuration_fault(exc.cause)) is not None:
+                raise ConfigurationError(
+                    f"the database refused the relay: {first_line(exc.cause)} — {fault}"
+                ) from None
             log.warning("database not reachable at start (%s); retrying", first_line(exc.cause))
             return
         log.info(
@@ -380,6 +385,31 @@ class Relay:
             "at least " if info.pending_capped else "",
             info.pending,
         )
+
+
+# What a restart does not fix: an unknown database (SQLSTATE 3D000), an unknown role or a
+# refused host (28000), a wrong password (28P01). libpq reports them at connect without a
+# SQLSTATE, so its FATAL message is read too. Anything else at start (a refused port, a
+# timeout) is an outage and retried.
+_CONFIGURATION_FAULTS = {
+    "3D000": "check the database name in --dsn (or create it)",
+    "28000": "check the user name in --dsn and pg_hba.conf",
+    "28P01": "check the password in --dsn",
+}
+_FATAL_MESSAGES = (
+    (re.compile(r'database "[^"]*" does not exist'), "3D000"),
+    (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry'), "28000"),
+    (re.compile(r"password authentication failed"), "28P01"),
+)
+
+
+def _configuration_fault(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` is a configuration error no retry cures, or None."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        text = str(exc)
+        state = next((code for pattern, code in _FATAL_MESSAGES if pattern.search(text)), None)
+    return _CONFIGURATION_FAULTS.get(state) if state else None
 
 
 def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:
