@@ -83,6 +83,8 @@ def status(dsn: str, table: str, as_json: bool) -> None:
         _age(report.oldest_pending_age_s),
     )
     console.print(tbl)
+    if not report.published:
+        console.print(_PUBLISHED_NOTE, soft_wrap=True)
     if blocked:
         _print_blocked_keys(table, blocked)
     if report.failed:
@@ -101,6 +103,14 @@ def status(dsn: str, table: str, as_json: bool) -> None:
 
 
 _BLOCKED_KEYS_SHOWN = 100
+# "published 0" right after a relay published read as "nothing went out": with the default
+# retention (delete) a published row is gone, and only the relay counts it.
+_PUBLISHED_NOTE = Text.assemble(
+    ("published", "bold"),
+    " counts rows kept by --retention keep; with the default retention (delete) a published"
+    " event leaves the table, and the relay's /metrics count it"
+    " (outboxkit_events_published_total)",
+)
 
 
 def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
