@@ -24,7 +24,12 @@ from outboxkit.ops.cli.options import (
     parse_duration,
     table_option,
 )
-from outboxkit.ops.cli.output import console, fail, jsonable, ok
+from outboxkit.ops.cli.output import console, fail, id_column, jsonable, ok
+
+
+def _first_line(error: str | None, limit: int = 500) -> str:
+    """An error's first line, as tables show it (the whole one: `failed show` has the rest)."""
+    return (str(error or "").splitlines() or [""])[0][:limit]
 
 
 def _age(seconds: float | None) -> str:
@@ -122,10 +127,10 @@ def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
         ),
         title_justify="left",
     )
-    for col in ("key", "head id", "topic", "attempts", "waiting", "head event's error"):
-        tbl.add_column(
-            col, justify="right" if col in ("head id", "attempts", "waiting") else "left"
-        )
+    id_column(tbl, "key")
+    id_column(tbl, "head id", justify="right")
+    for col in ("topic", "attempts", "waiting", "head event's error"):
+        tbl.add_column(col, justify="right" if col in ("attempts", "waiting") else "left")
     for head in blocked:
         tbl.add_row(
             Text(str(head["key"])),
@@ -133,7 +138,7 @@ def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
             Text(str(head["topic"])),
             str(head["attempts"]),
             str(head["waiting"]),
-            Text((str(head["last_error"] or "-").splitlines() or ["-"])[0][:200], style="red"),
+            Text(_first_line(head["last_error"]) or "-", style="red"),
         )
     console.print(tbl)
     console.print(
@@ -178,8 +183,10 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
         console.print(Text("no failed events", style="green"))
         return
     tbl = Table(title=Text(f"failed events in {table}"), title_justify="left")
-    for col in ("id", "event id", "topic", "type", "attempts", "last error"):
-        tbl.add_column(col, overflow="fold")
+    id_column(tbl, "id", justify="right")
+    id_column(tbl, "event id")
+    for col in ("topic", "type", "attempts", "last error"):
+        tbl.add_column(col, overflow="fold", justify="right" if col == "attempts" else "left")
     for r in rows:
         tbl.add_row(
             str(r["id"]),
@@ -187,7 +194,7 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
             Text(r["topic"]),
             Text(r["event_type"]),
             str(r["attempts"]),
-            Text((r["last_error"] or "")[:120]),
+            Text(_first_line(r["last_error"])),
         )
     console.print(tbl)
     console.print("replay with: outboxkit replay --id ID | --topic T | --all-failed")
