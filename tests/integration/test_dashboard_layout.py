@@ -1,4 +1,4 @@
-"""The dashboard's numbers sit under their headers; the relay names /dashboard/ when it serves it."""
+"""Dashboard numbers sit under their headers; the relay names /dashboard/ when it serves it."""
 
 from __future__ import annotations
 
