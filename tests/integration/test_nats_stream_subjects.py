@@ -72,3 +72,26 @@ async def test_add_subjects_adds_the_missing_subjects_to_the_existing_stream(
     finally:
         await publisher.close()
         await _delete(nats_server.url, stream)
+
+
+async def test_a_stream_that_cannot_be_created_for_overlapping_subjects_is_named(
+    nats_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the overlap was swallowed and the start logged "created JetStream stream"."""
+    holder, asked, tag = (
+        f"SUBJ_{uuid.uuid4().hex[:8].upper()}",
+        f"SUBJ_{uuid.uuid4().hex[:8].upper()}",
+        uuid.uuid4().hex[:8],
+    )
+    await _stream_subjects(nats_server.url, holder, [f"{tag}.a"])
+    publisher = NatsPublisher.from_url(f"{nats_server.url}?stream={asked}&subjects={tag}.a")
+    try:
+        with caplog.at_level(logging.INFO, logger="outboxkit.nats"):
+            await publisher.start()
+        messages = [r.getMessage() for r in caplog.records]
+        assert not [m for m in messages if m.startswith("created JetStream stream")], messages
+        [line] = [m for m in messages if m.startswith("cannot create JetStream stream")]
+        assert f"give the relay ?stream={holder}" in line and "overlap" in line, line
+    finally:
+        await publisher.close()
+        await _delete(nats_server.url, holder)

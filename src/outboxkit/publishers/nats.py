@@ -219,7 +219,7 @@ class NatsPublisher:
         except nats.js.errors.NotFoundError:
             from nats.js.api import StreamConfig
 
-            with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently
+            try:
                 await self._js.add_stream(
                     StreamConfig(
                         name=self._stream,
@@ -227,10 +227,43 @@ class NatsPublisher:
                         duplicate_window=self._duplicate_window,
                     )
                 )
-            log.info("created JetStream stream %s for %s", self._stream, self._subjects)
+            except nats.js.errors.BadRequestError as exc:
+                await self._not_created(exc)
+            else:
+                log.info("created JetStream stream %s for %s", self._stream, self._subjects)
         else:
             await self._check_subjects(info.config)
         self._stream_ready = True
+
+    async def _not_created(self, exc: nats.js.errors.BadRequestError) -> None:
+        """The stream was not created: by another relay at the same moment, or a clash.
+
+        A clash (its subjects overlap another stream's) was once silent, then logged as
+        "created"; every publish then failed with the expected stream's mismatch.
+        """
+        try:
+            info = await self._js.stream_info(self._stream)
+        except nats.js.errors.NotFoundError:
+            pass
+        else:  # created concurrently
+            await self._check_subjects(info.config)
+            return
+        holders = []
+        for subject in self._subjects:
+            with contextlib.suppress(nats.js.errors.Error):
+                holders.append(await self._js.find_stream_name_by_subject(subject))
+        hint = (
+            f"give the relay ?stream={holders[0]} (it stores them already)"
+            if holders
+            else "choose other subjects or another stream"
+        )
+        log.warning(
+            "cannot create JetStream stream %s for subjects %s: %s; %s",
+            self._stream,
+            ",".join(self._subjects),
+            exc.description or exc,
+            hint,
+        )
 
     async def _check_subjects(self, config: Any) -> None:
         """An existing stream without some asked subjects: say so once, or add them if asked.
