@@ -274,6 +274,7 @@ class Relay:
         relay whose start failed can be run again.
         """
         if self.cdc is not None:
+            await self._check_database()
             await self.cdc.run()
             return
         if self._running:
@@ -356,6 +357,25 @@ class Relay:
             self.publisher.name,
             1000 * seconds,
         )
+
+    async def _check_database(self) -> None:
+        """The WAL relay's start: a database that refuses us for good stops it in one line.
+
+        An unreachable server is left to the stream's own reconnects.
+        """
+        import psycopg
+
+        from outboxkit.store._connection import aconnect
+
+        try:
+            conn = await aconnect(self.dsn, application_name=f"{self.relay_id}:check"[:63])
+        except psycopg.OperationalError as exc:
+            if (fault := _configuration_fault(exc)) is not None:
+                raise ConfigurationError(
+                    f"the database refused the relay: {first_line(exc)} — {fault}"
+                ) from None
+            return
+        await conn.close()
 
     async def _check_table(self) -> None:
         """Say what the relay found at start; raise if the table is missing.
