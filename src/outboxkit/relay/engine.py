@@ -164,6 +164,7 @@ class Relay:
             raise ConfigurationError("max_in_flight must be at least 1")
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
+        _check_dsn(dsn)
         self.publisher = publisher
         self.table = table
         self.batch_size = batch_size
@@ -421,6 +422,26 @@ _FATAL_MESSAGES = (
     (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry'), "28000"),
     (re.compile(r"password authentication failed"), "28P01"),
 )
+
+
+def _check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot parse, at construction and in one line.
+
+    It failed later as a traceback from a side task, with psycopg's reason quoting the
+    password ("invalid percent-encoded token: \"S3cret%ZZ\""): quoted words are masked.
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        reason = re.sub(r'"[^"]*"', '"***"', (str(exc).splitlines() or [""])[0])
+        raise ConfigurationError(
+            f"the relay's dsn is not a valid PostgreSQL connection string: {reason}; write"
+            " a postgresql:// URL (percent-encode the user name and password: % as %25,"
+            " @ as %40) or libpq key=value pairs"
+        ) from None
 
 
 def _configuration_fault(exc: BaseException) -> str | None:
