@@ -12,6 +12,7 @@ import asyncio
 import os
 
 import nats
+import nats.js.errors
 import psycopg
 
 from outboxkit import Event, Outbox, ReceivedEvent, Relay, from_url, migrate, migrate_inbox
@@ -58,14 +59,18 @@ async def main() -> None:
     migrate(DSN)  # the outbox table (or: outboxkit migrate)
     migrate_inbox(DSN)  # processed_events (or: outboxkit migrate --inbox)
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, total int)")
+        # The README's orders table: the examples and the README run on one database.
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, customer text, total int)"
+        )
         conn.execute("CREATE TABLE IF NOT EXISTS invoices (order_id int PRIMARY KEY, total int)")
-    await create_stream()
+    stream = await find_or_create_stream()
     order_ids = place_orders([4200, 1700, 990])
+    print(f"placed orders {order_ids}: their events are in the outbox, in the same transactions")
 
-    relay = Relay(DSN, from_url(f"{NATS_URL}?stream={STREAM}"))  # publishes into STREAM only
+    relay = Relay(DSN, from_url(f"{NATS_URL}?stream={stream}"))  # publishes into that stream only
     billing = NatsConsumer(
-        DSN, invoice, consumer="billing", servers=NATS_URL, stream=STREAM, subject=TOPIC
+        DSN, invoice, consumer="billing", servers=NATS_URL, stream=stream, subject=TOPIC
     )
     running = [asyncio.create_task(relay.run()), asyncio.create_task(billing.run())]
     try:
@@ -74,14 +79,37 @@ async def main() -> None:
         relay.stop()  # finishes in-flight batches, hands back the rest
         billing.stop()  # finishes the message in hand
         await asyncio.gather(*running)
-    print(f"placed and invoiced orders {order_ids} through NATS stream {STREAM!r}")
+    print(f"placed and invoiced orders {order_ids} through NATS stream {stream!r}")
 
 
-async def create_stream() -> None:
-    """The stream that stores the topic (the relay can create it too: ?stream=S&subjects=T)."""
+async def find_or_create_stream() -> str:
+    """The stream that stores TOPIC: an existing one is reused (the README's relay line
+    leaves one, `ORDERS` with `orders,orders.>`), else STREAM is created for it.
+
+    The relay can create it too (?stream=S&subjects=T); a stream of that name with other
+    subjects, or one that already stores T under another name, is a clash said in one line.
+    """
     nc = await nats.connect(NATS_URL)
     try:
-        await nc.jetstream().add_stream(name=STREAM, subjects=[TOPIC])  # no-op if it exists
+        js = nc.jetstream()
+        try:
+            existing = await js.find_stream_name_by_subject(TOPIC)
+        except nats.js.errors.NotFoundError:
+            existing = None
+        if existing is not None:
+            if existing != STREAM:
+                print(f"subject {TOPIC!r} is stored by the existing stream {existing!r}: using it")
+            return existing
+        try:
+            await js.add_stream(name=STREAM, subjects=[TOPIC])
+        except nats.js.errors.BadRequestError as exc:  # STREAM exists with other subjects
+            raise SystemExit(
+                f"cannot create NATS stream {STREAM!r} for subject {TOPIC!r}:"
+                f" {exc.description}; set NATS_STREAM to another name, or add {TOPIC!r}"
+                f" to its subjects (nats stream edit {STREAM} --subjects ...)"
+            ) from None
+        print(f"created NATS stream {STREAM!r} for subject {TOPIC!r}")
+        return STREAM
     finally:
         await nc.close()
 

@@ -57,7 +57,10 @@ async def main() -> None:
     migrate(DSN)  # the outbox table (or: outboxkit migrate)
     migrate_inbox(DSN)  # processed_events (or: outboxkit migrate --inbox)
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, total int)")
+        # The README's orders table: the examples and the README run on one database.
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, customer text, total int)"
+        )
         conn.execute("CREATE TABLE IF NOT EXISTS invoices (order_id int PRIMARY KEY, total int)")
     boto3.client("sqs", endpoint_url=ENDPOINT_URL).create_queue(QueueName=TOPIC)  # idempotent
     order_ids = place_orders([4200, 1700, 990])

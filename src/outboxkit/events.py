@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import decimal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -31,7 +33,11 @@ class Event:
     """One event to publish: destination, domain metadata and an opaque payload.
 
     The payload is encoded once, here: a ``bytes`` payload is kept as is, any
-    other value is encoded as JSON with orjson. Every check happens at
+    other value is encoded as JSON with orjson (:func:`encode_payload`: datetimes,
+    UUIDs, dataclasses and enums as orjson writes them, ``Decimal`` as a string, pydantic
+    models through ``model_dump(mode="json")``). A value none of those cover waits for
+    the ``default=`` hook of the ``Outbox`` that writes the event; without one, that
+    write (or reading ``payload``) raises, naming the value's path. Every check happens at
     construction, so a bad event fails in the caller's code before anything
     reaches the database. Every field is bounded and free of control characters,
     and header names a broker acts on are refused (``outboxkit.limits`` says what
@@ -56,6 +62,8 @@ class Event:
     """
 
     __slots__ = (
+        "_payload",
+        "_unencoded",
         "aggregate_id",
         "aggregate_type",
         "available_at",
@@ -64,7 +72,6 @@ class Event:
         "headers",
         "key",
         "occurred_at",
-        "payload",
         "schema_version",
         "topic",
     )
@@ -72,7 +79,8 @@ class Event:
     event_id: uuid.UUID
     topic: str
     event_type: str
-    payload: bytes
+    _payload: bytes | None
+    _unencoded: Any
     key: str | None
     aggregate_type: str | None
     aggregate_id: str | None
@@ -136,17 +144,21 @@ class Event:
         )
         if problem is not None:
             raise InvalidEventError(f"event {problem} (see outboxkit.limits)")
+        self._unencoded = None
         if isinstance(payload, bytes | bytearray | memoryview):
-            self.payload = bytes(payload)
+            self._payload = bytes(payload)
             is_json = False
         else:
             try:
-                self.payload = orjson.dumps(payload)
+                self._payload = orjson.dumps(payload, default=_builtin_default)
             except TypeError as exc:
-                raise InvalidEventError(
-                    f"payload of {event_type!r} is not JSON-serialisable: {exc};"
-                    " pass bytes to publish a payload you encoded yourself"
-                ) from None
+                if not str(exc).startswith(_UNKNOWN_TYPE):  # a bad string, key or number
+                    raise InvalidEventError(
+                        f"payload of {event_type!r} is not JSON-serialisable:"
+                        f" {_unencodable(payload, _builtin_default) or exc}"
+                    ) from None
+                # A type the Outbox's default= hook may know: encoded (or refused) at its put.
+                self._payload, self._unencoded = None, payload
             is_json = True
         # W3C traceparent/tracestate of the active span, if any (a dict lookup otherwise).
         _capture_trace_context(clean_headers)
@@ -163,6 +175,39 @@ class Event:
         self.aggregate_type = aggregate_type
         self.aggregate_id = aggregate_id
         self.headers = clean_headers
+
+    @property
+    def payload(self) -> bytes:
+        """The encoded payload; raises if a value in it is still unencodable."""
+        if self._payload is None:
+            self.encode_payload(None)
+        assert self._payload is not None
+        return self._payload
+
+    @property
+    def payload_pending(self) -> bool:
+        """Whether the payload waits for a ``default=`` hook (Outbox(default=...))."""
+        return self._payload is None
+
+    def encode_payload(self, default: Callable[[Any], Any] | None) -> None:
+        """Encode a pending payload with ``default`` for the values the built-ins lack.
+
+        Raises :class:`InvalidEventError` naming the first value neither handles by its
+        path in the payload (``payload.items[2].price: Decimal ...``).
+        """
+        if self._payload is not None:
+            return
+        hook = _with_default(default)
+        try:
+            self._payload = orjson.dumps(self._unencoded, default=hook)
+        except TypeError as exc:
+            raise InvalidEventError(
+                f"payload of {self.event_type!r} is not JSON-serialisable:"
+                f" {_unencodable(self._unencoded, hook) or exc}; give the Outbox a"
+                " default= hook that turns it into JSON types, or pass bytes to publish a"
+                " payload you encoded yourself"
+            ) from None
+        self._unencoded = None
 
     def check_size(
         self, max_payload_bytes: int, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
@@ -191,6 +236,82 @@ class Event:
             f" event_type={self.event_type!r}, key={self.key!r},{version}"
             f" payload=<{len(self.payload)} bytes>)"
         )
+
+
+# How orjson says that neither it nor the default hook knows a value's type.
+_UNKNOWN_TYPE = "Type is not JSON serializable"
+
+
+def _builtin_default(value: Any) -> Any:
+    """What orjson cannot write itself: ``Decimal`` (as a string: money keeps its digits)
+    and pydantic models (``model_dump(mode="json")``)."""
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    dump = getattr(value, "model_dump", None)
+    if dump is not None and any(c.__module__.startswith("pydantic") for c in type(value).__mro__):
+        return dump(mode="json")
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _with_default(default: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The built-in hook, then the user's ``default`` for what it does not know."""
+    if default is None:
+        return _builtin_default
+
+    def hook(value: Any) -> Any:
+        try:
+            return _builtin_default(value)
+        except TypeError:
+            return default(value)
+
+    return hook
+
+
+def encode_payload(payload: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """A payload as the outbox stores it: orjson with the built-in hook and ``default``."""
+    return orjson.dumps(payload, default=_with_default(default))
+
+
+def _unencodable(value: Any, hook: Callable[[Any], Any], path: str = "payload") -> str | None:
+    """The path and type of the first value in ``value`` that does not encode, or None.
+
+    Walks what orjson walks (dicts, lists, tuples, dataclasses) and what the hook turns
+    into those, so the message names ``payload.items[2].price``, not just a type.
+    """
+    try:
+        orjson.dumps(value, default=hook)
+        return None
+    except TypeError as exc:
+        reason = str(exc)
+    children: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        children = [
+            (f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]", v) for k, v in value.items()
+        ]
+    elif isinstance(value, list | tuple):
+        children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children = [(f"{path}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
+    else:
+        try:
+            converted = hook(value)
+        except Exception:
+            return f"{path}: {type(value).__name__} {_short(value)} ({reason})"
+        if converted is value or type(converted) is type(value):
+            return f"{path}: {type(value).__name__} {_short(value)} ({reason})"
+        return _unencodable(converted, hook, path) or f"{path}: {type(value).__name__} ({reason})"
+    if isinstance(value, dict) and any(not isinstance(k, str) for k in value):
+        bad = next(k for k in value if not isinstance(k, str))
+        return f"{path}: key {bad!r} is a {type(bad).__name__}, not a string"
+    for child_path, child in children:
+        if (found := _unencodable(child, hook, child_path)) is not None:
+            return found
+    return f"{path}: {reason}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _occurred_at(value: dt.datetime | None) -> dt.datetime:

@@ -12,13 +12,18 @@ import base64
 import contextlib
 import importlib.util
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from outboxkit import Event, Outbox, migrate
 from tests.support.servers import unique_name
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -187,3 +192,91 @@ async def _delete_redis_streams(url: str, *streams: str) -> None:
         await client.delete(*streams)
     finally:
         await client.aclose()
+
+
+# -- the examples after the README's own steps, on the same servers -------------------------
+
+
+def _readme_nats_relay(dsn: str, nats_url: str) -> None:
+    """The README's `outboxkit relay --broker 'nats://…'` line, as written, until it published."""
+    from tests.integration.test_readme import readme_blocks
+
+    line = next(
+        ln.split("#")[0]
+        for b in readme_blocks()
+        if b.lang == "sh"
+        for ln in b.code.splitlines()
+        if ln.startswith("outboxkit relay --broker") and "nats://" in ln
+    )
+    argv = [sys.executable, "-m", "outboxkit", *shlex.split(line)[1:]]
+    argv = [re.sub(r"^nats://[^?]+", nats_url.rstrip("/"), a) for a in argv]
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the README's first write, in short
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, customer text, total int)"
+        )
+        with conn.transaction():
+            (order_id,) = conn.execute(
+                "INSERT INTO orders (customer, total) VALUES ('ada', 4200) RETURNING id"
+            ).fetchone() or (0,)
+            Outbox().put(conn, Event(topic="orders", event_type="order.placed",
+                                     payload={"order_id": order_id, "total": 4200}))  # fmt: skip
+    relay = subprocess.Popen(
+        argv, env={**os.environ, "OUTBOXKIT_DSN": dsn}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _outbox_rows(dsn) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        output, _ = relay.communicate(timeout=30)
+    assert relay.returncode == 0 and _outbox_rows(dsn) == 0, output
+    assert "cannot create JetStream stream" not in output, output
+
+
+def _outbox_rows(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        (n,) = conn.execute("SELECT count(*) FROM outbox").fetchone() or (0,)
+    return int(n)
+
+
+def _example(name: str, dsn: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """An example with the user's environment: no test-made stream or topic names."""
+    base = {k: v for k, v in os.environ.items() if k not in ("NATS_STREAM", "ORDERS_TOPIC")}
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        env={**base, "OUTBOXKIT_DSN": dsn, **env}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_nats_example_runs_after_the_readme_relay_line(empty_db_dsn: str, fresh_nats) -> None:
+    """Before: `nats: stream name already in use with a different configuration` traceback."""
+    _readme_nats_relay(empty_db_dsn, fresh_nats.url)
+    for stream in (None, "ORDERS"):  # the default, and NATS_STREAM naming the README's stream
+        env = {"NATS_URL": fresh_nats.url, **({"NATS_STREAM": stream} if stream else {})}
+        done = _example("nats_orders.py", empty_db_dsn, **env)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0 and "Traceback" not in output, output
+        assert "invoiced" in done.stdout, output
+
+
+def test_the_readme_relay_line_runs_after_the_nats_example(empty_db_dsn: str, fresh_nats) -> None:
+    done = _example("nats_orders.py", empty_db_dsn, NATS_URL=fresh_nats.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _readme_nats_relay(empty_db_dsn, fresh_nats.url)
+
+
+def test_a_nats_stream_clash_is_one_line(empty_db_dsn: str, fresh_nats) -> None:
+    """A stream of the asked name that stores other subjects: one line saying what to do."""
+    _readme_nats_relay(empty_db_dsn, fresh_nats.url)  # ORDERS stores orders, orders.>
+    done = _example(
+        "nats_orders.py", empty_db_dsn,
+        NATS_URL=fresh_nats.url, NATS_STREAM="ORDERS", ORDERS_TOPIC="invoices",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.splitlines()
+    assert "cannot create NATS stream 'ORDERS' for subject 'invoices'" in line, line
+    assert "NATS_STREAM" in line, line

@@ -139,6 +139,11 @@ def test_readme_top_to_bottom(empty_db_dsn: str, kafka_broker, tmp_path: Path) -
             _until(invoiced, program, f"invoices for the orders {sorted(ordered)}")
             program.stop()
         program.wait_ok()
+        # Each snippet says what it did; the relay shows its start and first batch.
+        assert program.output().strip(), f"{block} printed nothing"
+        if "Relay(" in block.code:
+            for line in ("starting: table=outbox", "first batch published"):
+                assert line in program.output(), f"{block}:\n{program.output()}"
     orders = _query(empty_db_dsn, "SELECT id, total FROM orders")
     assert invoices == orders
     assert _query(empty_db_dsn, "SELECT count(*) FROM invoices") == {(len(orders),)}, "twice?"

@@ -141,3 +141,31 @@ async def test_an_unexpected_error_ends_the_side_task_for_the_relay_to_report() 
     chore = _Chore(True, [RuntimeError("a bug")])
     with pytest.raises(RuntimeError, match="a bug"):
         await asyncio.wait_for(side_task.partition_side_task(chore, asyncio.Event()), 5)
+
+
+class _DownAtStart(_Chore):
+    """A plain table whose database is down for the first ``down`` checks."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__(False, [OutboxkitError("database down")] * 5)
+        self.down = down
+        self.checks = 0
+
+    def is_partitioned(self) -> bool:
+        self.checks += 1
+        if self.checks <= self.down:
+            raise OutboxkitError("database down")
+        return False
+
+
+async def test_a_plain_table_says_nothing_about_partitions_while_its_database_is_down(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the deferred check assumed a partitioned table and logged "partition
+    maintenance of outbox failed" for a table that is not partitioned."""
+    monkeypatch.setattr(side_task, "INTERVAL", 0.01)
+    chore = _DownAtStart(down=3)
+    caplog.set_level(logging.INFO, "outboxkit.relay.partitions")
+    await asyncio.wait_for(side_task.partition_side_task(chore, asyncio.Event()), 5)
+    assert chore.checks == 4 and chore.calls == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.records

@@ -116,3 +116,33 @@ def test_kafka_user_headers_cannot_forge_the_idempotency_key() -> None:
     assert names.count("idempotency-key") == 1
     assert names.count("ce_id") == 1
     assert dict(kafka_headers(message))["idempotency-key"] == str(message.event_id).encode()
+
+
+@pytest.mark.parametrize(
+    ("url", "valid"),
+    [
+        ("nats://127.0.0.1:4222?stream=X&subject=orders", "timeout, stream, subjects"),
+        ("nats://127.0.0.1:4222?streem=X", "timeout, stream, subjects"),
+        ("kafka://127.0.0.1:9092?lingr_ms=5", "linger_ms"),
+        ("amqp://guest:guest@127.0.0.1:5672/?exchang=e", "exchange, exchange_type"),
+        ("redis://127.0.0.1:6379/0?maxln=5", "stream_prefix, allow, maxlen"),
+        ("sqs://orders?region=eu-west-1&regoin=x", "region, endpoint_url"),
+    ],
+)
+def test_an_unknown_url_option_is_named_unknown_with_the_valid_ones(url: str, valid: str) -> None:
+    """Before: nats answered `option subject='orders' is not a number`.
+
+    ConfigurationError is a ValueError, and an `except ValueError` around the number
+    parsing rewrote the "unknown option" message.
+    """
+    with pytest.raises(ConfigurationError) as caught:
+        from_url(url)
+    message = str(caught.value)
+    assert "unknown" in message and "not a number" not in message, message
+    assert valid in message, message
+
+
+def test_a_nats_number_option_that_is_not_a_number_says_so() -> None:
+    with pytest.raises(ConfigurationError, match=r"timeout='soon' is not a number"):
+        NatsPublisher.from_url("nats://a:1?timeout=soon")
+    assert NatsPublisher.from_url("nats://a:1?stream=S&subjects=x.>&add_subjects=1")._add_subjects

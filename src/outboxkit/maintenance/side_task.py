@@ -22,6 +22,8 @@ log = logging.getLogger("outboxkit.relay.partitions")
 
 #: Seconds between two maintenance runs of one relay.
 INTERVAL = 300.0
+#: Seconds between two tries of the "is it partitioned?" check while the database is down.
+CHECK_RETRY = 10.0
 _T = TypeVar("_T")
 
 
@@ -38,27 +40,33 @@ class PartitionChore(Protocol):
 
 
 async def partition_side_task(chore: PartitionChore, stopping: asyncio.Event) -> None:
-    """Maintain the table's partitions until ``stopping`` is set; return at once if plain."""
-    try:
-        partitioned = await _in_thread(chore.is_partitioned)
-    except chore.errors as exc:
-        partitioned = True  # find out at the first run
-        log.debug("partition check deferred: %s", first_line(exc))
-    if not partitioned:
-        return
+    """Maintain the table's partitions until ``stopping`` is set; return at once if plain.
+
+    While the database cannot say whether the table is partitioned (down at start), the
+    check is retried quietly: a plain table's relay says nothing about partitions.
+    """
+    partitioned: bool | None = None
     while not stopping.is_set():
         try:
+            if partitioned is None:
+                partitioned = await _in_thread(chore.is_partitioned)
+                if not partitioned:
+                    return
             report = await _in_thread(chore.maintain)
         except chore.errors as exc:
-            log.warning(
-                "partition maintenance of %s failed (%s); retrying later",
-                chore.table,
-                first_line(exc),
-            )
+            if partitioned is None:
+                log.debug("partition check deferred: %s", first_line(exc))
+            else:
+                log.warning(
+                    "partition maintenance of %s failed (%s); retrying later",
+                    chore.table,
+                    first_line(exc),
+                )
         else:
             report.log()
+        wait = INTERVAL if partitioned else min(INTERVAL, CHECK_RETRY)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), timeout=INTERVAL)
+            await asyncio.wait_for(stopping.wait(), timeout=wait)
 
 
 async def _in_thread(fn: Callable[[], _T]) -> _T:

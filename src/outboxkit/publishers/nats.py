@@ -42,12 +42,32 @@ _RECONNECT_EVERY = 1.0
 _MAX_PENDING_ACKS = 65536
 
 
+_URL_OPTIONS = ("timeout", "stream", "subjects", "add_subjects", "duplicate_window")
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigurationError(f"nats URL option {key}={value!r} is not a number") from None
+
+
+def _flag(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"nats URL option {key}={value!r} must be true or false")
+
+
 class NatsPublisher:
     """Publishes events to JetStream subjects with broker-side deduplication by event id.
 
     ``stream`` (optional) is sent as the expected stream of every publish and,
-    with ``subjects``, created at start if it does not exist yet (an existing
-    stream's configuration is left alone: it belongs to its operator).
+    with ``subjects``, created at start if it does not exist yet. An existing
+    stream's configuration belongs to its operator: if it lacks some of ``subjects``
+    the start says so once, and adds them only with ``add_subjects=True``.
     """
 
     name = "nats"
@@ -62,6 +82,7 @@ class NatsPublisher:
         stream: str | None = None,
         subjects: list[str] | None = None,
         duplicate_window: float = 120.0,
+        add_subjects: bool = False,
     ) -> None:
         if not servers:
             raise ConfigurationError("nats publisher needs at least one server URL")
@@ -74,6 +95,7 @@ class NatsPublisher:
         self._stream = stream
         self._subjects = subjects or []
         self._duplicate_window = duplicate_window
+        self._add_subjects = add_subjects
         self._nc: Any = None
         self._js: Any = None
         self._stream_ready = not (stream and self._subjects)
@@ -107,24 +129,20 @@ class NatsPublisher:
         servers = [urlunsplit((parts.scheme, prefix + h, "", "", "")) for h in hosts.split(",")]
         options: dict[str, Any] = {}
         for key, value in parse_qsl(parts.query):
-            try:
-                if key == "timeout":
-                    options["timeout"] = float(value)
-                elif key == "duplicate_window":
-                    options["duplicate_window"] = float(value)
-                elif key == "stream":
-                    options["stream"] = value
-                elif key == "subjects":
-                    options["subjects"] = [s for s in value.split(",") if s]
-                else:
-                    raise ConfigurationError(
-                        f"unknown nats URL option {key!r}: use timeout, stream, subjects"
-                        " or duplicate_window"
-                    )
-            except ValueError:
+            if key in ("timeout", "duplicate_window"):
+                options[key] = _number(key, value)
+            elif key == "stream":
+                options["stream"] = value
+            elif key == "subjects":
+                options["subjects"] = [s for s in value.split(",") if s]
+            elif key == "add_subjects":
+                options["add_subjects"] = _flag(key, value)
+            else:
+                # Outside any `except ValueError`: ConfigurationError is a ValueError, and a
+                # handler around the number parsing once turned this into "is not a number".
                 raise ConfigurationError(
-                    f"nats URL option {key}={value!r} is not a number"
-                ) from None
+                    f"unknown nats URL option {key!r}: use {', '.join(_URL_OPTIONS)}"
+                )
         return cls(servers, **options)
 
     def __repr__(self) -> str:
@@ -197,11 +215,11 @@ class NatsPublisher:
     async def _ensure_stream(self) -> None:
         assert self._stream is not None
         try:
-            await self._js.stream_info(self._stream)
+            info = await self._js.stream_info(self._stream)
         except nats.js.errors.NotFoundError:
             from nats.js.api import StreamConfig
 
-            with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently
+            try:
                 await self._js.add_stream(
                     StreamConfig(
                         name=self._stream,
@@ -209,8 +227,81 @@ class NatsPublisher:
                         duplicate_window=self._duplicate_window,
                     )
                 )
-            log.info("created JetStream stream %s for %s", self._stream, self._subjects)
+            except nats.js.errors.BadRequestError as exc:
+                await self._not_created(exc)
+            else:
+                log.info("created JetStream stream %s for %s", self._stream, self._subjects)
+        else:
+            await self._check_subjects(info.config)
         self._stream_ready = True
+
+    async def _not_created(self, exc: nats.js.errors.BadRequestError) -> None:
+        """The stream was not created: by another relay at the same moment, or a clash.
+
+        A clash (its subjects overlap another stream's) was once silent, then logged as
+        "created"; every publish then failed with the expected stream's mismatch.
+        """
+        try:
+            info = await self._js.stream_info(self._stream)
+        except nats.js.errors.NotFoundError:
+            pass
+        else:  # created concurrently
+            await self._check_subjects(info.config)
+            return
+        holders = []
+        for subject in self._subjects:
+            with contextlib.suppress(nats.js.errors.Error):
+                holders.append(await self._js.find_stream_name_by_subject(subject))
+        hint = (
+            f"give the relay ?stream={holders[0]} (it stores them already)"
+            if holders
+            else "choose other subjects or another stream"
+        )
+        log.warning(
+            "cannot create JetStream stream %s for subjects %s: %s; %s",
+            self._stream,
+            ",".join(self._subjects),
+            exc.description or exc,
+            hint,
+        )
+
+    async def _check_subjects(self, config: Any) -> None:
+        """An existing stream without some asked subjects: say so once, or add them if asked.
+
+        Without this, every publish to such a subject failed with "no stream; create one
+        (or give ?stream=&subjects=)", which is what the user had given.
+        """
+        have = list(config.subjects or [])
+        missing = [s for s in self._subjects if s not in have]
+        if not missing:
+            return
+        if self._add_subjects:
+            config.subjects = have + missing
+            try:
+                await self._js.update_stream(config)
+            except nats.js.errors.APIError as exc:
+                log.warning(
+                    "could not add subjects %s to JetStream stream %s: %s; add them with"
+                    " `nats stream edit %s --subjects %s`",
+                    ",".join(missing),
+                    self._stream,
+                    exc.description or exc,
+                    self._stream,
+                    ",".join(have + missing),
+                )
+            else:
+                log.info("added subjects %s to JetStream stream %s", missing, self._stream)
+            return
+        log.warning(
+            "JetStream stream %s exists without subjects %s (it has %s), so their events"
+            " will not be stored: add them with `nats stream edit %s --subjects %s`, or give"
+            " the relay ?add_subjects=1 to add them at start",
+            self._stream,
+            ",".join(missing),
+            ",".join(have) or "none",
+            self._stream,
+            ",".join(have + missing),
+        )
 
     async def _on_error(self, exc: Exception) -> None:
         self._warn.warning("NATS client error: %s", redact(str(exc) or type(exc).__name__))
@@ -476,7 +567,8 @@ def _classify(exc: BaseException, topic: str, timeout: float) -> PublishResult:
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
         return PublishResult.retry(
             f"nats: no JetStream stream stores subject {topic!r}; create one"
-            " (or give the relay ?stream=NAME&subjects=...)",
+            " (or give the relay ?stream=NAME&subjects=...; if that stream exists, add the"
+            " subject to it, or add &add_subjects=1)",
             "no_stream",
         )
     if isinstance(exc, nats.js.errors.APIError):

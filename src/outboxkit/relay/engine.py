@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Coroutine
@@ -163,6 +164,7 @@ class Relay:
             raise ConfigurationError("max_in_flight must be at least 1")
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
+        _check_dsn(dsn)
         self.publisher = publisher
         self.table = table
         self.batch_size = batch_size
@@ -273,6 +275,7 @@ class Relay:
         relay whose start failed can be run again.
         """
         if self.cdc is not None:
+            await self._check_database()
             await self.cdc.run()
             return
         if self._running:
@@ -356,6 +359,25 @@ class Relay:
             1000 * seconds,
         )
 
+    async def _check_database(self) -> None:
+        """The WAL relay's start: a database that refuses us for good stops it in one line.
+
+        An unreachable server is left to the stream's own reconnects.
+        """
+        import psycopg
+
+        from outboxkit.store._connection import aconnect
+
+        try:
+            conn = await aconnect(self.dsn, application_name=f"{self.relay_id}:check"[:63])
+        except psycopg.OperationalError as exc:
+            if (fault := _configuration_fault(exc)) is not None:
+                raise ConfigurationError(
+                    f"the database refused the relay: {first_line(exc)} — {fault}"
+                ) from None
+            return
+        await conn.close()
+
     async def _check_table(self) -> None:
         """Say what the relay found at start; raise if the table is missing.
 
@@ -371,6 +393,10 @@ class Relay:
             self._loop.deny(exc, "settles")
             return
         except StoreError as exc:
+            if (fault := _configuration_fault(exc.cause)) is not None:
+                raise ConfigurationError(
+                    f"the database refused the relay: {first_line(exc.cause)} — {fault}"
+                ) from None
             log.warning("database not reachable at start (%s); retrying", first_line(exc.cause))
             return
         log.info(
@@ -380,6 +406,51 @@ class Relay:
             "at least " if info.pending_capped else "",
             info.pending,
         )
+
+
+# What a restart does not fix: an unknown database (SQLSTATE 3D000), an unknown role or a
+# refused host (28000), a wrong password (28P01). libpq reports them at connect without a
+# SQLSTATE, so its FATAL message is read too. Anything else at start (a refused port, a
+# timeout) is an outage and retried.
+_CONFIGURATION_FAULTS = {
+    "3D000": "check the database name in --dsn (or create it)",
+    "28000": "check the user name in --dsn and pg_hba.conf",
+    "28P01": "check the password in --dsn",
+}
+_FATAL_MESSAGES = (
+    (re.compile(r'database "[^"]*" does not exist'), "3D000"),
+    (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry'), "28000"),
+    (re.compile(r"password authentication failed"), "28P01"),
+)
+
+
+def _check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot parse, at construction and in one line.
+
+    It failed later as a traceback from a side task, with psycopg's reason quoting the
+    password ("invalid percent-encoded token: \"S3cret%ZZ\""): quoted words are masked.
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        reason = re.sub(r'"[^"]*"', '"***"', (str(exc).splitlines() or [""])[0])
+        raise ConfigurationError(
+            f"the relay's dsn is not a valid PostgreSQL connection string: {reason}; write"
+            " a postgresql:// URL (percent-encode the user name and password: % as %25,"
+            " @ as %40) or libpq key=value pairs"
+        ) from None
+
+
+def _configuration_fault(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` is a configuration error no retry cures, or None."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        text = str(exc)
+        state = next((code for pattern, code in _FATAL_MESSAGES if pattern.search(text)), None)
+    return _CONFIGURATION_FAULTS.get(state) if state else None
 
 
 def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:

@@ -100,22 +100,52 @@ def get_event(dsn: Source, ref: str, table: str = DEFAULT_TABLE) -> dict[str, An
     return row
 
 
+#: An event named by its row id or by its event id (the UUID consumers see).
+EventRef = int | uuid.UUID
+
+
+def parse_event_ref(text: str) -> EventRef:
+    """``"42"`` → row id 42, a UUID → that event id; anything else is refused by name."""
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a row id nor an event id (UUID)") from None
+
+
+def _row_ids(conn: psycopg.Connection[Any], table: str, refs: list[EventRef]) -> list[int]:
+    """The row ids of ``refs``: row ids as given, event ids looked up (unknown ones dropped)."""
+    sql = Statements(table)
+    ids = [ref for ref in refs if isinstance(ref, int)]
+    for ref in refs:
+        if isinstance(ref, uuid.UUID):
+            row = conn.execute(sql.show_event_by_event_id, (ref,)).fetchone()
+            if row is not None:
+                ids.append(int(row[0]))
+    return ids
+
+
 def replay(
     dsn: Source,
     table: str = DEFAULT_TABLE,
     *,
-    ids: list[int] | None = None,
+    ids: list[EventRef] | None = None,
     topic: str | None = None,
     all_failed: bool = False,
 ) -> int:
     """Put dead-lettered events back in line with a fresh attempt budget; returns the count.
 
-    A table in a publication (``outboxkit cdc setup``) gets its events inserted anew as
-    pending rows (the failed ones deleted): the WAL relay sees inserts only, and the
-    polling relay claims the new rows just the same.
+    ``ids`` are row ids or event ids (UUIDs). A table in a publication (``outboxkit cdc
+    setup``) gets its events inserted anew as pending rows (the failed ones deleted): the
+    WAL relay sees inserts only, and the polling relay claims the new rows just the same.
     """
     sql = CdcRelayStatements(table)
     with _connect(dsn, table) as conn:
+        if ids:
+            ids = list(_row_ids(conn, table, ids))
+            if not ids:
+                return 0
         row = conn.execute(sql.cdc_is_published, (sql.qualified,)).fetchone()
         if row is not None and row[0]:
             stmts = (sql.cdc_replay_by_id, sql.cdc_replay_by_topic, sql.cdc_replay_all_failed)
@@ -165,13 +195,33 @@ def count_purgeable(dsn: str, table: str, older_than: dt.timedelta) -> int:
     return int(row[0]) if row else 0
 
 
-def discard(dsn: Source, table: str = DEFAULT_TABLE, *, ids: list[int]) -> int:
-    """Delete dead-lettered events for good; rows not in status failed are left alone."""
-    if not ids:
-        raise ValueError("say which failed events to discard: at least one row id")
+def discard(
+    dsn: Source,
+    table: str = DEFAULT_TABLE,
+    *,
+    ids: list[EventRef] | None = None,
+    topic: str | None = None,
+    all_failed: bool = False,
+    batch_size: int = 1000,
+) -> int:
+    """Delete dead-lettered events for good; rows not in status failed are left alone.
+
+    By row or event ids, every failed event of a topic, or every failed event; a topic's or
+    all of them go in batches of ``batch_size``, each its own short transaction.
+    """
+    if sum(bool(x) for x in (ids, topic is not None, all_failed)) != 1:
+        raise ValueError("say what to discard: ids, a topic, or all_failed=True")
     sql = Statements(table)
     with _connect(dsn, table) as conn:
-        return conn.execute(sql.discard_failed_by_id, (ids,)).rowcount
+        if ids:
+            return conn.execute(sql.discard_failed_by_id, (_row_ids(conn, table, ids),)).rowcount
+
+        def one_batch() -> int:
+            rows = conn.execute(sql.list_failed, {"topic": topic, "limit": batch_size})
+            batch = [int(row[0]) for row in rows.fetchall()]
+            return conn.execute(sql.discard_failed_by_id, (batch,)).rowcount if batch else 0
+
+        return in_batches(one_batch, batch_size=batch_size, pause=0.0, progress=None)
 
 
 def last_event_id(dsn: str, table: str = DEFAULT_TABLE) -> int:

@@ -11,7 +11,7 @@ once, at construction) makes of it; the events written with the COMMIT
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
@@ -107,6 +107,11 @@ class Outbox:
     ``max_locks_per_transaction`` or split the write). docs/architecture.md
     ("Ordered writes") says why an advisory lock.
 
+    ``default`` is orjson's hook for payload values it cannot write (your own types):
+    it returns JSON types for them, or raises ``TypeError``. ``Event()`` already encodes
+    datetimes, UUIDs, dataclasses, enums, ``Decimal`` (as a string) and pydantic models;
+    a value neither knows fails the write with its path (``payload.items[2].price``).
+
     ``storage="wal"`` writes no row: each event becomes one transactional logical
     message (``pg_logical_emit_message``, prefix ``outboxkit:<table>``) carrying it in a
     binary envelope (``outboxkit.write.wal_envelope``), for the CDC relay (``Relay(...,
@@ -125,6 +130,7 @@ class Outbox:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         storage: str = "table",
+        default: Callable[[Any], Any] | None = None,
     ) -> None:
         if storage not in ("table", "wal"):
             raise ConfigurationError(
@@ -148,6 +154,8 @@ class Outbox:
         self.max_payload_bytes = max_payload_bytes
         self.max_key_bytes = max_key_bytes
         self.storage = storage
+        #: Turns payload values JSON lacks (your own types) into JSON ones, as orjson's.
+        self.default = default
         # Chosen once: every write path below asks it for its statements and parameters.
         self._storage: Storage = (
             WalStorage(table, notify=notify)
@@ -171,6 +179,8 @@ class Outbox:
     def _check(self, event: object) -> Event:
         if not isinstance(event, Event):
             raise InvalidEventError(f"expected an outboxkit.Event, got {type_name(event)}")
+        if event.payload_pending:  # a value Event()'s encoder lacks: this default= may know it
+            event.encode_payload(self.default)
         event.check_size(self.max_payload_bytes, self.max_key_bytes)
         return event
 

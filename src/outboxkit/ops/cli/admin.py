@@ -24,7 +24,12 @@ from outboxkit.ops.cli.options import (
     parse_duration,
     table_option,
 )
-from outboxkit.ops.cli.output import console, fail, jsonable, ok
+from outboxkit.ops.cli.output import console, fail, id_column, jsonable, ok
+
+
+def _first_line(error: str | None, limit: int = 500) -> str:
+    """An error's first line, as tables show it (the whole one: `failed show` has the rest)."""
+    return (str(error or "").splitlines() or [""])[0][:limit]
 
 
 def _age(seconds: float | None) -> str:
@@ -83,6 +88,8 @@ def status(dsn: str, table: str, as_json: bool) -> None:
         _age(report.oldest_pending_age_s),
     )
     console.print(tbl)
+    if not report.published:
+        console.print(_PUBLISHED_NOTE, soft_wrap=True)
     if blocked:
         _print_blocked_keys(table, blocked)
     if report.failed:
@@ -101,6 +108,14 @@ def status(dsn: str, table: str, as_json: bool) -> None:
 
 
 _BLOCKED_KEYS_SHOWN = 100
+# "published 0" right after a relay published read as "nothing went out": with the default
+# retention (delete) a published row is gone, and only the relay counts it.
+_PUBLISHED_NOTE = Text.assemble(
+    ("published", "bold"),
+    " counts rows kept by --retention keep; with the default retention (delete) a published"
+    " event leaves the table, and the relay's /metrics count it"
+    " (outboxkit_events_published_total)",
+)
 
 
 def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
@@ -112,10 +127,10 @@ def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
         ),
         title_justify="left",
     )
-    for col in ("key", "head id", "topic", "attempts", "waiting", "head event's error"):
-        tbl.add_column(
-            col, justify="right" if col in ("head id", "attempts", "waiting") else "left"
-        )
+    id_column(tbl, "key")
+    id_column(tbl, "head id", justify="right")
+    for col in ("topic", "attempts", "waiting", "head event's error"):
+        tbl.add_column(col, justify="right" if col in ("attempts", "waiting") else "left")
     for head in blocked:
         tbl.add_row(
             Text(str(head["key"])),
@@ -123,14 +138,14 @@ def _print_blocked_keys(table: str, blocked: list[dict[str, Any]]) -> None:
             Text(str(head["topic"])),
             str(head["attempts"]),
             str(head["waiting"]),
-            Text((str(head["last_error"] or "-").splitlines() or ["-"])[0][:200], style="red"),
+            Text(_first_line(head["last_error"]) or "-", style="red"),
         )
     console.print(tbl)
     console.print(
         Text.assemble(
             ("blocked keys:", "yellow"),
-            " fix the cause, then `outboxkit replay --id <head id>` (or discard the head from"
-            " the dashboard) to let the key go on",
+            " fix the cause, then `outboxkit replay --id <head id>` (or `outboxkit failed"
+            " discard --id <head id>`) to let the key go on",
         )
     )
 
@@ -168,8 +183,10 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
         console.print(Text("no failed events", style="green"))
         return
     tbl = Table(title=Text(f"failed events in {table}"), title_justify="left")
-    for col in ("id", "event id", "topic", "type", "attempts", "last error"):
-        tbl.add_column(col, overflow="fold")
+    id_column(tbl, "id", justify="right")
+    id_column(tbl, "event id")
+    for col in ("topic", "type", "attempts", "last error"):
+        tbl.add_column(col, overflow="fold", justify="right" if col == "attempts" else "left")
     for r in rows:
         tbl.add_row(
             str(r["id"]),
@@ -177,10 +194,11 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
             Text(r["topic"]),
             Text(r["event_type"]),
             str(r["attempts"]),
-            Text((r["last_error"] or "")[:120]),
+            Text(_first_line(r["last_error"])),
         )
     console.print(tbl)
     console.print("replay with: outboxkit replay --id ID | --topic T | --all-failed")
+    console.print("or delete for good: outboxkit failed discard --id ID | --topic T | --all-failed")
 
 
 @failed.command("show")
@@ -208,23 +226,41 @@ def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     console.print(tbl)
 
 
+def _event_refs(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
+    """A click callback: each --id as a row id (in bigint's range) or an event id (UUID)."""
+    from outboxkit.store.admin import parse_event_ref
+
+    in_range(1, MAX_INT8)(_ctx, param, tuple(int(v) for v in values if v.strip().isdigit()))
+    try:
+        return [parse_event_ref(v) for v in values]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+_ID_HELP = "Row id or event id (UUID), as `failed list` shows them (repeatable)."
+
+
+def _nothing_matched(verb: str, table: str, ids: list[Any], topic: str | None) -> None:
+    """Say that no failed event matched and exit 1: a typo must not read as success."""
+    if ids:
+        what = f"no failed event with id {', '.join(str(i) for i in ids)}"
+    elif topic is not None:
+        what = f"no failed event of topic {topic!r}"
+    else:
+        what = "no failed event"
+    fail(f"{what} in {table}: nothing to {verb}; see `outboxkit failed list`", 1)
+
+
 @click.command()
 @dsn_option
 @table_option
-@click.option(
-    "--id",
-    "ids",
-    callback=in_range(1, MAX_INT8),
-    multiple=True,
-    type=int,
-    help="Row id to replay (repeatable).",
-)
+@click.option("--id", "ids", callback=_event_refs, multiple=True, help=_ID_HELP)
 @click.option("--topic", default=None, help="Replay every failed event of this topic.")
 @click.option("--all-failed", is_flag=True, help="Replay every failed event.")
-def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_failed: bool) -> None:
+def replay(dsn: str, table: str, ids: list[Any], topic: str | None, all_failed: bool) -> None:
     """Put dead-lettered events back in line with a fresh attempt budget.
 
-    Exactly one of --id, --topic or --all-failed.
+    Exactly one of --id, --topic or --all-failed. Exits 1 when no failed event matched.
     """
     from outboxkit.store import admin
 
@@ -233,7 +269,40 @@ def replay(dsn: str, table: str, ids: tuple[int, ...], topic: str | None, all_fa
     n = run_guarded(
         admin.replay, dsn, table, ids=list(ids) or None, topic=topic, all_failed=all_failed
     )
+    if n == 0:
+        _nothing_matched("replay", table, ids, topic)
     ok(f"{n} event(s) back to pending")
+
+
+@failed.command("discard")
+@dsn_option
+@table_option
+@click.option("--id", "ids", callback=_event_refs, multiple=True, help=_ID_HELP)
+@click.option("--topic", default=None, help="Discard every failed event of this topic.")
+@click.option("--all-failed", is_flag=True, help="Discard every failed event.")
+@click.option("--yes", is_flag=True, help="Do not ask before discarding a topic's or all.")
+def failed_discard(
+    dsn: str, table: str, ids: list[Any], topic: str | None, all_failed: bool, yes: bool
+) -> None:
+    """Delete dead-lettered events for good (ordered mode: lets a blocked key go on).
+
+    Exactly one of --id, --topic or --all-failed; the last two ask first unless --yes.
+    Only events in status failed are deleted. Exits 1 when none matched.
+    """
+    from outboxkit.store import admin
+
+    if sum(bool(x) for x in (ids, topic, all_failed)) != 1:
+        fail("say what to discard: --id ID (repeatable), --topic T, or --all-failed", 2)
+    if not ids and not yes:
+        what = f"every failed event of topic {topic!r}" if topic else "every failed event"
+        if not click.confirm(f"delete {what} in {table} for good?", err=True):
+            fail("nothing discarded", 1)
+    n = run_guarded(
+        admin.discard, dsn, table, ids=list(ids) or None, topic=topic, all_failed=all_failed
+    )
+    if n == 0:
+        _nothing_matched("discard", table, ids, topic)
+    ok(f"discarded {n} failed event(s)")
 
 
 @click.command()

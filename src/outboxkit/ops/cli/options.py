@@ -132,7 +132,9 @@ def check_dsn(dsn: str) -> None:
             "in a postgresql:// URL, percent-encode the user name and password"
             " (% as %25, @ as %40, : as %3A, / as %2F)"
             if "percent" in reason
-            else "write a postgresql://user@host:port/dbname URL or libpq key=value pairs"
+            # No user@ in the example: the line's redaction would mask it as a password.
+            else "write a URL such as postgresql://db.example:5432/shop?user=app"
+            " or libpq key=value pairs"
         )
         raise ConfigurationError(
             f"--dsn (or OUTBOXKIT_DSN) is not a valid PostgreSQL connection string: {reason};"

@@ -18,7 +18,7 @@ from outboxkit.ops.cli.options import (
     parse_duration,
     table_option,
 )
-from outboxkit.ops.cli.output import console, err_console, ok
+from outboxkit.ops.cli.output import console, err_console, id_column, ok
 
 # More periods ahead than any retention needs would be thousands of tables to create.
 _MAX_AHEAD = 1000
@@ -78,8 +78,9 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
         click.echo(json.dumps([i.as_dict() for i in infos]))
         return
     tbl = Table(title=Text(f"{table} partitions"), title_justify="left")
-    for col in ("partition", "range", "rows", "pending", "failed", "size"):
-        tbl.add_column(col, justify="left" if col in ("partition", "range") else "right")
+    id_column(tbl, "partition")
+    for col in ("range", "rows", "pending", "failed", "size"):
+        tbl.add_column(col, justify="left" if col == "range" else "right")
     stray = 0
     for i in infos:
         rows = str(i.rows) if i.rows_exact else f"~{max(i.rows, 0)}"

@@ -361,7 +361,10 @@ def relay(
             from outboxkit.ops.dashboard import dashboard_app
 
             board = dashboard_app(board_state)
-        async with serving(metrics_app(metrics, dashboard=board), metrics_host, metrics_port):
+        what = "/metrics /healthz /readyz" + (" /dashboard/" if board is not None else "")
+        async with serving(
+            metrics_app(metrics, dashboard=board), metrics_host, metrics_port, what=what
+        ):
             gauges = asyncio.create_task(metrics.run_gauges())
             try:
                 await engine.run()
