@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from outboxkit.drivers.asyncpg_adapter import Asyncpg
 from outboxkit.events import Event
 from outboxkit.write.storage import Check, encode_batch
 
@@ -201,9 +202,14 @@ def _on_commit(sa: Any) -> None:
         write_with_commit(raw, queued)
     elif isinstance(raw, psycopg.AsyncConnection):
         _await(awrite_with_commit(raw, queued))
+    elif Asyncpg.handles(type(raw)) and raw.is_in_transaction():
+        # asyncpg has no pipeline to ride in (its COMMIT is its Transaction's own query):
+        # one statement per outbox just before it, on the driver connection.
+        for q in queued:
+            _await(q.outbox.aput_many(raw, q.events))
     else:
-        # No pipeline to ride in (asyncpg, psycopg2): one statement per outbox, then the
-        # COMMIT SQLAlchemy sends. What the driver raises aborts the commit.
+        # Other DB-API drivers (psycopg2), or asyncpg before SQLAlchemy's adapter began
+        # (nothing else ran): the same, through SQLAlchemy's connection, which begins.
         for q in queued:
             q.outbox.put_many(sa, q.events)
 
