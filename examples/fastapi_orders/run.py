@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -74,9 +76,11 @@ async def demo(base_url: str, billing_dsn: str) -> None:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dsn", help="an admin DSN of a PostgreSQL server (default: embedded)")
+    ap.add_argument(
+        "--dsn", help="an admin URL (postgresql://...) of a PostgreSQL server (default: embedded)"
+    )
     ap.add_argument("--nats", help="a NATS JetStream URL (default: embedded)")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000, help="0: any free port")
     ap.add_argument("--demo", action="store_true", help="place orders, check, exit")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
@@ -90,7 +94,8 @@ async def main() -> None:
                 nats_url = stack.enter_context(EmbeddedNats()).url
         orders_dsn, billing_dsn = (_database(admin, name) for name in ("orders", "billing"))
         settings = Settings(dsn=orders_dsn, nats_url=nats_url)
-        async with services(settings, billing_dsn, args.port) as url:
+        port = args.port or _free_port()
+        async with services(settings, billing_dsn, port) as url:
             print(f"orders: {url}/docs   billing: {billing_dsn}   NATS: {nats_url}")
             if args.demo:
                 await demo(url, billing_dsn)
@@ -99,11 +104,17 @@ async def main() -> None:
 
 
 def _database(admin: str, name: str) -> str:
-    """The DSN of database ``name`` on ``admin``'s server, created if missing."""
+    """The URL of database ``name`` on ``admin``'s server, created if missing."""
     with psycopg.connect(admin, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
             conn.execute(f'CREATE DATABASE "{name}"')
-    return psycopg.conninfo.make_conninfo(admin, dbname=name)
+    return urlsplit(admin)._replace(path=f"/{name}").geturl()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":
