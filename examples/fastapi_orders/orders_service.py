@@ -88,12 +88,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with engine.begin() as conn:
             await conn.run_sync(Base.metadata.create_all)
         await ensure_stream(s.nats_url, s.stream, s.topic)
-        relay = Relay(s.dsn, from_url(f"{s.nats_url}?stream={s.stream}"))
-        running = asyncio.create_task(relay.run()) if s.embedded_relay else None
+        relay = (
+            Relay(s.dsn, from_url(f"{s.nats_url}?stream={s.stream}")) if s.embedded_relay else None
+        )
+        running = asyncio.create_task(relay.run()) if relay is not None else None
         try:
             yield
         finally:
-            if running is not None:
+            if relay is not None and running is not None:
                 relay.stop()  # finishes the batch in flight, hands back the rest
                 await running
             await engine.dispose()

@@ -18,6 +18,7 @@ listeners serves them all. The Django hook is ``contrib/django/deferred.py``.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ async def awrite_with_commit(raw: psycopg.AsyncConnection[Any], queued: list[Que
 
 _ATTRIBUTE = "_outboxkit_pending"
 _hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+_hooking = threading.Lock()  # two threads' first defer on one engine: one set of listeners
 
 
 def defer(conn: Any, outbox: Writer, events: list[Event]) -> None:
@@ -167,7 +169,9 @@ def _queue(sa: Any, outbox: Writer, events: list[Event]) -> None:
         return
     engine = sa.engine
     if engine not in _hooked:
-        _hook(engine)
+        with _hooking:
+            if engine not in _hooked:
+                _hook(engine)
     pending: Pending | None = sa.__dict__.get(_ATTRIBUTE)
     if pending is None:
         pending = sa.__dict__[_ATTRIBUTE] = Pending()
