@@ -264,3 +264,11 @@ async def _async_round_trips(raw: Any, work: Any) -> list[str]:
         lines = trace.read().splitlines()
     sent = [line.split("\t") for line in lines if line.startswith("F\t")]
     return [f[2].strip() for f in sent if f[2].strip() in ("Sync", "Query")]
+
+
+def test_an_ordered_outbox_defers_too(shop_dsn: str, engine: sa.Engine) -> None:
+    """The ordered write's key locks ride in the COMMIT's pipeline, as transaction()'s do."""
+    outbox = Outbox(ordered=True)
+    with Session(engine) as session, session.begin():
+        outbox.defer_many(session, [_event(1), _event(2)])
+    assert _payload_orders(shop_dsn) == [1, 2]
