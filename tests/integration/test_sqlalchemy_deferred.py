@@ -272,3 +272,11 @@ def test_an_ordered_outbox_defers_too(shop_dsn: str, engine: sa.Engine) -> None:
     with Session(engine) as session, session.begin():
         outbox.defer_many(session, [_event(1), _event(2)])
     assert _payload_orders(shop_dsn) == [1, 2]
+
+
+def test_a_two_phase_session_is_refused(shop_dsn: str, engine: sa.Engine) -> None:
+    """Its COMMIT PREPARED fires no commit event: deferring there would lose the event."""
+    with Session(engine, twophase=True) as session, session.begin():
+        with pytest.raises(NotInTransactionError, match="two-phase"):
+            Outbox().defer(session, _event(1))
+        session.rollback()

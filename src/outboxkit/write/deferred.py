@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import psycopg
 
 from outboxkit.drivers.asyncpg_adapter import Asyncpg
+from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
 from outboxkit.write.storage import Check, encode_batch
 
@@ -165,6 +166,14 @@ async def adefer(conn: Any, outbox: Writer, events: list[Event]) -> None:
 
 
 def _queue(sa: Any, outbox: Writer, events: list[Event]) -> None:
+    from sqlalchemy.engine import TwoPhaseTransaction
+
+    if isinstance(sa.get_transaction(), TwoPhaseTransaction):
+        # Its COMMIT PREPARED fires no commit event: the events would be lost unsaid.
+        raise NotInTransactionError(
+            "Outbox.defer() cannot write with a two-phase transaction's commit; use"
+            " outbox.put(session, event) there"
+        )
     if not events:
         return
     engine = sa.engine
