@@ -14,7 +14,9 @@ a table and writes JSON.
     OUTBOXKIT_BENCH_WRITE_ROUNDS=20000 python bench/write_overhead.py --dsn ...   # longer
 
 The reference transaction (issue 5): insert an order, insert 3 order lines,
-update 3 stock rows, commit; ``synchronous_commit=on``; one connection.
+update 3 stock rows, commit; ``synchronous_commit=on``; one connection. The
+``sqlalchemy-orm*`` paths write it through the ORM (``orm_business``) and set
+``outbox.defer``/``adefer`` (queued, written with the COMMIT) beside ``put``/``aput``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import orjson
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
@@ -208,6 +210,60 @@ async def sqlalchemy_async_business(session: AsyncSession, o: Order) -> int:
     for sku in sorted(o.skus):
         await session.execute(SA_TAKE_STOCK, {"s": sku})
     return order_id
+
+
+# The reference transaction written through the ORM: the order added and flushed (its id,
+# one INSERT ... RETURNING), its 3 lines added (the ORM batches them into one INSERT at the
+# commit's flush), the 3 stock rows taken by ORM UPDATE statements, COMMIT.
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class BenchOrder(_Base):
+    __tablename__ = "bench_orders"
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    customer: Mapped[str]
+    total_cents: Mapped[int]
+
+
+class BenchLine(_Base):
+    __tablename__ = "bench_order_lines"
+    id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True)
+    order_id: Mapped[int] = mapped_column(sa.BigInteger)
+    sku: Mapped[int]
+    qty: Mapped[int]
+
+
+class BenchStock(_Base):
+    __tablename__ = "bench_stock"
+    sku: Mapped[int] = mapped_column(primary_key=True)
+    qty: Mapped[int]
+
+
+def _take_stock(sku: int) -> Any:
+    return sa.update(BenchStock).where(BenchStock.sku == sku).values(qty=BenchStock.qty - 1)
+
+
+def orm_business(session: Session, o: Order) -> int:
+    order = BenchOrder(customer=o.customer, total_cents=o.total)
+    session.add(order)
+    session.flush()
+    session.add_all([BenchLine(order_id=order.id, sku=sku, qty=1) for sku in o.skus])
+    for sku in sorted(o.skus):
+        session.execute(_take_stock(sku))
+    return order.id
+
+
+async def orm_async_business(session: AsyncSession, o: Order) -> int:
+    order = BenchOrder(customer=o.customer, total_cents=o.total)
+    session.add(order)
+    await session.flush()
+    session.add_all([BenchLine(order_id=order.id, sku=sku, qty=1) for sku in o.skus])
+    for sku in sorted(o.skus):
+        await session.execute(_take_stock(sku))
+    return order.id
 
 
 # -- paths: each builds its variants (name -> one timed transaction) ------------------
@@ -389,11 +445,61 @@ class SqlAlchemySync(WritePath):
 
             return run
 
+        def deferred(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with Session(engine) as session, session.begin():
+                    ob.defer(session, order_event(sqlalchemy_business(session, self.order)))
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.put, notify off": outbox(Outbox(notify=False)),
             "outbox.put, notify on": outbox(Outbox()),
+            "outbox.defer, notify off": deferred(Outbox(notify=False)),
+            "outbox.defer, notify on": deferred(Outbox()),
+        }
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+class SqlAlchemyOrm(WritePath):
+    name = "SQLAlchemy ORM Session (psycopg)"
+
+    def __init__(self, dsn: str, rng: random.Random) -> None:
+        super().__init__(dsn, rng)
+        self.engine = sa.create_engine(
+            dsn.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
+        )
+        engine = self.engine
+
+        def plain() -> None:
+            with Session(engine) as session, session.begin():
+                orm_business(session, self.order)
+
+        def outbox(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with Session(engine) as session, session.begin():
+                    ob.put(session, order_event(orm_business(session, self.order)))
+
+            return run
+
+        def deferred(ob: Outbox) -> SyncTx:
+            def run() -> None:
+                with Session(engine) as session, session.begin():
+                    ob.defer(session, order_event(orm_business(session, self.order)))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.put, notify off": outbox(Outbox(notify=False)),
+            "outbox.put, notify on": outbox(Outbox()),
+            "outbox.defer, notify off": deferred(Outbox(notify=False)),
+            "outbox.defer, notify on": deferred(Outbox()),
         }
 
     def close(self) -> None:
@@ -475,6 +581,19 @@ class Asyncpg(WritePath):
 
             return run
 
+        async def simple_query_commit() -> None:
+            # What asyncpg could do at best for a deferred write (not a library API): the
+            # INSERT, its values as literals, and the COMMIT as one simple-protocol query,
+            # one round trip. Under SQLAlchemy it would mean rewriting asyncpg's and
+            # SQLAlchemy's private transaction state (their COMMIT is their own query).
+            await conn.execute("BEGIN")
+            e = order_event(await asyncpg_business(conn, self.order))
+            await conn.execute(
+                "INSERT INTO outbox (event_id, topic, key, event_type, payload)"
+                f" VALUES ('{e.event_id}', {_literal(e.topic)}, {_literal(e.key or '')},"
+                f" {_literal(e.event_type)}, '\\x{e.payload.hex()}'::bytea); COMMIT"
+            )
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
@@ -482,6 +601,7 @@ class Asyncpg(WritePath):
             "outbox.aput, notify on": outbox(Outbox()),
             "outbox.aexecute_with, notify off": attached(Outbox(notify=False)),
             "outbox.aexecute_with, notify on": attached(Outbox()),
+            "ref: INSERT + COMMIT as one simple query": simple_query_commit,
         }
 
     async def aclose(self) -> None:
@@ -510,15 +630,81 @@ class SqlAlchemyAsync(WritePath):
 
             return run
 
+        def deferred(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with AsyncSession(engine) as session, session.begin():
+                    order_id = await sqlalchemy_async_business(session, self.order)
+                    await ob.adefer(session, order_event(order_id))
+
+            return run
+
         self.variants = {
             "plain (A)": plain,
             "plain (A/A control)": plain,
             "outbox.aput, notify off": outbox(Outbox(notify=False)),
             "outbox.aput, notify on": outbox(Outbox()),
+            "outbox.adefer, notify off": deferred(Outbox(notify=False)),
+            "outbox.adefer, notify on": deferred(Outbox()),
         }
 
     async def aclose(self) -> None:
         await self.engine.dispose()
+
+
+class SqlAlchemyOrmAsync(WritePath):
+    """The ORM transaction on an AsyncSession; ``driver`` picks the DBAPI driver."""
+
+    name = "SQLAlchemy ORM AsyncSession (asyncpg)"
+    driver = "asyncpg"
+    is_async = True
+
+    async def open(self) -> None:
+        self.engine = create_async_engine(
+            self.dsn.replace("postgresql://", f"postgresql+{self.driver}://", 1), pool_size=1
+        )
+        engine = self.engine
+
+        async def plain() -> None:
+            async with AsyncSession(engine) as session, session.begin():
+                await orm_async_business(session, self.order)
+
+        def outbox(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with AsyncSession(engine) as session, session.begin():
+                    order_id = await orm_async_business(session, self.order)
+                    await ob.aput(session, order_event(order_id))
+
+            return run
+
+        def deferred(ob: Outbox) -> AsyncTx:
+            async def run() -> None:
+                async with AsyncSession(engine) as session, session.begin():
+                    order_id = await orm_async_business(session, self.order)
+                    await ob.adefer(session, order_event(order_id))
+
+            return run
+
+        self.variants = {
+            "plain (A)": plain,
+            "plain (A/A control)": plain,
+            "outbox.aput, notify off": outbox(Outbox(notify=False)),
+            "outbox.aput, notify on": outbox(Outbox()),
+            "outbox.adefer, notify off": deferred(Outbox(notify=False)),
+            "outbox.adefer, notify on": deferred(Outbox()),
+        }
+
+    async def aclose(self) -> None:
+        await self.engine.dispose()
+
+
+class SqlAlchemyOrmAsyncPsycopg(SqlAlchemyOrmAsync):
+    name = "SQLAlchemy ORM AsyncSession (psycopg)"
+    driver = "psycopg"
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (standard_conforming_strings on; the bench's own values)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _params(e: Event) -> tuple[Any, ...]:
@@ -729,7 +915,8 @@ def main() -> None:
         "--paths",
         default="all",
         help="comma-separated subset of: psycopg, psycopg-pipeline, psycopg-async, asyncpg,"
-        " sqlalchemy, sqlalchemy-async (default: all)",
+        " sqlalchemy, sqlalchemy-async, sqlalchemy-orm, sqlalchemy-orm-async (psycopg),"
+        " sqlalchemy-orm-asyncpg (default: all)",
     )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "write_overhead.json"))
     ap.add_argument("--seed", type=int, default=7)
@@ -756,6 +943,9 @@ def main() -> None:
         "asyncpg": Asyncpg,
         "sqlalchemy": SqlAlchemySync,
         "sqlalchemy-async": SqlAlchemyAsync,
+        "sqlalchemy-orm": SqlAlchemyOrm,
+        "sqlalchemy-orm-async": SqlAlchemyOrmAsyncPsycopg,
+        "sqlalchemy-orm-asyncpg": SqlAlchemyOrmAsync,
     }
     chosen = list(all_paths) if args.paths == "all" else args.paths.split(",")
     rng = random.Random(args.seed)

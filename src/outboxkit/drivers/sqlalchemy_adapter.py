@@ -62,6 +62,11 @@ class SQLAlchemySync(SyncAdapter):
     def check(self, conn: Any) -> None:
         self._connection(conn)
 
+    def transaction_connection(self, conn: Any) -> Any:
+        """The SQLAlchemy ``Connection`` of ``conn``'s open transaction (the deferred write
+        queues its events on it); refuses as a write would."""
+        return self._connection(conn)
+
     def _connection(self, conn: Any) -> Any:
         """The SQLAlchemy ``Connection`` of the caller's transaction, checked."""
         from sqlalchemy.orm import Session
@@ -153,6 +158,10 @@ class SQLAlchemyAsync(AsyncAdapter):
                 "the SQLAlchemy AsyncConnection has no transaction begun; write inside"
                 " `async with conn.begin():` so the event commits with your change"
             )
+
+    async def transaction_connection(self, conn: Any) -> Any:
+        """The sync ``Connection`` under ``conn``'s open transaction (see SQLAlchemySync's)."""
+        return (await self._connection(conn))[1]
 
     async def _connection(self, conn: Any) -> tuple[Any, Any, Any]:
         """The checked AsyncConnection, its sync Connection and the driver connection."""

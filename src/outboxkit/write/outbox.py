@@ -32,6 +32,7 @@ from outboxkit.errors import ConfigurationError, InvalidEventError, outbox_table
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
 from outboxkit.store.postgres import numbered
+from outboxkit.write import deferred
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.storage import Prepared, Storage
 from outboxkit.write.table import TableStorage
@@ -39,6 +40,9 @@ from outboxkit.write.wal import WalStorage
 
 if TYPE_CHECKING:
     import asyncpg
+    import sqlalchemy.engine
+    import sqlalchemy.ext.asyncio
+    import sqlalchemy.orm
 
 # A caller's statement that has its own WITH list: the events join that list.
 _LEADING_WITH = re.compile(r"\s*WITH(\s+RECURSIVE)?\s+", re.IGNORECASE)
@@ -223,6 +227,48 @@ class Outbox:
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction:
         """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
         return AsyncOutboxTransaction(self._storage, self._check, conn)
+
+    # -- events queued in a SQLAlchemy session, written with its COMMIT -----------
+
+    def defer(
+        self, conn: sqlalchemy.orm.Session | sqlalchemy.engine.Connection, event: Event
+    ) -> None:
+        """Queue ``event`` in ``conn``'s open transaction; it is written with its COMMIT.
+
+        For SQLAlchemy, whose Session owns the COMMIT: the event is checked now, and
+        on psycopg its INSERT travels with the COMMIT in one round trip, as
+        :meth:`transaction` sends it (elsewhere one statement per outbox just before
+        the COMMIT). A rollback, or a rollback to a savepoint taken before the call
+        (``begin_nested()``), drops it. Unlike :meth:`put`, the row is not in the
+        table before the commit, and an error writing it is raised by ``commit()``::
+
+            with Session(engine) as session, session.begin():
+                session.add(order)
+                outbox.defer(session, Event(topic="orders", event_type="order.placed", ...))
+        """
+        deferred.defer(conn, self, deferred.checked((event,), self._check))
+
+    def defer_many(
+        self, conn: sqlalchemy.orm.Session | sqlalchemy.engine.Connection, events: Iterable[Event]
+    ) -> None:
+        """:meth:`defer` for several events (at most 10 000 per call)."""
+        deferred.defer(conn, self, deferred.checked(events, self._check))
+
+    async def adefer(
+        self,
+        conn: sqlalchemy.ext.asyncio.AsyncSession | sqlalchemy.ext.asyncio.AsyncConnection,
+        event: Event,
+    ) -> None:
+        """:meth:`defer` for a SQLAlchemy ``AsyncSession``/``AsyncConnection``."""
+        await deferred.adefer(conn, self, deferred.checked((event,), self._check))
+
+    async def adefer_many(
+        self,
+        conn: sqlalchemy.ext.asyncio.AsyncSession | sqlalchemy.ext.asyncio.AsyncConnection,
+        events: Iterable[Event],
+    ) -> None:
+        """:meth:`adefer` for several events (at most 10 000 per call)."""
+        await deferred.adefer(conn, self, deferred.checked(events, self._check))
 
     # -- events in the caller's own statement -----------------------------------
 

@@ -22,8 +22,6 @@ Inside the block the events are not in the table yet (``WRITE_WITH_COMMIT: False
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -31,36 +29,10 @@ import psycopg
 from outboxkit.errors import InvalidEventError
 from outboxkit.events import Event
 from outboxkit.write import Outbox
-from outboxkit.write.storage import encode_batch
+from outboxkit.write.deferred import Pending, checked, write_with_commit
+from outboxkit.write.storage import Check
 
 _ATTRIBUTE = "_outboxkit_pending"
-
-
-@dataclass
-class _Queued:
-    outbox: Outbox
-    events: list[Event]
-
-
-@dataclass
-class Pending:
-    """The events of one Django connection's open transaction, not sent yet."""
-
-    raw: Any = None  # the driver connection they were queued on
-    queued: list[_Queued] = field(default_factory=list)
-    #: Each savepoint of the transaction: how many entries were queued when it was taken.
-    marks: dict[str, int] = field(default_factory=dict)
-
-    def take(self, raw: Any) -> list[_Queued]:
-        """Everything queued on ``raw`` (a reconnect drops what the old connection had)."""
-        found = self.queued if raw is self.raw else []
-        self.queued, self.raw, self.marks = [], None, {}
-        return found
-
-    def roll_back_to(self, sid: str) -> None:
-        """Drop what was queued since savepoint ``sid`` was taken (all of it for one taken
-        before the first deferred write on this connection: it is not marked)."""
-        del self.queued[self.marks.get(sid, 0) :]
 
 
 def defers(wrapper: Any) -> bool:
@@ -74,7 +46,7 @@ def defers(wrapper: Any) -> bool:
     return not any(getattr(b, "_from_testcase", False) for b in wrapper.atomic_blocks)
 
 
-def _check(outbox: Outbox) -> Callable[[object], Event]:
+def _check(outbox: Outbox) -> Check:
     def check(event: object) -> Event:
         if not isinstance(event, Event):
             raise InvalidEventError(
@@ -89,15 +61,10 @@ def _check(outbox: Outbox) -> Callable[[object], Event]:
 
 def queue(wrapper: Any, outbox: Outbox, events: list[Event] | tuple[Event, ...] | Any) -> None:
     """Check ``events`` and queue them for ``wrapper``'s COMMIT (inside its atomic block)."""
-    checked = encode_batch(events, _check(outbox), lambda e: e)
-    if not checked:
+    found = checked(events, _check(outbox))
+    if not found:
         return
-    pending = _install(wrapper)
-    raw = wrapper.connection
-    if pending.raw is not raw:
-        pending.take(None)
-        pending.raw = raw
-    pending.queued.append(_Queued(outbox, checked))
+    _install(wrapper).add(wrapper.connection, outbox, found)
 
 
 def _install(wrapper: Any) -> Pending:
@@ -114,7 +81,7 @@ def _install(wrapper: Any) -> Pending:
             return commit()
         try:
             with wrapper.wrap_database_errors:
-                _write_with_commit(wrapper.connection, queued)
+                write_with_commit(wrapper.connection, queued)
         except BaseException:
             # Nothing committed. A failed INSERT left the transaction rolled back; Django
             # rolls back on its own errors only, so the hooks of this transaction go too.
@@ -129,7 +96,7 @@ def _install(wrapper: Any) -> Pending:
         return rollback()
 
     def _savepoint(sid: str) -> Any:
-        pending.marks[sid] = len(pending.queued)
+        pending.mark(sid)
         return savepoint(sid)
 
     def _savepoint_rollback(sid: str) -> Any:
@@ -142,15 +109,3 @@ def _install(wrapper: Any) -> Pending:
     wrapper._savepoint_rollback = _savepoint_rollback
     wrapper.__dict__[_ATTRIBUTE] = pending
     return pending
-
-
-def _write_with_commit(raw: psycopg.Connection[Any], queued: list[_Queued]) -> None:
-    """The queued events' INSERTs and the COMMIT, in one pipeline (``Outbox.transaction``)."""
-    last = queued[-1].outbox
-    for q in queued:
-        if q.outbox is not last:  # the settings changed mid-transaction (tests): plain INSERT
-            q.outbox.put_many(raw, q.events)
-    with last.transaction(raw) as tx:
-        for q in queued:
-            if q.outbox is last:
-                tx.put_many(q.events)

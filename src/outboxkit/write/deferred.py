@@ -1,0 +1,273 @@
+"""Events queued in the caller's transaction and written with its COMMIT.
+
+``Outbox.transaction()`` sends the INSERTs with the COMMIT, but only around a block it owns.
+ORMs own the COMMIT themselves (a SQLAlchemy ``Session``, Django's ``atomic()``): there the
+events are checked and queued (:class:`Pending`), dropped with a rollback (or with a rollback
+to a savepoint taken before them), and handed to :func:`write_with_commit` by a hook at the
+one place the ORM sends its COMMIT. On psycopg 3 that is ``Outbox.transaction()``'s
+pipeline: no round trip of their own. Elsewhere (asyncpg, psycopg2) one ``put_many`` per
+outbox just before the COMMIT: one round trip for all of the transaction's events.
+
+The SQLAlchemy hook (:func:`defer`, :func:`adefer`): engine-level ``commit``, ``rollback``
+and savepoint listeners (``ConnectionEvents``), installed on an engine by its first deferred
+write. ``commit`` fires after the Session's flush, right before the DBAPI ``commit()``;
+psycopg's ``commit()`` on a connection the pipeline already committed sends nothing. Every
+``Session``, ``Connection`` and their async twins go through one ``Connection``, so one set of
+listeners serves them all. The Django hook is ``contrib/django/deferred.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+
+from outboxkit.drivers.asyncpg_adapter import Asyncpg
+from outboxkit.errors import NotInTransactionError
+from outboxkit.events import Event
+from outboxkit.write.storage import Check, encode_batch
+
+
+class Writer(Protocol):
+    """What the queue needs of an ``Outbox`` (kept as a protocol: ``outbox`` imports this)."""
+
+    def transaction(self, conn: psycopg.Connection[Any]) -> Any: ...
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> Any: ...
+    def put_many(self, conn: Any, events: Iterable[Event]) -> None: ...
+    async def aput_many(self, conn: Any, events: Iterable[Event]) -> None: ...
+
+
+@dataclass
+class Queued:
+    outbox: Writer
+    events: list[Event]
+
+
+@dataclass
+class Pending:
+    """The events of one connection's open transaction, not sent yet."""
+
+    raw: Any = None  # the driver connection they were queued on
+    queued: list[Queued] = field(default_factory=list)
+    #: Each savepoint taken since the first deferred write: its name and how many
+    #: entries were queued when it was taken, innermost last.
+    marks: list[tuple[str | None, int]] = field(default_factory=list)
+
+    def add(self, raw: Any, outbox: Writer, events: list[Event]) -> None:
+        if self.raw is not raw:  # a reconnect: what the old connection had is gone
+            self.take(None)
+            self.raw = raw
+        self.queued.append(Queued(outbox, events))
+
+    def take(self, raw: Any) -> list[Queued]:
+        """Everything queued on ``raw`` (a reconnect drops what the old connection had)."""
+        found = self.queued if raw is self.raw else []
+        self.queued, self.raw, self.marks = [], None, []
+        return found
+
+    def mark(self, name: str | None) -> None:
+        """A savepoint is taken (``None``: a name not known yet, see :meth:`_find`)."""
+        self.marks.append((name, len(self.queued)))
+
+    def roll_back_to(self, name: str) -> None:
+        """Drop what was queued since savepoint ``name`` (all of it for one taken before the
+        first deferred write: it is not marked); the savepoint itself stays."""
+        index = self._find(name)
+        if index is None:
+            self.queued.clear()
+            self.marks.clear()
+            return
+        del self.queued[self.marks[index][1] :]
+        del self.marks[index + 1 :]
+
+    def release(self, name: str) -> None:
+        """Savepoint ``name`` (and every one taken after it) is gone; its events stay."""
+        index = self._find(name)
+        if index is not None:
+            del self.marks[index:]
+
+    def _find(self, name: str) -> int | None:
+        for i in range(len(self.marks) - 1, -1, -1):
+            if self.marks[i][0] == name:
+                return i
+        # A savepoint whose name was not known when it was taken is the innermost one
+        # still unnamed (savepoints nest: SQLAlchemy's and Django's are released or rolled
+        # back innermost first).
+        for i in range(len(self.marks) - 1, -1, -1):
+            if self.marks[i][0] is None:
+                self.marks[i] = (name, self.marks[i][1])
+                return i
+        return None
+
+
+def checked(events: Iterable[Event], check: Check) -> list[Event]:
+    """``events`` checked now (a bad event fails at the call, not at COMMIT)."""
+    return encode_batch(events, check, lambda e: e)
+
+
+def write_with_commit(raw: psycopg.Connection[Any], queued: list[Queued]) -> None:
+    """The queued events' INSERTs and the COMMIT, in one pipeline (``Outbox.transaction``)."""
+    last = queued[-1].outbox
+    for q in queued:
+        if q.outbox is not last:  # several outboxes in one transaction: plain INSERTs first
+            q.outbox.put_many(raw, q.events)
+    with last.transaction(raw) as tx:
+        for q in queued:
+            if q.outbox is last:
+                tx.put_many(q.events)
+
+
+async def awrite_with_commit(raw: psycopg.AsyncConnection[Any], queued: list[Queued]) -> None:
+    """:func:`write_with_commit` for psycopg ``AsyncConnection``."""
+    last = queued[-1].outbox
+    for q in queued:
+        if q.outbox is not last:
+            await q.outbox.aput_many(raw, q.events)
+    async with last.atransaction(raw) as tx:
+        for q in queued:
+            if q.outbox is last:
+                tx.put_many(q.events)
+
+
+# -- SQLAlchemy -------------------------------------------------------------------------
+
+_ATTRIBUTE = "_outboxkit_pending"
+_hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+_hooking = threading.Lock()  # two threads' first defer on one engine: one set of listeners
+
+
+def defer(conn: Any, outbox: Writer, events: list[Event]) -> None:
+    """Queue checked ``events`` for the COMMIT of ``conn`` (a SQLAlchemy Session/Connection)."""
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
+
+    if not isinstance(conn, Session | Connection):
+        raise _unsupported(conn, "defer", "a SQLAlchemy Session or Connection")
+    from outboxkit.drivers.sqlalchemy_adapter import SQLAlchemySync
+
+    sa = SQLAlchemySync().transaction_connection(conn)
+    _queue(sa, outbox, events)
+
+
+async def adefer(conn: Any, outbox: Writer, events: list[Event]) -> None:
+    """:func:`defer` for a SQLAlchemy ``AsyncSession``/``AsyncConnection``."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    if not isinstance(conn, AsyncSession | AsyncConnection):
+        raise _unsupported(conn, "adefer", "a SQLAlchemy AsyncSession or AsyncConnection")
+    from outboxkit.drivers.sqlalchemy_adapter import SQLAlchemyAsync
+
+    sa = await SQLAlchemyAsync().transaction_connection(conn)
+    _queue(sa, outbox, events)
+
+
+def _queue(sa: Any, outbox: Writer, events: list[Event]) -> None:
+    from sqlalchemy.engine import TwoPhaseTransaction
+
+    if isinstance(sa.get_transaction(), TwoPhaseTransaction):
+        # Its COMMIT PREPARED fires no commit event: the events would be lost unsaid.
+        raise NotInTransactionError(
+            "Outbox.defer() cannot write with a two-phase transaction's commit; use"
+            " outbox.put(session, event) there"
+        )
+    if not events:
+        return
+    engine = sa.engine
+    if engine not in _hooked:
+        with _hooking:
+            if engine not in _hooked:
+                _hook(engine)
+    pending: Pending | None = sa.__dict__.get(_ATTRIBUTE)
+    if pending is None:
+        pending = sa.__dict__[_ATTRIBUTE] = Pending()
+    pending.add(sa.connection.dbapi_connection, outbox, events)
+
+
+def _hook(engine: Any) -> None:
+    from sqlalchemy import event
+
+    event.listen(engine, "commit", _on_commit)
+    event.listen(engine, "rollback", _on_rollback)
+    event.listen(engine, "savepoint", _on_savepoint)
+    event.listen(engine, "rollback_savepoint", _on_rollback_savepoint)
+    event.listen(engine, "release_savepoint", _on_release_savepoint)
+    _hooked.add(engine)
+
+
+def _pending(sa: Any) -> Pending | None:
+    return sa.__dict__.get(_ATTRIBUTE)  # type: ignore[no-any-return]
+
+
+def _on_commit(sa: Any) -> None:
+    pending = _pending(sa)
+    if pending is None or not pending.queued:
+        return
+    dbapi = sa.connection.dbapi_connection
+    queued = pending.take(dbapi)
+    if not queued:
+        return
+    raw = sa.connection.driver_connection
+    if isinstance(raw, psycopg.Connection):
+        write_with_commit(raw, queued)
+    elif isinstance(raw, psycopg.AsyncConnection):
+        _await(awrite_with_commit(raw, queued))
+    elif Asyncpg.handles(type(raw)) and raw.is_in_transaction():
+        # asyncpg has no pipeline to ride in (its COMMIT is its Transaction's own query):
+        # one statement per outbox just before it, on the driver connection.
+        for q in queued:
+            _await(q.outbox.aput_many(raw, q.events))
+    else:
+        # Other DB-API drivers (psycopg2), or asyncpg before SQLAlchemy's adapter began
+        # (nothing else ran): the same, through SQLAlchemy's connection, which begins.
+        for q in queued:
+            q.outbox.put_many(sa, q.events)
+
+
+def _on_rollback(sa: Any) -> None:
+    pending = _pending(sa)
+    if pending is not None:
+        pending.take(None)
+
+
+def _on_savepoint(sa: Any, name: str | None) -> None:
+    pending = _pending(sa)
+    if pending is not None:
+        if name is None:
+            # SQLAlchemy names it after this event: sa_savepoint_<its counter + 1>. Should
+            # that private counter move, the name is learnt at its release or rollback.
+            seq = getattr(sa, "_Connection__savepoint_seq", None)
+            name = f"sa_savepoint_{seq + 1}" if isinstance(seq, int) else None
+        pending.mark(name)
+
+
+def _on_rollback_savepoint(sa: Any, name: str, context: Any) -> None:
+    pending = _pending(sa)
+    if pending is not None:
+        pending.roll_back_to(name)
+
+
+def _on_release_savepoint(sa: Any, name: str, context: Any) -> None:
+    pending = _pending(sa)
+    if pending is not None:
+        pending.release(name)
+
+
+def _await(awaitable: Any) -> None:
+    """Run ``awaitable`` from SQLAlchemy's sync code under an async engine (its greenlet)."""
+    from sqlalchemy.util import concurrency
+
+    run: Callable[[Any], Any] = getattr(concurrency, "await_", None) or concurrency.await_only
+    run(awaitable)
+
+
+def _unsupported(conn: object, method: str, expected: str) -> Exception:
+    from outboxkit.drivers import type_name
+
+    return TypeError(
+        f"Outbox.{method}() needs {expected}, got {type_name(conn)}; with psycopg use"
+        " `with outbox.transaction(conn) as tx: tx.put(...)`, elsewhere put()/aput()"
+    )
