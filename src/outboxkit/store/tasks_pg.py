@@ -1,0 +1,296 @@
+"""PostgreSQL's queue store for task mode (outboxkit.queue.store.QueueStore over a task table).
+
+The worker's claim loop (outboxkit.queue.loop) runs against it exactly as the relay runs
+against the outbox's (store/queue_pg.py): claims and settles on two autocommit connections,
+every settle, extension and release fenced by the claim token, psycopg's errors turned into
+the store interface's. The statements are store/tasks_sql.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.types.json import set_json_loads
+
+from outboxkit._backoff import Backoff
+from outboxkit._text import first_line
+from outboxkit.errors import SchemaError, connection_lost, write_denied
+from outboxkit.queue.store import (
+    Claim,
+    ClaimPolicy,
+    Decision,
+    Settled,
+    StoreDenied,
+    StoreError,
+    StoreInfo,
+    StoreTimeout,
+    StoreUnavailable,
+    Verdict,
+)
+from outboxkit.store._connection import aconnect
+from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
+
+log = logging.getLogger("outboxkit.worker")
+
+Retention = Literal["delete", "keep"]
+#: The start-up count of pending tasks stops here.
+PENDING_CAP = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class ClaimedTask:
+    """One claimed task, as the worker's handler sink gets it (the claim's RETURNING order).
+
+    The sink fills ``error_type`` and ``traceback`` when the handler fails (stored with the
+    settle), and ``completed`` when ``ctx.transaction()`` completed the task in the
+    handler's own transaction (the settle then has nothing left to do for it).
+    """
+
+    id: int
+    task_name: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int | None
+    key: str | None
+    priority: int
+    created_at: dt.datetime
+    error_type: str | None = None
+    traceback: str | None = None
+    completed: bool = False
+
+
+class PgTaskStore:
+    """A task table as the claim loop's store. ``queues``: the queues this worker serves.
+
+    ``retention="delete"`` (default) deletes a finished task; ``"keep"`` marks it done.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        retention: Retention = "delete",
+        name: str = "outboxkit-worker",
+    ) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.queues = list(queues)
+        self.retention: Retention = retention
+        self.name = name
+        self.sql = TaskStatements(table)
+        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
+        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
+
+    def _missing(self) -> SchemaError:
+        return SchemaError(
+            f"task table {self.table!r} not found: run `outboxkit migrate --tasks --dsn ..."
+            f" --table {self.table}`"
+        )
+
+    async def start(self) -> StoreInfo:
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self.sql.count_pending, (PENDING_CAP,))
+            row = await cur.fetchone()
+        except pg_errors.UndefinedTable:
+            raise self._missing() from None
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        pending = int(row[0]) if row else 0
+        where = f"database {conn.info.dbname} on {conn.info.host}"
+        return StoreInfo(pending, pending >= PENDING_CAP, where)
+
+    # -- claim and settle ---------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy = None,
+    ) -> Claim[ClaimedTask] | None:
+        params = {
+            "limit": limit,
+            "lease": lease,
+            "token": token,
+            "owner": owner,
+            "max_attempts": max_attempts,  # for tasks enqueued without their own
+            "queues": self.queues,
+        }
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self.sql.claim, params)
+            records = await cur.fetchall()
+        except pg_errors.UndefinedTable:
+            raise self._missing() from None
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        if not records:
+            return None
+        dead = [(ClaimedTask(*r[:-1]), "crash_loop", r[-1]) for r in records if r[-1]]
+        live = sorted((r for r in records if r[-1] is None), key=lambda r: int(r[0]))
+        return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        token = claim.token
+        done: list[int] = []
+        settled: list[int] = []
+        fail: list[tuple[int, int, float, str | None, int, str | None, str | None]] = []
+        for item_id, task, decision in zip(claim.ids, claim.items, decisions, strict=True):
+            if task.completed:  # its own transaction (ctx.transaction()) completed it
+                settled.append(item_id)
+            elif decision.verdict is Verdict.DONE:
+                done.append(item_id)
+            else:
+                status = TaskStatus.FAILED if decision.verdict is Verdict.DEAD else 0
+                refund = 1 if decision.verdict is Verdict.HAND_BACK else 0
+                fail.append(
+                    (item_id, status, decision.delay, decision.error, refund, task.error_type,
+                     task.traceback)
+                )  # fmt: skip
+        if done:
+            stmt = (
+                self.sql.settle_done_keep
+                if self.retention == "keep"
+                else self.sql.settle_done_delete
+            )
+            settled.extend(await self._run(stmt, (done, token)))
+        if fail:
+            columns = [list(c) for c in zip(*fail, strict=True)]
+            settled.extend(await self._run(self.sql.settle_failures, (*columns, token)))
+        return Settled(settled, len(claim.ids) - len(settled))
+
+    async def _run(self, stmt: str, params: Sequence[Any]) -> list[int]:
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                cur = await conn.execute(stmt, params)
+                return [row[0] for row in await cur.fetchall()]
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    async def _count(self, stmt: str, params: Sequence[Any]) -> int:
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                cur = await conn.execute(stmt, params)
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        return cur.rowcount
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
+        return await self._count(self.sql.extend, (lease, claim.ids, claim.token))
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
+        return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+
+    async def hasten(self, ids: Sequence[int]) -> int:
+        return await self._count(self.sql.hasten, (list(ids),)) if ids else 0
+
+    # -- wake-ups: the outbox's gate, on the task table's channel ------------------------
+
+    @property
+    def gate_closed(self) -> bool:
+        gate = self._gate_conn
+        if gate is not None and (gate is not self._claim_conn or gate.closed):
+            self._gate_conn = None
+        return self._gate_conn is not None
+
+    async def close_gate(self) -> bool:
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self.sql.try_wake_lock)
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        if row is None or not row[0]:
+            return False
+        self._gate_conn = conn
+        return True
+
+    async def open_gate(self) -> None:
+        conn, self._gate_conn = self._gate_conn, None
+        if conn is None or conn.closed or conn is not self._claim_conn:
+            return
+        try:
+            await conn.execute(self.sql.wake_unlock)
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    @property
+    def can_listen(self) -> bool:
+        return True
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Wake the claim loop on NOTIFY; the poll still runs (notifications are not durable)."""
+        backoff = Backoff(base=0.5, cap=10.0)
+        channel = sql.Identifier(self.sql.channel)
+        while True:
+            try:
+                async with await aconnect(self.dsn, application_name=f"{self.name}:listen") as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    backoff.reset()
+                    wake()
+                    async for _notify in conn.notifies():
+                        wake()
+            except psycopg.OperationalError as exc:
+                delay = backoff.next_delay()
+                log.debug("LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay)
+                await asyncio.sleep(delay)
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
+        conn = self._claim_conn if role == "claim" else self._settle_conn
+        if conn is not None and not conn.closed:
+            return conn
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}")
+        set_json_loads(orjson.loads, conn)
+        if role == "claim":
+            self._claim_conn = conn
+        else:
+            self._settle_conn = conn
+        return conn
+
+    async def _translate(self, exc: psycopg.Error) -> StoreError:
+        if write_denied(exc):
+            return StoreDenied(first_line(exc, with_type=True), cause=exc)
+        if connection_lost(exc):
+            for conn in (self._claim_conn, self._settle_conn):
+                if conn is not None and conn.broken:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            return StoreUnavailable(first_line(exc, with_type=True), cause=exc)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreTimeout(first_line(exc, with_type=True), cause=exc)
+        return StoreError(first_line(exc, with_type=True), cause=exc)
+
+    async def close(self) -> None:
+        for conn in (self._claim_conn, self._settle_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        self._claim_conn = self._settle_conn = self._gate_conn = None

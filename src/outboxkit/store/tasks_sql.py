@@ -1,0 +1,262 @@
+"""Every SQL statement of task mode (a task table as a job queue), named, in one place.
+
+As ``store/postgres.py`` for the outbox: templates whose table slots are filled once per
+table by :class:`TaskStatements` through the one identifier-quoting function; values always
+travel as parameters. The claim, the lease in ``available_at`` and the token fencing every
+settle are the outbox's (DESIGN.md §3 and §6b); what differs is named where it differs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from enum import IntEnum
+
+from psycopg import sql
+
+from outboxkit.store.postgres import (
+    TRY_WAKE_LOCK,
+    WAKE_GATE,
+    WAKE_UNLOCK,
+    channel_for,
+    numbered,
+    parse_table,
+    quote_table,
+    table_identifier,
+    wake_lock_key,
+)
+
+#: The task table every API and command uses unless given another.
+DEFAULT_TASKS_TABLE = "outboxkit_tasks"
+#: Periodic tasks' slots, in the task table's schema.
+SCHEDULES_TABLE = "outboxkit_schedules"
+
+
+class TaskStatus(IntEnum):
+    """A task's state, as stored in ``status``. A running task's ``available_at`` is its lease."""
+
+    PENDING = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+_STATES = {
+    "pending": TaskStatus.PENDING,
+    "running": TaskStatus.RUNNING,
+    "done": TaskStatus.DONE,
+    "failed": TaskStatus.FAILED,
+    "cancelled": TaskStatus.CANCELLED,
+}
+
+
+def tasks_slots(table: str) -> dict[str, sql.Composable]:
+    """The placeholders of the task table's migration files (store/migrations/tasks/)."""
+    schema, name = parse_table(table)
+    return {
+        "table": table_identifier(schema, name),
+        "schedules": table_identifier(schema, SCHEDULES_TABLE),
+        "index_pending": sql.Identifier(f"{name}_claim_idx"[:63]),
+        "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
+        "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
+        "index_failed": sql.Identifier(f"{name}_failed_idx"[:63]),
+        **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
+    }
+
+
+# --- enqueue --------------------------------------------------------------------
+
+# The columns an enqueue fills, in this order (tasks/ builds its parameters from it).
+ENQUEUE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("task_name", "text"),
+    ("queue", "text"),
+    ("payload", "jsonb"),
+    ("priority", "int2"),
+    ("key", "text"),
+    ("unique_key", "text"),
+    ("max_attempts", "int4"),
+    ("available_at", "timestamptz"),
+)
+_COLUMNS = ", ".join(name for name, _ in ENQUEUE_COLUMNS)
+_VALUES = ", ".join(
+    "coalesce(%s::timestamptz, now())" if name == "available_at" else f"%s::{pg_type}"
+    for name, pg_type in ENQUEUE_COLUMNS
+)
+# A second live task with the same unique_key inserts nothing: ON CONFLICT waits for the
+# transaction that holds the first one, then skips (it committed) or inserts (it rolled
+# back: PostgreSQL's speculative insertion, so a rollback never loses the second).
+_INSERT = f"""
+INSERT INTO {{table}} ({_COLUMNS}) VALUES ({_VALUES})
+ON CONFLICT (unique_key) WHERE status IN ({{pending}}, {{running}}) AND unique_key IS NOT NULL
+DO NOTHING
+"""
+# One enqueue, one statement: the insert, and the wake-up of a waiting worker when the task
+# is due now (the outbox's wake-up gate, WAKE_GATE: only while a worker waits). The result
+# says whether a row was inserted (False: a live task has the unique_key already).
+ENQUEUE = (
+    "WITH ins AS ("
+    + _INSERT.strip()
+    + """ RETURNING available_at)
+SELECT count(*) > 0
+       AND count(CASE WHEN available_at <= now() AND """
+    + WAKE_GATE
+    + """
+                      THEN pg_notify(%s, '') END) >= 0
+FROM ins"""
+)
+# Tasks.transaction(): the same insert, prepared and sent with the COMMIT (write/commit.py's
+# pipeline); it always notifies a waiting worker (the gate decides), due or not.
+ENQUEUE_WITH_COMMIT = (
+    "WITH ins AS ("
+    + _INSERT.strip()
+    + " RETURNING 1) SELECT pg_notify(%s, '') FROM ins WHERE "
+    + WAKE_GATE
+)
+
+# --- the worker -------------------------------------------------------------------
+
+# available_at is both the run-at time and the lease: a claim marks a task running with
+# its lease expiry there, so a worker that dies mid-task needs no rescuer: the task is
+# claimable again when the lease runs out (status running, available_at <= now()).
+# Per-key serial: a keyed task is claimable only while no earlier task of its key is
+# live (pending or running), so at most its key's head runs, in enqueue order, across
+# workers. Highest priority first, then the oldest due.
+#
+# The crash-loop guard (as the outbox's): a claimable task already claimed max_attempts
+# times was never settled by the worker that held it last (each one died running it). The
+# claim dead-letters it with an error that says so and returns it with that error last.
+CLAIM = """
+WITH batch AS MATERIALIZED (
+    SELECT t.id, t.attempts, coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts
+    FROM {table} AS t
+    WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
+      AND t.queue = ANY(%(queues)s)
+      AND (t.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} AS e
+          WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
+    ORDER BY t.priority DESC, t.available_at, t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), dead AS (
+    UPDATE {table} AS d
+    SET status = {failed}, claim_token = NULL, claimed_by = %(owner)s, finished_at = now(),
+        error_type = 'CrashLoop',
+        last_error = 'worker: claimed ' || d.attempts || ' times without finishing (each'
+                     || ' worker died or hung running it): dead-lettered unread; see'
+                     || ' `outboxkit tasks failed`, then replay or discard it'
+    WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts >= max_attempts))
+    RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
+              d.priority, d.created_at, d.last_error
+), claimed AS (
+    UPDATE {table} AS o
+    SET status = {running}, attempts = o.attempts + 1,
+        available_at = now() + make_interval(secs => %(lease)s),
+        claim_token = %(token)s, claimed_by = %(owner)s, started_at = now()
+    WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts < max_attempts))
+    RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
+              o.priority, o.created_at, NULL::text
+)
+SELECT * FROM claimed UNION ALL SELECT * FROM dead
+"""
+# Every settle is fenced by the claim token: a task another claim took since (its lease ran
+# out) is left alone, and the ids returned say which were settled.
+SETTLE_DONE_DELETE = "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s RETURNING id"
+SETTLE_DONE_KEEP = """
+UPDATE {table}
+SET status = {done}, finished_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND claim_token = %s
+RETURNING id
+"""
+# Retries, dead letters and hand-backs of one claim in one statement. A handed-back task
+# (Snooze, shutdown) gets its attempt back (`refund`); a NULL error keeps the last one.
+SETTLE_FAILURES = """
+UPDATE {table} AS o
+SET status = u.next_status,
+    available_at = now() + make_interval(secs => u.delay),
+    last_error = coalesce(u.error, o.last_error),
+    error_type = coalesce(u.error_type, o.error_type),
+    traceback_excerpt = coalesce(u.traceback, o.traceback_excerpt),
+    claim_token = NULL,
+    attempts = greatest(o.attempts - u.refund, 0),
+    finished_at = CASE WHEN u.next_status = {failed} THEN now() END
+FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[], %s::text[],
+            %s::text[]) AS u(id, next_status, delay, error, refund, error_type, traceback)
+WHERE o.id = u.id AND o.claim_token = %s
+RETURNING o.id
+"""
+# ctx.transaction(): the last statement of the handler's own transaction completes its task,
+# fenced by the token. No row: the lease was lost, and the caller rolls everything back.
+COMPLETE_DELETE = "DELETE FROM {table} WHERE id = %s AND claim_token = %s RETURNING id"
+COMPLETE_KEEP = """
+UPDATE {table}
+SET status = {done}, finished_at = now(), claim_token = NULL
+WHERE id = %s AND claim_token = %s
+RETURNING id
+"""
+# At shutdown: tasks not finished go back at once, their attempt refunded.
+RELEASE = """
+UPDATE {table}
+SET status = {pending}, available_at = now(), claim_token = NULL,
+    attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%s) AND claim_token = %s
+"""
+# The heartbeat: a running task's lease pushed to now + lease, by the database's clock.
+EXTEND = """
+UPDATE {table}
+SET available_at = now() + make_interval(secs => %s)
+WHERE id = ANY(%s) AND claim_token = %s AND status = {running}
+"""
+HASTEN = """
+UPDATE {table}
+SET available_at = now()
+WHERE id = ANY(%s) AND status = {pending} AND claim_token IS NULL AND available_at > now()
+"""
+COUNT_PENDING = """
+SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) AS p
+"""
+TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
+
+
+class TaskStatements:
+    """Every statement above, rendered for one task table."""
+
+    def __init__(self, table: str = DEFAULT_TASKS_TABLE) -> None:
+        schema, name = parse_table(table)
+        self.table = table
+        self.qualified = quote_table(schema, name)
+        self.schedules = quote_table(schema, SCHEDULES_TABLE)
+        self.channel = channel_for(f"tasks.{table}")
+        slots = {
+            "table": self.qualified,
+            "schedules": self.schedules,
+            "wake_key": str(wake_lock_key(self.channel)),
+            **{state: str(int(value)) for state, value in _STATES.items()},
+        }
+        self.enqueue = ENQUEUE.format(**slots)
+        self.enqueue_dollar = numbered(self.enqueue)
+        self.enqueue_with_commit = numbered(ENQUEUE_WITH_COMMIT.format(**slots))
+        self.claim = CLAIM.format(**slots)
+        self.settle_done_delete = SETTLE_DONE_DELETE.format(**slots)
+        self.settle_done_keep = SETTLE_DONE_KEEP.format(**slots)
+        self.settle_failures = SETTLE_FAILURES.format(**slots)
+        self.complete_delete = COMPLETE_DELETE.format(**slots)
+        self.complete_keep = COMPLETE_KEEP.format(**slots)
+        self.release = RELEASE.format(**slots)
+        self.extend = EXTEND.format(**slots)
+        self.hasten = HASTEN.format(**slots)
+        self.count_pending = COUNT_PENDING.format(**slots)
+        self.task_state = TASK_STATE.format(**slots)
+        self.try_wake_lock = TRY_WAKE_LOCK.format(**slots)
+        self.wake_unlock = WAKE_UNLOCK.format(**slots)
+
+    def ddl(self) -> str:
+        """The whole schema as one script, for users who run their own migration tool."""
+        from outboxkit.store.migrations import migration_files
+
+        slots = tasks_slots(self.table)
+        return "".join(f.render(slots) for f in migration_files("tasks"))
+
+
+def tasks_migration_lock_key(table: str) -> int:
+    """A stable advisory-lock key per task table (never an outbox's)."""
+    return zlib.crc32(f"outboxkit.migrate:tasks:{table}".encode())
