@@ -25,8 +25,16 @@ def tasks_dsn(db_dsn: str) -> Iterator[str]:
     yield db_dsn
 
 
-def _enqueue(dsn: str, name: str, *, queue: str = "default", priority: int = 0,
-             key: str | None = None, delay: float = 0.0, max_attempts: int | None = None) -> None:  # fmt: skip
+def _enqueue(
+    dsn: str,
+    name: str,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    key: str | None = None,
+    delay: float = 0.0,
+    max_attempts: int | None = None,
+) -> None:
     sql = TaskStatements(TABLE)
     with psycopg.connect(dsn) as conn:
         at = conn.execute("SELECT now() + make_interval(secs => %s)", (delay,)).fetchone()
