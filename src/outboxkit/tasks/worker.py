@@ -1,0 +1,195 @@
+"""The worker: the queue core's claim loop with the handler sink and the task table's store.
+
+As the relay is the loop with a publisher sink (relay/engine.py), ``Worker`` is the loop
+(outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and
+:class:`~outboxkit.store.tasks_pg.PgTaskStore`: one task per claim, ``concurrency`` claims
+in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
+schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed
+back). No SQL here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from outboxkit._redact import redact
+from outboxkit.queue.decide import Outcome, RetryPolicy
+from outboxkit.queue.loop import ClaimLoop, LoopOptions
+from outboxkit.store.tasks_pg import ClaimedTask, PgTaskStore, Retention
+from outboxkit.tasks.registry import Tasks
+from outboxkit.tasks.sink import HandlerSink
+from outboxkit.write.outbox import Outbox
+
+log = logging.getLogger("outboxkit.worker")
+
+
+def default_worker_id() -> str:
+    """host-pid-random: unique per process, readable in ``claimed_by``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counts since start (what the summary line and tests read)."""
+
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    lost_leases: int = 0
+
+
+class _Observer:
+    """The loop's hooks, for tasks: counts, and one log line per failed task."""
+
+    def __init__(self, stats: WorkerStats) -> None:
+        self.stats = stats
+
+    def claimed(self, count: int, seconds: float) -> None:
+        pass
+
+    @contextmanager
+    def publishing(self, messages: Sequence[ClaimedTask]) -> Iterator[None]:
+        yield
+
+    def published(
+        self, messages: Sequence[ClaimedTask], results: Sequence[Outcome], seconds: float
+    ) -> None:
+        pass
+
+    def settled(
+        self,
+        published: Sequence[ClaimedTask],
+        retried: Sequence[tuple[ClaimedTask, Outcome]],
+        dead: Sequence[tuple[ClaimedTask, Outcome]],
+    ) -> None:
+        self.stats.done += len(published)
+        self.stats.retried += len(retried)
+        self.stats.failed += len(dead)
+        for task, outcome in retried:
+            log.info(
+                "task %d (%s) attempt %d failed, retrying: %s",
+                task.id, task.task_name, task.attempt, redact(outcome.error or ""),
+            )  # fmt: skip
+        for task, outcome in dead:
+            log.error(
+                "task %d (%s) failed for good after attempt %d: %s",
+                task.id, task.task_name, task.attempt, redact(outcome.error or ""),
+            )  # fmt: skip
+
+    def handed_back(self, count: int, error: str | None) -> None:
+        self.stats.released += count
+
+    def lost_leases(self, count: int) -> None:
+        self.stats.lost_leases += count
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        pass
+
+
+class Worker:
+    """Runs the handlers of ``tasks`` from its table until :meth:`stop`.
+
+    ``concurrency``: tasks running at once (sync handlers get as many threads).
+    ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
+    the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
+    long a stop waits for running handlers before handing their tasks back.
+    """
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        dsn: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 10,
+        lease: float = 30.0,
+        poll_interval: float = 1.0,
+        shutdown_timeout: float = 30.0,
+        retention: Retention = "delete",
+        outbox: Outbox | None = None,
+        listen: bool = True,
+        worker_id: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
+            raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+        self.tasks = tasks
+        self.worker_id = worker_id or default_worker_id()
+        self.stats = WorkerStats()
+        self.store = PgTaskStore(dsn, tasks.table, queues=queues, retention=retention)
+        self.sink = HandlerSink(
+            tasks,
+            dsn=dsn,
+            threads=concurrency,
+            outbox=outbox,
+            worker_id=self.worker_id,
+            retention=retention,
+        )
+        options = LoopOptions(
+            owner=self.worker_id,
+            batch_size=1,  # one task per claim: a slow task never holds a fast one's slot
+            max_in_flight=concurrency,
+            lease=lease,
+            poll_interval=poll_interval,
+            linger=0.03,
+            listen=listen,
+            shutdown_timeout=shutdown_timeout,
+            retry=RetryPolicy(max_attempts=tasks.max_attempts),
+            name="outboxkit-worker",
+        )
+        self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
+            self.store,
+            self.sink,
+            _Observer(self.stats),
+            options,
+            logger=log,
+            retry_for=self._policy,
+        )
+
+    def __repr__(self) -> str:
+        return f"Worker(table={self.tasks.table!r}, worker_id={self.worker_id!r})"
+
+    def _policy(self, task: ClaimedTask) -> RetryPolicy:
+        """The task's retries: its handler's schedule, its own max_attempts first."""
+        task_type = self.tasks.types.get(task.task_name)
+        if task_type is None:
+            return RetryPolicy(max_attempts=task.max_attempts or self.tasks.max_attempts)
+        return RetryPolicy(
+            max_attempts=task.max_attempts or task_type.max_attempts,
+            base=task_type.retry_base,
+            cap=task_type.retry_cap,
+            delays=task_type.retry_delays,
+        )
+
+    def stop(self) -> None:
+        """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""
+        self._loop.stop()
+
+    async def run(self) -> None:
+        """Work until :meth:`stop`. Raises only for errors a restart won't fix."""
+        log.info(
+            "worker %s starting: table=%s queues=%s handlers=%s",
+            self.worker_id,
+            self.tasks.table,
+            ",".join(self.store.queues),
+            ",".join(sorted(self.tasks.types)) or "none",
+        )
+        try:
+            await self.store.start()
+            await self._loop.run()
+        finally:
+            await self.store.close()
+            self.sink.close()
+            s = self.stats
+            log.info(
+                "worker %s stopped: done=%d retried=%d failed=%d released=%d lost_leases=%d",
+                self.worker_id, s.done, s.retried, s.failed, s.released, s.lost_leases,
+            )  # fmt: skip
