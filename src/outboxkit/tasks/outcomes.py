@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-class Retry(Exception):
+class _Request(Exception):
+    """What a handler raises to ask the worker for something: control flow, not an error."""
+
+
+class Retry(_Request):
     """Run the task again after ``delay`` seconds; the attempt counts (the last one fails it)."""
 
     def __init__(self, delay: float, reason: str = "retry requested by the handler") -> None:
@@ -15,7 +19,7 @@ class Retry(Exception):
         self.reason = reason
 
 
-class Fail(Exception):
+class Fail(_Request):
     """Fail the task now, whatever attempts remain (a payload that can never succeed)."""
 
     def __init__(self, reason: str) -> None:
@@ -23,7 +27,7 @@ class Fail(Exception):
         self.reason = reason
 
 
-class Snooze(Exception):
+class Snooze(_Request):
     """Not now: run the task again after ``delay`` seconds, without spending an attempt."""
 
     def __init__(self, delay: float) -> None:
