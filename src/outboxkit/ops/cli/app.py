@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from outboxkit.errors import OutboxkitError, missing_extra
-from outboxkit.ops.cli import admin, cdc, dashboard, demo, migrate, partitions, relay
+from outboxkit.ops.cli import admin, cdc, dashboard, demo, migrate, partitions, relay, worker
 from outboxkit.ops.cli.output import fail
 
 
@@ -60,5 +60,6 @@ for command in (
     demo.demo,
     partitions.partitions,
     cdc.cdc,
+    worker.worker,
 ):
     main.add_command(command)
