@@ -253,3 +253,68 @@ def test_a_timeout_counts_as_a_failed_attempt(tasks_dsn: str) -> None:
     ((_n, _s, attempts, error, error_type, _tb),) = rows(tasks_dsn)
     assert (attempts, error_type) == (1, "Timeout")
     assert "timeout of 0.1s" in error
+
+
+def test_tasks_of_one_key_run_one_at_a_time_in_enqueue_order_under_three_workers(
+    tasks_dsn: str,
+) -> None:
+    tasks = Tasks()
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    order: dict[str, list[int]] = {"a": [], "b": []}
+    overlaps: list[str] = []
+
+    @tasks.handler("step")
+    async def step(payload: dict[str, Any]) -> None:
+        key = payload["key"]
+        with lock:
+            running[key] = running.get(key, 0) + 1
+            if running[key] > 1:
+                overlaps.append(key)
+            order[key].append(payload["n"])
+        await asyncio.sleep(0.01)
+        with lock:
+            running[key] -= 1
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for n in range(15):
+            for key in ("a", "b"):
+                tasks.enqueue(conn, "step", {"key": key, "n": n}, key=key)
+    done = threading.Event()
+    others = [
+        threading.Thread(
+            target=run_worker, args=(tasks, tasks_dsn, done.is_set), kwargs={"concurrency": 4}
+        )
+        for _ in range(2)
+    ]
+    for t in others:
+        t.start()
+    try:
+        run_worker(tasks, tasks_dsn, lambda: len(order["a"]) + len(order["b"]) == 30,
+                   concurrency=4)  # fmt: skip
+    finally:
+        done.set()
+        for t in others:
+            t.join()
+    assert overlaps == []
+    assert order == {"a": list(range(15)), "b": list(range(15))}
+
+
+def test_a_delayed_task_never_runs_early_and_higher_priorities_run_first(
+    tasks_dsn: str,
+) -> None:
+    tasks = Tasks()
+    started: list[tuple[str, float]] = []
+
+    @tasks.handler("t")
+    def record(payload: str) -> None:
+        started.append((payload, time.time()))
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        enqueued = time.time()
+        tasks.enqueue(conn, "t", "delayed", delay=0.5, priority=100)
+        for p in (1, 5, 3):
+            tasks.enqueue(conn, "t", f"p{p}", priority=p)
+    run_worker(tasks, tasks_dsn, lambda: len(started) == 4, concurrency=1)
+    assert [name for name, _ in started] == ["p5", "p3", "p1", "delayed"]
+    assert started[-1][1] - enqueued >= 0.5
