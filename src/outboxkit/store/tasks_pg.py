@@ -21,6 +21,7 @@ import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from outboxkit._backoff import Backoff
@@ -38,7 +39,7 @@ from outboxkit.queue.store import (
     StoreUnavailable,
     Verdict,
 )
-from outboxkit.store._connection import aconnect
+from outboxkit.store._connection import aconnect, admin_connection
 from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
 
 log = logging.getLogger("outboxkit.worker")
@@ -294,3 +295,62 @@ class PgTaskStore:
                 with contextlib.suppress(Exception):
                     await conn.close()
         self._claim_conn = self._settle_conn = self._gate_conn = None
+
+
+# -- ops: the `outboxkit tasks` commands (short autocommit statements) ----------------------
+
+
+def _admin(dsn: str, table: str) -> Any:
+    def missing() -> Exception:
+        return SchemaError(
+            f"task table {table!r} not found: run `outboxkit migrate --tasks --dsn ..."
+            f" --tasks-table {table}`"
+        )
+
+    return admin_connection(dsn, missing)
+
+
+def list_tasks(
+    dsn: str,
+    table: str,
+    *,
+    status: TaskStatus | None = None,
+    name: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Tasks by id (oldest first), optionally of one state and one task name."""
+    stmts = TaskStatements(table)
+    params = {"status": None if status is None else int(status), "name": name, "limit": limit}
+    with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(stmts.list_tasks, params).fetchall())
+
+
+def show_task(dsn: str, table: str, task_id: int) -> dict[str, Any] | None:
+    """Every column of one task (its payload as JSON text), or None."""
+    with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row: dict[str, Any] | None = cur.execute(
+            TaskStatements(table).show_task, (task_id,)
+        ).fetchone()
+        return row
+
+
+def replay_tasks(
+    dsn: str, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
+    name: str | None = None,
+) -> list[int]:  # fmt: skip
+    """Failed or cancelled tasks back to pending, attempts from zero; the ids replayed."""
+    params = {"ids": list(ids), "all": all_failed, "name": name}
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).replay_tasks, params)]
+
+
+def cancel_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+    """Pending or running tasks cancelled (a running one's completion becomes a no-op)."""
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).cancel_tasks, (list(ids),))]
+
+
+def discard_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+    """Failed or cancelled tasks deleted for good."""
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).discard_tasks, (list(ids),))]

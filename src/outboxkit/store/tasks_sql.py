@@ -216,6 +216,43 @@ SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) A
 """
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 
+# --- ops (`outboxkit tasks ...`) ---------------------------------------------------
+
+_LISTED = """
+SELECT id, task_name, queue, status, attempts, priority, key, available_at, created_at,
+       error_type, last_error
+FROM {table}
+"""
+LIST_TASKS = (
+    _LISTED
+    + """WHERE (%(status)s::int IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR task_name = %(name)s)
+ORDER BY id LIMIT %(limit)s
+"""
+)
+SHOW_TASK = "SELECT *, payload::text AS payload_json FROM {table} WHERE id = %s"
+# A failed or cancelled task runs again from its first attempt (its history is cleared).
+REPLAY_TASKS = """
+UPDATE {table}
+SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL,
+    claimed_by = NULL, last_error = NULL, error_type = NULL, traceback_excerpt = NULL,
+    started_at = NULL, finished_at = NULL
+WHERE status IN ({failed}, {cancelled}) AND (%(all)s OR id = ANY(%(ids)s))
+  AND (%(name)s::text IS NULL OR task_name = %(name)s)
+RETURNING id
+"""
+# Cancelling a running task clears its claim token: the worker's completion (and its
+# ctx.transaction(), which raises LeaseLost) then changes nothing.
+CANCEL_TASKS = """
+UPDATE {table}
+SET status = {cancelled}, finished_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND status IN ({pending}, {running})
+RETURNING id
+"""
+DISCARD_TASKS = """
+DELETE FROM {table} WHERE id = ANY(%s) AND status IN ({failed}, {cancelled}) RETURNING id
+"""
+
 
 class TaskStatements:
     """Every statement above, rendered for one task table."""
@@ -246,6 +283,11 @@ class TaskStatements:
         self.hasten = HASTEN.format(**slots)
         self.count_pending = COUNT_PENDING.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
+        self.list_tasks = LIST_TASKS.format(**slots)
+        self.show_task = SHOW_TASK.format(**slots)
+        self.replay_tasks = REPLAY_TASKS.format(**slots)
+        self.cancel_tasks = CANCEL_TASKS.format(**slots)
+        self.discard_tasks = DISCARD_TASKS.format(**slots)
         self.try_wake_lock = TRY_WAKE_LOCK.format(**slots)
         self.wake_unlock = WAKE_UNLOCK.format(**slots)
 
