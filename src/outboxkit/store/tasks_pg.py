@@ -297,6 +297,58 @@ class PgTaskStore:
         self._claim_conn = self._settle_conn = self._gate_conn = None
 
 
+# -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
+
+
+class PgSchedules:
+    """The schedules table, as the periodic side task uses it (one connection, autocommit)."""
+
+    def __init__(self, dsn: str, table: str, name: str = "outboxkit-worker") -> None:
+        self.dsn = dsn
+        self.sql = TaskStatements(table)
+        self.name = name
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await aconnect(self.dsn, application_name=f"{self.name}:periodic")
+        return self._conn
+
+    async def now(self) -> dt.datetime:
+        """The database's clock (every worker reads the same one)."""
+        conn = await self._connection()
+        row = await (await conn.execute(self.sql.database_now)).fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+    async def last_slot(self, schedule: str) -> tuple[dt.datetime | None, dt.datetime]:
+        """The latest slot recorded for ``schedule`` (None: never ran), and the database's now."""
+        conn = await self._connection()
+        row = await (await conn.execute(self.sql.last_slot, (schedule,))).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    async def enqueue(
+        self, schedule: str, slot: dt.datetime, name: str, queue: str, payload: str, priority: int
+    ) -> int | None:
+        """Insert the slot and its task in one transaction; the task id, None if taken."""
+        conn = await self._connection()
+        params = {"schedule": schedule, "slot": slot, "name": name, "queue": queue,
+                  "payload": payload, "priority": priority}  # fmt: skip
+        async with conn.transaction():
+            row = await (await conn.execute(self.sql.enqueue_periodic, params)).fetchone()
+            if row is None:
+                return None
+            await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
+        return int(row[0])
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+        self._conn = None
+
+
 # -- ops: the `outboxkit tasks` commands (short autocommit statements) ----------------------
 
 

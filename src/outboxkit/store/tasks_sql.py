@@ -216,6 +216,25 @@ SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) A
 """
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 
+# --- periodic tasks ------------------------------------------------------------------
+
+# One run per (schedule, slot): the slot's row and its task are inserted by one statement,
+# the task only if the slot's insert won. However many workers try, and however stale their
+# view, exactly one inserts it (Oban #1488's double runs came from believed leadership).
+ENQUEUE_PERIODIC = """
+WITH slot AS (
+    INSERT INTO {schedules} (schedule, slot) VALUES (%(schedule)s, %(slot)s)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+INSERT INTO {table} (task_name, queue, payload, priority)
+SELECT %(name)s, %(queue)s, %(payload)s::jsonb, %(priority)s FROM slot
+RETURNING id
+"""
+SET_SLOT_TASK = "UPDATE {schedules} SET task_id = %s WHERE schedule = %s AND slot = %s"
+LAST_SLOT = "SELECT max(slot), now() FROM {schedules} WHERE schedule = %s"
+DATABASE_NOW = "SELECT now()"
+
 # --- ops (`outboxkit tasks ...`) ---------------------------------------------------
 
 _LISTED = """
@@ -283,6 +302,10 @@ class TaskStatements:
         self.hasten = HASTEN.format(**slots)
         self.count_pending = COUNT_PENDING.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
+        self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
+        self.set_slot_task = SET_SLOT_TASK.format(**slots)
+        self.last_slot = LAST_SLOT.format(**slots)
+        self.database_now = DATABASE_NOW
         self.list_tasks = LIST_TASKS.format(**slots)
         self.show_task = SHOW_TASK.format(**slots)
         self.replay_tasks = REPLAY_TASKS.format(**slots)

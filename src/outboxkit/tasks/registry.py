@@ -24,6 +24,7 @@ from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.tasks.errors import InvalidTaskError
+from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
 
@@ -86,6 +87,9 @@ class Tasks:
         self.notify = notify
         self.sql = TaskStatements(table)
         self.types: dict[str, TaskType] = {}
+        #: Periodic schedules by name, and their payloads encoded once (JSON text).
+        self.schedules: dict[str, Periodic] = {}
+        self.periodic_payloads: dict[str, str] = {}
         self._statement = Statement(self.sql.enqueue, self.sql.enqueue_dollar)
         self._storage = _TaskStorage(self)
 
@@ -145,6 +149,54 @@ class Tasks:
                 retry_cap=retry_cap,
                 timeout=timeout,
             )
+            return fn
+
+        return register
+
+    def periodic_task(
+        self,
+        cron: str,
+        name: str,
+        payload: Any = None,
+        *,
+        schedule: str | None = None,
+        catch_up: CatchUp = "last",
+        queue: str = "default",
+        priority: int = 0,
+    ) -> None:
+        """Run task ``name`` with ``payload`` at every slot of ``cron`` (UTC; 5 fields, or 6
+        with a leading second), once per slot across every worker.
+
+        ``catch_up``: slots missed while no worker ran: ``"last"`` runs the latest missed one
+        once, ``"all"`` runs each (up to 1000), ``"none"`` skips them. ``schedule`` names the
+        schedule (default ``"<name> <cron>"``): renaming it starts a new history.
+        """
+        if catch_up not in ("last", "all", "none"):
+            raise ValueError(f"catch_up must be 'last', 'all' or 'none', got {catch_up!r}")
+        parsed = Cron.parse(cron)
+        key = schedule or f"{name} {cron}"
+        if key in self.schedules:
+            raise ValueError(f"periodic schedule {key!r} is registered twice")
+        params = self._params(name, payload, None, None, None, priority, queue, None, None)
+        self.schedules[key] = Periodic(key, parsed, name, payload, catch_up, queue, priority)
+        self.periodic_payloads[key] = params[2]
+
+    def periodic(
+        self, cron: str, name: str | None = None, **options: Any
+    ) -> Callable[[Handler], Handler]:
+        """``@tasks.periodic("*/5 * * * *", "report.generate")``: register the function as the
+        handler of ``name`` (default: its own name) and run it at every slot of ``cron``."""
+
+        def register(fn: Handler) -> Handler:
+            task_name = name or fn.__name__
+            handler_options = {
+                k: options.pop(k)
+                for k in ("max_attempts", "retry", "timeout", "payload")
+                if k in options
+            }
+            if task_name not in self.types:
+                self.handler(task_name, **handler_options)(fn)
+            self.periodic_task(cron, task_name, **options)
             return fn
 
         return register

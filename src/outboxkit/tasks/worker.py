@@ -14,14 +14,16 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
-from outboxkit.store.tasks_pg import ClaimedTask, PgTaskStore, Retention
+from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
+from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
 from outboxkit.tasks.sink import HandlerSink
 from outboxkit.write.outbox import Outbox
@@ -116,6 +118,7 @@ class Worker:
         outbox: Outbox | None = None,
         listen: bool = True,
         worker_id: str | None = None,
+        periodic_tick: float = TICK,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -145,6 +148,22 @@ class Worker:
             retry=RetryPolicy(max_attempts=tasks.max_attempts),
             name="outboxkit-worker",
         )
+        side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
+            schedules = PgSchedules(dsn, tasks.table)
+            side.append(
+                (
+                    "outboxkit-worker:periodic",
+                    lambda: run_periodic(
+                        schedules,
+                        list(tasks.schedules.values()),
+                        tasks.periodic_payloads,
+                        self._loop.stopping,
+                        self._loop.wake,
+                        tick=periodic_tick,
+                    ),
+                )
+            )
         self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
             self.store,
             self.sink,
@@ -152,6 +171,7 @@ class Worker:
             options,
             logger=log,
             retry_for=self._policy,
+            side_tasks=side,
         )
 
     def __repr__(self) -> str:
