@@ -190,3 +190,30 @@ def test_the_async_drivers_enqueue_too(tasks_dsn: str) -> None:
 
     asyncio.run(run())
     assert count(tasks_dsn, TABLE) == 2
+
+
+def test_a_second_enqueuer_of_a_key_waits_for_the_first_so_ids_follow_commit_order(
+    tasks_dsn: str,
+) -> None:
+    tasks = make_tasks()
+    second: list[bool] = []
+    with psycopg.connect(tasks_dsn) as first:
+        first.execute("BEGIN")
+        tasks.enqueue(first, "job", {"n": 1}, key="order:7")
+
+        def enqueue_again() -> None:
+            with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+                second.append(tasks.enqueue(conn, "job", {"n": 2}, key="order:7"))
+                tasks.enqueue(conn, "job", {"n": 3}, key="order:8")
+
+        thread = threading.Thread(target=enqueue_again)
+        thread.start()
+        time.sleep(0.3)
+        # Without the key lock the second would commit first with the higher id, and the
+        # first, committed later, would run beside it (nothing earlier of its key).
+        assert second == []
+        first.commit()
+        thread.join(10)
+    with psycopg.connect(tasks_dsn) as conn:
+        ids = conn.execute(f"SELECT payload->>'n' FROM {TABLE} ORDER BY id").fetchall()
+    assert [n for (n,) in ids] == ["1", "2", "3"]

@@ -14,6 +14,7 @@ from enum import IntEnum
 from psycopg import sql
 
 from outboxkit.store.postgres import (
+    _LOCK_NAMESPACE,
     TRY_WAKE_LOCK,
     WAKE_GATE,
     WAKE_UNLOCK,
@@ -85,8 +86,15 @@ _VALUES = ", ".join(
 # A second live task with the same unique_key inserts nothing: ON CONFLICT waits for the
 # transaction that holds the first one, then skips (it committed) or inserts (it rolled
 # back: PostgreSQL's speculative insertion, so a rollback never loses the second).
+# A keyed task first takes a transaction-scoped advisory lock on its key (the ordered
+# outbox's KEY_LOCK, in the task table's namespace): the WHERE runs before the row takes its
+# id, so two transactions enqueueing one key get their ids in their commit order, and the
+# per-key serial claim runs them in that order.
 _INSERT = f"""
-INSERT INTO {{table}} ({_COLUMNS}) VALUES ({_VALUES})
+INSERT INTO {{table}} ({_COLUMNS})
+SELECT v.* FROM (VALUES ({_VALUES})) AS v({_COLUMNS})
+WHERE v.key IS NULL
+   OR (SELECT pg_advisory_xact_lock({_LOCK_NAMESPACE}, hashtext(v.key))) IS NOT NULL
 ON CONFLICT (unique_key) WHERE status IN ({{pending}}, {{running}}) AND unique_key IS NOT NULL
 DO NOTHING
 """
@@ -285,6 +293,7 @@ class TaskStatements:
         slots = {
             "table": self.qualified,
             "schedules": self.schedules,
+            "table_literal": f"'{self.qualified}'",  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
             **{state: str(int(value)) for state, value in _STATES.items()},
         }
