@@ -218,7 +218,7 @@ def test_a_heartbeat_keeps_a_task_running_three_leases_alive_and_it_runs_once(
     @tasks.handler("long")
     def long(payload: None, ctx: TaskContext) -> None:
         runs.append(ctx.attempt)
-        end = time.monotonic() + 1.5  # CPU-bound, 3 x the lease
+        end = time.monotonic() + 3.0  # CPU-bound, 3 x the lease
         while time.monotonic() < end:
             sum(range(1000))
 
@@ -227,12 +227,12 @@ def test_a_heartbeat_keeps_a_task_running_three_leases_alive_and_it_runs_once(
     # Two workers: the second would take the task if its lease ran out.
     done = threading.Event()
     other = threading.Thread(
-        target=run_worker, args=(tasks, tasks_dsn, done.is_set), kwargs={"lease": 0.5}
+        target=run_worker, args=(tasks, tasks_dsn, done.is_set), kwargs={"lease": 1.0}
     )
     other.start()
     try:
         run_worker(tasks, tasks_dsn, lambda: len(runs) == 1 and rows(tasks_dsn) == [],
-                   lease=0.5)  # fmt: skip
+                   lease=1.0)  # fmt: skip
         time.sleep(0.3)
     finally:
         done.set()

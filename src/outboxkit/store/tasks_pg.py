@@ -97,6 +97,7 @@ class PgTaskStore:
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
         self._gate_conn: psycopg.AsyncConnection[Any] | None = None
         self._settle_lock = asyncio.Lock()
+        self._next_queue = 0
 
     def __repr__(self) -> str:
         return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
@@ -132,18 +133,26 @@ class PgTaskStore:
         max_attempts: int,
         policy: ClaimPolicy = None,
     ) -> Claim[ClaimedTask] | None:
-        params = {
+        params: dict[str, Any] = {
             "limit": limit,
             "lease": lease,
             "token": token,
             "owner": owner,
             "max_attempts": max_attempts,  # for tasks enqueued without their own
-            "queues": self.queues,
         }
+        records: list[Any] = []
         try:
             conn = await self._connection("claim")
-            cur = await conn.execute(self.sql.claim, params)
-            records = await cur.fetchall()
+            # The worker's queues in turn, starting after the one served last: one busy
+            # queue does not starve the others.
+            queues = self.queues
+            for i in range(len(queues)):
+                queue = queues[(self._next_queue + i) % len(queues)]
+                cur = await conn.execute(self.sql.claim, {**params, "queue": queue})
+                records = await cur.fetchall()
+                if records:
+                    self._next_queue = (self._next_queue + i + 1) % len(queues)
+                    break
         except pg_errors.UndefinedTable:
             raise self._missing() from None
         except psycopg.Error as exc:
