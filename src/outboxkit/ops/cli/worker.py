@@ -49,6 +49,12 @@ def load_app(spec: str) -> Any:
     help="Tasks running at once in this worker [default: 10].",
 )
 @click.option(
+    "--batch-size",
+    type=click.IntRange(min=1, max=10_000),
+    default=None,
+    help="Tasks per claim, run at once and settled together (short tasks) [default: 1].",
+)
+@click.option(
     "--queue",
     "queues",
     multiple=True,
@@ -93,6 +99,7 @@ def worker(
     dsn: str,
     app_spec: str,
     concurrency: int | None,
+    batch_size: int | None,
     queues: tuple[str, ...],
     lease: float | None,
     shutdown_timeout: float | None,
@@ -116,6 +123,7 @@ def worker(
     app = load_app(app_spec)
     options = given(
         concurrency=concurrency,
+        batch_size=batch_size,
         lease=lease,
         shutdown_timeout=shutdown_timeout,
         poll_interval=poll_interval,
