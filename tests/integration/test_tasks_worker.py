@@ -354,3 +354,33 @@ def test_wake_ups_resume_after_the_listeners_backend_is_terminated(tasks_dsn: st
             await running
 
     asyncio.run(main())
+
+
+def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
+    tasks_dsn: str,
+) -> None:
+    from outboxkit.store.tasks_pg import cancel_tasks
+
+    tasks = Tasks()
+    seen: list[str] = []
+
+    @tasks.handler("long")
+    async def long(payload: None, ctx: TaskContext) -> None:
+        seen.append("started")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "long")
+
+    def cancelled() -> bool:
+        if seen == ["started"] and rows(tasks_dsn)[0][1] == TaskStatus.RUNNING:
+            cancel_tasks(tasks_dsn, TABLE, [1])
+        return seen == ["started", "cancelled"]
+
+    worker = run_worker(tasks, tasks_dsn, cancelled, lease=0.6)
+    assert rows(tasks_dsn)[0][1] == TaskStatus.CANCELLED
+    assert worker.stats.lost_leases == 1

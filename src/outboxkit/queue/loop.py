@@ -178,8 +178,13 @@ class ClaimLoop(Generic[T, R]):
         side_tasks: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = (),
         logger: logging.Logger | None = None,
         retry_for: Callable[[T], RetryPolicy] | None = None,
+        on_lease_lost: Callable[[Claim[T], int], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told when a heartbeat finds the claim's items no longer all held (re-claimed
+        #: elsewhere, or taken away by an operator), with how many it still holds: the
+        #: task worker stops handlers whose task is gone. None: nothing to tell.
+        self.on_lease_lost = on_lease_lost
         #: The retry policy of one item when items carry their own (a task's handler
         #: schedule and max_attempts); None: ``options.retry`` for every item.
         self.retry_for = retry_for
@@ -516,6 +521,8 @@ class ClaimLoop(Generic[T, R]):
                 first_line(exc.cause),
             )
             return
+        if held < len(claim.ids) and self.on_lease_lost is not None:
+            self.on_lease_lost(claim, held)
         self.log.debug(
             "publish running for %.1fs: extended the lease of %d of %d row(s) by %.1fs",
             time.monotonic() - claim.claimed_at,

@@ -10,6 +10,7 @@ transaction.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -72,6 +73,9 @@ class TaskContext:
         self.outbox = BoundOutbox(self)
         self._dsn = dsn
         self._complete = complete_sql
+        #: Set when the task is no longer this attempt's (cancelled, or re-claimed after
+        #: the lease ran out): a long sync handler checks it to stop early.
+        self.cancelled = threading.Event()
         self._sync_conn: psycopg.Connection[Any] | None = None
         self._async_conn: psycopg.AsyncConnection[Any] | None = None
 

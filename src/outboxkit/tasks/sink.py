@@ -51,6 +51,8 @@ class HandlerSink:
         self.outbox = outbox if outbox is not None else Outbox()
         sql = TaskStatements(tasks.table)
         self._complete = sql.complete_keep if retention == "keep" else sql.complete_delete
+        self._running: dict[uuid.UUID, list[asyncio.Task[Outcome]]] = {}
+        self._lost: set[asyncio.Task[Outcome]] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="outboxkit-task"
         )
@@ -60,9 +62,20 @@ class HandlerSink:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
-        if len(items) == 1:
-            return [await self._run(token, items[0])]
-        return await asyncio.gather(*(self._run(token, t) for t in items))
+        runs = [asyncio.create_task(self._run(token, t)) for t in items]
+        self._running[token] = runs
+        try:
+            return await asyncio.gather(*runs)
+        finally:
+            self._running.pop(token, None)
+
+    def lost(self, token: uuid.UUID) -> None:
+        """The claim's tasks are no longer this worker's (cancelled by an operator, or
+        re-claimed after its lease ran out): stop their handlers. An async handler gets
+        ``CancelledError``; a sync one sees ``ctx.cancelled`` set (a thread cannot be stopped)."""
+        for run in self._running.get(token, ()):
+            self._lost.add(run)
+            run.cancel()
 
     async def _run(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
         task_type = self.tasks.types.get(task.task_name)
@@ -96,6 +109,16 @@ class HandlerSink:
                     await run
             else:
                 await run
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is None or current not in self._lost:
+                raise  # the worker is stopping: the loop hands the task back
+            self._lost.discard(current)
+            ctx.cancelled.set()
+            task.error_type = "Cancelled"
+            return TaskOutcome(
+                False, "the task was cancelled, or re-claimed elsewhere, while it ran"
+            )
         except Snooze as snooze:
             return Reschedule(snooze.delay, counts_attempt=False)
         except Retry as retry:

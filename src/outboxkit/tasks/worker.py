@@ -22,6 +22,7 @@ from typing import Any
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
+from outboxkit.queue.store import Claim
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
@@ -180,6 +181,7 @@ class Worker:
             logger=log,
             retry_for=self._policy,
             side_tasks=side,
+            on_lease_lost=self._lease_lost,
         )
 
     def __repr__(self) -> str:
@@ -196,6 +198,10 @@ class Worker:
             cap=task_type.retry_cap,
             delays=task_type.retry_delays,
         )
+
+    def _lease_lost(self, claim: Claim[ClaimedTask], held: int) -> None:
+        if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
+            self.sink.lost(claim.token)
 
     def stop(self) -> None:
         """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""
