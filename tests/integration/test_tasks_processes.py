@@ -97,3 +97,35 @@ def test_sigterm_lets_running_handlers_finish_within_the_grace_then_hands_the_re
             worker.kill()
     # the short one finished (deleted); the long one was handed back, its attempt refunded
     assert state(tasks_dsn) == [("sleep", 0, 0)] * 4
+
+
+def test_the_worker_serves_task_metrics(tasks_dsn: str) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "sleep", {"seconds": 0})
+        tasks.enqueue(conn, "sleep", {"seconds": 0}, delay=3600)
+    worker = spawn_worker(tasks_dsn, "--metrics-port", str(port))
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return ""
+
+        wait_for(
+            lambda: 'outboxkit_tasks_finished_total{outcome="done",task="sleep"} 1.0' in scrape()
+        )
+        body = scrape()
+        assert 'outboxkit_tasks_scheduled{task="sleep"} 1.0' in body
+        assert 'outboxkit_task_run_seconds_count{task="sleep"} 1.0' in body
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0

@@ -386,6 +386,12 @@ def list_tasks(
         return list(cur.execute(stmts.list_tasks, params).fetchall())
 
 
+def task_gauges(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    """Per task name: queued, scheduled, running, failed, oldest queued age (s) or None."""
+    with _admin(dsn, table) as conn:
+        return list(conn.execute(TaskStatements(table).task_gauges).fetchall())
+
+
 def show_task(dsn: str, table: str, task_id: int) -> dict[str, Any] | None:
     """Every column of one task (its payload as JSON text), or None."""
     with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:

@@ -256,6 +256,22 @@ DATABASE_NOW = "SELECT now()"
 
 # --- ops (`outboxkit tasks ...`) ---------------------------------------------------
 
+# The worker's metrics, per task name: queued (pending and due), scheduled (pending, not
+# yet due), running, failed, and the age of the oldest due pending task. The table holds
+# live and failed tasks only (finished ones are deleted by default): a scan is small.
+TASK_GAUGES = """
+SELECT task_name,
+       count(*) FILTER (WHERE status = {pending} AND available_at <= now()),
+       count(*) FILTER (WHERE status = {pending} AND available_at > now()),
+       count(*) FILTER (WHERE status = {running}),
+       count(*) FILTER (WHERE status = {failed}),
+       extract(epoch FROM now() - min(available_at)
+               FILTER (WHERE status = {pending} AND available_at <= now()))::float8
+FROM {table}
+WHERE status IN ({pending}, {running}, {failed})
+GROUP BY task_name
+"""
+
 _LISTED = """
 SELECT id, task_name, queue, status, attempts, priority, key, available_at, created_at,
        error_type, last_error
@@ -327,6 +343,7 @@ class TaskStatements:
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
         self.last_slot = LAST_SLOT.format(**slots)
         self.database_now = DATABASE_NOW
+        self.task_gauges = TASK_GAUGES.format(**slots)
         self.list_tasks = LIST_TASKS.format(**slots)
         self.show_task = SHOW_TASK.format(**slots)
         self.replay_tasks = REPLAY_TASKS.format(**slots)

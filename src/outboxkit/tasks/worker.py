@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, RetryPolicy
@@ -48,11 +48,25 @@ class WorkerStats:
     lost_leases: int = 0
 
 
-class _Observer:
-    """The loop's hooks, for tasks: counts, and one log line per failed task."""
+class TaskObserver(Protocol):
+    """What a worker tells an outside observer (``ops/task_metrics.py``'s TaskMetrics)."""
 
-    def __init__(self, stats: WorkerStats) -> None:
+    def ran(self, tasks: Sequence[ClaimedTask], seconds: float) -> None: ...
+
+    def settled(
+        self,
+        done: Sequence[ClaimedTask],
+        retried: Sequence[ClaimedTask],
+        failed: Sequence[ClaimedTask],
+    ) -> None: ...
+
+
+class _Observer:
+    """The loop's hooks, for tasks: counts, one log line per failed task, the outside observer."""
+
+    def __init__(self, stats: WorkerStats, outside: TaskObserver | None = None) -> None:
         self.stats = stats
+        self.outside = outside
 
     def claimed(self, count: int, seconds: float) -> None:
         pass
@@ -64,7 +78,8 @@ class _Observer:
     def published(
         self, messages: Sequence[ClaimedTask], results: Sequence[Outcome], seconds: float
     ) -> None:
-        pass
+        if self.outside is not None:
+            self.outside.ran(messages, seconds)
 
     def settled(
         self,
@@ -75,6 +90,8 @@ class _Observer:
         self.stats.done += len(published)
         self.stats.retried += len(retried)
         self.stats.failed += len(dead)
+        if self.outside is not None:
+            self.outside.settled(published, [t for t, _ in retried], [t for t, _ in dead])
         for task, outcome in retried:
             log.info(
                 "task %d (%s) attempt %d failed, retrying: %s",
@@ -123,6 +140,7 @@ class Worker:
         worker_id: str | None = None,
         periodic_tick: float = TICK,
         batch_size: int = 1,
+        observer: TaskObserver | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -176,7 +194,7 @@ class Worker:
         self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
             self.store,
             self.sink,
-            _Observer(self.stats),
+            _Observer(self.stats, observer),
             options,
             logger=log,
             retry_for=self._policy,

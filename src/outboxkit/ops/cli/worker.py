@@ -87,6 +87,13 @@ def load_app(spec: str) -> Any:
     help="Finished tasks: deleted, or kept as done [default: delete].",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus /metrics and /healthz on this port.",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -105,6 +112,8 @@ def worker(
     shutdown_timeout: float | None,
     poll_interval: float | None,
     retention: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -131,6 +140,11 @@ def worker(
     )
     if queues:
         options["queues"] = list(queues)
+    metrics = None
+    if metrics_port is not None:
+        from outboxkit.ops.task_metrics import TaskMetrics
+
+        metrics = options["observer"] = TaskMetrics(dsn, app.table)
     try:
         engine = Worker(app, dsn, **options)
     except (OutboxkitError, ValueError) as exc:
@@ -141,7 +155,15 @@ def worker(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)
         logging.getLogger("outboxkit.cli").info("worker on %s", redact(dsn))
-        await engine.run()
+        if metrics is None or metrics_port is None:
+            await engine.run()
+            return
+        from outboxkit.ops.http import serving
+        from outboxkit.ops.task_metrics import task_metrics_app
+
+        app = task_metrics_app(metrics)
+        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz"):
+            await engine.run()
 
     try:
         asyncio.run(_main())
