@@ -217,3 +217,53 @@ def test_a_second_enqueuer_of_a_key_waits_for_the_first_so_ids_follow_commit_ord
     with psycopg.connect(tasks_dsn) as conn:
         ids = conn.execute(f"SELECT payload->>'n' FROM {TABLE} ORDER BY id").fetchall()
     assert [n for (n,) in ids] == ["1", "2", "3"]
+
+
+def test_lifecycle_events_are_written_with_each_state_change(tasks_dsn: str) -> None:
+    tasks = Tasks()
+    calls = {"n": 0}
+
+    @tasks.handler("flaky", events="task-events", retry=[0.05], max_attempts=2)
+    def flaky(payload: None) -> None:
+        calls["n"] += 1
+        raise ValueError("nope")
+
+    @tasks.handler("fine", events="task-events")
+    async def fine(payload: None, ctx: TaskContext) -> None:
+        async with ctx.atransaction() as conn:
+            await conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
+
+    @tasks.handler("quiet")
+    def quiet(payload: None) -> None:
+        pass
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for name in ("flaky", "fine", "quiet"):
+            tasks.enqueue(conn, name)
+    worker = Worker(tasks, tasks_dsn, poll_interval=0.05)
+
+    def remaining() -> list[str]:
+        with psycopg.connect(tasks_dsn) as conn:
+            return [r[0] for r in conn.execute(f"SELECT task_name FROM {TABLE} WHERE status <> 3")]
+
+    async def main() -> None:
+        run = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 10
+        while remaining() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await run
+
+    asyncio.run(main())
+    with psycopg.connect(tasks_dsn) as conn:
+        events = conn.execute(
+            "SELECT event_type, payload::text FROM outbox WHERE topic = 'task-events' ORDER BY id"
+        ).fetchall()
+    import json
+
+    seen = [(t, json.loads(bytes.fromhex(p[2:]))["task_name"]) for t, p in events]
+    assert sorted(seen) == [
+        ("task.completed", "fine"),
+        ("task.dead_lettered", "flaky"),
+        ("task.failed", "flaky"),
+    ]

@@ -45,6 +45,11 @@ from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
 log = logging.getLogger("outboxkit.worker")
 
 Retention = Literal["delete", "keep"]
+#: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and
+#: parameters to run in the same transaction, or None: task lifecycle events (tasks/).
+SettleHook = Callable[
+    [Sequence[tuple["ClaimedTask", Decision]]], "tuple[str, Sequence[Any]] | None"
+]
 #: The start-up count of pending tasks stops here.
 PENDING_CAP = 100_000
 
@@ -86,8 +91,11 @@ class PgTaskStore:
         queues: Sequence[str] = ("default",),
         retention: Retention = "delete",
         name: str = "outboxkit-worker",
+        on_settle: SettleHook | None = None,
     ) -> None:
         self.dsn = dsn
+        #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
+        self.on_settle = on_settle
         self.table = table
         self.queues = list(queues)
         self.retention: Retention = retention
@@ -180,17 +188,48 @@ class PgTaskStore:
                     (item_id, status, decision.delay, decision.error, refund, task.error_type,
                      task.traceback)
                 )  # fmt: skip
+        statements: list[tuple[str, Sequence[Any]]] = []
         if done:
-            stmt = (
-                self.sql.settle_done_keep
-                if self.retention == "keep"
-                else self.sql.settle_done_delete
-            )
-            settled.extend(await self._run(stmt, (done, token)))
+            keep = self.retention == "keep"
+            stmt = self.sql.settle_done_keep if keep else self.sql.settle_done_delete
+            statements.append((stmt, (done, token)))
         if fail:
             columns = [list(c) for c in zip(*fail, strict=True)]
-            settled.extend(await self._run(self.sql.settle_failures, (*columns, token)))
+            statements.append((self.sql.settle_failures, (*columns, token)))
+        if self.on_settle is None:
+            for stmt, params in statements:
+                settled.extend(await self._run(stmt, params))
+        elif statements:
+            settled.extend(await self._run_with_hook(claim, decisions, statements))
         return Settled(settled, len(claim.ids) - len(settled))
+
+    async def _run_with_hook(
+        self,
+        claim: Claim[ClaimedTask],
+        decisions: Sequence[Decision],
+        statements: list[tuple[str, Sequence[Any]]],
+    ) -> list[int]:
+        """The settle's statements and the hook's in one transaction: both or neither."""
+        assert self.on_settle is not None
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock, conn.transaction():
+                changed: list[int] = []
+                for stmt, params in statements:
+                    cur = await conn.execute(stmt, params)
+                    changed.extend(row[0] for row in await cur.fetchall())
+                kept = set(changed)
+                pairs = [
+                    (task, decision)
+                    for i, task, decision in zip(claim.ids, claim.items, decisions, strict=True)
+                    if i in kept
+                ]
+                extra = self.on_settle(pairs) if pairs else None
+                if extra is not None:
+                    await conn.execute(extra[0], extra[1])
+                return changed
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
 
     async def _run(self, stmt: str, params: Sequence[Any]) -> list[int]:
         try:

@@ -60,8 +60,10 @@ class TaskContext:
         complete_sql: str,
         outbox: Outbox,
         worker_id: str,
+        events: str | None = None,
     ) -> None:
         self.task = task
+        self._events = events
         self.id = task.id
         self.attempt = task.attempt
         self.name = task.task_name
@@ -88,6 +90,12 @@ class TaskContext:
             " worker after this attempt's lease ran out: its transaction was rolled back"
         )
 
+    def _completed_event(self) -> Event:
+        from outboxkit.tasks.lifecycle import lifecycle_event
+
+        assert self._events is not None
+        return lifecycle_event(self.task, "completed", self._events)
+
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A psycopg transaction that commits with the task's completion (fenced), or not at all."""
@@ -99,6 +107,8 @@ class TaskContext:
             if conn.execute(self._complete, (self.id, self.token)).fetchone() is None:
                 conn.rollback()
                 raise self._lost()
+            if self._events is not None:
+                self.outbox_of_worker.put(conn, self._completed_event())
             conn.commit()
             self.task.completed = True
         finally:
@@ -117,6 +127,8 @@ class TaskContext:
             if await cur.fetchone() is None:
                 await conn.rollback()
                 raise self._lost()
+            if self._events is not None:
+                await self.outbox_of_worker.aput(conn, self._completed_event())
             await conn.commit()
             self.task.completed = True
         finally:

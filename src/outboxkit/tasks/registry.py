@@ -59,6 +59,8 @@ class TaskType:
     retry_base: float
     retry_cap: float
     timeout: float | None
+    #: Lifecycle events' topic (completed, failed, dead-lettered), or None (tasks/lifecycle.py).
+    events: str | None = None
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -108,6 +110,7 @@ class Tasks:
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
         timeout: float | None = None,
+        events: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -117,6 +120,8 @@ class Tasks:
         full-jitter exponential from ``retry_base`` up to ``retry_cap`` seconds.
         ``timeout``: seconds one run may take (an async handler is cancelled, a sync one's
         attempt is failed while its thread finishes); it counts as a failed attempt.
+        ``events``: an outbox topic: each completed, failed and dead-lettered attempt becomes
+        an event there (``task.completed`` ...), in the transaction of the state change.
         """
         _check_text("task name", name)
         if name in self.types:
@@ -148,6 +153,7 @@ class Tasks:
                 retry_base=retry_base,
                 retry_cap=retry_cap,
                 timeout=timeout,
+                events=events,
             )
             return fn
 
@@ -191,7 +197,7 @@ class Tasks:
             task_name = name or fn.__name__
             handler_options = {
                 k: options.pop(k)
-                for k in ("max_attempts", "retry", "timeout", "payload")
+                for k in ("max_attempts", "retry", "timeout", "payload", "events")
                 if k in options
             }
             if task_name not in self.types:

@@ -94,6 +94,7 @@ class HandlerSink:
             complete_sql=self._complete,
             outbox=self.outbox,
             worker_id=self.worker_id,
+            events=task_type.events,
         )
         try:
             payload = task_type.decode(task.payload)

@@ -24,6 +24,7 @@ from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
+from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
 from outboxkit.tasks.sink import HandlerSink
@@ -151,7 +152,14 @@ class Worker:
         self.tasks = tasks
         self.worker_id = worker_id or default_worker_id()
         self.stats = WorkerStats()
-        self.store = PgTaskStore(dsn, tasks.table, queues=queues, retention=retention)
+        lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
+        self.store = PgTaskStore(
+            dsn,
+            tasks.table,
+            queues=queues,
+            retention=retention,
+            on_settle=lifecycle if lifecycle.wanted() else None,
+        )
         self.sink = HandlerSink(
             tasks,
             dsn=dsn,
