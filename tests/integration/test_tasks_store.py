@@ -155,3 +155,39 @@ def test_a_task_claimed_max_attempts_times_and_never_settled_is_dead_lettered_by
     with psycopg.connect(tasks_dsn) as conn:
         row = conn.execute(f"SELECT status, error_type FROM {TABLE}").fetchone()
     assert row == (TaskStatus.FAILED, "CrashLoop")
+
+
+def test_purge_removes_finished_tasks_past_the_age_in_batches(tasks_dsn: str) -> None:
+    for _ in range(5):
+        _enqueue(tasks_dsn, "t")
+    with psycopg.connect(tasks_dsn) as conn:
+        conn.execute(
+            f"UPDATE {TABLE} SET status = %s, finished_at = now() - interval '2 days'"
+            " WHERE id <= 3",
+            (TaskStatus.DONE,),
+        )
+    result = CliRunner().invoke(
+        main, ["tasks", "purge", "--dsn", tasks_dsn, "--older-than", "1d", "--batch-size", "2"]
+    )
+    assert result.exit_code == 0 and "purged 3 finished task(s)" in result.output, result.output
+    with psycopg.connect(tasks_dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
+    assert row == (2,)
+
+
+def test_the_claim_walks_the_claim_index_past_a_large_history(tasks_dsn: str) -> None:
+    with psycopg.connect(tasks_dsn) as conn:
+        conn.execute(
+            f"INSERT INTO {TABLE} (task_name, status, finished_at)"
+            f" SELECT 'old', {int(TaskStatus.DONE)}, now() FROM generate_series(1, 200000)"
+        )
+        conn.execute(f"INSERT INTO {TABLE} (task_name) SELECT 'new' FROM generate_series(1, 50)")
+        conn.commit()
+        conn.autocommit = True
+        conn.execute(f"ANALYZE {TABLE}")
+        sql = TaskStatements(TABLE)
+        params = {"limit": 10, "lease": 30.0, "token": uuid.uuid4(), "owner": "t",
+                  "max_attempts": 5, "queue": "default"}  # fmt: skip
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.claim, params))
+    assert "outboxkit_tasks_claim_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -460,3 +460,15 @@ def discard_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
     """Failed or cancelled tasks deleted for good."""
     with _admin(dsn, table) as conn:
         return [r[0] for r in conn.execute(TaskStatements(table).discard_tasks, (list(ids),))]
+
+
+def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int = 1000) -> int:
+    """Delete done and cancelled tasks finished over ``older_than`` seconds ago, in batches."""
+    stmt = TaskStatements(table).purge_finished
+    total = 0
+    with _admin(dsn, table) as conn:
+        while True:
+            deleted = int(conn.execute(stmt, {"age": older_than, "limit": batch_size}).rowcount)
+            total += deleted
+            if deleted < batch_size:
+                return total

@@ -303,6 +303,15 @@ SET status = {cancelled}, finished_at = now(), claim_token = NULL
 WHERE id = ANY(%s) AND status IN ({pending}, {running})
 RETURNING id
 """
+# Retention "keep": finished (done and cancelled) tasks older than the cutoff leave in small
+# batches, each its own short transaction (no long lock, no vacuum debt in one go).
+PURGE_FINISHED = """
+DELETE FROM {table} WHERE id = ANY(ARRAY(
+    SELECT id FROM {table}
+    WHERE status IN ({done}, {cancelled})
+      AND finished_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s))
+"""
 DISCARD_TASKS = """
 DELETE FROM {table} WHERE id = ANY(%s) AND status IN ({failed}, {cancelled}) RETURNING id
 """
@@ -349,6 +358,7 @@ class TaskStatements:
         self.replay_tasks = REPLAY_TASKS.format(**slots)
         self.cancel_tasks = CANCEL_TASKS.format(**slots)
         self.discard_tasks = DISCARD_TASKS.format(**slots)
+        self.purge_finished = PURGE_FINISHED.format(**slots)
         self.try_wake_lock = TRY_WAKE_LOCK.format(**slots)
         self.wake_unlock = WAKE_UNLOCK.format(**slots)
 

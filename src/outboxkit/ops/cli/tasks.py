@@ -1,4 +1,4 @@
-"""``outboxkit tasks list | failed | show | replay | cancel | discard``: task mode's table."""
+"""``outboxkit tasks list | failed | show | replay | cancel | discard | purge``: the task table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import dsn_option
+from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
 from outboxkit.ops.cli.output import console, fail, jsonable, ok
 
 _STATES = ("pending", "running", "done", "failed", "cancelled")
@@ -148,3 +148,22 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
 
     done = run_guarded(discard_tasks, dsn, tasks_table, task_ids)
     ok(f"discarded {len(done)} task(s)")
+
+
+@tasks.command("purge")
+@dsn_option
+@tasks_table_option
+@click.option(
+    "--older-than",
+    required=True,
+    callback=checked_duration,
+    help="Finished at least this long ago: 30d, 12h, 90m.",
+)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+def purge_command(dsn: str, tasks_table: str, older_than: str, batch_size: int) -> None:
+    """Delete done and cancelled tasks (worker --retention keep) in small batches."""
+    from outboxkit.store.tasks_pg import purge_finished
+
+    age = parse_duration(older_than).total_seconds()
+    count = run_guarded(purge_finished, dsn, tasks_table, older_than=age, batch_size=batch_size)
+    ok(f"purged {count} finished task(s)")
