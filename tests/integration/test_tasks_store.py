@@ -191,3 +191,21 @@ def test_the_claim_walks_the_claim_index_past_a_large_history(tasks_dsn: str) ->
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.claim, params))
     assert "outboxkit_tasks_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+def test_the_task_migration_files_applied_by_another_tool_equal_migrate_tasks(
+    empty_db_dsn: str,
+) -> None:
+    from tests.integration.test_migration_files import _apply, _diff, _schemas
+
+    _schemas(empty_db_dsn, "fresh", "files")
+    migrate_tasks(empty_db_dsn, table="fresh.jobs")
+    _apply(empty_db_dsn, "files.jobs", "tasks", through=1)
+    _diff(empty_db_dsn, "fresh", "files")
+    again = migrate_tasks(empty_db_dsn, table="files.jobs")
+    assert again.action is MigrationAction.UNCHANGED
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute('DROP INDEX files."jobs_unique_idx"')
+    repaired = migrate_tasks(empty_db_dsn, table="files.jobs")
+    assert repaired.action is MigrationAction.REPAIRED
+    assert repaired.recreated == ("index files.jobs_unique_idx",)
