@@ -142,6 +142,7 @@ class Worker:
         periodic_tick: float = TICK,
         batch_size: int = 1,
         observer: TaskObserver | None = None,
+        linger: float = 0.03,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -177,7 +178,7 @@ class Worker:
             max_in_flight=max(1, concurrency // batch_size),
             lease=lease,
             poll_interval=poll_interval,
-            linger=0.03,
+            linger=linger,
             listen=listen,
             shutdown_timeout=shutdown_timeout,
             retry=RetryPolicy(max_attempts=tasks.max_attempts),
