@@ -64,3 +64,18 @@ def test_failed_tasks_are_listed_shown_replayed_cancelled_and_discarded(tasks_ds
         main, ["tasks", "list", "--dsn", tasks_dsn, "--tasks-table", "nope"]
     )
     assert missing.exit_code == 2 and "outboxkit migrate --tasks" in missing.output
+
+
+def test_the_worker_command_says_what_to_do_about_a_missing_table_or_a_bad_app(
+    db_dsn: str,
+) -> None:
+    missing = CliRunner().invoke(
+        main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app:tasks"]
+    )
+    assert missing.exit_code == 2 and "outboxkit migrate --tasks" in missing.output
+    bad = CliRunner().invoke(main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app"])
+    assert bad.exit_code == 2 and "module:attribute" in bad.output
+    wrong = CliRunner().invoke(
+        main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app:RUNS_DDL"]
+    )
+    assert wrong.exit_code == 2 and "is not an outboxkit.tasks.Tasks" in wrong.output

@@ -267,3 +267,29 @@ def test_lifecycle_events_are_written_with_each_state_change(tasks_dsn: str) -> 
         ("task.dead_lettered", "flaky"),
         ("task.failed", "flaky"),
     ]
+
+
+def test_sqlalchemy_sessions_enqueue_in_their_transaction(tasks_dsn: str) -> None:
+    import sqlalchemy
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.orm import Session
+
+    tasks = make_tasks()
+    url = tasks_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    engine = sqlalchemy.create_engine(url)
+    with Session(engine) as session, session.begin():
+        assert tasks.enqueue(session, "job", {"via": "session"}, unique_key="s")
+        assert not tasks.enqueue(session, "job", {"via": "session"}, unique_key="s")
+    with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
+        tasks.enqueue(session, "job", {"via": "rolled back"})
+        raise RuntimeError("rolled back")
+    engine.dispose()
+
+    async def run() -> None:
+        aengine = create_async_engine(url)
+        async with aengine.begin() as conn:
+            assert await tasks.aenqueue(conn, "job", {"via": "async"})
+        await aengine.dispose()
+
+    asyncio.run(run())
+    assert count(tasks_dsn, TABLE) == 2
