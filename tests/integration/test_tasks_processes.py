@@ -129,3 +129,39 @@ def test_the_worker_serves_task_metrics(tasks_dsn: str) -> None:
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(15) == 0
+
+
+def test_a_frozen_workers_late_completion_is_a_no_op_and_its_writes_are_rolled_back(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (task_id bigint, attempt int)")
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "effect_once")
+    # Finished tasks are kept (marked done): the zombie's completion finds the row still
+    # there, so only the claim token can fence it off.
+    keep = ("--lease", "1", "--retention", "keep")
+    frozen = spawn_worker(tasks_dsn, *keep)
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+        frozen.send_signal(signal.SIGSTOP)  # hung inside its ctx.transaction(): no heartbeat
+        other = spawn_worker(tasks_dsn, *keep)
+        try:
+            # attempt 2 ran and completed
+            wait_for(lambda: state(tasks_dsn) == [("effect_once", 2, 2)])
+        finally:
+            other.send_signal(signal.SIGTERM)
+            assert other.wait(15) == 0
+        frozen.send_signal(signal.SIGCONT)  # wakes, writes, tries to complete: fenced
+        time.sleep(3)
+        frozen.send_signal(signal.SIGTERM)
+        assert frozen.wait(15) == 0
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+    with psycopg.connect(tasks_dsn) as conn:
+        effects = conn.execute("SELECT attempt FROM effects").fetchall()
+    assert effects == [(2,)]  # the zombie attempt's write never landed
+    assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
+    assert frozen.stderr is not None
+    assert b"lease_lost" in frozen.stderr.read()  # its late settle was fenced off too

@@ -39,3 +39,16 @@ def hang_first(payload: None, ctx: TaskContext) -> None:
 async def sleep(payload: dict[str, float], ctx: TaskContext) -> None:
     _record(ctx)
     await asyncio.sleep(payload["seconds"])
+
+
+@tasks.handler("effect_once")
+def effect_once(payload: None, ctx: TaskContext) -> None:
+    """Writes its effect in ctx.transaction(); the first attempt dawdles inside it (the test
+    freezes that worker there with SIGSTOP)."""
+    import time
+
+    _record(ctx)
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
+        if ctx.attempt == 1:
+            time.sleep(2)
