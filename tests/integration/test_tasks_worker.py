@@ -384,3 +384,25 @@ def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
     worker = run_worker(tasks, tasks_dsn, cancelled, lease=0.6)
     assert rows(tasks_dsn)[0][1] == TaskStatus.CANCELLED
     assert worker.stats.lost_leases == 1
+
+
+def test_a_failed_task_replayed_runs_again_from_its_first_attempt(tasks_dsn: str) -> None:
+    from outboxkit.store.tasks_pg import replay_tasks
+
+    tasks = Tasks()
+    attempts: list[int] = []
+    fixed = threading.Event()
+
+    @tasks.handler("fragile", max_attempts=1)
+    def fragile(payload: None, ctx: TaskContext) -> None:
+        attempts.append(ctx.attempt)
+        if not fixed.is_set():
+            raise RuntimeError("the bug")
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "fragile")
+    run_worker(tasks, tasks_dsn, lambda: rows(tasks_dsn)[0][1] == TaskStatus.FAILED)
+    fixed.set()
+    assert replay_tasks(tasks_dsn, TABLE, [1]) == [1]
+    run_worker(tasks, tasks_dsn, lambda: rows(tasks_dsn) == [])
+    assert attempts == [1, 1]
