@@ -379,3 +379,13 @@ class PgoutputError(OutboxkitError, ValueError):
 
 class UndecodableRow(OutboxkitError):
     """A row of the outbox table the relay cannot turn into a message (dead-lettered)."""
+
+
+class InvalidTaskError(OutboxkitError, ValueError):
+    """A task refused at enqueue (unknown name, a payload its model rejects, a bad option):
+    nothing reached the task table and the caller's transaction is untouched."""
+
+
+class LeaseLost(OutboxkitError):
+    """``ctx.transaction()`` found its task re-claimed by another worker (the attempt's lease
+    ran out): the whole transaction was rolled back, so none of its writes landed."""

@@ -50,6 +50,29 @@ class RetryPolicy:
     base: float = 1.0
     cap: float = 300.0
     max_delay: float = MAX_RETRY_DELAY
+    #: A schedule as data: the n-th retry waits ``delays[n - 1]`` seconds (the last one
+    #: repeats); empty, the full-jitter backoff above.
+    delays: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reschedule:
+    """An outcome whose sink chose the item's next time itself, not a failure of its target.
+
+    A task handler's ``Retry(delay)`` (``counts_attempt`` True: the attempt counts, the last
+    one dead-letters) or ``Snooze(delay)`` (False: handed back with the attempt refunded).
+    Never a sign of an outage (:func:`outage` leaves it out), and its delay is taken as it is.
+    """
+
+    delay: float
+    counts_attempt: bool = True
+    error: str | None = None
+    ok: bool = False
+    retryable: bool = True
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.delay
 
 
 def stored_error(error: str | None) -> str:
@@ -73,18 +96,33 @@ def decide(
       attempt refunded, due after the target's ``retry_after`` or ``outage_delay`` (the
       caller's pacing of an outage), whichever is longer;
     * rejected for good (not retryable) or out of attempts: DEAD;
-    * otherwise RETRY after the full-jitter backoff of ``attempt`` (or ``retry_after``).
+    * otherwise RETRY after the policy's delay for ``attempt`` (or ``retry_after``);
+    * a :class:`Reschedule`: RETRY (DEAD on the last attempt) or HAND_BACK after its own delay.
     """
     if outcome.ok:
         return DONE
+    if isinstance(outcome, Reschedule):
+        delay = bounded_retry_after(outcome.delay, policy.max_delay)
+        if not outcome.counts_attempt:
+            error = None if outcome.error is None else stored_error(outcome.error)
+            return Decision(Verdict.HAND_BACK, delay, error)
+        if attempt >= policy.max_attempts:
+            return Decision(Verdict.DEAD, 0.0, stored_error(outcome.error))
+        return Decision(Verdict.RETRY, delay, stored_error(outcome.error))
     error = stored_error(outcome.error)
     asked = bounded_retry_after(outcome.retry_after, policy.max_delay)
     if not outcome.counts_attempt or (target_down and outcome.retryable):
         return Decision(Verdict.HAND_BACK, max(asked, outage_delay), error)
     if not outcome.retryable or attempt >= policy.max_attempts:
         return Decision(Verdict.DEAD, 0.0, error)
-    delay = full_jitter(attempt, base=policy.base, cap=policy.cap)
-    return Decision(Verdict.RETRY, max(delay, asked), error)
+    return Decision(Verdict.RETRY, max(retry_delay(attempt, policy), asked), error)
+
+
+def retry_delay(attempt: int, policy: RetryPolicy) -> float:
+    """Seconds before the retry of a failed ``attempt``: the schedule's, or full jitter."""
+    if policy.delays:
+        return policy.delays[min(attempt, len(policy.delays)) - 1]
+    return full_jitter(attempt, base=policy.base, cap=policy.cap)
 
 
 def outage(outcomes: Sequence[Outcome], *, target_down: bool) -> bool | None:
@@ -96,6 +134,9 @@ def outage(outcomes: Sequence[Outcome], *, target_down: bool) -> bool | None:
     """
     if any(o.ok for o in outcomes):
         return False
-    if target_down or any(not o.counts_attempt for o in outcomes):
+    judged = [o for o in outcomes if not isinstance(o, Reschedule)]
+    if not judged:
+        return None
+    if target_down or any(not o.counts_attempt for o in judged):
         return True
     return None

@@ -29,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact
 from outboxkit._text import first_line
-from outboxkit.queue.decide import Outcome, RetryPolicy, decide, outage
+from outboxkit.queue.decide import Outcome, Reschedule, RetryPolicy, decide, outage
 from outboxkit.queue.episode import FailureEpisode
 from outboxkit.queue.heartbeat import LeaseHeartbeat
 from outboxkit.queue.store import (
@@ -177,8 +177,17 @@ class ClaimLoop(Generic[T, R]):
         ordering: Ordering | None = None,
         side_tasks: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = (),
         logger: logging.Logger | None = None,
+        retry_for: Callable[[T], RetryPolicy] | None = None,
+        on_lease_lost: Callable[[Claim[T], int], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told when a heartbeat finds the claim's items no longer all held (re-claimed
+        #: elsewhere, or taken away by an operator), with how many it still holds: the
+        #: task worker stops handlers whose task is gone. None: nothing to tell.
+        self.on_lease_lost = on_lease_lost
+        #: The retry policy of one item when items carry their own (a task's handler
+        #: schedule and max_attempts); None: ``options.retry`` for every item.
+        self.retry_for = retry_for
         self.sink = sink
         self.observer = observer
         self.options = options
@@ -512,6 +521,8 @@ class ClaimLoop(Generic[T, R]):
                 first_line(exc.cause),
             )
             return
+        if held < len(claim.ids) and self.on_lease_lost is not None:
+            self.on_lease_lost(claim, held)
         self.log.debug(
             "publish running for %.1fs: extended the lease of %d of %d row(s) by %.1fs",
             time.monotonic() - claim.claimed_at,
@@ -538,8 +549,15 @@ class ClaimLoop(Generic[T, R]):
         elif state:
             outage_delay = self._target_backoff.next_delay()
         policy = self.options.retry
+        pick = self.retry_for
         decisions = [
-            decide(item.attempt, o, policy, target_down=target_down, outage_delay=outage_delay)
+            decide(
+                item.attempt,
+                o,
+                policy if pick is None else pick(item),
+                target_down=target_down,
+                outage_delay=outage_delay,
+            )
             for item, o in zip(items, outcomes, strict=True)
         ]
         settled = await self._store_settle(claim, decisions)
@@ -568,6 +586,8 @@ class ClaimLoop(Generic[T, R]):
                 retried.append((item, outcome))
             elif verdict is Verdict.DEAD:
                 dead.append((item, outcome))
+            elif isinstance(outcome, Reschedule):
+                continue  # put off on purpose (a task's Snooze): not the outage's, not hastened
             else:
                 handed_back.append(item_id)
                 if first_hand_back is None:

@@ -42,6 +42,12 @@ from outboxkit.store.postgres import (
     quote_table,
     schema_slots,
 )
+from outboxkit.store.tasks_sql import (
+    DEFAULT_TASKS_TABLE,
+    TaskStatements,
+    tasks_migration_lock_key,
+    tasks_slots,
+)
 
 _NAME = r'"[^"]+"|\w+'
 _CREATED = re.compile(
@@ -343,6 +349,30 @@ def migrate_inbox(conninfo: str, *, table: str = DEFAULT_INBOX_TABLE) -> Migrati
     return MigrationResult(table, MigrationAction.REPAIRED, version, recreated=labels, kind="inbox")
 
 
+def migrate_tasks(conninfo: str, *, table: str = DEFAULT_TASKS_TABLE) -> MigrationResult:
+    """Create the task table, its indexes and the schedules table if missing (task mode).
+
+    As :func:`migrate_inbox`: idempotent, serialised by an advisory lock, the version recorded.
+    """
+    stmts = TaskStatements(table)
+    schema, _name = parse_table(table)
+    ddl = stmts.ddl()
+    objects = _objects(ddl, schema)
+    version = len(migration_files("tasks"))
+    with _connect(conninfo) as conn, conn.transaction():
+        conn.execute(MIGRATION_LOCK, (tasks_migration_lock_key(table),))
+        missing = _missing(conn, objects, stmts.qualified)
+        if missing:
+            conn.execute(ddl)
+        _record(conn, table, "tasks", version)
+    if not missing:
+        return MigrationResult(table, MigrationAction.UNCHANGED, version, kind="task")
+    if any(o.name == stmts.qualified for o in missing):
+        return MigrationResult(table, MigrationAction.CREATED, version, kind="task")
+    labels = tuple(o.label for o in missing)
+    return MigrationResult(table, MigrationAction.REPAIRED, version, recreated=labels, kind="task")
+
+
 def schema_version(
     conninfo: str, *, table: str = DEFAULT_TABLE, kind: Kind = "outbox"
 ) -> int | None:
@@ -379,12 +409,15 @@ def migration_statements(
     same table range-partitioned by ``created_at``: its partitions and their settings come
     from ``outboxkit migrate --partition-by`` or the relay's maintenance, see
     docs/operations.md), ``ordered`` (ordered mode on top of an outbox, with ``partitions``
-    partitions) or ``inbox`` (``table`` defaults to ``processed_events``). Every statement
+    partitions), ``inbox`` (``table`` defaults to ``processed_events``) or ``tasks`` (task
+    mode's table, default ``outboxkit_tasks``, and its schedules table). Every statement
     is idempotent (``IF NOT EXISTS``), so applying a version twice does no harm;
     ``outboxkit migrate`` applies the same files.
     """
     if kind == "inbox":
         slots = inbox_slots(table or DEFAULT_INBOX_TABLE)
+    elif kind == "tasks":
+        slots = tasks_slots(table or DEFAULT_TASKS_TABLE)
     elif kind == "ordered":
         slots = ordered_slots(table or DEFAULT_TABLE, partitions)
     else:

@@ -25,6 +25,14 @@ from outboxkit.ops.cli.output import fail, ok
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
 @inbox_option
 @inbox_table_option
+@click.option("--tasks", is_flag=True, help="Create task mode's table (outboxkit worker) instead.")
+@click.option(
+    "--tasks-table",
+    default="outboxkit_tasks",
+    show_default=True,
+    envvar="OUTBOXKIT_TASKS_TABLE",
+    help="Task table name (with --tasks), optionally schema-qualified.",
+)
 @click.option(
     "--partition-by",
     type=click.Choice(["day", "hour"]),
@@ -58,6 +66,8 @@ def migrate(
     print_sql: bool,
     inbox: bool,
     inbox_table: str,
+    tasks: bool,
+    tasks_table: str,
     partition_by: str | None,
     ordered: bool,
     partitions: int | None,
@@ -65,13 +75,15 @@ def migrate(
 ) -> None:
     """Create or upgrade the outbox table (idempotent; safe from several processes at once).
 
-    With --inbox, create the consumer-side inbox table (processed_events) instead.
+    With --inbox, create the consumer-side inbox table (processed_events) instead; with
+    --tasks, task mode's table (outboxkit_tasks) and its schedules table.
 
     \b
     Examples:
       outboxkit migrate --dsn postgresql://app@db/shop
       outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
       outboxkit migrate --inbox --dsn postgresql://app@db/billing
+      outboxkit migrate --tasks --dsn postgresql://app@db/shop
       outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
       outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
     """
@@ -80,6 +92,9 @@ def migrate(
 
     if inbox:
         _migrate_inbox(dsn, inbox_table, print_sql)
+        return
+    if tasks:
+        _migrate_tasks(dsn, tasks_table, print_sql)
         return
     if (partitions is not None or repartition) and not ordered:
         fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
@@ -130,4 +145,20 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
     if not dsn:
         fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
     result = run_guarded(migrate_inbox, dsn, table=inbox_table)
+    ok(result.describe())
+
+
+def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
+    from outboxkit.store.migrate import migrate_tasks
+    from outboxkit.store.tasks_sql import TaskStatements
+
+    if print_sql:
+        try:
+            click.echo(TaskStatements(tasks_table).ddl(), nl=False)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+        return
+    if not dsn:
+        fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    result = run_guarded(migrate_tasks, dsn, table=tasks_table)
     ok(result.describe())

@@ -24,7 +24,7 @@ from typing import Literal, get_args
 
 from psycopg import sql
 
-Kind = Literal["outbox", "partitioned", "ordered", "inbox"]
+Kind = Literal["outbox", "partitioned", "ordered", "inbox", "tasks"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 

@@ -1,0 +1,169 @@
+"""``outboxkit tasks list | failed | show | replay | cancel | discard | purge``: the task table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from outboxkit.ops.cli.guard import run_guarded
+from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
+from outboxkit.ops.cli.output import console, fail, jsonable, ok
+
+_STATES = ("pending", "running", "done", "failed", "cancelled")
+
+tasks_table_option = click.option(
+    "--tasks-table",
+    default="outboxkit_tasks",
+    show_default=True,
+    envvar="OUTBOXKIT_TASKS_TABLE",
+    help="Task table name, optionally schema-qualified.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="JSON lines, for programs.")
+
+
+@click.group()
+def tasks() -> None:
+    """Look at task mode's table and act on its tasks (see `outboxkit worker`)."""
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
+    from outboxkit.store.tasks_sql import TaskStatus
+
+    if as_json:
+        for row in rows:
+            row = {**row, "status": TaskStatus(row["status"]).name.lower()}
+            click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}))
+        return
+    if not rows:
+        ok(f"no {title}")
+        return
+    table = Table(title=title)
+    for column in ("id", "task", "queue", "status", "attempts", "run at", "error"):
+        table.add_column(column)
+    for r in rows:
+        error = r["last_error"] or ""
+        table.add_row(
+            str(r["id"]),
+            r["task_name"],
+            r["queue"],
+            TaskStatus(r["status"]).name.lower(),
+            str(r["attempts"]),
+            r["available_at"].isoformat(timespec="seconds"),
+            (f"{r['error_type']}: " if r["error_type"] else "") + error[:120],
+        )
+    console.print(table)
+
+
+@tasks.command("list")
+@dsn_option
+@tasks_table_option
+@click.option("--status", type=click.Choice(_STATES), default=None, help="Only this state.")
+@click.option("--name", default=None, help="Only tasks of this name.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@json_option
+def list_command(
+    dsn: str, tasks_table: str, status: str | None, name: str | None, limit: int, as_json: bool
+) -> None:
+    """Tasks, oldest first."""
+    from outboxkit.store.tasks_pg import list_tasks
+    from outboxkit.store.tasks_sql import TaskStatus
+
+    state = None if status is None else TaskStatus[status.upper()]
+    rows = run_guarded(list_tasks, dsn, tasks_table, status=state, name=name, limit=limit)
+    _print(rows, as_json, "tasks")
+
+
+@tasks.command("failed")
+@dsn_option
+@tasks_table_option
+@click.option("--name", default=None, help="Only tasks of this name.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@json_option
+def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
+    """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
+    from outboxkit.store.tasks_pg import list_tasks
+    from outboxkit.store.tasks_sql import TaskStatus
+
+    rows = run_guarded(
+        list_tasks, dsn, tasks_table, status=TaskStatus.FAILED, name=name, limit=limit
+    )
+    _print(rows, as_json, "failed tasks")
+
+
+@tasks.command("show")
+@dsn_option
+@tasks_table_option
+@click.argument("task_id", type=int)
+def show_command(dsn: str, tasks_table: str, task_id: int) -> None:
+    """Every column of one task, its payload and its traceback excerpt, as JSON."""
+    from outboxkit.store.tasks_pg import show_task
+
+    row = run_guarded(show_task, dsn, tasks_table, task_id)
+    if row is None:
+        fail(f"no task {task_id} in {tasks_table!r}")
+    row.pop("payload", None)
+    click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}, indent=2))
+
+
+@tasks.command("replay")
+@dsn_option
+@tasks_table_option
+@click.argument("task_ids", type=int, nargs=-1)
+@click.option("--all", "all_failed", is_flag=True, help="Every failed or cancelled task.")
+@click.option("--name", default=None, help="With --all: only tasks of this name.")
+def replay_command(
+    dsn: str, tasks_table: str, task_ids: tuple[int, ...], all_failed: bool, name: str | None
+) -> None:
+    """Run failed or cancelled tasks again, from their first attempt."""
+    from outboxkit.store.tasks_pg import replay_tasks
+
+    if not task_ids and not all_failed:
+        fail("give task ids, or --all", 2)
+    done = run_guarded(replay_tasks, dsn, tasks_table, task_ids, all_failed=all_failed, name=name)
+    ok(f"replayed {len(done)} task(s)")
+
+
+@tasks.command("cancel")
+@dsn_option
+@tasks_table_option
+@click.argument("task_ids", type=int, nargs=-1, required=True)
+def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
+    """Cancel pending or running tasks (a running one's completion then changes nothing)."""
+    from outboxkit.store.tasks_pg import cancel_tasks
+
+    done = run_guarded(cancel_tasks, dsn, tasks_table, task_ids)
+    ok(f"cancelled {len(done)} task(s)")
+
+
+@tasks.command("discard")
+@dsn_option
+@tasks_table_option
+@click.argument("task_ids", type=int, nargs=-1, required=True)
+def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
+    """Delete failed or cancelled tasks for good."""
+    from outboxkit.store.tasks_pg import discard_tasks
+
+    done = run_guarded(discard_tasks, dsn, tasks_table, task_ids)
+    ok(f"discarded {len(done)} task(s)")
+
+
+@tasks.command("purge")
+@dsn_option
+@tasks_table_option
+@click.option(
+    "--older-than",
+    required=True,
+    callback=checked_duration,
+    help="Finished at least this long ago: 30d, 12h, 90m.",
+)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+def purge_command(dsn: str, tasks_table: str, older_than: str, batch_size: int) -> None:
+    """Delete done and cancelled tasks (worker --retention keep) in small batches."""
+    from outboxkit.store.tasks_pg import purge_finished
+
+    age = parse_duration(older_than).total_seconds()
+    count = run_guarded(purge_finished, dsn, tasks_table, older_than=age, batch_size=batch_size)
+    ok(f"purged {count} finished task(s)")

@@ -1,0 +1,179 @@
+"""``outboxkit worker``: run the task handlers an application registered (task mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+
+from outboxkit._redact import redact
+from outboxkit.errors import OutboxkitError
+from outboxkit.ops.cli.options import dsn_option, given
+from outboxkit.ops.cli.output import fail
+from outboxkit.ops.logs import setup_logging
+
+
+def load_app(spec: str) -> Any:
+    """The ``Tasks`` object named by ``module:attribute`` (the module imported from sys.path)."""
+    from outboxkit.tasks import Tasks
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        fail(f"--app takes module:attribute (e.g. myapp.jobs:tasks), got {spec!r}", 2)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        fail(f"--app {spec}: cannot import {module_name!r} ({exc})", 2)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, Tasks):
+        fail(f"--app {spec}: {module_name}.{attribute} is not an outboxkit.tasks.Tasks", 2)
+    return app
+
+
+@click.command()
+@dsn_option
+@click.option("--app", "app_spec", required=True, help="The Tasks object: module:attribute.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1, max=10_000),
+    default=None,
+    help="Tasks running at once in this worker [default: 10].",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1, max=10_000),
+    default=None,
+    help="Tasks per claim, run at once and settled together (short tasks) [default: 1].",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="A queue to take tasks from (repeat for several) [default: default].",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.1, max=86400),
+    default=None,
+    help="Seconds a claim holds a task; the heartbeat renews it while the handler runs"
+    " [default: 30].",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0, max=86400),
+    default=None,
+    help="On SIGTERM, seconds running handlers may finish before their tasks are handed"
+    " back [default: 30].",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.01, max=3600),
+    default=None,
+    help="Seconds between polls when no wake-up arrives [default: 1].",
+)
+@click.option(
+    "--retention",
+    type=click.Choice(["delete", "keep"]),
+    default=None,
+    help="Finished tasks: deleted, or kept as done [default: delete].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus /metrics and /healthz on this port.",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def worker(
+    dsn: str,
+    app_spec: str,
+    concurrency: int | None,
+    batch_size: int | None,
+    queues: tuple[str, ...],
+    lease: float | None,
+    shutdown_timeout: float | None,
+    poll_interval: float | None,
+    retention: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Run task handlers straight from the task table (`outboxkit migrate --tasks` first).
+
+    SIGTERM/SIGINT: stop taking tasks, let running handlers finish within
+    --shutdown-timeout, hand the rest back.
+
+    \b
+    Example:
+      outboxkit worker --dsn postgresql://app@db/shop --app shop.jobs:tasks --concurrency 20
+    """
+    from outboxkit.tasks import Worker
+
+    setup_logging(log_level, log_format)
+    app = load_app(app_spec)
+    options = given(
+        concurrency=concurrency,
+        batch_size=batch_size,
+        lease=lease,
+        shutdown_timeout=shutdown_timeout,
+        poll_interval=poll_interval,
+        retention=retention,
+    )
+    if queues:
+        options["queues"] = list(queues)
+    metrics = None
+    if metrics_port is not None:
+        from outboxkit.ops.task_metrics import TaskMetrics
+
+        metrics = options["observer"] = TaskMetrics(dsn, app.table)
+    try:
+        engine = Worker(app, dsn, **options)
+    except (OutboxkitError, ValueError) as exc:
+        fail(str(exc), 2)
+
+    async def _main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, engine.stop)
+        logging.getLogger("outboxkit.cli").info("worker on %s", redact(dsn))
+        if metrics is None or metrics_port is None:
+            await engine.run()
+            return
+        from outboxkit.ops.http import serving
+        from outboxkit.ops.task_metrics import task_metrics_app
+
+        app = task_metrics_app(metrics)
+        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz"):
+            await engine.run()
+
+    try:
+        asyncio.run(_main())
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+    if any(t.name.startswith("outboxkit-task") and t.is_alive() for t in threading.enumerate()):
+        # A sync handler past its timeout or the grace period: its task was handed back;
+        # do not wait for the thread.
+        logging.getLogger("outboxkit.worker").warning(
+            "exiting with a sync handler still running: its task was handed back"
+        )
+        logging.shutdown()
+        os._exit(0)

@@ -1,0 +1,109 @@
+"""The task worker's Prometheus metrics: outcomes and run time per task name (from the
+worker's observer), queue depth, running, failed and the oldest queued age (read from the
+table at each scrape)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from outboxkit.store.tasks_pg import ClaimedTask, task_gauges
+
+_RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
+
+
+class _TableGauges(Collector):
+    """Read at scrape time (the scrape runs it in a thread)."""
+
+    def __init__(self, dsn: str, table: str) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.rows: list[tuple[Any, ...]] = []
+
+    def collect(self) -> Iterable[Metric]:
+        names = ("queued", "scheduled", "running", "failed")
+        families = {
+            n: GaugeMetricFamily(f"outboxkit_tasks_{n}", f"Tasks {n}, per task", labels=["task"])
+            for n in names
+        }
+        age = GaugeMetricFamily(
+            "outboxkit_tasks_oldest_queued_age_seconds",
+            "Age of the oldest due pending task, per task name",
+            labels=["task"],
+        )
+        for name, *counts, oldest in self.rows:
+            for family, value in zip(names, counts, strict=True):
+                families[family].add_metric([name], float(value))
+            age.add_metric([name], float(oldest or 0.0))
+        yield from families.values()
+        yield age
+
+
+class TaskMetrics:
+    """The worker's observer (``Worker(observer=...)``) and the registry it fills."""
+
+    def __init__(self, dsn: str, table: str) -> None:
+        self.registry = CollectorRegistry()
+        self.finished = Counter(
+            "outboxkit_tasks_finished_total",
+            "Task attempts finished, by task name and outcome (done, retried, failed)",
+            ["task", "outcome"],
+            registry=self.registry,
+        )
+        self.run_seconds = Histogram(
+            "outboxkit_task_run_seconds",
+            "Handler run time per claim, by task name",
+            ["task"],
+            buckets=_RUN_BUCKETS,
+            registry=self.registry,
+        )
+        self.gauges = _TableGauges(dsn, table)
+        self.registry.register(self.gauges)
+
+    def ran(self, tasks: Sequence[ClaimedTask], seconds: float) -> None:
+        for task in tasks:
+            self.run_seconds.labels(task.task_name).observe(seconds)
+
+    def settled(
+        self,
+        done: Sequence[ClaimedTask],
+        retried: Sequence[ClaimedTask],
+        failed: Sequence[ClaimedTask],
+    ) -> None:
+        for outcome, tasks in (("done", done), ("retried", retried), ("failed", failed)):
+            for task in tasks:
+                self.finished.labels(task.task_name, outcome).inc()
+
+    async def render(self) -> bytes:
+        """Read the table's gauges, then render (off the event loop)."""
+        gauges = self.gauges
+        gauges.rows = await asyncio.to_thread(task_gauges, gauges.dsn, gauges.table)
+        return await asyncio.to_thread(generate_latest, self.registry)
+
+
+def task_metrics_app(metrics: TaskMetrics) -> web.Application:
+    """``/metrics`` and ``/healthz`` of one worker."""
+
+    async def scrape(_request: web.Request) -> web.Response:
+        body = await metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/healthz", healthz)
+    return app

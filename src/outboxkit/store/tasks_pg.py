@@ -1,0 +1,474 @@
+"""PostgreSQL's queue store for task mode (outboxkit.queue.store.QueueStore over a task table).
+
+The worker's claim loop (outboxkit.queue.loop) runs against it exactly as the relay runs
+against the outbox's (store/queue_pg.py): claims and settles on two autocommit connections,
+every settle, extension and release fenced by the claim token, psycopg's errors turned into
+the store interface's. The statements are store/tasks_sql.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
+
+from outboxkit._backoff import Backoff
+from outboxkit._text import first_line
+from outboxkit.errors import SchemaError, connection_lost, write_denied
+from outboxkit.queue.store import (
+    Claim,
+    ClaimPolicy,
+    Decision,
+    Settled,
+    StoreDenied,
+    StoreError,
+    StoreInfo,
+    StoreTimeout,
+    StoreUnavailable,
+    Verdict,
+)
+from outboxkit.store._connection import aconnect, admin_connection
+from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
+
+log = logging.getLogger("outboxkit.worker")
+
+Retention = Literal["delete", "keep"]
+#: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and
+#: parameters to run in the same transaction, or None: task lifecycle events (tasks/).
+SettleHook = Callable[
+    [Sequence[tuple["ClaimedTask", Decision]]], "tuple[str, Sequence[Any]] | None"
+]
+#: The start-up count of pending tasks stops here.
+PENDING_CAP = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class ClaimedTask:
+    """One claimed task, as the worker's handler sink gets it (the claim's RETURNING order).
+
+    The sink fills ``error_type`` and ``traceback`` when the handler fails (stored with the
+    settle), and ``completed`` when ``ctx.transaction()`` completed the task in the
+    handler's own transaction (the settle then has nothing left to do for it).
+    """
+
+    id: int
+    task_name: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int | None
+    key: str | None
+    priority: int
+    created_at: dt.datetime
+    error_type: str | None = None
+    traceback: str | None = None
+    completed: bool = False
+
+
+class PgTaskStore:
+    """A task table as the claim loop's store. ``queues``: the queues this worker serves.
+
+    ``retention="delete"`` (default) deletes a finished task; ``"keep"`` marks it done.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        retention: Retention = "delete",
+        name: str = "outboxkit-worker",
+        on_settle: SettleHook | None = None,
+    ) -> None:
+        self.dsn = dsn
+        #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
+        self.on_settle = on_settle
+        self.table = table
+        self.queues = list(queues)
+        self.retention: Retention = retention
+        self.name = name
+        self.sql = TaskStatements(table)
+        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
+        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_lock = asyncio.Lock()
+        self._next_queue = 0
+
+    def __repr__(self) -> str:
+        return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
+
+    def _missing(self) -> SchemaError:
+        return SchemaError(
+            f"task table {self.table!r} not found: run `outboxkit migrate --tasks --dsn ..."
+            f" --table {self.table}`"
+        )
+
+    async def start(self) -> StoreInfo:
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self.sql.count_pending, (PENDING_CAP,))
+            row = await cur.fetchone()
+        except pg_errors.UndefinedTable:
+            raise self._missing() from None
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        pending = int(row[0]) if row else 0
+        where = f"database {conn.info.dbname} on {conn.info.host}"
+        return StoreInfo(pending, pending >= PENDING_CAP, where)
+
+    # -- claim and settle ---------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy = None,
+    ) -> Claim[ClaimedTask] | None:
+        params: dict[str, Any] = {
+            "limit": limit,
+            "lease": lease,
+            "token": token,
+            "owner": owner,
+            "max_attempts": max_attempts,  # for tasks enqueued without their own
+        }
+        records: list[Any] = []
+        try:
+            conn = await self._connection("claim")
+            # The worker's queues in turn, starting after the one served last: one busy
+            # queue does not starve the others.
+            queues = self.queues
+            for i in range(len(queues)):
+                queue = queues[(self._next_queue + i) % len(queues)]
+                cur = await conn.execute(self.sql.claim, {**params, "queue": queue})
+                records = await cur.fetchall()
+                if records:
+                    self._next_queue = (self._next_queue + i + 1) % len(queues)
+                    break
+        except pg_errors.UndefinedTable:
+            raise self._missing() from None
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        if not records:
+            return None
+        dead = [(ClaimedTask(*r[:-1]), "crash_loop", r[-1]) for r in records if r[-1]]
+        live = sorted((r for r in records if r[-1] is None), key=lambda r: int(r[0]))
+        return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        token = claim.token
+        done: list[int] = []
+        settled: list[int] = []
+        fail: list[tuple[int, int, float, str | None, int, str | None, str | None]] = []
+        for item_id, task, decision in zip(claim.ids, claim.items, decisions, strict=True):
+            if task.completed:  # its own transaction (ctx.transaction()) completed it
+                settled.append(item_id)
+            elif decision.verdict is Verdict.DONE:
+                done.append(item_id)
+            else:
+                status = TaskStatus.FAILED if decision.verdict is Verdict.DEAD else 0
+                refund = 1 if decision.verdict is Verdict.HAND_BACK else 0
+                fail.append(
+                    (item_id, status, decision.delay, decision.error, refund, task.error_type,
+                     task.traceback)
+                )  # fmt: skip
+        statements: list[tuple[str, Sequence[Any]]] = []
+        if done:
+            keep = self.retention == "keep"
+            stmt = self.sql.settle_done_keep if keep else self.sql.settle_done_delete
+            statements.append((stmt, (done, token)))
+        if fail:
+            columns = [list(c) for c in zip(*fail, strict=True)]
+            statements.append((self.sql.settle_failures, (*columns, token)))
+        if self.on_settle is None:
+            for stmt, params in statements:
+                settled.extend(await self._run(stmt, params))
+        elif statements:
+            settled.extend(await self._run_with_hook(claim, decisions, statements))
+        return Settled(settled, len(claim.ids) - len(settled))
+
+    async def _run_with_hook(
+        self,
+        claim: Claim[ClaimedTask],
+        decisions: Sequence[Decision],
+        statements: list[tuple[str, Sequence[Any]]],
+    ) -> list[int]:
+        """The settle's statements and the hook's in one transaction: both or neither."""
+        assert self.on_settle is not None
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock, conn.transaction():
+                changed: list[int] = []
+                for stmt, params in statements:
+                    cur = await conn.execute(stmt, params)
+                    changed.extend(row[0] for row in await cur.fetchall())
+                kept = set(changed)
+                pairs = [
+                    (task, decision)
+                    for i, task, decision in zip(claim.ids, claim.items, decisions, strict=True)
+                    if i in kept
+                ]
+                extra = self.on_settle(pairs) if pairs else None
+                if extra is not None:
+                    await conn.execute(extra[0], extra[1])
+                return changed
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    async def _run(self, stmt: str, params: Sequence[Any]) -> list[int]:
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                cur = await conn.execute(stmt, params)
+                return [row[0] for row in await cur.fetchall()]
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    async def _count(self, stmt: str, params: Sequence[Any]) -> int:
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                cur = await conn.execute(stmt, params)
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        return cur.rowcount
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
+        return await self._count(self.sql.extend, (lease, claim.ids, claim.token))
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
+        return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+
+    async def hasten(self, ids: Sequence[int]) -> int:
+        return await self._count(self.sql.hasten, (list(ids),)) if ids else 0
+
+    # -- wake-ups: the outbox's gate, on the task table's channel ------------------------
+
+    @property
+    def gate_closed(self) -> bool:
+        gate = self._gate_conn
+        if gate is not None and (gate is not self._claim_conn or gate.closed):
+            self._gate_conn = None
+        return self._gate_conn is not None
+
+    async def close_gate(self) -> bool:
+        try:
+            conn = await self._connection("claim")
+            cur = await conn.execute(self.sql.try_wake_lock)
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        if row is None or not row[0]:
+            return False
+        self._gate_conn = conn
+        return True
+
+    async def open_gate(self) -> None:
+        conn, self._gate_conn = self._gate_conn, None
+        if conn is None or conn.closed or conn is not self._claim_conn:
+            return
+        try:
+            await conn.execute(self.sql.wake_unlock)
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    @property
+    def can_listen(self) -> bool:
+        return True
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Wake the claim loop on NOTIFY; the poll still runs (notifications are not durable)."""
+        backoff = Backoff(base=0.5, cap=10.0)
+        channel = sql.Identifier(self.sql.channel)
+        while True:
+            try:
+                async with await aconnect(self.dsn, application_name=f"{self.name}:listen") as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    backoff.reset()
+                    wake()
+                    async for _notify in conn.notifies():
+                        wake()
+            except psycopg.OperationalError as exc:
+                delay = backoff.next_delay()
+                log.debug("LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay)
+                await asyncio.sleep(delay)
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
+        conn = self._claim_conn if role == "claim" else self._settle_conn
+        if conn is not None and not conn.closed:
+            return conn
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}")
+        set_json_loads(orjson.loads, conn)
+        if role == "claim":
+            self._claim_conn = conn
+        else:
+            self._settle_conn = conn
+        return conn
+
+    async def _translate(self, exc: psycopg.Error) -> StoreError:
+        if write_denied(exc):
+            return StoreDenied(first_line(exc, with_type=True), cause=exc)
+        if connection_lost(exc):
+            for conn in (self._claim_conn, self._settle_conn):
+                if conn is not None and conn.broken:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            return StoreUnavailable(first_line(exc, with_type=True), cause=exc)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreTimeout(first_line(exc, with_type=True), cause=exc)
+        return StoreError(first_line(exc, with_type=True), cause=exc)
+
+    async def close(self) -> None:
+        for conn in (self._claim_conn, self._settle_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        self._claim_conn = self._settle_conn = self._gate_conn = None
+
+
+# -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
+
+
+class PgSchedules:
+    """The schedules table, as the periodic side task uses it (one connection, autocommit)."""
+
+    def __init__(self, dsn: str, table: str, name: str = "outboxkit-worker") -> None:
+        self.dsn = dsn
+        self.sql = TaskStatements(table)
+        self.name = name
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await aconnect(self.dsn, application_name=f"{self.name}:periodic")
+        return self._conn
+
+    async def now(self) -> dt.datetime:
+        """The database's clock (every worker reads the same one)."""
+        conn = await self._connection()
+        row = await (await conn.execute(self.sql.database_now)).fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+    async def last_slot(self, schedule: str) -> tuple[dt.datetime | None, dt.datetime]:
+        """The latest slot recorded for ``schedule`` (None: never ran), and the database's now."""
+        conn = await self._connection()
+        row = await (await conn.execute(self.sql.last_slot, (schedule,))).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    async def enqueue(
+        self, schedule: str, slot: dt.datetime, name: str, queue: str, payload: str, priority: int
+    ) -> int | None:
+        """Insert the slot and its task in one transaction; the task id, None if taken."""
+        conn = await self._connection()
+        params = {"schedule": schedule, "slot": slot, "name": name, "queue": queue,
+                  "payload": payload, "priority": priority}  # fmt: skip
+        async with conn.transaction():
+            row = await (await conn.execute(self.sql.enqueue_periodic, params)).fetchone()
+            if row is None:
+                return None
+            await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
+        return int(row[0])
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+        self._conn = None
+
+
+# -- ops: the `outboxkit tasks` commands (short autocommit statements) ----------------------
+
+
+def _admin(dsn: str, table: str) -> Any:
+    def missing() -> Exception:
+        return SchemaError(
+            f"task table {table!r} not found: run `outboxkit migrate --tasks --dsn ..."
+            f" --tasks-table {table}`"
+        )
+
+    return admin_connection(dsn, missing)
+
+
+def list_tasks(
+    dsn: str,
+    table: str,
+    *,
+    status: TaskStatus | None = None,
+    name: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Tasks by id (oldest first), optionally of one state and one task name."""
+    stmts = TaskStatements(table)
+    params = {"status": None if status is None else int(status), "name": name, "limit": limit}
+    with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(stmts.list_tasks, params).fetchall())
+
+
+def task_gauges(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    """Per task name: queued, scheduled, running, failed, oldest queued age (s) or None."""
+    with _admin(dsn, table) as conn:
+        return list(conn.execute(TaskStatements(table).task_gauges).fetchall())
+
+
+def show_task(dsn: str, table: str, task_id: int) -> dict[str, Any] | None:
+    """Every column of one task (its payload as JSON text), or None."""
+    with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row: dict[str, Any] | None = cur.execute(
+            TaskStatements(table).show_task, (task_id,)
+        ).fetchone()
+        return row
+
+
+def replay_tasks(
+    dsn: str, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
+    name: str | None = None,
+) -> list[int]:  # fmt: skip
+    """Failed or cancelled tasks back to pending, attempts from zero; the ids replayed."""
+    params = {"ids": list(ids), "all": all_failed, "name": name}
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).replay_tasks, params)]
+
+
+def cancel_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+    """Pending or running tasks cancelled (a running one's completion becomes a no-op)."""
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).cancel_tasks, (list(ids),))]
+
+
+def discard_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+    """Failed or cancelled tasks deleted for good."""
+    with _admin(dsn, table) as conn:
+        return [r[0] for r in conn.execute(TaskStatements(table).discard_tasks, (list(ids),))]
+
+
+def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int = 1000) -> int:
+    """Delete done and cancelled tasks finished over ``older_than`` seconds ago, in batches."""
+    stmt = TaskStatements(table).purge_finished
+    total = 0
+    with _admin(dsn, table) as conn:
+        while True:
+            deleted = int(conn.execute(stmt, {"age": older_than, "limit": batch_size}).rowcount)
+            total += deleted
+            if deleted < batch_size:
+                return total

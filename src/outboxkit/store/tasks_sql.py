@@ -1,0 +1,375 @@
+"""Every SQL statement of task mode (a task table as a job queue), named, in one place.
+
+As ``store/postgres.py`` for the outbox: templates whose table slots are filled once per
+table by :class:`TaskStatements` through the one identifier-quoting function; values always
+travel as parameters. The claim, the lease in ``available_at`` and the token fencing every
+settle are the outbox's (DESIGN.md §3 and §6b); what differs is named where it differs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from enum import IntEnum
+
+from psycopg import sql
+
+from outboxkit.store.postgres import (
+    _LOCK_NAMESPACE,
+    TRY_WAKE_LOCK,
+    WAKE_GATE,
+    WAKE_UNLOCK,
+    channel_for,
+    numbered,
+    parse_table,
+    quote_table,
+    table_identifier,
+    wake_lock_key,
+)
+
+#: The task table every API and command uses unless given another.
+DEFAULT_TASKS_TABLE = "outboxkit_tasks"
+#: Periodic tasks' slots, in the task table's schema.
+SCHEDULES_TABLE = "outboxkit_schedules"
+
+
+class TaskStatus(IntEnum):
+    """A task's state, as stored in ``status``. A running task's ``available_at`` is its lease."""
+
+    PENDING = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+_STATES = {
+    "pending": TaskStatus.PENDING,
+    "running": TaskStatus.RUNNING,
+    "done": TaskStatus.DONE,
+    "failed": TaskStatus.FAILED,
+    "cancelled": TaskStatus.CANCELLED,
+}
+
+
+def tasks_slots(table: str) -> dict[str, sql.Composable]:
+    """The placeholders of the task table's migration files (store/migrations/tasks/)."""
+    schema, name = parse_table(table)
+    return {
+        "table": table_identifier(schema, name),
+        "schedules": table_identifier(schema, SCHEDULES_TABLE),
+        "index_pending": sql.Identifier(f"{name}_claim_idx"[:63]),
+        "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
+        "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
+        "index_failed": sql.Identifier(f"{name}_failed_idx"[:63]),
+        **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
+    }
+
+
+# --- enqueue --------------------------------------------------------------------
+
+# The columns an enqueue fills, in this order (tasks/ builds its parameters from it).
+ENQUEUE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("task_name", "text"),
+    ("queue", "text"),
+    ("payload", "jsonb"),
+    ("priority", "int2"),
+    ("key", "text"),
+    ("unique_key", "text"),
+    ("max_attempts", "int4"),
+    ("available_at", "timestamptz"),
+)
+_COLUMNS = ", ".join(name for name, _ in ENQUEUE_COLUMNS)
+_VALUES = ", ".join(
+    "coalesce(%s::timestamptz, now())" if name == "available_at" else f"%s::{pg_type}"
+    for name, pg_type in ENQUEUE_COLUMNS
+)
+# A second live task with the same unique_key inserts nothing: ON CONFLICT waits for the
+# transaction that holds the first one, then skips (it committed) or inserts (it rolled
+# back: PostgreSQL's speculative insertion, so a rollback never loses the second).
+# A keyed task first takes a transaction-scoped advisory lock on its key (the ordered
+# outbox's KEY_LOCK, in the task table's namespace): the WHERE runs before the row takes its
+# id, so two transactions enqueueing one key get their ids in their commit order, and the
+# per-key serial claim runs them in that order.
+_INSERT = f"""
+INSERT INTO {{table}} ({_COLUMNS})
+SELECT v.* FROM (VALUES ({_VALUES})) AS v({_COLUMNS})
+WHERE v.key IS NULL
+   OR (SELECT pg_advisory_xact_lock({_LOCK_NAMESPACE}, hashtext(v.key))) IS NOT NULL
+ON CONFLICT (unique_key) WHERE status IN ({{pending}}, {{running}}) AND unique_key IS NOT NULL
+DO NOTHING
+"""
+# One enqueue, one statement: the insert, and the wake-up of a waiting worker when the task
+# is due now (the outbox's wake-up gate, WAKE_GATE: only while a worker waits). The result
+# says whether a row was inserted (False: a live task has the unique_key already).
+ENQUEUE = (
+    "WITH ins AS ("
+    + _INSERT.strip()
+    + """ RETURNING available_at)
+SELECT count(*) > 0
+       AND count(CASE WHEN available_at <= now() AND """
+    + WAKE_GATE
+    + """
+                      THEN pg_notify(%s, '') END) >= 0
+FROM ins"""
+)
+# Tasks.transaction(): the same insert, prepared and sent with the COMMIT (write/commit.py's
+# pipeline); it always notifies a waiting worker (the gate decides), due or not.
+ENQUEUE_WITH_COMMIT = (
+    "WITH ins AS ("
+    + _INSERT.strip()
+    + " RETURNING 1) SELECT pg_notify(%s, '') FROM ins WHERE "
+    + WAKE_GATE
+)
+
+# --- the worker -------------------------------------------------------------------
+
+# The worker's own statements commit without waiting for the WAL flush (SET LOCAL, so no
+# session state leaks through a transaction pooler): a claim or settle lost in a database
+# crash only means a task runs again after its lease, which at-least-once allows. Waiting
+# for the flush cost each task two fsyncs (~100 tasks/s on a slow disk). ctx.transaction()
+# is the handler's own transaction and keeps the server's setting.
+_NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+
+# available_at is both the run-at time and the lease: a claim marks a task running with
+# its lease expiry there, so a worker that dies mid-task needs no rescuer: the task is
+# claimable again when the lease runs out (status running, available_at <= now()).
+# Per-key serial: a keyed task is claimable only while no earlier task of its key is
+# live (pending or running), so at most its key's head runs, in enqueue order, across
+# workers. Highest priority first, then the oldest due; one queue per statement, so the
+# claim walks the claim index in its order and stops after one batch (no sort).
+#
+# The crash-loop guard (as the outbox's): a claimable task already claimed max_attempts
+# times was never settled by the worker that held it last (each one died running it). The
+# claim dead-letters it with an error that says so and returns it with that error last.
+CLAIM = """
+WITH batch AS MATERIALIZED (
+    SELECT t.id, t.attempts, coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts
+    FROM {table} AS t
+    WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
+      AND t.queue = %(queue)s
+      AND (t.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} AS e
+          WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
+    ORDER BY t.priority DESC, t.available_at, t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), dead AS (
+    UPDATE {table} AS d
+    SET status = {failed}, claim_token = NULL, claimed_by = %(owner)s, finished_at = now(),
+        error_type = 'CrashLoop',
+        last_error = 'worker: claimed ' || d.attempts || ' times without finishing (each'
+                     || ' worker died or hung running it): dead-lettered unread; see'
+                     || ' `outboxkit tasks failed`, then replay or discard it'
+    WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts >= max_attempts))
+    RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
+              d.priority, d.created_at, d.last_error
+), claimed AS (
+    UPDATE {table} AS o
+    SET status = {running}, attempts = o.attempts + 1,
+        available_at = now() + make_interval(secs => %(lease)s),
+        claim_token = %(token)s, claimed_by = %(owner)s, started_at = now()
+    WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts < max_attempts))
+      AND {no_flush_wait}
+    RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
+              o.priority, o.created_at, NULL::text
+)
+SELECT * FROM claimed UNION ALL SELECT * FROM dead
+"""
+# Every settle is fenced by the claim token: a task another claim took since (its lease ran
+# out) is left alone, and the ids returned say which were settled.
+SETTLE_DONE_DELETE = (
+    "DELETE FROM {table} WHERE id = ANY(%s) AND claim_token = %s AND {no_flush_wait} RETURNING id"
+)
+SETTLE_DONE_KEEP = """
+UPDATE {table}
+SET status = {done}, finished_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND claim_token = %s AND {no_flush_wait}
+RETURNING id
+"""
+# Retries, dead letters and hand-backs of one claim in one statement. A handed-back task
+# (Snooze, shutdown) gets its attempt back (`refund`); a NULL error keeps the last one.
+SETTLE_FAILURES = """
+UPDATE {table} AS o
+SET status = u.next_status,
+    available_at = now() + make_interval(secs => u.delay),
+    last_error = coalesce(u.error, o.last_error),
+    error_type = coalesce(u.error_type, o.error_type),
+    traceback_excerpt = coalesce(u.traceback, o.traceback_excerpt),
+    claim_token = NULL,
+    attempts = greatest(o.attempts - u.refund, 0),
+    finished_at = CASE WHEN u.next_status = {failed} THEN now() END
+FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[], %s::text[],
+            %s::text[]) AS u(id, next_status, delay, error, refund, error_type, traceback)
+WHERE o.id = u.id AND o.claim_token = %s AND {no_flush_wait}
+RETURNING o.id
+"""
+# ctx.transaction(): the last statement of the handler's own transaction completes its task,
+# fenced by the token. No row: the lease was lost, and the caller rolls everything back.
+COMPLETE_DELETE = "DELETE FROM {table} WHERE id = %s AND claim_token = %s RETURNING id"
+COMPLETE_KEEP = """
+UPDATE {table}
+SET status = {done}, finished_at = now(), claim_token = NULL
+WHERE id = %s AND claim_token = %s
+RETURNING id
+"""
+# At shutdown: tasks not finished go back at once, their attempt refunded.
+RELEASE = """
+UPDATE {table}
+SET status = {pending}, available_at = now(), claim_token = NULL,
+    attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%s) AND claim_token = %s AND {no_flush_wait}
+"""
+# The heartbeat: a running task's lease pushed to now + lease, by the database's clock.
+EXTEND = """
+UPDATE {table}
+SET available_at = now() + make_interval(secs => %s)
+WHERE id = ANY(%s) AND claim_token = %s AND status = {running} AND {no_flush_wait}
+"""
+HASTEN = """
+UPDATE {table}
+SET available_at = now()
+WHERE id = ANY(%s) AND status = {pending} AND claim_token IS NULL AND available_at > now()
+"""
+COUNT_PENDING = """
+SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) AS p
+"""
+TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
+
+# --- periodic tasks ------------------------------------------------------------------
+
+# One run per (schedule, slot): the slot's row and its task are inserted by one statement,
+# the task only if the slot's insert won. However many workers try, and however stale their
+# view, exactly one inserts it (Oban #1488's double runs came from believed leadership).
+ENQUEUE_PERIODIC = """
+WITH slot AS (
+    INSERT INTO {schedules} (schedule, slot) VALUES (%(schedule)s, %(slot)s)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+INSERT INTO {table} (task_name, queue, payload, priority)
+SELECT %(name)s, %(queue)s, %(payload)s::jsonb, %(priority)s FROM slot
+RETURNING id
+"""
+SET_SLOT_TASK = "UPDATE {schedules} SET task_id = %s WHERE schedule = %s AND slot = %s"
+LAST_SLOT = "SELECT max(slot), now() FROM {schedules} WHERE schedule = %s"
+DATABASE_NOW = "SELECT now()"
+
+# --- ops (`outboxkit tasks ...`) ---------------------------------------------------
+
+# The worker's metrics, per task name: queued (pending and due), scheduled (pending, not
+# yet due), running, failed, and the age of the oldest due pending task. The table holds
+# live and failed tasks only (finished ones are deleted by default): a scan is small.
+TASK_GAUGES = """
+SELECT task_name,
+       count(*) FILTER (WHERE status = {pending} AND available_at <= now()),
+       count(*) FILTER (WHERE status = {pending} AND available_at > now()),
+       count(*) FILTER (WHERE status = {running}),
+       count(*) FILTER (WHERE status = {failed}),
+       extract(epoch FROM now() - min(available_at)
+               FILTER (WHERE status = {pending} AND available_at <= now()))::float8
+FROM {table}
+WHERE status IN ({pending}, {running}, {failed})
+GROUP BY task_name
+"""
+
+_LISTED = """
+SELECT id, task_name, queue, status, attempts, priority, key, available_at, created_at,
+       error_type, last_error
+FROM {table}
+"""
+LIST_TASKS = (
+    _LISTED
+    + """WHERE (%(status)s::int IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR task_name = %(name)s)
+ORDER BY id LIMIT %(limit)s
+"""
+)
+SHOW_TASK = "SELECT *, payload::text AS payload_json FROM {table} WHERE id = %s"
+# A failed or cancelled task runs again from its first attempt (its history is cleared).
+REPLAY_TASKS = """
+UPDATE {table}
+SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL,
+    claimed_by = NULL, last_error = NULL, error_type = NULL, traceback_excerpt = NULL,
+    started_at = NULL, finished_at = NULL
+WHERE status IN ({failed}, {cancelled}) AND (%(all)s OR id = ANY(%(ids)s))
+  AND (%(name)s::text IS NULL OR task_name = %(name)s)
+RETURNING id
+"""
+# Cancelling a running task clears its claim token: the worker's completion (and its
+# ctx.transaction(), which raises LeaseLost) then changes nothing.
+CANCEL_TASKS = """
+UPDATE {table}
+SET status = {cancelled}, finished_at = now(), claim_token = NULL
+WHERE id = ANY(%s) AND status IN ({pending}, {running})
+RETURNING id
+"""
+# Retention "keep": finished (done and cancelled) tasks older than the cutoff leave in small
+# batches, each its own short transaction (no long lock, no vacuum debt in one go).
+PURGE_FINISHED = """
+DELETE FROM {table} WHERE id = ANY(ARRAY(
+    SELECT id FROM {table}
+    WHERE status IN ({done}, {cancelled})
+      AND finished_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s))
+"""
+DISCARD_TASKS = """
+DELETE FROM {table} WHERE id = ANY(%s) AND status IN ({failed}, {cancelled}) RETURNING id
+"""
+
+
+class TaskStatements:
+    """Every statement above, rendered for one task table."""
+
+    def __init__(self, table: str = DEFAULT_TASKS_TABLE) -> None:
+        schema, name = parse_table(table)
+        self.table = table
+        self.qualified = quote_table(schema, name)
+        self.schedules = quote_table(schema, SCHEDULES_TABLE)
+        self.channel = channel_for(f"tasks.{table}")
+        slots = {
+            "table": self.qualified,
+            "schedules": self.schedules,
+            "table_literal": f"'{self.qualified}'",
+            "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
+            "wake_key": str(wake_lock_key(self.channel)),
+            **{state: str(int(value)) for state, value in _STATES.items()},
+        }
+        self.enqueue = ENQUEUE.format(**slots)
+        self.enqueue_dollar = numbered(self.enqueue)
+        self.enqueue_with_commit = numbered(ENQUEUE_WITH_COMMIT.format(**slots))
+        self.claim = CLAIM.format(**slots)
+        self.settle_done_delete = SETTLE_DONE_DELETE.format(**slots)
+        self.settle_done_keep = SETTLE_DONE_KEEP.format(**slots)
+        self.settle_failures = SETTLE_FAILURES.format(**slots)
+        self.complete_delete = COMPLETE_DELETE.format(**slots)
+        self.complete_keep = COMPLETE_KEEP.format(**slots)
+        self.release = RELEASE.format(**slots)
+        self.extend = EXTEND.format(**slots)
+        self.hasten = HASTEN.format(**slots)
+        self.count_pending = COUNT_PENDING.format(**slots)
+        self.task_state = TASK_STATE.format(**slots)
+        self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
+        self.set_slot_task = SET_SLOT_TASK.format(**slots)
+        self.last_slot = LAST_SLOT.format(**slots)
+        self.database_now = DATABASE_NOW
+        self.task_gauges = TASK_GAUGES.format(**slots)
+        self.list_tasks = LIST_TASKS.format(**slots)
+        self.show_task = SHOW_TASK.format(**slots)
+        self.replay_tasks = REPLAY_TASKS.format(**slots)
+        self.cancel_tasks = CANCEL_TASKS.format(**slots)
+        self.discard_tasks = DISCARD_TASKS.format(**slots)
+        self.purge_finished = PURGE_FINISHED.format(**slots)
+        self.try_wake_lock = TRY_WAKE_LOCK.format(**slots)
+        self.wake_unlock = WAKE_UNLOCK.format(**slots)
+
+    def ddl(self) -> str:
+        """The whole schema as one script, for users who run their own migration tool."""
+        from outboxkit.store.migrations import migration_files
+
+        slots = tasks_slots(self.table)
+        return "".join(f.render(slots) for f in migration_files("tasks"))
+
+
+def tasks_migration_lock_key(table: str) -> int:
+    """A stable advisory-lock key per task table (never an outbox's)."""
+    return zlib.crc32(f"outboxkit.migrate:tasks:{table}".encode())

@@ -1,0 +1,25 @@
+"""Task mode: the database as a job queue, with handlers run straight from the table.
+
+``tasks = Tasks()``; ``@tasks.handler("report.generate")``; ``tasks.enqueue(conn, name,
+payload)`` in the caller's transaction; ``outboxkit worker --app module:tasks`` runs them
+(the queue core's claim loop with a handler sink). docs/tasks.md.
+"""
+
+from outboxkit.store.migrate import migrate_tasks
+from outboxkit.tasks.context import TaskContext
+from outboxkit.tasks.errors import InvalidTaskError, LeaseLost
+from outboxkit.tasks.outcomes import Fail, Retry, Snooze
+from outboxkit.tasks.registry import Tasks
+from outboxkit.tasks.worker import Worker
+
+__all__ = [
+    "Fail",
+    "InvalidTaskError",
+    "LeaseLost",
+    "Retry",
+    "Snooze",
+    "TaskContext",
+    "Tasks",
+    "Worker",
+    "migrate_tasks",
+]

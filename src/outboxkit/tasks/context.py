@@ -1,0 +1,136 @@
+"""What a handler gets beside its payload: the task's identity, and effects that happen once.
+
+``ctx.transaction()`` (sync handlers) / ``ctx.atransaction()`` (async ones) open a
+transaction whose last statement completes the task, fenced by the claim token: if this
+attempt lost its lease meanwhile (a hung worker, another one re-ran the task) the
+completion matches no row and the whole transaction is rolled back, so a zombie attempt's
+writes never land. ``ctx.outbox.put(event)`` inside it writes outbox events in that same
+transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+
+from outboxkit.errors import NotInTransactionError
+from outboxkit.events import Event
+from outboxkit.store._connection import aconnect, connect
+from outboxkit.store.tasks_pg import ClaimedTask
+from outboxkit.tasks.errors import LeaseLost
+from outboxkit.write.outbox import Outbox
+
+
+class BoundOutbox:
+    """``ctx.outbox``: the worker's Outbox on the connection of the open ``ctx.transaction()``."""
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self._ctx = ctx
+
+    def put(self, event: Event) -> None:
+        conn = self._ctx._sync_conn
+        if conn is None:
+            raise NotInTransactionError("ctx.outbox.put() belongs inside `with ctx.transaction():`")
+        self._ctx.outbox_of_worker.put(conn, event)
+
+    async def aput(self, event: Event) -> None:
+        conn = self._ctx._async_conn
+        if conn is None:
+            raise NotInTransactionError(
+                "ctx.outbox.aput() belongs inside `async with ctx.atransaction():`"
+            )
+        await self._ctx.outbox_of_worker.aput(conn, event)
+
+
+class TaskContext:
+    """The running task: ``id`` and ``attempt`` (together an idempotency key), its name,
+    queue and key; ``transaction()`` / ``atransaction()`` for effects fenced by the claim."""
+
+    def __init__(
+        self,
+        task: ClaimedTask,
+        token: uuid.UUID,
+        *,
+        dsn: str,
+        complete_sql: str,
+        outbox: Outbox,
+        worker_id: str,
+        events: str | None = None,
+    ) -> None:
+        self.task = task
+        self._events = events
+        self.id = task.id
+        self.attempt = task.attempt
+        self.name = task.task_name
+        self.queue = task.queue
+        self.key = task.key
+        self.token = token
+        self.worker_id = worker_id
+        self.outbox_of_worker = outbox
+        self.outbox = BoundOutbox(self)
+        self._dsn = dsn
+        self._complete = complete_sql
+        #: Set when the task is no longer this attempt's (cancelled, or re-claimed after
+        #: the lease ran out): a long sync handler checks it to stop early.
+        self.cancelled = threading.Event()
+        self._sync_conn: psycopg.Connection[Any] | None = None
+        self._async_conn: psycopg.AsyncConnection[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"TaskContext(id={self.id}, name={self.name!r}, attempt={self.attempt})"
+
+    def _lost(self) -> LeaseLost:
+        return LeaseLost(
+            f"task {self.id} ({self.name}, attempt {self.attempt}) was re-claimed by another"
+            " worker after this attempt's lease ran out: its transaction was rolled back"
+        )
+
+    def _completed_event(self) -> Event:
+        from outboxkit.tasks.lifecycle import lifecycle_event
+
+        assert self._events is not None
+        return lifecycle_event(self.task, "completed", self._events)
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A psycopg transaction that commits with the task's completion (fenced), or not at all."""
+        conn = connect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
+                       autocommit=False)  # fmt: skip
+        try:
+            self._sync_conn = conn
+            yield conn
+            if conn.execute(self._complete, (self.id, self.token)).fetchone() is None:
+                conn.rollback()
+                raise self._lost()
+            if self._events is not None:
+                self.outbox_of_worker.put(conn, self._completed_event())
+            conn.commit()
+            self.task.completed = True
+        finally:
+            self._sync_conn = None
+            conn.close()  # (rolls back whatever was not committed)
+
+    @asynccontextmanager
+    async def atransaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The async twin of :meth:`transaction`."""
+        conn = await aconnect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
+                              autocommit=False)  # fmt: skip
+        try:
+            self._async_conn = conn
+            yield conn
+            cur = await conn.execute(self._complete, (self.id, self.token))
+            if await cur.fetchone() is None:
+                await conn.rollback()
+                raise self._lost()
+            if self._events is not None:
+                await self.outbox_of_worker.aput(conn, self._completed_event())
+            await conn.commit()
+            self.task.completed = True
+        finally:
+            self._async_conn = None
+            await conn.close()

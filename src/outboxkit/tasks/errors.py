@@ -1,0 +1,7 @@
+"""Task mode's exceptions (defined in outboxkit.errors, with every other one)."""
+
+from __future__ import annotations
+
+from outboxkit.errors import InvalidTaskError, LeaseLost
+
+__all__ = ["InvalidTaskError", "LeaseLost"]

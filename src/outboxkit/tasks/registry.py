@@ -1,0 +1,489 @@
+"""``Tasks``: the registry of handlers and the enqueue, inside the caller's transaction.
+
+An enqueue is one statement (store/tasks_sql.py ``ENQUEUE``) run through the write side's
+driver adapters, so it refuses what ``Outbox.put`` refuses (autocommit, pools, sessions
+without a transaction) and commits or rolls back with the caller's change, outbox events
+included. ``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
+``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+
+from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
+from outboxkit.errors import InvalidEventError, NotInTransactionError
+from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
+from outboxkit.tasks.errors import InvalidTaskError
+from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
+from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
+
+if TYPE_CHECKING:
+    from outboxkit.drivers import AsyncConnection, SyncConnection
+
+_ENQUEUE = Use(
+    action="enqueue a task",
+    inside="enqueue inside its transaction",
+    sync_methods="enqueue()",
+    async_methods="`await aenqueue()`",
+)
+#: A payload's JSON text may not be larger (a task table is a queue, not a blob store).
+MAX_PAYLOAD_BYTES = 1024 * 1024
+_MAX_TEXT = 200  # task name, queue
+_I16 = (-32768, 32767)
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskType:
+    """One registered handler and how its tasks run."""
+
+    name: str
+    fn: Handler
+    is_async: bool
+    takes_context: bool
+    model: type | None
+    max_attempts: int
+    retry_delays: tuple[float, ...]
+    retry_base: float
+    retry_cap: float
+    timeout: float | None
+    #: Lifecycle events' topic (completed, failed, dead-lettered), or None (tasks/lifecycle.py).
+    events: str | None = None
+
+    def decode(self, payload: Any) -> Any:
+        """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
+        return _build(self.model, payload) if self.model is not None else payload
+
+
+class Tasks:
+    """Task mode on one table: ``@tasks.handler(name)`` registers, ``tasks.enqueue`` writes.
+
+    ``outboxkit worker --app module:tasks`` runs the handlers (outboxkit.tasks.worker).
+    ``max_attempts`` and the retry schedule are each handler's (its decorator), with these
+    defaults; a task's own ``max_attempts`` (at enqueue) wins.
+    """
+
+    def __init__(
+        self,
+        table: str = DEFAULT_TASKS_TABLE,
+        *,
+        max_attempts: int = 10,
+        notify: bool = True,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.table = table
+        self.max_attempts = max_attempts
+        self.notify = notify
+        self.sql = TaskStatements(table)
+        self.types: dict[str, TaskType] = {}
+        #: Periodic schedules by name, and their payloads encoded once (JSON text).
+        self.schedules: dict[str, Periodic] = {}
+        self.periodic_payloads: dict[str, str] = {}
+        self._statement = Statement(self.sql.enqueue, self.sql.enqueue_dollar)
+        self._storage = _TaskStorage(self)
+
+    def __repr__(self) -> str:
+        return f"Tasks(table={self.table!r}, handlers={sorted(self.types)!r})"
+
+    # -- registry -------------------------------------------------------------------
+
+    def handler(
+        self,
+        name: str,
+        *,
+        payload: type | None = None,
+        max_attempts: int | None = None,
+        retry: Sequence[float] | None = None,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        timeout: float | None = None,
+        events: str | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
+
+        ``payload``: a pydantic model or a dataclass, else read from the first parameter's
+        annotation; a payload is validated against it at enqueue and built from it at run.
+        ``retry``: the delays of the 1st, 2nd, ... retry (the last repeats); by default
+        full-jitter exponential from ``retry_base`` up to ``retry_cap`` seconds.
+        ``timeout``: seconds one run may take (an async handler is cancelled, a sync one's
+        attempt is failed while its thread finishes); it counts as a failed attempt.
+        ``events``: an outbox topic: each completed, failed and dead-lettered attempt becomes
+        an event there (``task.completed`` ...), in the transaction of the state change.
+        """
+        _check_text("task name", name)
+        if name in self.types:
+            raise ValueError(f"task {name!r} already has a handler: {self.types[name].fn!r}")
+        if retry is not None and (not retry or any(not d >= 0 for d in retry)):
+            raise ValueError("retry takes one or more delays in seconds, each >= 0")
+        attempts = self.max_attempts if max_attempts is None else max_attempts
+        if attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+
+        def register(fn: Handler) -> Handler:
+            params = list(inspect.signature(fn).parameters.values())
+            if not params:
+                raise TypeError(f"handler {fn!r} of task {name!r} takes no payload parameter")
+            model = payload if payload is not None else _annotated_model(fn, params[0].name)
+            if model is not None and not _is_model(model):
+                raise TypeError(
+                    f"payload type of task {name!r} must be a pydantic model or a dataclass,"
+                    f" got {model!r}"
+                )
+            self.types[name] = TaskType(
+                name=name,
+                fn=fn,
+                is_async=inspect.iscoroutinefunction(fn),
+                takes_context=len(params) >= 2,
+                model=model,
+                max_attempts=attempts,
+                retry_delays=tuple(float(d) for d in retry or ()),
+                retry_base=retry_base,
+                retry_cap=retry_cap,
+                timeout=timeout,
+                events=events,
+            )
+            return fn
+
+        return register
+
+    def periodic_task(
+        self,
+        cron: str,
+        name: str,
+        payload: Any = None,
+        *,
+        schedule: str | None = None,
+        catch_up: CatchUp = "last",
+        queue: str = "default",
+        priority: int = 0,
+    ) -> None:
+        """Run task ``name`` with ``payload`` at every slot of ``cron`` (UTC; 5 fields, or 6
+        with a leading second), once per slot across every worker.
+
+        ``catch_up``: slots missed while no worker ran: ``"last"`` runs the latest missed one
+        once, ``"all"`` runs each (up to 1000), ``"none"`` skips them. ``schedule`` names the
+        schedule (default ``"<name> <cron>"``): renaming it starts a new history.
+        """
+        if catch_up not in ("last", "all", "none"):
+            raise ValueError(f"catch_up must be 'last', 'all' or 'none', got {catch_up!r}")
+        parsed = Cron.parse(cron)
+        key = schedule or f"{name} {cron}"
+        if key in self.schedules:
+            raise ValueError(f"periodic schedule {key!r} is registered twice")
+        params = self._params(name, payload, None, None, None, priority, queue, None, None)
+        self.schedules[key] = Periodic(key, parsed, name, payload, catch_up, queue, priority)
+        self.periodic_payloads[key] = params[2]
+
+    def periodic(
+        self, cron: str, name: str | None = None, **options: Any
+    ) -> Callable[[Handler], Handler]:
+        """``@tasks.periodic("*/5 * * * *", "report.generate")``: register the function as the
+        handler of ``name`` (default: its own name) and run it at every slot of ``cron``."""
+
+        def register(fn: Handler) -> Handler:
+            task_name = name or fn.__name__
+            handler_options = {
+                k: options.pop(k)
+                for k in ("max_attempts", "retry", "timeout", "payload", "events")
+                if k in options
+            }
+            if task_name not in self.types:
+                self.handler(task_name, **handler_options)(fn)
+            self.periodic_task(cron, task_name, **options)
+            return fn
+
+        return register
+
+    # -- enqueue --------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        conn: SyncConnection,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        unique_key: str | None = None,
+        priority: int = 0,
+        queue: str = "default",
+        key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
+        """Enqueue a task in ``conn``'s open transaction; False if ``unique_key`` is taken.
+
+        A live (pending or running) task with the same ``unique_key`` makes this a no-op;
+        if the transaction holding it is still open, this waits for it (and enqueues after
+        all if it rolls back). ``delay`` or ``run_at``: not before then. ``key``: tasks of
+        one key run one at a time, in enqueue order. Higher ``priority`` runs first.
+        """
+        params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
+                              max_attempts)  # fmt: skip
+        return sync_adapter(conn, _ENQUEUE).fetch_flag(conn, self._statement, params)
+
+    async def aenqueue(
+        self,
+        conn: AsyncConnection,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        unique_key: str | None = None,
+        priority: int = 0,
+        queue: str = "default",
+        key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
+        """Async :meth:`enqueue`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
+        params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
+                              max_attempts)  # fmt: skip
+        adapter = async_adapter(conn, _ENQUEUE)
+        return await adapter.fetch_flag(conn, self._statement, params)
+
+    def transaction(self, conn: psycopg.Connection[Any]) -> TaskTransaction:
+        """A transaction whose tasks are inserted with its COMMIT, in its round trip.
+
+        Use it instead of ``with conn.transaction():``; ``tx.enqueue(...)`` validates and
+        queues. (A duplicate ``unique_key`` is skipped without being reported here.)
+        """
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(
+                f"Tasks.transaction() needs a psycopg.Connection, got {type_name(conn)}"
+            )
+        return TaskTransaction(self, conn)
+
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncTaskTransaction:
+        """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(
+                f"Tasks.atransaction() needs a psycopg.AsyncConnection, got {type_name(conn)}"
+            )
+        return AsyncTaskTransaction(self, conn)
+
+    def _params(
+        self,
+        name: str,
+        payload: Any,
+        delay: float | dt.timedelta | None,
+        run_at: dt.datetime | None,
+        unique_key: str | None,
+        priority: int,
+        queue: str,
+        key: str | None,
+        max_attempts: int | None,
+    ) -> list[Any]:
+        """The enqueue's parameters (store/tasks_sql.py ``ENQUEUE_COLUMNS`` order), checked."""
+        task_type = self.types.get(name)
+        if task_type is None:
+            known = ", ".join(sorted(self.types)) or "none"
+            raise InvalidTaskError(
+                f"no handler is registered for task {name!r} (registered: {known}):"
+                " register it with @tasks.handler(name) in the module the worker loads"
+            )
+        document = _encode(task_type, payload)
+        _check_text("queue", queue)
+        if not isinstance(priority, int) or not _I16[0] <= priority <= _I16[1]:
+            raise InvalidTaskError(f"priority must be an int in {_I16}, got {priority!r}")
+        if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+            raise InvalidTaskError(f"max_attempts must be a positive int, got {max_attempts!r}")
+        for what, value in (("key", key), ("unique_key", unique_key)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidTaskError(f"{what} must be a non-empty str, got {value!r}")
+        at = _run_at(delay, run_at)
+        return [name, queue, document, priority, key, unique_key, max_attempts, at,
+                self.sql.channel]  # fmt: skip
+
+
+# -- tasks sent with the COMMIT --------------------------------------------------------
+
+
+class _TaskStorage:
+    """What write/commit.py's pipeline asks of a storage, for task rows (one INSERT each)."""
+
+    def __init__(self, tasks: Tasks) -> None:
+        self.table = tasks.table
+        self.notify = tasks.notify
+        self._channel = tasks.sql.channel.encode()
+        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 25]  # text, jsonb, int2, int4, timestamptz
+        self._insert = commit_statement(tasks.sql.enqueue_with_commit, types, b"outboxkit_task")
+
+    def encode(self, event: object) -> BinaryRow:
+        raise NotInTransactionError(
+            "a task transaction queues tasks (tx.enqueue); write outbox events inside its block"
+            " with outbox.put(tx.connection, event)"
+        )
+
+    def commit_inserts(self, rows: list[BinaryRow], send: Send) -> None:
+        for row in rows:
+            send(self._insert, [*row, self._channel])
+
+    def prepared(self) -> list[CommitStatement]:
+        return [self._insert]
+
+
+def _binary(params: list[Any]) -> BinaryRow:
+    """An enqueue's parameters (without the channel) in PostgreSQL's binary formats."""
+    name, queue, document, priority, key, unique_key, max_attempts, at = params[:8]
+    return [
+        name.encode(),
+        queue.encode(),
+        b"\x01" + document.encode(),
+        priority.to_bytes(2, "big", signed=True),
+        None if key is None else key.encode(),
+        None if unique_key is None else unique_key.encode(),
+        None if max_attempts is None else max_attempts.to_bytes(4, "big", signed=True),
+        None if at is None else _timestamptz(at),
+    ]
+
+
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+
+def _timestamptz(value: dt.datetime) -> bytes:
+    micros = (value - _PG_EPOCH) // dt.timedelta(microseconds=1)
+    return int(micros).to_bytes(8, "big", signed=True)
+
+
+def _check_event(event: object) -> Any:
+    raise InvalidEventError(
+        "a task transaction takes tasks (tx.enqueue); write events with outbox.put() in it"
+    )
+
+
+class TaskTransaction(OutboxTransaction):
+    """``with tasks.transaction(conn) as tx:``: ``tx.enqueue(...)`` rides with the COMMIT."""
+
+    def __init__(self, tasks: Tasks, conn: psycopg.Connection[Any]) -> None:
+        super().__init__(tasks._storage, _check_event, conn)  # type: ignore[arg-type]
+        self._tasks = tasks
+
+    def __enter__(self) -> TaskTransaction:
+        super().__enter__()
+        return self
+
+    def enqueue(self, name: str, payload: Any = None, **options: Any) -> None:
+        """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT."""
+        self._require_active()
+        self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+
+
+class AsyncTaskTransaction(AsyncOutboxTransaction):
+    """:class:`TaskTransaction` with ``async with``."""
+
+    def __init__(self, tasks: Tasks, conn: psycopg.AsyncConnection[Any]) -> None:
+        super().__init__(tasks._storage, _check_event, conn)  # type: ignore[arg-type]
+        self._tasks = tasks
+
+    async def __aenter__(self) -> AsyncTaskTransaction:
+        await super().__aenter__()
+        return self
+
+    def enqueue(self, name: str, payload: Any = None, **options: Any) -> None:
+        self._require_active()
+        self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+
+
+def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> list[Any]:
+    allowed = {"delay", "run_at", "unique_key", "priority", "queue", "key", "max_attempts"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise TypeError(f"enqueue() got unexpected option(s): {', '.join(sorted(unknown))}")
+    return tasks._params(
+        name,
+        payload,
+        options.get("delay"),
+        options.get("run_at"),
+        options.get("unique_key"),
+        options.get("priority", 0),
+        options.get("queue", "default"),
+        options.get("key"),
+        options.get("max_attempts"),
+    )
+
+
+# -- payloads ------------------------------------------------------------------------------
+
+
+def _is_model(cls: object) -> bool:
+    return isinstance(cls, type) and (
+        dataclasses.is_dataclass(cls) or hasattr(cls, "model_validate")
+    )
+
+
+def _annotated_model(fn: Handler, param: str) -> type | None:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: treat the payload as plain JSON
+        return None
+    hint = hints.get(param)
+    return hint if _is_model(hint) else None
+
+
+def _build(model: type, value: Any) -> Any:
+    """``value`` (an instance or its JSON form) as ``model``, validated."""
+    if isinstance(value, model):
+        return value
+    validate = getattr(model, "model_validate", None)
+    if validate is not None:
+        return validate(value)
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"expected {model.__name__} or a dict of its fields, got {type_name(value)}"
+        )
+    return model(**value)
+
+
+def _encode(task_type: TaskType, payload: Any) -> str:
+    """The payload as JSON text, validated against the handler's model: refused here, never
+    in the worker (the caller's transaction is untouched: nothing was sent)."""
+    try:
+        value: Any = payload
+        if task_type.model is not None:
+            built = _build(task_type.model, payload)
+            dump = getattr(built, "model_dump", None)
+            value = dump(mode="json") if dump is not None else dataclasses.asdict(built)
+        text = orjson.dumps(value).decode()
+    except Exception as exc:
+        raise InvalidTaskError(
+            f"payload of task {task_type.name!r} is invalid: {type(exc).__name__}: {exc}"
+        ) from None
+    if len(text) > MAX_PAYLOAD_BYTES:
+        raise InvalidTaskError(
+            f"payload of task {task_type.name!r} is {len(text)} bytes of JSON, over the"
+            f" {MAX_PAYLOAD_BYTES} limit: store the data elsewhere and enqueue its id"
+        )
+    return text
+
+
+def _check_text(what: str, value: object) -> None:
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+        raise InvalidTaskError(f"{what} must be a str of 1 to {_MAX_TEXT} characters: {value!r}")
+
+
+def _run_at(delay: float | dt.timedelta | None, run_at: dt.datetime | None) -> dt.datetime | None:
+    if delay is not None and run_at is not None:
+        raise InvalidTaskError("give delay or run_at, not both")
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            raise InvalidTaskError("run_at must be timezone-aware (a naive time is ambiguous)")
+        return run_at
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
+    if not 0 <= seconds <= 365 * 86400:
+        raise InvalidTaskError(f"delay must be between 0 and a year, got {seconds}s")
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds) if seconds else None

@@ -1,0 +1,157 @@
+"""The handler sink: what the queue core's claim loop hands claimed tasks to, in task mode.
+
+It plays the publisher's part in the relay (outboxkit.queue.loop.Sink): each claimed task
+runs its registered handler and becomes an outcome value for ``decide()``: done, a failure
+retried on the handler's schedule, ``Fail`` (dead at once), ``Retry``/``Snooze``
+(``Reschedule``: the handler's own time). Sync handlers run in the sink's threads, so a
+CPU-bound one never blocks the event loop that runs the lease heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import traceback
+import uuid
+from collections.abc import Sequence
+
+from outboxkit._redact import redact
+from outboxkit.queue.decide import Outcome, Reschedule
+from outboxkit.store.tasks_pg import ClaimedTask
+from outboxkit.store.tasks_sql import TaskStatements
+from outboxkit.tasks.context import TaskContext
+from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
+from outboxkit.tasks.registry import Tasks
+from outboxkit.write.outbox import Outbox
+
+#: A stored traceback keeps its last lines, up to this many characters.
+MAX_TRACEBACK_CHARS = 4000
+
+
+class HandlerSink:
+    """Runs each claimed task's handler; one outcome per task, never raises for a task."""
+
+    name = "handlers"
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        *,
+        dsn: str,
+        threads: int,
+        outbox: Outbox | None = None,
+        worker_id: str = "",
+        retention: str = "delete",
+    ) -> None:
+        self.tasks = tasks
+        self.dsn = dsn
+        self.worker_id = worker_id
+        self.outbox = outbox if outbox is not None else Outbox()
+        sql = TaskStatements(tasks.table)
+        self._complete = sql.complete_keep if retention == "keep" else sql.complete_delete
+        self._running: dict[uuid.UUID, list[asyncio.Task[Outcome]]] = {}
+        self._lost: set[asyncio.Task[Outcome]] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="outboxkit-task"
+        )
+
+    def close(self) -> None:
+        """Stop the threads (a sync handler past its timeout finishes on its own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
+        runs = [asyncio.create_task(self._run(token, t)) for t in items]
+        self._running[token] = runs
+        try:
+            return await asyncio.gather(*runs)
+        finally:
+            self._running.pop(token, None)
+
+    def lost(self, token: uuid.UUID) -> None:
+        """The claim's tasks are no longer this worker's (cancelled by an operator, or
+        re-claimed after its lease ran out): stop their handlers. An async handler gets
+        ``CancelledError``; a sync one sees ``ctx.cancelled`` set (a thread cannot be stopped)."""
+        for run in self._running.get(token, ()):
+            self._lost.add(run)
+            run.cancel()
+
+    async def _run(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
+        task_type = self.tasks.types.get(task.task_name)
+        if task_type is None:
+            task.error_type = "UnknownTask"
+            return TaskOutcome(
+                False,
+                f"no handler is registered for task {task.task_name!r} in this worker: deploy"
+                " a worker whose --app registers it, then `outboxkit tasks replay`",
+                retryable=False,
+            )
+        ctx = TaskContext(
+            task,
+            token,
+            dsn=self.dsn,
+            complete_sql=self._complete,
+            outbox=self.outbox,
+            worker_id=self.worker_id,
+            events=task_type.events,
+        )
+        try:
+            payload = task_type.decode(task.payload)
+            args = (payload, ctx) if task_type.takes_context else (payload,)
+            if task_type.is_async:
+                run = task_type.fn(*args)
+            else:
+                loop = asyncio.get_running_loop()
+                call = functools.partial(contextvars.copy_context().run, task_type.fn, *args)
+                run = loop.run_in_executor(self._pool, call)
+            if task_type.timeout is not None:
+                async with asyncio.timeout(task_type.timeout):
+                    await run
+            else:
+                await run
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is None or current not in self._lost:
+                raise  # the worker is stopping: the loop hands the task back
+            self._lost.discard(current)
+            ctx.cancelled.set()
+            task.error_type = "Cancelled"
+            return TaskOutcome(
+                False, "the task was cancelled, or re-claimed elsewhere, while it ran"
+            )
+        except Snooze as snooze:
+            return Reschedule(snooze.delay, counts_attempt=False)
+        except Retry as retry:
+            task.error_type = "Retry"
+            return Reschedule(retry.delay, error=retry.reason)
+        except Fail as fail:
+            task.error_type = "Fail"
+            return TaskOutcome(False, redact(fail.reason), retryable=False)
+        except TimeoutError as exc:
+            task.error_type = "Timeout"
+            task.traceback = _excerpt(exc)
+            return TaskOutcome(
+                False, f"the handler ran longer than its timeout of {task_type.timeout}s"
+            )
+        except Exception as exc:
+            task.error_type = type(exc).__name__
+            task.traceback = _excerpt(exc)
+            return TaskOutcome(False, f"{type(exc).__name__}: {exc}")
+        return SUCCESS
+
+    # -- the rest of the core's Sink protocol: a handler has no target to be down ---------
+
+    def target_down(self) -> bool:
+        return False
+
+    def restored_since(self, when: float) -> bool:
+        return False
+
+    def dead_outcome(self, error: str, error_class: str) -> Outcome:
+        return TaskOutcome(False, error, retryable=False)
+
+
+def _excerpt(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return redact(text[-MAX_TRACEBACK_CHARS:])

@@ -1,0 +1,256 @@
+"""The worker: the queue core's claim loop with the handler sink and the task table's store.
+
+As the relay is the loop with a publisher sink (relay/engine.py), ``Worker`` is the loop
+(outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and
+:class:`~outboxkit.store.tasks_pg.PgTaskStore`: one task per claim, ``concurrency`` claims
+in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
+schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed
+back). No SQL here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from outboxkit._redact import redact
+from outboxkit.queue.decide import Outcome, RetryPolicy
+from outboxkit.queue.loop import ClaimLoop, LoopOptions
+from outboxkit.queue.store import Claim
+from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
+from outboxkit.tasks.lifecycle import LifecycleEvents
+from outboxkit.tasks.periodic import TICK, run_periodic
+from outboxkit.tasks.registry import Tasks
+from outboxkit.tasks.sink import HandlerSink
+from outboxkit.write.outbox import Outbox
+
+log = logging.getLogger("outboxkit.worker")
+
+
+def default_worker_id() -> str:
+    """host-pid-random: unique per process, readable in ``claimed_by``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counts since start (what the summary line and tests read)."""
+
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    lost_leases: int = 0
+
+
+class TaskObserver(Protocol):
+    """What a worker tells an outside observer (``ops/task_metrics.py``'s TaskMetrics)."""
+
+    def ran(self, tasks: Sequence[ClaimedTask], seconds: float) -> None: ...
+
+    def settled(
+        self,
+        done: Sequence[ClaimedTask],
+        retried: Sequence[ClaimedTask],
+        failed: Sequence[ClaimedTask],
+    ) -> None: ...
+
+
+class _Observer:
+    """The loop's hooks, for tasks: counts, one log line per failed task, the outside observer."""
+
+    def __init__(self, stats: WorkerStats, outside: TaskObserver | None = None) -> None:
+        self.stats = stats
+        self.outside = outside
+
+    def claimed(self, count: int, seconds: float) -> None:
+        pass
+
+    @contextmanager
+    def publishing(self, messages: Sequence[ClaimedTask]) -> Iterator[None]:
+        yield
+
+    def published(
+        self, messages: Sequence[ClaimedTask], results: Sequence[Outcome], seconds: float
+    ) -> None:
+        if self.outside is not None:
+            self.outside.ran(messages, seconds)
+
+    def settled(
+        self,
+        published: Sequence[ClaimedTask],
+        retried: Sequence[tuple[ClaimedTask, Outcome]],
+        dead: Sequence[tuple[ClaimedTask, Outcome]],
+    ) -> None:
+        self.stats.done += len(published)
+        self.stats.retried += len(retried)
+        self.stats.failed += len(dead)
+        if self.outside is not None:
+            self.outside.settled(published, [t for t, _ in retried], [t for t, _ in dead])
+        for task, outcome in retried:
+            log.info(
+                "task %d (%s) attempt %d failed, retrying: %s",
+                task.id, task.task_name, task.attempt, redact(outcome.error or ""),
+            )  # fmt: skip
+        for task, outcome in dead:
+            log.error(
+                "task %d (%s) failed for good after attempt %d: %s",
+                task.id, task.task_name, task.attempt, redact(outcome.error or ""),
+            )  # fmt: skip
+
+    def handed_back(self, count: int, error: str | None) -> None:
+        self.stats.released += count
+
+    def lost_leases(self, count: int) -> None:
+        self.stats.lost_leases += count
+
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
+        pass
+
+
+class Worker:
+    """Runs the handlers of ``tasks`` from its table until :meth:`stop`.
+
+    ``concurrency``: tasks running at once (sync handlers get as many threads).
+    ``batch_size``: tasks per claim (1: each task claimed and settled alone; more: fewer
+    statements per task for short tasks, ``concurrency // batch_size`` claims in flight).
+    ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
+    the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
+    long a stop waits for running handlers before handing their tasks back.
+    """
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        dsn: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 10,
+        lease: float = 30.0,
+        poll_interval: float = 1.0,
+        shutdown_timeout: float = 30.0,
+        retention: Retention = "delete",
+        outbox: Outbox | None = None,
+        listen: bool = True,
+        worker_id: str | None = None,
+        periodic_tick: float = TICK,
+        batch_size: int = 1,
+        observer: TaskObserver | None = None,
+        linger: float = 0.03,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not 1 <= batch_size <= concurrency:
+            raise ValueError("batch_size must be between 1 and concurrency")
+        if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
+            raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+        self.tasks = tasks
+        self.worker_id = worker_id or default_worker_id()
+        self.stats = WorkerStats()
+        lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
+        self.store = PgTaskStore(
+            dsn,
+            tasks.table,
+            queues=queues,
+            retention=retention,
+            on_settle=lifecycle if lifecycle.wanted() else None,
+        )
+        self.sink = HandlerSink(
+            tasks,
+            dsn=dsn,
+            threads=concurrency,
+            outbox=outbox,
+            worker_id=self.worker_id,
+            retention=retention,
+        )
+        options = LoopOptions(
+            owner=self.worker_id,
+            # One task per claim by default: a slow task never holds a fast one's slot. A
+            # batch runs its tasks at once and settles them together (short tasks: fewer
+            # statements per task, a slow one delays its batch-mates' settle).
+            batch_size=batch_size,
+            max_in_flight=max(1, concurrency // batch_size),
+            lease=lease,
+            poll_interval=poll_interval,
+            linger=linger,
+            listen=listen,
+            shutdown_timeout=shutdown_timeout,
+            retry=RetryPolicy(max_attempts=tasks.max_attempts),
+            name="outboxkit-worker",
+        )
+        side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
+            schedules = PgSchedules(dsn, tasks.table)
+            side.append(
+                (
+                    "outboxkit-worker:periodic",
+                    lambda: run_periodic(
+                        schedules,
+                        list(tasks.schedules.values()),
+                        tasks.periodic_payloads,
+                        self._loop.stopping,
+                        self._loop.wake,
+                        tick=periodic_tick,
+                    ),
+                )
+            )
+        self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
+            self.store,
+            self.sink,
+            _Observer(self.stats, observer),
+            options,
+            logger=log,
+            retry_for=self._policy,
+            side_tasks=side,
+            on_lease_lost=self._lease_lost,
+        )
+
+    def __repr__(self) -> str:
+        return f"Worker(table={self.tasks.table!r}, worker_id={self.worker_id!r})"
+
+    def _policy(self, task: ClaimedTask) -> RetryPolicy:
+        """The task's retries: its handler's schedule, its own max_attempts first."""
+        task_type = self.tasks.types.get(task.task_name)
+        if task_type is None:
+            return RetryPolicy(max_attempts=task.max_attempts or self.tasks.max_attempts)
+        return RetryPolicy(
+            max_attempts=task.max_attempts or task_type.max_attempts,
+            base=task_type.retry_base,
+            cap=task_type.retry_cap,
+            delays=task_type.retry_delays,
+        )
+
+    def _lease_lost(self, claim: Claim[ClaimedTask], held: int) -> None:
+        if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
+            self.sink.lost(claim.token)
+
+    def stop(self) -> None:
+        """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""
+        self._loop.stop()
+
+    async def run(self) -> None:
+        """Work until :meth:`stop`. Raises only for errors a restart won't fix."""
+        log.info(
+            "worker %s starting: table=%s queues=%s handlers=%s",
+            self.worker_id,
+            self.tasks.table,
+            ",".join(self.store.queues),
+            ",".join(sorted(self.tasks.types)) or "none",
+        )
+        try:
+            await self.store.start()
+            await self._loop.run()
+        finally:
+            await self.store.close()
+            self.sink.close()
+            s = self.stats
+            log.info(
+                "worker %s stopped: done=%d retried=%d failed=%d released=%d lost_leases=%d",
+                self.worker_id, s.done, s.retried, s.failed, s.released, s.lost_leases,
+            )  # fmt: skip

@@ -1,0 +1,81 @@
+"""`outboxkit tasks list | failed | show | replay | cancel | discard` on real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.ops.cli.app import main
+from outboxkit.store.migrate import migrate_tasks
+from outboxkit.store.tasks_sql import TaskStatus
+from outboxkit.tasks import Tasks
+
+TABLE = "outboxkit_tasks"
+
+
+@pytest.fixture
+def tasks_dsn(db_dsn: str) -> Iterator[str]:
+    migrate_tasks(db_dsn)
+    yield db_dsn
+
+
+def cli(*args: str) -> list[dict[str, object]]:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+
+
+def states(dsn: str) -> list[tuple[int, int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f"SELECT id, status, attempts FROM {TABLE} ORDER BY id").fetchall()
+
+
+def test_failed_tasks_are_listed_shown_replayed_cancelled_and_discarded(tasks_dsn: str) -> None:
+    tasks = Tasks()
+    tasks.handler("job")(lambda payload: None)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for n in range(3):
+            tasks.enqueue(conn, "job", {"n": n})
+        conn.execute(
+            f"UPDATE {TABLE} SET status = %s, attempts = 3, last_error = 'boom',"
+            " error_type = 'ValueError', traceback_excerpt = 'Traceback ...' WHERE id IN (1, 2)",
+            (TaskStatus.FAILED,),
+        )
+    dsn = ["--dsn", tasks_dsn]
+    failed = cli("tasks", "failed", *dsn, "--json")
+    assert [(r["id"], r["status"], r["last_error"]) for r in failed] == [
+        (1, "failed", "boom"),
+        (2, "failed", "boom"),
+    ]
+    assert len(cli("tasks", "list", *dsn, "--json")) == 3
+    shown = CliRunner().invoke(main, ["tasks", "show", *dsn, "1"])
+    assert '"traceback_excerpt": "Traceback ..."' in shown.output
+    assert '"payload_json": "{\\"n\\": 0}"' in shown.output
+    assert "replayed 1 task(s)" in CliRunner().invoke(main, ["tasks", "replay", *dsn, "1"]).output
+    assert "cancelled 1 task(s)" in CliRunner().invoke(main, ["tasks", "cancel", *dsn, "3"]).output
+    out = CliRunner().invoke(main, ["tasks", "discard", *dsn, "2", "3"]).output
+    assert "discarded 2 task(s)" in out
+    assert states(tasks_dsn) == [(1, TaskStatus.PENDING, 0)]
+    missing = CliRunner().invoke(
+        main, ["tasks", "list", "--dsn", tasks_dsn, "--tasks-table", "nope"]
+    )
+    assert missing.exit_code == 2 and "outboxkit migrate --tasks" in missing.output
+
+
+def test_the_worker_command_says_what_to_do_about_a_missing_table_or_a_bad_app(
+    db_dsn: str,
+) -> None:
+    missing = CliRunner().invoke(
+        main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app:tasks"]
+    )
+    assert missing.exit_code == 2 and "outboxkit migrate --tasks" in missing.output
+    bad = CliRunner().invoke(main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app"])
+    assert bad.exit_code == 2 and "module:attribute" in bad.output
+    wrong = CliRunner().invoke(
+        main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app:RUNS_DDL"]
+    )
+    assert wrong.exit_code == 2 and "is not an outboxkit.tasks.Tasks" in wrong.output

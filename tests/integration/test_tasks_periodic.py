@@ -1,0 +1,75 @@
+"""Periodic tasks: one run per slot across several workers, restarts included."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from outboxkit.store.migrate import migrate_tasks
+from outboxkit.tasks import TaskContext, Tasks, Worker
+
+
+@pytest.fixture
+def tasks_dsn(db_dsn: str) -> Iterator[str]:
+    migrate_tasks(db_dsn)
+    yield db_dsn
+
+
+def slots(dsn: str) -> list[tuple[int, object]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT task_id, slot FROM outboxkit_schedules ORDER BY slot"
+        ).fetchall()
+
+
+def test_three_workers_run_each_slot_exactly_once(tasks_dsn: str) -> None:
+    tasks = Tasks()
+    runs: list[int] = []
+
+    @tasks.periodic("* * * * * *", "tick", catch_up="none")
+    async def tick(payload: None, ctx: TaskContext) -> None:
+        runs.append(ctx.id)
+
+    workers = [Worker(tasks, tasks_dsn, poll_interval=0.05, periodic_tick=0.2) for _ in range(3)]
+
+    async def main() -> None:
+        running = [asyncio.create_task(w.run()) for w in workers]
+        await asyncio.sleep(3.3)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*running)
+
+    started = time.monotonic()
+    asyncio.run(main())
+    elapsed = time.monotonic() - started
+    recorded = slots(tasks_dsn)
+    assert 2 <= len(recorded) <= elapsed + 1
+    assert sorted(runs) == sorted(task_id for task_id, _slot in recorded)  # once each
+
+
+def test_a_worker_restarted_inside_a_period_does_not_run_it_twice(tasks_dsn: str) -> None:
+    tasks = Tasks()
+    runs: list[int] = []
+    tasks.periodic("0 * * * *", "hourly", catch_up="last")(lambda payload: runs.append(1))
+    # The slot of this hour ran already (recorded), as if by a worker that was restarted.
+    with psycopg.connect(tasks_dsn) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit_schedules (schedule, slot)"
+            " VALUES ('hourly 0 * * * *', date_trunc('hour', now()))"
+        )
+    for _ in range(2):
+        worker = Worker(tasks, tasks_dsn, poll_interval=0.05, periodic_tick=0.1)
+
+        async def main(worker: Worker = worker) -> None:
+            running = asyncio.create_task(worker.run())
+            await asyncio.sleep(0.5)
+            worker.stop()
+            await running
+
+        asyncio.run(main())
+    assert runs == []
+    assert len(slots(tasks_dsn)) == 1

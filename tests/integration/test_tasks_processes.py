@@ -1,0 +1,167 @@
+"""Worker processes killed and stopped: `outboxkit worker` under SIGKILL and SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outboxkit.store.migrate import migrate_tasks
+from tests.support.tasks_app import RUNS_DDL, tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tasks_dsn(db_dsn: str) -> Iterator[str]:
+    migrate_tasks(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(RUNS_DDL)
+    yield db_dsn
+
+
+def spawn_worker(dsn: str, *args: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "OUTBOXKIT_DSN": dsn,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    command = [sys.executable, "-m", "outboxkit", "worker", "--app",
+               "tests.support.tasks_app:tasks", "--poll-interval", "0.1", *args]  # fmt: skip
+    return subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE)
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def runs(dsn: str) -> list[tuple[int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT task_id, attempt FROM task_runs ORDER BY attempt").fetchall()
+
+
+def state(dsn: str) -> list[tuple[str, int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT task_name, status, attempts FROM outboxkit_tasks ORDER BY id"
+        ).fetchall()
+
+
+def test_a_task_whose_worker_is_sigkilled_runs_again_after_its_lease(tasks_dsn: str) -> None:
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "hang_first")
+    first = spawn_worker(tasks_dsn, "--lease", "1")
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = time.monotonic()
+        second = spawn_worker(tasks_dsn, "--lease", "1")
+        try:
+            wait_for(lambda: state(tasks_dsn) == [])
+            assert time.monotonic() - killed_at >= 0.5  # not before the lease ran out
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(15) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
+
+
+def test_sigterm_lets_running_handlers_finish_within_the_grace_then_hands_the_rest_back(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "sleep", {"seconds": 0.5}, priority=2)  # finishes in the grace
+        tasks.enqueue(conn, "sleep", {"seconds": 60}, priority=1)  # does not
+        for _ in range(3):
+            tasks.enqueue(conn, "sleep", {"seconds": 0})  # never started
+    worker = spawn_worker(tasks_dsn, "--concurrency", "2", "--shutdown-timeout", "1.5")
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 2)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    # the short one finished (deleted); the long one was handed back, its attempt refunded
+    assert state(tasks_dsn) == [("sleep", 0, 0)] * 4
+
+
+def test_the_worker_serves_task_metrics(tasks_dsn: str) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "sleep", {"seconds": 0})
+        tasks.enqueue(conn, "sleep", {"seconds": 0}, delay=3600)
+    worker = spawn_worker(tasks_dsn, "--metrics-port", str(port))
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return ""
+
+        wait_for(
+            lambda: 'outboxkit_tasks_finished_total{outcome="done",task="sleep"} 1.0' in scrape()
+        )
+        body = scrape()
+        assert 'outboxkit_tasks_scheduled{task="sleep"} 1.0' in body
+        assert 'outboxkit_task_run_seconds_count{task="sleep"} 1.0' in body
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+
+
+def test_a_frozen_workers_late_completion_is_a_no_op_and_its_writes_are_rolled_back(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (task_id bigint, attempt int)")
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "effect_once")
+    # Finished tasks are kept (marked done): the zombie's completion finds the row still
+    # there, so only the claim token can fence it off.
+    keep = ("--lease", "1", "--retention", "keep")
+    frozen = spawn_worker(tasks_dsn, *keep)
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+        frozen.send_signal(signal.SIGSTOP)  # hung inside its ctx.transaction(): no heartbeat
+        other = spawn_worker(tasks_dsn, *keep)
+        try:
+            # attempt 2 ran and completed
+            wait_for(lambda: state(tasks_dsn) == [("effect_once", 2, 2)])
+        finally:
+            other.send_signal(signal.SIGTERM)
+            assert other.wait(15) == 0
+        frozen.send_signal(signal.SIGCONT)  # wakes, writes, tries to complete: fenced
+        time.sleep(3)
+        frozen.send_signal(signal.SIGTERM)
+        assert frozen.wait(15) == 0
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+    with psycopg.connect(tasks_dsn) as conn:
+        effects = conn.execute("SELECT attempt FROM effects").fetchall()
+    assert effects == [(2,)]  # the zombie attempt's write never landed
+    assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
+    assert frozen.stderr is not None
+    assert b"lease_lost" in frozen.stderr.read()  # its late settle was fenced off too

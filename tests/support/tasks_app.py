@@ -1,0 +1,54 @@
+"""A task app for worker processes the tests start and kill (`--app tests.support.tasks_app:tasks`).
+
+Each run is recorded in ``task_runs`` on its own autocommit connection before the handler
+does anything, so a test sees runs of processes it killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import psycopg
+
+from outboxkit.tasks import TaskContext, Tasks
+
+tasks = Tasks()
+
+RUNS_DDL = "CREATE TABLE IF NOT EXISTS task_runs (task_id bigint, attempt int, pid int)"
+
+
+def _record(ctx: TaskContext) -> None:
+    with psycopg.connect(os.environ["OUTBOXKIT_DSN"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO task_runs VALUES (%s, %s, %s)", (ctx.id, ctx.attempt, os.getpid())
+        )
+
+
+@tasks.handler("hang_first")
+def hang_first(payload: None, ctx: TaskContext) -> None:
+    """Hangs on its first attempt (the test kills the worker), returns on the next."""
+    _record(ctx)
+    if ctx.attempt == 1:
+        import time
+
+        time.sleep(120)
+
+
+@tasks.handler("sleep")
+async def sleep(payload: dict[str, float], ctx: TaskContext) -> None:
+    _record(ctx)
+    await asyncio.sleep(payload["seconds"])
+
+
+@tasks.handler("effect_once")
+def effect_once(payload: None, ctx: TaskContext) -> None:
+    """Writes its effect in ctx.transaction(); the first attempt dawdles inside it (the test
+    freezes that worker there with SIGSTOP)."""
+    import time
+
+    _record(ctx)
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
+        if ctx.attempt == 1:
+            time.sleep(2)
