@@ -17,3 +17,28 @@ def test_a_relay_with_a_malformed_dsn_fails_at_construction_in_one_line(dsn: str
     message = str(caught.value)
     assert "not a valid PostgreSQL connection string" in message, message
     assert "S3cret" not in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("message", "fix"),
+    [
+        ('connection failed: ... FATAL:  database "shop" does not exist', "database name"),
+        ('connection failed: ... FATAL:  role "app" does not exist', "user name"),
+        (
+            'connection failed: ... FATAL:  password authentication failed for user "app"',
+            "password",
+        ),
+        ('connection failed: ... FATAL:  no pg_hba.conf entry for host "10.0.0.5"', "pg_hba.conf"),
+        ("connection failed: ... Connection refused", None),
+        ("connection failed: ... timeout expired", None),
+    ],
+)
+def test_configuration_faults_are_told_from_outages(message: str, fix: str | None) -> None:
+    """libpq reports these at connect without a SQLSTATE: its FATAL message is read (28P01
+    and pg_hba need a server with password auth, which the test servers do not have)."""
+    import psycopg
+
+    from outboxkit.relay.engine import _configuration_fault
+
+    found = _configuration_fault(psycopg.OperationalError(message))
+    assert (found is None) if fix is None else (found is not None and fix in found), found
