@@ -11,7 +11,7 @@ before PgBouncer 1.21 (``max_prepared_statements``) neither do prepared statemen
 psycopg's automatic ones (``prepare_threshold``) then fail with ``prepared statement
 "_pg3_0" does not exist``. A DSN may say what sits in front of PostgreSQL
 (``?pooler=transaction``, :data:`POOLER_MODES`); otherwise the first connection to a DSN
-finds out (:func:`_detect`) and the answer is kept for the process.
+finds out (:func:`detect_pooling`) and the answer is kept for the process.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def connect(
     if known is None:
         try:
             with conn.lock:
-                known = _DETECTED[bare] = conn.wait(_detect(conn))
+                known = _DETECTED[bare] = conn.wait(detect_pooling(conn))
         except BaseException:
             conn.close()
             raise
@@ -172,7 +172,7 @@ async def aconnect(
     if known is None:
         try:
             async with conn.lock:
-                known = _DETECTED[bare] = await conn.wait(_detect(conn))
+                known = _DETECTED[bare] = await conn.wait(detect_pooling(conn))
         except BaseException:
             await conn.close()
             raise
@@ -185,7 +185,7 @@ def _apply(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], known: 
         conn.prepare_threshold = None
 
 
-def _detect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any:
+def detect_pooling(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any:
     """What sits behind ``conn``, as a generator for ``conn.wait()`` (sync and async alike).
 
     A pooler answers the connection itself: the backend pid it gives the client (its
@@ -195,16 +195,19 @@ def _detect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any
     prepared through the protocol keeps its name on the server when the pooler passes it
     on (PgBouncer before 1.21: lost with the server connection), and is renamed when the
     pooler manages them (1.21+ ``max_prepared_statements``). Two round trips for
-    PostgreSQL itself; four behind a pooler, in one transaction that leaves nothing behind.
+    PostgreSQL itself; four behind a pooler, in one transaction that leaves nothing behind
+    (the caller's, when one is open: then the probe's statement is deallocated in it).
     """
     pgconn = conn.pgconn
+    begin = pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
     (result,) = yield from _run(pgconn, b"SELECT pg_backend_pid()")
     pid = int(result.get_value(0, 0) or 0)
     if pid == pgconn.backend_pid:
         return _MODES["none"]
     name = b"outboxkit_pooler_probe_" + uuid.uuid4().hex[:12].encode()
     text = b"SELECT 1 /* " + name + b" */"  # (hex: nothing to quote)
-    yield from _run(pgconn, b"BEGIN")
+    if begin:
+        yield from _run(pgconn, b"BEGIN")
     try:
         pgconn.send_prepare(name, text)
         _check((yield from execute(pgconn)))
@@ -218,7 +221,8 @@ def _detect(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any
         else:
             prepared = True
     finally:
-        yield from _run(pgconn, b"ROLLBACK")
+        if begin:
+            yield from _run(pgconn, b"ROLLBACK")
     return _MODES["transaction-prepared" if prepared else "transaction"]
 
 
