@@ -25,6 +25,7 @@ from tests.support.pgbouncer import PgBouncer
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import consume_nats, ensure_stream, unique_name
 
+
 def _event(topic: str = "orders", n: int = 0) -> Event:
     return Event(topic=topic, event_type="order.placed", payload={"n": n}, key=f"k{n % 3}")
 
