@@ -8,8 +8,10 @@ what reached the broker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -19,8 +21,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from outboxkit import Event, Outbox
+from outboxkit import Event, Outbox, Relay
+from outboxkit.consumers.base import ReceivedEvent
+from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.store.migrate import migrate, migrate_inbox
 from tests.support.pgbouncer import PgBouncer
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import consume_nats, ensure_stream, unique_name
@@ -64,6 +69,196 @@ async def test_the_relay_behind_pgbouncer_publishes_the_whole_backlog(
     msgs = await consume_nats(nats_server.url, stream, f"{root}.>", None)
     ids = {m.headers["Nats-Msg-Id"] for m in msgs}
     assert ids == {str(e.event_id) for e in events}
+
+
+def _advisory_locks(dsn: str) -> list[tuple[str, str]]:
+    """(application_name, client port or '') of every session holding an advisory lock in
+    the test's database (a pooled server connection shows PgBouncer's address)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT a.application_name, coalesce(a.client_port::text, '') FROM pg_locks l"
+            " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory'"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+async def test_a_relay_behind_pgbouncer_takes_no_session_lock_and_polls(
+    db_dsn: str, pooled_dsn: str, nats_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wake-up gate's lock is a session's: taken through the pooler it stayed on a
+    server connection other clients then used (writers notifying for nobody). Without a
+    direct DSN the relay takes none, says so, and its poll finds every event."""
+    root, stream = await _stream(nats_server)
+    publisher = NatsPublisher.from_url(nats_server.url)
+    async with running_relay(pooled_dsn, publisher, poll_interval=0.3):
+        await asyncio.sleep(1.0)  # idle: an unpooled relay would hold the gate now
+        assert _advisory_locks(db_dsn) == []
+        write_events(pooled_dsn, [_event(f"{root}.orders")])
+        await wait_for(lambda: count(db_dsn) == 0, timeout=10, what="the poll to find it")
+        assert _advisory_locks(db_dsn) == []
+    assert "goes through a transaction pooler" in caplog.text
+    assert len(await consume_nats(nats_server.url, stream, f"{root}.>", None)) == 1
+
+
+async def test_a_direct_dsn_brings_back_the_wake_ups(
+    db_dsn: str, pooled_dsn: str, nats_server: Any
+) -> None:
+    """LISTEN and the gate's lock on PostgreSQL itself, claims and settles through the
+    pooler: an event is published long before the 10 s poll would find it."""
+    root, _ = await _stream(nats_server)
+    publisher = NatsPublisher.from_url(nats_server.url)
+    async with running_relay(pooled_dsn, publisher, poll_interval=10.0, direct_dsn=db_dsn):
+        await wait_for(
+            lambda: (
+                ("outboxkit-relay:gate", "") not in _advisory_locks(db_dsn)
+                and any(a == "outboxkit-relay:gate" for a, _ in _advisory_locks(db_dsn))
+            ),
+            timeout=10,
+            what="the relay to wait with the gate closed",
+        )
+        started = time.monotonic()
+        write_events(pooled_dsn, [_event(f"{root}.orders")], outbox=Outbox(notify=True))
+        await wait_for(lambda: count(db_dsn) == 0, timeout=5, what="the wake-up")
+        assert time.monotonic() - started < 3.0
+
+
+async def test_a_direct_dsn_through_the_pooler_too_is_refused(
+    pooled_dsn: str, nats_server: Any
+) -> None:
+    relay = Relay(pooled_dsn, NatsPublisher.from_url(nats_server.url), direct_dsn=pooled_dsn)
+    with pytest.raises(ConfigurationError, match="--direct-dsn goes through a transaction pooler"):
+        await asyncio.wait_for(relay.run(), 20)
+
+
+async def test_the_wal_relay_behind_pgbouncer_is_refused_with_what_to_do(
+    pooled_dsn: str, nats_server: Any
+) -> None:
+    relay = Relay(pooled_dsn, NatsPublisher.from_url(nats_server.url), source="cdc")
+    with pytest.raises(ConfigurationError, match="point its --dsn at PostgreSQL itself"):
+        await asyncio.wait_for(relay.run(), 20)
+
+
+async def test_two_ordered_relays_behind_pgbouncer_keep_every_key_in_order(
+    db_dsn: str, pooled_dsn: str, nats_server: Any
+) -> None:
+    """Partition leases are single statements: two ordered relays share them through the
+    pooler (generated ids need no session lock; an explicit one takes it on the direct
+    DSN), and the broker receives each key's events in order."""
+    migrate(db_dsn, ordered=True, partitions=8)
+    root, stream = await _stream(nats_server)
+    ordered = Outbox(ordered=True)
+    events = [
+        Event(topic=f"{root}.orders", event_type="t", payload={"n": n}, key=f"key-{n % 20}")
+        for n in range(400)
+    ]
+    options: dict[str, Any] = {"ordered": True, "lease": 3.0, "batch_size": 25}
+    publisher_a = NatsPublisher.from_url(nats_server.url)
+    publisher_b = NatsPublisher.from_url(nats_server.url)
+    async with (
+        running_relay(pooled_dsn, publisher_a, **options),
+        running_relay(pooled_dsn, publisher_b, relay_id="relay-b", direct_dsn=db_dsn, **options),
+    ):
+        await wait_for(lambda: _owners(db_dsn) == 2, timeout=15, what="the partitions to split")
+        for i in range(0, 400, 40):
+            write_events(pooled_dsn, events[i : i + 40], outbox=ordered)
+            await asyncio.sleep(0.05)
+        await wait_for(lambda: count(db_dsn) == 0, timeout=30, what="all published")
+        assert _owners(db_dsn) == 2
+    got = await consume_nats(nats_server.url, stream, f"{root}.>", None)
+    first_seen: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for msg in got:
+        eid = msg.headers["Nats-Msg-Id"]
+        if eid not in seen:
+            seen.add(eid)
+            first_seen.setdefault(msg.headers["ce-partitionkey"], []).append(eid)
+    expected: dict[str, list[str]] = {}
+    for e in events:
+        expected.setdefault(str(e.key), []).append(str(e.event_id))
+    assert first_seen == expected
+
+
+def _owners(dsn: str) -> int:
+    """How many relays hold ordered partitions now."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT owner) FROM outbox_partitions WHERE expires_at > now()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_an_explicit_relay_id_behind_pgbouncer_needs_a_direct_dsn(
+    db_dsn: str, pooled_dsn: str, nats_server: Any
+) -> None:
+    """Its guard is a session advisory lock: refused rather than taken on a pooled
+    server connection (where it would stay, and the next check would fail or pass by luck)."""
+    migrate(db_dsn, ordered=True, partitions=4)
+    relay = Relay(
+        pooled_dsn, NatsPublisher.from_url(nats_server.url), ordered=True, relay_id="fixed"
+    )
+    with pytest.raises(ConfigurationError, match="--direct-dsn"):
+        await asyncio.wait_for(relay.run(), 20)
+    assert _advisory_locks(db_dsn) == []
+
+
+async def test_a_consumer_runner_and_its_inbox_behind_pgbouncer_apply_each_event_once(
+    db_dsn: str, pooled_dsn: str, nats_server: Any
+) -> None:
+    import nats
+
+    from outboxkit.consumers.nats import NatsConsumer
+
+    migrate_inbox(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ledger (event_id uuid, n int)")
+    root, stream = await _stream(nats_server)
+
+    async def handler(tx: psycopg.AsyncConnection[Any], event: ReceivedEvent) -> None:
+        n = event.json()["n"]
+        await tx.execute("INSERT INTO ledger VALUES (%s, %s)", (event.event_id, n))
+
+    events = [_event(f"{root}.orders", n) for n in range(30)]
+    write_events(pooled_dsn, events)
+    runner = NatsConsumer(
+        pooled_dsn,
+        handler,
+        consumer="billing",
+        servers=nats_server.url,
+        stream=stream,
+        subject=f"{root}.orders",
+        fetch_timeout=0.2,
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        async with running_relay(pooled_dsn, NatsPublisher([nats_server.url], stream=stream)):
+            await wait_for(lambda: count(db_dsn) == 0, what="the relay to publish")
+
+        def applied(n: int, duplicates: int) -> Callable[[], bool]:
+            def check() -> bool:
+                if task.done():
+                    task.result()  # a crashed runner, at once
+                return count(db_dsn, table="ledger") == n and runner.stats.duplicates >= duplicates
+
+            return check
+
+        await wait_for(applied(30, 0), timeout=30, what="the runner to apply every event")
+        # JetStream drops a re-publish with the same Nats-Msg-Id: a duplicate past it
+        first = (await consume_nats(nats_server.url, stream, f"{root}.>", 1))[0]
+        nc = await nats.connect(nats_server.url)
+        try:
+            headers = {k: v for k, v in first.headers.items() if k != "Nats-Msg-Id"}
+            await nc.jetstream().publish(first.subject, first.data, headers=headers)
+        finally:
+            await nc.close()
+        await wait_for(applied(30, 1), timeout=30, what="the inbox to skip the duplicate")
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        ns = [r[0] for r in conn.execute("SELECT n FROM ledger ORDER BY n").fetchall()]
+    assert ns == list(range(30))
+    assert count(db_dsn, table="processed_events") == 30
 
 
 # -- the write side ---------------------------------------------------------------------
