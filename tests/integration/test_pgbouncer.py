@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,13 +21,16 @@ import asyncpg
 import psycopg
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, Outbox, Relay
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.errors import ConfigurationError
+from outboxkit.ops.cli import main
 from outboxkit.publishers.nats import NatsPublisher
+from outboxkit.store._connection import split_pooler
 from outboxkit.store.migrate import migrate, migrate_inbox
 from tests.support.pgbouncer import PgBouncer
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
@@ -360,3 +366,93 @@ def pooled_dsn_url(dsn: str) -> str:
     """The key=value DSN as a URL (asyncpg and SQLAlchemy take URLs)."""
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     return f"postgresql://{info['user']}@{info['host']}:{info['port']}/{info['dbname']}"
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+async def test_the_cli_relay_with_pooler_and_direct_dsn_publishes_on_wake_up(
+    db_dsn: str, pooler_url: str, nats_server: Any
+) -> None:
+    """`outboxkit relay --pooler transaction --direct-dsn ...`: claims through the pooler,
+    woken through PostgreSQL itself (an event long before the 10 s poll), exit 0 on SIGTERM."""
+    root, stream = await _stream(nats_server)
+    proc = _cli_relay(
+        "--dsn",
+        pooler_url,
+        "--pooler",
+        "transaction",
+        "--direct-dsn",
+        db_dsn,
+        "--broker",
+        nats_server.url,
+        "--poll-interval",
+        "10",
+    )
+    try:
+        await wait_for(
+            lambda: any(a == "outboxkit-relay:gate" for a, _ in _advisory_locks(db_dsn)),
+            timeout=20,
+            what="the relay to wait with its gate closed",
+        )
+        write_events(pooler_url, [_event(f"{root}.orders")], outbox=Outbox(notify=True))
+        await wait_for(lambda: count(db_dsn) == 0, timeout=5, what="the wake-up")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert len(await consume_nats(nats_server.url, stream, f"{root}.>", None)) == 1
+
+
+def test_the_cli_refuses_a_direct_dsn_through_the_pooler(pooler_url: str) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "relay",
+            "--dsn",
+            pooler_url,
+            "--direct-dsn",
+            pooler_url,
+            "--broker",
+            "nats://127.0.0.1:1",
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "--direct-dsn goes through a transaction pooler too" in result.output
+
+
+def _cli_relay(*args: str) -> subprocess.Popen[str]:
+    """``outboxkit relay ARGS`` as a child process (its output: stdout, with stderr)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "outboxkit", "relay", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.fixture
+def pooler_url(pooled_dsn: str) -> str:
+    return pooled_dsn_url(pooled_dsn)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "bare", "mode"),
+    [
+        ("postgresql://u@h:6432/db?pooler=transaction", "postgresql://u@h:6432/db", "transaction"),
+        (
+            "postgresql://u@h/db?sslmode=disable&pooler=none",
+            "postgresql://u@h/db?sslmode=disable",
+            "none",
+        ),
+        ("host=h port=6432 pooler=session dbname=db", "host=h port=6432 dbname=db", "session"),
+        ("host=h dbname=db", "host=h dbname=db", "auto"),
+    ],
+)
+def test_the_pooler_option_is_taken_out_of_the_dsn(dsn: str, bare: str, mode: str) -> None:
+    assert split_pooler(dsn) == (bare, mode)
+
+
+def test_an_unknown_pooler_mode_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ConfigurationError, match="use one of auto, none, session, transaction"):
+        split_pooler("postgresql://u@h/db?pooler=pgcat")
