@@ -456,3 +456,11 @@ def test_the_pooler_option_is_taken_out_of_the_dsn(dsn: str, bare: str, mode: st
 def test_an_unknown_pooler_mode_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ConfigurationError, match="use one of auto, none, session, transaction"):
         split_pooler("postgresql://u@h/db?pooler=pgcat")
+
+
+def test_a_relay_with_an_unknown_pooler_mode_is_refused_at_construction() -> None:
+    publisher = NatsPublisher.from_url("nats://127.0.0.1:1")
+    with pytest.raises(ConfigurationError, match="pooler='pgcat' is not a pooler mode"):
+        Relay("postgresql://u@h/db", publisher, pooler="pgcat")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="pooler='x' is not a pooler mode"):
+        Relay("postgresql://u@h/db?pooler=x", publisher)

@@ -34,7 +34,7 @@ from outboxkit.sink.observer import (
 )
 from outboxkit.sink.outage import OutageLog
 from outboxkit.sink.publisher import FailureLog, PublisherSink
-from outboxkit.store._connection import PoolerMode
+from outboxkit.store._connection import PoolerMode, pooler_mode, split_pooler
 from outboxkit.store.queue_pg import PgQueueStore
 
 if TYPE_CHECKING:
@@ -172,7 +172,8 @@ class Relay:
             raise ConfigurationError("max_in_flight must be at least 1")
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
-        self.pooler = pooler
+        self.pooler = None if pooler is None else pooler_mode(pooler)
+        split_pooler(dsn)  # a bad ?pooler= fails here, not at the first connection
         self.direct_dsn = direct_dsn
         if direct_dsn is not None:
             remember_secrets(direct_dsn)
@@ -225,7 +226,7 @@ class Relay:
             retention=retention,
             ordered=ordered,
             synchronous_commit=synchronous_commit,
-            pooler=pooler,
+            pooler=self.pooler,
             direct_dsn=direct_dsn,
         )
         self._sink = PublisherSink(publisher, self.publish_timeout)
@@ -237,7 +238,7 @@ class Relay:
                 relay_id=self.relay_id,
                 lease=lease,
                 dead_letter_policy=dead_letter_policy,
-                pooler=pooler,
+                pooler=self.pooler,
                 direct_dsn=direct_dsn,
                 unique_id=relay_id is None,
             )

@@ -93,10 +93,11 @@ def split_pooler(dsn: str) -> tuple[str, PoolerMode]:
     elif match := _KEYWORD.search(dsn):
         mode = match.group(1).strip("'")
         dsn = (dsn[: match.start()] + dsn[match.end() :]).strip()
-    return dsn, _mode(mode)
+    return dsn, pooler_mode(mode)
 
 
-def _mode(mode: str) -> PoolerMode:
+def pooler_mode(mode: str) -> PoolerMode:
+    """``mode`` as a :data:`PoolerMode`, or ConfigurationError naming the known ones."""
     for known in POOLER_MODES:
         if mode == known:
             return known
@@ -109,7 +110,7 @@ def _mode(mode: str) -> PoolerMode:
 def known_pooling(dsn: str, pooler: PoolerMode | None = None) -> Pooling | None:
     """What ``dsn`` (or ``pooler``, which overrides its option) says or a connection found."""
     bare, mode = split_pooler(dsn)
-    mode = pooler or mode
+    mode = pooler_mode(pooler) if pooler else mode
     return _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
 
 
@@ -140,7 +141,7 @@ def connect(
     (``prepare_threshold=None``); ``pooler`` overrides the DSN's ``?pooler=``.
     """
     bare, mode = split_pooler(dsn)
-    mode = pooler or mode
+    mode = pooler_mode(pooler) if pooler else mode
     known = _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
     conn = psycopg.connect(bare, **_options(application_name, autocommit, connect_timeout, known))
     if known is None:
@@ -164,7 +165,7 @@ async def aconnect(
 ) -> psycopg.AsyncConnection[Any]:
     """The async twin of :func:`connect`."""
     bare, mode = split_pooler(dsn)
-    mode = pooler or mode
+    mode = pooler_mode(pooler) if pooler else mode
     known = _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
     conn = await psycopg.AsyncConnection.connect(
         bare, **_options(application_name, autocommit, connect_timeout, known)
