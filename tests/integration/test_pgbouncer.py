@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -29,6 +31,7 @@ from outboxkit import Event, Outbox, Relay
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli import main
+from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.store._connection import split_pooler
 from outboxkit.store.migrate import migrate, migrate_inbox
@@ -145,12 +148,13 @@ async def test_the_wal_relay_behind_pgbouncer_is_refused_with_what_to_do(
         await asyncio.wait_for(relay.run(), 20)
 
 
-async def test_two_ordered_relays_behind_pgbouncer_keep_every_key_in_order(
+async def test_two_ordered_relays_behind_pgbouncer_hand_partitions_over_and_keep_key_order(
     db_dsn: str, pooled_dsn: str, nats_server: Any
 ) -> None:
-    """Partition leases are single statements: two ordered relays share them through the
-    pooler (generated ids need no session lock; an explicit one takes it on the direct
-    DSN), and the broker receives each key's events in order."""
+    """Partition leases are single statements: a second ordered relay joins mid-stream
+    through the pooler (a generated id needs no session lock; the explicit one takes it on
+    the direct DSN) and takes half. From the broker: each partition's messages come from
+    relay A, then only from B (never both at once), and every key is in order."""
     migrate(db_dsn, ordered=True, partitions=8)
     root, stream = await _stream(nats_server)
     ordered = Outbox(ordered=True)
@@ -158,31 +162,69 @@ async def test_two_ordered_relays_behind_pgbouncer_keep_every_key_in_order(
         Event(topic=f"{root}.orders", event_type="t", payload={"n": n}, key=f"key-{n % 20}")
         for n in range(400)
     ]
-    options: dict[str, Any] = {"ordered": True, "lease": 3.0, "batch_size": 25}
-    publisher_a = NatsPublisher.from_url(nats_server.url)
-    publisher_b = NatsPublisher.from_url(nats_server.url)
-    async with (
-        running_relay(pooled_dsn, publisher_a, **options),
-        running_relay(pooled_dsn, publisher_b, relay_id="relay-b", direct_dsn=db_dsn, **options),
-    ):
-        await wait_for(lambda: _owners(db_dsn) == 2, timeout=15, what="the partitions to split")
-        for i in range(0, 400, 40):
-            write_events(pooled_dsn, events[i : i + 40], outbox=ordered)
-            await asyncio.sleep(0.05)
-        await wait_for(lambda: count(db_dsn) == 0, timeout=30, what="all published")
-        assert _owners(db_dsn) == 2
+    chunks = [events[i : i + 40] for i in range(0, len(events), 40)]
+    options: dict[str, Any] = {"ordered": True, "lease": 3.0, "retention": "keep"}
+    a = _Tagging(NatsPublisher.from_url(nats_server.url), "a")
+    b = _Tagging(NatsPublisher.from_url(nats_server.url), "b")
+
+    async def write(part: list[list[Event]]) -> None:
+        for chunk in part:
+            await asyncio.to_thread(write_events, pooled_dsn, chunk, outbox=ordered)
+            await asyncio.sleep(0.1)
+
+    async with running_relay(pooled_dsn, a, **options):
+        await wait_for(lambda: _owners(db_dsn) == 1, timeout=15, what="A to own the partitions")
+        await write(chunks[:4])
+        async with running_relay(pooled_dsn, b, relay_id="b", direct_dsn=db_dsn, **options):
+            writing = asyncio.create_task(write(chunks[4:]))
+            await wait_for(lambda: _owners(db_dsn) == 2, timeout=15, what="the split")
+            await writing
+            await wait_for(
+                lambda: count(db_dsn, "status <> 1") == 0, timeout=30, what="all published"
+            )
     got = await consume_nats(nats_server.url, stream, f"{root}.>", None)
-    first_seen: dict[str, list[str]] = {}
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        partition = {
+            str(eid): int(p) for eid, p in conn.execute("SELECT event_id, partition FROM outbox")
+        }
+    by_partition: dict[int, list[str]] = {}
+    per_key: dict[str, list[str]] = {}
     seen: set[str] = set()
     for msg in got:
         eid = msg.headers["Nats-Msg-Id"]
+        by_partition.setdefault(partition[eid], []).append(msg.headers["x-relay"])
         if eid not in seen:
             seen.add(eid)
-            first_seen.setdefault(msg.headers["ce-partitionkey"], []).append(eid)
+            per_key.setdefault(msg.headers["ce-partitionkey"], []).append(eid)
     expected: dict[str, list[str]] = {}
     for e in events:
         expected.setdefault(str(e.key), []).append(str(e.event_id))
-    assert first_seen == expected
+    assert per_key == expected
+    changes = {p: sum(x != y for x, y in itertools.pairwise(r)) for p, r in by_partition.items()}
+    assert all(n <= 1 for n in changes.values()), changes  # A...A B...B, never A B A
+    assert "b" in {r for relays in by_partition.values() for r in relays}
+
+
+class _Tagging:
+    """A publisher that adds its relay's name as a header (x-relay), then publishes."""
+
+    def __init__(self, inner: NatsPublisher, relay: str) -> None:
+        self.inner = inner
+        self.relay = relay
+        self.name = inner.name
+        self.batch_shape = (50, 4)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        tagged = [
+            dataclasses.replace(m, headers={**m.headers, "x-relay": self.relay}) for m in messages
+        ]
+        return await self.inner.publish_batch(tagged)
 
 
 def _owners(dsn: str) -> int:
