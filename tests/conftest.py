@@ -26,6 +26,7 @@ from outboxkit.testing import (
     drop_database,
     free_port,
 )
+from tests.support.pgbouncer import PgBouncer
 from tests.support.servers import (
     KAFKA_ENV,
     NATS_URL_ENV,
@@ -46,7 +47,7 @@ PgServer = EmbeddedPostgres | ExternalPostgres
 NatsServer = EmbeddedNats | ExternalNats
 KafkaServer = EmbeddedKafka | ExternalKafka
 ProxyFactory = Callable[..., TcpProxy]
-_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka, EmbeddedPostgres)
+_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka, EmbeddedPostgres, PgBouncer)
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -184,6 +185,21 @@ def _drop_replication_slots(admin_dsn: str, dbname: str) -> None:
                 return
             except psycopg.errors.ObjectInUse:  # the terminated walsender has not exited yet
                 time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- PgBouncer
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: PgServer) -> Iterator[PgBouncer]:
+    """A private PgBouncer (Debian's package) in transaction pooling mode in front of
+    the session's PostgreSQL, on a free port: `.dsn_for(db)` goes through it."""
+    try:
+        server = PgBouncer(pg_server.dsn)
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"pgbouncer unavailable: {exc}")
+    with _embedded(lambda: server) as started:
+        yield started
 
 
 # --------------------------------------------------------------------------- NATS

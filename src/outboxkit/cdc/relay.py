@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import psycopg
+
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
@@ -58,6 +60,7 @@ from outboxkit.sink.observer import (
 )
 from outboxkit.sink.outage import FailureEpisode, OutageLog
 from outboxkit.sink.publisher import FailureLog, publish
+from outboxkit.store._connection import PoolerMode, aconnect, known_pooling, split_pooler
 from outboxkit.write.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")
@@ -114,6 +117,7 @@ class CdcRelay:
         observer: RelayObserver | None = None,
         stats: RelayStats | None = None,
         outage: OutageLog | None = None,
+        pooler: PoolerMode | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
@@ -124,8 +128,11 @@ class CdcRelay:
         batch_size = batch_shape(publisher)[0] if batch_size is None else batch_size
         if batch_size < 1:
             raise ConfigurationError("batch_size must be at least 1")
-        self.dsn = dsn
         remember_secrets(dsn)
+        # (the replication connection is libpq's: it knows no ?pooler= option)
+        dsn, mode = split_pooler(dsn)
+        self.dsn = dsn
+        self.pooler: PoolerMode | None = pooler or (None if mode == "auto" else mode)
         self.publisher = publisher
         self.table = table
         self.slot = slot or default_name(table)
@@ -202,6 +209,7 @@ class CdcRelay:
             self.batch_size,
         )
         try:
+            await self._refuse_pooler()
             await self.cleanup.check()
             await self.publisher.start()
             await self._sessions()
@@ -225,6 +233,24 @@ class CdcRelay:
                 self.stats.published,
                 self.stats.retried,
                 self.stats.dead_lettered,
+            )
+
+    async def _refuse_pooler(self) -> None:
+        """A transaction pooler carries no replication stream: say so instead of failing
+        at every reconnect (an unreachable database is left to the stream's retries)."""
+        pooling = known_pooling(self.dsn, self.pooler)
+        if pooling is None:
+            with contextlib.suppress(psycopg.Error):
+                conn = await aconnect(
+                    self.dsn, application_name="outboxkit-relay:check", pooler=self.pooler
+                )
+                await conn.close()
+            pooling = known_pooling(self.dsn, self.pooler)
+        if pooling is not None and not pooling.session_state:
+            raise ConfigurationError(
+                "the WAL relay (--source cdc) streams a replication slot, which a transaction"
+                " pooler (PgBouncer) cannot carry: point its --dsn at PostgreSQL itself (the"
+                " polling relay works through the pooler)"
             )
 
     async def _sessions(self) -> None:

@@ -35,6 +35,7 @@ from outboxkit.sink.observer import (
 )
 from outboxkit.sink.outage import OutageLog
 from outboxkit.sink.publisher import FailureLog, PublisherSink
+from outboxkit.store._connection import PoolerMode, pooler_mode, split_pooler
 from outboxkit.store.queue_pg import PgQueueStore
 
 if TYPE_CHECKING:
@@ -112,6 +113,12 @@ class Relay:
     (``slot``, default ``outboxkit_<table>``) instead of claiming rows: ``run()`` and
     ``stop()`` then drive an ``outboxkit.cdc.relay.CdcRelay`` (``relay.cdc``) with these
     options, stats and observers; the claim options do not apply to it.
+
+    Behind a transaction pooler (PgBouncer's ``pool_mode = transaction``; found by itself,
+    or said by ``pooler`` / ``?pooler=`` in the DSN) the relay prepares no statements where
+    the pooler keeps none, and what needs a session (LISTEN, the wake-up gate's lock,
+    ordered mode's relay-id lock) uses ``direct_dsn``, a DSN of PostgreSQL itself; without
+    one the relay polls (README, "Behind PgBouncer").
     """
 
     def __init__(
@@ -139,6 +146,8 @@ class Relay:
         slot: str | None = None,
         ordered: bool = False,
         dead_letter_policy: DeadLetterPolicy = "block",
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
     ) -> None:
         # Unset: the shape the publisher suits best (publishers.base.batch_shape).
         shape = batch_shape(publisher)
@@ -164,7 +173,12 @@ class Relay:
             raise ConfigurationError("max_in_flight must be at least 1")
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
-        _check_dsn(dsn)
+        self.pooler = None if pooler is None else pooler_mode(pooler)
+        # A bad ?pooler= or a DSN libpq cannot parse fails here, not at the first connection.
+        _check_dsn(split_pooler(dsn)[0])
+        self.direct_dsn = direct_dsn
+        if direct_dsn is not None:
+            remember_secrets(direct_dsn)
         self.publisher = publisher
         self.table = table
         self.batch_size = batch_size
@@ -214,6 +228,8 @@ class Relay:
             retention=retention,
             ordered=ordered,
             synchronous_commit=synchronous_commit,
+            pooler=self.pooler,
+            direct_dsn=direct_dsn,
         )
         self._sink = PublisherSink(publisher, self.publish_timeout)
         self._ordered = (
@@ -224,6 +240,9 @@ class Relay:
                 relay_id=self.relay_id,
                 lease=lease,
                 dead_letter_policy=dead_letter_policy,
+                pooler=self.pooler,
+                direct_dsn=direct_dsn,
+                unique_id=relay_id is None,
             )
             if ordered
             else None
@@ -326,7 +345,10 @@ class Relay:
         tasks: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             (
                 "outboxkit-relay:partitions",
-                lambda: partition_maintenance(self.dsn, self.table, self._loop.stopping),
+                # (its advisory lock is a session's: PostgreSQL itself when given)
+                lambda: partition_maintenance(
+                    self.direct_dsn or self.dsn, self.table, self._loop.stopping
+                ),
             )
         ]
         if self._ordered is not None:  # ordered mode's partition leases (relay/partitions.py)
@@ -471,6 +493,7 @@ def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:
         retry_cap=relay.retry_cap,
         publish_timeout=relay.publish_timeout,
         relay_id=relay.relay_id,
+        pooler=relay.pooler,
         observer=relay.observer,
         stats=relay.stats,
         outage=relay.outage,

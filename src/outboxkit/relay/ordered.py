@@ -33,6 +33,7 @@ from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
 from outboxkit.sink.publisher import PublisherSink
+from outboxkit.store._connection import PoolerMode
 from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay")
@@ -77,6 +78,9 @@ class OrderedMode:
         relay_id: str,
         lease: float,
         dead_letter_policy: str,
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
+        unique_id: bool = False,
     ) -> None:
         if dead_letter_policy not in DEAD_LETTER_POLICIES:
             raise ConfigurationError(
@@ -94,7 +98,15 @@ class OrderedMode:
         bound = _find(sink.publisher, "bound_delivery_time")
         if callable(bound):
             self.delivery_bound = float(bound(self.window / 2))
-        self.leases = PartitionLeases(dsn, OrderedStatements(table), relay_id, lease)
+        self.leases = PartitionLeases(
+            dsn,
+            OrderedStatements(table),
+            relay_id,
+            lease,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+            unique_id=unique_id,
+        )
         self._open: dict[asyncio.Task[None], float] = {}
         self._starts: dict[uuid.UUID, tuple[float, int]] = {}
         self._claim_started = 0.0

@@ -8,6 +8,12 @@ renews the ones it holds, and gives back the ones assigned elsewhere only after 
 batches claimed from them have settled (the claim loop says when: :meth:`release_soon`).
 A relay SIGKILLed stops renewing: its membership and its leases expire within one
 lease, and the survivors take its partitions at their next heartbeat (within 2 x lease).
+
+The heartbeat's statements are single autocommit statements, fine through a transaction
+pooler; the relay-id lock (a session advisory lock held for the relay's life) is not: it
+is taken on the direct DSN when given, skipped for a generated relay id (unique by
+construction), and an explicit ``--relay-id`` behind a transaction pooler without a direct
+DSN is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from psycopg import errors as pg_errors
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.errors import ConfigurationError, SchemaError
+from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay.partitions")
@@ -51,8 +58,21 @@ class PartitionLeases:
     once its leases run low.
     """
 
-    def __init__(self, dsn: str, stmts: OrderedStatements, relay_id: str, lease: float) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        stmts: OrderedStatements,
+        relay_id: str,
+        lease: float,
+        *,
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
+        unique_id: bool = False,
+    ) -> None:
         self.dsn = dsn
+        self.pooler = pooler
+        self.direct_dsn = direct_dsn
+        self.unique_id = unique_id
         self.stmts = stmts
         self.relay_id = relay_id
         self.lease = lease
@@ -66,6 +86,7 @@ class PartitionLeases:
         self._valid_until = 0.0  # monotonic: the held leases certainly last until then
         self._wake = asyncio.Event()
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock_conn: psycopg.AsyncConnection[Any] | None = None  # on direct_dsn
         self.beats = 0
         #: Counts heartbeats that found a held partition taken: a batch claimed before one
         #: may hold rows of it, so it cannot lean on the renewals since (ordered.py).
@@ -192,31 +213,71 @@ class PartitionLeases:
             log.warning("could not give back partitions at shutdown (%s): they expire", exc)
         finally:
             await self._drop_connection()
+            lock, self._lock_conn = self._lock_conn, None
+            if lock is not None:
+                with contextlib.suppress(Exception):
+                    await lock.close()
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=10,
-                application_name="outboxkit-relay:partitions",
+            conn = await aconnect(
+                self.dsn, application_name="outboxkit-relay:partitions", pooler=self.pooler
             )
             try:
-                cur = await conn.execute(self.stmts.relay_id_lock, {"relay_id": self.relay_id})
-                row = await cur.fetchone()
+                await self._hold_id_lock(conn)
             except BaseException:
                 await conn.close()
                 raise
-            if not row or not row[0]:
-                await conn.close()
-                raise ConfigurationError(
-                    f"another ordered relay runs with relay id {self.relay_id!r} on"
-                    f" {self.stmts.table!r}: two processes with one id would share its"
-                    " partitions and publish the same keys side by side; give each relay"
-                    " its own --relay-id (the default, host-pid-random, is unique)"
-                )
             self._conn = conn
         return self._conn
+
+    async def _hold_id_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Hold the relay-id lock (a session's) for as long as this relay runs.
+
+        On ``conn`` itself when it keeps its session; on a connection to ``direct_dsn``
+        when given; behind a transaction pooler without one, a generated id needs no lock
+        and an explicit one is refused (the lock would stay on a pooled server connection).
+        """
+        if self.direct_dsn is not None:
+            if self._lock_conn is not None and not self._lock_conn.closed:
+                return
+            lock = await aconnect(self.direct_dsn, application_name="outboxkit-relay:relay-id")
+            pooling = known_pooling(self.direct_dsn)
+            if pooling is not None and not pooling.session_state:
+                await lock.close()
+                raise ConfigurationError(
+                    "--direct-dsn goes through a transaction pooler too: it must reach"
+                    " PostgreSQL itself (ordered mode's relay-id lock needs a session)"
+                )
+            try:
+                await self._try_id_lock(lock)
+            except BaseException:
+                await lock.close()
+                raise
+            self._lock_conn = lock
+            return
+        pooling = known_pooling(self.dsn, self.pooler)
+        if pooling is not None and not pooling.session_state:
+            if self.unique_id:
+                return  # host-pid-random: no other process has it
+            raise ConfigurationError(
+                f"ordered relay {self.relay_id!r}: an explicit --relay-id is guarded by a"
+                " session advisory lock, which a transaction pooler cannot hold; give"
+                " --direct-dsn (PostgreSQL itself) for the lock, or leave --relay-id out"
+                " (the default, host-pid-random, is unique)"
+            )
+        await self._try_id_lock(conn)
+
+    async def _try_id_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        cur = await conn.execute(self.stmts.relay_id_lock, {"relay_id": self.relay_id})
+        row = await cur.fetchone()
+        if not row or not row[0]:
+            raise ConfigurationError(
+                f"another ordered relay runs with relay id {self.relay_id!r} on"
+                f" {self.stmts.table!r}: two processes with one id would share its"
+                " partitions and publish the same keys side by side; give each relay"
+                " its own --relay-id (the default, host-pid-random, is unique)"
+            )
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -3,16 +3,32 @@
 One place for the connect timeout and the ``application_name`` each part of outboxkit shows
 in ``pg_stat_activity`` (``outboxkit-relay:claim``, ``outboxkit-admin``, ...), so an
 operator can tell them apart and a dead server is noticed after the same time everywhere.
+
+It is also where a connection pooler is recognised (README, "Behind PgBouncer"): a
+transaction pooler (PgBouncer's ``pool_mode = transaction``) gives each transaction
+whichever server connection is free, so session state does not follow the client, and
+before PgBouncer 1.21 (``max_prepared_statements``) neither do prepared statements:
+psycopg's automatic ones (``prepare_threshold``) then fail with ``prepared statement
+"_pg3_0" does not exist``. A DSN may say what sits in front of PostgreSQL
+(``?pooler=transaction``, :data:`POOLER_MODES`); otherwise the first connection to a DSN
+finds out (:func:`detect_pooling`) and the answer is kept for the process.
 """
 
 from __future__ import annotations
 
+import re
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.generators import execute
+
+from outboxkit.errors import ConfigurationError
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
 Source = str | psycopg.Connection[Any]
@@ -23,12 +39,92 @@ CONNECT_TIMEOUT = 10
 ADMIN_APPLICATION_NAME = "outboxkit-admin"
 
 
-def _options(application_name: str, autocommit: bool, connect_timeout: int) -> dict[str, Any]:
-    return {
+#: What may sit between outboxkit and PostgreSQL (``?pooler=`` in a DSN, ``--pooler``):
+#: ``auto`` finds out; ``none`` (PostgreSQL itself) and ``session`` (a session pooler) keep
+#: everything; ``transaction``: a transaction pooler that keeps no prepared statements
+#: (PgBouncer before 1.21, or ``max_prepared_statements = 0``); ``transaction-prepared``:
+#: one that keeps them (PgBouncer 1.21+ with ``max_prepared_statements`` set).
+PoolerMode = Literal["auto", "none", "session", "transaction", "transaction-prepared"]
+POOLER_MODES: tuple[PoolerMode, ...] = (
+    "auto",
+    "none",
+    "session",
+    "transaction",
+    "transaction-prepared",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """What the server connection behind a DSN keeps between two transactions.
+
+    ``pooler``: something other than PostgreSQL answered the connection. ``session_state``:
+    session advisory locks, LISTEN and ``SET`` stay with this client (false behind a
+    transaction pooler). ``prepared``: named prepared statements do.
+    """
+
+    mode: PoolerMode
+    pooler: bool
+    session_state: bool
+    prepared: bool
+
+
+_MODES: dict[PoolerMode, Pooling] = {
+    "none": Pooling("none", False, True, True),
+    "session": Pooling("session", True, True, True),
+    "transaction": Pooling("transaction", True, False, False),
+    "transaction-prepared": Pooling("transaction-prepared", True, False, True),
+}
+#: What the first connection to each DSN found (``auto``), for the rest of the process.
+_DETECTED: dict[str, Pooling] = {}
+_KEYWORD = re.compile(r"(?:^|\s)pooler\s*=\s*('[^']*'|\S*)")
+
+
+def split_pooler(dsn: str) -> tuple[str, PoolerMode]:
+    """``dsn`` without its ``pooler`` option (libpq knows no such option), and that mode."""
+    mode = "auto"
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(dsn)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        kept = [(k, v) for k, v in query if k != "pooler"]
+        if len(kept) != len(query):
+            mode = [v for k, v in query if k == "pooler"][-1]
+            dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
+    elif match := _KEYWORD.search(dsn):
+        mode = match.group(1).strip("'")
+        dsn = (dsn[: match.start()] + dsn[match.end() :]).strip()
+    return dsn, pooler_mode(mode)
+
+
+def pooler_mode(mode: str) -> PoolerMode:
+    """``mode`` as a :data:`PoolerMode`, or ConfigurationError naming the known ones."""
+    for known in POOLER_MODES:
+        if mode == known:
+            return known
+    raise ConfigurationError(
+        f"pooler={mode!r} is not a pooler mode: use one of {', '.join(POOLER_MODES)}"
+        " (README, 'Behind PgBouncer')"
+    )
+
+
+def known_pooling(dsn: str, pooler: PoolerMode | None = None) -> Pooling | None:
+    """What ``dsn`` (or ``pooler``, which overrides its option) says or a connection found."""
+    bare, mode = split_pooler(dsn)
+    mode = pooler_mode(pooler) if pooler else mode
+    return _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
+
+
+def _options(
+    application_name: str, autocommit: bool, connect_timeout: int, known: Pooling | None
+) -> dict[str, Any]:
+    options: dict[str, Any] = {
         "autocommit": autocommit,
         "connect_timeout": connect_timeout,
         "application_name": application_name[:63],  # what PostgreSQL keeps of a name
     }
+    if known is not None and not known.prepared:
+        options["prepare_threshold"] = None  # psycopg's switch: no named prepared statements
+    return options
 
 
 def connect(
@@ -37,9 +133,26 @@ def connect(
     application_name: str,
     autocommit: bool = True,
     connect_timeout: int = CONNECT_TIMEOUT,
+    pooler: PoolerMode | None = None,
 ) -> psycopg.Connection[Any]:
-    """A psycopg connection named ``application_name`` (it overrides one in the DSN)."""
-    return psycopg.connect(dsn, **_options(application_name, autocommit, connect_timeout))
+    """A psycopg connection named ``application_name`` (it overrides one in the DSN).
+
+    Behind a pooler that keeps no prepared statements it prepares none
+    (``prepare_threshold=None``); ``pooler`` overrides the DSN's ``?pooler=``.
+    """
+    bare, mode = split_pooler(dsn)
+    mode = pooler_mode(pooler) if pooler else mode
+    known = _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
+    conn = psycopg.connect(bare, **_options(application_name, autocommit, connect_timeout, known))
+    if known is None:
+        try:
+            with conn.lock:
+                known = _DETECTED[bare] = conn.wait(detect_pooling(conn))
+        except BaseException:
+            conn.close()
+            raise
+        _apply(conn, known)
+    return conn
 
 
 async def aconnect(
@@ -48,11 +161,86 @@ async def aconnect(
     application_name: str,
     autocommit: bool = True,
     connect_timeout: int = CONNECT_TIMEOUT,
+    pooler: PoolerMode | None = None,
 ) -> psycopg.AsyncConnection[Any]:
     """The async twin of :func:`connect`."""
-    return await psycopg.AsyncConnection.connect(
-        dsn, **_options(application_name, autocommit, connect_timeout)
+    bare, mode = split_pooler(dsn)
+    mode = pooler_mode(pooler) if pooler else mode
+    known = _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
+    conn = await psycopg.AsyncConnection.connect(
+        bare, **_options(application_name, autocommit, connect_timeout, known)
     )
+    if known is None:
+        try:
+            async with conn.lock:
+                known = _DETECTED[bare] = await conn.wait(detect_pooling(conn))
+        except BaseException:
+            await conn.close()
+            raise
+        _apply(conn, known)
+    return conn
+
+
+def _apply(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], known: Pooling) -> None:
+    if not known.prepared:
+        conn.prepare_threshold = None
+
+
+def detect_pooling(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Any:
+    """What sits behind ``conn``, as a generator for ``conn.wait()`` (sync and async alike).
+
+    A pooler answers the connection itself: the backend pid it gives the client (its
+    cancel key) is not the pid of the server process that runs the statements. A session
+    pooler looks the same from here and is taken for a transaction pooler (the safe side:
+    say ``pooler=session``). Whether it keeps prepared statements: a named statement
+    prepared through the protocol keeps its name on the server when the pooler passes it
+    on (PgBouncer before 1.21: lost with the server connection), and is renamed when the
+    pooler manages them (1.21+ ``max_prepared_statements``). Two round trips for
+    PostgreSQL itself; four behind a pooler, in one transaction that leaves nothing behind
+    (the caller's, when one is open: then the probe's statement is deallocated in it).
+    """
+    pgconn = conn.pgconn
+    begin = pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    (result,) = yield from _run(pgconn, b"SELECT pg_backend_pid()")
+    pid = int(result.get_value(0, 0) or 0)
+    if pid == pgconn.backend_pid:
+        return _MODES["none"]
+    name = b"outboxkit_pooler_probe_" + uuid.uuid4().hex[:12].encode()
+    text = b"SELECT 1 /* " + name + b" */"  # (hex: nothing to quote)
+    if begin:
+        yield from _run(pgconn, b"BEGIN")
+    try:
+        pgconn.send_prepare(name, text)
+        _check((yield from execute(pgconn)))
+        (found,) = yield from _run(
+            pgconn, b"SELECT name FROM pg_prepared_statements WHERE statement = '" + text + b"'"
+        )
+        if name in [found.get_value(i, 0) for i in range(found.ntuples)]:
+            # Passed on as it came, so lost with the server connection: drop it now.
+            yield from _run(pgconn, b"DEALLOCATE " + name)
+            prepared = False
+        else:
+            prepared = True
+    finally:
+        if begin:
+            yield from _run(pgconn, b"ROLLBACK")
+    return _MODES["transaction-prepared" if prepared else "transaction"]
+
+
+def _run(pgconn: Any, query: bytes) -> Any:
+    pgconn.send_query(query)
+    results = yield from execute(pgconn)
+    _check(results)
+    return results
+
+
+def _check(results: list[Any]) -> None:
+    for result in results:
+        if result.status not in (
+            psycopg.pq.ExecStatus.COMMAND_OK,
+            psycopg.pq.ExecStatus.TUPLES_OK,
+        ):
+            raise psycopg.errors.error_from_result(result)
 
 
 @contextmanager

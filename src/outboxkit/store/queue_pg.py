@@ -25,6 +25,7 @@ from psycopg.types.json import set_json_loads
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.errors import (
+    ConfigurationError,
     SchemaError,
     connection_lost,
     relay_schema_outdated,
@@ -46,7 +47,7 @@ from outboxkit.queue.store import (
     StoreUnavailable,
     Verdict,
 )
-from outboxkit.store._connection import aconnect
+from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.store.ordered_sql import OrderedStatements
 from outboxkit.store.postgres import Statements, Status
 
@@ -80,6 +81,11 @@ class PgQueueStore(Generic[T]):
     partition lease, and a :class:`HeadsOnly` claim runs the ordered claim.
     ``synchronous_commit`` False: claims and settles commit without waiting for the WAL
     flush (a database crash can then cause re-publication, never loss).
+
+    Behind a transaction pooler (``pooler``, or found by the connection factory) claims
+    and settles work as they are (single statements, ``SET LOCAL`` only); what needs a
+    session (LISTEN, the wake-up gate's lock) runs on ``direct_dsn`` (PostgreSQL itself)
+    or not at all: the poll still finds every event.
     """
 
     def __init__(
@@ -92,8 +98,12 @@ class PgQueueStore(Generic[T]):
         ordered: bool = False,
         synchronous_commit: bool = False,
         name: str = "outboxkit-relay",
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.pooler = pooler
+        self.direct_dsn = direct_dsn
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
@@ -118,6 +128,8 @@ class PgQueueStore(Generic[T]):
         self._claim_conn: psycopg.AsyncConnection[Any] | None = None
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
         self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._direct_conn: psycopg.AsyncConnection[Any] | None = None
+        self._told_pooled = False
         self._cursors: dict[str, psycopg.AsyncCursor[Any]] = {}
         self._settle_lock = asyncio.Lock()
         # Settles of a claim whose published part committed before its failures' statement
@@ -160,6 +172,13 @@ class PgQueueStore(Generic[T]):
                 )
                 cause = pg_errors.InsufficientPrivilege(f"cannot settle: {what}")
                 raise StoreDenied(str(cause), cause=cause)
+        if self.direct_dsn is not None:
+            try:
+                await self._direct()
+            except psycopg.Error as exc:
+                raise await self._translate(exc) from exc
+        elif not self.session_state:
+            self._tell_pooled()
         return StoreInfo(
             pending,
             pending >= PENDING_CAP,
@@ -325,16 +344,44 @@ class PgQueueStore(Generic[T]):
     # -- the wake-up gate (store/postgres.py WAKE_GATE) ---------------------------------
 
     @property
+    def session_state(self) -> bool:
+        """Whether the claim connection keeps session state (not behind a transaction pooler;
+        unknown before the first connection: assumed)."""
+        pooling = known_pooling(self.dsn, self.pooler)
+        return pooling is None or pooling.session_state
+
+    def _tell_pooled(self) -> None:
+        if not self._told_pooled:
+            self._told_pooled = True
+            log.warning(
+                "the relay's database connection goes through a transaction pooler: no LISTEN"
+                " and no wake-up gate (they need a session), so events are found by the poll"
+                " (--poll-interval); give --direct-dsn (PostgreSQL itself, not the pooler)"
+                " for wake-ups within milliseconds"
+            )
+
+    @property
     def gate_closed(self) -> bool:
         gate = self._gate_conn
-        if gate is not None and (gate is not self._claim_conn or gate.closed):
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if gate is not None and (gate is not owner or gate.closed):
             self._gate_conn = None  # its connection was replaced: the lock went with it
         return self._gate_conn is not None
 
     async def close_gate(self) -> bool:
-        """Take the wake-up gate's lock: from now on writers notify. False if held elsewhere."""
+        """Take the wake-up gate's lock: from now on writers notify. False if held elsewhere.
+
+        The lock is a session's: it is taken on ``direct_dsn`` when given, and never
+        through a transaction pooler (it would stay on whichever server connection ran it).
+        """
         try:
-            conn = await self._connection("claim")
+            if self.direct_dsn is not None:
+                conn = await self._direct()
+            else:
+                conn = await self._connection("claim")
+                if not self.session_state:
+                    self._tell_pooled()
+                    return False
             cur = await conn.execute(self.sql.try_wake_lock)
             row = await cur.fetchone()
         except psycopg.Error as exc:
@@ -347,7 +394,8 @@ class PgQueueStore(Generic[T]):
     async def open_gate(self) -> None:
         """Release the wake-up gate's lock: writers stop notifying while the relay works."""
         conn, self._gate_conn = self._gate_conn, None
-        if conn is None or conn.closed or conn is not self._claim_conn:
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if conn is None or conn.closed or conn is not owner:
             return
         try:
             await conn.execute(self.sql.wake_unlock)
@@ -356,15 +404,24 @@ class PgQueueStore(Generic[T]):
 
     @property
     def can_listen(self) -> bool:
-        return True
+        return self.direct_dsn is not None or self.session_state
 
     async def listen(self, wake: Callable[[], None]) -> None:
-        """Wake the claim loop on NOTIFY. Polling still runs: notifications are not durable."""
+        """Wake the claim loop on NOTIFY. Polling still runs: notifications are not durable.
+
+        LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
+        (the poll remains) when its connection turns out to go through a transaction pooler.
+        """
         backoff = Backoff(base=0.5, cap=10.0)
         channel = sql.Identifier(self.sql.channel)
+        dsn = self.direct_dsn or self.dsn
         while True:
             try:
-                async with await aconnect(self.dsn, application_name=f"{self.name}:listen") as conn:
+                async with await aconnect(
+                    dsn, application_name=f"{self.name}:listen", pooler=self._pooler_of(dsn)
+                ) as conn:
+                    if not self._listenable(dsn):
+                        return
                     await conn.execute(sql.SQL("LISTEN {}").format(channel))
                     backoff.reset()
                     wake()  # anything committed while we were not listening
@@ -376,6 +433,33 @@ class PgQueueStore(Generic[T]):
                 await asyncio.sleep(delay)
 
     # -- connections ----------------------------------------------------------------------
+
+    def _pooler_of(self, dsn: str) -> PoolerMode | None:
+        """The ``pooler`` override applies to the relay's DSN, not to its direct one."""
+        return self.pooler if dsn is self.dsn else None
+
+    def _listenable(self, dsn: str) -> bool:
+        pooling = known_pooling(dsn, self._pooler_of(dsn))
+        if pooling is None or pooling.session_state:
+            return True
+        if dsn is self.dsn:
+            self._tell_pooled()
+            return False
+        raise _direct_pooled()
+
+    async def _direct(self) -> psycopg.AsyncConnection[Any]:
+        """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
+        conn = self._direct_conn
+        if conn is not None and not conn.closed:
+            return conn
+        assert self.direct_dsn is not None
+        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
+        pooling = known_pooling(self.direct_dsn)
+        if pooling is not None and not pooling.session_state:
+            await conn.close()
+            raise _direct_pooled()
+        self._direct_conn = conn
+        return conn
 
     def _cursor(
         self, conn: psycopg.AsyncConnection[Any], role: Literal["claim", "settle"]
@@ -395,7 +479,7 @@ class PgQueueStore(Generic[T]):
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
-        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}")
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
         set_json_loads(orjson.loads, conn)
         if role == "claim":
             self._claim_conn = conn
@@ -408,7 +492,7 @@ class PgQueueStore(Generic[T]):
         if write_denied(exc):
             return StoreDenied(first_line(exc, with_type=True), cause=exc)
         if connection_lost(exc):
-            for conn in (self._claim_conn, self._settle_conn):
+            for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
                 if conn is not None and conn.broken:
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -418,9 +502,16 @@ class PgQueueStore(Generic[T]):
         return StoreError(first_line(exc, with_type=True), cause=exc)
 
     async def close(self) -> None:
-        for conn in (self._claim_conn, self._settle_conn):
+        for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
-        self._claim_conn = self._settle_conn = self._gate_conn = None
+        self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
         self._partial.clear()
+
+
+def _direct_pooled() -> ConfigurationError:
+    return ConfigurationError(
+        "--direct-dsn goes through a transaction pooler too: it must reach PostgreSQL itself"
+        " (the LISTEN connection and the session locks need a session of their own)"
+    )

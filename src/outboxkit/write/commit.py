@@ -20,6 +20,7 @@ business (``write.storage``); this module knows neither.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from types import TracebackType
@@ -35,13 +36,18 @@ from outboxkit.drivers import type_name
 from outboxkit.drivers.psycopg_adapter import check_usable
 from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
+from outboxkit.store._connection import detect_pooling
 from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Storage, encode_batch
 
 _IDLE = pq.TransactionStatus.IDLE
+_INTRANS = pq.TransactionStatus.INTRANS
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _Send = Callable[[], object]
 _Conn = TypeVar("_Conn", bound=psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
+#: Per connection: whether named statements outlive a transaction there (not behind a
+#: transaction pooler that drops them, PgBouncer before 1.21), found at its first commit.
+_KEEPS_PREPARED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 class BaseOutboxTransaction(Generic[_Conn]):
@@ -109,7 +115,26 @@ class BaseOutboxTransaction(Generic[_Conn]):
         conn = self.connection
         return not conn.closed and conn.pgconn.transaction_status != _IDLE
 
-    def _commands(self) -> tuple[list[_Send], dict[int, CommitStatement]]:
+    def _prepares(self) -> Generator[Wait, Ready | int, bool]:
+        """Whether to send named prepared statements on this connection.
+
+        Not with ``prepare_threshold=None`` (psycopg's "behind PgBouncer" switch), nor
+        behind a pooler that keeps none (found once per connection, in its first commit:
+        ``store._connection.detect_pooling``, a round trip or two); a prepared statement
+        there would exist on one server connection and be missing on the next.
+        """
+        conn = self.connection
+        if conn.prepare_threshold is None:
+            return False
+        keeps = _KEEPS_PREPARED.get(conn)
+        if keeps is None:
+            if conn.pgconn.transaction_status not in (_IDLE, _INTRANS):
+                return False  # (a failed transaction: the COMMIT reports it)
+            pooling = yield from detect_pooling(conn)
+            keeps = _KEEPS_PREPARED[conn] = pooling.prepared
+        return keeps
+
+    def _commands(self, prepare: bool) -> tuple[list[_Send], dict[int, CommitStatement]]:
         """BEGIN if nothing has begun the transaction yet, the storage's INSERTs, COMMIT.
 
         Also returns the positions of the Prepare commands with their statements: a
@@ -121,10 +146,8 @@ class BaseOutboxTransaction(Generic[_Conn]):
         prepares: dict[int, CommitStatement] = {}
         if pgconn.transaction_status == _IDLE:
             sends.append(partial(pgconn.send_query_params, b"BEGIN", None))
-        # prepare_threshold=None is how psycopg users say "behind PgBouncer, no named
-        # prepared statements": then each INSERT is parsed on its own.
-        prepare = conn.prepare_threshold is not None
 
+        # Without named prepared statements (_prepares) each INSERT is parsed on its own.
         def send(statement: CommitStatement, params: BinaryRow) -> None:
             key, name, types, formats = statement
             if not prepare:
@@ -144,9 +167,10 @@ class BaseOutboxTransaction(Generic[_Conn]):
         """The commit as a generator for ``conn.wait()``: raises the server's error."""
         conn = self.connection
         try:
-            if conn.prepare_threshold is not None:
+            prepare = yield from self._prepares()
+            if prepare:
                 yield from private.flush_deallocations(conn)
-            sends, prepares = self._commands()
+            sends, prepares = self._commands(prepare)
         finally:
             self._rows = []
         statuses, error = yield from _pipeline(conn.pgconn, sends)

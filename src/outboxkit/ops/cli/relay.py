@@ -165,6 +165,24 @@ from outboxkit.ops.logs import setup_logging
     help="Do not LISTEN for NOTIFY; poll only.",
 )
 @click.option(
+    "--pooler",
+    type=click.Choice(["auto", "none", "session", "transaction", "transaction-prepared"]),
+    default=None,
+    help="What sits between the relay and PostgreSQL [default: auto, found at the first"
+    " connection]. transaction: a transaction pooler keeping no prepared statements"
+    " (PgBouncer < 1.21); transaction-prepared: one keeping them (1.21+"
+    " max_prepared_statements); session or none: everything works. README, 'Behind PgBouncer'.",
+)
+@click.option(
+    "--direct-dsn",
+    envvar="OUTBOXKIT_DIRECT_DSN",
+    show_envvar=True,
+    default=None,
+    help="Behind a transaction pooler: a DSN of PostgreSQL itself for what needs a session"
+    " (LISTEN, the wake-up gate's lock, ordered mode's relay-id lock); claims and settles"
+    " still go through --dsn. Without it the relay polls.",
+)
+@click.option(
     "--shutdown-timeout",
     callback=seconds_range,
     cls=LibraryOption,
