@@ -506,3 +506,24 @@ def test_a_relay_with_an_unknown_pooler_mode_is_refused_at_construction() -> Non
         Relay("postgresql://u@h/db", publisher, pooler="pgcat")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="pooler='x' is not a pooler mode"):
         Relay("postgresql://u@h/db?pooler=x", publisher)
+
+
+def test_migrate_and_the_admin_commands_work_through_pgbouncer(
+    empty_db_dsn: str, pgbouncer: PgBouncer
+) -> None:
+    """migrate (its lock is transaction-scoped) and status, replay, again and again on
+    pooled server connections (more than psycopg's 5 runs that would prepare a statement)."""
+    name = psycopg.conninfo.conninfo_to_dict(empty_db_dsn)["dbname"]
+    url = pgbouncer.url_for(str(name)) + "?pooler=transaction"
+    migrate(url)
+    write_events(empty_db_dsn, [_event(n=n) for n in range(3)])
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET status = 2, last_error = 'boom' WHERE id = 1")
+    runner = CliRunner()
+    for _ in range(6):
+        out = runner.invoke(main, ["status", "--dsn", url, "--json"])
+        assert out.exit_code == 0, out.output
+        assert '"failed": 1' in out.output
+    out = runner.invoke(main, ["replay", "--dsn", url, "--all-failed"])
+    assert out.exit_code == 0, out.output
+    assert count(empty_db_dsn, "status = 0") == 3

@@ -118,8 +118,10 @@ def check_dsn(dsn: str) -> None:
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
+    from outboxkit.store._connection import split_pooler
+
     try:
-        conninfo_to_dict(dsn)
+        conninfo_to_dict(split_pooler(dsn)[0])  # (?pooler= is outboxkit's, not libpq's)
     except ProgrammingError as exc:
         option_names = set(re.findall(r"([A-Za-z_]+)\s*=", dsn))
 
