@@ -230,7 +230,7 @@ class Worker:
 
     def _lease_lost(self, claim: Claim[ClaimedTask], held: int) -> None:
         if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
-            self.sink.lost(claim.token)
+            self.sink.lost(claim.ids)
 
     def stop(self) -> None:
         """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""
