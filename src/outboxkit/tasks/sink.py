@@ -133,6 +133,7 @@ class HandlerSink:
             task.error_type = "Fail"
             return TaskOutcome(False, redact(fail.reason), retryable=False)
         except TimeoutError as exc:
+            ctx.cancelled.set()  # a sync handler's thread goes on: tell it to stop
             task.error_type = "Timeout"
             task.traceback = _excerpt(exc)
             return TaskOutcome(
