@@ -20,7 +20,7 @@ import psycopg
 
 from outboxkit.tasks import Tasks, Worker, migrate_tasks
 
-SWEEP = ((10, 1), (100, 10), (200, 50), (400, 100), (400, 200))
+SWEEP = ((10, 1), (100, 1), (100, 10), (200, 50), (400, 200))
 
 
 def drain(dsn: str, count: int, concurrency: int, batch_size: int) -> float:

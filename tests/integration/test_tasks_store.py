@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from outboxkit.ops.cli.app import main
-from outboxkit.queue.store import DONE, Decision, Verdict
+from outboxkit.queue.store import DONE, Claim, Decision, Verdict
 from outboxkit.store.migrate import MigrationAction, migrate_tasks, schema_version
 from outboxkit.store.tasks_pg import PgTaskStore
 from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
@@ -209,3 +209,30 @@ def test_the_task_migration_files_applied_by_another_tool_equal_migrate_tasks(
     repaired = migrate_tasks(empty_db_dsn, table="files.jobs")
     assert repaired.action is MigrationAction.REPAIRED
     assert repaired.recreated == ("index files.jobs_unique_idx",)
+
+
+def test_grouped_completions_are_each_fenced_by_their_own_token(tasks_dsn: str) -> None:
+    for _ in range(3):
+        _enqueue(tasks_dsn, "t")
+
+    async def run() -> list[tuple[list[int], int]]:
+        store = PgTaskStore(tasks_dsn, TABLE)
+        try:
+            claims = []
+            for _ in range(3):
+                claim = await _claim(store, limit=1)
+                assert claim is not None
+                claims.append(claim)
+            stale = Claim(uuid.uuid4(), claims[1].ids, claims[1].items)  # a token it never had
+            results = await asyncio.gather(
+                store.settle(claims[0], [DONE]),
+                store.settle(stale, [DONE]),
+                store.settle(claims[2], [DONE]),
+            )
+            return [(list(r.ids), r.lost) for r in results]
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == [([1], 0), ([], 1), ([3], 0)]
+    with psycopg.connect(tasks_dsn) as conn:
+        assert conn.execute(f"SELECT id FROM {TABLE}").fetchall() == [(2,)]

@@ -406,3 +406,33 @@ def test_a_failed_task_replayed_runs_again_from_its_first_attempt(tasks_dsn: str
     assert replay_tasks(tasks_dsn, TABLE, [1]) == [1]
     run_worker(tasks, tasks_dsn, lambda: rows(tasks_dsn) == [])
     assert attempts == [1, 1]
+
+
+def test_cancelling_one_task_of_a_claim_leaves_its_claim_mates_running(tasks_dsn: str) -> None:
+    from outboxkit.store.tasks_pg import cancel_tasks
+
+    tasks = Tasks()
+    seen: dict[int, str] = {}
+
+    @tasks.handler("long")
+    async def long(payload: None, ctx: TaskContext) -> None:
+        seen[ctx.id] = "started"
+        try:
+            await asyncio.sleep(1.5)
+        except asyncio.CancelledError:
+            seen[ctx.id] = "cancelled"
+            raise
+        seen[ctx.id] = "finished"
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "long")
+        tasks.enqueue(conn, "long")  # claimed with the first, in one statement
+
+    def done() -> bool:
+        if seen == {1: "started", 2: "started"} and rows(tasks_dsn)[0][1] == TaskStatus.RUNNING:
+            cancel_tasks(tasks_dsn, TABLE, [1])
+            seen[0] = "cancel sent"
+        return seen.get(1) == "cancelled" and seen.get(2) == "finished"
+
+    run_worker(tasks, tasks_dsn, done, lease=0.6, concurrency=2)
+    assert [r[1] for r in rows(tasks_dsn)] == [TaskStatus.CANCELLED]

@@ -152,6 +152,10 @@ class LoopOptions:
     retry: RetryPolicy
     #: Task names and log lines start with it.
     name: str = "outboxkit-relay"
+    #: Hand each claimed item to the sink on its own, with a slot of its own (task mode: a
+    #: slow item never holds a fast one's settle). A claim then takes up to as many items as
+    #: slots are free (at most ``batch_size``): one statement claims several.
+    split: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +204,7 @@ class ClaimLoop(Generic[T, R]):
         self._linger_step = len(self._linger_waits)
         self._gate_retry = _GATE_RETRY[0]
         self._slots = asyncio.Semaphore(options.max_in_flight)
+        self._limit = options.batch_size  # the last claim's limit
         self._in_flight: set[asyncio.Task[None]] = set()
         self._db_backoff = Backoff(base=0.2, cap=10.0)
         self._db_outage = FailureEpisode("database", logger=self.log)
@@ -335,21 +340,32 @@ class ClaimLoop(Generic[T, R]):
                 self._slots.release()
                 await self._wait_for_work()
                 continue
-            task = asyncio.create_task(self._process(claim))
-            if self.ordering is not None:
-                self.ordering.track(task)
-            self._in_flight.add(task)
-            task.add_done_callback(self._on_batch_done)
+            if self.options.split and len(claim.ids) > 1:
+                for n, (item_id, item) in enumerate(zip(claim.ids, claim.items, strict=True)):
+                    if n:
+                        await self._slots.acquire()  # free: counted before the claim
+                    part: Claim[T] = Claim(claim.token, [item_id], [item])
+                    part.claimed_at = claim.claimed_at
+                    self._start(part)
+            else:
+                self._start(claim)
             # Work found: look again soon, and writers need not wake us meanwhile.
             self._linger_step = 0
             self._gate_retry = _GATE_RETRY[0]
             if store.gate_closed:
                 await self._open_gate()
-            if len(claim.ids) < self.options.batch_size:
+            if len(claim.ids) < self._limit:
                 # Caught up: look again after a few ms, then wait for a wake-up or the poll
                 # interval. A full batch loops straight back and claims N+1 while N is
                 # being processed.
                 await self._wait_for_work()
+
+    def _start(self, claim: Claim[T]) -> None:
+        task = asyncio.create_task(self._process(claim))
+        if self.ordering is not None:
+            self.ordering.track(task)
+        self._in_flight.add(task)
+        task.add_done_callback(self._on_batch_done)
 
     async def _acquire_slot(self) -> bool:
         """Wait for an in-flight slot; False once stopping (even while slots are busy)."""
@@ -378,12 +394,16 @@ class ClaimLoop(Generic[T, R]):
     async def _claim(self) -> Claim[T] | None:
         options = self.options
         token = uuid.uuid4()
+        limit = options.batch_size
+        if options.split:  # every in-flight claim holds a slot; this one holds one too
+            limit = max(1, min(limit, options.max_in_flight - len(self._in_flight)))
+        self._limit = limit
         policy: ClaimPolicy = None
         if self.ordering is not None:
-            policy = self.ordering.before_claim(token, options.batch_size)
+            policy = self.ordering.before_claim(token, limit)
         started = time.perf_counter()
         claim = await self.store.claim(
-            limit=options.batch_size,
+            limit=limit,
             lease=options.lease,
             token=token,
             owner=options.owner,

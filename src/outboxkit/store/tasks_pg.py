@@ -28,6 +28,7 @@ from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.errors import SchemaError, connection_lost, write_denied
 from outboxkit.queue.store import (
+    DONE,
     Claim,
     ClaimPolicy,
     Decision,
@@ -106,6 +107,9 @@ class PgTaskStore:
         self._gate_conn: psycopg.AsyncConnection[Any] | None = None
         self._settle_lock = asyncio.Lock()
         self._next_queue = 0
+        # Completions waiting to be settled together (_settle_done_grouped).
+        self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
+        self._flushing = False
 
     def __repr__(self) -> str:
         return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
@@ -172,6 +176,12 @@ class PgTaskStore:
         return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        if (
+            self.on_settle is None
+            and decisions.count(DONE) == len(decisions)
+            and not any(t.completed for t in claim.items)
+        ):
+            return await self._settle_done_grouped(claim)
         token = claim.token
         done: list[int] = []
         settled: list[int] = []
@@ -202,6 +212,45 @@ class PgTaskStore:
         elif statements:
             settled.extend(await self._run_with_hook(claim, decisions, statements))
         return Settled(settled, len(claim.ids) - len(settled))
+
+    async def _settle_done_grouped(self, claim: Claim[ClaimedTask]) -> Settled:
+        """Complete ``claim``'s tasks, grouped with the completions waiting meanwhile: one
+        statement for all of them (group commit), each fenced by its own token."""
+        done: asyncio.Future[set[int]] = asyncio.get_running_loop().create_future()
+        self._done_queue.append((claim.ids, claim.token, done))
+        if not self._flushing:
+            self._flushing = True
+            batch: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
+            try:
+                while self._done_queue:
+                    batch, self._done_queue = self._done_queue, []
+                    ids = [i for claim_ids, _t, _f in batch for i in claim_ids]
+                    tokens = [t for claim_ids, t, _f in batch for _ in claim_ids]
+                    keep = self.retention == "keep"
+                    stmt = (
+                        self.sql.settle_done_many_keep if keep else self.sql.settle_done_many_delete
+                    )
+                    try:
+                        changed = set(await self._run(stmt, (ids, tokens)))
+                    except StoreError as exc:
+                        for _ids, _t, waiter in batch:
+                            if not waiter.done():
+                                waiter.set_exception(exc)
+                        continue
+                    for _ids, _t, waiter in batch:
+                        if not waiter.done():
+                            waiter.set_result(changed)
+            finally:
+                self._flushing = False
+                # Cancelled mid-statement (a forced shutdown): the others settle again.
+                interrupted = StoreUnavailable("the grouped settle was interrupted")
+                for _ids, _t, waiter in [*batch, *self._done_queue]:
+                    if not waiter.done():
+                        waiter.set_exception(interrupted)
+                self._done_queue = []
+        changed = await done
+        kept = [i for i in claim.ids if i in changed]
+        return Settled(kept, len(claim.ids) - len(kept))
 
     async def _run_with_hook(
         self,

@@ -186,6 +186,20 @@ SET status = {done}, finished_at = now(), claim_token = NULL
 WHERE id = ANY(%s) AND claim_token = %s AND {no_flush_wait}
 RETURNING id
 """
+# Several claims' completions in one statement (the worker's split claims settle one task
+# each: settles waiting for the connection are grouped), each fenced by its own token.
+SETTLE_DONE_MANY_DELETE = """
+DELETE FROM {table} AS t USING unnest(%s::bigint[], %s::uuid[]) AS u(id, token)
+WHERE t.id = u.id AND t.claim_token = u.token AND {no_flush_wait}
+RETURNING t.id
+"""
+SETTLE_DONE_MANY_KEEP = """
+UPDATE {table} AS t
+SET status = {done}, finished_at = now(), claim_token = NULL
+FROM unnest(%s::bigint[], %s::uuid[]) AS u(id, token)
+WHERE t.id = u.id AND t.claim_token = u.token AND {no_flush_wait}
+RETURNING t.id
+"""
 # Retries, dead letters and hand-backs of one claim in one statement. A handed-back task
 # (Snooze, shutdown) gets its attempt back (`refund`); a NULL error keeps the last one.
 SETTLE_FAILURES = """
@@ -341,6 +355,8 @@ class TaskStatements:
         self.settle_done_delete = SETTLE_DONE_DELETE.format(**slots)
         self.settle_done_keep = SETTLE_DONE_KEEP.format(**slots)
         self.settle_failures = SETTLE_FAILURES.format(**slots)
+        self.settle_done_many_delete = SETTLE_DONE_MANY_DELETE.format(**slots)
+        self.settle_done_many_keep = SETTLE_DONE_MANY_KEEP.format(**slots)
         self.complete_delete = COMPLETE_DELETE.format(**slots)
         self.complete_keep = COMPLETE_KEEP.format(**slots)
         self.release = RELEASE.format(**slots)

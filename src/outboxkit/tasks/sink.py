@@ -51,7 +51,7 @@ class HandlerSink:
         self.outbox = outbox if outbox is not None else Outbox()
         sql = TaskStatements(tasks.table)
         self._complete = sql.complete_keep if retention == "keep" else sql.complete_delete
-        self._running: dict[uuid.UUID, list[asyncio.Task[Outcome]]] = {}
+        self._running: dict[int, asyncio.Task[Outcome]] = {}  # by task id
         self._lost: set[asyncio.Task[Outcome]] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="outboxkit-task"
@@ -63,19 +63,23 @@ class HandlerSink:
 
     async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
         runs = [asyncio.create_task(self._run(token, t)) for t in items]
-        self._running[token] = runs
+        for task, run in zip(items, runs, strict=True):
+            self._running[task.id] = run
         try:
             return await asyncio.gather(*runs)
         finally:
-            self._running.pop(token, None)
+            for task in items:
+                self._running.pop(task.id, None)
 
-    def lost(self, token: uuid.UUID) -> None:
-        """The claim's tasks are no longer this worker's (cancelled by an operator, or
-        re-claimed after its lease ran out): stop their handlers. An async handler gets
+    def lost(self, ids: Sequence[int]) -> None:
+        """These tasks are no longer this worker's (cancelled by an operator, or re-claimed
+        after the lease ran out): stop their handlers. An async handler gets
         ``CancelledError``; a sync one sees ``ctx.cancelled`` set (a thread cannot be stopped)."""
-        for run in self._running.get(token, ()):
-            self._lost.add(run)
-            run.cancel()
+        for task_id in ids:
+            run = self._running.get(task_id)
+            if run is not None:
+                self._lost.add(run)
+                run.cancel()
 
     async def _run(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
         task_type = self.tasks.types.get(task.task_name)
@@ -129,6 +133,7 @@ class HandlerSink:
             task.error_type = "Fail"
             return TaskOutcome(False, redact(fail.reason), retryable=False)
         except TimeoutError as exc:
+            ctx.cancelled.set()  # a sync handler's thread goes on: tell it to stop
             task.error_type = "Timeout"
             task.traceback = _excerpt(exc)
             return TaskOutcome(

@@ -171,11 +171,13 @@ class Worker:
         )
         options = LoopOptions(
             owner=self.worker_id,
-            # One task per claim by default: a slow task never holds a fast one's slot. A
-            # batch runs its tasks at once and settles them together (short tasks: fewer
-            # statements per task, a slow one delays its batch-mates' settle).
-            batch_size=batch_size,
-            max_in_flight=max(1, concurrency // batch_size),
+            # By default a claim takes up to one task per free slot and each task runs and
+            # settles on its own (split): a slow task never holds a fast one's settle. With
+            # batch_size > 1 a claim's tasks run at once and settle together (short tasks:
+            # fewer statements per task, a slow one delays its batch-mates' settle).
+            batch_size=concurrency if batch_size == 1 else batch_size,
+            max_in_flight=concurrency if batch_size == 1 else max(1, concurrency // batch_size),
+            split=batch_size == 1,
             lease=lease,
             poll_interval=poll_interval,
             linger=linger,
@@ -228,7 +230,7 @@ class Worker:
 
     def _lease_lost(self, claim: Claim[ClaimedTask], held: int) -> None:
         if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
-            self.sink.lost(claim.token)
+            self.sink.lost(claim.ids)
 
     def stop(self) -> None:
         """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""

@@ -62,7 +62,13 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 @tasks_table_option
 @click.option("--status", type=click.Choice(_STATES), default=None, help="Only this state.")
 @click.option("--name", default=None, help="Only tasks of this name.")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="At most this many tasks.",
+)
 @json_option
 def list_command(
     dsn: str, tasks_table: str, status: str | None, name: str | None, limit: int, as_json: bool
@@ -80,7 +86,13 @@ def list_command(
 @dsn_option
 @tasks_table_option
 @click.option("--name", default=None, help="Only tasks of this name.")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="At most this many tasks.",
+)
 @json_option
 def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
     """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
@@ -159,7 +171,13 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
     callback=checked_duration,
     help="Finished at least this long ago: 30d, 12h, 90m.",
 )
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Tasks deleted per transaction.",
+)
 def purge_command(dsn: str, tasks_table: str, older_than: str, batch_size: int) -> None:
     """Delete done and cancelled tasks (worker --retention keep) in small batches."""
     from outboxkit.store.tasks_pg import purge_finished

@@ -92,15 +92,25 @@ def load_app(spec: str) -> Any:
     default=None,
     help="Serve Prometheus /metrics and /healthz on this port.",
 )
-@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve the metrics on (0.0.0.0: every interface).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
     show_default=True,
+    help="Log level.",
 )
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text for people, json for log collectors.",
 )
 def worker(
     dsn: str,
