@@ -38,6 +38,7 @@ class Writer(Protocol):
     def transaction(self, conn: psycopg.Connection[Any]) -> Any: ...
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> Any: ...
     def put_many(self, conn: Any, events: Iterable[Event]) -> None: ...
+    async def aput(self, conn: Any, event: Event) -> None: ...
     async def aput_many(self, conn: Any, events: Iterable[Event]) -> None: ...
 
 
@@ -218,13 +219,24 @@ def _on_commit(sa: Any) -> None:
     elif Asyncpg.handles(type(raw)) and raw.is_in_transaction():
         # asyncpg has no pipeline to ride in (its COMMIT is its Transaction's own query):
         # one statement per outbox just before it, on the driver connection.
-        for q in queued:
-            _await(q.outbox.aput_many(raw, q.events))
+        for outbox, events in _by_outbox(queued):
+            if len(events) == 1:  # put's statement: no arrays to adapt (cheaper than unnest)
+                _await(outbox.aput(raw, events[0]))
+            else:
+                _await(outbox.aput_many(raw, events))
     else:
         # Other DB-API drivers (psycopg2), or asyncpg before SQLAlchemy's adapter began
         # (nothing else ran): the same, through SQLAlchemy's connection, which begins.
-        for q in queued:
-            q.outbox.put_many(sa, q.events)
+        for outbox, events in _by_outbox(queued):
+            outbox.put_many(sa, events)
+
+
+def _by_outbox(queued: list[Queued]) -> list[tuple[Writer, list[Event]]]:
+    """The queued events grouped by outbox, in the order each outbox first queued."""
+    groups: dict[int, tuple[Writer, list[Event]]] = {}
+    for q in queued:
+        groups.setdefault(id(q.outbox), (q.outbox, []))[1].extend(q.events)
+    return list(groups.values())
 
 
 def _on_rollback(sa: Any) -> None:
