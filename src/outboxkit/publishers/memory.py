@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, PublishResult
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.wire import kafka as kafka_wire
 from outboxkit.wire import nats as nats_wire
 from outboxkit.wire import webhook as webhook_wire
@@ -81,6 +81,9 @@ class MemoryBroker:
     #: Every failure reported to the relay, as (event_id, error) pairs.
     failures: list[tuple[uuid.UUID, str]] = field(default_factory=list)
     _plans: list[_Failure] = field(default_factory=list)
+    #: Reported to the relay's /readyz as a real client's connection events are.
+    reachability: Reachability = field(default_factory=Reachability)
+    _cut: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     _named: ClassVar[dict[str, MemoryBroker]] = {}
@@ -119,6 +122,17 @@ class MemoryBroker:
         with self._lock:
             self._plans.append(_Failure(times, topic, event_type, permanent, error))
 
+    def cut(self) -> None:
+        """The broker goes away: every publish is handed back untried (no attempt counted),
+        as a real publisher does when its connection drops, until :meth:`restore`."""
+        self._cut = True
+        self.reachability.lost("disconnected")
+
+    def restore(self) -> None:
+        """The broker is back after :meth:`cut`."""
+        self._cut = False
+        self.reachability.restored()
+
     def clear(self) -> None:
         """Forget what was delivered and every failure still planned."""
         with self._lock:
@@ -131,6 +145,8 @@ class MemoryBroker:
         return [m for m in self.messages if m.topic == topic]
 
     def _take(self, binding: Binding, message: OutboundMessage) -> PublishResult:
+        if self._cut:
+            return PublishResult.hand_back("memory broker: cut", "connection_lost")
         with self._lock:
             for plan in self._plans:
                 if plan.matches(message):
@@ -176,6 +192,7 @@ class MemoryPublisher:
         self.broker = broker if broker is not None else MemoryBroker.named()
         self.binding: Binding = binding
         self.name = f"memory:{self.broker.name}"
+        self.reachability = self.broker.reachability
 
     @classmethod
     def from_url(cls, url: str) -> MemoryPublisher:
