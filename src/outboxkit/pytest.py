@@ -51,6 +51,7 @@ __all__ = [
     "OutboxEvents",
     "OutboxRow",
     "PostgresDatabase",
+    "TaskKit",
 ]
 
 DSN_ENV = "OUTBOXKIT_TEST_DSN"
@@ -499,6 +500,104 @@ def received_event(
 def outboxkit_inbox(outboxkit_postgres: PostgresDatabase) -> InboxKit:
     """``await outboxkit_inbox.deliver_twice(handler, event)`` on this test's database."""
     return InboxKit(outboxkit_postgres.dsn)
+
+
+# --------------------------------------------------------------------------- task mode
+
+
+class TaskKit:
+    """Runs enqueued tasks with the real ``Worker`` (its retries, timeouts and failures),
+    in-process, until none is due: a handler's test needs no worker process."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._migrated: set[str] = set()
+
+    def run_pending(
+        self, tasks: Any, *, queues: Sequence[str] = ("default",), timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """Run the due tasks of ``tasks`` (a ``Tasks``), retries that fall due meanwhile
+        included; return every task row (``status``: ``TaskStatus``, ``attempts``,
+        ``last_error``). From async code, ``await arun_pending(...)``."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun_pending(tasks, queues=queues, timeout=timeout))
+        raise RuntimeError("run_pending() called inside an event loop: use `await arun_pending()`")
+
+    async def arun_pending(
+        self,
+        tasks: Any,
+        *,
+        queues: Sequence[str] = ("default",),
+        timeout: float = 10.0,  # noqa: ASYNC109 - its expiry is reported with the tasks left
+    ) -> list[dict[str, Any]]:
+        """Async :meth:`run_pending`."""
+        from outboxkit.store.migrate import migrate_tasks
+        from outboxkit.tasks import Worker
+
+        if tasks.table not in self._migrated:
+            await asyncio.to_thread(migrate_tasks, self.dsn, table=tasks.table)
+            self._migrated.add(tasks.table)
+        worker = Worker(
+            tasks,
+            self.dsn,
+            queues=queues,
+            concurrency=1,  # one at a time: a test reads the order its tasks ran in
+            poll_interval=0.02,
+            linger=0.0,
+            listen=False,
+            retention="keep",
+            shutdown_timeout=5.0,
+        )
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                await asyncio.sleep(0.02)
+                if task.done():
+                    task.result()
+                    raise AssertionError("the worker stopped by itself")
+                due = await asyncio.to_thread(self._due, tasks.table)
+                if not due:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"the tasks did not finish in {timeout}s; still due or running:\n"
+                        + "\n".join(f"  {pprint.pformat(row, width=100)}" for row in due)
+                    )
+        finally:
+            worker.stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return await asyncio.to_thread(self.rows, tasks.table)
+
+    def rows(self, table: str = "outboxkit_tasks") -> list[dict[str, Any]]:
+        """Every task of ``table``, oldest first."""
+        from outboxkit.store.tasks_pg import list_tasks
+        from outboxkit.store.tasks_sql import TaskStatus
+
+        rows = list_tasks(self.dsn, table, limit=1_000_000)
+        for row in rows:
+            row["status"] = TaskStatus(row["status"])
+        return rows
+
+    def _due(self, table: str) -> list[dict[str, Any]]:
+        from outboxkit.store.tasks_sql import TaskStatus
+
+        soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.05)
+        return [
+            r
+            for r in self.rows(table)
+            if r["status"] == TaskStatus.RUNNING
+            or (r["status"] == TaskStatus.PENDING and r["available_at"] <= soon)
+        ]
+
+
+@pytest.fixture
+def outboxkit_tasks(outboxkit_postgres: PostgresDatabase) -> TaskKit:
+    """``outboxkit_tasks.run_pending(tasks)`` runs this test's enqueued tasks inline."""
+    return TaskKit(outboxkit_postgres.dsn)
 
 
 # --------------------------------------------------------------------------- no database

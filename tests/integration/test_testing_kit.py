@@ -27,6 +27,7 @@ from outboxkit.pytest import (  # noqa: F401 - fixtures, found by name
     outboxkit_inbox,
     outboxkit_postgres,
     outboxkit_relay,
+    outboxkit_tasks,
     received_event,
 )
 
@@ -228,3 +229,44 @@ def test_memory_urls_name_a_broker_shared_in_the_process() -> None:
     assert publisher.broker is MemoryBroker.named(name)
     assert publisher.binding == "nats"
     MemoryBroker.forget(name)
+
+
+# --------------------------------------------------------------------------- task mode
+
+
+def test_run_pending_runs_enqueued_tasks_with_the_workers_retries(
+    outboxkit_postgres: PostgresDatabase, outboxkit_tasks
+) -> None:
+    from outboxkit.store.tasks_sql import TaskStatus
+    from outboxkit.tasks import Tasks
+
+    tasks = Tasks()
+    ran: list[tuple[str, int]] = []
+
+    @tasks.handler("report.generate", retry=[0], max_attempts=3)
+    def generate(payload: dict) -> None:
+        ran.append(("report", payload["n"]))
+        if len([r for r in ran if r[0] == "report"]) == 1:
+            raise RuntimeError("the first attempt fails")
+
+    @tasks.handler("mail.send", retry=[0], max_attempts=2)
+    def send(payload: dict) -> None:
+        ran.append(("mail", payload["n"]))
+        raise RuntimeError("smtp refused")
+
+    outboxkit_tasks.run_pending(tasks)  # migrates the task table, runs nothing
+    with psycopg.connect(outboxkit_postgres.dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "report.generate", {"n": 1})
+        tasks.enqueue(conn, "mail.send", {"n": 2})
+    with pytest.raises(RuntimeError), psycopg.connect(outboxkit_postgres.dsn) as conn:
+        with conn.transaction():
+            tasks.enqueue(conn, "report.generate", {"n": 3})
+            raise RuntimeError("rolled back: the task is not enqueued")
+    rows = {r["task_name"]: r for r in outboxkit_tasks.run_pending(tasks)}
+    assert (rows["report.generate"]["status"], rows["report.generate"]["attempts"]) == (
+        TaskStatus.DONE,
+        2,
+    )
+    assert (rows["mail.send"]["status"], rows["mail.send"]["attempts"]) == (TaskStatus.FAILED, 2)
+    assert "smtp refused" in rows["mail.send"]["last_error"]
+    assert sorted(ran) == [("mail", 2), ("mail", 2), ("report", 1), ("report", 1)]
