@@ -11,8 +11,10 @@ from typing import Any
 import psycopg
 
 from outboxkit import Event, Outbox, ReceivedEvent
+from outboxkit.tasks import Tasks
 
 outbox = Outbox()
+tasks = Tasks()
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -21,7 +23,11 @@ CREATE TABLE IF NOT EXISTS orders (
     total_cents int NOT NULL
 );
 CREATE TABLE IF NOT EXISTS invoices (order_id bigint PRIMARY KEY, total_cents int NOT NULL);
+CREATE TABLE IF NOT EXISTS receipts (order_id bigint PRIMARY KEY);
 """
+
+#: Where the receipt task sends its mail; a test swaps it for a fake that fails on cue.
+mailer: Any = None
 
 
 def create_schema(conn: psycopg.Connection[Any]) -> None:
@@ -48,7 +54,8 @@ def announce(writer: Any, tx: Any, order_id: int, customer: str, total_cents: in
 
 
 def place_order(conn: psycopg.Connection[Any], customer: str, total_cents: int) -> int:
-    """Insert the order and its event in one transaction; a refused order leaves neither."""
+    """Insert the order, its event and its receipt task in one transaction; a refused
+    order leaves none of them."""
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO orders (customer, total_cents) VALUES (%s, %s) RETURNING id",
@@ -57,6 +64,7 @@ def place_order(conn: psycopg.Connection[Any], customer: str, total_cents: int) 
         assert row is not None
         order_id = int(row[0])
         announce(outbox, conn, order_id, customer, total_cents)
+        tasks.enqueue(conn, "receipt.send", {"order_id": order_id, "customer": customer})
         if total_cents <= 0:
             raise ValueError(f"order {order_id}: the total must be positive")
     return order_id
@@ -69,3 +77,9 @@ async def invoice(conn: psycopg.AsyncConnection[Any], event: ReceivedEvent) -> N
         "INSERT INTO invoices (order_id, total_cents) VALUES (%s, %s)",
         (placed["order_id"], placed["total_cents"]),
     )
+
+
+@tasks.handler("receipt.send", retry=[0, 5], max_attempts=3)
+def send_receipt(payload: dict[str, Any]) -> None:
+    """Mail the receipt (run by `outboxkit worker --app orders:tasks`); a failure retries."""
+    mailer.send(payload["customer"], f"receipt for order {payload['order_id']}")

@@ -9,7 +9,7 @@ not ask for it (docs/testing-your-code.md).
 Fixtures (docs/testing-your-code.md has their scopes and cost):
 
 - ``outboxkit_postgres``: a fresh database for the test, cloned from a migrated template
-  (outbox and inbox tables), on an embedded PostgreSQL started once per session or on your
+  (outbox, inbox and task tables), on an embedded PostgreSQL started once per session or on your
   server (``--outboxkit-dsn`` / ``OUTBOXKIT_TEST_DSN``, a role that may CREATE DATABASE).
 - ``outbox_events``: what the code under test committed to the outbox, read from the table.
 - ``outboxkit_relay``: ``drain()`` runs the real relay in-process until nothing is due,
@@ -17,6 +17,7 @@ Fixtures (docs/testing-your-code.md has their scopes and cost):
   wire messages and fails on cue.
 - ``outboxkit_inbox``: ``deliver_twice(handler, event)`` shows an inbox handler's effect
   happens once.
+- ``outboxkit_tasks``: ``run_pending(tasks)`` runs enqueued tasks with the real worker.
 
 ``MemoryOutbox`` is the mode with no database at all, for unit tests.
 """
@@ -74,7 +75,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PostgresDatabase:
-    """This test's database: ``dsn`` (outbox and inbox tables migrated), ``admin_dsn``."""
+    """This test's database: ``dsn`` (outbox, inbox and task tables migrated), ``admin_dsn``."""
 
     dsn: str
     admin_dsn: str
@@ -98,7 +99,7 @@ class _Server:
 @pytest.fixture(scope="session")
 def _outboxkit_server(request: pytest.FixtureRequest) -> Iterator[_Server]:
     """The session's PostgreSQL and its migrated template database (made once)."""
-    from outboxkit.store.migrate import migrate, migrate_inbox
+    from outboxkit.store.migrate import migrate, migrate_inbox, migrate_tasks
     from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname
 
     dsn = request.config.getoption("--outboxkit-dsn", default=None) or os.environ.get(DSN_ENV)
@@ -109,6 +110,7 @@ def _outboxkit_server(request: pytest.FixtureRequest) -> Iterator[_Server]:
         try:
             migrate(dsn_with_dbname(server.admin_dsn, template), table="outbox")
             migrate_inbox(dsn_with_dbname(server.admin_dsn, template))
+            migrate_tasks(dsn_with_dbname(server.admin_dsn, template))
         except BaseException:
             drop_database(server.admin_dsn, template)
             raise

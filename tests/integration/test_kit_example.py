@@ -44,4 +44,4 @@ def test_the_example_services_kit_tests_pass() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "8 passed" in done.stdout, done.stdout[-2000:]
+    assert "9 passed" in done.stdout, done.stdout[-2000:]

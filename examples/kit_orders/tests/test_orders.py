@@ -54,6 +54,26 @@ def test_a_broker_failure_is_retried(conn, outboxkit_relay, outboxkit_broker):
     assert record.attempt == 2
 
 
+class FlakyMailer:
+    def __init__(self, failures):
+        self.failures, self.sent = failures, []
+
+    def send(self, to, text):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("smtp timed out")
+        self.sent.append(to)
+
+
+def test_the_receipt_task_retries_a_failed_mail(conn, outboxkit_tasks, monkeypatch):
+    mailer = FlakyMailer(failures=1)
+    monkeypatch.setattr(orders, "mailer", mailer)
+    orders.place_order(conn, "frank", 300)
+    [task] = outboxkit_tasks.run_pending(orders.tasks)
+    assert (task["status"].name, task["attempts"]) == ("DONE", 2)
+    assert mailer.sent == ["frank"]
+
+
 def test_billing_invoices_a_redelivered_order_once(conn, outboxkit_inbox):
     event = received_event(
         topic="orders", event_type="order.placed", payload={"order_id": 1, "total_cents": 700}
