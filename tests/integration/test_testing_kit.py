@@ -270,3 +270,13 @@ def test_run_pending_runs_enqueued_tasks_with_the_workers_retries(
     assert (rows["mail.send"]["status"], rows["mail.send"]["attempts"]) == (TaskStatus.FAILED, 2)
     assert "smtp refused" in rows["mail.send"]["last_error"]
     assert sorted(ran) == [("mail", 2), ("mail", 2), ("report", 1), ("report", 1)]
+
+
+async def test_from_async_code_adrain_relays_and_drain_says_to_await_it(
+    outboxkit_postgres: PostgresDatabase, outboxkit_relay: KitRelay
+) -> None:
+    _place(outboxkit_postgres.dsn, 3)
+    with pytest.raises(RuntimeError, match="await adrain"):
+        outboxkit_relay.drain()
+    [message] = await outboxkit_relay.adrain()
+    assert message.key == "customer-3"
