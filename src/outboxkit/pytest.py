@@ -99,14 +99,30 @@ class _Server:
 @pytest.fixture(scope="session")
 def _outboxkit_server(request: pytest.FixtureRequest) -> Iterator[_Server]:
     """The session's PostgreSQL and its migrated template database (made once)."""
+    import psycopg
+
+    from outboxkit._redact import redact, remember_secrets
+    from outboxkit._text import first_line
     from outboxkit.store.migrate import migrate, migrate_inbox, migrate_tasks
     from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname
 
     dsn = request.config.getoption("--outboxkit-dsn", default=None) or os.environ.get(DSN_ENV)
+    if dsn:
+        remember_secrets(dsn)
     server = _Server(dsn) if dsn else _embedded()
     template = f"outboxkit_kit_template_{uuid.uuid4().hex[:10]}"
     try:
-        create_database(server.admin_dsn, template)
+        try:
+            create_database(server.admin_dsn, template)
+        except psycopg.Error as exc:
+            # One line, the password masked: psycopg's traceback quotes the whole conninfo.
+            where = f"the server of --outboxkit-dsn / {DSN_ENV}" if dsn else "the embedded server"
+            pytest.fail(
+                f"outboxkit_postgres: cannot create a database on {where}:"
+                f" {redact(first_line(exc))} — check the DSN; its role needs CREATE DATABASE"
+                " (a superuser, or CREATEDB)",
+                pytrace=False,
+            )
         try:
             migrate(dsn_with_dbname(server.admin_dsn, template), table="outbox")
             migrate_inbox(dsn_with_dbname(server.admin_dsn, template))
