@@ -23,6 +23,7 @@ _SCHEMES = {
     "sqs": "outboxkit.publishers.sqs:SqsPublisher",
     "http": "outboxkit.publishers.webhook:WebhookPublisher",
     "https": "outboxkit.publishers.webhook:WebhookPublisher",
+    "memory": "outboxkit.publishers.memory:MemoryPublisher",  # in-process, for tests
 }
 
 
@@ -37,8 +38,11 @@ def from_url(url: str) -> Publisher:
     remember_secrets(url)  # a client's error may quote its token without the URL
     scheme = urlsplit(url).scheme.lower()
     if scheme not in _SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
-        raise ConfigurationError(f"unsupported broker URL scheme {scheme!r}; use one of {known}")
+        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES) if s != "memory")
+        raise ConfigurationError(
+            f"unsupported broker URL scheme {scheme!r}; use one of {known}"
+            " (memory:// in tests: outboxkit.publishers.memory)"
+        )
     url, allow_system = split_allow_system(url)
     publisher: Publisher = _publisher_class(scheme).from_url(url)
     if allow_system:
@@ -53,6 +57,8 @@ def batch_shapes() -> dict[str, tuple[int, int] | None]:
     """
     shapes: dict[str, tuple[int, int] | None] = {}
     for scheme in _SCHEMES:
+        if scheme == "memory":  # the tests' in-process broker: no deployment's choice
+            continue
         try:
             shapes[scheme] = batch_shape(_publisher_class(scheme))
         except MissingExtraError:

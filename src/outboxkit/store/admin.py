@@ -100,6 +100,17 @@ def get_event(dsn: Source, ref: str, table: str = DEFAULT_TABLE) -> dict[str, An
     return row
 
 
+def list_events(dsn: Source, table: str = DEFAULT_TABLE) -> list[dict[str, Any]]:
+    """Every event of the table with every column, in write order (the testing kit reads it)."""
+    sql = Statements(table)
+    with _connect(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.list_events)
+        rows = cur.fetchall()
+    for row in rows:
+        row["status"] = _status_name(row["status"])
+    return rows
+
+
 #: An event named by its row id or by its event id (the UUID consumers see).
 EventRef = int | uuid.UUID
 

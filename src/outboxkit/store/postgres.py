@@ -423,6 +423,8 @@ _EVENT_COLUMNS = """id, event_id, topic, key, event_type, aggregate_type, aggreg
        claimed_by, last_error, created_at, published_at"""
 SHOW_EVENT = "SELECT {event_columns} FROM {table} WHERE id = %s"
 SHOW_EVENT_BY_EVENT_ID = "SELECT {event_columns} FROM {table} WHERE event_id = %s"
+# The testing kit's `outbox_events`: every row, in write order.
+LIST_EVENTS = "SELECT {event_columns} FROM {table} ORDER BY id"
 # Replay puts dead letters back in line with a fresh attempt budget.
 REPLAY_BY_ID = """
 UPDATE {table} SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL
@@ -620,6 +622,7 @@ class Statements(NamedStatements):
     list_failed = SqlTemplate(LIST_FAILED)
     show_event = SqlTemplate(SHOW_EVENT)
     show_event_by_event_id = SqlTemplate(SHOW_EVENT_BY_EVENT_ID)
+    list_events = SqlTemplate(LIST_EVENTS)
     replay_by_id = SqlTemplate(REPLAY_BY_ID)
     replay_by_topic = SqlTemplate(REPLAY_BY_TOPIC)
     replay_all_failed = SqlTemplate(REPLAY_ALL_FAILED)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.brokers.harness import BROKERS, DEDUP_VARIANTS, BrokerHarness
+from tests.integration.brokers.harness import BROKERS, DEDUP_VARIANTS, IN_PROCESS, BrokerHarness
 
 
 @pytest.fixture
 async def broker(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BrokerHarness]:
     """The harness, not yet opened: the scenario opens it, cuttable or not."""
-    harness = {**BROKERS, **DEDUP_VARIANTS}[request.param](request, tmp_path)
+    harness = {**BROKERS, **DEDUP_VARIANTS, **IN_PROCESS}[request.param](request, tmp_path)
     try:
         yield harness
     finally:

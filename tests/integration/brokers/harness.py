@@ -541,6 +541,51 @@ class WebhookHarness(BrokerHarness):
         await asyncio.to_thread(self._server.start)
 
 
+class MemoryHarness(BrokerHarness):
+    """The testing kit's ``memory://`` broker (Kafka binding): in-process relays only."""
+
+    name = "memory"
+
+    async def _open(self, cuttable: bool) -> None:
+        from outboxkit.publishers.memory import MemoryBroker
+
+        self._broker = MemoryBroker.named(f"contract-{uuid.uuid4().hex[:8]}")
+
+    async def _close(self) -> None:
+        from outboxkit.publishers.memory import MemoryBroker
+
+        MemoryBroker.forget(self._broker.name)
+
+    async def destination(self) -> str:
+        return f"contract-{uuid.uuid4().hex[:8]}"
+
+    @property
+    def url(self) -> str:
+        return f"memory://{self._broker.name}"
+
+    async def published(self, topic: str) -> int:
+        return len(self._broker.on(topic))
+
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
+        return self._broker.on(topic)
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        return from_envelope(raw.topic, raw.envelope())
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """What the Kafka binding puts in the record: the key, ``ce_*`` headers, the id."""
+        assert raw.key == event.key
+        assert raw.headers["idempotency-key"] == raw.headers["ce_id"] == str(event.event_id)
+        assert raw.headers["ce_specversion"] == "1.0"
+        assert raw.headers["content-type"] == _content_type(event)
+
+    async def cut(self) -> None:
+        self._broker.cut()
+
+    async def restore(self) -> None:
+        self._broker.restore()
+
+
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -568,6 +613,8 @@ BROKERS: dict[str, type[BrokerHarness]] = {
     h.name: h
     for h in (KafkaHarness, NatsHarness, RabbitMQHarness, RedisHarness, SqsHarness, WebhookHarness)
 }
+#: Brokers inside the test process: the scenarios whose relay runs in-process run on them too.
+IN_PROCESS: dict[str, type[BrokerHarness]] = {h.name: h for h in (MemoryHarness,)}
 #: Variants whose duplicate handling differs (their own guarantee: no duplicate at all).
 DEDUP_VARIANTS: dict[str, type[BrokerHarness]] = {
     h.name: h for h in (RedisDedupHarness, SqsFifoHarness)

@@ -13,10 +13,10 @@ import pytest
 
 from outboxkit import Event
 from outboxkit.publishers import from_url
-from tests.integration.brokers.harness import BROKERS, BrokerHarness
+from tests.integration.brokers.harness import BROKERS, IN_PROCESS, BrokerHarness
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 
-pytestmark = pytest.mark.parametrize("broker", list(BROKERS), indirect=True)
+pytestmark = pytest.mark.parametrize("broker", [*BROKERS, *IN_PROCESS], indirect=True)
 
 
 async def test_broker_cut_mid_stream_and_restored_loses_nothing(

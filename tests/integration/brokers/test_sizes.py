@@ -16,7 +16,7 @@ import pytest
 from outboxkit import Event
 from outboxkit.publishers import from_url
 from outboxkit.publishers.base import Publisher, unreachable
-from tests.integration.brokers.harness import BROKERS, BrokerHarness
+from tests.integration.brokers.harness import BROKERS, IN_PROCESS, BrokerHarness
 from tests.support.relaying import count, make_events, rows, running_relay, wait_for, write_events
 
 ONE_MIB = 1024 * 1024
@@ -49,7 +49,7 @@ async def _publish_one_big_among_healthy(
     return big, healthy, publisher, relay
 
 
-@pytest.mark.parametrize("broker", list(BROKERS), indirect=True)
+@pytest.mark.parametrize("broker", [*BROKERS, *IN_PROCESS], indirect=True)
 async def test_a_1_mib_event_among_healthy_ones_hurts_only_itself(
     db_dsn: str, broker: BrokerHarness
 ) -> None:
