@@ -143,3 +143,23 @@ def test_the_worker_command_lists_the_worker_options_and_refuses_a_bad_app(
         call_command("outboxkit_worker", "--app", "tests.integration.contrib.django_jobs:Path")
     with pytest.raises(CommandError, match="--database"):
         call_command("outboxkit_worker", "--dsn", "postgresql://elsewhere/db")
+
+
+def test_a_view_under_atomic_requests_enqueues_with_its_commit_or_not_at_all(
+    django_dsn: str,
+) -> None:
+    from django.test import Client
+
+    client = Client(raise_request_exception=False)
+    assert client.get("/reports/", {"text": "ok"}).status_code == 200
+    assert client.get("/reports/", {"text": "failed", "fail": "1"}).status_code == 500
+    assert [p["text"] for _n, p, _s in _tasks(django_dsn)] == ["ok"]
+
+
+def test_the_worker_command_finds_the_handlers_with_or_without_app(django_dsn: str) -> None:
+    from outboxkit.contrib.django import tasks
+    from outboxkit.contrib.django.management.commands.outboxkit_worker import _load
+
+    assert _load(None) is tasks.tasks  # each installed app's tasks module imported
+    assert _load("tests.integration.contrib.django_jobs:tasks") is tasks.tasks
+    assert "report.write" in tasks.tasks.types
