@@ -26,9 +26,11 @@ from outboxkit.store.postgres import (
     schema_slots,
     table_identifier,
 )
+from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, tasks_migration_lock_key, tasks_slots
 
-#: The kinds another tool applies: the plain outbox (versioned) and the inbox (no record).
-TOOL_KINDS: tuple[Kind, ...] = ("outbox", "inbox")
+#: The kinds another tool applies: the plain outbox and task mode's table (versioned, as
+#: ``outboxkit migrate`` records them) and the inbox (no record).
+TOOL_KINDS: tuple[Kind, ...] = ("outbox", "inbox", "tasks")
 
 _LOCK = "SELECT pg_advisory_xact_lock({key})"
 RECORD_VERSION = """
@@ -47,15 +49,18 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
         " DROP COLUMN IF EXISTS schema_version",
     ),
     ("inbox", 1): ("DROP TABLE IF EXISTS {table}",),
+    ("tasks", 1): ("DROP TABLE IF EXISTS {table}", "DROP TABLE IF EXISTS {schedules}"),
 }
 
 
 def _table(kind: Kind, table: str | None) -> str:
     if kind not in TOOL_KINDS:
         raise ValueError(
-            f"kind {kind!r}: other tools apply 'outbox' or 'inbox'; ordered mode and"
+            f"kind {kind!r}: other tools apply 'outbox', 'inbox' or 'tasks'; ordered mode and"
             " time partitions come from `outboxkit migrate --ordered / --partition-by`"
         )
+    if kind == "tasks":
+        return table or DEFAULT_TASKS_TABLE
     return table or (DEFAULT_INBOX_TABLE if kind == "inbox" else DEFAULT_TABLE)
 
 
@@ -68,11 +73,13 @@ def _render(template: str, **slots: sql.Composable) -> str:
     return sql.SQL(template).format(**slots).as_string(None).strip()
 
 
-def _record_slots(table: str) -> dict[str, sql.Composable]:
+def _record_slots(table: str, kind: Kind = "outbox") -> dict[str, sql.Composable]:
     schema, _name = parse_table(table)
     return {
         "versions": table_identifier(schema, VERSIONS_TABLE),
-        "table_name": sql.Literal(table),
+        # migrate.py's _record_key: the outbox's record is its table's name, a task table's
+        # is "tasks:<table>"
+        "table_name": sql.Literal(f"tasks:{table}" if kind == "tasks" else table),
     }
 
 
@@ -80,13 +87,14 @@ def upgrade_statements(table: str | None, *, kind: Kind, version: int) -> Iterat
     """The statements that bring ``table`` from ``version - 1`` to ``version``, recorded."""
     name = _table(kind, table)
     lock = f"inbox:{name}" if kind == "inbox" else name
-    yield _render(_LOCK, key=sql.Literal(migration_lock_key(lock)))
+    key = tasks_migration_lock_key(name) if kind == "tasks" else migration_lock_key(lock)
+    yield _render(_LOCK, key=sql.Literal(key))
     found = [m for m in migration_statements(name, kind=kind) if m.version == version]
     if not found:
         raise ValueError(f"{kind} has no schema version {version}")
     yield from found[0].statements
-    if kind == "outbox":
-        slots = _record_slots(name)
+    if kind in ("outbox", "tasks"):
+        slots = _record_slots(name, kind)
         yield _render(CREATE_VERSION_TABLE, versions=slots["versions"])
         yield _render(RECORD_VERSION, version=sql.Literal(version), **slots)
 
@@ -98,11 +106,11 @@ def downgrade_statements(table: str | None, *, kind: Kind, version: int) -> Iter
         down = DOWNGRADES[(kind, version)]
     except KeyError:
         raise ValueError(f"{kind} has no downgrade of schema version {version}") from None
-    slots = inbox_slots(name) if kind == "inbox" else schema_slots(name)
+    slots = {"inbox": inbox_slots, "tasks": tasks_slots}.get(kind, schema_slots)(name)
     for statement in down:
         yield _render(statement, **slots)
-    if kind == "outbox":
-        rec = _record_slots(name)
+    if kind in ("outbox", "tasks"):
+        rec = _record_slots(name, kind)
         if version == 1:
             # The record table may be gone already (a database rebuilt by hand).
             yield _render(CREATE_VERSION_TABLE, versions=rec["versions"])

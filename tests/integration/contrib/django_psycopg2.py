@@ -21,7 +21,12 @@ from outboxkit import Event  # noqa: E402
 from outboxkit.errors import NotInTransactionError  # noqa: E402
 
 django.setup()
-from outboxkit.contrib.django import inbox, outbox  # noqa: E402
+from outboxkit.contrib.django import inbox, outbox, tasks  # noqa: E402
+
+
+@tasks.handler("receipt.send")
+def send_receipt(payload: object) -> None:
+    pass
 
 
 def event(n: int) -> Event:
@@ -35,9 +40,12 @@ with transaction.atomic():
     seen["driver"] = type(connection.connection).__module__
     seen["inbox_first"] = inbox.mark("billing", uuid.UUID(int=1))
     seen["inbox_again"] = inbox.mark("billing", uuid.UUID(int=1))
+    seen["enqueued"] = tasks.enqueue("receipt.send", {"n": 1}, unique_key="r1")
+    seen["enqueued_again"] = tasks.enqueue("receipt.send", {"n": 2}, unique_key="r1")
 try:
     with transaction.atomic():
         outbox.put(event(4))
+        tasks.enqueue("receipt.send", {"n": 4})
         raise RuntimeError("rolled back")
 except RuntimeError:
     pass
@@ -45,4 +53,8 @@ try:
     outbox.put(event(5))
 except NotInTransactionError as exc:
     seen["refused"] = str(exc)
+try:
+    tasks.enqueue("receipt.send", {"n": 5})
+except NotInTransactionError as exc:
+    seen["task_refused"] = str(exc)
 print(json.dumps(seen))

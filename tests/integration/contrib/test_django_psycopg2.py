@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 
+import psycopg
+
 from tests.support.relaying import rows
 
 
-def test_put_and_inbox_work_on_djangos_psycopg2_backend(django_dsn: str) -> None:
+def test_put_inbox_and_enqueue_work_on_djangos_psycopg2_backend(django_dsn: str) -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.integration.contrib.django_settings",
@@ -29,3 +31,8 @@ def test_put_and_inbox_work_on_djangos_psycopg2_backend(django_dsn: str) -> None
     assert (seen["inbox_first"], seen["inbox_again"]) == (True, False)
     assert "transaction.atomic()" in seen["refused"]
     assert [r["key"] for r in rows(django_dsn)] == ["o1", "o2", "o3"]
+    assert (seen["enqueued"], seen["enqueued_again"]) == (True, False)
+    assert "transaction.atomic()" in seen["task_refused"]
+    with psycopg.connect(django_dsn) as conn:
+        payloads = conn.execute("SELECT payload FROM outboxkit_tasks ORDER BY id").fetchall()
+    assert payloads == [({"n": 1},)]  # the rolled-back and the refused ones are not there

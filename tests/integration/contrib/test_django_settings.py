@@ -28,6 +28,8 @@ def test_the_defaults_fill_what_is_not_given() -> None:
         ({"NOTIFY": "yes"}, r"\['NOTIFY'\] must be bool or None, got str"),
         ({"MAX_PAYLOAD_BYTES": True}, r"\['MAX_PAYLOAD_BYTES'\] must be int, got bool"),
         ({"TABLE": "drop table; --"}, "invalid outbox table name"),
+        ({"TASKS_TABLE": "jobs; --"}, "invalid outbox table name 'jobs; --'"),
+        ({"TASKS_TABLE": 3}, r"\['TASKS_TABLE'\] must be str or None, got int"),
         ({"STORAGE": "disk"}, "'table' or 'wal'"),
         (["TABLE"], "must be a dict"),
     ],
@@ -54,3 +56,15 @@ def test_override_settings_points_the_outbox_at_another_table(django_dsn: str) -
         with pytest.raises(TableNotFoundError, match="elsewhere"), transaction.atomic():
             outbox.put(event)
     assert outbox.outbox.table == "outbox"
+
+
+def test_without_a_task_table_enqueue_says_which_setting_to_set(django_dsn: str) -> None:
+    from django.db import transaction
+    from django.test import override_settings
+
+    from outboxkit.contrib.django import DjangoTasks
+    from outboxkit.errors import ConfigurationError
+
+    with override_settings(OUTBOXKIT={"TASKS_TABLE": None}), transaction.atomic():
+        with pytest.raises(ConfigurationError, match=r"OUTBOXKIT\['TASKS_TABLE'\] is None"):
+            DjangoTasks().enqueue("report.write", {})

@@ -1,4 +1,5 @@
-"""The admin's view of the outbox: every event read-only, replay and discard for dead letters.
+"""The admin's view of the outbox: every event read-only, replay and discard for dead letters;
+and of task mode's table: every task read-only, replay, discard and cancel.
 
 Replay and discard go through ``outboxkit.store.admin`` (the statements ``outboxkit replay``
 and the dashboard run, fenced to failed rows) on a connection of their own, and each is
@@ -21,9 +22,11 @@ from django.utils.html import format_html
 from outboxkit._redact import MASK, redact
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.db import dsn_for
-from outboxkit.contrib.django.models import OutboxEvent
+from outboxkit.contrib.django.models import OutboxEvent, Task
 from outboxkit.store import admin as store_admin
+from outboxkit.store import tasks_pg
 from outboxkit.store.postgres import Status
+from outboxkit.store.tasks_sql import TaskStatus
 
 #: What the detail page shows of a payload (the rest is cut, and said to be).
 MAX_PAYLOAD_CHARS = 64 * 1024
@@ -199,3 +202,150 @@ class OutboxEventAdmin(admin.ModelAdmin):
                 f"{skipped} selected event(s) left alone: only failed events can be {verb}.",
                 messages.WARNING,
             )
+
+
+# -- task mode ------------------------------------------------------------------------------
+
+
+class _FailedTaskValuesFilter(admin.SimpleListFilter):
+    """A column's values among the failed tasks (their partial index), not the whole table's."""
+
+    field: str
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        values = (
+            model_admin.get_queryset(request)
+            .filter(status=int(TaskStatus.FAILED))
+            .values_list(self.field, flat=True)
+            .distinct()
+            .order_by(self.field)[:50]
+        )
+        return [(v, v) for v in values]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.field: self.value()})
+        return queryset
+
+
+class TaskNameFilter(_FailedTaskValuesFilter):
+    title = "task (failed tasks)"
+    parameter_name = field = "task_name"
+
+
+class ErrorTypeFilter(_FailedTaskValuesFilter):
+    title = "error type (failed tasks)"
+    parameter_name = field = "error_type"
+
+
+_TASK_ACTIONS = {
+    # action: (store function, past tense, the states it acts on)
+    "replay": (tasks_pg.replay_tasks, "replayed", "failed or cancelled"),
+    "discard": (tasks_pg.discard_tasks, "discarded", "failed or cancelled"),
+    "cancel": (tasks_pg.cancel_tasks, "cancelled", "pending or running"),
+}
+
+
+class TaskAdmin(admin.ModelAdmin):
+    """Task mode's table: every task read-only; replay, discard and cancel go through
+    store/tasks_pg.py (what ``outboxkit tasks replay / discard / cancel`` run), logged."""
+
+    list_display = ("id", "task_name", "queue", "status", "attempts", "error", "created_at")
+    list_filter = ("status", TaskNameFilter, ErrorTypeFilter, "queue")
+    paginator = CappedPaginator
+    search_fields = ("=id", "=key", "=unique_key")
+    actions = ["replay", "discard", "cancel"]
+    fields = (
+        "id",
+        "task_name",
+        "queue",
+        "priority",
+        "key",
+        "unique_key",
+        "status",
+        "attempts",
+        "max_attempts",
+        "available_at",
+        "claimed_by",
+        "error_type",
+        "error",
+        "traceback_shown",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "payload_shown",
+    )
+    readonly_fields = fields
+    list_per_page = 50
+    show_full_result_count = False
+
+    # Tasks are enqueued by the application and settled by the worker: never edited here.
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """Replay, discard and cancel: for whoever may change tasks (the model's permission)."""
+        return bool(request.user.has_perm("outboxkit.change_task"))
+
+    @admin.display(description="error")
+    def error(self, obj: Task) -> str:
+        return redact(obj.last_error or "")
+
+    @admin.display(description="traceback")
+    def traceback_shown(self, obj: Task) -> str:
+        return str(format_html("<pre>{}</pre>", redact(obj.traceback_excerpt or "")))
+
+    @admin.display(description="payload")
+    def payload_shown(self, obj: Task) -> str:
+        text = json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True)
+        note = ""
+        if len(text) > MAX_PAYLOAD_CHARS:
+            text = text[:MAX_PAYLOAD_CHARS]
+            note = f"(the first {MAX_PAYLOAD_CHARS} characters)"
+        return str(format_html("<pre>{}</pre>{}", redact(text), note))
+
+    @admin.action(
+        description="Replay the selected failed or cancelled tasks", permissions=["manage"]
+    )
+    def replay(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, "replay")
+
+    @admin.action(
+        description="Discard the selected failed or cancelled tasks", permissions=["manage"]
+    )
+    def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, "discard")
+
+    @admin.action(
+        description="Cancel the selected pending or running tasks", permissions=["manage"]
+    )
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._act(request, queryset, "cancel")
+
+    def _act(self, request: HttpRequest, queryset: QuerySet[Any], action: str) -> None:
+        act, past, states = _TASK_ACTIONS[action]
+        selected = {t.id: t for t in queryset}
+        table = conf.get().TASKS_TABLE
+        assert table is not None  # the admin is registered only with a task table
+        # The statement picks the rows in the right state (a worker may settle one meanwhile).
+        done = act(dsn_for(queryset.db), table, list(selected)) if selected else []
+        for task_id in done:
+            self.log_change(request, selected[task_id], f"{past} through outboxkit")
+        self.message_user(request, f"{len(done)} task(s) {past}.", messages.SUCCESS)
+        skipped = len(selected) - len(done)
+        if skipped:
+            self.message_user(
+                request,
+                f"{skipped} selected task(s) left alone: only {states} tasks can be {past}.",
+                messages.WARNING,
+            )
+
+
+if conf.get().TASKS_TABLE is not None:
+    admin.site.register(Task, TaskAdmin)

@@ -45,6 +45,10 @@ class OutboxkitCommand(BaseCommand):
         )
         parser.add_argument("-h", "--help", dest="args", action="append_const", const="--help")
 
+    def command_args(self, args: list[str]) -> list[str]:
+        """The command's arguments after ``--dsn``: the outbox's ``--table``, then the user's."""
+        return ["--table", conf.get().TABLE, *args]
+
     def handle(self, *args: str, **options: Any) -> None:
         from outboxkit.ops.cli import main
 
@@ -56,7 +60,7 @@ class OutboxkitCommand(BaseCommand):
             dsn = dsn_for(options["database"])
         except Exception as exc:  # a missing alias, another vendor: one line, no traceback
             raise CommandError(str(exc)) from None
-        argv = [self.command, "--dsn", dsn, "--table", conf.get().TABLE, *args]
+        argv = [self.command, "--dsn", dsn, *self.command_args(list(args))]
 
         try:
             main.main(

@@ -20,6 +20,7 @@ from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE
 from outboxkit.store.postgres import DEFAULT_TABLE, parse_table
+from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE
 
 SETTING = "OUTBOXKIT"
 
@@ -32,6 +33,9 @@ class Config:
     TABLE: str = DEFAULT_TABLE
     #: The inbox table the migrations create and ``inbox`` writes; None: no inbox.
     INBOX_TABLE: str | None = DEFAULT_INBOX_TABLE
+    #: Task mode's table (and its schedules table) the migrations create and ``tasks``
+    #: enqueues into; None: no task table.
+    TASKS_TABLE: str | None = DEFAULT_TASKS_TABLE
     #: ``Outbox(notify=...)``: one NOTIFY per transaction wakes an idle relay at once.
     NOTIFY: bool | None = None
     #: ``Outbox(ordered=...)``: per-key commit order for an ordered relay.
@@ -49,6 +53,7 @@ _KEYS = tuple(Config.__dataclass_fields__)
 _TYPES: dict[str, tuple[type, ...]] = {
     "TABLE": (str,),
     "INBOX_TABLE": (str, type(None)),
+    "TASKS_TABLE": (str, type(None)),
     "NOTIFY": (bool, type(None)),
     "ORDERED": (bool,),
     "STORAGE": (str,),
@@ -82,8 +87,9 @@ def read(raw: Any) -> Config:
     config = Config(**raw)
     try:
         parse_table(config.TABLE)
-        if config.INBOX_TABLE is not None:
-            parse_table(config.INBOX_TABLE)
+        for table in (config.INBOX_TABLE, config.TASKS_TABLE):
+            if table is not None:
+                parse_table(table)
     except ConfigurationError as exc:
         raise ImproperlyConfigured(f"settings.{SETTING}: {exc}") from None
     if config.STORAGE not in ("table", "wal"):

@@ -1,4 +1,5 @@
-"""Events written with Django's COMMIT (psycopg 3): no round trip of their own.
+"""Events (and task mode's enqueues) written with Django's COMMIT (psycopg 3): no round trip
+of their own.
 
 Django has no hook before its COMMIT (``on_commit`` runs after it). The one place that sends
 it is the connection wrapper's ``_commit()``, which ``transaction.atomic()`` reaches for the
@@ -29,7 +30,7 @@ import psycopg
 from outboxkit.errors import InvalidEventError
 from outboxkit.events import Event
 from outboxkit.write import Outbox
-from outboxkit.write.deferred import Pending, checked, write_with_commit
+from outboxkit.write.deferred import Pending, Writer, checked, write_with_commit
 from outboxkit.write.storage import Check
 
 _ATTRIBUTE = "_outboxkit_pending"
@@ -65,6 +66,12 @@ def queue(wrapper: Any, outbox: Outbox, events: list[Event] | tuple[Event, ...] 
     if not found:
         return
     _install(wrapper).add(wrapper.connection, outbox, found)
+
+
+def queue_calls(wrapper: Any, writer: Writer, calls: list[Any]) -> None:
+    """Queue already checked writes of another kind (task mode's enqueues) for the COMMIT,
+    in the same queue as the events: one savepoint and rollback bookkeeping for both."""
+    _install(wrapper).add(wrapper.connection, writer, calls)
 
 
 def _install(wrapper: Any) -> Pending:

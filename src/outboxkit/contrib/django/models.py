@@ -1,4 +1,4 @@
-"""The outbox table as an unmanaged model, for the admin (the migrations own the table)."""
+"""The outbox and task tables as unmanaged models, for the admin (the migrations own them)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from django.db import models
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.operations import db_table
 from outboxkit.store.postgres import Status
+from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatus
 
 STATUS_CHOICES = [(int(s), s.name.lower()) for s in Status]
+TASK_STATUS_CHOICES = [(int(s), s.name.lower()) for s in TaskStatus]
 
 
 class OutboxEvent(models.Model):
@@ -43,3 +45,38 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} #{self.id} ({self.topic})"
+
+
+class Task(models.Model):
+    """One row of task mode's table: read it here; replay, cancel and discard go through the
+    library (store/tasks_pg.py), as ``outboxkit tasks`` does."""
+
+    id = models.BigIntegerField(primary_key=True)
+    task_name = models.TextField()
+    queue = models.TextField(default="default")
+    payload = models.JSONField(null=True)
+    priority = models.SmallIntegerField(default=0)
+    key = models.TextField(null=True)
+    unique_key = models.TextField(null=True)
+    status = models.SmallIntegerField(choices=TASK_STATUS_CHOICES, default=int(TaskStatus.PENDING))
+    attempts = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(null=True)
+    available_at = models.DateTimeField()
+    claim_token = models.UUIDField(null=True)
+    claimed_by = models.TextField(null=True)
+    last_error = models.TextField(null=True)
+    error_type = models.TextField(null=True)
+    traceback_excerpt = models.TextField(null=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = db_table(conf.get().TASKS_TABLE or DEFAULT_TASKS_TABLE)
+        ordering = ["id"]
+        verbose_name = "task"
+        verbose_name_plural = "tasks"
+
+    def __str__(self) -> str:
+        return f"{self.task_name} #{self.id}"

@@ -1,7 +1,7 @@
 """The app's migrations: each applies one version's ``.sql`` file through ``RunSQL``.
 
-The tables are the settings' (``TABLE``, ``INBOX_TABLE``), read when the migrations load;
-``manage.py sqlmigrate outboxkit 0001`` prints what a migration runs.
+The tables are the settings' (``TABLE``, ``INBOX_TABLE``, ``TASKS_TABLE``), read when the
+migrations load; ``manage.py sqlmigrate outboxkit 0001`` prints what a migration runs.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from outboxkit.store.tool_migrations import downgrade_statements, upgrade_statem
 
 
 def schema_operations(kind: Kind, version: int) -> list[migrations.RunSQL]:
-    """Version ``version`` of ``kind`` (``outbox`` or ``inbox``) as one ``RunSQL``."""
+    """Version ``version`` of ``kind`` (``outbox``, ``inbox`` or ``tasks``) as one ``RunSQL``."""
     c = conf.get()
-    table = c.INBOX_TABLE if kind == "inbox" else c.TABLE
-    if table is None:  # INBOX_TABLE = None: no inbox
+    table = {"inbox": c.INBOX_TABLE, "tasks": c.TASKS_TABLE}.get(kind, c.TABLE)
+    if table is None:  # INBOX_TABLE / TASKS_TABLE = None: no inbox / no task table
         return []
     return [
         migrations.RunSQL(
