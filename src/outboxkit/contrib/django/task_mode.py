@@ -64,6 +64,9 @@ class TaskWriter:
     async def aput_many(self, conn: Any, events: Iterable[Any]) -> None:
         raise NotImplementedError("Django's atomic() is synchronous")
 
+    async def aput(self, conn: Any, event: Any) -> None:
+        raise NotImplementedError("Django's atomic() is synchronous")
+
 
 class DjangoTasks:
     """Task mode on ``settings.OUTBOXKIT['TASKS_TABLE']``, enqueued through Django::
