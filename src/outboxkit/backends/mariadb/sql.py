@@ -144,8 +144,9 @@ class Statements:
         # The claim, step 1, in a READ COMMITTED transaction: lock one batch of due pending
         # rows, skipping those another claim holds. READ COMMITTED so the claim sees rows
         # committed after a previous claim's snapshot (REPEATABLE READ is the default).
+        pending_index = quote(table.split(".")[-1] + "_pending")
         self.claim_lock = (
-            f"SELECT id, attempts FROM {t} FORCE INDEX ({quote(table.split('.')[-1] + '_pending')})"
+            f"SELECT id, attempts, claim_token, last_error FROM {t} FORCE INDEX ({pending_index})"
             f" WHERE status = {PENDING} AND available_at <= {NOW}"
             " ORDER BY available_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
