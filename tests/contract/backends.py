@@ -297,21 +297,23 @@ class MariaDBBackend(Backend):
         self.url = server.url_for(self.database)
         mariadb_migrate(self.url)
         self.conn = pymysql.connect(**server.connect_args(self.database), autocommit=True)
+        self.outbox = Outbox(storage="mariadb")
 
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
-        from outboxkit.backends.mariadb.sql import Statements
-
-        event = Event(topic=TOPIC, event_type="contract.item", payload={"n": n}, key=key)
+        event = Event(
+            topic=TOPIC,
+            event_type="contract.item",
+            payload={"n": n},
+            key=key,
+            delay=dt.timedelta(seconds=delay) if delay else None,
+        )
         self._numbers[event.event_id] = n
-        stmts = Statements("outbox")
-        due = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(seconds=delay)
+        self.conn.begin()
+        self.outbox.put(self.conn, event)
+        self.conn.commit()
         with self.conn.cursor() as cur:
-            cur.execute(
-                stmts.insert_columns + stmts.insert_row,
-                (str(event.event_id), event.topic, key, event.event_type, None, None,
-                 event.payload, "{}", due if delay else None, None, None),
-            )  # fmt: skip
-            return int(cur.lastrowid)
+            cur.execute("SELECT id FROM outbox WHERE event_id = %s", (str(event.event_id),))
+            return int(cur.fetchone()[0])
 
     def _make_store(self, retention: Literal["delete", "keep"]) -> Store:
         from outboxkit.backends.mariadb.queue import MariaDBQueueStore

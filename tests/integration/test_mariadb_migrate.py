@@ -18,7 +18,7 @@ from tests.support.servers import unique_name
 def mariadb_url(mariadb_server: MariaDB) -> Iterator[str]:
     """A database of this test's own on the private MariaDB; its mysql:// URL."""
     name = unique_name("t")
-    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)  # type: ignore[arg-type]
+    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
     try:
         with admin.cursor() as cur:
             cur.execute(f"CREATE DATABASE {name}")
