@@ -1,0 +1,101 @@
+"""The relay on MariaDB end to end: events written with PyMySQL (some rolled back) reach
+NATS JetStream exactly once each, checked from the broker's side."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import nats
+import pymysql
+import pytest
+
+from outboxkit import Event, Outbox, Relay
+from outboxkit.backends.mariadb.migrate import migrate
+from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.errors import ConfigurationError
+from outboxkit.publishers.nats import NatsPublisher
+from tests.support.mariadb import MariaDB
+from tests.support.servers import unique_name
+
+
+def _database(server: MariaDB) -> str:
+    name = unique_name("r")
+    admin = pymysql.connect(**server.connect_args(), autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+    finally:
+        admin.close()
+    url = server.url_for(name)
+    migrate(url)
+    return url
+
+
+def _count(url: str) -> int:
+    conn = pymysql.connect(**connect_args(url), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM outbox")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def _stream_ids(url: str, stream: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        ids = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(stream, seq)
+            ids.append((msg.headers or {}).get("Nats-Msg-Id", ""))
+        await js.delete_stream(stream)
+        return ids
+    finally:
+        await nc.close()
+
+
+async def test_relay_publishes_committed_events_to_nats_once_each_and_never_rolled_back_ones(
+    mariadb_server: MariaDB, nats_server: Any
+) -> None:
+    url = _database(mariadb_server)
+    tag = uuid.uuid4().hex[:8]
+    stream = f"MARIADB_{tag.upper()}"
+    outbox = Outbox(storage="mariadb")
+    conn = pymysql.connect(**connect_args(url))
+    committed: list[str] = []
+    try:
+        for i in range(40):
+            event = Event(topic=f"{tag}.orders", event_type="order.placed", payload={"n": i})
+            outbox.put(conn, event)
+            if i % 4 == 3:
+                conn.rollback()  # a quarter rolled back: never published
+            else:
+                conn.commit()
+                committed.append(str(event.event_id))
+    finally:
+        conn.close()
+    publisher = NatsPublisher.from_url(f"{nats_server.url}?stream={stream}&subjects={tag}.>")
+    relay = Relay(url, publisher, poll_interval=0.05, batch_size=7)
+    running = asyncio.create_task(relay.run())
+    try:
+        async with asyncio.timeout(20):
+            while _count(url) and not running.done():
+                await asyncio.sleep(0.05)
+    finally:
+        relay.stop()
+        await running
+    assert _count(url) == 0
+    assert sorted(await _stream_ids(nats_server.url, stream)) == sorted(committed)
+
+
+def test_relay_refuses_what_mariadb_cannot_do_in_one_line(mariadb_server: MariaDB) -> None:
+    publisher = NatsPublisher.from_url("nats://127.0.0.1:4222")
+    url = mariadb_server.url_for("shop")
+    with pytest.raises(ConfigurationError, match="need PostgreSQL"):
+        Relay(url, publisher, ordered=True)
+    with pytest.raises(ConfigurationError, match="need PostgreSQL"):
+        Relay(url, publisher, source="cdc")
