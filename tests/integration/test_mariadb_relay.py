@@ -4,13 +4,20 @@ NATS JetStream exactly once each, checked from the broker's side."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import nats
 import pymysql
 import pytest
 
+import outboxkit
 from outboxkit import Event, Outbox, Relay
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
@@ -99,3 +106,43 @@ def test_relay_refuses_what_mariadb_cannot_do_in_one_line(mariadb_server: MariaD
         Relay(url, publisher, ordered=True)
     with pytest.raises(ConfigurationError, match="need PostgreSQL"):
         Relay(url, publisher, source="cdc")
+
+
+def test_outboxkit_migrate_and_relay_take_a_mysql_url(
+    mariadb_server: MariaDB, nats_server: Any
+) -> None:
+    url = mariadb_server.url_for(unique_name("c"))
+    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {url.rsplit('/', 1)[1]}")
+    admin.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(outboxkit.__file__).parents[1])}
+    cli = [sys.executable, "-m", "outboxkit"]
+    done = subprocess.run([*cli, "migrate", "--dsn", url], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    tag = uuid.uuid4().hex[:8]
+    conn = pymysql.connect(**connect_args(url))
+    events = [Event(topic=f"{tag}.x", event_type="t", payload={"n": i}) for i in range(5)]
+    Outbox(storage="mariadb").put_many(conn, events)
+    conn.commit()
+    conn.close()
+    stream = f"MARIADB_CLI_{tag.upper()}"
+    broker = f"{nats_server.url}?stream={stream}&subjects={tag}.>"
+    relay = subprocess.Popen(
+        [*cli, "relay", "--dsn", url, "--broker", broker, "--poll-interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while _count(url) and time.monotonic() < deadline and relay.poll() is None:
+            time.sleep(0.05)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        output = relay.communicate(timeout=20)[0]
+    assert relay.returncode == 0, output
+    assert "MariaDB has no LISTEN/NOTIFY" in output
+    ids = asyncio.run(_stream_ids(nats_server.url, stream))
+    assert sorted(ids) == sorted(str(e.event_id) for e in events)

@@ -19,16 +19,9 @@ from outboxkit.ops.cli.options import (
 from outboxkit.ops.cli.output import fail, ok
 
 
-def _checked_dsn(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """PostgreSQL's check, except for a MariaDB/MySQL URL (mysql:// or mariadb://)."""
-    from outboxkit.backends.mariadb.sql import is_mysql_url
-
-    return value if value and is_mysql_url(value) else checked_dsn(ctx, param, value)
-
-
 @click.command()
 @click.option(
-    "--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP, callback=_checked_dsn
+    "--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP, callback=checked_dsn
 )
 @table_option
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
