@@ -16,7 +16,7 @@ from outboxkit import Event, Outbox
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.queue import MariaDBQueueStore
 from outboxkit.backends.mariadb.sql import connect_args
-from outboxkit.errors import ConfigurationError, NotInTransactionError
+from outboxkit.errors import ConfigurationError, NotInTransactionError, StoreUnavailable
 from outboxkit.publishers.base import OutboundMessage
 from tests.support.mariadb import MariaDB
 from tests.support.servers import unique_name
@@ -122,3 +122,35 @@ def test_a_written_event_is_claimed_with_its_fields_and_times_in_utc(url: str) -
         {"x-a": "1"},
     )
     assert message.occurred_at == occurred
+
+
+def test_a_cut_connection_is_a_store_outage_and_the_next_claim_reconnects(
+    url: str, proxy_factory: Any
+) -> None:
+    conn = _connect(url)
+    try:
+        Outbox(storage="mariadb").put(conn, _event("after.outage"))
+        conn.commit()
+    finally:
+        conn.close()
+    args = connect_args(url)
+    proxy = proxy_factory("127.0.0.1", args["port"])
+    via_proxy = url.replace(f":{args['port']}/", f":{proxy.port}/")
+
+    async def run() -> Any:
+        store = MariaDBQueueStore(via_proxy, "outbox", OutboundMessage)
+        try:
+            await store.start()
+            proxy.cut()  # every open connection dropped, as a restart or a network fault
+            with pytest.raises(StoreUnavailable):
+                await store.claim(limit=10, lease=30, token=uuid.uuid4(), owner="r", max_attempts=5)
+            proxy.resume()
+            return await store.claim(
+                limit=10, lease=30, token=uuid.uuid4(), owner="r", max_attempts=5
+            )
+        finally:
+            await store.close()
+
+    got = asyncio.run(run())
+    assert got is not None
+    assert [m.topic for m in got.items] == ["after.outage"]
