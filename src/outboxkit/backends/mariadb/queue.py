@@ -119,8 +119,14 @@ class MariaDBQueueStore(Generic[T]):
         conn = self._conns.get(role)
         if conn is not None and not conn.closed:
             return conn
-        import aiomysql
-        from pymysql.constants import CLIENT
+        try:
+            import aiomysql
+            from pymysql.constants import CLIENT
+        except ImportError:
+            raise ConfigurationError(
+                "the relay on MariaDB/MySQL needs aiomysql and PyMySQL:"
+                " pip install 'outboxkit[mysql]'"
+            ) from None
 
         args = dict(self._args)
         args["db"] = args.pop("database")
