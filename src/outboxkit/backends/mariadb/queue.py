@@ -44,7 +44,7 @@ Retention = Literal["delete", "keep"]
 PENDING_CAP = 100_000
 #: Server error codes, by what the core does about them.
 _LOST = {2003, 2006, 2013, 2055, 1053, 1927}  # no server, gone away, lost, shutdown, killed
-_TIMEOUT = {1205, 1969, 3024}  # lock wait timeout, statement timeout (MariaDB, MySQL)
+_TIMEOUT = {1205, 1213, 1969, 3024}  # lock wait timeout, deadlock, statement timeouts
 _DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
 _NO_TABLE = 1146
 
