@@ -26,6 +26,7 @@ from outboxkit.testing import (
     drop_database,
     free_port,
 )
+from tests.support.mariadb import MariaDB
 from tests.support.pgbouncer import PgBouncer
 from tests.support.servers import (
     KAFKA_ENV,
@@ -47,7 +48,7 @@ PgServer = EmbeddedPostgres | ExternalPostgres
 NatsServer = EmbeddedNats | ExternalNats
 KafkaServer = EmbeddedKafka | ExternalKafka
 ProxyFactory = Callable[..., TcpProxy]
-_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka, EmbeddedPostgres, PgBouncer)
+_S = TypeVar("_S", EmbeddedNats, EmbeddedKafka, EmbeddedPostgres, PgBouncer, MariaDB)
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -198,6 +199,18 @@ def pgbouncer(pg_server: PgServer) -> Iterator[PgBouncer]:
         server = PgBouncer(pg_server.dsn)
     except EmbeddedServerUnavailable as exc:
         require_or_skip(f"pgbouncer unavailable: {exc}")
+    with _embedded(lambda: server) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[MariaDB]:
+    """A private MariaDB (Debian's `mariadbd`) on a free port with its own data directory:
+    `.url_for(db)`, `.connect_args(db)`; never the machine's server on 3306."""
+    try:
+        server = MariaDB()
+    except EmbeddedServerUnavailable as exc:
+        require_or_skip(f"mariadb unavailable: {exc}")
     with _embedded(lambda: server) as started:
         yield started
 

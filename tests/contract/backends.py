@@ -65,6 +65,8 @@ class Backend(abc.ABC):
     """One backend's queue (ordered or not) and the stores claiming from it."""
 
     name: str
+    #: Scenarios this backend cannot run, by test function name: the one-line reason.
+    cannot: dict[str, str] = {}
 
     def __init__(self, ordered: bool) -> None:
         self.ordered = ordered
@@ -270,3 +272,101 @@ class PostgresBackend(Backend):
     async def close(self) -> None:
         await super().close()
         self.conn.close()
+
+
+class MariaDBBackend(Backend):
+    """A database of its own on the private MariaDB (dropped at close); unordered only."""
+
+    name = "mariadb"
+    _NO_NOTIFY = "MariaDB has no LISTEN/NOTIFY: its store has no wake-ups, the relay polls"
+    cannot = {
+        "test_one_claimer_at_a_time_holds_the_wake_up_gate": _NO_NOTIFY,
+        "test_writes_wake_a_listener_only_while_the_gate_is_closed_and_only_when_due": _NO_NOTIFY,
+    }
+
+    def __init__(self, server: Any, ordered: bool) -> None:
+        import pymysql
+
+        from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
+
+        super().__init__(ordered)
+        self.database = f"contract_{uuid.uuid4().hex[:12]}"
+        self.admin = pymysql.connect(**server.connect_args(), autocommit=True)
+        with self.admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
+        self.url = server.url_for(self.database)
+        mariadb_migrate(self.url)
+        self.conn = pymysql.connect(**server.connect_args(self.database), autocommit=True)
+        self.outbox = Outbox(storage="mariadb")
+
+    async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
+        event = Event(
+            topic=TOPIC,
+            event_type="contract.item",
+            payload={"n": n},
+            key=key,
+            delay=dt.timedelta(seconds=delay) if delay else None,
+        )
+        self._numbers[event.event_id] = n
+        self.conn.begin()
+        self.outbox.put(self.conn, event)
+        self.conn.commit()
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT id FROM outbox WHERE event_id = %s", (str(event.event_id),))
+            return int(cur.fetchone()[0])
+
+    def _make_store(self, retention: Literal["delete", "keep"]) -> Store:
+        from outboxkit.backends.mariadb.queue import MariaDBQueueStore
+
+        store: Store = MariaDBQueueStore(
+            self.url, "outbox", OutboundMessage, retention=retention, ordered=self.ordered
+        )
+        return store
+
+    _COLUMNS = (
+        "id, status, attempts,"
+        " TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), available_at) / 1e6,"
+        " claim_token, claimed_by, last_error"
+    )
+
+    def _row(self, r: Any) -> Row:
+        token = None if r[4] is None else uuid.UUID(r[4])
+        return Row(_STATUS[r[1]], r[2], float(r[3]), token, r[5], r[6])
+
+    async def row(self, item_id: int) -> Row | None:
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT {self._COLUMNS} FROM outbox WHERE id = %s", (item_id,))
+            r = cur.fetchone()
+        return None if r is None else self._row(r)
+
+    async def table(self) -> dict[int, Row]:
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT {self._COLUMNS} FROM outbox ORDER BY id")
+            return {r[0]: self._row(r) for r in cur.fetchall()}
+
+    async def advance(self, seconds: float) -> None:
+        shift = "INTERVAL %s MICROSECOND"
+        with self.conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE outbox SET available_at = available_at - {shift},"
+                f" created_at = created_at - {shift}",
+                (round(seconds * 1e6), round(seconds * 1e6)),
+            )
+
+    async def hold_partitions(
+        self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
+    ) -> list[int]:
+        raise NotImplementedError("ordered mode is PostgreSQL's only")
+
+    async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
+        raise NotImplementedError("ordered mode is PostgreSQL's only")
+
+    async def leave(self, relay_id: str) -> None:
+        raise NotImplementedError("ordered mode is PostgreSQL's only")
+
+    async def close(self) -> None:
+        await super().close()
+        self.conn.close()
+        with self.admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {self.database}")
+        self.admin.close()

@@ -7,16 +7,24 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.contract.backends import Backend, MemoryBackend, PostgresBackend
+from tests.contract.backends import Backend, MariaDBBackend, MemoryBackend, PostgresBackend
 
-BACKENDS = ["memory", "postgres"]
+BACKENDS = ["memory", "postgres", "mariadb"]
 
 
 async def _backend(request: pytest.FixtureRequest, *, ordered: bool) -> AsyncIterator[Backend]:
-    if request.param == "postgres":
-        backend: Backend = PostgresBackend(request.getfixturevalue("db_dsn"), ordered)
+    if request.param == "mariadb":
+        if ordered:  # (the one thing MariaDB's store refuses: see its docstring)
+            pytest.skip("ordered mode (per-key heads, partition leases) is PostgreSQL's only")
+        backend: Backend = MariaDBBackend(request.getfixturevalue("mariadb_server"), ordered)
+    elif request.param == "postgres":
+        backend = PostgresBackend(request.getfixturevalue("db_dsn"), ordered)
     else:
         backend = MemoryBackend(ordered)
+    reason = backend.cannot.get(request.node.originalname)
+    if reason is not None:
+        await backend.close()
+        pytest.skip(reason)
     try:
         yield backend
     finally:

@@ -27,6 +27,7 @@ from outboxkit.drivers.base import (
 )
 from outboxkit.drivers.psycopg2_adapter import Psycopg2Sync
 from outboxkit.drivers.psycopg_adapter import PsycopgAsync, PsycopgSync
+from outboxkit.drivers.pymysql_adapter import PyMySQLSync
 from outboxkit.drivers.sqlalchemy_adapter import SQLAlchemyAsync, SQLAlchemySync
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ else:
 
 for _adapter in (PsycopgSync(), PsycopgAsync(), Asyncpg(), SQLAlchemySync(), SQLAlchemyAsync()):
     register(_adapter)
+register(PyMySQLSync())
 register(Psycopg2Sync())
 
 __all__ = [

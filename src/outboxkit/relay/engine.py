@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
+from outboxkit.backends.mariadb.queue import MariaDBQueueStore
+from outboxkit.backends.mariadb.sql import is_mysql_url
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.queue.decide import RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions, LoopStatus
-from outboxkit.queue.store import StoreDenied, StoreError
+from outboxkit.queue.store import QueueStore, StoreDenied, StoreError
 from outboxkit.relay.maintenance import partition_maintenance
 from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
 from outboxkit.sink.observer import (
@@ -174,8 +176,16 @@ class Relay:
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
         self.pooler = None if pooler is None else pooler_mode(pooler)
+        # MariaDB/MySQL (mysql:// or mariadb://): its queue store, polled (no NOTIFY there).
+        self._mariadb = is_mysql_url(dsn)
+        if self._mariadb and (ordered or source != "poll" or pooler or direct_dsn):
+            raise ConfigurationError(
+                "on MariaDB/MySQL the relay polls the outbox table only: ordered mode, the WAL"
+                " source, pooler= and direct_dsn= need PostgreSQL"
+            )
         # A bad ?pooler= or a DSN libpq cannot parse fails here, not at the first connection.
-        _check_dsn(split_pooler(dsn)[0])
+        if not self._mariadb:
+            _check_dsn(split_pooler(dsn)[0])
         self.direct_dsn = direct_dsn
         if direct_dsn is not None:
             remember_secrets(direct_dsn)
@@ -221,15 +231,19 @@ class Relay:
         # and the outbox table as its store (store/queue_pg.py). Ordered mode (per-key
         # order through partition leases, relay/ordered.py) is a claim policy and a sink
         # that publishes in waves, with the partition heartbeat as a side task.
-        self._store: PgQueueStore[OutboundMessage] = PgQueueStore(
-            dsn,
-            table,
-            OutboundMessage,
-            retention=retention,
-            ordered=ordered,
-            synchronous_commit=synchronous_commit,
-            pooler=self.pooler,
-            direct_dsn=direct_dsn,
+        self._store: QueueStore[OutboundMessage] = (
+            MariaDBQueueStore(dsn, table, OutboundMessage, retention=retention)
+            if self._mariadb
+            else PgQueueStore(
+                dsn,
+                table,
+                OutboundMessage,
+                retention=retention,
+                ordered=ordered,
+                synchronous_commit=synchronous_commit,
+                pooler=self.pooler,
+                direct_dsn=direct_dsn,
+            )
         )
         self._sink = PublisherSink(publisher, self.publish_timeout)
         self._ordered = (
@@ -351,6 +365,8 @@ class Relay:
                 ),
             )
         ]
+        if self._mariadb:  # (partitioned tables are PostgreSQL's)
+            tasks.clear()
         if self._ordered is not None:  # ordered mode's partition leases (relay/partitions.py)
             tasks.append(("outboxkit-relay:partition-leases", self._ordered.run))
         return tasks

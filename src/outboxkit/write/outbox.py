@@ -34,6 +34,7 @@ from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
 from outboxkit.store.postgres import numbered
 from outboxkit.write import deferred
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.write.mariadb_table import MariaDBTableStorage
 from outboxkit.write.storage import Prepared, Storage
 from outboxkit.write.table import TableStorage
 from outboxkit.write.wal import WalStorage
@@ -136,10 +137,11 @@ class Outbox:
         storage: str = "table",
         default: Callable[[Any], Any] | None = None,
     ) -> None:
-        if storage not in ("table", "wal"):
+        if storage not in ("table", "wal", "mariadb"):
             raise ConfigurationError(
-                f"storage must be 'table' (a row per event, any relay) or 'wal' (a logical"
-                f" message per event, for the CDC relay), got {storage!r}"
+                f"storage must be 'table' (a row per event, any relay), 'wal' (a logical"
+                f" message per event, for the CDC relay) or 'mariadb' (a row of a MariaDB/MySQL"
+                f" outbox), got {storage!r}"
             )
         if storage == "wal" and ordered:
             raise ConfigurationError(
@@ -164,8 +166,12 @@ class Outbox:
         self._storage: Storage = (
             WalStorage(table, notify=notify)
             if storage == "wal"
+            else MariaDBTableStorage(table, ordered=ordered)  # (no NOTIFY there: notify=False)
+            if storage == "mariadb"
             else TableStorage(table, notify=notify, ordered=ordered)
         )
+        if storage == "mariadb":
+            self.notify = False
         self._errors = _SchemaErrors(table, with_callers_sql=False)
         self._attached_errors = _SchemaErrors(table, with_callers_sql=True)
         # One reusable psycopg cursor per Outbox and API, for the connection it last

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import click
 
 from outboxkit.errors import ConfigurationError
@@ -86,7 +88,19 @@ def migrate(
       outboxkit migrate --tasks --dsn postgresql://app@db/shop
       outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
       outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
+      outboxkit migrate --dsn mysql://app@db/shop   (MariaDB 10.6+ / MySQL 8)
     """
+    from outboxkit.backends.mariadb.sql import is_mysql_url
+
+    if dsn and is_mysql_url(dsn):  # (--print-sql too: MariaDB's DDL)
+        _migrate_mariadb(
+            dsn,
+            inbox_table if inbox else table,
+            inbox,
+            print_sql,
+            tasks or ordered or partition_by is not None,
+        )
+        return
     from outboxkit.store.migrate import migrate as run_migrate
     from outboxkit.store.postgres import Statements
 
@@ -161,4 +175,29 @@ def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
     if not dsn:
         fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
     result = run_guarded(migrate_tasks, dsn, table=tasks_table)
+    ok(result.describe())
+
+
+def _migrate_mariadb(
+    dsn: str | None, table: str, inbox: bool, print_sql: bool, unsupported: bool
+) -> None:
+    """The MariaDB/MySQL backend: the outbox or the inbox (tasks, ordered and partitioned
+    tables are PostgreSQL's only, for now)."""
+    from outboxkit.backends.mariadb import migrate as mariadb
+
+    if unsupported:
+        fail(
+            "on MariaDB/MySQL, migrate creates the outbox and the inbox only: --tasks,"
+            " --ordered and --partition-by need PostgreSQL",
+            2,
+        )
+    kind: Literal["outbox", "inbox"] = "inbox" if inbox else "outbox"
+    if print_sql:
+        try:
+            click.echo(mariadb.ddl(kind, table), nl=False)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+        return
+    assert dsn is not None
+    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind)
     ok(result.describe())

@@ -115,6 +115,8 @@ def check_dsn(dsn: str) -> None:
     A bad ``%`` escape in a password is reported by psycopg quoting the password; the
     relay met it only when it connected, as a traceback. Only option names are kept.
     """
+    if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
+        return  # MariaDB/MySQL: its backend reads the URL (outboxkit.backends.mariadb)
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 

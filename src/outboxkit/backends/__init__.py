@@ -1,0 +1,1 @@
+"""Queue backends other than PostgreSQL (the reference, in outboxkit.store): one package each."""

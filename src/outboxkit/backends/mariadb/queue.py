@@ -1,0 +1,347 @@
+"""MariaDB's implementation of the queue store (outboxkit.queue.store.QueueStore), on aiomysql.
+
+Two connections, one for claims and one for settles, each in READ COMMITTED (MariaDB's
+default REPEATABLE READ would let a claim's snapshot miss rows committed after it) and
+``CLIENT.FOUND_ROWS`` (an UPDATE's row count is the rows it matched, as on PostgreSQL).
+The claim is a short transaction: lock a batch with ``FOR UPDATE SKIP LOCKED``, lease it,
+read it back, commit. No transaction is held while the sink works.
+
+No LISTEN/NOTIFY on MariaDB: the store has no wake-ups and the loop polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Literal, TypeVar
+
+import orjson
+
+from outboxkit.backends.mariadb import sql
+from outboxkit.backends.mariadb.sql import Statements, with_ids
+from outboxkit.errors import ConfigurationError, table_missing
+from outboxkit.queue.store import (
+    DONE,
+    Attempted,
+    Claim,
+    ClaimPolicy,
+    Decision,
+    Settled,
+    StoreDenied,
+    StoreError,
+    StoreInfo,
+    StoreTimeout,
+    StoreUnavailable,
+    Verdict,
+)
+
+log = logging.getLogger("outboxkit.relay")
+T = TypeVar("T", bound=Attempted)
+Retention = Literal["delete", "keep"]
+PENDING_CAP = 100_000
+#: Server error codes, by what the core does about them.
+_LOST = {2003, 2006, 2013, 2055, 1053, 1927}  # no server, gone away, lost, shutdown, killed
+_TIMEOUT = {1205, 1213, 1969, 3024}  # lock wait timeout, deadlock, statement timeouts
+_DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
+_NO_TABLE = 1146
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+def _micros(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
+
+
+def _looped_error(attempts: int, token: str | None, last: str | None, limit: int) -> str:
+    """The last_error of a row the crash-loop guard dead-letters (PostgreSQL's words)."""
+    if token is not None:
+        text = (
+            f"relay: claimed {attempts} times (max_attempts) and never settled: each relay"
+            " that claimed it died or hung publishing it (a message that crashes or hangs the"
+            " relay, an OOM?). Dead-lettered without publishing it again: inspect it with"
+            " `outboxkit failed show`, then replay or discard it"
+        )
+    else:
+        text = (
+            f"relay: tried {attempts} times already, as many as this relay's max_attempts"
+            f" ({limit}): a relay with a higher max_attempts retried it before. Dead-lettered"
+            " without publishing it again: give the relays one --max-attempts, then replay it"
+        )
+    return text if last is None else f"{text}. Last error: {last[:1000]}"
+
+
+class MariaDBQueueStore(Generic[T]):
+    """An outbox table on MariaDB/MySQL as a queue store; ``make_item`` builds an item from a
+    claimed row's columns after the id (``OutboundMessage`` for the outbox).
+
+    Ordered mode (HeadsOnly claims, partition leases) is PostgreSQL's only for now: refused
+    at construction.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        make_item: Callable[..., T],
+        *,
+        retention: Retention = "delete",
+        ordered: bool = False,
+        name: str = "outboxkit-relay",
+    ) -> None:
+        if ordered:
+            raise ConfigurationError(
+                "ordered mode is not available on MariaDB/MySQL yet (its partition leases and"
+                " per-key heads are PostgreSQL's): run the relay without --ordered"
+            )
+        self.dsn = dsn
+        self.table = table
+        self.make_item = make_item
+        self.retention: Retention = retention
+        self.ordered = False
+        self.name = name
+        self.sql = Statements(table)
+        self._args = sql.connect_args(dsn)
+        self._conns: dict[str, Any] = {}
+        self._locks = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
+        self._told_polling = False
+
+    def __repr__(self) -> str:
+        return f"MariaDBQueueStore(table={self.table!r})"
+
+    # -- connections and errors ---------------------------------------------------------
+
+    async def _connection(self, role: str) -> Any:
+        conn = self._conns.get(role)
+        if conn is not None and not conn.closed:
+            return conn
+        try:
+            import aiomysql
+            from pymysql.constants import CLIENT
+        except ImportError:
+            raise ConfigurationError(
+                "the relay on MariaDB/MySQL needs aiomysql and PyMySQL:"
+                " pip install 'outboxkit[mysql]'"
+            ) from None
+
+        args = dict(self._args)
+        args["db"] = args.pop("database")
+        conn = await aiomysql.connect(
+            **args, autocommit=True, client_flag=CLIENT.FOUND_ROWS, connect_timeout=10
+        )
+        async with conn.cursor() as cur:
+            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        self._conns[role] = conn
+        return conn
+
+    def _translate(self, role: str, exc: Exception) -> StoreError:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        reason = str(exc.args[-1]) if exc.args else type(exc).__name__
+        if code is None or code in _LOST or code >= 2000:
+            conn = self._conns.pop(role, None)
+            if conn is not None:
+                conn.close()
+            return StoreUnavailable(f"lost the MariaDB connection: {reason}", cause=exc)
+        if code == _NO_TABLE:
+            raise table_missing(self.table, database=self._args["database"]) from None
+        if code in _TIMEOUT:
+            return StoreTimeout(f"MariaDB cancelled the statement: {reason}", cause=exc)
+        if code in _DENIED:
+            return StoreDenied(f"MariaDB refused the write: {reason}", cause=exc)
+        return StoreError(f"MariaDB: {reason}", cause=exc)
+
+    async def _run(self, role: str, work: Callable[[Any], Any]) -> Any:
+        """Run ``work(cursor)`` on ``role``'s connection, one at a time; errors translated.
+
+        A failed transaction is rolled back (a lost connection takes it with it).
+        """
+        import pymysql
+
+        async with self._locks[role]:
+            try:
+                conn = await self._connection(role)
+                async with conn.cursor() as cur:
+                    try:
+                        return await work(cur)
+                    except BaseException:
+                        if not conn.closed:
+                            await conn.rollback()
+                        raise
+            except (pymysql.err.MySQLError, OSError) as exc:
+                raise self._translate(role, exc) from exc
+
+    # -- start ----------------------------------------------------------------------------
+
+    async def start(self) -> StoreInfo:
+        """Check the table and its columns; say once that the relay polls."""
+
+        async def check(cur: Any) -> int:
+            await cur.execute(self.sql.count_pending_capped, (PENDING_CAP,))
+            (pending,) = await cur.fetchone()
+            await cur.execute(self.sql.check_columns)
+            return int(pending)
+
+        pending = await self._run("claim", check)
+        if not self._told_polling:
+            self._told_polling = True
+            log.info("MariaDB has no LISTEN/NOTIFY: the relay finds events by polling")
+        where = f"database {self._args['database']} on {self._args['host']} (MariaDB)"
+        return StoreInfo(pending, pending >= PENDING_CAP, where)
+
+    # -- claim ------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy = None,
+    ) -> Claim[T] | None:
+        if policy is not None:
+            raise ConfigurationError("ordered claims are not available on MariaDB/MySQL")
+        sq = self.sql
+
+        async def run(cur: Any) -> Claim[T] | None:
+            await cur.execute("BEGIN")
+            await cur.execute(sq.claim_lock, (limit,))
+            locked = await cur.fetchall()
+            if not locked:
+                await cur.execute("COMMIT")
+                return None
+            live = [r[0] for r in locked if r[1] < max_attempts]
+            dead_rows = [r for r in locked if r[1] >= max_attempts]
+            records: list[Any] = []
+            dead: list[tuple[T, str, str]] = []
+            if live:
+                await cur.execute(
+                    with_ids(sq.claim_lease, len(live)),
+                    (_micros(lease), str(token), owner, *live),
+                )
+                await cur.execute(with_ids(sq.claim_read, len(live)), live)
+                records = list(await cur.fetchall())
+            if dead_rows:
+                dead = await self._dead_letter(cur, dead_rows, owner, max_attempts)
+            await cur.execute("COMMIT")
+            make = self.make_item
+            items = [
+                make(
+                    uuid.UUID(r[1]), r[2], r[3], r[4], r[5], r[6], bytes(r[7]),
+                    orjson.loads(r[8]), _utc(r[9]), r[10], _utc(r[11]), r[12],
+                )
+                for r in records
+            ]  # fmt: skip
+            return Claim(token, [r[0] for r in records], items, dead or None)
+
+        return await self._run("claim", run)  # type: ignore[no-any-return]
+
+    async def _dead_letter(
+        self, cur: Any, rows: list[Any], owner: str, max_attempts: int
+    ) -> list[tuple[T, str, str]]:
+        """The crash-loop guard: each row gets its own error (claimed and never settled, or
+        retried up to a higher max_attempts before); reported without its payload."""
+        errors: dict[int, str] = {}
+        for row_id, attempts, token, last in rows:
+            errors[row_id] = _looped_error(attempts, token, last, max_attempts)
+            await cur.execute(with_ids(self.sql.claim_dead, 1), (owner, errors[row_id], row_id))
+        ids = [r[0] for r in rows]
+        await cur.execute(with_ids(self.sql.claim_read_dead, len(ids)), ids)
+        make = self.make_item
+        found = []
+        for row_id, event_id, topic, event_type, created, attempts in await cur.fetchall():
+            when = _utc(created)
+            item = make(
+                uuid.UUID(event_id), topic, None, event_type, None, None, b"", {}, when,
+                attempts, when, None,
+            )  # fmt: skip
+            kind = "crash_loop" if errors[row_id].startswith("relay: claimed") else "max_attempts"
+            found.append((item, kind, errors[row_id]))
+        return found
+
+    # -- settle -----------------------------------------------------------------------------
+
+    async def settle(self, claim: Claim[T], decisions: Sequence[Decision]) -> Settled:
+        ids = claim.ids
+        token = str(claim.token)
+        sq = self.sql
+        keep = self.retention == "keep"
+
+        async def run(cur: Any) -> list[int]:
+            await cur.execute("BEGIN")
+            await cur.execute(with_ids(sq.fenced_ids + " FOR UPDATE", len(ids)), (*ids, token))
+            held = {r[0] for r in await cur.fetchall()}
+            published = [i for i, d in zip(ids, decisions, strict=True) if d is DONE or d.done]
+            mine = [i for i in published if i in held]
+            if mine:
+                stmt = sq.settle_published_keep if keep else sq.settle_published_delete
+                await cur.execute(with_ids(stmt, len(mine)), (*mine, token))
+            failures = [
+                (
+                    sql.FAILED if d.verdict is Verdict.DEAD else sql.PENDING,
+                    _micros(d.delay),
+                    d.error or "unknown error",
+                    1 if d.verdict is Verdict.HAND_BACK else 0,
+                    i,
+                    token,
+                )
+                for i, d in zip(ids, decisions, strict=True)
+                if not d.done and i in held
+            ]
+            if failures:
+                await cur.executemany(sq.settle_failure, failures)
+            await cur.execute("COMMIT")
+            return [i for i in ids if i in held]
+
+        done: list[int] = await self._run("settle", run)
+        return Settled(done, len(ids) - len(done))
+
+    async def _fenced(self, statement: str, params: tuple[Any, ...]) -> int:
+        async def run(cur: Any) -> int:
+            await cur.execute(statement, params)
+            return int(cur.rowcount)
+
+        return await self._run("settle", run)  # type: ignore[no-any-return]
+
+    async def extend_leases(self, claim: Claim[T], lease: float) -> int:
+        statement = with_ids(self.sql.extend_leases, len(claim.ids))
+        return await self._fenced(statement, (_micros(lease), *claim.ids, str(claim.token)))
+
+    async def release(self, claim: Claim[T]) -> int:
+        statement = with_ids(self.sql.release_leases, len(claim.ids))
+        return await self._fenced(statement, (*claim.ids, str(claim.token)))
+
+    async def hasten(self, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        return await self._fenced(with_ids(self.sql.hasten_handed_back, len(ids)), tuple(ids))
+
+    # -- wake-ups: none on MariaDB (the loop polls) -----------------------------------------
+
+    async def close_gate(self) -> bool:
+        return False
+
+    async def open_gate(self) -> None:
+        return None
+
+    @property
+    def gate_closed(self) -> bool:
+        return False
+
+    @property
+    def can_listen(self) -> bool:
+        return False
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """No wake-ups on MariaDB: waits until cancelled."""
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()

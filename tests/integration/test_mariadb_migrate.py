@@ -1,0 +1,105 @@
+"""`outboxkit migrate --dsn mysql://…` on the private MariaDB: the outbox and the inbox."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+import pytest
+from click.testing import CliRunner
+
+from outboxkit.ops.cli.app import main
+from tests.support.mariadb import MariaDB
+from tests.support.servers import unique_name
+
+
+@pytest.fixture
+def mariadb_url(mariadb_server: MariaDB) -> Iterator[str]:
+    """A database of this test's own on the private MariaDB; its mysql:// URL."""
+    name = unique_name("t")
+    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield mariadb_server.url_for(name)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {name}")
+    finally:
+        admin.close()
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _columns(url: str, table: str) -> list[str]:
+    conn = pymysql.connect(**_args(url))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table} LIMIT 0")
+            return [d[0] for d in cur.description]
+    finally:
+        conn.close()
+
+
+def _args(url: str) -> dict[str, Any]:
+    from outboxkit.backends.mariadb.sql import connect_args
+
+    return connect_args(url)
+
+
+def test_migrate_creates_the_outbox_with_postgresql_columns_and_is_idempotent(
+    mariadb_url: str,
+) -> None:
+    first = cli("migrate", "--dsn", mariadb_url)
+    assert first.exit_code == 0, first.output
+    assert "migrated to schema version 1" in first.output
+    again = cli("migrate", "--dsn", mariadb_url.replace("mysql://", "mariadb://"))
+    assert again.exit_code == 0, again.output
+    assert "up to date" in again.output
+    assert _columns(mariadb_url, "outbox") == [
+        "id", "event_id", "topic", "key", "event_type", "aggregate_type", "aggregate_id",
+        "payload", "headers", "status", "attempts", "available_at", "claim_token", "claimed_by",
+        "last_error", "created_at", "published_at", "occurred_at", "schema_version",
+    ]  # fmt: skip
+
+
+def test_migrate_inbox_makes_the_pair_a_dedup_key(mariadb_url: str) -> None:
+    result = cli("migrate", "--inbox", "--dsn", mariadb_url)
+    assert result.exit_code == 0, result.output
+    conn = pymysql.connect(**_args(mariadb_url), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            row = ("billing", "0190a1b2-0000-7000-8000-000000000001")
+            cur.execute(
+                "INSERT INTO processed_events (consumer_name, event_id) VALUES (%s, %s)", row
+            )
+            with pytest.raises(pymysql.err.IntegrityError):
+                cur.execute(
+                    "INSERT INTO processed_events (consumer_name, event_id) VALUES (%s, %s)", row
+                )
+    finally:
+        conn.close()
+
+
+def test_migrate_refuses_what_mariadb_has_not_in_one_line(mariadb_url: str) -> None:
+    result = cli("migrate", "--tasks", "--dsn", mariadb_url)
+    assert result.exit_code == 2
+    assert "need PostgreSQL" in result.output
+    bad = cli("migrate", "--table", "out;box", "--dsn", mariadb_url)
+    assert bad.exit_code == 2
+    assert "not a plain MariaDB identifier" in bad.output
+
+
+def test_migrate_print_sql_gives_mariadb_ddl(mariadb_url: str) -> None:
+    result = cli("migrate", "--print-sql", "--dsn", mariadb_url)
+    assert result.exit_code == 0, result.output
+    assert "AUTO_INCREMENT" in result.output
+    assert "FOR UPDATE" not in result.output
+
+
+def test_migrate_reports_an_unreachable_server_without_a_traceback() -> None:
+    result = cli("migrate", "--dsn", "mysql://root@127.0.0.1:1/shop")
+    assert result.exit_code == 2
+    assert "cannot reach MariaDB" in result.output
