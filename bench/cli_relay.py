@@ -106,12 +106,21 @@ class Watch:
 
 
 def run_one(
-    kind: str, dsn: str, broker_url: str, bootstrap: str, n: int, logdir: Path
+    kind: str,
+    dsn: str,
+    broker_url: str,
+    bootstrap: str,
+    n: int,
+    logdir: Path,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     n = reload(dsn, limit=n)
     watch = Watch(bootstrap, n)
     if kind == "cli":
         child = spawn_relay(dsn, broker_url, logdir / "cli.log", log_level=None)
+    elif kind == "cli_baseline":
+        env = {"PYTHONPATH": str(baseline)}
+        child = spawn_relay(dsn, broker_url, logdir / "base.log", log_level=None, env=env)
     else:
         log = (logdir / "inproc.log").open("ab")
         child = subprocess.Popen(
@@ -142,18 +151,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
     ap.add_argument("--out", default="cli_relay")
+    ap.add_argument(
+        "--baseline-src",
+        help="A/B: also run `outboxkit relay` from this src directory (e.g. an older"
+        " commit's, from `git worktree add`) as contender cli_baseline",
+    )
     args = ap.parse_args()
 
     size = prepare(args.dsn, args.events)
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-cli-"))
     runs: dict[str, list[dict[str, Any]]] = {"cli": [], "inproc": []}
+    if args.baseline_src:
+        runs["cli_baseline"] = []
+    kinds = list(runs)
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
         broker_url = f"kafka://{bootstrap}"
         for i in range(args.rounds):
-            order = ("inproc", "cli") if i % 2 == 0 else ("cli", "inproc")
+            order = kinds if i % 2 == 0 else kinds[::-1]
             for kind in order:
-                r = run_one(kind, args.dsn, broker_url, bootstrap, args.events, logdir)
+                r = run_one(
+                    kind, args.dsn, broker_url, bootstrap, args.events, logdir, args.baseline_src
+                )
                 runs[kind].append(r)
                 print(
                     f"round {i + 1} {kind:7s} {r['rate']:>10,.0f} events/s"
@@ -173,12 +192,20 @@ def main() -> None:
         summary["cli"]["median_cpu_us_per_event"] / summary["inproc"]["median_cpu_us_per_event"]
     )
     print(f"cli / in-process: rate {ratio:.3f}, CPU per event {cpu_ratio:.3f}")
+    if args.baseline_src:
+        base = summary["cli_baseline"]
+        print(
+            f"cli_baseline / in-process: rate"
+            f" {base['median_rate'] / summary['inproc']['median_rate']:.3f}, CPU per event"
+            f" {base['median_cpu_us_per_event'] / summary['inproc']['median_cpu_us_per_event']:.3f}"
+        )
     save(
         args.out,
         {
             "what": "outboxkit relay (CLI process, defaults) vs in-process Relay, interleaved;"
             " broker-side window (consumer: first to last message); relay process CPU",
             "events": args.events,
+            "baseline_src": args.baseline_src,
             "payload_bytes": size,
             "server": server_facts(args.dsn),
             "summary": summary,
