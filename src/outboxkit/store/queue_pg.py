@@ -20,6 +20,9 @@ import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
 
 from outboxkit._backoff import Backoff
@@ -58,6 +61,30 @@ T = TypeVar("T", bound=Attempted)
 Retention = Literal["delete", "keep"]
 #: The start-up count of pending events stops here: it reads the pending index only.
 PENDING_CAP = 100_000
+
+_new = object.__new__
+_set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown
+
+
+class UuidBinaryLoader(Loader):
+    """A binary ``uuid`` column as ``uuid.UUID``, built without ``UUID.__init__``.
+
+    psycopg's loader calls ``UUID(bytes=...)``, whose argument checks cost more than the
+    rest of the event id's decoding: measured 4.1 -> 1.6 µs per id (1 000 ids, median of
+    15 interleaved rounds, loaded machine). The result is an ordinary ``UUID`` (same
+    ``int``, equality, hash, text), as ``UUID.__init__`` leaves it for 16 bytes.
+    """
+
+    format = Format.BINARY
+
+    def load(self, data: Buffer) -> uuid.UUID:
+        value: uuid.UUID = _new(uuid.UUID)
+        _set(value, "int", int.from_bytes(data, "big"))
+        _set(value, "is_safe", _UNKNOWN)
+        return value
+
+
 #: The ordered claim looks at this many times the batch size of pending keyed rows.
 SCAN_FACTOR = 4
 
@@ -481,6 +508,7 @@ class PgQueueStore(Generic[T]):
             return conn
         conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
         set_json_loads(orjson.loads, conn)
+        conn.adapters.register_loader("uuid", UuidBinaryLoader)
         if role == "claim":
             self._claim_conn = conn
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import uuid
 import zoneinfo
 
 from outboxkit.tracing import TRACE_HEADERS
@@ -61,6 +62,12 @@ def wire_time(time: dt.datetime) -> tuple[bytes, int]:
     return prefix + b"+00:00", ms
 
 
+def uuid_bytes(value: uuid.UUID) -> bytes:
+    """``str(value).encode()``, a third of its cost: the relay's hot path needs it per event."""
+    h = b"%032x" % value.int
+    return b"-".join((h[:8], h[8:12], h[12:16], h[16:20], h[20:]))
+
+
 def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
     """User headers, ``idempotency-key``, then CloudEvents ``ce_*`` (binary mode).
 
@@ -73,7 +80,7 @@ def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
 def encode_record(message: Outbound) -> tuple[list[tuple[str, bytes]], int]:
     """:func:`encode_headers` and the record's timestamp (ms): the time is converted once."""
     time_text, timestamp_ms = wire_time(message.time)
-    event_id = str(message.event_id).encode()
+    event_id = uuid_bytes(message.event_id)
     headers: list[tuple[str, bytes]] = []
     content_type = _DEFAULT_CONTENT_TYPE
     user = message.headers

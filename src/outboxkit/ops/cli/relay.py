@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from typing import Any
@@ -366,6 +367,7 @@ def relay(
         from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
 
         raise_open_file_limit()  # HTTP clients must not take the sockets the relay needs
+        _freeze_start_up_heap()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)
@@ -394,6 +396,19 @@ def relay(
         asyncio.run(_main())
     except OutboxkitError as exc:
         fail(str(exc), 2)
+
+
+def _freeze_start_up_heap() -> None:
+    """Take the objects of start-up (click, aiohttp, every imported module) out of the
+    collector's sight.
+
+    The CLI process imports far more than a relay embedded in a service needs, and each
+    full collection walks all of it while the relay allocates rows and records per
+    event: measured (bench/cli_relay.py) as a few µs of CPU per event. Frozen objects
+    are never collected, which start-up's are not anyway.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _relay_observer(
