@@ -23,6 +23,7 @@ from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim
+from outboxkit.store._connection import PoolerMode
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
@@ -123,6 +124,8 @@ class Worker:
     ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
     the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
     long a stop waits for running handlers before handing their tasks back.
+    ``pooler`` / ``direct_dsn``: behind a transaction pooler (README "Behind PgBouncer"),
+    LISTEN and the wake-up gate's lock on ``direct_dsn`` (PostgreSQL itself) or polling only.
     """
 
     def __init__(
@@ -143,6 +146,8 @@ class Worker:
         batch_size: int = 1,
         observer: TaskObserver | None = None,
         linger: float = 0.03,
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -160,6 +165,8 @@ class Worker:
             queues=queues,
             retention=retention,
             on_settle=lifecycle if lifecycle.wanted() else None,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
         )
         self.sink = HandlerSink(
             tasks,
@@ -168,6 +175,7 @@ class Worker:
             outbox=outbox,
             worker_id=self.worker_id,
             retention=retention,
+            pooler=pooler,
         )
         options = LoopOptions(
             owner=self.worker_id,

@@ -99,6 +99,22 @@ def load_app(spec: str) -> Any:
     help="Address to serve the metrics on (0.0.0.0: every interface).",
 )
 @click.option(
+    "--pooler",
+    type=click.Choice(["auto", "none", "session", "transaction", "transaction-prepared"]),
+    default=None,
+    help="What sits between the worker and PostgreSQL [default: auto, found at the first"
+    " connection]; as `outboxkit relay --pooler`. README, 'Behind PgBouncer'.",
+)
+@click.option(
+    "--direct-dsn",
+    envvar="OUTBOXKIT_DIRECT_DSN",
+    show_envvar=True,
+    default=None,
+    help="Behind a transaction pooler: a DSN of PostgreSQL itself for LISTEN and the wake-up"
+    " gate's lock; claims, settles and handlers' transactions still go through --dsn."
+    " Without it the worker polls.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -124,6 +140,8 @@ def worker(
     retention: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    pooler: str | None,
+    direct_dsn: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -147,6 +165,8 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         poll_interval=poll_interval,
         retention=retention,
+        pooler=pooler,
+        direct_dsn=direct_dsn,
     )
     if queues:
         options["queues"] = list(queues)
