@@ -9,11 +9,12 @@ the store interface's. The statements are store/tasks_sql.py's.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,8 +96,18 @@ class PgTaskStore:
         on_settle: SettleHook | None = None,
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.dsn = dsn
+        #: At most this many tasks of a queue held by this worker at once (claimed and not
+        #: yet settled or released); the other queues go on (``--queue name=N``).
+        self.queue_limits = dict(queue_limits or {})
+        self._held: dict[int, str] = {}  # task id -> its queue, for the limited queues
+        self._held_count: collections.Counter[str] = collections.Counter()
+        self._skipped = False  # a claim passed over a queue at its limit
+        #: Called when a task of a queue a claim passed over is let go: claim again now, not
+        #: at the next poll (the worker sets it to its loop's wake).
+        self.on_free: Callable[[], None] | None = None
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
         #: claims and settles work as they are (no prepared statements where the pooler
         #: loses them); LISTEN and the wake-up gate's session lock run on ``direct_dsn``
@@ -170,10 +181,21 @@ class PgTaskStore:
             queues = self.queues
             for i in range(len(queues)):
                 queue = queues[(self._next_queue + i) % len(queues)]
-                cur = await conn.execute(self.sql.claim, {**params, "queue": queue})
+                take = limit
+                if queue in self.queue_limits:
+                    take = min(limit, self.queue_limits[queue] - self._held_count[queue])
+                    if take < 1:
+                        self._skipped = True
+                        continue  # at its limit: the next queue
+                cur = await conn.execute(self.sql.claim, {**params, "queue": queue, "limit": take})
                 records = await cur.fetchall()
                 if records:
                     self._next_queue = (self._next_queue + i + 1) % len(queues)
+                    if queue in self.queue_limits:
+                        for r in records:
+                            if r[-1] is None:
+                                self._held[int(r[0])] = queue
+                        self._held_count[queue] += sum(1 for r in records if r[-1] is None)
                     break
         except pg_errors.UndefinedTable:
             raise self._missing() from None
@@ -186,6 +208,25 @@ class PgTaskStore:
         return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        try:
+            return await self._settle(claim, decisions)
+        finally:
+            self._let_go(claim.ids)
+
+    def _let_go(self, ids: Sequence[int]) -> None:
+        """These tasks no longer count against their queue's limit (idempotent)."""
+        if self._held:
+            freed = False
+            for task_id in ids:
+                queue = self._held.pop(task_id, None)
+                if queue is not None:
+                    self._held_count[queue] -= 1
+                    freed = True
+            if freed and self._skipped and self.on_free is not None:
+                self._skipped = False
+                self.on_free()
+
+    async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         if (
             self.on_settle is None
             and decisions.count(DONE) == len(decisions)
@@ -313,7 +354,10 @@ class PgTaskStore:
 
     async def release(self, claim: Claim[ClaimedTask]) -> int:
         ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
-        return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+        try:
+            return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+        finally:
+            self._let_go(claim.ids)
 
     async def hasten(self, ids: Sequence[int]) -> int:
         return await self._count(self.sql.hasten, (list(ids),)) if ids else 0

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,6 +124,8 @@ class Worker:
     ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
     the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
     long a stop waits for running handlers before handing their tasks back.
+    ``queue_limits``: at most N tasks of a queue at once (``--queue name=N``); the
+    worker's other queues use the rest of ``concurrency``.
     ``pooler`` / ``direct_dsn``: behind a transaction pooler (README "Behind PgBouncer"),
     LISTEN and the wake-up gate's lock on ``direct_dsn`` (PostgreSQL itself) or polling only.
     """
@@ -148,11 +150,18 @@ class Worker:
         linger: float = 0.03,
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= batch_size <= concurrency:
             raise ValueError("batch_size must be between 1 and concurrency")
+        for queue, limit in (queue_limits or {}).items():
+            if queue not in queues or limit < 1:
+                raise ValueError(
+                    f"queue limit {queue}={limit}: the queue must be one of the worker's"
+                    f" queues {list(queues)} and its limit at least 1"
+                )
         if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
             raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
         self.tasks = tasks
@@ -167,6 +176,7 @@ class Worker:
             on_settle=lifecycle if lifecycle.wanted() else None,
             pooler=pooler,
             direct_dsn=direct_dsn,
+            queue_limits=queue_limits,
         )
         self.sink = HandlerSink(
             tasks,
@@ -226,6 +236,7 @@ class Worker:
             side_tasks=side,
             on_lease_lost=self._lease_lost,
         )
+        self.store.on_free = self._loop.wake  # a limited queue has room again
 
     def __repr__(self) -> str:
         return f"Worker(table={self.tasks.table!r}, worker_id={self.worker_id!r})"

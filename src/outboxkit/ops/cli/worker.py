@@ -58,7 +58,8 @@ def load_app(spec: str) -> Any:
     "--queue",
     "queues",
     multiple=True,
-    help="A queue to take tasks from (repeat for several) [default: default].",
+    help="A queue to take tasks from (repeat for several) [default: default]; name=N runs"
+    " at most N of its tasks at once (the other queues share the rest of --concurrency).",
 )
 @click.option(
     "--lease",
@@ -169,7 +170,21 @@ def worker(
         direct_dsn=direct_dsn,
     )
     if queues:
-        options["queues"] = list(queues)
+        names: list[str] = []
+        limits: dict[str, int] = {}
+        for spec in queues:
+            name, sep, count = spec.partition("=")
+            names.append(name)
+            if sep:
+                if not count.isdigit() or int(count) < 1:
+                    raise click.BadParameter(
+                        f"{spec!r}: give a queue as name or name=N, N a whole number >= 1",
+                        param_hint="--queue",
+                    )
+                limits[name] = int(count)
+        options["queues"] = names
+        if limits:
+            options["queue_limits"] = limits
     metrics = None
     if metrics_port is not None:
         from outboxkit.ops.task_metrics import TaskMetrics
