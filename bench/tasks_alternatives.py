@@ -1,4 +1,4 @@
-"""Task mode against pgqueuer and procrastinate: no-op tasks drained by one worker process, same database.
+"""Task mode against pgqueuer and procrastinate: no-op tasks drained by one worker process.
 
 Pre-loads N no-op jobs, runs one worker until all ran, and reports tasks/s from the first
 handler start to the last handler end (the measure of bench/tasks_throughput.py). pgqueuer
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -51,10 +52,8 @@ async def _pgqueuer(dsn: str, count: int, batch_size: int) -> float:
 
     conn = await asyncpg.connect(dsn)
     queries = Queries(AsyncpgDriver(conn))
-    try:
+    with contextlib.suppress(Exception):  # installed by an earlier run
         await queries.install()
-    except Exception:  # noqa: BLE001 - installed by an earlier run
-        pass
     await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
     step = 5000
     for start in range(0, count, step):
@@ -87,10 +86,8 @@ async def _procrastinate(dsn: str, count: int, concurrency: int) -> float:
         span.end()
 
     async with app.open_async():
-        try:
+        with contextlib.suppress(Exception):  # applied by an earlier run
             await app.schema_manager.apply_schema_async()
-        except Exception:  # noqa: BLE001 - applied by an earlier run
-            pass
         await app.connector.execute_query_async(query="TRUNCATE procrastinate_jobs CASCADE")
         step = 5000
         for start in range(0, count, step):
