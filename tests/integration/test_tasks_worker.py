@@ -436,3 +436,39 @@ def test_cancelling_one_task_of_a_claim_leaves_its_claim_mates_running(tasks_dsn
 
     run_worker(tasks, tasks_dsn, done, lease=0.6, concurrency=2)
     assert [r[1] for r in rows(tasks_dsn)] == [TaskStatus.CANCELLED]
+
+
+def test_a_queue_limit_caps_its_tasks_at_once_and_the_other_queues_go_on(
+    tasks_dsn: str,
+) -> None:
+    tasks = Tasks()
+    running: dict[str, int] = {"slow": 0, "fast": 0}
+    most: dict[str, int] = {"slow": 0, "fast": 0}
+    finished: list[str] = []
+
+    @tasks.handler("work")
+    async def work(payload: str) -> None:
+        running[payload] += 1
+        most[payload] = max(most[payload], running[payload])
+        await asyncio.sleep(0.05)
+        running[payload] -= 1
+        finished.append(payload)
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(8):
+            tasks.enqueue(conn, "work", "slow", queue="slow")
+            tasks.enqueue(conn, "work", "fast", queue="fast")
+    worker = run_worker(
+        tasks,
+        tasks_dsn,
+        lambda: len(finished) == 16,
+        queues=["slow", "fast"],
+        queue_limits={"slow": 2},
+        concurrency=8,
+        poll_interval=5.0,  # a freed slot of the limited queue is claimed at once, not polled
+    )
+    assert worker.stats.done == 16
+    assert most["slow"] == 2
+    assert most["fast"] > 2
+    with pytest.raises(ValueError, match="queue limit"):
+        Worker(tasks, tasks_dsn, queues=["a"], queue_limits={"b": 1})

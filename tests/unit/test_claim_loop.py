@@ -17,7 +17,7 @@ import pytest
 from outboxkit.errors import StoreDenied
 from outboxkit.publishers.base import PublishResult
 from outboxkit.queue.decide import RetryPolicy
-from outboxkit.queue.loop import ClaimLoop, LoopOptions
+from outboxkit.queue.loop import ClaimLoop, LoopOptions, linger_waits
 from outboxkit.queue.store import Claim, ClaimPolicy, Decision, Settled, StoreInfo, Verdict
 from outboxkit.sink.observer import RelayObserver
 
@@ -210,3 +210,11 @@ async def test_a_side_task_that_fails_stops_the_loop_with_its_error(fail: bool) 
         assert not task.done(), "a side task that ends cleanly does not stop the loop"
         loop.stop()
         await task
+
+
+def test_linger_waits_double_unless_capped() -> None:
+    # The relay's: 2, 4, 8, 16 ms; the task worker's: at most 2 ms, so a commit during the
+    # linger is seen within a couple of milliseconds (bench/tasks_latency.py).
+    assert linger_waits(0.03) == pytest.approx((0.002, 0.004, 0.008, 0.016))
+    assert linger_waits(0.01, longest=0.002) == pytest.approx((0.002,) * 5)
+    assert linger_waits(0.0) == ()

@@ -65,15 +65,18 @@ _FIRST_LOOK = 0.002
 _MAX_HANDED_BACK = 200_000
 
 
-def linger_waits(linger: float, first: float = _FIRST_LOOK) -> tuple[float, ...]:
-    """``first``, then doubling (2, 4, 8, ... ms) until they add up to ``linger``."""
+def linger_waits(
+    linger: float, first: float = _FIRST_LOOK, longest: float | None = None
+) -> tuple[float, ...]:
+    """``first``, then doubling (2, 4, 8, ... ms, at most ``longest``) until they add up to
+    ``linger``."""
     waits: list[float] = []
     wait, total = first, 0.0
     while total < linger - 1e-9:
         step = min(wait, linger - total)
         waits.append(step)
         total += step
-        wait *= 2
+        wait = wait * 2 if longest is None else min(wait * 2, longest)
     return tuple(waits)
 
 
@@ -156,6 +159,12 @@ class LoopOptions:
     #: slow item never holds a fast one's settle). A claim then takes up to as many items as
     #: slots are free (at most ``batch_size``): one statement claims several.
     split: bool = False
+    #: The first wait when the wake-up gate cannot be closed because a writer holds it open
+    #: (between its INSERT and its COMMIT, usually a round trip): doubled up to 100 ms.
+    gate_retry: float = _GATE_RETRY[0]
+    #: The longest of the linger's waits (None: they double until the linger is spent). A
+    #: commit during a wait is seen at its end: the task worker keeps them short.
+    linger_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +209,9 @@ class ClaimLoop(Generic[T, R]):
         self.log = logger or logging.getLogger("outboxkit.relay")
         self.stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        self._linger_waits = linger_waits(options.linger)
+        self._linger_waits = linger_waits(options.linger, longest=options.linger_step)
         self._linger_step = len(self._linger_waits)
-        self._gate_retry = _GATE_RETRY[0]
+        self._gate_retry = options.gate_retry
         self._slots = asyncio.Semaphore(options.max_in_flight)
         self._limit = options.batch_size  # the last claim's limit
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -351,7 +360,7 @@ class ClaimLoop(Generic[T, R]):
                 self._start(claim)
             # Work found: look again soon, and writers need not wake us meanwhile.
             self._linger_step = 0
-            self._gate_retry = _GATE_RETRY[0]
+            self._gate_retry = self.options.gate_retry
             if store.gate_closed:
                 await self._open_gate()
             if len(claim.ids) < self._limit:

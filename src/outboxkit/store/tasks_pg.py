@@ -9,11 +9,12 @@ the store interface's. The statements are store/tasks_sql.py's.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ from psycopg.types.json import set_json_loads
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
-from outboxkit.errors import SchemaError, connection_lost, write_denied
+from outboxkit.errors import ConfigurationError, SchemaError, connection_lost, write_denied
 from outboxkit.queue.store import (
     DONE,
     Claim,
@@ -40,7 +41,7 @@ from outboxkit.queue.store import (
     StoreUnavailable,
     Verdict,
 )
-from outboxkit.store._connection import aconnect, admin_connection
+from outboxkit.store._connection import PoolerMode, aconnect, admin_connection, known_pooling
 from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
 
 log = logging.getLogger("outboxkit.worker")
@@ -93,8 +94,26 @@ class PgTaskStore:
         retention: Retention = "delete",
         name: str = "outboxkit-worker",
         on_settle: SettleHook | None = None,
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.dsn = dsn
+        #: At most this many tasks of a queue held by this worker at once (claimed and not
+        #: yet settled or released); the other queues go on (``--queue name=N``).
+        self.queue_limits = dict(queue_limits or {})
+        self._held: dict[int, str] = {}  # task id -> its queue, for the limited queues
+        self._held_count: collections.Counter[str] = collections.Counter()
+        self._skipped = False  # a claim passed over a queue at its limit
+        #: Called when a task of a queue a claim passed over is let go: claim again now, not
+        #: at the next poll (the worker sets it to its loop's wake).
+        self.on_free: Callable[[], None] | None = None
+        #: Behind a transaction pooler (``pooler``, or found by the connection factory)
+        #: claims and settles work as they are (no prepared statements where the pooler
+        #: loses them); LISTEN and the wake-up gate's session lock run on ``direct_dsn``
+        #: (PostgreSQL itself) or not at all, and the poll finds every task (as PgQueueStore).
+        self.pooler = pooler
+        self.direct_dsn = direct_dsn
         #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
         self.on_settle = on_settle
         self.table = table
@@ -105,6 +124,8 @@ class PgTaskStore:
         self._claim_conn: psycopg.AsyncConnection[Any] | None = None
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
         self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._direct_conn: psycopg.AsyncConnection[Any] | None = None
+        self._told_pooled = False
         self._settle_lock = asyncio.Lock()
         self._next_queue = 0
         # Completions waiting to be settled together (_settle_done_grouped).
@@ -160,10 +181,21 @@ class PgTaskStore:
             queues = self.queues
             for i in range(len(queues)):
                 queue = queues[(self._next_queue + i) % len(queues)]
-                cur = await conn.execute(self.sql.claim, {**params, "queue": queue})
+                take = limit
+                if queue in self.queue_limits:
+                    take = min(limit, self.queue_limits[queue] - self._held_count[queue])
+                    if take < 1:
+                        self._skipped = True
+                        continue  # at its limit: the next queue
+                cur = await conn.execute(self.sql.claim, {**params, "queue": queue, "limit": take})
                 records = await cur.fetchall()
                 if records:
                     self._next_queue = (self._next_queue + i + 1) % len(queues)
+                    if queue in self.queue_limits:
+                        for r in records:
+                            if r[-1] is None:
+                                self._held[int(r[0])] = queue
+                        self._held_count[queue] += sum(1 for r in records if r[-1] is None)
                     break
         except pg_errors.UndefinedTable:
             raise self._missing() from None
@@ -176,6 +208,25 @@ class PgTaskStore:
         return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        try:
+            return await self._settle(claim, decisions)
+        finally:
+            self._let_go(claim.ids)
+
+    def _let_go(self, ids: Sequence[int]) -> None:
+        """These tasks no longer count against their queue's limit (idempotent)."""
+        if self._held:
+            freed = False
+            for task_id in ids:
+                queue = self._held.pop(task_id, None)
+                if queue is not None:
+                    self._held_count[queue] -= 1
+                    freed = True
+            if freed and self._skipped and self.on_free is not None:
+                self._skipped = False
+                self.on_free()
+
+    async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         if (
             self.on_settle is None
             and decisions.count(DONE) == len(decisions)
@@ -303,7 +354,10 @@ class PgTaskStore:
 
     async def release(self, claim: Claim[ClaimedTask]) -> int:
         ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
-        return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+        try:
+            return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+        finally:
+            self._let_go(claim.ids)
 
     async def hasten(self, ids: Sequence[int]) -> int:
         return await self._count(self.sql.hasten, (list(ids),)) if ids else 0
@@ -311,15 +365,41 @@ class PgTaskStore:
     # -- wake-ups: the outbox's gate, on the task table's channel ------------------------
 
     @property
+    def session_state(self) -> bool:
+        """Whether the claim connection keeps session state (not behind a transaction pooler;
+        unknown before the first connection: assumed)."""
+        pooling = known_pooling(self.dsn, self.pooler)
+        return pooling is None or pooling.session_state
+
+    def _tell_pooled(self) -> None:
+        if not self._told_pooled:
+            self._told_pooled = True
+            log.warning(
+                "the worker's database connection goes through a transaction pooler: no LISTEN"
+                " and no wake-up gate (they need a session), so tasks are found by the poll"
+                " (--poll-interval); give --direct-dsn (PostgreSQL itself, not the pooler)"
+                " for wake-ups within milliseconds"
+            )
+
+    @property
     def gate_closed(self) -> bool:
         gate = self._gate_conn
-        if gate is not None and (gate is not self._claim_conn or gate.closed):
-            self._gate_conn = None
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if gate is not None and (gate is not owner or gate.closed):
+            self._gate_conn = None  # its connection was replaced: the lock went with it
         return self._gate_conn is not None
 
     async def close_gate(self) -> bool:
+        """Take the wake-up gate's lock (a session's: on ``direct_dsn`` when given, never
+        through a transaction pooler). False if held elsewhere."""
         try:
-            conn = await self._connection("claim")
+            if self.direct_dsn is not None:
+                conn = await self._direct()
+            else:
+                conn = await self._connection("claim")
+                if not self.session_state:
+                    self._tell_pooled()
+                    return False
             cur = await conn.execute(self.sql.try_wake_lock)
             row = await cur.fetchone()
         except psycopg.Error as exc:
@@ -331,7 +411,8 @@ class PgTaskStore:
 
     async def open_gate(self) -> None:
         conn, self._gate_conn = self._gate_conn, None
-        if conn is None or conn.closed or conn is not self._claim_conn:
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if conn is None or conn.closed or conn is not owner:
             return
         try:
             await conn.execute(self.sql.wake_unlock)
@@ -340,15 +421,32 @@ class PgTaskStore:
 
     @property
     def can_listen(self) -> bool:
-        return True
+        if self.direct_dsn is not None or self.session_state:
+            return True
+        self._tell_pooled()  # once: the loop polls from here on
+        return False
 
     async def listen(self, wake: Callable[[], None]) -> None:
-        """Wake the claim loop on NOTIFY; the poll still runs (notifications are not durable)."""
+        """Wake the claim loop on NOTIFY; the poll still runs (notifications are not durable).
+
+        LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
+        (the poll remains) when its connection turns out to go through a transaction pooler.
+        """
         backoff = Backoff(base=0.5, cap=10.0)
         channel = sql.Identifier(self.sql.channel)
+        dsn = self.direct_dsn or self.dsn
+        pooler = self.pooler if dsn is self.dsn else None
         while True:
             try:
-                async with await aconnect(self.dsn, application_name=f"{self.name}:listen") as conn:
+                async with await aconnect(
+                    dsn, application_name=f"{self.name}:listen", pooler=pooler
+                ) as conn:
+                    pooling = known_pooling(dsn, pooler)
+                    if pooling is not None and not pooling.session_state:
+                        if dsn is not self.dsn:
+                            raise _direct_pooled()
+                        self._tell_pooled()
+                        return
                     await conn.execute(sql.SQL("LISTEN {}").format(channel))
                     backoff.reset()
                     wake()
@@ -359,13 +457,27 @@ class PgTaskStore:
                 log.debug("LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay)
                 await asyncio.sleep(delay)
 
+    async def _direct(self) -> psycopg.AsyncConnection[Any]:
+        """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
+        conn = self._direct_conn
+        if conn is not None and not conn.closed:
+            return conn
+        assert self.direct_dsn is not None
+        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
+        pooling = known_pooling(self.direct_dsn)
+        if pooling is not None and not pooling.session_state:
+            await conn.close()
+            raise _direct_pooled()
+        self._direct_conn = conn
+        return conn
+
     # -- connections ---------------------------------------------------------------------
 
     async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
-        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}")
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
         set_json_loads(orjson.loads, conn)
         if role == "claim":
             self._claim_conn = conn
@@ -377,7 +489,7 @@ class PgTaskStore:
         if write_denied(exc):
             return StoreDenied(first_line(exc, with_type=True), cause=exc)
         if connection_lost(exc):
-            for conn in (self._claim_conn, self._settle_conn):
+            for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
                 if conn is not None and conn.broken:
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -387,11 +499,11 @@ class PgTaskStore:
         return StoreError(first_line(exc, with_type=True), cause=exc)
 
     async def close(self) -> None:
-        for conn in (self._claim_conn, self._settle_conn):
+        for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
-        self._claim_conn = self._settle_conn = self._gate_conn = None
+        self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
 
 
 # -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
@@ -521,3 +633,10 @@ def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int =
             total += deleted
             if deleted < batch_size:
                 return total
+
+
+def _direct_pooled() -> ConfigurationError:
+    return ConfigurationError(
+        "--direct-dsn goes through a transaction pooler too: it must reach PostgreSQL itself"
+        " (the LISTEN connection and the session locks need a session of their own)"
+    )

@@ -20,7 +20,7 @@ import psycopg
 
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
-from outboxkit.store._connection import aconnect, connect
+from outboxkit.store._connection import PoolerMode, aconnect, connect
 from outboxkit.store.tasks_pg import ClaimedTask
 from outboxkit.tasks.errors import LeaseLost
 from outboxkit.write.outbox import Outbox
@@ -61,6 +61,7 @@ class TaskContext:
         outbox: Outbox,
         worker_id: str,
         events: str | None = None,
+        pooler: PoolerMode | None = None,
     ) -> None:
         self.task = task
         self._events = events
@@ -74,6 +75,7 @@ class TaskContext:
         self.outbox_of_worker = outbox
         self.outbox = BoundOutbox(self)
         self._dsn = dsn
+        self._pooler = pooler  # the worker's pooler override (no prepared statements there)
         self._complete = complete_sql
         #: Set when the task is no longer this attempt's (cancelled, or re-claimed after
         #: the lease ran out): a long sync handler checks it to stop early.
@@ -100,7 +102,7 @@ class TaskContext:
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A psycopg transaction that commits with the task's completion (fenced), or not at all."""
         conn = connect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
-                       autocommit=False)  # fmt: skip
+                       autocommit=False, pooler=self._pooler)  # fmt: skip
         try:
             self._sync_conn = conn
             yield conn
@@ -119,7 +121,7 @@ class TaskContext:
     async def atransaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """The async twin of :meth:`transaction`."""
         conn = await aconnect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
-                              autocommit=False)  # fmt: skip
+                              autocommit=False, pooler=self._pooler)  # fmt: skip
         try:
             self._async_conn = conn
             yield conn

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, Reschedule
+from outboxkit.store._connection import PoolerMode
 from outboxkit.store.tasks_pg import ClaimedTask
 from outboxkit.store.tasks_sql import TaskStatements
 from outboxkit.tasks.context import TaskContext
@@ -44,8 +45,10 @@ class HandlerSink:
         outbox: Outbox | None = None,
         worker_id: str = "",
         retention: str = "delete",
+        pooler: PoolerMode | None = None,
     ) -> None:
         self.tasks = tasks
+        self.pooler = pooler
         self.dsn = dsn
         self.worker_id = worker_id
         self.outbox = outbox if outbox is not None else Outbox()
@@ -99,6 +102,7 @@ class HandlerSink:
             outbox=self.outbox,
             worker_id=self.worker_id,
             events=task_type.events,
+            pooler=self.pooler,
         )
         try:
             payload = task_type.decode(task.payload)

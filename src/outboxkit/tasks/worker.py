@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +23,7 @@ from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim
+from outboxkit.store._connection import PoolerMode
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
@@ -123,6 +124,10 @@ class Worker:
     ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
     the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
     long a stop waits for running handlers before handing their tasks back.
+    ``queue_limits``: at most N tasks of a queue at once (``--queue name=N``); the
+    worker's other queues use the rest of ``concurrency``.
+    ``pooler`` / ``direct_dsn``: behind a transaction pooler (README "Behind PgBouncer"),
+    LISTEN and the wake-up gate's lock on ``direct_dsn`` (PostgreSQL itself) or polling only.
     """
 
     def __init__(
@@ -143,11 +148,20 @@ class Worker:
         batch_size: int = 1,
         observer: TaskObserver | None = None,
         linger: float = 0.03,
+        pooler: PoolerMode | None = None,
+        direct_dsn: str | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= batch_size <= concurrency:
             raise ValueError("batch_size must be between 1 and concurrency")
+        for queue, limit in (queue_limits or {}).items():
+            if queue not in queues or limit < 1:
+                raise ValueError(
+                    f"queue limit {queue}={limit}: the queue must be one of the worker's"
+                    f" queues {list(queues)} and its limit at least 1"
+                )
         if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
             raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
         self.tasks = tasks
@@ -160,6 +174,9 @@ class Worker:
             queues=queues,
             retention=retention,
             on_settle=lifecycle if lifecycle.wanted() else None,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+            queue_limits=queue_limits,
         )
         self.sink = HandlerSink(
             tasks,
@@ -168,6 +185,7 @@ class Worker:
             outbox=outbox,
             worker_id=self.worker_id,
             retention=retention,
+            pooler=pooler,
         )
         options = LoopOptions(
             owner=self.worker_id,
@@ -185,6 +203,12 @@ class Worker:
             shutdown_timeout=shutdown_timeout,
             retry=RetryPolicy(max_attempts=tasks.max_attempts),
             name="outboxkit-worker",
+            # A task is wanted within milliseconds of its commit (bench/tasks_latency.py):
+            # while lingering look again every 2 ms at most (the relay's waits double to
+            # 16 ms, a commit early in one waits it out), and a writer holding the gate open
+            # commits within about a round trip: look again after 1 ms, not 5.
+            linger_step=0.002,
+            gate_retry=0.001,
         )
         side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
@@ -212,6 +236,7 @@ class Worker:
             side_tasks=side,
             on_lease_lost=self._lease_lost,
         )
+        self.store.on_free = self._loop.wake  # a limited queue has room again
 
     def __repr__(self) -> str:
         return f"Worker(table={self.tasks.table!r}, worker_id={self.worker_id!r})"

@@ -58,7 +58,8 @@ def load_app(spec: str) -> Any:
     "--queue",
     "queues",
     multiple=True,
-    help="A queue to take tasks from (repeat for several) [default: default].",
+    help="A queue to take tasks from (repeat for several) [default: default]; name=N runs"
+    " at most N of its tasks at once (the other queues share the rest of --concurrency).",
 )
 @click.option(
     "--lease",
@@ -99,6 +100,22 @@ def load_app(spec: str) -> Any:
     help="Address to serve the metrics on (0.0.0.0: every interface).",
 )
 @click.option(
+    "--pooler",
+    type=click.Choice(["auto", "none", "session", "transaction", "transaction-prepared"]),
+    default=None,
+    help="What sits between the worker and PostgreSQL [default: auto, found at the first"
+    " connection]; as `outboxkit relay --pooler`. README, 'Behind PgBouncer'.",
+)
+@click.option(
+    "--direct-dsn",
+    envvar="OUTBOXKIT_DIRECT_DSN",
+    show_envvar=True,
+    default=None,
+    help="Behind a transaction pooler: a DSN of PostgreSQL itself for LISTEN and the wake-up"
+    " gate's lock; claims, settles and handlers' transactions still go through --dsn."
+    " Without it the worker polls.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -124,6 +141,8 @@ def worker(
     retention: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    pooler: str | None,
+    direct_dsn: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -147,9 +166,25 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         poll_interval=poll_interval,
         retention=retention,
+        pooler=pooler,
+        direct_dsn=direct_dsn,
     )
     if queues:
-        options["queues"] = list(queues)
+        names: list[str] = []
+        limits: dict[str, int] = {}
+        for spec in queues:
+            name, sep, count = spec.partition("=")
+            names.append(name)
+            if sep:
+                if not count.isdigit() or int(count) < 1:
+                    raise click.BadParameter(
+                        f"{spec!r}: give a queue as name or name=N, N a whole number >= 1",
+                        param_hint="--queue",
+                    )
+                limits[name] = int(count)
+        options["queues"] = names
+        if limits:
+            options["queue_limits"] = limits
     metrics = None
     if metrics_port is not None:
         from outboxkit.ops.task_metrics import TaskMetrics

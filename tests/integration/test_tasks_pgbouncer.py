@@ -1,0 +1,135 @@
+"""Task mode behind PgBouncer in transaction pooling mode (the suite's own, tests/support).
+
+As the relay (test_pgbouncer.py): claims, settles and handlers' transactions go through the
+pooler; what needs a session (LISTEN, the wake-up gate's advisory lock) goes to
+``direct_dsn`` or is not done at all, and the poll finds every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from outboxkit.store.migrate import migrate_tasks
+from outboxkit.tasks import TaskContext, Tasks, Worker
+from tests.support.pgbouncer import PgBouncer
+
+
+@pytest.fixture
+def pooled_dsn(db_dsn: str, pgbouncer: PgBouncer) -> str:
+    migrate_tasks(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE side_effects (task_id bigint PRIMARY KEY)")
+    return pgbouncer.dsn_for(psycopg.conninfo.conninfo_to_dict(db_dsn)["dbname"])
+
+
+def _advisory_locks(dsn: str) -> int:
+    """Advisory locks held in this database by any session (a leaked gate lock shows here)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _tasks(done: list[int]) -> Tasks:
+    tasks = Tasks()
+
+    @tasks.handler("write")
+    async def write(payload: int, ctx: TaskContext) -> None:
+        async with ctx.atransaction() as conn:  # through the pooler, with the completion
+            await conn.execute("INSERT INTO side_effects VALUES (%s)", (ctx.id,))
+        done.append(payload)
+
+    return tasks
+
+
+async def _run(worker: Worker, until: Callable[[], bool], timeout: float = 15.0) -> None:
+    running = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + timeout
+    while not until() and not running.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await running
+
+
+def _enqueue(dsn: str, tasks: Tasks, numbers: range) -> None:
+    # The application's own connection: no prepared statements through this pooler (README).
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        for n in numbers:
+            with conn.transaction():
+                tasks.enqueue(conn, "write", n)
+
+
+def test_a_worker_behind_the_pooler_polls_says_so_once_and_leaks_no_session_lock(
+    pooled_dsn: str, db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    done: list[int] = []
+    tasks = _tasks(done)
+    _enqueue(pooled_dsn, tasks, range(20))
+    worker = Worker(tasks, pooled_dsn, pooler="transaction", poll_interval=0.05, concurrency=4)
+
+    async def main() -> None:
+        # Idle spells in between, so the worker tries to close its wake-up gate many times.
+        run = asyncio.create_task(_run(worker, lambda: len(done) == 40))
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(_enqueue, pooled_dsn, tasks, range(20, 40))
+        await run
+
+    with caplog.at_level(logging.WARNING, logger="outboxkit.worker"):
+        asyncio.run(main())
+    assert sorted(done) == list(range(40))
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM side_effects").fetchone() == (40,)
+        assert conn.execute("SELECT count(*) FROM outboxkit_tasks").fetchone() == (0,)
+    told = [r for r in caplog.records if "transaction pooler" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in told]
+    assert "--direct-dsn" in told[0].getMessage()
+    # The gate's lock is a session's: taken through the pooler it would stay on whichever
+    # server connection ran it, shutting the gate for every worker.
+    assert _advisory_locks(db_dsn) == 0
+
+
+def test_with_a_direct_dsn_an_idle_worker_behind_the_pooler_is_woken_at_once(
+    pooled_dsn: str, db_dsn: str
+) -> None:
+    done: list[int] = []
+    tasks = _tasks(done)
+    # A poll far too slow to explain a start within seconds: only a wake-up can.
+    worker = Worker(tasks, pooled_dsn, pooler="transaction", direct_dsn=db_dsn, poll_interval=60.0)
+    started: list[float] = []
+
+    async def main() -> None:
+        run = asyncio.create_task(_run(worker, lambda: len(done) == 5, timeout=20.0))
+        await asyncio.sleep(1.0)  # idle: the gate closed on the direct connection
+        for n in range(5):
+            sent = time.monotonic()
+            await asyncio.to_thread(_enqueue, pooled_dsn, tasks, range(n, n + 1))
+            while len(done) <= n and time.monotonic() - sent < 5.0:
+                await asyncio.sleep(0.005)
+            started.append(time.monotonic() - sent)
+            await asyncio.sleep(0.2)
+        await run
+
+    asyncio.run(main())
+    assert sorted(done) == list(range(5))
+    assert max(started) < 3.0, started
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM side_effects").fetchone() == (5,)
+    assert _advisory_locks(db_dsn) == 0
+
+
+def test_a_direct_dsn_through_the_pooler_is_refused(pooled_dsn: str) -> None:
+    tasks = _tasks([])
+    worker = Worker(
+        tasks, pooled_dsn, pooler="transaction", direct_dsn=pooled_dsn + "?pooler=transaction"
+    )
+    with pytest.raises(Exception, match="--direct-dsn goes through a transaction pooler"):
+        asyncio.run(worker.run())
