@@ -167,8 +167,9 @@ async def test_publish_failure_is_recorded_retried_then_dead_lettered_and_later_
         [row] = rows(db_dsn)
         assert row["attempts"] == 3
         assert row["last_error"]
+        # The stats follow the settle's commit (the observer hears of it once it returns).
+        await wait_for(lambda: relay.stats.dead_lettered == 1, what="the dead letter counted")
         assert relay.stats.retried == 2
-        assert relay.stats.dead_lettered == 1
         # later events flow, the dead letter stays put
         later = Event(topic="shop.orders", event_type="order.paid", payload={"id": 1})
         write_events(db_dsn, [later])
