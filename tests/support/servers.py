@@ -200,6 +200,10 @@ def consume_kafka(bootstrap: str, topic: str, n: int, timeout: float = 20.0) -> 
 
     Partitions are assigned directly, so there is no group rebalance to wait for; a topic that
     does not exist yet is waited for. Blocking: call it via `asyncio.to_thread` from async tests.
+
+    `timeout` bounds the wait for the first message and for each silence after one: a read
+    that keeps making progress is not cut off. On a loaded machine Tansu serves a few thousand
+    records slower than a fixed 30 s allowed, and a short read looked like a lost message.
     """
     deadline = time.monotonic() + timeout
     consumer = Consumer(
@@ -229,6 +233,7 @@ def consume_kafka(bootstrap: str, topic: str, n: int, timeout: float = 20.0) -> 
                     raise KafkaException(error)
                 continue
             messages.append(msg)
+            deadline = max(deadline, time.monotonic() + min(timeout, 5.0))
         return messages
     finally:
         consumer.close()
