@@ -8,7 +8,6 @@ Both take the same arguments and return the same shapes (outboxkit.maintenance.r
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,11 @@ class Admin:
 
 
 def admin_for(dsn: str) -> Admin:
-    """The operator functions of the database ``dsn`` names (by its scheme)."""
+    """The operator functions of the database ``dsn`` names (by its scheme).
+
+    Built at each call from the modules' current functions (cheap: the modules are imported
+    once), so a test that replaces one of them is heard.
+    """
     return _mariadb() if is_mysql_url(dsn) else _postgres()
 
 
@@ -62,7 +65,6 @@ _FUNCTIONS = (
 )
 
 
-@functools.cache
 def _postgres() -> Admin:
     import psycopg
 
@@ -90,7 +92,6 @@ def _postgres() -> Admin:
     )
 
 
-@functools.cache
 def _mariadb() -> Admin:
     from outboxkit.backends.mariadb import admin
 

@@ -419,6 +419,7 @@ class RelayMetrics(RelayObserver):
 
     async def refresh_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Read the table gauges once (two bounded statements)."""
+        self._rerank()
         started = time.perf_counter()
         cap = {"cap": self.gauge_row_cap}
         cur = await conn.execute(self._sql.metrics_pending_by_topic, cap)
@@ -429,6 +430,7 @@ class RelayMetrics(RelayObserver):
     async def refresh_gauges_mariadb(self, conn: Any) -> None:
         """Read the table gauges once from MariaDB/MySQL (its admin's live status, the same
         two bounded readings, on a PyMySQL connection in a thread)."""
+        self._rerank()
         started = time.perf_counter()
         live = await asyncio.to_thread(
             self._admin.live_status, conn, self.table, cap=self.gauge_row_cap
@@ -444,6 +446,10 @@ class RelayMetrics(RelayObserver):
             started,
         )
 
+    def _rerank(self) -> None:
+        if self.topics.due():  # also when no event settles: idle topics leave the set
+            self._drop_series(self.topics.rerank())
+
     def _set_gauges(
         self,
         pending: Sequence[tuple[Any, ...]],
@@ -451,8 +457,6 @@ class RelayMetrics(RelayObserver):
         started: float,
     ) -> None:
         """The snapshot from (topic, pending, in flight, oldest age) and (topic, failed) rows."""
-        if self.topics.due():  # also when no event settles: idle topics leave the set
-            self._drop_series(self.topics.rerank())
         snap = TableSnapshot()
         label = self.topics.label
         pending_rows = 0
