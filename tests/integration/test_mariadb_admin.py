@@ -119,13 +119,13 @@ def test_purge_on_mariadb_deletes_old_published_rows_only_in_batches(
 ) -> None:
     url = new_database(mariadb_server, inbox=True)
     fill_mariadb(url, scenario_events(tag()))
-    for i in range(7):  # more old published rows than one batch
-        mariadb_execute(
-            url,
-            "INSERT INTO outbox (event_id, topic, event_type, payload, headers, status,"
-            " published_at) VALUES (%s, 'p', 'x', '', '{}', 1, UTC_TIMESTAMP(6) - INTERVAL 2 DAY)",
-            (f"00000000-0000-7000-8000-{i:012d}",),
-        )
+    old = "(%s, 'p', 'x', '', '{}', 1, UTC_TIMESTAMP(6) - INTERVAL 2 DAY)"
+    mariadb_execute(  # more old published rows than one batch
+        url,
+        "INSERT INTO outbox (event_id, topic, event_type, payload, headers, status,"
+        " published_at) VALUES " + ", ".join([old] * 7),
+        [f"00000000-0000-7000-8000-{i:012d}" for i in range(7)],
+    )
     done = _json("purge", "--dsn", url, "--older-than", "1d", "--batch-size", "3")
     assert done == {"deleted": len(PUBLISHED_OLD) + 7}
     states = mariadb_execute(url, "SELECT status, COUNT(*) FROM outbox GROUP BY status")
@@ -152,6 +152,8 @@ def test_admin_on_mariadb_says_which_table_is_missing_and_when_the_server_is_dow
     assert missing.exit_code == 2
     assert "outbox table 'nope' does not exist" in missing.output
     assert "outboxkit migrate" in missing.output
+    board = cli("dashboard", "--dsn", url, "--table", "nope")  # refused before serving
+    assert board.exit_code == 2 and "outbox table 'nope' does not exist" in board.output
     inbox = cli("purge", "--dsn", url, "--inbox", "--inbox-table", "nope", "--older-than", "1d")
     assert inbox.exit_code == 2 and "inbox table 'nope' not found" in inbox.output
     secret = "s3cr3t-pw"

@@ -98,11 +98,12 @@ def fill_mariadb(url: str, events: list[Event]) -> None:
     conn = pymysql.connect(**connect_args(url))
     try:
         Outbox(storage="mariadb").put_many(conn, events)
+        with conn.cursor() as cur:
+            for statement in _marks("UTC_TIMESTAMP(6)", lambda n, unit: f"INTERVAL {n} {unit}"):
+                cur.execute(statement)
         conn.commit()
     finally:
         conn.close()
-    for statement in _marks("UTC_TIMESTAMP(6)", lambda n, unit: f"INTERVAL {n} {unit}"):
-        mariadb_execute(url, statement)
 
 
 def fill_postgres(dsn: str, events: list[Event]) -> None:
