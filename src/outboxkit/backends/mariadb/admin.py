@@ -18,7 +18,11 @@ from typing import Any
 import orjson
 
 from outboxkit.backends.mariadb import sql
-from outboxkit.backends.mariadb.admin_sql import AdminStatements, InboxAdminStatements
+from outboxkit.backends.mariadb.admin_sql import (
+    MYSQL_LIVE_TABLE_STATS,
+    AdminStatements,
+    InboxAdminStatements,
+)
 from outboxkit.backends.mariadb.migrate import connect as _connect_url
 from outboxkit.errors import SchemaError, StoreError, StoreUnavailable, table_missing
 from outboxkit.maintenance.purge import in_batches
@@ -42,7 +46,11 @@ _MICROS = 1_000_000
 def connect(dsn: str) -> Any:
     """An autocommit PyMySQL connection (the dashboard keeps a few); a server that stops
     answering fails its statement after a minute instead of hanging the page or gauges."""
-    return _connect_url(dsn, autocommit=True, read_timeout=60, write_timeout=60)
+    conn = _connect_url(dsn, autocommit=True, read_timeout=60, write_timeout=60)
+    if "mariadb" not in conn.get_server_info().lower():  # MySQL (untested here: no server)
+        with conn.cursor() as cur:
+            cur.execute(MYSQL_LIVE_TABLE_STATS)
+    return conn
 
 
 def usable(conn: Any) -> bool:
@@ -51,12 +59,13 @@ def usable(conn: Any) -> bool:
 
 
 def connection_lost() -> tuple[type[BaseException], ...]:
-    """The errors that mean a kept connection died (try once more on a new one)."""
+    """The errors that mean a kept connection died (try once more on a new one): the
+    functions here say it as StoreUnavailable; PyMySQL's own errors for the rest."""
     try:
         import pymysql
     except ImportError:  # pragma: no cover - the extra is missing: connect() says so
-        return ()
-    return (pymysql.err.OperationalError, pymysql.err.InterfaceError)
+        return (StoreUnavailable,)
+    return (StoreUnavailable, pymysql.err.OperationalError, pymysql.err.InterfaceError)
 
 
 @contextmanager

@@ -93,6 +93,11 @@ class AdminStatements:
         )
 
 
+#: MySQL 8 caches information_schema's AUTO_INCREMENT for a day by default (MariaDB reads it
+#: live and has no such variable): an admin session of MySQL's reads it live too.
+MYSQL_LIVE_TABLE_STATS = "SET SESSION information_schema_stats_expiry = 0"
+
+
 class InboxAdminStatements:
     """Retention of an inbox table: records older than %s microseconds, optionally of one
     consumer, oldest first in small batches."""
