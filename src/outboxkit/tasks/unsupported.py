@@ -23,9 +23,10 @@ MISSING = (
     " MariaDB/MySQL)"
 )
 #: Modules of the MariaDB/MySQL drivers' connection classes.
-_DRIVERS = ("pymysql", "MySQLdb", "aiomysql", "asyncmy", "mysql.connector", "mariadb")
+_DRIVERS = ("pymysql", "MySQLdb", "aiomysql", "asyncmy", "mariadb")
 _MYSQL_DIALECTS = ("mysql", "mariadb")
-_KNOWN: dict[type, bool] = {}
+#: Per connection type: "mysql" (refused), "sqlalchemy" (its dialect decides) or "other".
+_KINDS: dict[type, str] = {}
 
 
 def refuse_url(dsn: str) -> None:
@@ -37,20 +38,27 @@ def refuse_url(dsn: str) -> None:
 def refuse_connection(conn: Any) -> None:
     """Raise ConfigurationError (``MISSING``) for a MariaDB/MySQL driver's connection, or a
     SQLAlchemy connection or session on a MySQL/MariaDB dialect. Cheap: by type, cached."""
-    kind = type(conn)
-    mysql = _KNOWN.get(kind)
-    if mysql is None:
-        mysql = _KNOWN[kind] = kind.__module__.split(".")[0] in _DRIVERS or any(
-            kind.__module__.startswith(m + ".") for m in _DRIVERS if "." in m
-        )
-    if mysql or _dialect(conn) in _MYSQL_DIALECTS:
+    kind = _KINDS.get(type(conn)) or _kind(type(conn))
+    if kind == "other":
+        return
+    if kind == "mysql" or _dialect(conn) in _MYSQL_DIALECTS:
         raise ConfigurationError(MISSING)
 
 
+def _kind(conn_type: type) -> str:
+    module = conn_type.__module__
+    if module.split(".")[0] in _DRIVERS or module.startswith("mysql.connector."):
+        kind = "mysql"
+    elif module.startswith("sqlalchemy."):
+        kind = "sqlalchemy"
+    else:
+        kind = "other"
+    _KINDS[conn_type] = kind
+    return kind
+
+
 def _dialect(conn: Any) -> str | None:
-    """A SQLAlchemy Connection's or Session's dialect name; None for anything else."""
-    if not type(conn).__module__.startswith("sqlalchemy."):
-        return None
+    """A SQLAlchemy Connection's, Engine's or Session's dialect name, or None."""
     dialect = getattr(conn, "dialect", None)
     if dialect is None and hasattr(conn, "get_bind"):
         try:
