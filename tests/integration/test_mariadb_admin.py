@@ -88,6 +88,15 @@ def test_status_failed_list_and_show_on_mariadb_answer_as_on_postgresql(
         shown = _json("failed", "show", ref, "--dsn", url)
         assert _without_times(shown) == _without_times(_json("failed", "show", ref, "--dsn", dsn))
         assert shown["status"] == "failed" and shown["headers"] == {"h": "0"}
+    # The live reading (gauges, dashboard): the same counts per topic, and the same age.
+    maria_live, pg_live = admin_for(url).live_status(url), admin_for(dsn).live_status(dsn)
+    for m, p in zip(maria_live.status.topics, pg_live.status.topics, strict=True):
+        counts = ("topic", "pending", "in_flight", "failed")
+        assert [getattr(m, c) for c in counts] == [getattr(p, c) for c in counts]
+        assert (m.oldest_pending_age_s is None) == (p.oldest_pending_age_s is None)
+        if m.oldest_pending_age_s is not None:
+            assert m.oldest_pending_age_s == pytest.approx(p.oldest_pending_age_s, abs=30)
+    assert maria_live.last_id == pg_live.last_id == 10
     table = cli("status", "--dsn", url)
     assert table.exit_code == 0 and f"{t}.mail" in table.output
     assert "dead letters present" in table.output
