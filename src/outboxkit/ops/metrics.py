@@ -27,6 +27,8 @@ from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
+from outboxkit.admin import admin_for
+from outboxkit.errors import OutboxkitError
 from outboxkit.publishers.base import (
     OutboundMessage,
     PublishResult,
@@ -229,6 +231,8 @@ class RelayMetrics(RelayObserver):
         # at scrape time and by /readyz: set by attach().
         self.status: Callable[[], RelayStatus] = RelayStatus
         self._sql = Statements(table)
+        #: The table's operator functions: MariaDB/MySQL's gauges are read through them.
+        self._admin = admin_for(dsn)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
         self._other_seen = False
@@ -415,27 +419,59 @@ class RelayMetrics(RelayObserver):
 
     async def refresh_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Read the table gauges once (two bounded statements)."""
+        self._rerank()
+        started = time.perf_counter()
+        cap = {"cap": self.gauge_row_cap}
+        cur = await conn.execute(self._sql.metrics_pending_by_topic, cap)
+        pending = await cur.fetchall()
+        cur = await conn.execute(self._sql.metrics_failed_by_topic, cap)
+        self._set_gauges(pending, await cur.fetchall(), started)
+
+    async def refresh_gauges_mariadb(self, conn: Any) -> None:
+        """Read the table gauges once from MariaDB/MySQL (its admin's live status, the same
+        two bounded readings, on a PyMySQL connection in a thread)."""
+        self._rerank()
+        started = time.perf_counter()
+        live = await asyncio.to_thread(
+            self._admin.live_status, conn, self.table, cap=self.gauge_row_cap
+        )
+        topics = live.status.topics
+        self._set_gauges(
+            [
+                (t.topic, t.pending, t.in_flight, t.oldest_pending_age_s)
+                for t in topics
+                if t.pending or t.in_flight
+            ],
+            [(t.topic, t.failed) for t in topics if t.failed],
+            started,
+        )
+
+    def _rerank(self) -> None:
         if self.topics.due():  # also when no event settles: idle topics leave the set
             self._drop_series(self.topics.rerank())
-        started = time.perf_counter()
+
+    def _set_gauges(
+        self,
+        pending: Sequence[tuple[Any, ...]],
+        failed: Sequence[tuple[Any, ...]],
+        started: float,
+    ) -> None:
+        """The snapshot from (topic, pending, in flight, oldest age) and (topic, failed) rows."""
         snap = TableSnapshot()
-        cap = {"cap": self.gauge_row_cap}
         label = self.topics.label
-        cur = await conn.execute(self._sql.metrics_pending_by_topic, cap)
         pending_rows = 0
-        for topic, pending, in_flight, oldest in await cur.fetchall():
+        for topic, pending_n, in_flight, oldest in pending:
             t = label(topic)
-            snap.backlog[t] = snap.backlog.get(t, 0) + pending
+            snap.backlog[t] = snap.backlog.get(t, 0) + pending_n
             snap.in_flight[t] = snap.in_flight.get(t, 0) + in_flight
             age = max(0.0, oldest or 0.0)
             snap.oldest_pending_age[t] = max(snap.oldest_pending_age.get(t, 0.0), age)
-            pending_rows += pending + in_flight
-        cur = await conn.execute(self._sql.metrics_failed_by_topic, cap)
+            pending_rows += pending_n + in_flight
         failed_rows = 0
-        for topic, failed in await cur.fetchall():
+        for topic, failed_n in failed:
             t = label(topic)
-            snap.failed[t] = snap.failed.get(t, 0) + failed
-            failed_rows += failed
+            snap.failed[t] = snap.failed.get(t, 0) + failed_n
+            failed_rows += failed_n
         snap.truncated = pending_rows >= self.gauge_row_cap or failed_rows >= self.gauge_row_cap
         # A labelled topic that drained reports 0 rather than vanishing (alerts compare
         # with 0); a topic that left the labelled set vanishes with its other series.
@@ -455,33 +491,51 @@ class RelayMetrics(RelayObserver):
         self.snapshot = snap
 
     async def run_gauges(self, stop: asyncio.Event | None = None) -> None:
-        """Refresh the table gauges every ``gauge_interval`` seconds until cancelled or stopped."""
-        conn: psycopg.AsyncConnection[Any] | None = None
+        """Refresh the table gauges every ``gauge_interval`` seconds until cancelled or stopped.
+
+        One kept connection (psycopg's, or PyMySQL's on MariaDB/MySQL), replaced when a
+        reading fails.
+        """
+        mariadb = self._admin.name == "mariadb"
+        errors: tuple[type[BaseException], ...] = (OutboxkitError,) if mariadb else (psycopg.Error,)
+        conn: Any = None
         try:
             while stop is None or not stop.is_set():
                 try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = await aconnect(self.dsn, application_name="outboxkit-relay:metrics")
-                    await self.refresh_gauges(conn)
-                    cdc = self.status().cdc
-                    if cdc is not None:
-                        await self.refresh_slot(conn, cdc.slot)
-                except psycopg.Error as exc:
+                    if mariadb:
+                        if conn is None or not self._admin.usable(conn):
+                            conn = await asyncio.to_thread(self._admin.connect, self.dsn)
+                        await self.refresh_gauges_mariadb(conn)
+                    else:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = await aconnect(
+                                self.dsn, application_name="outboxkit-relay:metrics"
+                            )
+                        await self._refresh_postgres(conn)
+                except errors as exc:
                     self.snapshot.error = first_line(exc, with_type=True)
                     log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
-                    if conn is not None:
-                        with contextlib.suppress(Exception):
-                            await conn.close()
-                        conn = None
-                if stop is None:
-                    await asyncio.sleep(self.gauge_interval)
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=self.gauge_interval)
+                    await _close(conn)
+                    conn = None
+                if await self._stopped(stop):
+                    return
         finally:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
+            await _close(conn)
+
+    async def _refresh_postgres(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await self.refresh_gauges(conn)
+        cdc = self.status().cdc
+        if cdc is not None:
+            await self.refresh_slot(conn, cdc.slot)
+
+    async def _stopped(self, stop: asyncio.Event | None) -> bool:
+        """Wait ``gauge_interval`` (or until ``stop`` is set); whether it was set."""
+        if stop is None:
+            await asyncio.sleep(self.gauge_interval)
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=self.gauge_interval)
+        return stop.is_set()
 
     # -- readiness -------------------------------------------------------------------
 
@@ -528,6 +582,16 @@ class RelayMetrics(RelayObserver):
             log.warning("not ready: %s: %s", reason, detail)
         self._reported = detail
         return reason
+
+
+async def _close(conn: Any) -> None:
+    """Close a gauge connection (psycopg's async close, or PyMySQL's), whatever its state."""
+    if conn is None:
+        return
+    with contextlib.suppress(Exception):
+        closed = conn.close()
+        if asyncio.iscoroutine(closed):
+            await closed
 
 
 def _kind(error: str) -> str:

@@ -1,4 +1,7 @@
-"""Operator queries on an outbox table: status, dead letters, replay, purge."""
+"""Operator queries on an outbox table: status, dead letters, replay, purge (PostgreSQL).
+
+MariaDB's are in backends/mariadb/admin.py; outboxkit.admin.admin_for(dsn) picks one.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import datetime as dt
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
@@ -14,46 +16,18 @@ from psycopg.rows import dict_row
 
 from outboxkit.errors import table_missing
 from outboxkit.maintenance.purge import in_batches
+from outboxkit.maintenance.report import (
+    EventRef,
+    LiveStatus,
+    OutboxStatus,
+    TopicStatus,
+    live_report,
+    parse_event_ref,
+)
+from outboxkit.maintenance.report import add_counts as _add_counts
 from outboxkit.store._connection import Source, admin_connection
 from outboxkit.store.cdc_sql import CdcRelayStatements
 from outboxkit.store.postgres import DEFAULT_TABLE, Statements, Status
-
-
-@dataclass
-class TopicStatus:
-    topic: str
-    pending: int
-    in_flight: int
-    failed: int
-    published: int
-    oldest_pending_age_s: float | None
-
-    def add(self, other: TopicStatus) -> None:
-        """Fold ``other``'s counts in (the oldest pending age is the older of the two)."""
-        _add_counts(self, other)
-
-
-@dataclass
-class OutboxStatus:
-    table: str
-    pending: int = 0
-    in_flight: int = 0
-    failed: int = 0
-    published: int = 0
-    oldest_pending_age_s: float | None = None
-    topics: list[TopicStatus] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _add_counts(into: TopicStatus | OutboxStatus, t: TopicStatus) -> None:
-    into.pending += t.pending
-    into.in_flight += t.in_flight
-    into.failed += t.failed
-    into.published += t.published
-    if t.oldest_pending_age_s is not None:
-        into.oldest_pending_age_s = max(into.oldest_pending_age_s or 0.0, t.oldest_pending_age_s)
 
 
 def _connect(dsn: Source, table: str) -> AbstractContextManager[psycopg.Connection[Any]]:
@@ -109,20 +83,6 @@ def list_events(dsn: Source, table: str = DEFAULT_TABLE) -> list[dict[str, Any]]
     for row in rows:
         row["status"] = _status_name(row["status"])
     return rows
-
-
-#: An event named by its row id or by its event id (the UUID consumers see).
-EventRef = int | uuid.UUID
-
-
-def parse_event_ref(text: str) -> EventRef:
-    """``"42"`` → row id 42, a UUID → that event id; anything else is refused by name."""
-    if text.strip().isdigit():
-        return int(text)
-    try:
-        return uuid.UUID(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is neither a row id nor an event id (UUID)") from None
 
 
 def _row_ids(conn: psycopg.Connection[Any], table: str, refs: list[EventRef]) -> list[int]:
@@ -243,15 +203,6 @@ def last_event_id(dsn: str, table: str = DEFAULT_TABLE) -> int:
     return int(row[0]) if row else 0
 
 
-@dataclass
-class LiveStatus:
-    """A cheap reading for live views: bounded counts (published rows are not read)."""
-
-    status: OutboxStatus
-    last_id: int
-    truncated: bool
-
-
 def live_status(dsn: Source, table: str = DEFAULT_TABLE, *, cap: int = 100_000) -> LiveStatus:
     """Pending, in-flight and failed per topic from the partial indexes, at most ``cap`` rows each.
 
@@ -259,27 +210,11 @@ def live_status(dsn: Source, table: str = DEFAULT_TABLE, *, cap: int = 100_000) 
     few seconds costs the same however large a ``retention=keep`` table grows.
     """
     sql = Statements(table)
-    report = OutboxStatus(table=table)
-    topics: dict[str, TopicStatus] = {}
     with _connect(dsn, table) as conn:
         pending = conn.execute(sql.metrics_pending_by_topic, {"cap": cap}).fetchall()
         failed = conn.execute(sql.metrics_failed_by_topic, {"cap": cap}).fetchall()
         max_row = conn.execute(sql.last_event_id, (sql.qualified,)).fetchone()
-    for topic, n_pending, n_in_flight, oldest in pending:
-        topics[topic] = TopicStatus(topic, n_pending, n_in_flight, 0, 0, oldest)
-    for topic, n_failed in failed:
-        topics.setdefault(topic, TopicStatus(topic, 0, 0, 0, 0, None)).failed = n_failed
-    for t in sorted(topics.values(), key=lambda t: t.topic):
-        report.topics.append(t)
-        report.pending += t.pending
-        report.in_flight += t.in_flight
-        report.failed += t.failed
-        if t.oldest_pending_age_s is not None:
-            report.oldest_pending_age_s = max(
-                report.oldest_pending_age_s or 0.0, t.oldest_pending_age_s
-            )
-    truncated = report.pending + report.in_flight >= cap or report.failed >= cap
-    return LiveStatus(report, int(max_row[0]) if max_row else 0, truncated)
+    return live_report(table, pending, failed, int(max_row[0]) if max_row else 0, cap)
 
 
 def _status_name(value: int) -> str:
@@ -288,3 +223,22 @@ def _status_name(value: int) -> str:
         return Status(value).name.lower()
     except ValueError:  # a value written by hand or by a newer release
         return str(value)
+
+
+__all__ = [
+    "EventRef",
+    "LiveStatus",
+    "OutboxStatus",
+    "TopicStatus",
+    "count_purgeable",
+    "discard",
+    "get_event",
+    "last_event_id",
+    "list_events",
+    "list_failed",
+    "live_status",
+    "parse_event_ref",
+    "purge",
+    "replay",
+    "status",
+]

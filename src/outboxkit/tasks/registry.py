@@ -25,6 +25,7 @@ from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
+from outboxkit.tasks.unsupported import refuse_connection
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
 
@@ -230,6 +231,7 @@ class Tasks:
         all if it rolls back). ``delay`` or ``run_at``: not before then. ``key``: tasks of
         one key run one at a time, in enqueue order. Higher ``priority`` runs first.
         """
+        refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         return sync_adapter(conn, _ENQUEUE).fetch_flag(conn, self._statement, params)
@@ -249,6 +251,7 @@ class Tasks:
         max_attempts: int | None = None,
     ) -> bool:
         """Async :meth:`enqueue`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
+        refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         adapter = async_adapter(conn, _ENQUEUE)

@@ -29,6 +29,7 @@ from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
 from outboxkit.tasks.sink import HandlerSink
+from outboxkit.tasks.unsupported import refuse_url
 from outboxkit.write.outbox import Outbox
 
 log = logging.getLogger("outboxkit.worker")
@@ -152,6 +153,7 @@ class Worker:
         direct_dsn: str | None = None,
         queue_limits: Mapping[str, int] | None = None,
     ) -> None:
+        refuse_url(dsn)  # (MariaDB/MySQL: no task store there yet, said in one line)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= batch_size <= concurrency:

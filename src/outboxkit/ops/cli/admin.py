@@ -55,11 +55,11 @@ def status(dsn: str, table: str, as_json: bool) -> None:
     with the head's id, event_id, topic, event_type, attempts, last_error, created_at
     and the count of events waiting behind it; empty on an unordered table).
     """
-    from outboxkit.store import admin
-    from outboxkit.store.ordered_sql import blocked_keys
+    from outboxkit.admin import admin_for
 
+    admin = admin_for(dsn)
     report = run_guarded(admin.status, dsn, table)
-    blocked = run_guarded(blocked_keys, dsn, table=table, limit=_BLOCKED_KEYS_SHOWN)
+    blocked = run_guarded(admin.blocked_keys, dsn, table=table, limit=_BLOCKED_KEYS_SHOWN)
     for head in blocked:
         head["last_error"] = redact(head["last_error"] or "")
     if as_json:
@@ -96,9 +96,9 @@ def status(dsn: str, table: str, as_json: bool) -> None:
         console.print(
             Text.assemble(("dead letters present:", "yellow"), " see `outboxkit failed list`")
         )
-    from outboxkit.store.partitions import stray_rows
-
-    if stray := run_guarded(stray_rows, dsn, table):  # a partitioned outbox's default partition
+    if stray := run_guarded(
+        admin.stray_rows, dsn, table
+    ):  # a partitioned outbox's default partition
         console.print(
             Text.assemble(
                 ("rows outside every partition:", "yellow"),
@@ -173,7 +173,9 @@ def failed() -> None:
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
 def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_json: bool) -> None:
     """List dead-lettered events, oldest first."""
-    from outboxkit.store import admin
+    from outboxkit.admin import admin_for
+
+    admin = admin_for(dsn)
 
     rows = run_guarded(admin.list_failed, dsn, table, topic=topic, **given(limit=limit))
     if as_json:
@@ -208,7 +210,9 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
 def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     """Show one event (by row id or event id), headers and payload included."""
-    from outboxkit.store import admin
+    from outboxkit.admin import admin_for
+
+    admin = admin_for(dsn)
 
     row = run_guarded(admin.get_event, dsn, ref, table)
     if row is None:
@@ -228,7 +232,7 @@ def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
 
 def _event_refs(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
     """A click callback: each --id as a row id (in bigint's range) or an event id (UUID)."""
-    from outboxkit.store.admin import parse_event_ref
+    from outboxkit.maintenance.report import parse_event_ref
 
     in_range(1, MAX_INT8)(_ctx, param, tuple(int(v) for v in values if v.strip().isdigit()))
     try:
@@ -262,7 +266,9 @@ def replay(dsn: str, table: str, ids: list[Any], topic: str | None, all_failed: 
 
     Exactly one of --id, --topic or --all-failed. Exits 1 when no failed event matched.
     """
-    from outboxkit.store import admin
+    from outboxkit.admin import admin_for
+
+    admin = admin_for(dsn)
 
     if sum(bool(x) for x in (ids, topic, all_failed)) != 1:
         fail("say what to replay: --id ID (repeatable), --topic T, or --all-failed", 2)
@@ -289,7 +295,9 @@ def failed_discard(
     Exactly one of --id, --topic or --all-failed; the last two ask first unless --yes.
     Only events in status failed are deleted. Exits 1 when none matched.
     """
-    from outboxkit.store import admin
+    from outboxkit.admin import admin_for
+
+    admin = admin_for(dsn)
 
     if sum(bool(x) for x in (ids, topic, all_failed)) != 1:
         fail("say what to discard: --id ID (repeatable), --topic T, or --all-failed", 2)
@@ -344,15 +352,16 @@ def purge(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from outboxkit.store import admin, inbox_sql
+    from outboxkit.admin import admin_for
 
+    admin = admin_for(dsn)
     age = parse_duration(older_than)
 
     def run_purge(**kw: Any) -> Any:
         kw.update(given(batch_size=batch_size))
         if inbox:
             return run_guarded(
-                inbox_sql.purge_inbox,
+                admin.purge_inbox,
                 dsn,
                 older_than=age,
                 table=inbox_table,
@@ -366,7 +375,7 @@ def purge(
         return
     if inbox:
         total = run_guarded(
-            inbox_sql.count_inbox_purgeable,
+            admin.count_inbox_purgeable,
             dsn,
             older_than=age,
             table=inbox_table,

@@ -79,11 +79,13 @@ def dashboard(
     Example:
       OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
     """
+    from outboxkit.admin import admin_for
     from outboxkit.ops.dashboard import Dashboard, dashboard_app
-    from outboxkit.store import admin
 
     setup_logging("info", log_format)
-    run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
+    run_guarded(
+        admin_for(dsn).live_status, dsn, table
+    )  # fail now, readably, if the DSN or table is wrong
     try:
         board = Dashboard(
             dsn,

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from outboxkit._text import first_line
-from outboxkit.errors import OutboxkitError, missing_column, not_an_outbox
+from outboxkit.errors import OutboxkitError, StoreUnavailable, missing_column, not_an_outbox
 from outboxkit.ops.cli.output import fail
 
 
@@ -17,6 +17,8 @@ def run_guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
     try:
         return fn(*args, **kwargs)
+    except StoreUnavailable as exc:  # (MariaDB's admin: its server is not reachable)
+        fail(str(exc), 3)
     except OutboxkitError as exc:
         fail(str(exc), 2)
     except psycopg.OperationalError as exc:

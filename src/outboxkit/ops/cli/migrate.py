@@ -99,6 +99,7 @@ def migrate(
             inbox,
             print_sql,
             tasks or ordered or partition_by is not None,
+            tasks=tasks,
         )
         return
     from outboxkit.store.migrate import migrate as run_migrate
@@ -179,12 +180,22 @@ def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
 
 
 def _migrate_mariadb(
-    dsn: str | None, table: str, inbox: bool, print_sql: bool, unsupported: bool
+    dsn: str | None,
+    table: str,
+    inbox: bool,
+    print_sql: bool,
+    unsupported: bool,
+    *,
+    tasks: bool = False,
 ) -> None:
     """The MariaDB/MySQL backend: the outbox or the inbox (tasks, ordered and partitioned
     tables are PostgreSQL's only, for now)."""
     from outboxkit.backends.mariadb import migrate as mariadb
 
+    if tasks:
+        from outboxkit.tasks.unsupported import MISSING
+
+        fail(MISSING, 2)
     if unsupported:
         fail(
             "on MariaDB/MySQL, migrate creates the outbox and the inbox only: --tasks,"

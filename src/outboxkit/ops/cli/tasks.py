@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.table import Table
 
+from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
 from outboxkit.ops.cli.output import console, fail, jsonable, ok
@@ -21,6 +24,24 @@ tasks_table_option = click.option(
     envvar="OUTBOXKIT_TASKS_TABLE",
     help="Task table name, optionally schema-qualified.",
 )
+
+
+def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--dsn, and a MariaDB/MySQL one refused at once in one line (no task store there)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        from outboxkit.tasks.unsupported import MISSING, refuse_url
+
+        try:
+            refuse_url(kwargs.get("dsn") or "")
+        except ConfigurationError:
+            fail(MISSING, 2)
+        command(*args, **kwargs)
+
+    return dsn_option(run)
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="JSON lines, for programs.")
 
 
@@ -58,7 +79,7 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 
 
 @tasks.command("list")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.option("--status", type=click.Choice(_STATES), default=None, help="Only this state.")
 @click.option("--name", default=None, help="Only tasks of this name.")
@@ -83,7 +104,7 @@ def list_command(
 
 
 @tasks.command("failed")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.option("--name", default=None, help="Only tasks of this name.")
 @click.option(
@@ -106,7 +127,7 @@ def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_
 
 
 @tasks.command("show")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.argument("task_id", type=int)
 def show_command(dsn: str, tasks_table: str, task_id: int) -> None:
@@ -121,7 +142,7 @@ def show_command(dsn: str, tasks_table: str, task_id: int) -> None:
 
 
 @tasks.command("replay")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.argument("task_ids", type=int, nargs=-1)
 @click.option("--all", "all_failed", is_flag=True, help="Every failed or cancelled task.")
@@ -139,7 +160,7 @@ def replay_command(
 
 
 @tasks.command("cancel")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
@@ -151,7 +172,7 @@ def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> Non
 
 
 @tasks.command("discard")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
@@ -163,7 +184,7 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
 
 
 @tasks.command("purge")
-@dsn_option
+@task_dsn_option
 @tasks_table_option
 @click.option(
     "--older-than",

@@ -156,7 +156,12 @@ def worker(
       outboxkit worker --dsn postgresql://app@db/shop --app shop.jobs:tasks --concurrency 20
     """
     from outboxkit.tasks import Worker
+    from outboxkit.tasks.unsupported import MISSING, refuse_url
 
+    try:
+        refuse_url(dsn)  # before importing the app: one line, whatever the app does
+    except OutboxkitError:
+        fail(MISSING, 2)
     setup_logging(log_level, log_format)
     app = load_app(app_spec)
     options = given(

@@ -27,15 +27,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg
 from aiohttp import web
 
 from outboxkit._redact import redact, remember_secrets
+from outboxkit.admin import Admin, admin_for
 from outboxkit.errors import ConfigurationError
+from outboxkit.maintenance.report import LiveStatus, TopicStatus
 from outboxkit.ops._throttle import Throttled
-from outboxkit.store import admin
-from outboxkit.store._connection import connect
-from outboxkit.store.ordered_sql import blocked_keys
 
 log = logging.getLogger("outboxkit.dashboard")
 
@@ -102,12 +100,14 @@ class Dashboard:
         self.sample_interval = sample_interval
         self.max_topics = max_topics
         self.allowed_hosts = _allowed_hosts(host, allowed_hosts)
-        self.connections = _Connections(dsn)
+        #: The database's operator functions (PostgreSQL's or MariaDB's, by the URL).
+        self.admin = admin_for(dsn)
+        self.connections = _Connections(dsn, self.admin)
         self.attempts = _TokenAttempts(window=token_failure_window)
         self.history: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max(2, int(HISTORY_SECONDS / sample_interval) + 1)
         )
-        self.latest: admin.LiveStatus | None = None
+        self.latest: LiveStatus | None = None
         self.error: str | None = None
         self._previous: tuple[float, int, int] | None = None
         self._topics: dict[str, float] = {}  # listed topic -> last time it had rows
@@ -115,7 +115,7 @@ class Dashboard:
     async def sample(self) -> None:
         """Read the table once and append a point to the history."""
         try:
-            live = await self.connections.run(admin.live_status, self.table)
+            live = await self.connections.run(self.admin.live_status, self.table)
         except Exception as exc:
             error = redact(f"{type(exc).__name__}: {exc}")[:500]
             if error != self.error:  # once per outage, not once per sample
@@ -148,9 +148,7 @@ class Dashboard:
             }
         )
 
-    def _bounded_topics(
-        self, topics: list[admin.TopicStatus], now: float
-    ) -> list[admin.TopicStatus]:
+    def _bounded_topics(self, topics: list[TopicStatus], now: float) -> list[TopicStatus]:
         """The busiest ``max_topics`` topics, the rest summed as one row.
 
         A listed topic that drained stays with zeros (instead of vanishing) for
@@ -167,9 +165,9 @@ class Dashboard:
             if now - seen > HISTORY_SECONDS or len(listed) >= self.max_topics:
                 del self._topics[name]
             else:
-                listed.append(admin.TopicStatus(name, 0, 0, 0, 0, None))
+                listed.append(TopicStatus(name, 0, 0, 0, 0, None))
         if rest:
-            other = admin.TopicStatus(OTHER_TOPICS, 0, 0, 0, 0, None)
+            other = TopicStatus(OTHER_TOPICS, 0, 0, 0, 0, None)
             for t in rest:
                 other.add(t)
             listed.append(other)
@@ -276,12 +274,13 @@ class _Connections:
     every connection the database allows, the relay's included.
     """
 
-    def __init__(self, dsn: str, size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, admin: Admin, size: int = POOL_SIZE) -> None:
         self.dsn = dsn
+        self.admin = admin
         self.size = size
         self.opened = 0
         self.closed = False
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle: list[Any] = []
         self._slots: asyncio.Semaphore | None = None
 
     async def run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -291,14 +290,14 @@ class _Connections:
         async with self._slots:
             try:
                 return await asyncio.to_thread(self._call, fn, args, kwargs, reuse=True)
-            except psycopg.OperationalError:
+            except self.admin.connection_lost:
                 # a kept connection the server closed meanwhile: once more on a new one
                 return await asyncio.to_thread(self._call, fn, args, kwargs, reuse=False)
 
     def _call(self, fn: Callable[..., _T], args: Any, kwargs: Any, *, reuse: bool) -> _T:
         conn = self._idle.pop() if reuse and self._idle else None
-        if conn is None or conn.closed or conn.broken:
-            conn = connect(self.dsn, application_name="outboxkit-dashboard")
+        if conn is None or not self.admin.usable(conn):
+            conn = self.admin.connect(self.dsn)
             self.opened += 1
         try:
             result = fn(conn, *args, **kwargs)
@@ -382,18 +381,22 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
 
     async def failed(request: web.Request) -> web.Response:
         limit = _limit(request)
-        rows = await dashboard.connections.run(admin.list_failed, dashboard.table, limit=limit)
+        rows = await dashboard.connections.run(
+            dashboard.admin.list_failed, dashboard.table, limit=limit
+        )
         return _json([_redacted_error(row) for row in rows])
 
     async def blocked(request: web.Request) -> web.Response:
         """Ordered mode: keys stopped behind a dead-lettered head event, with its error."""
         limit = _limit(request)
-        rows = await dashboard.connections.run(blocked_keys, table=dashboard.table, limit=limit)
+        rows = await dashboard.connections.run(
+            dashboard.admin.blocked_keys, table=dashboard.table, limit=limit
+        )
         return _json([_redacted_error(row) for row in rows])
 
     async def event(request: web.Request) -> web.Response:
         row = await dashboard.connections.run(
-            admin.get_event, str(_row_id(request)), dashboard.table
+            dashboard.admin.get_event, str(_row_id(request)), dashboard.table
         )
         if row is None:
             return _json({"error": "no such event (published and deleted, or discarded)"}, 404)
@@ -444,10 +447,14 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         return handler
 
     async def replay(row_id: int) -> int:
-        return await dashboard.connections.run(admin.replay, dashboard.table, ids=[row_id])
+        return await dashboard.connections.run(
+            dashboard.admin.replay, dashboard.table, ids=[row_id]
+        )
 
     async def discard(row_id: int) -> int:
-        return await dashboard.connections.run(admin.discard, dashboard.table, ids=[row_id])
+        return await dashboard.connections.run(
+            dashboard.admin.discard, dashboard.table, ids=[row_id]
+        )
 
     @web.middleware
     async def known_host(
