@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -28,13 +30,19 @@ from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
 
 Role = Literal["claim", "settle"]
 
+#: The LISTEN connection is asked a question (``SELECT 1``) this often, and given this long
+#: to answer before it is taken for dead and replaced (docs/tasks.md, "Listener health").
+LISTEN_CHECK_INTERVAL = 10.0
+LISTEN_CHECK_TIMEOUT = 5.0
+
 
 class PgSession:
     """Connections, the wake-up gate and LISTEN of a queue store on PostgreSQL.
 
     ``who`` and ``what`` name the process and its items in log lines ("relay", "events").
     ``channel`` is the table's NOTIFY channel; ``try_wake_lock`` and ``wake_unlock`` its
-    gate's statements (the subclass's SQL).
+    gate's statements (the subclass's SQL). ``listen_check``: (interval, timeout) of the
+    LISTEN connection's health probe (:meth:`listen`).
     """
 
     def __init__(
@@ -55,6 +63,7 @@ class PgSession:
         self.pooler = pooler
         self.direct_dsn = direct_dsn
         self.name = name
+        self.listen_check = (LISTEN_CHECK_INTERVAL, LISTEN_CHECK_TIMEOUT)
         self._channel = channel
         self._try_wake_lock = try_wake_lock
         self._wake_unlock = wake_unlock
@@ -159,10 +168,19 @@ class PgSession:
 
         LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
         (the poll remains) when its connection turns out to go through a transaction pooler.
+
+        A LISTEN connection can die without a word: its backend terminated while nothing
+        is read, or a network path that stops forwarding without closing (a proxy, a
+        load balancer or a NAT that lost the connection, a server that hangs). So it is
+        asked ``SELECT 1`` every ``listen_check[0]`` seconds; no answer within
+        ``listen_check[1]`` and it is hung up and replaced. TCP keepalives would not do:
+        whatever sits next on the path answers them (the proxy, the pooler), not the
+        backend that holds the LISTEN. One warning when it breaks, one line when it is back.
         """
         backoff = Backoff(base=0.5, cap=10.0)
         channel = sql.Identifier(self._channel)
         dsn = self.direct_dsn or self.dsn
+        broken = False
         while True:
             try:
                 async with await aconnect(
@@ -172,15 +190,37 @@ class PgSession:
                         return
                     await conn.execute(sql.SQL("LISTEN {}").format(channel))
                     backoff.reset()
+                    if broken:
+                        broken = False
+                        self._log.info("the %s's LISTEN connection is back", self._who)
                     wake()  # anything committed while we were not listening
-                    async for _notify in conn.notifies():
-                        wake()
+                    await self._pass_on(conn, wake)
+                why = f"it did not answer within {self.listen_check[1]:g}s"
             except psycopg.OperationalError as exc:
-                delay = backoff.next_delay()
-                self._log.debug(
-                    "LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay
+                why = first_line(exc)
+            delay = backoff.next_delay()
+            if not broken:
+                broken = True
+                self._log.warning(
+                    "the %s's LISTEN connection is lost (%s): %s are found by the poll until"
+                    " it is replaced",
+                    self._who,
+                    why,
+                    self._what,
                 )
-                await asyncio.sleep(delay)
+            self._log.debug("LISTEN connection lost (%s); retrying in %.2fs", why, delay)
+            await asyncio.sleep(delay)
+
+    async def _pass_on(self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None]) -> None:
+        """Call ``wake`` for every notification until ``conn`` stops answering (then return)
+        or breaks (OperationalError). Notifications that come during a probe are kept by
+        psycopg and passed on after it."""
+        interval, timeout = self.listen_check
+        while True:
+            async for _notify in conn.notifies(timeout=interval):
+                wake()
+            if not await _answers(conn, timeout):
+                return
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -234,6 +274,31 @@ class PgSession:
                 with contextlib.suppress(Exception):
                     await conn.close()
         self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
+
+
+async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
+    """Whether ``conn``'s backend answers ``SELECT 1`` ``within`` seconds; if not,
+    the connection is hung up. OperationalError if it is already known to be broken."""
+    probe = asyncio.ensure_future(conn.execute("SELECT 1"))
+    try:
+        done, _ = await asyncio.wait({probe}, timeout=within)
+    finally:
+        if not probe.done():
+            # Not cancelled: psycopg would send a cancel request and wait on the same
+            # silent path. A socket shut down ends the probe at once with a broken connection.
+            _hang_up(conn)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(probe), timeout=within)
+    if done:
+        await probe  # (its error, if any)
+        return True
+    return False
+
+
+def _hang_up(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut ``conn``'s socket down (both ways) without closing it: the waits on it end."""
+    with contextlib.suppress(Exception), socket.socket(fileno=os.dup(conn.pgconn.socket)) as s:
+        s.shutdown(socket.SHUT_RDWR)
 
 
 def _direct_pooled() -> ConfigurationError:
