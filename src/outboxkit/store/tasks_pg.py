@@ -364,17 +364,34 @@ class PgTaskStore(PgSession):
 
 
 class PgSchedules:
-    """The schedules table, as the periodic side task uses it (one connection, autocommit)."""
+    """The schedules table, as the periodic side task uses it (one connection, autocommit).
 
-    def __init__(self, dsn: str, table: str, name: str = "outboxkit-worker") -> None:
+    Made for a transaction pooler as well: every call is one autocommit statement or one
+    transaction (the slot and its task), nothing is kept in the session (no lock, no
+    ``SET``; one run per slot is the table's primary key, not a leader's lock), and behind
+    ``pooler`` (the worker's ``--pooler``, else what the DSN says or the first connection
+    finds) no named prepared statement where the pooler loses it.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        name: str = "outboxkit-worker",
+        *,
+        pooler: PoolerMode | None = None,
+    ) -> None:
         self.dsn = dsn
         self.sql = TaskStatements(table)
         self.name = name
+        self.pooler = pooler
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await aconnect(self.dsn, application_name=f"{self.name}:periodic")
+            self._conn = await aconnect(
+                self.dsn, application_name=f"{self.name}:periodic", pooler=self.pooler
+            )
         return self._conn
 
     async def now(self) -> dt.datetime:
