@@ -289,6 +289,8 @@ async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
             _hang_up(conn)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(probe), timeout=within)
+        elif not probe.cancelled():
+            probe.exception()  # (retrieved: raised below, or dropped with a cancellation)
     if done:
         await probe  # (its error, if any)
         return True
