@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -133,3 +134,77 @@ def test_a_direct_dsn_through_the_pooler_is_refused(pooled_dsn: str) -> None:
     )
     with pytest.raises(Exception, match="--direct-dsn goes through a transaction pooler"):
         asyncio.run(worker.run())
+
+
+def _periodic_behind_the_pooler(dsn: str, seconds: float) -> tuple[list[int], list[str]]:
+    """Three workers behind the pooler, a task every second, slots looked for every 50 ms:
+    the tasks run and the worker's warnings."""
+    tasks = Tasks()
+    runs: list[int] = []
+
+    @tasks.periodic("* * * * * *", "tick", catch_up="none")
+    async def tick(payload: None, ctx: TaskContext) -> None:
+        runs.append(ctx.id)
+
+    workers = [
+        Worker(tasks, dsn, pooler="transaction", poll_interval=0.05, periodic_tick=0.05)
+        for _ in range(3)
+    ]
+    warnings: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    handler = _Keep(logging.WARNING)
+    logger = logging.getLogger("outboxkit.worker")
+    logger.addHandler(handler)
+
+    async def main() -> None:
+        running = [asyncio.create_task(w.run()) for w in workers]
+        await asyncio.sleep(seconds)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*running)
+
+    try:
+        asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+    return runs, warnings
+
+
+def _slots(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT task_id, slot FROM outboxkit_schedules ORDER BY slot"
+        ).fetchall()
+
+
+def test_periodic_tasks_behind_the_pooler_run_once_per_slot_across_three_workers(
+    pooled_dsn: str, db_dsn: str
+) -> None:
+    started = time.monotonic()
+    runs, warnings = _periodic_behind_the_pooler(pooled_dsn, 3.3)
+    elapsed = time.monotonic() - started
+    recorded = _slots(db_dsn)
+    assert 2 <= len(recorded) <= elapsed + 1
+    assert sorted(runs) == sorted(task_id for task_id, _slot in recorded)  # once each
+    assert not [w for w in warnings if "periodic" in w], warnings
+    assert _advisory_locks(db_dsn) == 0
+
+
+def test_a_periodic_connection_that_prepares_statements_fails_behind_the_pooler(
+    pooled_dsn: str, db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The naive way: the periodic side task's connection taken for PostgreSQL itself."""
+    from outboxkit.store.tasks_pg import PgSchedules
+    from outboxkit.tasks import worker as worker_module
+
+    def naive(dsn: str, table: str, *, pooler: Any = None) -> PgSchedules:
+        return PgSchedules(dsn, table, pooler="none")
+
+    monkeypatch.setattr(worker_module, "PgSchedules", naive)
+    _runs, warnings = _periodic_behind_the_pooler(pooled_dsn, 3.3)
+    failed = [w for w in warnings if w.startswith("periodic tasks:")]
+    assert any("prepared statement" in w for w in failed), warnings

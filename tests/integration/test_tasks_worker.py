@@ -320,42 +320,6 @@ def test_a_delayed_task_never_runs_early_and_higher_priorities_run_first(
     assert started[-1][1] - enqueued >= 0.5
 
 
-def test_wake_ups_resume_after_the_listeners_backend_is_terminated(tasks_dsn: str) -> None:
-    tasks = Tasks()
-    ran: list[float] = []
-    tasks.handler("t")(lambda payload: ran.append(time.monotonic()))
-
-    def listeners() -> int:
-        with psycopg.connect(tasks_dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE application_name = 'outboxkit-worker:listen'"
-                " AND datname = current_database()"
-            ).fetchone()
-        return int(row[0]) if row else 0
-
-    async def main() -> None:
-        worker = Worker(tasks, tasks_dsn, poll_interval=30.0)  # the poll cannot cover it
-        running = asyncio.create_task(worker.run())
-        try:
-            deadline = time.monotonic() + 10
-            while await asyncio.to_thread(listeners) == 0:  # terminated once it listens
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(2.0)  # it reconnects (backoff from 0.5 s) and waits again
-            with psycopg.connect(tasks_dsn) as conn, conn.transaction():
-                tasks.enqueue(conn, "t")
-            committed = time.monotonic()
-            while not ran and time.monotonic() < committed + 5:
-                await asyncio.sleep(0.01)
-            assert ran and ran[0] - committed < 1.0
-        finally:
-            worker.stop()
-            await running
-
-    asyncio.run(main())
-
-
 def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
     tasks_dsn: str,
 ) -> None:

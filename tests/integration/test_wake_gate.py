@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import psycopg
 
-from outboxkit import Event, OutboundMessage, Outbox, PublishResult
+from outboxkit import Event, Outbox
 from outboxkit.store.postgres import Statements
-from tests.support.relaying import running_relay
+from tests.support.relaying import TimingPublisher, running_relay
 
 SQL = Statements("outbox")
 
@@ -72,27 +71,8 @@ def test_a_relay_takes_the_gate_only_after_writers_that_skipped_the_notify_commi
         assert row == (1,)
 
 
-class _Recorder:
-    name = "recorder"
-
-    def __init__(self) -> None:
-        self.at: dict[uuid.UUID, float] = {}
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def publish_batch(self, messages: list[OutboundMessage]) -> list[PublishResult]:
-        now = time.monotonic()
-        for m in messages:
-            self.at[m.event_id] = now
-        return [PublishResult.success()] * len(messages)
-
-
 async def test_a_lingering_relay_is_not_notified_and_an_idle_one_is(db_dsn: str) -> None:
-    publisher = _Recorder()
+    publisher = TimingPublisher()
     with psycopg.connect(db_dsn, autocommit=True) as listener:
         listener.execute(f'LISTEN "{SQL.channel}"')
         async with running_relay(db_dsn, publisher, poll_interval=30, linger=2.0):
@@ -118,7 +98,7 @@ def _write(dsn: str, event: Event) -> None:
         tx.put(event)
 
 
-async def _published(publisher: _Recorder, event: Event, timeout: float = 10.0) -> None:
+async def _published(publisher: TimingPublisher, event: Event, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while event.event_id not in publisher.at:
         assert time.monotonic() < deadline, "not published"

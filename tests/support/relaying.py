@@ -5,12 +5,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
 
-from outboxkit import Event, Outbox, Publisher, Relay
+from outboxkit import Event, OutboundMessage, Outbox, Publisher, PublishResult, Relay
+
+
+class TimingPublisher:
+    """A publisher that confirms at once and notes when each event was first published."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.at: dict[uuid.UUID, float] = {}  # event id -> time.monotonic()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def publish_batch(self, messages: list[OutboundMessage]) -> list[PublishResult]:
+        now = time.monotonic()
+        for m in messages:
+            self.at.setdefault(m.event_id, now)
+        return [PublishResult.success()] * len(messages)
 
 
 @contextlib.asynccontextmanager

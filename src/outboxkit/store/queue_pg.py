@@ -2,38 +2,30 @@
 
 It runs the named statements of store/postgres.py (and, for the ordered claim policy,
 store/ordered_sql.py) on two autocommit connections, one for claims and one for
-settles, and turns psycopg's errors into the store interface's: a lost connection
-(errors.connection_lost, the one rule), a cancelled statement, a refused write.
+settles. The connections, the wake-up gate, LISTEN, the pooler's rules and the turning of
+psycopg's errors into the store interface's are store/_pg_session.py's (shared with task
+mode's store).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import operator
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
-from psycopg.types.json import set_json_loads
 
-from outboxkit._backoff import Backoff
-from outboxkit._text import first_line
 from outboxkit.errors import (
-    ConfigurationError,
     SchemaError,
-    connection_lost,
     relay_schema_outdated,
     table_missing,
-    write_denied,
 )
 from outboxkit.queue.store import (
     DONE,
@@ -50,7 +42,8 @@ from outboxkit.queue.store import (
     StoreUnavailable,
     Verdict,
 )
-from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
+from outboxkit.store._connection import PoolerMode
+from outboxkit.store._pg_session import PgSession
 from outboxkit.store.ordered_sql import OrderedStatements
 from outboxkit.store.postgres import Statements, Status
 
@@ -100,7 +93,7 @@ def _dead_class(error: str) -> str:
     return "oversized"
 
 
-class PgQueueStore(Generic[T]):
+class PgQueueStore(PgSession, Generic[T]):
     """An outbox table as a queue store. ``make_item`` builds an item from a claimed row's
     columns after the id (the claim's RETURNING order: ``OutboundMessage`` for the outbox).
 
@@ -128,17 +121,25 @@ class PgQueueStore(Generic[T]):
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
     ) -> None:
-        self.dsn = dsn
-        self.pooler = pooler
-        self.direct_dsn = direct_dsn
+        self.sql: Statements = OrderedStatements(table) if ordered else Statements(table)
+        sq = self.sql
+        super().__init__(
+            dsn,
+            name=name,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+            channel=sq.channel,
+            try_wake_lock=sq.try_wake_lock,
+            wake_unlock=sq.wake_unlock,
+            log=log,
+            who="relay",
+            what="events",
+        )
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
         self.ordered = ordered
-        self.name = name
         self._commit: str | None = None if synchronous_commit else "off"
-        self.sql: Statements = OrderedStatements(table) if ordered else Statements(table)
-        sq = self.sql
         # Ordered mode's settles are fenced by the partition lease too (same parameters).
         if isinstance(sq, OrderedStatements):
             self._published_delete = sq.fenced_settle_published_delete
@@ -152,11 +153,6 @@ class PgQueueStore(Generic[T]):
             self._failures = sq.settle_failures
             self._release = sq.release_leases
             self._extend = sq.extend_leases
-        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
-        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
-        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
-        self._direct_conn: psycopg.AsyncConnection[Any] | None = None
-        self._told_pooled = False
         self._cursors: dict[str, psycopg.AsyncCursor[Any]] = {}
         self._settle_lock = asyncio.Lock()
         # Settles of a claim whose published part committed before its failures' statement
@@ -368,125 +364,11 @@ class PgQueueStore(Generic[T]):
             raise await self._translate(exc) from exc
         return cur.rowcount
 
-    # -- the wake-up gate (store/postgres.py WAKE_GATE) ---------------------------------
-
-    @property
-    def session_state(self) -> bool:
-        """Whether the claim connection keeps session state (not behind a transaction pooler;
-        unknown before the first connection: assumed)."""
-        pooling = known_pooling(self.dsn, self.pooler)
-        return pooling is None or pooling.session_state
-
-    def _tell_pooled(self) -> None:
-        if not self._told_pooled:
-            self._told_pooled = True
-            log.warning(
-                "the relay's database connection goes through a transaction pooler: no LISTEN"
-                " and no wake-up gate (they need a session), so events are found by the poll"
-                " (--poll-interval); give --direct-dsn (PostgreSQL itself, not the pooler)"
-                " for wake-ups within milliseconds"
-            )
-
-    @property
-    def gate_closed(self) -> bool:
-        gate = self._gate_conn
-        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
-        if gate is not None and (gate is not owner or gate.closed):
-            self._gate_conn = None  # its connection was replaced: the lock went with it
-        return self._gate_conn is not None
-
-    async def close_gate(self) -> bool:
-        """Take the wake-up gate's lock: from now on writers notify. False if held elsewhere.
-
-        The lock is a session's: it is taken on ``direct_dsn`` when given, and never
-        through a transaction pooler (it would stay on whichever server connection ran it).
-        """
-        try:
-            if self.direct_dsn is not None:
-                conn = await self._direct()
-            else:
-                conn = await self._connection("claim")
-                if not self.session_state:
-                    self._tell_pooled()
-                    return False
-            cur = await conn.execute(self.sql.try_wake_lock)
-            row = await cur.fetchone()
-        except psycopg.Error as exc:
-            raise await self._translate(exc) from exc
-        if row is None or not row[0]:
-            return False
-        self._gate_conn = conn
-        return True
-
-    async def open_gate(self) -> None:
-        """Release the wake-up gate's lock: writers stop notifying while the relay works."""
-        conn, self._gate_conn = self._gate_conn, None
-        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
-        if conn is None or conn.closed or conn is not owner:
-            return
-        try:
-            await conn.execute(self.sql.wake_unlock)
-        except psycopg.Error as exc:
-            raise await self._translate(exc) from exc
-
-    @property
-    def can_listen(self) -> bool:
-        return self.direct_dsn is not None or self.session_state
-
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Wake the claim loop on NOTIFY. Polling still runs: notifications are not durable.
-
-        LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
-        (the poll remains) when its connection turns out to go through a transaction pooler.
-        """
-        backoff = Backoff(base=0.5, cap=10.0)
-        channel = sql.Identifier(self.sql.channel)
-        dsn = self.direct_dsn or self.dsn
-        while True:
-            try:
-                async with await aconnect(
-                    dsn, application_name=f"{self.name}:listen", pooler=self._pooler_of(dsn)
-                ) as conn:
-                    if not self._listenable(dsn):
-                        return
-                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
-                    backoff.reset()
-                    wake()  # anything committed while we were not listening
-                    async for _notify in conn.notifies():
-                        wake()
-            except psycopg.OperationalError as exc:
-                delay = backoff.next_delay()
-                log.debug("LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay)
-                await asyncio.sleep(delay)
-
     # -- connections ----------------------------------------------------------------------
 
-    def _pooler_of(self, dsn: str) -> PoolerMode | None:
-        """The ``pooler`` override applies to the relay's DSN, not to its direct one."""
-        return self.pooler if dsn is self.dsn else None
-
-    def _listenable(self, dsn: str) -> bool:
-        pooling = known_pooling(dsn, self._pooler_of(dsn))
-        if pooling is None or pooling.session_state:
-            return True
-        if dsn is self.dsn:
-            self._tell_pooled()
-            return False
-        raise _direct_pooled()
-
-    async def _direct(self) -> psycopg.AsyncConnection[Any]:
-        """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
-        conn = self._direct_conn
-        if conn is not None and not conn.closed:
-            return conn
-        assert self.direct_dsn is not None
-        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
-        pooling = known_pooling(self.direct_dsn)
-        if pooling is not None and not pooling.session_state:
-            await conn.close()
-            raise _direct_pooled()
-        self._direct_conn = conn
-        return conn
+    def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        super()._configure(conn)
+        conn.adapters.register_loader("uuid", UuidBinaryLoader)
 
     def _cursor(
         self, conn: psycopg.AsyncConnection[Any], role: Literal["claim", "settle"]
@@ -502,44 +384,6 @@ class PgQueueStore(Generic[T]):
             cur = self._cursors[role] = conn.cursor(binary=True)
         return cur
 
-    async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
-        conn = self._claim_conn if role == "claim" else self._settle_conn
-        if conn is not None and not conn.closed:
-            return conn
-        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
-        set_json_loads(orjson.loads, conn)
-        conn.adapters.register_loader("uuid", UuidBinaryLoader)
-        if role == "claim":
-            self._claim_conn = conn
-        else:
-            self._settle_conn = conn
-        return conn
-
-    async def _translate(self, exc: psycopg.Error) -> StoreError:
-        """``exc`` as the store interface's error; broken connections are dropped."""
-        if write_denied(exc):
-            return StoreDenied(first_line(exc, with_type=True), cause=exc)
-        if connection_lost(exc):
-            for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
-                if conn is not None and conn.broken:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            return StoreUnavailable(first_line(exc, with_type=True), cause=exc)
-        if isinstance(exc, psycopg.OperationalError):
-            return StoreTimeout(first_line(exc, with_type=True), cause=exc)
-        return StoreError(first_line(exc, with_type=True), cause=exc)
-
     async def close(self) -> None:
-        for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-        self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
+        await super().close()
         self._partial.clear()
-
-
-def _direct_pooled() -> ConfigurationError:
-    return ConfigurationError(
-        "--direct-dsn goes through a transaction pooler too: it must reach PostgreSQL itself"
-        " (the LISTEN connection and the session locks need a session of their own)"
-    )

@@ -2,8 +2,8 @@
 
 The worker's claim loop (outboxkit.queue.loop) runs against it exactly as the relay runs
 against the outbox's (store/queue_pg.py): claims and settles on two autocommit connections,
-every settle, extension and release fenced by the claim token, psycopg's errors turned into
-the store interface's. The statements are store/tasks_sql.py's.
+every settle, extension and release fenced by the claim token. The statements are
+store/tasks_sql.py's; connections, wake-ups and errors store/_pg_session.py's (shared).
 """
 
 from __future__ import annotations
@@ -18,30 +18,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import set_json_loads
 
-from outboxkit._backoff import Backoff
-from outboxkit._text import first_line
-from outboxkit.errors import ConfigurationError, SchemaError, connection_lost, write_denied
+from outboxkit.errors import SchemaError
 from outboxkit.queue.store import (
     DONE,
     Claim,
     ClaimPolicy,
     Decision,
     Settled,
-    StoreDenied,
     StoreError,
     StoreInfo,
-    StoreTimeout,
     StoreUnavailable,
     Verdict,
 )
-from outboxkit.store._connection import PoolerMode, aconnect, admin_connection, known_pooling
+from outboxkit.store._connection import PoolerMode, aconnect, admin_connection
+from outboxkit.store._pg_session import PgSession
 from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
 
 log = logging.getLogger("outboxkit.worker")
@@ -79,7 +73,7 @@ class ClaimedTask:
     completed: bool = False
 
 
-class PgTaskStore:
+class PgTaskStore(PgSession):
     """A task table as the claim loop's store. ``queues``: the queues this worker serves.
 
     ``retention="delete"`` (default) deletes a finished task; ``"keep"`` marks it done.
@@ -98,7 +92,23 @@ class PgTaskStore:
         direct_dsn: str | None = None,
         queue_limits: Mapping[str, int] | None = None,
     ) -> None:
-        self.dsn = dsn
+        self.sql = TaskStatements(table)
+        #: Behind a transaction pooler (``pooler``, or found by the connection factory)
+        #: claims and settles work as they are (no prepared statements where the pooler
+        #: loses them); LISTEN and the wake-up gate's session lock run on ``direct_dsn``
+        #: (PostgreSQL itself) or not at all, and the poll finds every task (as PgQueueStore).
+        super().__init__(
+            dsn,
+            name=name,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+            channel=self.sql.channel,
+            try_wake_lock=self.sql.try_wake_lock,
+            wake_unlock=self.sql.wake_unlock,
+            log=log,
+            who="worker",
+            what="tasks",
+        )
         #: At most this many tasks of a queue held by this worker at once (claimed and not
         #: yet settled or released); the other queues go on (``--queue name=N``).
         self.queue_limits = dict(queue_limits or {})
@@ -108,24 +118,11 @@ class PgTaskStore:
         #: Called when a task of a queue a claim passed over is let go: claim again now, not
         #: at the next poll (the worker sets it to its loop's wake).
         self.on_free: Callable[[], None] | None = None
-        #: Behind a transaction pooler (``pooler``, or found by the connection factory)
-        #: claims and settles work as they are (no prepared statements where the pooler
-        #: loses them); LISTEN and the wake-up gate's session lock run on ``direct_dsn``
-        #: (PostgreSQL itself) or not at all, and the poll finds every task (as PgQueueStore).
-        self.pooler = pooler
-        self.direct_dsn = direct_dsn
         #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
         self.on_settle = on_settle
         self.table = table
         self.queues = list(queues)
         self.retention: Retention = retention
-        self.name = name
-        self.sql = TaskStatements(table)
-        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
-        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
-        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
-        self._direct_conn: psycopg.AsyncConnection[Any] | None = None
-        self._told_pooled = False
         self._settle_lock = asyncio.Lock()
         self._next_queue = 0
         # Completions waiting to be settled together (_settle_done_grouped).
@@ -362,165 +359,39 @@ class PgTaskStore:
     async def hasten(self, ids: Sequence[int]) -> int:
         return await self._count(self.sql.hasten, (list(ids),)) if ids else 0
 
-    # -- wake-ups: the outbox's gate, on the task table's channel ------------------------
-
-    @property
-    def session_state(self) -> bool:
-        """Whether the claim connection keeps session state (not behind a transaction pooler;
-        unknown before the first connection: assumed)."""
-        pooling = known_pooling(self.dsn, self.pooler)
-        return pooling is None or pooling.session_state
-
-    def _tell_pooled(self) -> None:
-        if not self._told_pooled:
-            self._told_pooled = True
-            log.warning(
-                "the worker's database connection goes through a transaction pooler: no LISTEN"
-                " and no wake-up gate (they need a session), so tasks are found by the poll"
-                " (--poll-interval); give --direct-dsn (PostgreSQL itself, not the pooler)"
-                " for wake-ups within milliseconds"
-            )
-
-    @property
-    def gate_closed(self) -> bool:
-        gate = self._gate_conn
-        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
-        if gate is not None and (gate is not owner or gate.closed):
-            self._gate_conn = None  # its connection was replaced: the lock went with it
-        return self._gate_conn is not None
-
-    async def close_gate(self) -> bool:
-        """Take the wake-up gate's lock (a session's: on ``direct_dsn`` when given, never
-        through a transaction pooler). False if held elsewhere."""
-        try:
-            if self.direct_dsn is not None:
-                conn = await self._direct()
-            else:
-                conn = await self._connection("claim")
-                if not self.session_state:
-                    self._tell_pooled()
-                    return False
-            cur = await conn.execute(self.sql.try_wake_lock)
-            row = await cur.fetchone()
-        except psycopg.Error as exc:
-            raise await self._translate(exc) from exc
-        if row is None or not row[0]:
-            return False
-        self._gate_conn = conn
-        return True
-
-    async def open_gate(self) -> None:
-        conn, self._gate_conn = self._gate_conn, None
-        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
-        if conn is None or conn.closed or conn is not owner:
-            return
-        try:
-            await conn.execute(self.sql.wake_unlock)
-        except psycopg.Error as exc:
-            raise await self._translate(exc) from exc
-
-    @property
-    def can_listen(self) -> bool:
-        if self.direct_dsn is not None or self.session_state:
-            return True
-        self._tell_pooled()  # once: the loop polls from here on
-        return False
-
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Wake the claim loop on NOTIFY; the poll still runs (notifications are not durable).
-
-        LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
-        (the poll remains) when its connection turns out to go through a transaction pooler.
-        """
-        backoff = Backoff(base=0.5, cap=10.0)
-        channel = sql.Identifier(self.sql.channel)
-        dsn = self.direct_dsn or self.dsn
-        pooler = self.pooler if dsn is self.dsn else None
-        while True:
-            try:
-                async with await aconnect(
-                    dsn, application_name=f"{self.name}:listen", pooler=pooler
-                ) as conn:
-                    pooling = known_pooling(dsn, pooler)
-                    if pooling is not None and not pooling.session_state:
-                        if dsn is not self.dsn:
-                            raise _direct_pooled()
-                        self._tell_pooled()
-                        return
-                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
-                    backoff.reset()
-                    wake()
-                    async for _notify in conn.notifies():
-                        wake()
-            except psycopg.OperationalError as exc:
-                delay = backoff.next_delay()
-                log.debug("LISTEN connection lost (%s); retrying in %.2fs", first_line(exc), delay)
-                await asyncio.sleep(delay)
-
-    async def _direct(self) -> psycopg.AsyncConnection[Any]:
-        """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
-        conn = self._direct_conn
-        if conn is not None and not conn.closed:
-            return conn
-        assert self.direct_dsn is not None
-        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
-        pooling = known_pooling(self.direct_dsn)
-        if pooling is not None and not pooling.session_state:
-            await conn.close()
-            raise _direct_pooled()
-        self._direct_conn = conn
-        return conn
-
-    # -- connections ---------------------------------------------------------------------
-
-    async def _connection(self, role: Literal["claim", "settle"]) -> psycopg.AsyncConnection[Any]:
-        conn = self._claim_conn if role == "claim" else self._settle_conn
-        if conn is not None and not conn.closed:
-            return conn
-        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
-        set_json_loads(orjson.loads, conn)
-        if role == "claim":
-            self._claim_conn = conn
-        else:
-            self._settle_conn = conn
-        return conn
-
-    async def _translate(self, exc: psycopg.Error) -> StoreError:
-        if write_denied(exc):
-            return StoreDenied(first_line(exc, with_type=True), cause=exc)
-        if connection_lost(exc):
-            for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
-                if conn is not None and conn.broken:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            return StoreUnavailable(first_line(exc, with_type=True), cause=exc)
-        if isinstance(exc, psycopg.OperationalError):
-            return StoreTimeout(first_line(exc, with_type=True), cause=exc)
-        return StoreError(first_line(exc, with_type=True), cause=exc)
-
-    async def close(self) -> None:
-        for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-        self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
-
 
 # -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
 
 
 class PgSchedules:
-    """The schedules table, as the periodic side task uses it (one connection, autocommit)."""
+    """The schedules table, as the periodic side task uses it (one connection, autocommit).
 
-    def __init__(self, dsn: str, table: str, name: str = "outboxkit-worker") -> None:
+    Made for a transaction pooler as well: every call is one autocommit statement or one
+    transaction (the slot and its task), nothing is kept in the session (no lock, no
+    ``SET``; one run per slot is the table's primary key, not a leader's lock), and behind
+    ``pooler`` (the worker's ``--pooler``, else what the DSN says or the first connection
+    finds) no named prepared statement where the pooler loses it.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        name: str = "outboxkit-worker",
+        *,
+        pooler: PoolerMode | None = None,
+    ) -> None:
         self.dsn = dsn
         self.sql = TaskStatements(table)
         self.name = name
+        self.pooler = pooler
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await aconnect(self.dsn, application_name=f"{self.name}:periodic")
+            self._conn = await aconnect(
+                self.dsn, application_name=f"{self.name}:periodic", pooler=self.pooler
+            )
         return self._conn
 
     async def now(self) -> dt.datetime:
@@ -633,10 +504,3 @@ def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int =
             total += deleted
             if deleted < batch_size:
                 return total
-
-
-def _direct_pooled() -> ConfigurationError:
-    return ConfigurationError(
-        "--direct-dsn goes through a transaction pooler too: it must reach PostgreSQL itself"
-        " (the LISTEN connection and the session locks need a session of their own)"
-    )

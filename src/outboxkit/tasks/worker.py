@@ -214,7 +214,7 @@ class Worker:
         )
         side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
-            schedules = PgSchedules(dsn, tasks.table)
+            schedules = PgSchedules(dsn, tasks.table, pooler=pooler)
             side.append(
                 (
                     "outboxkit-worker:periodic",

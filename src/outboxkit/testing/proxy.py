@@ -24,7 +24,10 @@ class TcpProxy:
       like a server whose network went away;
     - `pause()` keeps connections open but holds every byte, like a hung network (clients
       only notice through their own timeouts); new connections are accepted and held too;
-    - `resume()` forwards again: held bytes are delivered, new connections go through.
+    - `resume()` forwards again: held bytes are delivered, new connections go through;
+    - `hold(port)` holds every byte of one connection only, the one the server sees coming
+      from `port` (PostgreSQL's ``pg_stat_activity.client_port``): a black hole for, say,
+      a LISTEN connection while the others go on.
 
     The methods are synchronous and thread-safe: when `cut()` returns, the connections are gone.
     """
@@ -41,6 +44,8 @@ class TcpProxy:
         self._flowing = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Per connection, by its upstream socket's local port: set while it may forward.
+        self._open: dict[int, asyncio.Event] = {}
         self.accepted = 0  # connections accepted since start, for tests to assert reconnects
 
     @property
@@ -75,6 +80,12 @@ class TcpProxy:
         """Accept and forward again (after `cut()` or `pause()`)."""
         self._call(self._set_mode("forward"))
 
+    def hold(self, client_port: int) -> None:
+        """Stop forwarding on the one connection whose upstream side has local port
+        `client_port`, keeping it open (its peers only notice through their own timeouts).
+        KeyError if no open connection has that port."""
+        self._call(self._hold(client_port))
+
     def close(self) -> None:
         """Stop listening, reset all connections and stop the thread."""
         if self._loop.is_closed():
@@ -106,6 +117,9 @@ class TcpProxy:
         return await asyncio.start_server(
             self._handle, _LOOPBACK, self._listen_port, reuse_address=True
         )
+
+    async def _hold(self, client_port: int) -> None:
+        self._open[client_port].clear()
 
     async def _count_clients(self) -> int:
         return len(self._tasks)
@@ -158,9 +172,16 @@ class TcpProxy:
             except OSError:
                 return
             self._writers.add(upstream)
-            await asyncio.gather(
-                self._pump(client_reader, upstream), self._pump(upstream_reader, client)
-            )
+            local_port = int(upstream.get_extra_info("sockname")[1])
+            gate = self._open[local_port] = asyncio.Event()
+            gate.set()
+            try:
+                await asyncio.gather(
+                    self._pump(client_reader, upstream, gate),
+                    self._pump(upstream_reader, client, gate),
+                )
+            finally:
+                self._open.pop(local_port, None)
         except asyncio.CancelledError:
             # Only cut() and close() cancel a connection; ending quietly keeps asyncio from
             # logging the cancellation as an error of the connection callback (Python 3.11).
@@ -172,7 +193,9 @@ class TcpProxy:
                     self._writers.discard(writer)
                     _reset(writer)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event
+    ) -> None:
         """Copy bytes one way; at EOF close the other side gracefully, on an error reset it.
 
         Closing one side ends the opposite pump too (its reader sees EOF), so the handler ends.
@@ -180,6 +203,7 @@ class TcpProxy:
         try:
             while data := await reader.read(_CHUNK):
                 await self._flowing.wait()
+                await gate.wait()  # (held: never, the connection stays open)
                 if writer.is_closing():
                     return
                 writer.write(data)

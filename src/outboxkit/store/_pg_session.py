@@ -1,0 +1,310 @@
+"""What PostgreSQL's two queue stores share below their SQL: sessions, wake-ups, the pooler.
+
+store/queue_pg.py (the outbox) and store/tasks_pg.py (task mode) run their own statements;
+both need the same connections by role (``claim``, ``settle``, and ``direct_dsn``'s for the
+session locks), the wake-up gate (a session advisory lock: writers NOTIFY only while it is
+held), a LISTEN connection kept alive, the rules for a transaction pooler (no session state:
+no gate and no LISTEN on it), and psycopg's errors turned into the store interface's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg.types.json import set_json_loads
+
+from outboxkit._backoff import Backoff
+from outboxkit._text import first_line
+from outboxkit.errors import ConfigurationError, connection_lost, write_denied
+from outboxkit.queue.store import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
+from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
+
+Role = Literal["claim", "settle"]
+
+#: The LISTEN connection is asked a question (``SELECT 1``) this often, and given this long
+#: to answer before it is taken for dead and replaced (docs/tasks.md, "Listener health").
+LISTEN_CHECK_INTERVAL = 10.0
+LISTEN_CHECK_TIMEOUT = 5.0
+
+
+class PgSession:
+    """Connections, the wake-up gate and LISTEN of a queue store on PostgreSQL.
+
+    ``who`` and ``what`` name the process and its items in log lines ("relay", "events").
+    ``channel`` is the table's NOTIFY channel; ``try_wake_lock`` and ``wake_unlock`` its
+    gate's statements (the subclass's SQL). ``listen_check``: (interval, timeout) of the
+    LISTEN connection's health probe (:meth:`listen`).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        pooler: PoolerMode | None,
+        direct_dsn: str | None,
+        channel: str,
+        try_wake_lock: str,
+        wake_unlock: str,
+        log: logging.Logger,
+        who: str,
+        what: str,
+    ) -> None:
+        self.dsn = dsn
+        self.pooler = pooler
+        self.direct_dsn = direct_dsn
+        self.name = name
+        self.listen_check = (LISTEN_CHECK_INTERVAL, LISTEN_CHECK_TIMEOUT)
+        self._channel = channel
+        self._try_wake_lock = try_wake_lock
+        self._wake_unlock = wake_unlock
+        self._log = log
+        self._who = who
+        self._what = what
+        self._claim_conn: psycopg.AsyncConnection[Any] | None = None
+        self._settle_conn: psycopg.AsyncConnection[Any] | None = None
+        self._gate_conn: psycopg.AsyncConnection[Any] | None = None
+        self._direct_conn: psycopg.AsyncConnection[Any] | None = None
+        self._told_pooled = False
+
+    # -- the pooler ---------------------------------------------------------------------
+
+    @property
+    def session_state(self) -> bool:
+        """Whether the claim connection keeps session state (not behind a transaction pooler;
+        unknown before the first connection: assumed)."""
+        pooling = known_pooling(self.dsn, self.pooler)
+        return pooling is None or pooling.session_state
+
+    def _tell_pooled(self) -> None:
+        if not self._told_pooled:
+            self._told_pooled = True
+            self._log.warning(
+                "the %s's database connection goes through a transaction pooler: no LISTEN"
+                " and no wake-up gate (they need a session), so %s are found by the poll"
+                " (--poll-interval); give --direct-dsn (PostgreSQL itself, not the pooler)"
+                " for wake-ups within milliseconds",
+                self._who,
+                self._what,
+            )
+
+    def _pooler_of(self, dsn: str) -> PoolerMode | None:
+        """The ``pooler`` override applies to the store's DSN, not to its direct one."""
+        return self.pooler if dsn is self.dsn else None
+
+    def _listenable(self, dsn: str) -> bool:
+        pooling = known_pooling(dsn, self._pooler_of(dsn))
+        if pooling is None or pooling.session_state:
+            return True
+        if dsn is self.dsn:
+            self._tell_pooled()
+            return False
+        raise _direct_pooled()
+
+    # -- the wake-up gate -------------------------------------------------------------------
+
+    @property
+    def gate_closed(self) -> bool:
+        gate = self._gate_conn
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if gate is not None and (gate is not owner or gate.closed):
+            self._gate_conn = None  # its connection was replaced: the lock went with it
+        return self._gate_conn is not None
+
+    async def close_gate(self) -> bool:
+        """Take the wake-up gate's lock: from now on writers notify. False if held elsewhere.
+
+        The lock is a session's: it is taken on ``direct_dsn`` when given, and never
+        through a transaction pooler (it would stay on whichever server connection ran it).
+        """
+        try:
+            if self.direct_dsn is not None:
+                conn = await self._direct()
+            else:
+                conn = await self._connection("claim")
+                if not self.session_state:
+                    self._tell_pooled()
+                    return False
+            cur = await conn.execute(self._try_wake_lock)
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        if row is None or not row[0]:
+            return False
+        self._gate_conn = conn
+        return True
+
+    async def open_gate(self) -> None:
+        """Release the wake-up gate's lock: writers stop notifying while the store's user works."""
+        conn, self._gate_conn = self._gate_conn, None
+        owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
+        if conn is None or conn.closed or conn is not owner:
+            return
+        try:
+            await conn.execute(self._wake_unlock)
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    # -- LISTEN -------------------------------------------------------------------------------
+
+    @property
+    def can_listen(self) -> bool:
+        if self.direct_dsn is not None or self.session_state:
+            return True
+        self._tell_pooled()  # once: the loop polls from here on
+        return False
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Wake the claim loop on NOTIFY. Polling still runs: notifications are not durable.
+
+        LISTEN needs a session: it runs on ``direct_dsn`` when given, and returns at once
+        (the poll remains) when its connection turns out to go through a transaction pooler.
+
+        A LISTEN connection can die without a word: its backend terminated while nothing
+        is read, or a network path that stops forwarding without closing (a proxy, a
+        load balancer or a NAT that lost the connection, a server that hangs). So it is
+        asked ``SELECT 1`` every ``listen_check[0]`` seconds; no answer within
+        ``listen_check[1]`` and it is hung up and replaced. TCP keepalives would not do:
+        whatever sits next on the path answers them (the proxy, the pooler), not the
+        backend that holds the LISTEN. One warning when it breaks, one line when it is back.
+        """
+        backoff = Backoff(base=0.5, cap=10.0)
+        channel = sql.Identifier(self._channel)
+        dsn = self.direct_dsn or self.dsn
+        broken = False
+        while True:
+            try:
+                async with await aconnect(
+                    dsn, application_name=f"{self.name}:listen", pooler=self._pooler_of(dsn)
+                ) as conn:
+                    if not self._listenable(dsn):
+                        return
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    backoff.reset()
+                    if broken:
+                        broken = False
+                        self._log.info("the %s's LISTEN connection is back", self._who)
+                    wake()  # anything committed while we were not listening
+                    await self._pass_on(conn, wake)
+                why = f"it did not answer within {self.listen_check[1]:g}s"
+            except psycopg.OperationalError as exc:
+                why = first_line(exc)
+            delay = backoff.next_delay()
+            if not broken:
+                broken = True
+                self._log.warning(
+                    "the %s's LISTEN connection is lost (%s): %s are found by the poll until"
+                    " it is replaced",
+                    self._who,
+                    why,
+                    self._what,
+                )
+            self._log.debug("LISTEN connection lost (%s); retrying in %.2fs", why, delay)
+            await asyncio.sleep(delay)
+
+    async def _pass_on(self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None]) -> None:
+        """Call ``wake`` for every notification until ``conn`` stops answering (then return)
+        or breaks (OperationalError). Notifications that come during a probe are kept by
+        psycopg and passed on after it."""
+        interval, timeout = self.listen_check
+        while True:
+            async for _notify in conn.notifies(timeout=interval):
+                wake()
+            if not await _answers(conn, timeout):
+                return
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Set up a new claim or settle connection (loaders): JSON by orjson."""
+        set_json_loads(orjson.loads, conn)
+
+    async def _connection(self, role: Role) -> psycopg.AsyncConnection[Any]:
+        conn = self._claim_conn if role == "claim" else self._settle_conn
+        if conn is not None and not conn.closed:
+            return conn
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
+        self._configure(conn)
+        if role == "claim":
+            self._claim_conn = conn
+        else:
+            self._settle_conn = conn
+        return conn
+
+    async def _direct(self) -> psycopg.AsyncConnection[Any]:
+        """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
+        conn = self._direct_conn
+        if conn is not None and not conn.closed:
+            return conn
+        assert self.direct_dsn is not None
+        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
+        pooling = known_pooling(self.direct_dsn)
+        if pooling is not None and not pooling.session_state:
+            await conn.close()
+            raise _direct_pooled()
+        self._direct_conn = conn
+        return conn
+
+    async def _translate(self, exc: psycopg.Error) -> StoreError:
+        """``exc`` as the store interface's error; broken connections are dropped."""
+        if write_denied(exc):
+            return StoreDenied(first_line(exc, with_type=True), cause=exc)
+        if connection_lost(exc):
+            for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
+                if conn is not None and conn.broken:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            return StoreUnavailable(first_line(exc, with_type=True), cause=exc)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreTimeout(first_line(exc, with_type=True), cause=exc)
+        return StoreError(first_line(exc, with_type=True), cause=exc)
+
+    async def close(self) -> None:
+        for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
+
+
+async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
+    """Whether ``conn``'s backend answers ``SELECT 1`` ``within`` seconds; if not,
+    the connection is hung up. OperationalError if it is already known to be broken."""
+    probe = asyncio.ensure_future(conn.execute("SELECT 1"))
+    try:
+        done, _ = await asyncio.wait({probe}, timeout=within)
+    finally:
+        if not probe.done():
+            # Not cancelled: psycopg would send a cancel request and wait on the same
+            # silent path. A socket shut down ends the probe at once with a broken connection.
+            _hang_up(conn)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(probe), timeout=within)
+        elif not probe.cancelled():
+            probe.exception()  # (retrieved: raised below, or dropped with a cancellation)
+    if done:
+        await probe  # (its error, if any)
+        return True
+    return False
+
+
+def _hang_up(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut ``conn``'s socket down (both ways) without closing it: the waits on it end."""
+    with contextlib.suppress(Exception), socket.socket(fileno=os.dup(conn.pgconn.socket)) as s:
+        s.shutdown(socket.SHUT_RDWR)
+
+
+def _direct_pooled() -> ConfigurationError:
+    return ConfigurationError(
+        "--direct-dsn goes through a transaction pooler too: it must reach PostgreSQL itself"
+        " (the LISTEN connection and the session locks need a session of their own)"
+    )
