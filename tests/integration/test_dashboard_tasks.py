@@ -76,8 +76,8 @@ def _counts_by_name(dsn: str) -> list[list[str]]:
     return [[str(v) for v in row] for row in rows]
 
 
-async def test_the_tasks_page_shows_escapes_filters_and_acts_through_a_real_worker(
-    tasks_dsn: str,
+async def test_the_tasks_page_shows_escapes_filters_acts_and_refuses_a_cross_site_page(
+    tasks_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tasks = Tasks()
     fixed = threading.Event()
@@ -171,6 +171,10 @@ async def test_the_tasks_page_shows_escapes_filters_and_acts_through_a_real_work
         await page.select_option("#filter-state", "scheduled")
         await page.wait_for_selector(f'#tasks tr[data-id="{later}"]')
 
+        caplog.set_level(logging.WARNING, logger="outboxkit.dashboard")
+        await _cross_site_attempt(browser, url, mails[0], caplog)
+        assert _status(tasks_dsn, mails[0]) == TaskStatus.PENDING, "nothing done cross-site"
+
         await page.fill("#token", TOKEN)
         await page.click("#token-save")
         await page.fill("#filter-queue", "")
@@ -247,40 +251,36 @@ async def test_task_actions_need_the_token_and_refuse_what_does_not_apply(tasks_
     assert _status(tasks_dsn, task) == TaskStatus.PENDING
 
 
-async def test_a_cross_site_page_cannot_act_on_tasks_even_knowing_the_token(
-    tasks_dsn: str, caplog: pytest.LogCaptureFixture
+async def _cross_site_attempt(
+    browser: Any, url: str, task: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A cross-site form reaches the server (an action authenticated by a cookie, or by a
-    token in the form, would run); the token must come in a header, which the page cannot
-    send: its fetch fails the browser's preflight (the dashboard allows no CORS)."""
-    tasks = Tasks()
-    tasks.handler("job")(lambda payload: None)
-    task = _enqueue(tasks_dsn, tasks, "job", {"n": 1})
-    caplog.set_level(logging.WARNING, logger="outboxkit.dashboard")
-    async with served(Dashboard(tasks_dsn, admin_token=TOKEN)) as url:
+    """A page of another origin that knows the token (the worst case) tries to cancel ``task``.
 
-        async def attacker_page(_request: web.Request) -> web.Response:
-            return _attacker_page(url, task)
+    Its form POST reaches the dashboard (an action authenticated by a cookie, or by a token
+    in the form, would run) and is refused; its fetch, which sends the token header, fails the
+    browser's preflight (the dashboard allows no CORS) and never reaches the action.
+    """
 
-        evil = web.Application()
-        evil.router.add_get("/", attacker_page)
-        runner = web.AppRunner(evil, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", free_port()).start()
-        evil_url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
-        try:
-            async with chromium() as browser:
-                page = await browser.new_page()
-                await page.goto(evil_url)
-                await page.wait_for_function("window.fetchResult !== undefined")
-                assert (await page.evaluate("window.fetchResult")).startswith("blocked")
-                await wait_for(
-                    lambda: any("wrong admin token" in r.getMessage() for r in caplog.records),
-                    what="the cross-site form's POST reached the dashboard",
-                )
-        finally:
-            await runner.cleanup()
-    assert _status(tasks_dsn, task) == TaskStatus.PENDING, "nothing cross-site was cancelled"
+    async def attacker_page(_request: web.Request) -> web.Response:
+        return _attacker_page(url, task)
+
+    evil = web.Application()
+    evil.router.add_get("/", attacker_page)
+    runner = web.AppRunner(evil, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port()).start()
+    try:
+        page = await browser.new_page()
+        await page.goto(f"http://127.0.0.1:{runner.addresses[0][1]}/")
+        await page.wait_for_function("window.fetchResult !== undefined")
+        assert (await page.evaluate("window.fetchResult")).startswith("blocked")
+        await wait_for(
+            lambda: any("wrong admin token" in r.getMessage() for r in caplog.records),
+            what="the cross-site form's POST reached the dashboard",
+        )
+        await page.close()
+    finally:
+        await runner.cleanup()
 
 
 def _attacker_page(url: str, task: int) -> web.Response:
