@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from aiohttp import web
 
+from outboxkit.errors import TableNotFoundError
 from outboxkit.ops.dashboard import Dashboard
 from outboxkit.store.migrate import migrate_tasks
 from outboxkit.store.tasks_sql import TaskStatus
@@ -318,3 +319,16 @@ async def test_secrets_in_task_errors_and_tracebacks_are_masked(tasks_dsn: str) 
                 text = await resp.text()
                 assert resp.status == 200 and "db.internal" in text, text
                 assert "s3cr3t-pw" not in text, path
+
+
+def test_the_command_starts_on_a_database_used_for_task_mode_only(empty_db_dsn: str) -> None:
+    """Before: `outboxkit dashboard` refused to start without an outbox table (its start-up
+    check, run here in-process: starting the command takes seconds on a loaded machine)."""
+    from outboxkit.ops.cli.dashboard import _check_tables
+
+    with pytest.raises(TableNotFoundError, match="outboxkit migrate"):
+        _check_tables(empty_db_dsn, "outbox", TABLE)  # neither table: the outbox's message
+    migrate_tasks(empty_db_dsn)
+    _check_tables(empty_db_dsn, "outbox", TABLE)
+    with pytest.raises(TableNotFoundError):
+        _check_tables(empty_db_dsn, "outbox", "other_tasks")

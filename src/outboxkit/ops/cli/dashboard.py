@@ -92,10 +92,9 @@ def dashboard(
       OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
     """
     from outboxkit.ops.dashboard import Dashboard, dashboard_app
-    from outboxkit.store import admin
 
     setup_logging("info", log_format)
-    run_guarded(admin.live_status, dsn, table)  # fail now, readably, if the DSN or table is wrong
+    run_guarded(_check_tables, dsn, table, tasks_table)  # fail now, readably
     try:
         board = Dashboard(
             dsn,
@@ -113,6 +112,22 @@ def dashboard(
         asyncio.run(_serve_dashboard(dashboard_app(board), host, port, mode))
     except OutboxkitError as exc:
         fail(str(exc), 2)
+
+
+def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
+    """Refuse a wrong DSN, or a database with neither table. A database used for task mode
+    only has no outbox: the dashboard starts, and its outbox page says how to create one."""
+    from outboxkit.errors import TableNotFoundError
+    from outboxkit.store import admin
+    from outboxkit.store.tasks_pg import task_gauges
+
+    try:
+        admin.live_status(dsn, table)
+    except TableNotFoundError as no_outbox:
+        try:
+            task_gauges(dsn, tasks_table)
+        except OutboxkitError:
+            raise no_outbox from None
 
 
 async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:
