@@ -149,6 +149,9 @@ def main() -> None:
     ap.add_argument("--paths", default="all", help="comma-separated: psycopg, psycopg-async")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="smoke run: 300 rounds")
+    ap.add_argument(
+        "--save-as", default="tasks_enqueue", help="results file name in bench/results/ (no .json)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds = min(args.rounds, 300)
@@ -198,7 +201,7 @@ def main() -> None:
     machine = wo.machine_facts()
     machine["loadavg_end"] = loadavg_end
     save(
-        "tasks_enqueue",
+        args.save_as,
         {
             "rounds_per_path": args.rounds,
             "elapsed_s": round(elapsed, 1),
