@@ -763,6 +763,44 @@ class Timings:
         self.cpu: dict[str, list[float]] = {v: [] for v in variants}
 
 
+def run_interleaved(
+    paths: list[WritePath], rounds: int, rng: random.Random, loop: asyncio.AbstractEventLoop
+) -> tuple[dict[str, Timings], float]:
+    """Warm every path up, then time ``rounds`` rounds, paths taking turns in blocks.
+
+    Returns the timings per path and the seconds taken (bench/tasks_enqueue.py uses it too).
+    """
+
+    def block(path: WritePath, n: int, timings: Timings) -> None:
+        if path.is_async:
+            loop.run_until_complete(run_async_block(path, n, timings))
+        else:
+            run_sync_block(path, n, timings)
+
+    timings = {p.name: Timings(p.variants) for p in paths}
+    started = time.time()
+    for path in paths:  # warm-up, discarded
+        block(path, WARMUP_ROUNDS, Timings(path.variants))
+    done = 0
+    while done < rounds:
+        n = min(BLOCK_ROUNDS, rounds - done)
+        rng.shuffle(paths)
+        for path in paths:
+            block(path, n, timings[path.name])
+        done += n
+        print(f"  {done}/{rounds} rounds, {time.time() - started:.0f} s", flush=True)
+    return timings, time.time() - started
+
+
+def close_paths(paths: list[WritePath], loop: asyncio.AbstractEventLoop) -> None:
+    for path in paths:
+        if path.is_async:
+            loop.run_until_complete(path.aclose())  # type: ignore[attr-defined]
+        else:
+            path.close()  # type: ignore[attr-defined]
+    loop.close()
+
+
 def wal_bytes_per_tx(path: WritePath, n: int = 300) -> dict[str, float]:
     """WAL bytes each variant writes per transaction (one variant at a time, untimed)."""
     out = {}
@@ -957,34 +995,10 @@ def main() -> None:
             loop.run_until_complete(path.open())  # type: ignore[attr-defined]
         paths.append(path)
 
-    timings = {p.name: Timings(p.variants) for p in paths}
-    started = time.time()
-    for path in paths:  # warm-up, discarded
-        scratch = Timings(path.variants)
-        if path.is_async:
-            loop.run_until_complete(run_async_block(path, WARMUP_ROUNDS, scratch))
-        else:
-            run_sync_block(path, WARMUP_ROUNDS, scratch)
-    done = 0
-    while done < args.rounds:
-        block = min(BLOCK_ROUNDS, args.rounds - done)
-        rng.shuffle(paths)
-        for path in paths:
-            if path.is_async:
-                loop.run_until_complete(run_async_block(path, block, timings[path.name]))
-            else:
-                run_sync_block(path, block, timings[path.name])
-        done += block
-        print(f"  {done}/{args.rounds} rounds, {time.time() - started:.0f} s", flush=True)
-    elapsed = time.time() - started
+    timings, elapsed = run_interleaved(paths, args.rounds, rng, loop)
     loadavg_end = os.getloadavg()
     wal = {p.name: wal_bytes_per_tx(p) for p in paths if not p.is_async}
-    for path in paths:
-        if path.is_async:
-            loop.run_until_complete(path.aclose())  # type: ignore[attr-defined]
-        else:
-            path.close()  # type: ignore[attr-defined]
-    loop.close()
+    close_paths(paths, loop)
 
     order = {k: i for i, k in enumerate(all_paths.values())}
     paths.sort(key=lambda p: order[type(p)])

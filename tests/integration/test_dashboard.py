@@ -55,6 +55,18 @@ async def chromium() -> AsyncIterator[Any]:
             await browser.close()
 
 
+def accepting_dialogs(page: Any) -> list[str]:
+    """Confirm every dialog the page opens (discard, cancel); their messages, as they come."""
+    dialogs: list[str] = []
+
+    async def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    return dialogs
+
+
 def _fail_events(dsn: str, events: list[Event], error: str) -> list[int]:
     """Dead-letter events the way the relay does (status 2, attempts, last_error)."""
     ids = [str(e.event_id) for e in events]
@@ -103,13 +115,7 @@ async def test_dashboard_shows_the_table_replays_through_the_ui_and_escapes_payl
     board = Dashboard(db_dsn, admin_token=TOKEN, sample_interval=0.5)
     async with served(board) as url, chromium() as browser:
         page = await browser.new_page(viewport={"width": 1400, "height": 1100})
-        dialogs: list[str] = []
-
-        async def accept(dialog: Any) -> None:
-            dialogs.append(dialog.message)
-            await dialog.accept()
-
-        page.on("dialog", accept)
+        dialogs = accepting_dialogs(page)
         await page.goto(url)
         await page.wait_for_selector(f'#failed tr[data-id="{xss_id}"]')
 

@@ -52,6 +52,8 @@ def test_failed_tasks_are_listed_shown_replayed_cancelled_and_discarded(tasks_ds
         (2, "failed", "boom"),
     ]
     assert len(cli("tasks", "list", *dsn, "--json")) == 3
+    assert cli("tasks", "list", *dsn, "--queue", "elsewhere", "--json") == []
+    assert len(cli("tasks", "list", *dsn, "--queue", "default", "--json")) == 3
     shown = CliRunner().invoke(main, ["tasks", "show", *dsn, "1"])
     assert '"traceback_excerpt": "Traceback ..."' in shown.output
     assert '"payload_json": "{\\"n\\": 0}"' in shown.output

@@ -429,10 +429,12 @@ class PgSchedules:
         self._conn = None
 
 
-# -- ops: the `outboxkit tasks` commands (short autocommit statements) ----------------------
+# -- ops: the `outboxkit tasks` commands and the dashboard (short autocommit statements) ----
+# ``dsn`` may be an open autocommit connection (the dashboard's own, kept), used and left open.
+_Source = str | psycopg.Connection[Any]
 
 
-def _admin(dsn: str, table: str) -> Any:
+def _admin(dsn: _Source, table: str) -> Any:
     def missing() -> Exception:
         return SchemaError(
             f"task table {table!r} not found: run `outboxkit migrate --tasks --dsn ..."
@@ -443,27 +445,34 @@ def _admin(dsn: str, table: str) -> Any:
 
 
 def list_tasks(
-    dsn: str,
+    dsn: _Source,
     table: str,
     *,
     status: TaskStatus | None = None,
     name: str | None = None,
+    queue: str | None = None,
+    due: bool | None = None,
     limit: int = 100,
 ) -> list[dict[str, Any]]:
-    """Tasks by id (oldest first), optionally of one state and one task name."""
+    """Tasks by id (oldest first), optionally of one state, task name and queue.
+
+    ``due``: only tasks whose ``available_at`` has come (True) or not (False); with
+    status pending, that is queued (True) or scheduled (False).
+    """
     stmts = TaskStatements(table)
-    params = {"status": None if status is None else int(status), "name": name, "limit": limit}
+    params = {"status": None if status is None else int(status), "name": name,
+              "queue": queue, "due": due, "limit": limit}  # fmt: skip
     with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
         return list(cur.execute(stmts.list_tasks, params).fetchall())
 
 
-def task_gauges(dsn: str, table: str) -> list[tuple[Any, ...]]:
+def task_gauges(dsn: _Source, table: str) -> list[tuple[Any, ...]]:
     """Per task name: queued, scheduled, running, failed, oldest queued age (s) or None."""
     with _admin(dsn, table) as conn:
         return list(conn.execute(TaskStatements(table).task_gauges).fetchall())
 
 
-def show_task(dsn: str, table: str, task_id: int) -> dict[str, Any] | None:
+def show_task(dsn: _Source, table: str, task_id: int) -> dict[str, Any] | None:
     """Every column of one task (its payload as JSON text), or None."""
     with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
         row: dict[str, Any] | None = cur.execute(
@@ -473,7 +482,7 @@ def show_task(dsn: str, table: str, task_id: int) -> dict[str, Any] | None:
 
 
 def replay_tasks(
-    dsn: str, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
+    dsn: _Source, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
     name: str | None = None,
 ) -> list[int]:  # fmt: skip
     """Failed or cancelled tasks back to pending, attempts from zero; the ids replayed."""
@@ -482,13 +491,13 @@ def replay_tasks(
         return [r[0] for r in conn.execute(TaskStatements(table).replay_tasks, params)]
 
 
-def cancel_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+def cancel_tasks(dsn: _Source, table: str, ids: Sequence[int]) -> list[int]:
     """Pending or running tasks cancelled (a running one's completion becomes a no-op)."""
     with _admin(dsn, table) as conn:
         return [r[0] for r in conn.execute(TaskStatements(table).cancel_tasks, (list(ids),))]
 
 
-def discard_tasks(dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+def discard_tasks(dsn: _Source, table: str, ids: Sequence[int]) -> list[int]:
     """Failed or cancelled tasks deleted for good."""
     with _admin(dsn, table) as conn:
         return [r[0] for r in conn.execute(TaskStatements(table).discard_tasks, (list(ids),))]

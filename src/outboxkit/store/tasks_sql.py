@@ -286,15 +286,19 @@ WHERE status IN ({pending}, {running}, {failed})
 GROUP BY task_name
 """
 
+# `due`: a pending task is queued (due now) or scheduled (due later); a running one's
+# available_at is its lease expiry and claimed_by its lease holder.
 _LISTED = """
 SELECT id, task_name, queue, status, attempts, priority, key, available_at, created_at,
-       error_type, last_error
+       error_type, last_error, claimed_by, available_at <= now() AS due
 FROM {table}
 """
 LIST_TASKS = (
     _LISTED
     + """WHERE (%(status)s::int IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR task_name = %(name)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(due)s::bool IS NULL OR (available_at <= now()) = %(due)s)
 ORDER BY id LIMIT %(limit)s
 """
 )

@@ -26,6 +26,13 @@ from outboxkit.ops.logs import setup_logging
 @click.command()
 @dsn_option
 @table_option
+@click.option(
+    "--tasks-table",
+    default="outboxkit_tasks",
+    show_default=True,
+    envvar="OUTBOXKIT_TASKS_TABLE",
+    help="Task mode's table, shown on the Tasks page (the page says how to create it).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option(
     "--port", callback=port_range, default=8080, show_default=True, help="Port to listen on."
@@ -35,7 +42,8 @@ from outboxkit.ops.logs import setup_logging
     envvar="OUTBOXKIT_ADMIN_TOKEN",
     show_envvar=True,
     default=None,
-    help="Enables replay/discard for whoever enters this token [default: read-only].",
+    help="Enables replay/discard (and cancel, for tasks) for whoever enters this token"
+    " [default: read-only].",
 )
 @click.option(
     "--sample-interval",
@@ -62,6 +70,7 @@ from outboxkit.ops.logs import setup_logging
 def dashboard(
     dsn: str,
     table: str,
+    tasks_table: str,
     host: str,
     port: int,
     admin_token: str | None,
@@ -69,27 +78,28 @@ def dashboard(
     allow_hosts: tuple[str, ...],
     log_format: str,
 ) -> None:
-    """Serve a web page with live throughput, backlog, topics and dead letters.
+    """Serve web pages with live throughput, backlog, topics and dead letters, and tasks.
+
+    The outbox's page is at /, task mode's at /tasks (tasks by state, per task name,
+    the oldest queued; a task's payload, error and traceback excerpt).
 
     Read-only unless started with --admin-token (or OUTBOXKIT_ADMIN_TOKEN): then
-    failed events can be replayed or discarded by whoever enters the token;
-    every action is logged.
+    failed events can be replayed or discarded, and tasks replayed, cancelled or
+    discarded, by whoever enters the token; every action is logged.
 
     \b
     Example:
       OUTBOXKIT_ADMIN_TOKEN=$(openssl rand -hex 16) outboxkit dashboard --dsn ... --port 8080
     """
-    from outboxkit.admin import admin_for
     from outboxkit.ops.dashboard import Dashboard, dashboard_app
 
     setup_logging("info", log_format)
-    run_guarded(
-        admin_for(dsn).live_status, dsn, table
-    )  # fail now, readably, if the DSN or table is wrong
+    run_guarded(_check_tables, dsn, table, tasks_table)  # fail now, readably
     try:
         board = Dashboard(
             dsn,
             table=table,
+            tasks_table=tasks_table,
             admin_token=admin_token,
             host=host,
             allowed_hosts=allow_hosts,
@@ -97,11 +107,30 @@ def dashboard(
         )
     except OutboxkitError as exc:
         fail(str(exc), 2)
-    mode = "replay/discard enabled (token)" if admin_token else "read-only"
+    mode = "actions enabled (token)" if admin_token else "read-only"
     try:
         asyncio.run(_serve_dashboard(dashboard_app(board), host, port, mode))
     except OutboxkitError as exc:
         fail(str(exc), 2)
+
+
+def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
+    """Refuse a wrong DSN, or a database with neither table. A database used for task mode
+    only has no outbox: the dashboard starts, and its outbox page says how to create one."""
+    from outboxkit.admin import admin_for
+    from outboxkit.backends.mariadb.sql import is_mysql_url
+    from outboxkit.errors import TableNotFoundError
+    from outboxkit.store.tasks_pg import task_gauges
+
+    try:
+        admin_for(dsn).live_status(dsn, table)
+    except TableNotFoundError as no_outbox:
+        if is_mysql_url(dsn):  # task mode is PostgreSQL's only
+            raise
+        try:
+            task_gauges(dsn, tasks_table)
+        except OutboxkitError:
+            raise no_outbox from None
 
 
 async def _serve_dashboard(app: Any, host: str, port: int, mode: str) -> None:

@@ -83,6 +83,7 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 @tasks_table_option
 @click.option("--status", type=click.Choice(_STATES), default=None, help="Only this state.")
 @click.option("--name", default=None, help="Only tasks of this name.")
+@click.option("--queue", default=None, help="Only tasks of this queue.")
 @click.option(
     "--limit",
     type=click.IntRange(1, 100_000),
@@ -92,14 +93,22 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 )
 @json_option
 def list_command(
-    dsn: str, tasks_table: str, status: str | None, name: str | None, limit: int, as_json: bool
+    dsn: str,
+    tasks_table: str,
+    status: str | None,
+    name: str | None,
+    queue: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """Tasks, oldest first."""
     from outboxkit.store.tasks_pg import list_tasks
     from outboxkit.store.tasks_sql import TaskStatus
 
     state = None if status is None else TaskStatus[status.upper()]
-    rows = run_guarded(list_tasks, dsn, tasks_table, status=state, name=name, limit=limit)
+    rows = run_guarded(
+        list_tasks, dsn, tasks_table, status=state, name=name, queue=queue, limit=limit
+    )
     _print(rows, as_json, "tasks")
 
 

@@ -1,10 +1,11 @@
-"""``outboxkit dashboard``: one web page to watch an outbox and handle its dead letters.
+"""``outboxkit dashboard``: web pages to watch an outbox and a task table and act on them.
 
-An aiohttp server with a small JSON API and one static page (vanilla JS, inline
-SVG charts, no build step). Read-only unless started with an admin token;
-replay and discard require it in the ``X-Outboxkit-Token`` header and are
-logged. The page renders every value with ``textContent``: payloads and errors
-are attacker-controlled text.
+An aiohttp server with a small JSON API and two static pages (vanilla JS, inline
+SVG charts, no build step): the outbox's (its dead letters) and task mode's (tasks.py).
+Read-only unless started with an admin token; every action requires it in the
+``X-Outboxkit-Token`` header, which a cross-site page cannot send (no CORS: the
+browser's preflight fails), and is logged. The pages render every value with
+``textContent``: payloads and errors are attacker-controlled text.
 
 It also faces hostile clients: it answers only to the Host names it was given
 (DNS rebinding), slows down token guessing, reuses a few database connections
@@ -34,6 +35,8 @@ from outboxkit.admin import Admin, admin_for
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, TopicStatus
 from outboxkit.ops._throttle import Throttled
+from outboxkit.store.postgres import parse_table
+from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE
 
 log = logging.getLogger("outboxkit.dashboard")
 
@@ -79,6 +82,7 @@ class Dashboard:
         dsn: str,
         *,
         table: str = "outbox",
+        tasks_table: str = DEFAULT_TASKS_TABLE,
         admin_token: str | None = None,
         sample_interval: float = 2.0,
         host: str | None = None,
@@ -87,7 +91,8 @@ class Dashboard:
         token_failure_window: float = TOKEN_FAILURE_WINDOW,
     ) -> None:
         """``host``: the address it is served on; with ``allowed_hosts``, the Host names
-        it answers to besides IP addresses and localhost."""
+        it answers to besides IP addresses and localhost. ``tasks_table``: the task table
+        its Tasks page shows (task mode; the page says how to create it when missing)."""
         if admin_token and len(admin_token) < MIN_TOKEN_CHARS:
             raise ConfigurationError(
                 f"the admin token is {len(admin_token)} characters long; use at least"
@@ -96,6 +101,8 @@ class Dashboard:
         self.dsn = dsn
         remember_secrets(dsn)
         self.table = table
+        parse_table(tasks_table)  # a bad name is refused now, not at the page's first read
+        self.tasks_table = tasks_table
         self.admin_token = admin_token or None
         self.sample_interval = sample_interval
         self.max_topics = max_topics
@@ -327,12 +334,32 @@ def _limit(request: web.Request) -> int:
         raise web.HTTPBadRequest(text="limit must be a number of rows") from None
 
 
-def _row_id(request: web.Request) -> int:
+def _row_id(
+    request: web.Request, what: str = "event ids in the dashboard are outbox row ids"
+) -> int:
     ref = request.match_info["id"]
     # str.isdigit() admits "²" and other digits int() refuses: ASCII only, and within bigint
     if not (ref.isascii() and ref.isdigit()) or len(ref) > 19 or int(ref) > _MAX_ROW_ID:
-        raise web.HTTPBadRequest(text="event ids in the dashboard are outbox row ids (digits)")
+        raise web.HTTPBadRequest(text=f"{what} (digits)")
     return int(ref)
+
+
+def _refusal(dashboard: Dashboard, request: web.Request, what: str) -> web.Response | None:
+    """Why an action may not run (read-only, slowed down, wrong token), or None: it may."""
+    if dashboard.admin_token is None:
+        return _json({"error": "the dashboard is read-only: restart it with --admin-token"}, 403)
+    who = request.remote or "unknown"
+    wait = dashboard.attempts.retry_after(who)
+    if wait is not None:
+        return web.json_response(
+            {"error": "too many wrong admin tokens: try again later"},
+            status=429,
+            headers={"Retry-After": str(max(1, int(wait + 1)))},
+        )
+    if not dashboard.authorized(request):
+        dashboard.attempts.failed(who, what)
+        return _json({"error": "wrong or missing admin token"}, 403)
+    return None
 
 
 def _redacted_error(row: dict[str, Any]) -> dict[str, Any]:
@@ -356,8 +383,16 @@ def _payload_text(payload: bytes) -> tuple[str, str, bool]:
     return text, kind, truncated
 
 
+def _secure(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(_SECURITY_HEADERS)
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+
+
 def dashboard_app(dashboard: Dashboard) -> web.Application:
     """The aiohttp application: the page, its assets and the JSON API."""
+
+    from outboxkit.ops.dashboard.tasks import add_task_routes
 
     async def index(_request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html")
@@ -415,21 +450,9 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             row_id = _row_id(request)
-            if dashboard.admin_token is None:
-                return _json(
-                    {"error": "the dashboard is read-only: restart it with --admin-token"}, 403
-                )
-            who = request.remote or "unknown"
-            wait = dashboard.attempts.retry_after(who)
-            if wait is not None:
-                return web.json_response(
-                    {"error": "too many wrong admin tokens: try again later"},
-                    status=429,
-                    headers={"Retry-After": str(max(1, int(wait + 1)))},
-                )
-            if not dashboard.authorized(request):
-                dashboard.attempts.failed(who, f"{name} of event row {row_id}")
-                return _json({"error": "wrong or missing admin token"}, 403)
+            refused = _refusal(dashboard, request, f"{name} of event row {row_id}")
+            if refused is not None:
+                return refused
             n = await run(row_id)
             log.warning(
                 "dashboard: %s of failed event row %d by %s: %d row(s) changed",
@@ -472,10 +495,12 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
     async def security_headers(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        response = await handler(request)
-        response.headers.update(_SECURITY_HEADERS)
-        if request.path.startswith("/api/"):
-            response.headers["Cache-Control"] = "no-store"
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # a 400 or 404 raised is answered with them too
+            _secure(request, exc)
+            raise
+        _secure(request, response)
         return response
 
     app = web.Application(middlewares=[security_headers, known_host])
@@ -488,6 +513,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
     app.router.add_get("/api/events/{id}", event)
     app.router.add_post("/api/events/{id}/replay", action("replay", "replayed", replay))
     app.router.add_post("/api/events/{id}/discard", action("discard", "discarded", discard))
+    add_task_routes(app, dashboard)
 
     async def sampler(_app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(dashboard.run_sampler())

@@ -1,60 +1,14 @@
-// outboxkit dashboard: polls the JSON API and renders with textContent only.
-// Payloads, headers and errors are attacker-controlled: never innerHTML with data.
+// outboxkit dashboard, the outbox's page: polls the JSON API and renders with textContent
+// only (helpers in common.js). Payloads, headers and errors are attacker-controlled.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
 const WINDOW_S = 15 * 60;
-const TOKEN_KEY = "outboxkit-admin-token";
-let readOnly = true;
-let pollMs = 2000;
-
-function $(id) { return document.getElementById(id); }
-
-function el(tag, text, cls) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  if (cls) node.className = cls;
-  return node;
-}
 
 function svg(tag, attrs) {
   const node = document.createElementNS(SVG, tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
   return node;
-}
-
-function age(seconds) {
-  if (seconds === null || seconds === undefined) return "–";
-  if (seconds < 120) return seconds.toFixed(1) + " s";
-  if (seconds < 7200) return (seconds / 60).toFixed(1) + " min";
-  return (seconds / 3600).toFixed(1) + " h";
-}
-
-function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
-
-async function api(path, options) {
-  const response = await fetch(path, options);
-  let body = null;
-  try { body = await response.json(); } catch (_e) { body = null; }
-  if (!response.ok) {
-    const message = body && body.error ? body.error : response.status + " " + response.statusText;
-    throw new Error(message);
-  }
-  return body;
-}
-
-function showError(message) {
-  const box = $("error");
-  box.textContent = message || "";
-  box.hidden = !message;
-}
-
-function toast(message) {
-  const box = $("toast");
-  box.textContent = message;
-  box.hidden = false;
-  clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => { box.hidden = true; }, 4000);
 }
 
 function chart(container, points, key) {
@@ -88,18 +42,10 @@ function chart(container, points, key) {
   container.replaceChildren(root);
 }
 
-function cell(row, text, cls) {
-  row.appendChild(el("td", text, cls));
-}
-
 function renderOverview(data) {
-  readOnly = data.read_only;
+  renderMode(data.read_only);
   pollMs = Math.max(1000, (data.sample_interval || 2) * 1000);
   $("table-name").textContent = data.table;
-  const mode = $("mode");
-  mode.textContent = readOnly ? "read-only" : (token() ? "admin" : "admin token needed for actions");
-  mode.className = "badge" + (readOnly ? "" : " admin");
-  $("token-form").hidden = readOnly;
   showError(data.error ? "cannot read the outbox: " + data.error : "");
   const s = data.status;
   if (!s) return;
@@ -127,22 +73,10 @@ function renderOverview(data) {
   body.replaceChildren(...rows);
 }
 
-function actionButton(label, cls, run) {
-  const button = el("button", label, cls);
-  button.type = "button";
-  button.disabled = readOnly;
-  button.title = readOnly ? "read-only: start the dashboard with --admin-token" : "";
-  button.addEventListener("click", run);
-  return button;
-}
-
 async function act(id, verb) {
   if (verb === "discard" && !window.confirm(`Discard failed event ${id} for good?`)) return;
   try {
-    await api(`api/events/${encodeURIComponent(id)}/${verb}`, {
-      method: "POST",
-      headers: { "X-Outboxkit-Token": token() },
-    });
+    await post(`api/events/${encodeURIComponent(id)}/${verb}`);
     toast(`event ${id}: ${verb === "replay" ? "replayed (back to pending)" : "discarded"}`);
     if (String($("detail-id").textContent) === String(id)) $("detail").hidden = true;
     await refresh();
@@ -207,15 +141,6 @@ function renderBlocked(rows) {
   }));
 }
 
-function kvRows(tbody, entries) {
-  tbody.replaceChildren(...entries.map(([k, v]) => {
-    const row = el("tr");
-    cell(row, k);
-    cell(row, v === null || v === undefined ? "" : (typeof v === "object" ? JSON.stringify(v) : v));
-    return row;
-  }));
-}
-
 async function showEvent(id) {
   try {
     const e = await api(`api/events/${encodeURIComponent(id)}`);
@@ -247,19 +172,8 @@ async function refresh() {
   }
 }
 
-async function loop() {
-  await refresh();
-  setTimeout(loop, pollMs);
-}
-
 document.addEventListener("DOMContentLoaded", () => {
-  $("token").value = token();
-  $("token-form").addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    sessionStorage.setItem(TOKEN_KEY, $("token").value);
-    toast("admin token set for this tab");
-    refresh();
-  });
+  setUpTokenForm(refresh);
   $("detail-close").addEventListener("click", () => { $("detail").hidden = true; });
-  loop();
+  poll(refresh);
 });
