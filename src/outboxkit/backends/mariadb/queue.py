@@ -23,8 +23,8 @@ import orjson
 from outboxkit.backends.mariadb import sql
 from outboxkit.backends.mariadb.sql import Statements, with_ids
 from outboxkit.errors import ConfigurationError, table_missing
+from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
-    DONE,
     Attempted,
     Claim,
     ClaimPolicy,
@@ -35,7 +35,6 @@ from outboxkit.queue.store import (
     StoreInfo,
     StoreTimeout,
     StoreUnavailable,
-    Verdict,
 )
 
 log = logging.getLogger("outboxkit.relay")
@@ -271,27 +270,20 @@ class MariaDBQueueStore(Generic[T]):
         token = str(claim.token)
         sq = self.sql
         keep = self.retention == "keep"
+        groups = group_decisions(claim, decisions)
 
         async def run(cur: Any) -> list[int]:
             await cur.execute("BEGIN")
             await cur.execute(with_ids(sq.fenced_ids + " FOR UPDATE", len(ids)), (*ids, token))
             held = {r[0] for r in await cur.fetchall()}
-            published = [i for i, d in zip(ids, decisions, strict=True) if d is DONE or d.done]
-            mine = [i for i in published if i in held]
+            mine = [i for i in groups.done if i in held]
             if mine:
                 stmt = sq.settle_published_keep if keep else sq.settle_published_delete
                 await cur.execute(with_ids(stmt, len(mine)), (*mine, token))
             failures = [
-                (
-                    sql.FAILED if d.verdict is Verdict.DEAD else sql.PENDING,
-                    _micros(d.delay),
-                    d.error or "unknown error",
-                    1 if d.verdict is Verdict.HAND_BACK else 0,
-                    i,
-                    token,
-                )
-                for i, d in zip(ids, decisions, strict=True)
-                if not d.done and i in held
+                (sql.FAILED if dead else sql.PENDING, _micros(delay), error, int(refund), i, token)
+                for i, dead, delay, error, refund in groups.failures()
+                if i in held
             ]
             if failures:
                 await cur.executemany(sq.settle_failure, failures)
