@@ -275,7 +275,7 @@ class PostgresBackend(Backend):
 
 
 class MariaDBBackend(Backend):
-    """A database of its own on the private MariaDB (dropped at close); unordered only."""
+    """A database of its own on the private MariaDB (dropped at close), ordered or not."""
 
     name = "mariadb"
     _NO_NOTIFY = "MariaDB has no LISTEN/NOTIFY: its store has no wake-ups, the relay polls"
@@ -295,9 +295,12 @@ class MariaDBBackend(Backend):
         with self.admin.cursor() as cur:
             cur.execute(f"CREATE DATABASE {self.database}")
         self.url = server.url_for(self.database)
-        mariadb_migrate(self.url)
+        if ordered:
+            mariadb_migrate(self.url, kind="ordered", partitions=PARTITIONS)
+        else:
+            mariadb_migrate(self.url)
         self.conn = pymysql.connect(**server.connect_args(self.database), autocommit=True)
-        self.outbox = Outbox(storage="mariadb")
+        self.outbox = Outbox(storage="mariadb", ordered=ordered)
 
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
         event = Event(
@@ -352,17 +355,43 @@ class MariaDBBackend(Backend):
                 f" created_at = created_at - {shift}",
                 (round(seconds * 1e6), round(seconds * 1e6)),
             )
+            if self.ordered:
+                for table in ("outbox_partitions", "outbox_relays"):
+                    cur.execute(
+                        f"UPDATE {table} SET expires_at = expires_at - {shift}",
+                        (round(seconds * 1e6),),
+                    )
+
+    def _sql(self) -> Any:
+        from outboxkit.backends.mariadb.ordered_sql import OrderedStatements
+
+        return OrderedStatements("outbox")
 
     async def hold_partitions(
         self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
     ) -> list[int]:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        from outboxkit.backends.mariadb.ordered_sql import expand
+
+        o, parts, micros = self._sql(), list(wanted), round(lease * 1e6)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                expand(o.acquire_partitions, parts=len(parts)),
+                (owner, owner, micros, *parts, owner),
+            )
+            cur.execute(expand(o.held_partitions, parts=len(parts)), (*parts, owner))
+            return sorted(r[0] for r in cur.fetchall())
 
     async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        o, micros = self._sql(), round(lease * 1e6)
+        with self.conn.cursor() as cur:
+            cur.execute(o.relay_beat, (relay_id, micros))
+            cur.execute(o.forget_relays, (10 * micros,))
+            cur.execute(o.live_relays)
+            return [r[0] for r in cur.fetchall()]
 
     async def leave(self, relay_id: str) -> None:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        with self.conn.cursor() as cur:
+            cur.execute(self._sql().leave, (relay_id,))
 
     async def close(self) -> None:
         await super().close()
