@@ -49,13 +49,13 @@ class OrderedStatements:
             f" WHERE id {{ids}} AND status = {PENDING} AND available_at <= {NOW}"
             " ORDER BY id FOR UPDATE SKIP LOCKED"
         )
-        # Keyless rows keep the unordered claim (a share of the batch).
-        pending_index = quote(table.split(".")[-1] + "_pending")
+        # Keyless rows (partition NULL) as in the unordered claim, a share of the batch, read
+        # through the ordered index: the pending index would walk every due keyed row too.
+        ordered_index = quote(f"{table.split('.')[-1]}_ordered"[:64])
         self.lock_keyless = (
             f"SELECT id, `key`, attempts, claim_token, last_error FROM {t}"
-            f" FORCE INDEX ({pending_index}) WHERE status = {PENDING} AND `key` IS NULL"
-            f" AND available_at <= {NOW} ORDER BY available_at, id LIMIT %s"
-            " FOR UPDATE SKIP LOCKED"
+            f" FORCE INDEX ({ordered_index}) WHERE status = {PENDING} AND `partition` IS NULL"
+            f" AND available_at <= {NOW} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         # A keyed row's settle also needs its claimer's lease on the row's partition,
         # unexpired: once it is gone another relay may publish the key, and the old
