@@ -20,6 +20,7 @@ import pytest
 from outboxkit import Event, Outbox
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.errors import SchemaError
 from tests.integration.test_ordered_write import Background
 from tests.support.mariadb import MariaDB
 from tests.support.servers import unique_name
@@ -209,3 +210,26 @@ def test_keyless_events_and_unordered_outboxes_take_no_lock(url: str) -> None:
         t1.rollback()
     finally:
         t1.close()
+
+
+def test_an_ordered_write_on_an_outbox_not_migrated_for_it_says_what_to_run(
+    mariadb_server: MariaDB,
+) -> None:
+    name = unique_name("plain")
+    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        url = mariadb_server.url_for(name)
+        migrate(url)  # without --ordered
+        conn = _connect(url)
+        try:
+            with pytest.raises(SchemaError, match=r"not set up for ordered mode.*--ordered"):
+                Outbox(storage="mariadb", ordered=True).put(conn, _event())
+            conn.rollback()
+        finally:
+            conn.close()
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {name}")
+    finally:
+        admin.close()
