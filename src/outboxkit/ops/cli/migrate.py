@@ -89,6 +89,7 @@ def migrate(
       outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
       outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
       outboxkit migrate --dsn mysql://app@db/shop   (MariaDB 10.6+ / MySQL 8)
+      outboxkit migrate --ordered --dsn mysql://app@db/shop
     """
     from outboxkit.backends.mariadb.sql import is_mysql_url
 
