@@ -302,6 +302,20 @@ def not_an_outbox(
     )
 
 
+def _mariadb_not_ordered(exc: BaseException, table: str) -> SchemaError | None:
+    """MariaDB's "table doesn't exist" (1146) for ``<table>_key_locks``: an ordered write on
+    an outbox that ``migrate --ordered`` has not set up."""
+    args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
+    locks = f"{table.split('.')[-1]}_key_locks"[:64]
+    if len(args) < 2 or args[0] != 1146 or f".{locks}'" not in str(args[1]):
+        return None
+    return SchemaError(
+        f"outbox table {table!r} is not set up for ordered mode (no {locks} table): run"
+        f" `outboxkit migrate --dsn mysql://… --ordered --table {table}`, or write with"
+        " ordered=False; the transaction this write ran in has failed: roll it back"
+    )
+
+
 def outbox_table_missing(
     exc: BaseException, table: str, *, with_callers_sql: bool = False, rolled_back: bool = False
 ) -> SchemaError | None:
@@ -320,6 +334,9 @@ def outbox_table_missing(
     the missing relation may be theirs; only an error that names the outbox table counts.
     ``rolled_back``: outboxkit already rolled the transaction back (``Outbox.transaction()``).
     """
+    unordered = _mariadb_not_ordered(exc, table)
+    if unordered is not None:
+        return unordered
     if _has_sqlstate(exc, _UNDEFINED_COLUMN):
         text = str(exc)
         if any(f'"{column}"' in text for column in _NEWER_COLUMNS):

@@ -274,8 +274,13 @@ class PostgresBackend(Backend):
         self.conn.close()
 
 
+#: Ordered MariaDB databases emptied after their scenario, by server port (a session's).
+_ORDERED_SPARE: dict[int, list[str]] = {}
+
+
 class MariaDBBackend(Backend):
-    """A database of its own on the private MariaDB (dropped at close); unordered only."""
+    """A database of its own on the private MariaDB, ordered or not (dropped at close;
+    an ordered one is emptied and reused by the next ordered scenario)."""
 
     name = "mariadb"
     _NO_NOTIFY = "MariaDB has no LISTEN/NOTIFY: its store has no wake-ups, the relay polls"
@@ -290,14 +295,23 @@ class MariaDBBackend(Backend):
         from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
 
         super().__init__(ordered)
-        self.database = f"contract_{uuid.uuid4().hex[:12]}"
         self.admin = pymysql.connect(**server.connect_args(), autocommit=True)
-        with self.admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {self.database}")
-        self.url = server.url_for(self.database)
-        mariadb_migrate(self.url)
+        spare = _ORDERED_SPARE.get(server.port) if ordered else None
+        if spare:  # an emptied ordered database of an earlier scenario (migrating takes ~2 s)
+            self.database = spare.pop()
+            self.url = server.url_for(self.database)
+        else:
+            self.database = f"contract_{uuid.uuid4().hex[:12]}"
+            with self.admin.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {self.database}")
+            self.url = server.url_for(self.database)
+            if ordered:
+                mariadb_migrate(self.url, kind="ordered", partitions=PARTITIONS)
+            else:
+                mariadb_migrate(self.url)
+        self.server_port = server.port
         self.conn = pymysql.connect(**server.connect_args(self.database), autocommit=True)
-        self.outbox = Outbox(storage="mariadb")
+        self.outbox = Outbox(storage="mariadb", ordered=ordered)
 
     async def put(self, n: int = 0, *, key: str | None = None, delay: float = 0.0) -> int:
         event = Event(
@@ -352,21 +366,56 @@ class MariaDBBackend(Backend):
                 f" created_at = created_at - {shift}",
                 (round(seconds * 1e6), round(seconds * 1e6)),
             )
+            if self.ordered:
+                for table in ("outbox_partitions", "outbox_relays"):
+                    cur.execute(
+                        f"UPDATE {table} SET expires_at = expires_at - {shift}",
+                        (round(seconds * 1e6),),
+                    )
+
+    def _sql(self) -> Any:
+        from outboxkit.backends.mariadb.ordered_sql import OrderedStatements
+
+        return OrderedStatements("outbox")
 
     async def hold_partitions(
         self, owner: str, lease: float = 60.0, wanted: Sequence[int] = range(PARTITIONS)
     ) -> list[int]:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        from outboxkit.backends.mariadb.ordered_sql import expand
+
+        o, parts, micros = self._sql(), list(wanted), round(lease * 1e6)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                expand(o.acquire_partitions, parts=len(parts)),
+                (owner, owner, micros, *parts, owner),
+            )
+            cur.execute(expand(o.held_partitions, parts=len(parts)), (*parts, owner))
+            return sorted(r[0] for r in cur.fetchall())
 
     async def heartbeat(self, relay_id: str, lease: float) -> list[str]:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        o, micros = self._sql(), round(lease * 1e6)
+        with self.conn.cursor() as cur:
+            cur.execute(o.relay_beat, (relay_id, micros))
+            cur.execute(o.forget_relays, (10 * micros,))
+            cur.execute(o.live_relays)
+            return [r[0] for r in cur.fetchall()]
 
     async def leave(self, relay_id: str) -> None:
-        raise NotImplementedError("ordered mode is PostgreSQL's only")
+        with self.conn.cursor() as cur:
+            cur.execute(self._sql().leave, (relay_id,))
 
     async def close(self) -> None:
         await super().close()
+        if self.ordered:  # emptied and kept for the next ordered scenario
+            with self.conn.cursor() as cur:
+                cur.execute("TRUNCATE TABLE outbox")
+                cur.execute(
+                    "UPDATE outbox_partitions SET owner = NULL, epoch = 0, expires_at = NULL"
+                )
+                cur.execute("DELETE FROM outbox_relays")
+            _ORDERED_SPARE.setdefault(self.server_port, []).append(self.database)
+        else:
+            with self.admin.cursor() as cur:
+                cur.execute(f"DROP DATABASE {self.database}")
         self.conn.close()
-        with self.admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE {self.database}")
         self.admin.close()

@@ -14,8 +14,6 @@ BACKENDS = ["memory", "postgres", "mariadb"]
 
 async def _backend(request: pytest.FixtureRequest, *, ordered: bool) -> AsyncIterator[Backend]:
     if request.param == "mariadb":
-        if ordered:  # (the one thing MariaDB's store refuses: see its docstring)
-            pytest.skip("ordered mode (per-key heads, partition leases) is PostgreSQL's only")
         backend: Backend = MariaDBBackend(request.getfixturevalue("mariadb_server"), ordered)
     elif request.param == "postgres":
         backend = PostgresBackend(request.getfixturevalue("db_dsn"), ordered)

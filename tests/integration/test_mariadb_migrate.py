@@ -103,3 +103,34 @@ def test_migrate_reports_an_unreachable_server_without_a_traceback() -> None:
     result = cli("migrate", "--dsn", "mysql://root@127.0.0.1:1/shop")
     assert result.exit_code == 3  # as PostgreSQL's "cannot reach the database"
     assert "cannot reach MariaDB" in result.output
+
+
+def test_migrate_ordered_adds_the_partitions_the_leases_and_the_key_locks(
+    mariadb_url: str,
+) -> None:
+    result = cli("migrate", "--ordered", "--partitions", "16", "--dsn", mariadb_url)
+    assert result.exit_code == 0, result.output
+    assert "ordered table 'outbox' migrated" in result.output
+    again = cli("migrate", "--ordered", "--dsn", mariadb_url)
+    assert again.exit_code == 0 and "up to date" in again.output
+    assert "partition" in _columns(mariadb_url, "outbox")
+    conn = pymysql.connect(**_args(mariadb_url))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM outbox_partitions")
+            assert cur.fetchone()[0] == 16  # P as given; a later run keeps it
+            cur.execute("SELECT COUNT(*) FROM outbox_key_locks")
+            assert cur.fetchone()[0] == 65536
+    finally:
+        conn.close()
+    assert "relay_id" in _columns(mariadb_url, "outbox_relays")
+
+
+def test_migrate_ordered_prints_its_sql_and_refuses_a_bad_count() -> None:
+    url = "mysql://app@127.0.0.1:1/shop"  # --print-sql connects to nothing
+    printed = cli("migrate", "--ordered", "--partitions", "8", "--print-sql", "--dsn", url)
+    assert printed.exit_code == 0, printed.output
+    assert "CRC32(`key`) % 8" in printed.output and "`outbox_key_locks`" in printed.output
+    assert cli("migrate", "--partitions", "8", "--dsn", url).exit_code == 2
+    bad = cli("migrate", "--ordered", "--partitions", "0", "--print-sql", "--dsn", url)
+    assert bad.exit_code == 2 and "1<=x<=32767" in bad.output  # (the option's own range)

@@ -50,6 +50,19 @@ def _count(url: str) -> int:
         conn.close()
 
 
+async def _drained(url: str, running: list[asyncio.Task[None]], timeout: float) -> None:
+    """Until the outbox is empty (or a relay ended)."""
+    async with asyncio.timeout(timeout):
+        while _count(url) and not any(t.done() for t in running):
+            await asyncio.sleep(0.05)
+
+
+async def _stop(relays: list[Relay], running: list[asyncio.Task[None]]) -> None:
+    for relay in relays:
+        relay.stop()
+    await asyncio.gather(*running)
+
+
 async def _stream_ids(url: str, stream: str) -> list[str]:
     nc = await nats.connect(url)
     try:
@@ -103,9 +116,72 @@ def test_relay_refuses_what_mariadb_cannot_do_in_one_line(mariadb_server: MariaD
     publisher = NatsPublisher.from_url("nats://127.0.0.1:4222")
     url = mariadb_server.url_for("shop")
     with pytest.raises(ConfigurationError, match="need PostgreSQL"):
-        Relay(url, publisher, ordered=True)
-    with pytest.raises(ConfigurationError, match="need PostgreSQL"):
         Relay(url, publisher, source="cdc")
+
+
+async def test_ordered_relays_publish_each_key_in_commit_order_across_relays(
+    mariadb_server: MariaDB, nats_server: Any
+) -> None:
+    """Two ordered relays on one MariaDB outbox, writers racing on four hot keys: per key,
+    the stream holds the events in the order their transactions committed."""
+    url = _database(mariadb_server)
+    migrate(url, kind="ordered", partitions=4)
+    tag = uuid.uuid4().hex[:8]
+    stream = f"MARIADB_ORDERED_{tag.upper()}"
+    broker = f"{nats_server.url}?stream={stream}&subjects={tag}.>"
+    relays = [
+        Relay(url, NatsPublisher.from_url(broker), ordered=True, poll_interval=0.02,
+              batch_size=10, relay_id=f"r{i}", lease=6.0)
+        for i in range(2)
+    ]  # fmt: skip
+    running = [asyncio.create_task(r.run()) for r in relays]
+    committed: dict[str, list[str]] = {}
+    lock = asyncio.Lock()
+
+    def write(writer: int) -> list[tuple[str, list[str]]]:
+        outbox = Outbox(storage="mariadb", ordered=True)
+        conn = pymysql.connect(**connect_args(url))
+        done = []
+        try:
+            for i in range(30):
+                key = f"k{(writer + i) % 4}"
+                events = [
+                    Event(topic=f"{tag}.o", event_type="t", key=key, payload={"i": i, "j": j})
+                    for j in range(2)
+                ]
+                outbox.put_many(conn, events)
+                with conn.cursor() as cur:  # the key's commit counter, taken after the ids
+                    cur.execute("UPDATE seq SET n = n + 1 WHERE k = %s", (key,))
+                    cur.execute("SELECT n FROM seq WHERE k = %s", (key,))
+                    n = cur.fetchone()[0]
+                if i % 4 == 3:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                    done.append((f"{key}:{n:06d}", [str(e.event_id) for e in events]))
+        finally:
+            conn.close()
+        return done
+
+    admin = pymysql.connect(**connect_args(url), autocommit=True)
+    with admin.cursor() as cur:
+        cur.execute("CREATE TABLE seq (k VARCHAR(8) PRIMARY KEY, n INT NOT NULL DEFAULT 0)")
+        cur.execute("INSERT INTO seq (k) VALUES ('k0'), ('k1'), ('k2'), ('k3')")
+    admin.close()
+    try:
+        results = await asyncio.gather(*(asyncio.to_thread(write, w) for w in range(3)))
+        async with lock:
+            for order, ids in sorted(x for r in results for x in r):
+                committed.setdefault(order.split(":")[0], []).extend(ids)
+        await _drained(url, running, 40)
+    finally:
+        await _stop(relays, running)
+    assert _count(url) == 0
+    key_of = {e: k for k, ids in committed.items() for e in ids}
+    published: dict[str, list[str]] = {}
+    for event_id in await _stream_ids(nats_server.url, stream):
+        published.setdefault(key_of[event_id], []).append(event_id)
+    assert published == committed
 
 
 def test_outboxkit_migrate_and_relay_take_a_mysql_url(
@@ -182,13 +258,9 @@ async def test_three_relays_share_the_table_while_writers_write_and_publish_each
 
     try:
         await asyncio.gather(*(asyncio.to_thread(write, w) for w in range(3)))
-        async with asyncio.timeout(30):
-            while _count(url) and not any(t.done() for t in running):
-                await asyncio.sleep(0.05)
+        await _drained(url, running, 30)
     finally:
-        for relay in relays:
-            relay.stop()
-        await asyncio.gather(*running)
+        await _stop(relays, running)
     assert _count(url) == 0
     published = await _stream_ids(nats_server.url, stream)
     assert len(published) == len(committed) == 3 * 45 * 3

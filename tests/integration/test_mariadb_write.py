@@ -16,7 +16,7 @@ from outboxkit import Event, Outbox
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.queue import MariaDBQueueStore
 from outboxkit.backends.mariadb.sql import connect_args
-from outboxkit.errors import ConfigurationError, NotInTransactionError, StoreUnavailable
+from outboxkit.errors import NotInTransactionError, StoreUnavailable
 from outboxkit.publishers.base import OutboundMessage
 from tests.support.mariadb import MariaDB
 from tests.support.servers import unique_name
@@ -86,8 +86,7 @@ def test_put_on_an_autocommit_connection_is_refused_and_writes_nothing(url: str)
 
 
 def test_what_mariadb_cannot_do_is_refused_at_construction_in_one_line() -> None:
-    with pytest.raises(ConfigurationError, match="ordered=True is not available on MariaDB"):
-        Outbox(storage="mariadb", ordered=True)
+    # (ordered=True is MariaDB's too: tests/integration/test_mariadb_ordered_write.py)
     assert Outbox(storage="mariadb").notify is False
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-import psycopg
+from tests.support.chaos_sql import cursor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,9 +124,10 @@ def wait_drained(dsn: str, timeout: float, interval: float, failure: Callable[[A
     """Wait until the outbox has no pending row; returns the seconds it took. Past
     ``timeout``, an AssertionError saying ``failure(row)`` (row: the pending count's row)."""
     start = time.monotonic()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with cursor(dsn) as cur:  # (PostgreSQL or MariaDB)
         while True:
-            row = conn.execute("SELECT count(*) FROM outbox WHERE status = 0").fetchone()
+            cur.execute("SELECT count(*) FROM outbox WHERE status = 0")
+            row = cur.fetchone()
             if row is not None and row[0] == 0:
                 break
             if time.monotonic() - start > timeout:

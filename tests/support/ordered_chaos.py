@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import psycopg
-
 from outboxkit.testing import EmbeddedKafka, EmbeddedNats, TcpProxy, free_port, spawn_relay
 from tests.support.chaos_common import (
     REPO,
@@ -48,6 +46,7 @@ from tests.support.chaos_common import (
     stop_relays,
     wait_drained,
 )
+from tests.support.chaos_sql import cursor, lost_rows, migrate_ordered, ordered_ledger, scalar
 from tests.support.ordered_chaos_writer import TOPIC, setup
 
 STREAM = "OCHAOS"
@@ -209,6 +208,7 @@ class OrderedChaosRun:
         keys: int = 200,
         partitions: int = 64,
         lease: float = 4.0,
+        rollback_rate: float = 0.12,
     ) -> None:
         self.dsn = dsn
         self.workdir = workdir
@@ -220,6 +220,7 @@ class OrderedChaosRun:
         self.keys = keys
         self.partitions = partitions
         self.lease = lease
+        self.rollback_rate = rollback_rate
         self.writers = writers
         self.report = OrderedChaosReport(
             broker=broker,
@@ -261,9 +262,7 @@ class OrderedChaosRun:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        from outboxkit.store.migrate import migrate
-
-        migrate(self.dsn, table="outbox", ordered=True, partitions=self.partitions)
+        migrate_ordered(self.dsn, self.partitions)  # (PostgreSQL or MariaDB)
         setup(self.dsn, self.keys)
         self.broker.start()
         for i in range(len(self.relays)):
@@ -279,6 +278,7 @@ class OrderedChaosRun:
                 *("--seconds", str(self.seconds), "--seed", str(w + 1)),
                 *("--keys", str(self.keys)),
                 *("--rolled-back", str(self.workdir / f"rolled_back.{w}.txt")),
+                *("--rollback-rate", str(self.rollback_rate)),
             ],
         )
 
@@ -361,13 +361,9 @@ class OrderedChaosRun:
 
     def _count(self) -> None:
         r = self.report
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            ledger = conn.execute(
-                "SELECT event_id::text, key FROM ochaos_ledger ORDER BY key, n, pos"
-            ).fetchall()
-            r.dead_lettered = int(
-                conn.execute("SELECT count(*) FROM outbox WHERE status = 2").fetchone()[0]  # type: ignore[index]
-            )
+        ledger = ordered_ledger(self.dsn)
+        with cursor(self.dsn) as cur:
+            r.dead_lettered = scalar(cur, "SELECT count(*) FROM outbox WHERE status = 2")
         committed: dict[str, list[str]] = defaultdict(list)
         key_of: dict[str, str] = {}
         for event_id, key in ledger:
@@ -395,17 +391,10 @@ class OrderedChaosRun:
             lost -= again
         r.lost = len(lost)
         if lost:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                for row in conn.execute(
-                    "SELECT l.event_id::text, l.key, l.n, l.pos, o.id, o.status, o.attempts,"
-                    " o.claimed_by, o.published_at::text, o.last_error"
-                    " FROM ochaos_ledger AS l LEFT JOIN outbox AS o USING (event_id)"
-                    " WHERE l.event_id = ANY(%s::uuid[]) ORDER BY l.key, l.n, l.pos",
-                    (sorted(lost),),
-                ):
-                    names = ("event_id", "key", "n", "pos", "row", "status", "attempts")
-                    names += ("claimed_by", "published_at", "last_error")
-                    r.lost_rows.append({k: str(v) for k, v in zip(names, row, strict=True)})
+            for row in lost_rows(self.dsn, sorted(lost)):
+                names = ("event_id", "key", "n", "pos", "row", "status", "attempts")
+                names += ("claimed_by", "published_at", "last_error")
+                r.lost_rows.append({k: str(v) for k, v in zip(names, row, strict=True)})
         r.phantom = len(seen & rolled_back)
         r.unknown = len(seen - set(key_of) - rolled_back)
         for key, expected in committed.items():

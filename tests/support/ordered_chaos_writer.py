@@ -1,8 +1,9 @@
 """One writer process of the ordered chaos run: keyed events in transactions, some rolled back.
 
 Writes through ``Outbox(ordered=True)`` (the key locks) with ``put_many``/``put`` inside
-the transaction, then, in the same transaction, records each event's place in its key's
-committed sequence, read from the database side: the transaction increments a per-key
+the transaction (on a ``mysql://`` DSN: ``Outbox(storage="mariadb", ordered=True)``, the
+same ledger in MariaDB's SQL), then, in the same transaction, records each event's place
+in its key's committed sequence, read from the database side: the transaction increments a per-key
 counter row (``ochaos_keys``, locked in key order, held until COMMIT) *after* its events
 took their ids. Two transactions of one key therefore get their counter values in their
 commit order, whatever order their ids came in: a write side that let ids and commit order
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.mariadb.sql import connect_args, is_mysql_url
 
 TOPIC = "ochaos.events"
 SCHEMA = """
@@ -62,6 +65,9 @@ def key_name(i: int) -> str:
 
 
 def setup(dsn: str, keys: int) -> None:
+    if is_mysql_url(dsn):
+        _MariaDB.setup(dsn, keys)
+        return
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute(
@@ -72,6 +78,115 @@ def setup(dsn: str, keys: int) -> None:
 
 class _Rollback(Exception):
     pass
+
+
+class _Postgres:
+    """One writer's transactions on PostgreSQL (psycopg, one pipeline per transaction)."""
+
+    lost: type[Exception] = psycopg.OperationalError
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.outbox = Outbox(ordered=True)
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def commit(
+        self, batch: list[Event], record: dict[str, Any], rollback: bool, single: bool
+    ) -> None:
+        if self.conn is None or self.conn.closed:
+            # No WAL flush wait per commit: the run crashes no database, and the writers
+            # must outpace a shared machine's fsync to load three relays.
+            self.conn = psycopg.connect(
+                self.dsn, autocommit=True, options="-c synchronous_commit=off"
+            )
+        conn = self.conn
+        # One round trip: BEGIN, the events, the ledger and COMMIT in a pipeline.
+        with conn.pipeline(), conn.transaction():
+            if single:
+                self.outbox.put(conn, batch[0])
+            else:
+                self.outbox.put_many(conn, batch)
+            conn.execute(RECORD, record)
+            if rollback:
+                raise _Rollback
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+
+class _MariaDB:
+    """One writer's transactions on MariaDB (PyMySQL): the same ledger, in MariaDB's SQL."""
+
+    lost: type[Exception] = pymysql.err.OperationalError
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.outbox = Outbox(storage="mariadb", ordered=True)
+        self.conn: Any = None
+
+    @staticmethod
+    def setup(dsn: str, keys: int) -> None:
+        conn = pymysql.connect(**connect_args(dsn), autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "CREATE TABLE IF NOT EXISTS ochaos_keys"
+                    " (k VARCHAR(32) PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0)"
+                )
+                cur.execute(
+                    "CREATE TABLE IF NOT EXISTS ochaos_ledger (event_id CHAR(36) PRIMARY KEY,"
+                    " k VARCHAR(32) NOT NULL, n BIGINT NOT NULL, pos INT NOT NULL,"
+                    " writer INT NOT NULL)"
+                )
+                cur.executemany(
+                    "INSERT IGNORE INTO ochaos_keys (k) VALUES (%s)",
+                    [(key_name(i),) for i in range(keys)],
+                )
+        finally:
+            conn.close()
+
+    def commit(
+        self, batch: list[Event], record: dict[str, Any], rollback: bool, single: bool
+    ) -> None:
+        if self.conn is None or not self.conn.open:
+            self.conn = pymysql.connect(**connect_args(self.dsn))
+        conn = self.conn
+        try:
+            if single:
+                self.outbox.put(conn, batch[0])
+            else:
+                self.outbox.put_many(conn, batch)
+            keys = record["keys"]
+            marks = ",".join(["%s"] * len(keys))
+            with conn.cursor() as cur:
+                # The key's commit counter, after the events took their ids (as RECORD).
+                cur.execute(f"UPDATE ochaos_keys SET n = n + 1 WHERE k IN ({marks})", keys)
+                cur.execute(f"SELECT k, n FROM ochaos_keys WHERE k IN ({marks})", keys)
+                n = dict(cur.fetchall())
+                cur.executemany(
+                    "INSERT INTO ochaos_ledger (event_id, k, n, pos, writer)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    [
+                        (str(i), k, n[k], p, record["writer"])
+                        for i, k, p in zip(
+                            record["ids"], record["event_keys"], record["pos"], strict=True
+                        )
+                    ],
+                )
+            if rollback:
+                raise _Rollback
+            conn.commit()
+        except BaseException:
+            if conn.open:
+                conn.rollback()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None and self.conn.open:
+            self.conn.close()
+        self.conn = None
 
 
 def run(
@@ -86,17 +201,12 @@ def run(
 ) -> dict[str, int]:
     """Commit at least ``events`` events, spread over about ``seconds``."""
     rng = random.Random(seed)
-    outbox = Outbox(ordered=True)
+    db: _Postgres | _MariaDB = _MariaDB(dsn) if is_mysql_url(dsn) else _Postgres(dsn)
     counts = {"committed": 0, "events": 0, "rolled_back": 0, "unknown": 0}
     started = time.monotonic()
     serial = 0
-    conn: psycopg.Connection[Any] | None = None
     with rolled_back.open("a") as log:
         while counts["events"] < events:
-            if conn is None or conn.closed:
-                # No WAL flush wait per commit: the run crashes no database, and the writers
-                # must outpace a shared machine's fsync to load three relays.
-                conn = psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=off")
             # Pace: the events spread over the run, so faults land throughout the writing.
             ahead = counts["events"] / events * seconds - (time.monotonic() - started)
             if ahead > 0:
@@ -113,43 +223,32 @@ def run(
             ]
             serial += len(batch)
             rollback = rng.random() < rollback_rate
+            pos: dict[str, int] = {}
+            places = []
+            for e in batch:
+                assert e.key is not None
+                places.append(pos.setdefault(e.key, 0))
+                pos[e.key] += 1
+            record = {
+                "keys": sorted(pos),
+                "writer": seed,
+                "ids": [e.event_id for e in batch],
+                "event_keys": [e.key for e in batch],
+                "pos": places,
+            }
             try:
-                # One round trip: BEGIN, the events, the ledger and COMMIT in a pipeline.
-                with conn.pipeline(), conn.transaction():
-                    if len(batch) == 1 and rng.random() < 0.5:
-                        outbox.put(conn, batch[0])
-                    else:
-                        outbox.put_many(conn, batch)
-                    pos: dict[str, int] = {}
-                    places = []
-                    for e in batch:
-                        assert e.key is not None
-                        places.append(pos.setdefault(e.key, 0))
-                        pos[e.key] += 1
-                    conn.execute(
-                        RECORD,
-                        {
-                            "keys": sorted(pos),
-                            "writer": seed,
-                            "ids": [e.event_id for e in batch],
-                            "event_keys": [e.key for e in batch],
-                            "pos": places,
-                        },
-                    )
-                    if rollback:
-                        raise _Rollback
+                db.commit(batch, record, rollback, len(batch) == 1 and rng.random() < 0.5)
                 counts["committed"] += 1
                 counts["events"] += len(batch)
             except _Rollback:
                 counts["rolled_back"] += len(batch)
                 log.write("".join(f"{e.event_id}\n" for e in batch))
                 log.flush()
-            except psycopg.OperationalError:
+            except db.lost:
                 counts["unknown"] += 1  # the ledger tells whether it committed
-                conn.close()
+                db.close()
                 time.sleep(0.2)
-    if conn is not None:
-        conn.close()
+    db.close()
     return counts
 
 
@@ -161,6 +260,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--keys", type=int, required=True)
     ap.add_argument("--rolled-back", type=Path, required=True)
+    ap.add_argument("--rollback-rate", type=float, default=0.12)
     args = ap.parse_args()
     counts = run(
         args.dsn,
@@ -169,6 +269,7 @@ def main() -> None:
         seed=args.seed,
         keys=args.keys,
         rolled_back=args.rolled_back,
+        rollback_rate=args.rollback_rate,
     )
     print(" ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
 

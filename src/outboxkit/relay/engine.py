@@ -178,10 +178,10 @@ class Relay:
         self.pooler = None if pooler is None else pooler_mode(pooler)
         # MariaDB/MySQL (mysql:// or mariadb://): its queue store, polled (no NOTIFY there).
         self._mariadb = is_mysql_url(dsn)
-        if self._mariadb and (ordered or source != "poll" or pooler or direct_dsn):
+        if self._mariadb and (source != "poll" or pooler or direct_dsn):
             raise ConfigurationError(
-                "on MariaDB/MySQL the relay polls the outbox table only: ordered mode, the WAL"
-                " source, pooler= and direct_dsn= need PostgreSQL"
+                "on MariaDB/MySQL the relay polls the outbox table only: the WAL source,"
+                " pooler= and direct_dsn= need PostgreSQL"
             )
         # A bad ?pooler= or a DSN libpq cannot parse fails here, not at the first connection.
         if not self._mariadb:
@@ -232,7 +232,7 @@ class Relay:
         # order through partition leases, relay/ordered.py) is a claim policy and a sink
         # that publishes in waves, with the partition heartbeat as a side task.
         self._store: QueueStore[OutboundMessage] = (
-            MariaDBQueueStore(dsn, table, OutboundMessage, retention=retention)
+            MariaDBQueueStore(dsn, table, OutboundMessage, retention=retention, ordered=ordered)
             if self._mariadb
             else PgQueueStore(
                 dsn,

@@ -28,10 +28,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Literal
 
+from outboxkit.backends.mariadb.sql import is_mysql_url
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
+from outboxkit.relay.partitions_mariadb import MariaDBPartitionLeases
 from outboxkit.sink.publisher import PublisherSink
 from outboxkit.store._connection import PoolerMode
 from outboxkit.store.ordered_sql import OrderedStatements
@@ -98,14 +100,18 @@ class OrderedMode:
         bound = _find(sink.publisher, "bound_delivery_time")
         if callable(bound):
             self.delivery_bound = float(bound(self.window / 2))
-        self.leases = PartitionLeases(
-            dsn,
-            OrderedStatements(table),
-            relay_id,
-            lease,
-            pooler=pooler,
-            direct_dsn=direct_dsn,
-            unique_id=unique_id,
+        self.leases = (
+            MariaDBPartitionLeases(dsn, table, relay_id, lease)
+            if is_mysql_url(dsn)
+            else PartitionLeases(
+                dsn,
+                OrderedStatements(table),
+                relay_id,
+                lease,
+                pooler=pooler,
+                direct_dsn=direct_dsn,
+                unique_id=unique_id,
+            )
         )
         self._open: dict[asyncio.Task[None], float] = {}
         self._starts: dict[uuid.UUID, tuple[float, int]] = {}

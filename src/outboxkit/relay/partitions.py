@@ -132,7 +132,7 @@ class PartitionLeases:
                     delay = self.interval
                 except SchemaError:
                     raise
-                except psycopg.Error as exc:
+                except self.errors as exc:
                     delay = backoff.next_delay()
                     log.warning(
                         "partition heartbeat failed (%s): retrying in %.1fs; without a renewal"
@@ -149,15 +149,10 @@ class PartitionLeases:
     async def beat(self) -> None:
         """One heartbeat: membership, assignment, releases, then take and renew."""
         started = time.monotonic()
-        conn = await self._connection()
         if not self.partitions:
             await self.check_schema()
-            cur = await conn.execute(self.stmts.partition_count)
-            row = await cur.fetchone()
-            self.partitions = int(row[0]) if row else 0
-        params: dict[str, Any] = {"relay_id": self.relay_id, "lease": self.lease}
-        cur = await conn.execute(self.stmts.relay_heartbeat, params)
-        members = tuple(r[0] for r in await cur.fetchall())
+            self.partitions = await self._partition_count()
+        members = await self._heartbeat()
         if members != self.members:
             log.info("ordered relays alive: %d (%s)", len(members), ", ".join(members))
             self.members = members
@@ -172,13 +167,12 @@ class PartitionLeases:
         release = sorted(self._releasable & set(self.draining))
         self._releasable.clear()
         if release:
-            await conn.execute(self.stmts.release_partitions, {**params, "parts": release})
+            await self._release(release)
             for p in release:
                 del self.draining[p]
             log.info("released %d partition(s) to other relays: %s", len(release), release)
         wanted = sorted(self.desired | set(self.draining))
-        cur = await conn.execute(self.stmts.acquire_partitions, {**params, "wanted": wanted})
-        owned = frozenset(int(r[0]) for r in await cur.fetchall())
+        owned = await self._acquire(wanted)
         gained, lost = owned - self.owned, (self.owned - owned) - set(release)
         if lost:  # before the renewal counts: nothing awaited in between
             self.losses += 1
@@ -201,15 +195,13 @@ class PartitionLeases:
             return
         # A fresh connection: the heartbeat's may have been cancelled mid-statement.
         await self._drop_connection()
-        params = {"relay_id": self.relay_id, "parts": sorted(owned)}
+        failures: tuple[type[Exception], ...] = (*self.errors, TimeoutError, ConfigurationError)
         try:
             async with asyncio.timeout(3.0):
-                conn = await self._connection()
-                await conn.execute(self.stmts.release_partitions, params)
-                await conn.execute(self.stmts.leave, params)
+                await self._give_back(sorted(owned))
             if owned:
                 log.info("gave back %d partition(s) at shutdown", len(owned))
-        except (psycopg.Error, TimeoutError, ConfigurationError) as exc:
+        except failures as exc:
             log.warning("could not give back partitions at shutdown (%s): they expire", exc)
         finally:
             await self._drop_connection()
@@ -217,6 +209,37 @@ class PartitionLeases:
             if lock is not None:
                 with contextlib.suppress(Exception):
                     await lock.close()
+
+    # -- the lease tables' statements (a MariaDB relay overrides these: relay/partitions_mariadb.py)
+
+    #: What a failed heartbeat statement raises (retried with backoff).
+    errors: tuple[type[Exception], ...] = (psycopg.Error,)
+
+    async def _partition_count(self) -> int:
+        cur = await (await self._connection()).execute(self.stmts.partition_count)
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _heartbeat(self) -> tuple[str, ...]:
+        params = {"relay_id": self.relay_id, "lease": self.lease}
+        cur = await (await self._connection()).execute(self.stmts.relay_heartbeat, params)
+        return tuple(r[0] for r in await cur.fetchall())
+
+    async def _release(self, parts: list[int]) -> None:
+        params = {"relay_id": self.relay_id, "parts": parts}
+        await (await self._connection()).execute(self.stmts.release_partitions, params)
+
+    async def _acquire(self, wanted: list[int]) -> frozenset[int]:
+        params = {"relay_id": self.relay_id, "lease": self.lease, "wanted": wanted}
+        cur = await (await self._connection()).execute(self.stmts.acquire_partitions, params)
+        return frozenset(int(r[0]) for r in await cur.fetchall())
+
+    async def _give_back(self, parts: list[int]) -> None:
+        """Release ``parts`` and leave the membership (at shutdown)."""
+        conn = await self._connection()
+        params = {"relay_id": self.relay_id, "parts": parts}
+        await conn.execute(self.stmts.release_partitions, params)
+        await conn.execute(self.stmts.leave, params)
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:

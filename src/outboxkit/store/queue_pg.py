@@ -27,6 +27,7 @@ from outboxkit.errors import (
     relay_schema_outdated,
     table_missing,
 )
+from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     DONE,
     Attempted,
@@ -40,7 +41,6 @@ from outboxkit.queue.store import (
     StoreInfo,
     StoreTimeout,
     StoreUnavailable,
-    Verdict,
 )
 from outboxkit.store._connection import PoolerMode
 from outboxkit.store._pg_session import PgSession
@@ -281,22 +281,11 @@ class PgQueueStore(PgSession, Generic[T]):
                 params = (ids[0], ids[-1], token, commit)
             whole = await self._run(stmt, params, ids)
             return Settled(whole, len(ids) - len(whole))
-        published: list[int] = []
-        fail_ids: list[int] = []
-        fail_status: list[int] = []
-        fail_delay: list[float] = []
-        fail_error: list[str] = []
-        fail_refund: list[int] = []
-        for item_id, decision in zip(ids, decisions, strict=True):
-            verdict = decision.verdict
-            if verdict is Verdict.DONE:
-                published.append(item_id)
-                continue
-            fail_ids.append(item_id)
-            fail_error.append(decision.error or "unknown error")
-            fail_delay.append(decision.delay)
-            fail_status.append(Status.FAILED if verdict is Verdict.DEAD else Status.PENDING)
-            fail_refund.append(1 if verdict is Verdict.HAND_BACK else 0)
+        groups = group_decisions(claim, decisions)
+        published, fail_ids = groups.done, groups.failed
+        fail_status = [Status.FAILED if dead else Status.PENDING for dead in groups.dead]
+        fail_delay, fail_error = groups.delays, groups.errors
+        fail_refund = [int(refund) for refund in groups.refund]
         done: list[int] = []
         if published:
             already = self._partial.get(token)

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from outboxkit.backends.mariadb.sql import Statements
+from outboxkit.backends.mariadb.sql import Statements, insert_ordered, key_slot
 from outboxkit.drivers import Statement
 from outboxkit.errors import ConfigurationError
 from outboxkit.events import Event
@@ -57,13 +57,9 @@ class MariaDBTableStorage:
     """Rows of a MariaDB outbox table, written with the caller's DB-API connection."""
 
     def __init__(self, table: str, *, ordered: bool = False) -> None:
-        if ordered:
-            raise ConfigurationError(
-                "ordered=True is not available on MariaDB/MySQL yet: its per-key commit"
-                " order needs a transaction-scoped lock MariaDB lacks (GET_LOCK is per session)"
-            )
         self.sql = Statements(table)
         self.table = table
+        self.ordered = ordered  # keyed rows lock their keys first (sql.insert_ordered)
         self.notify = False  # no NOTIFY on MariaDB: the relay polls
         self._one = self._statement(1)
 
@@ -71,13 +67,23 @@ class MariaDBTableStorage:
         text = self.sql.insert_columns + ", ".join([self.sql.insert_row] * count)
         return Statement(text, text)
 
+    def _locking(self, rows: list[tuple[Any, ...]]) -> Prepared:
+        """Ordered mode: the INSERT that locks the rows' keys before they take their ids."""
+        slots = sorted({key_slot(row[2]) for row in rows if row[2] is not None})
+        text = insert_ordered(self.table, len(rows), len(slots))
+        return Statement(text, text), [*slots, *(value for row in rows for value in row)]
+
     def one(self, event: Event) -> Prepared:
+        if self.ordered and event.key is not None:
+            return self._locking([_row(event)])
         return self._one, list(_row(event))
 
     def many(self, events: Iterable[Event], check: Check) -> Prepared | None:
         rows = encode_batch(events, check, _row)
         if not rows:
             return None
+        if self.ordered and any(row[2] is not None for row in rows):
+            return self._locking(rows)
         # One multi-row INSERT: one statement and one round trip whatever the count.
         return self._statement(len(rows)), [value for row in rows for value in row]
 

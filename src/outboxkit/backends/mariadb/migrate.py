@@ -44,12 +44,24 @@ def connect(dsn: str, **options: Any) -> Any:
         ) from None
 
 
-def migrate(dsn: str, *, table: str = "outbox", kind: sql.Kind = "outbox") -> MigrationResult:
-    """Create or upgrade ``table`` (idempotent; concurrent runs wait on a named lock)."""
+def migrate(
+    dsn: str,
+    *,
+    table: str = "outbox",
+    kind: sql.Kind = "outbox",
+    partitions: int = sql.DEFAULT_PARTITIONS,
+) -> MigrationResult:
+    """Create or upgrade ``table`` (idempotent; concurrent runs wait on a named lock).
+
+    ``kind="ordered"`` adds ordered mode to the outbox ``table`` (created first if need be)
+    with ``partitions`` key partitions; P is fixed once set (a later run leaves it).
+    """
     import pymysql
 
+    if kind == "ordered":
+        migrate(dsn, table=table)
     files = sql.migrations(kind)
-    slots = sql.slots(kind, table)
+    slots = sql.slots(kind, table, partitions)
     conn = connect(dsn, autocommit=True)
     try:
         with conn.cursor() as cur:
@@ -83,7 +95,13 @@ def migrate_inbox(dsn: str, *, table: str = "processed_events") -> MigrationResu
     return migrate(dsn, table=table, kind="inbox")
 
 
-def ddl(kind: sql.Kind, table: str) -> str:
-    """Every file's statements for ``table``, as one script (``--print-sql``)."""
-    slots = sql.slots(kind, table)
-    return "".join(f"{s};\n" for m in sql.migrations(kind) for s in m.statements(slots))
+def ddl(kind: sql.Kind, table: str, partitions: int = sql.DEFAULT_PARTITIONS) -> str:
+    """Every file's statements for ``table``, as one script (``--print-sql``); ordered
+    mode's come after the outbox's own."""
+    kinds: list[sql.Kind] = ["outbox", "ordered"] if kind == "ordered" else [kind]
+    return "".join(
+        f"{s};\n"
+        for k in kinds
+        for m in sql.migrations(k)
+        for s in m.statements(sql.slots(k, table, partitions))
+    )

@@ -21,21 +21,22 @@ from typing import Any, Generic, Literal, TypeVar
 import orjson
 
 from outboxkit.backends.mariadb import sql
+from outboxkit.backends.mariadb.ordered_sql import SCAN_FACTOR, OrderedStatements, expand
 from outboxkit.backends.mariadb.sql import Statements, with_ids
 from outboxkit.errors import ConfigurationError, table_missing
+from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
-    DONE,
     Attempted,
     Claim,
     ClaimPolicy,
     Decision,
+    HeadsOnly,
     Settled,
     StoreDenied,
     StoreError,
     StoreInfo,
     StoreTimeout,
     StoreUnavailable,
-    Verdict,
 )
 
 log = logging.getLogger("outboxkit.relay")
@@ -79,8 +80,9 @@ class MariaDBQueueStore(Generic[T]):
     """An outbox table on MariaDB/MySQL as a queue store; ``make_item`` builds an item from a
     claimed row's columns after the id (``OutboundMessage`` for the outbox).
 
-    Ordered mode (HeadsOnly claims, partition leases) is PostgreSQL's only for now: refused
-    at construction.
+    ``ordered``: the table has ordered mode's partitions (``migrate --ordered``); a
+    :class:`HeadsOnly` claim runs the ordered claim and every settle, extension and release
+    is also fenced by the claimer's partition lease.
     """
 
     def __init__(
@@ -93,16 +95,13 @@ class MariaDBQueueStore(Generic[T]):
         ordered: bool = False,
         name: str = "outboxkit-relay",
     ) -> None:
-        if ordered:
-            raise ConfigurationError(
-                "ordered mode is not available on MariaDB/MySQL yet (its partition leases and"
-                " per-key heads are PostgreSQL's): run the relay without --ordered"
-            )
         self.dsn = dsn
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
-        self.ordered = False
+        self.ordered = ordered
+        #: Ordered mode's statements (HeadsOnly claims, settles fenced by partition leases).
+        self.ordered_sql = OrderedStatements(table) if ordered else None
         self.name = name
         self.sql = Statements(table)
         self._args = sql.connect_args(dsn)
@@ -204,42 +203,135 @@ class MariaDBQueueStore(Generic[T]):
         max_attempts: int,
         policy: ClaimPolicy = None,
     ) -> Claim[T] | None:
-        if policy is not None:
-            raise ConfigurationError("ordered claims are not available on MariaDB/MySQL")
-        sq = self.sql
+        if policy is not None and self.ordered_sql is None:
+            raise ConfigurationError(
+                "an ordered claim needs the store built with ordered=True (migrate --ordered)"
+            )
 
         async def run(cur: Any) -> Claim[T] | None:
             await cur.execute("BEGIN")
-            await cur.execute(sq.claim_lock, (limit,))
-            locked = await cur.fetchall()
+            if isinstance(policy, HeadsOnly):
+                locked = await self._lock_heads(cur, limit, owner, policy)
+            else:
+                await cur.execute(self.sql.claim_lock, (limit,))
+                locked = [(r[0], None, *r[1:]) for r in await cur.fetchall()]
             if not locked:
                 await cur.execute("COMMIT")
                 return None
-            live = [r[0] for r in locked if r[1] < max_attempts]
-            dead_rows = [r for r in locked if r[1] >= max_attempts]
-            records: list[Any] = []
-            dead: list[tuple[T, str, str]] = []
-            if live:
-                await cur.execute(
-                    with_ids(sq.claim_lease, len(live)),
-                    (_micros(lease), str(token), owner, *live),
-                )
-                await cur.execute(with_ids(sq.claim_read, len(live)), live)
-                records = list(await cur.fetchall())
-            if dead_rows:
-                dead = await self._dead_letter(cur, dead_rows, owner, max_attempts)
-            await cur.execute("COMMIT")
-            make = self.make_item
-            items = [
-                make(
-                    uuid.UUID(r[1]), r[2], r[3], r[4], r[5], r[6], bytes(r[7]),
-                    orjson.loads(r[8]), _utc(r[9]), r[10], _utc(r[11]), r[12],
-                )
-                for r in records
-            ]  # fmt: skip
-            return Claim(token, [r[0] for r in records], items, dead or None)
+            return await self._take(cur, locked, lease, token, owner, max_attempts, policy)
 
         return await self._run("claim", run)  # type: ignore[no-any-return]
+
+    async def _lock_heads(
+        self, cur: Any, limit: int, owner: str, policy: HeadsOnly
+    ) -> list[tuple[Any, ...]]:
+        """Ordered mode's claim, up to the lock: per key, a prefix of its rows in id order
+        whose earlier rows are all settled (or in this batch), in partitions this relay
+        leases; then keyless rows as in the unordered claim. Rows as (id, key, attempts,
+        claim_token, last_error)."""
+        o = self.ordered_sql
+        assert o is not None
+        await cur.execute(o.my_partitions, (owner, _micros(policy.margin)))
+        draining = set(policy.draining)
+        parts = [r[0] for r in await cur.fetchall() if r[0] not in draining]
+        keyed: list[tuple[Any, ...]] = []
+        if parts:
+            await cur.execute(expand(o.scan, parts=len(parts)), (*parts, SCAN_FACTOR * limit))
+            scanned = list(await cur.fetchall())
+            if scanned:
+                # Due earlier rows of a key are among the scanned ones: only rows not due
+                # (in flight, waiting for a retry) or dead-lettered block it here.
+                first = await self._blockers(cur, scanned, [], policy.block)
+                chosen = [(i, k) for i, k in scanned if i < first.get(k, i + 1)][:limit]
+                keyed = await self._lock_prefixes(cur, chosen, policy.block) if chosen else []
+        await cur.execute(o.lock_keyless, (max(limit - len(keyed), limit // 4),))
+        return keyed + list(await cur.fetchall())
+
+    async def _lock_prefixes(
+        self, cur: Any, chosen: list[tuple[int, str]], block: bool
+    ) -> list[tuple[Any, ...]]:
+        """Lock the chosen rows; keep of each key the rows before its first one missed.
+
+        The lock skips rows another claim holds; each statement here reads its own
+        snapshot, so after the lock every earlier unsettled row of the key (outside this
+        batch) is looked for again, and the key's rows from there on are left.
+        """
+        o = self.ordered_sql
+        assert o is not None
+        await cur.execute(expand(o.lock_chosen, ids=len(chosen)), [i for i, _ in chosen])
+        locked = list(await cur.fetchall())
+        got = {r[0] for r in locked}
+        missing: dict[str, int] = {}
+        for i, k in chosen:
+            if i not in got and k not in missing:
+                missing[k] = i
+        locked = [r for r in locked if r[0] < missing.get(r[1], r[0] + 1)]
+        if not locked:
+            return []
+        first = await self._blockers(cur, [(r[0], r[1]) for r in locked], locked, block)
+        return [r for r in locked if r[0] < first.get(r[1], r[0] + 1)]
+
+    async def _blockers(
+        self, cur: Any, rows: list[tuple[int, str]], held: list[tuple[Any, ...]], block: bool
+    ) -> dict[str, int]:
+        """Per key of ``rows``, the id of its first earlier row that blocks it: one not
+        settled and not in ``held`` (when ``held`` is empty: not due, or dead-lettered)."""
+        o = self.ordered_sql
+        assert o is not None
+        keys = sorted({k for _, k in rows})
+        exclude = [r[0] for r in held] or [0]
+        statement = expand(o.blockers, keys=len(keys), ids=len(exclude))
+        bound = max(i for i, _ in rows)
+        await cur.execute(statement, (*keys, bound, *exclude, bool(held), block))
+        return {k: int(i) for k, i in await cur.fetchall()}
+
+    async def _take(
+        self,
+        cur: Any,
+        locked: list[tuple[Any, ...]],
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy,
+    ) -> Claim[T]:
+        """Lease the locked rows (id, key, attempts, claim_token, last_error), dead-letter
+        the crash-looped ones, read the leased ones back, commit.
+
+        Ordered, under ``block``: a key's rows after its dead-lettered one stay pending.
+        """
+        sq = self.sql
+        dead_rows = [(r[0], r[2], r[3], r[4]) for r in locked if r[2] >= max_attempts]
+        first_dead: dict[str, int] = {}
+        if isinstance(policy, HeadsOnly) and policy.block:
+            for r in locked:
+                if r[1] is not None and r[2] >= max_attempts and r[1] not in first_dead:
+                    first_dead[r[1]] = r[0]
+        live = [
+            r[0]
+            for r in locked
+            if r[2] < max_attempts and (r[1] is None or r[0] < first_dead.get(r[1], r[0] + 1))
+        ]
+        records: list[Any] = []
+        dead: list[tuple[T, str, str]] = []
+        if live:
+            await cur.execute(
+                with_ids(sq.claim_lease, len(live)), (_micros(lease), str(token), owner, *live)
+            )
+            await cur.execute(with_ids(sq.claim_read, len(live)), live)
+            records = list(await cur.fetchall())
+        if dead_rows:
+            dead = await self._dead_letter(cur, dead_rows, owner, max_attempts)
+        await cur.execute("COMMIT")
+        make = self.make_item
+        items = [
+            make(
+                uuid.UUID(r[1]), r[2], r[3], r[4], r[5], r[6], bytes(r[7]),
+                orjson.loads(r[8]), _utc(r[9]), r[10], _utc(r[11]), r[12],
+            )
+            for r in records
+        ]  # fmt: skip
+        return Claim(token, [r[0] for r in records], items, dead or None)
 
     async def _dead_letter(
         self, cur: Any, rows: list[Any], owner: str, max_attempts: int
@@ -271,27 +363,22 @@ class MariaDBQueueStore(Generic[T]):
         token = str(claim.token)
         sq = self.sql
         keep = self.retention == "keep"
+        groups = group_decisions(claim, decisions)
+        o = self.ordered_sql
+        fence = sq.fenced_ids + " FOR UPDATE" if o is None else o.fenced_ids
 
         async def run(cur: Any) -> list[int]:
             await cur.execute("BEGIN")
-            await cur.execute(with_ids(sq.fenced_ids + " FOR UPDATE", len(ids)), (*ids, token))
+            await cur.execute(with_ids(fence, len(ids)), (*ids, token))
             held = {r[0] for r in await cur.fetchall()}
-            published = [i for i, d in zip(ids, decisions, strict=True) if d is DONE or d.done]
-            mine = [i for i in published if i in held]
+            mine = [i for i in groups.done if i in held]
             if mine:
                 stmt = sq.settle_published_keep if keep else sq.settle_published_delete
                 await cur.execute(with_ids(stmt, len(mine)), (*mine, token))
             failures = [
-                (
-                    sql.FAILED if d.verdict is Verdict.DEAD else sql.PENDING,
-                    _micros(d.delay),
-                    d.error or "unknown error",
-                    1 if d.verdict is Verdict.HAND_BACK else 0,
-                    i,
-                    token,
-                )
-                for i, d in zip(ids, decisions, strict=True)
-                if not d.done and i in held
+                (sql.FAILED if dead else sql.PENDING, _micros(delay), error, int(refund), i, token)
+                for i, dead, delay, error, refund in groups.failures()
+                if i in held
             ]
             if failures:
                 await cur.executemany(sq.settle_failure, failures)
@@ -309,11 +396,13 @@ class MariaDBQueueStore(Generic[T]):
         return await self._run("settle", run)  # type: ignore[no-any-return]
 
     async def extend_leases(self, claim: Claim[T], lease: float) -> int:
-        statement = with_ids(self.sql.extend_leases, len(claim.ids))
+        o = self.ordered_sql
+        statement = with_ids((o or self.sql).extend_leases, len(claim.ids))
         return await self._fenced(statement, (_micros(lease), *claim.ids, str(claim.token)))
 
     async def release(self, claim: Claim[T]) -> int:
-        statement = with_ids(self.sql.release_leases, len(claim.ids))
+        o = self.ordered_sql
+        statement = with_ids((o or self.sql).release_leases, len(claim.ids))
         return await self._fenced(statement, (*claim.ids, str(claim.token)))
 
     async def hasten(self, ids: Sequence[int]) -> int:

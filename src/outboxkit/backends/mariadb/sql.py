@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
 from outboxkit.errors import ConfigurationError
 
-Kind = Literal["outbox", "inbox"]
+Kind = Literal["outbox", "inbox", "ordered"]
 SCHEMES = ("mysql", "mariadb")
 PENDING, PUBLISHED, FAILED = 0, 1, 2
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}$")
@@ -25,6 +26,11 @@ _FILE = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
 VERSIONS_TABLE = "outboxkit_schema_versions"
 
 NOW = "UTC_TIMESTAMP(6)"
+#: Ordered mode: key partitions by default and at most (a SMALLINT column, as PostgreSQL's).
+DEFAULT_PARTITIONS = 64
+MAX_PARTITIONS = 32767
+#: An ordered write's key lock is one of 65 536 rows (the migration creates them all).
+KEY_SLOT_MASK = 0xFFFF
 
 
 def quote(name: str) -> str:
@@ -99,17 +105,48 @@ def migrations(kind: Kind) -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-def slots(kind: Kind, table: str) -> dict[str, str]:
-    """The placeholders of ``kind``'s files for ``table``."""
+def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[str, str]:
+    """The placeholders of ``kind``'s files for ``table`` (``partitions``: ordered mode's P)."""
     bare = table.split(".")[-1]
     if kind == "inbox":
         return {"table": quote(table), "index_processed_at": quote(f"{bare}_processed_at")}
+    if kind == "ordered":
+        return {
+            "table": quote(table),
+            "partitions_table": quote(sibling(table, "partitions")),
+            "relays_table": quote(sibling(table, "relays")),
+            "key_locks_table": quote(sibling(table, "key_locks")),
+            "index_ordered": quote(f"{bare}_ordered"[:64]),
+            "index_key_head": quote(f"{bare}_key_head"[:64]),
+            "partitions": str(check_partitions(partitions)),
+            "hex_digit": "(" + " UNION ALL ".join(f"SELECT {n} AS n" for n in range(16)) + ")",
+        }
     return {
         "table": quote(table),
         "index_pending": quote(f"{bare}_pending"),
         "index_published": quote(f"{bare}_published"),
         "pending": str(PENDING),
     }
+
+
+def sibling(table: str, suffix: str) -> str:
+    """Ordered mode's table ``<table>_<suffix>`` beside ``table`` (same database)."""
+    *database, bare = table.split(".")
+    return ".".join([*database, f"{bare}_{suffix}"[:64]])
+
+
+def check_partitions(partitions: int) -> int:
+    """P, refused unless an integer from 1 to MAX_PARTITIONS (a SMALLINT)."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise ConfigurationError(f"partitions must be an integer, not {partitions!r}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigurationError(f"partitions must be from 1 to {MAX_PARTITIONS}, not {partitions}")
+    return partitions
+
+
+def key_slot(key: str) -> int:
+    """The row of ``<table>_key_locks`` an ordered write of ``key`` locks (CRC32, 16 bits)."""
+    return zlib.crc32(key.encode("utf-8")) & KEY_SLOT_MASK
 
 
 CREATE_VERSIONS = f"""
@@ -217,3 +254,33 @@ class Statements:
 def with_ids(statement: str, count: int) -> str:
     """``statement`` with its ``{ids}`` filled for ``count`` ids."""
     return statement.replace("{ids}", ids_in(count))
+
+
+#: The write's values of one row, in the INSERT's column order (as ``insert_row``).
+_ROW_VALUES = (*["%s"] * 8, f"COALESCE(%s, {NOW})", "%s", "%s")
+
+
+def insert_ordered(table: str, rows: int, slots: int) -> str:
+    """Ordered mode's write of ``rows`` events whose keys lock ``slots`` rows (parameters:
+    the slots, then each row's values).
+
+    The lock rows are read FOR UPDATE in a derived table the INSERT joins: MariaDB
+    materialises it (it aggregates) before the first row is produced, so every key is
+    locked before any row takes its AUTO_INCREMENT id, and the locks last until COMMIT or
+    ROLLBACK. A second writer of the key waits there and takes its ids after the first
+    committed: one key's ids follow its commit order (tests/integration/
+    test_mariadb_ordered_write.py shows the naive INSERT breaking it).
+    """
+    names = [f"c{i}" for i in range(len(_ROW_VALUES))]
+    first = "SELECT " + ", ".join(f"{v} AS {n}" for v, n in zip(_ROW_VALUES, names, strict=True))
+    rest = [" UNION ALL SELECT " + ", ".join(_ROW_VALUES) + f", {i}" for i in range(1, rows)]
+    locks = quote(sibling(table, "key_locks"))
+    # (o: the events' order, so their ids follow it as in the plain multi-row INSERT)
+    return (
+        f"INSERT INTO {quote(table)} (event_id, topic, `key`, event_type, aggregate_type,"
+        " aggregate_id, payload, headers, available_at, occurred_at, schema_version)"
+        f" SELECT {', '.join('v.' + n for n in names)}"
+        f" FROM (SELECT COUNT(*) AS n FROM {locks} FORCE INDEX (PRIMARY)"
+        f" WHERE slot {ids_in(slots)} FOR UPDATE) AS l,"
+        f" ({first}, 0 AS o{''.join(rest)}) AS v ORDER BY v.o"
+    )

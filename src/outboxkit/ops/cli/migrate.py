@@ -89,6 +89,7 @@ def migrate(
       outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
       outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
       outboxkit migrate --dsn mysql://app@db/shop   (MariaDB 10.6+ / MySQL 8)
+      outboxkit migrate --ordered --dsn mysql://app@db/shop
     """
     from outboxkit.backends.mariadb.sql import is_mysql_url
 
@@ -98,8 +99,10 @@ def migrate(
             inbox_table if inbox else table,
             inbox,
             print_sql,
-            tasks or ordered or partition_by is not None,
+            tasks or repartition or partition_by is not None,
             tasks=tasks,
+            ordered=ordered,
+            partitions=partitions,
         )
         return
     from outboxkit.store.migrate import migrate as run_migrate
@@ -187,10 +190,13 @@ def _migrate_mariadb(
     unsupported: bool,
     *,
     tasks: bool = False,
+    ordered: bool = False,
+    partitions: int | None = None,
 ) -> None:
-    """The MariaDB/MySQL backend: the outbox or the inbox (tasks, ordered and partitioned
-    tables are PostgreSQL's only, for now)."""
+    """The MariaDB/MySQL backend: the outbox (ordered or not) or the inbox (tasks and
+    partitioned tables are PostgreSQL's only, for now)."""
     from outboxkit.backends.mariadb import migrate as mariadb
+    from outboxkit.backends.mariadb.sql import DEFAULT_PARTITIONS
 
     if tasks:
         from outboxkit.tasks.unsupported import MISSING
@@ -198,17 +204,22 @@ def _migrate_mariadb(
         fail(MISSING, 2)
     if unsupported:
         fail(
-            "on MariaDB/MySQL, migrate creates the outbox and the inbox only: --tasks,"
-            " --ordered and --partition-by need PostgreSQL",
+            "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the inbox only:"
+            " --tasks, --partition-by and --repartition need PostgreSQL",
             2,
         )
-    kind: Literal["outbox", "inbox"] = "inbox" if inbox else "outbox"
+    if partitions is not None and not ordered:
+        fail("--partitions goes with --ordered (the key partitions of ordered mode)", 2)
+    kind: Literal["outbox", "inbox", "ordered"] = (
+        "inbox" if inbox else "ordered" if ordered else "outbox"
+    )
+    count = DEFAULT_PARTITIONS if partitions is None else partitions
     if print_sql:
         try:
-            click.echo(mariadb.ddl(kind, table), nl=False)
+            click.echo(mariadb.ddl(kind, table, count), nl=False)
         except ConfigurationError as exc:
             fail(str(exc), 2)
         return
     assert dsn is not None
-    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind)
+    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind, partitions=count)
     ok(result.describe())
