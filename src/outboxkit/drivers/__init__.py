@@ -1,6 +1,7 @@
 """Database driver glue: what outboxkit needs from each driver, behind one small surface.
 
-``base`` defines the adapter interface and the registry; each driver is one module
+``base`` defines the adapter interface and the registry; ``dbapi_adapter`` the shape every
+DB-API driver shares; each driver is one module
 (``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``, ``psycopg2_adapter``)
 registered below.
 Adding a driver is one new module and one line here (and its type in the unions).
