@@ -2,7 +2,8 @@
 
 Refused outside a transaction as psycopg is: a closed connection, or autocommit with no
 transaction open (each statement would commit alone). With autocommit off the server
-opens the transaction with the first statement, as psycopg2 does.
+opens the transaction with the first statement, as psycopg2 does. aiomysql's connection
+keeps PyMySQL's state, so its adapter (``aiomysql_adapter``) asks the same question here.
 """
 
 from __future__ import annotations
@@ -15,21 +16,25 @@ from outboxkit.errors import NotInTransactionError
 _SERVER_STATUS_IN_TRANS = 1  # pymysql.constants.SERVER_STATUS.SERVER_STATUS_IN_TRANS
 
 
-def check_in_transaction(conn: Any) -> None:
+def check_in_transaction(conn: Any, driver: str = "PyMySQL", *, closed: bool | None = None) -> None:
     """Refuse a closed connection, or autocommit with no transaction open."""
-    if not conn.open:
-        raise NotInTransactionError("the PyMySQL connection is closed")
+    if not conn.open if closed is None else closed:
+        raise NotInTransactionError(f"the {driver} connection is closed")
     if conn.get_autocommit() and not conn.server_status & _SERVER_STATUS_IN_TRANS:
         raise NotInTransactionError(
-            "the PyMySQL connection is in autocommit mode with no transaction open;"
-            " call conn.begin() (or turn autocommit off) so the event commits with your change"
+            f"the {driver} connection is in autocommit mode with no transaction open;"
+            " begin one (or turn autocommit off) so the event commits with your change"
         )
 
 
 class PyMySQLSync(DBAPISync):
     label = "PyMySQL connection"
     modules = ("pymysql",)
+    backend = "mariadb"
     connection_class = ("pymysql.connections", "Connection")
+    joins_sqlalchemy = (
+        True  # MySQL begins implicitly: the connection's transaction is the session's
+    )
 
     def check(self, conn: Any) -> None:
         check_in_transaction(conn)
