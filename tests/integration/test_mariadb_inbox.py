@@ -175,3 +175,26 @@ def test_two_consumer_processes_racing_on_the_same_events_apply_each_once(url: s
     assert sorted(r[0] for r in rows) == sorted(ids)  # each once: none twice, none lost
     assert sum(applied) == len(ids)
     assert all(applied), f"both consumers must have won some events: {applied}"
+
+
+def test_a_duplicate_counts_no_row_where_on_duplicate_key_would_count_one(url: str) -> None:
+    """Why the record is an INSERT IGNORE: under CLIENT.FOUND_ROWS (SQLAlchemy's and Django's
+    MySQL default) `ON DUPLICATE KEY UPDATE` reports a duplicate as one row, which would read
+    as "fresh" and apply the event twice; the inbox's statement reports none."""
+    from pymysql.constants import CLIENT
+
+    conn = pymysql.connect(**connect_args(url), client_flag=CLIENT.FOUND_ROWS)
+    event_id = str(new_event_id())
+    naive = (
+        "INSERT INTO processed_events (consumer_name, event_id) VALUES (%s, %s)"
+        " ON DUPLICATE KEY UPDATE event_id = event_id"
+    )
+    try:
+        with conn.cursor() as cur:
+            assert cur.execute(naive, ("billing", event_id)) == 1
+            assert cur.execute(naive, ("billing", event_id)) == 1  # the duplicate looks fresh
+        assert Inbox().mark(conn, "billing", event_id) is False
+        assert Inbox().mark(conn, "shipping", event_id) is True
+        conn.rollback()
+    finally:
+        conn.close()

@@ -295,3 +295,35 @@ def test_a_cut_connection_is_a_store_outage_and_the_next_claim_reconnects(
     got = asyncio.run(run())
     assert got is not None
     assert [m.topic for m in got.items] == ["after.outage"]
+
+
+async def test_aiomysql_sends_bytes_where_its_own_quoting_fails(url: str) -> None:
+    """aiomysql 0.3.2 cannot quote a bytes parameter with PyMySQL >= 1.2.3
+    (aio-libs/aiomysql#1080): its own cursor fails where the outbox's write goes through."""
+    import aiomysql
+    from aiomysql import connection
+
+    args = connect_args(url)
+    conn = await aiomysql.connect(
+        host=args["host"], port=args["port"], user=args["user"], db=args["database"]
+    )
+    try:
+        broken = not callable(getattr(connection, "escape_bytes_prefixed", None))
+        async with conn.cursor() as cur:
+            if broken:  # the failure the adapter closes, with the PyMySQL installed here
+                with pytest.raises(TypeError, match="not callable"):
+                    await cur.execute("SELECT %s", (b"\x00'",))
+        payload = b"\x00'\\\"%s\xff"
+        await Outbox(storage="mariadb").aput(
+            conn, Event(topic="t", event_type="x", payload=payload)
+        )
+        await conn.commit()
+    finally:
+        conn.close()
+    check = _connect(url, autocommit=True)
+    try:
+        with check.cursor() as cur:
+            cur.execute("SELECT payload FROM outbox")
+            assert cur.fetchall() == ((payload,),)
+    finally:
+        check.close()
