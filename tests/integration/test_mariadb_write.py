@@ -327,3 +327,30 @@ async def test_aiomysql_sends_bytes_where_its_own_quoting_fails(url: str) -> Non
             assert cur.fetchall() == ((payload,),)
     finally:
         check.close()
+
+
+async def test_sqlalchemy_defer_writes_with_the_commit_and_not_after_a_rollback(url: str) -> None:
+    """defer() queues the event and SQLAlchemy's COMMIT writes it (one INSERT just before).
+    asyncmy for adefer: on mysql+aiomysql SQLAlchemy's own cursor quotes the payload, which
+    aiomysql 0.3.2 cannot do with PyMySQL >= 1.2.3 (aio-libs/aiomysql#1080)."""
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+
+    outbox = Outbox(storage="mariadb")
+    engine = sa.create_engine(url.replace("mysql://", "mysql+pymysql://"))
+    aengine = create_async_engine(url.replace("mysql://", "mysql+asyncmy://"))
+    try:
+        with Session(engine) as session, session.begin():
+            outbox.defer(session, _event("deferred"))
+            assert _topics(url) == []  # queued, written with the COMMIT
+        with Session(engine) as session:
+            session.begin()
+            outbox.defer_many(session, [_event("rolled.back")])
+            session.rollback()
+        async with AsyncSession(aengine) as asession, asession.begin():
+            await outbox.adefer(asession, _event("adeferred"))
+    finally:
+        engine.dispose()
+        await aengine.dispose()
+    assert _topics(url) == ["deferred", "adeferred"]
