@@ -251,7 +251,8 @@ def wrong_backend(exc: BaseException, storage: str) -> ConfigurationError | None
     refusal; the statement failed, so nothing was written.
     """
     if storage == "mariadb":
-        if any(state is not None for state in _sqlstates(exc)):
+        # PyMySQL's errors carry a SQLSTATE too: PostgreSQL's are the ones without an errno.
+        if mysql_errno(exc) is None and any(state is not None for state in _sqlstates(exc)):
             return ConfigurationError(
                 "Outbox(storage='mariadb') writes a MariaDB/MySQL outbox table, but this"
                 " connection is PostgreSQL's: use Outbox() (or storage='wal') there"

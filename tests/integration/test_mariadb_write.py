@@ -229,6 +229,16 @@ def test_an_outbox_for_the_other_database_is_refused_in_one_line(url: str, db_ds
     with psycopg.connect(db_dsn) as pg:
         with pytest.raises(ConfigurationError, match="connection is PostgreSQL's"):
             Outbox(storage="mariadb").put(pg, _event("on.postgres"))
+    # MariaDB's own errors (they carry a SQLSTATE too) stay MariaDB's: not "wrong database".
+    conn = _connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("START TRANSACTION READ ONLY")
+        with pytest.raises(pymysql.err.MySQLError, match="READ ONLY"):
+            Outbox(storage="mariadb").put(conn, _event("read.only"))
+        conn.rollback()
+    finally:
+        conn.close()
     assert _topics(url) == []
 
 
