@@ -16,7 +16,7 @@ import asyncio
 import multiprocessing
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -74,32 +74,37 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(
-    dsn: str, bootstrap: str, rate: float, seconds: float, notify: bool, poll_interval: float
+async def measure(
+    dsn: str,
+    bootstrap: str,
+    rate: float,
+    seconds: float,
+    write: Callable[..., None],
+    write_args: tuple[Any, ...],
+    **relay_options: Any,
 ) -> dict[str, Any]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox")
+    """A relay on ``dsn`` to Kafka while ``write(*write_args)`` runs in its own process at
+    ``rate`` for ``seconds``: commit -> ack percentiles (shared with bench/mariadb.py)."""
     publisher = TimingPublisher(KafkaPublisher({"bootstrap.servers": bootstrap}))
     await publisher.start()
-    relay = Relay(dsn, publisher, listen=notify, poll_interval=poll_interval)
+    relay = Relay(dsn, publisher, **relay_options)
     task = asyncio.create_task(relay.run())
     await asyncio.sleep(1.0)  # connected and listening
-    proc = multiprocessing.get_context("spawn").Process(
-        target=writer, args=(dsn, rate, seconds, notify)
-    )
+    proc = multiprocessing.get_context("spawn").Process(target=write, args=write_args)
     proc.start()
+    started = time.monotonic()
     expected = int(rate * seconds)
     deadline = time.monotonic() + seconds + 60
     while len(publisher.latencies) < expected and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.1)
     await asyncio.to_thread(proc.join)
+    writing = time.monotonic() - started  # longer than `seconds` when the writer lags
     relay.stop()
     await task
     lat = [x * 1000 for x in publisher.latencies]
     return {
-        "notify": notify,
-        "poll_interval_s": poll_interval,
         "rate": rate,
+        "achieved_rate": len(lat) / writing,
         "seconds": seconds,
         "events": len(lat),
         "p50_ms": statistics.median(lat),
@@ -108,6 +113,24 @@ async def run(
         "max_ms": max(lat),
         "mean_ms": statistics.fmean(lat),
     }
+
+
+async def run(
+    dsn: str, bootstrap: str, rate: float, seconds: float, notify: bool, poll_interval: float
+) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+    done = await measure(
+        dsn,
+        bootstrap,
+        rate,
+        seconds,
+        writer,
+        (dsn, rate, seconds, notify),
+        listen=notify,
+        poll_interval=poll_interval,
+    )
+    return {"notify": notify, "poll_interval_s": poll_interval, **done}
 
 
 def main() -> None:

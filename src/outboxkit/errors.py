@@ -170,17 +170,22 @@ def _sqlstates(exc: BaseException) -> list[str | None]:
     ``pgcode``; SQLAlchemy wraps them (``orig``) and its asyncpg adapter chains them
     (``__cause__``).
     """
+    return [getattr(c, "sqlstate", None) or getattr(c, "pgcode", None) for c in _chain(exc)]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: SQLAlchemy's ``orig``, a driver's ``__cause__``."""
     seen: set[int] = set()
-    states: list[str | None] = []
+    found: list[BaseException] = []
     stack: list[BaseException | None] = [exc]
     while stack:
         current = stack.pop()
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        states.append(getattr(current, "sqlstate", None) or getattr(current, "pgcode", None))
+        found.append(current)
         stack += [getattr(current, "orig", None), current.__cause__]
-    return states
+    return found
 
 
 # SQLSTATE classes of a connection that is gone or was never made: 08 (connection),
@@ -221,6 +226,49 @@ def write_denied(exc: BaseException) -> bool:
     grants the privilege or points the relay at a primary.
     """
     return any(state in _WRITE_DENIED for state in _sqlstates(exc))
+
+
+#: The modules of the MariaDB/MySQL drivers' exceptions (their ``args[0]`` is the error number).
+_MYSQL_DRIVERS = ("pymysql", "MySQLdb", "aiomysql", "asyncmy")
+_MYSQL_NO_SUCH_TABLE = 1146  # ER_NO_SUCH_TABLE
+
+
+def mysql_errno(exc: BaseException) -> int | None:
+    """The MariaDB/MySQL error number of ``exc`` (or what it wraps), None if not theirs."""
+    for current in _chain(exc):
+        if type(current).__module__.startswith(_MYSQL_DRIVERS) and current.args:
+            code = current.args[0]
+            if isinstance(code, int):
+                return code
+    return None
+
+
+def wrong_backend(exc: BaseException, storage: str) -> ConfigurationError | None:
+    """The error for a write that reached the other database than its ``Outbox`` writes for:
+    PostgreSQL's statements on a MariaDB/MySQL connection, or the reverse. None otherwise.
+
+    The ``Outbox`` is built before it sees a connection, so this is the first write's
+    refusal; the statement failed, so nothing was written.
+    """
+    if storage == "mariadb":
+        # PyMySQL's errors carry a SQLSTATE too: PostgreSQL's are the ones without an errno.
+        if mysql_errno(exc) is None and any(state is not None for state in _sqlstates(exc)):
+            return ConfigurationError(
+                "Outbox(storage='mariadb') writes a MariaDB/MySQL outbox table, but this"
+                " connection is PostgreSQL's: use Outbox() (or storage='wal') there"
+            )
+        return None
+    if mysql_errno(exc) is None:
+        return None
+    if storage == "wal":
+        return ConfigurationError(
+            "Outbox(storage='wal') writes PostgreSQL's WAL (pg_logical_emit_message), which"
+            " MariaDB/MySQL does not have: use Outbox(storage='mariadb') on this connection"
+        )
+    return ConfigurationError(
+        "Outbox() writes PostgreSQL's outbox table, but this connection is MariaDB/MySQL's:"
+        " use Outbox(storage='mariadb')"
+    )
 
 
 def table_missing(
@@ -351,6 +399,8 @@ def outbox_table_missing(
                 )
             )
         return None
+    if mysql_errno(exc) == _MYSQL_NO_SUCH_TABLE and f"{table.split('.')[-1]}'" in str(exc):
+        return table_missing(table, in_transaction=True, rolled_back=rolled_back)
     if not is_undefined_table(exc):
         return None
     if with_callers_sql and f'"{table}"' not in str(exc):

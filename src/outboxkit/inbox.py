@@ -6,6 +6,11 @@ the side effect commit together or not at all, and a redelivered event finds
 its record and is skipped. Like the write side, the inbox refuses to run where
 it could not be atomic with the caller's change (autocommit, a pool, no
 transaction begun).
+
+The same ``Inbox`` serves PostgreSQL and MariaDB/MySQL: it asks the connection's driver
+adapter which database it speaks to and runs that backend's statements
+(``store.inbox_sql`` or ``backends.mariadb.inbox_sql``, where the record is an
+``INSERT IGNORE`` and a consumer name is at most 255 characters).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any, NamedTuple
 
+from outboxkit.backends.mariadb import inbox_sql as mariadb_inbox
 from outboxkit.drivers import (
     AsyncConnection,
     Statement,
@@ -22,6 +29,7 @@ from outboxkit.drivers import (
     async_adapter,
     sync_adapter,
 )
+from outboxkit.drivers.base import Adapter
 from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements
 from outboxkit.store.postgres import numbered
 
@@ -51,12 +59,32 @@ class Inbox:
 
     def __init__(self, table: str = DEFAULT_INBOX_TABLE) -> None:
         self.table = table
-        self._sql = InboxStatements(table)
-        self._mark = Statement(self._sql.mark, numbered(self._sql.mark))
-        self._seen = Statement(self._sql.is_processed, numbered(self._sql.is_processed))
+        pg = InboxStatements(table)
+        self._pg = _Statements(
+            Statement(pg.mark, numbered(pg.mark)),
+            Statement(pg.is_processed, numbered(pg.is_processed)),
+        )
+        self._mariadb: _Statements | None = None  # built at its first use (its own quoting)
 
     def __repr__(self) -> str:
         return f"Inbox(table={self.table!r})"
+
+    def _for(self, adapter: Adapter, conn: Any, consumer: str) -> _Statements:
+        """The statements of ``conn``'s database; ``consumer`` checked against its column."""
+        if adapter.backend_of(conn) != "mariadb":
+            return self._pg
+        if len(consumer) > mariadb_inbox.MAX_CONSUMER_CHARS:
+            raise ValueError(
+                f"the consumer name is {len(consumer)} characters; the MariaDB inbox keeps"
+                f" at most {mariadb_inbox.MAX_CONSUMER_CHARS} (consumer_name VARCHAR(255))"
+            )
+        if self._mariadb is None:
+            maria = mariadb_inbox.InboxStatements(self.table)
+            self._mariadb = _Statements(
+                Statement(maria.mark, maria.mark),
+                Statement(maria.is_processed, maria.is_processed),
+            )
+        return self._mariadb
 
     # -- sync -----------------------------------------------------------------
 
@@ -70,12 +98,14 @@ class Inbox:
     def mark(self, conn: SyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Insert the record in ``conn``'s open transaction; True if it was not there yet."""
         params = (_consumer(consumer), _event_id(event_id))
-        return sync_adapter(conn, _INBOX).fetch_flag(conn, self._mark, params)
+        adapter = sync_adapter(conn, _INBOX)
+        return adapter.fetch_flag(conn, self._for(adapter, conn, consumer).mark, params)
 
     def seen(self, conn: SyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Whether ``consumer`` already processed the event (committed, or in this transaction)."""
         params = (_consumer(consumer), _event_id(event_id))
-        return sync_adapter(conn, _INBOX).fetch_flag(conn, self._seen, params)
+        adapter = sync_adapter(conn, _INBOX)
+        return adapter.fetch_flag(conn, self._for(adapter, conn, consumer).seen, params)
 
     # -- async ----------------------------------------------------------------
 
@@ -89,12 +119,19 @@ class Inbox:
     async def amark(self, conn: AsyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Async :meth:`mark`."""
         params = (_consumer(consumer), _event_id(event_id))
-        return await async_adapter(conn, _INBOX).fetch_flag(conn, self._mark, params)
+        adapter = async_adapter(conn, _INBOX)
+        return await adapter.fetch_flag(conn, self._for(adapter, conn, consumer).mark, params)
 
     async def aseen(self, conn: AsyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Async :meth:`seen`."""
         params = (_consumer(consumer), _event_id(event_id))
-        return await async_adapter(conn, _INBOX).fetch_flag(conn, self._seen, params)
+        adapter = async_adapter(conn, _INBOX)
+        return await adapter.fetch_flag(conn, self._for(adapter, conn, consumer).seen, params)
+
+
+class _Statements(NamedTuple):
+    mark: Statement
+    seen: Statement
 
 
 def _consumer(consumer: str) -> str:

@@ -196,7 +196,7 @@ def test_a_new_driver_is_one_adapter_registered_for_the_write_and_the_inbox(
     event_id = uuid.uuid4()
     with psycopg.connect(inbox_dsn) as raw:
         wrapped = AtomicConnection(raw)
-        with pytest.raises(TypeError, match="psycopg.Connection, SQLAlchemy .* or psycopg2"):
+        with pytest.raises(TypeError, match="psycopg.Connection, SQLAlchemy .*mysqlclient"):
             outbox.put(wrapped, _event(1))  # type: ignore[arg-type]
         drivers.register(AtomicAdapter())
         try:

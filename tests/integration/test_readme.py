@@ -1,8 +1,9 @@
 """The README runs as written: every ```python block, and the NATS relay command line.
 
 Each block runs as its own program (a file, a subprocess), reading the database from
-OUTBOXKIT_DSN and the brokers from OUTBOXKIT_BROKER / KAFKA_BOOTSTRAP as a user's
-environment would give them. A block may be skipped only when an HTML comment
+OUTBOXKIT_DSN (a MariaDB one from OUTBOXKIT_MARIADB_URL: the tests' private server, started
+only for the blocks that read it) and the brokers from OUTBOXKIT_BROKER / KAFKA_BOOTSTRAP
+as a user's environment would give them. A block may be skipped only when an HTML comment
 ``<!-- not-runnable: why -->`` stands right before it. Blocks that run until SIGTERM (a
 relay, a consumer) are stopped with SIGTERM and must exit 0.
 """
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from tests.support.mariadb_drivers import database
 from tests.support.relaying import count, rows
 from tests.support.servers import consume_nats
 
@@ -34,6 +36,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
 NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")
 SERVICE_MARK = "signal.SIGTERM"  # a block that runs until it is told to stop
+MARIADB_ENV = "OUTBOXKIT_MARIADB_URL"
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,12 @@ def test_the_marker_is_recognised() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=str)
-def test_block_runs_alone(block: Block, empty_db_dsn: str, kafka_broker, tmp_path: Path) -> None:
+def test_block_runs_alone(
+    block: Block, empty_db_dsn: str, kafka_broker, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Pasted alone into a file, on a database without any table, the block runs."""
-    program = _Program(block, tmp_path, _env(empty_db_dsn, kafka_broker))
+    env = _env(empty_db_dsn, kafka_broker, _mariadb(request, [block]))
+    program = _Program(block, tmp_path, env)
     if block.is_service:
         time.sleep(3)  # it must come up and keep running until told to stop
         program.stop()
@@ -116,9 +122,11 @@ def test_block_runs_alone(block: Block, empty_db_dsn: str, kafka_broker, tmp_pat
 
 
 @pytest.mark.slow
-def test_readme_top_to_bottom(empty_db_dsn: str, kafka_broker, tmp_path: Path) -> None:
+def test_readme_top_to_bottom(
+    empty_db_dsn: str, kafka_broker, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """In order on one database: the writes' events are relayed to Kafka and invoiced once."""
-    env = _env(empty_db_dsn, kafka_broker)
+    env = _env(empty_db_dsn, kafka_broker, _mariadb(request, RUNNABLE))
     invoices: set[tuple[int, int]] = set()
     for block in RUNNABLE:
         program = _Program(block, tmp_path, env)
@@ -333,14 +341,30 @@ def _closure(dist: str, extras: set[str]) -> set[str]:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _env(dsn: str, kafka) -> dict[str, str]:
+def _env(dsn: str, kafka, mariadb_url: str | None = None) -> dict[str, str]:
+    extra = {MARIADB_ENV: mariadb_url} if mariadb_url else {}
     return {
         **os.environ,
         "OUTBOXKIT_DSN": dsn,
         "OUTBOXKIT_BROKER": kafka.url,
         "KAFKA_BOOTSTRAP": kafka.bootstrap,
         "PYTHONUNBUFFERED": "1",
+        **extra,
     }
+
+
+@pytest.fixture
+def mariadb_url(mariadb_server) -> Iterator[str]:
+    """An empty database of this test's own on the private MariaDB."""
+    with database(mariadb_server, "readme") as url:
+        yield url
+
+
+def _mariadb(request: pytest.FixtureRequest, blocks: list[Block]) -> str | None:
+    """The MariaDB URL when one of ``blocks`` reads it (the server starts only then)."""
+    if not any(MARIADB_ENV in b.code for b in blocks):
+        return None
+    return str(request.getfixturevalue("mariadb_url"))
 
 
 class _Program:

@@ -1,8 +1,10 @@
 """Database driver glue: what outboxkit needs from each driver, behind one small surface.
 
-``base`` defines the adapter interface and the registry; each driver is one module
-(``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``, ``psycopg2_adapter``)
-registered below.
+``base`` defines the adapter interface and the registry; ``dbapi_adapter`` the shape every
+DB-API driver shares; each driver is one module
+(``psycopg_adapter``, ``asyncpg_adapter``, ``sqlalchemy_adapter``, ``psycopg2_adapter``;
+MariaDB/MySQL: ``pymysql_adapter``, ``mysqlclient_adapter``, ``aiomysql_adapter``,
+``asyncmy_adapter``) registered below.
 Adding a driver is one new module and one line here (and its type in the unions).
 ``psycopg_private`` is the only place that reads psycopg's private state.
 """
@@ -13,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 
+from outboxkit.drivers.aiomysql_adapter import AiomysqlAsync
+from outboxkit.drivers.asyncmy_adapter import AsyncmyAsync
 from outboxkit.drivers.asyncpg_adapter import Asyncpg
 from outboxkit.drivers.base import (
     AsyncAdapter,
@@ -25,6 +29,7 @@ from outboxkit.drivers.base import (
     sync_adapter,
     type_name,
 )
+from outboxkit.drivers.mysqlclient_adapter import MySQLdbSync
 from outboxkit.drivers.psycopg2_adapter import Psycopg2Sync
 from outboxkit.drivers.psycopg_adapter import PsycopgAsync, PsycopgSync
 from outboxkit.drivers.pymysql_adapter import PyMySQLSync
@@ -57,8 +62,9 @@ else:
 
 for _adapter in (PsycopgSync(), PsycopgAsync(), Asyncpg(), SQLAlchemySync(), SQLAlchemyAsync()):
     register(_adapter)
-register(PyMySQLSync())
 register(Psycopg2Sync())
+for _mysql in (PyMySQLSync(), MySQLdbSync(), AiomysqlAsync(), AsyncmyAsync()):
+    register(_mysql)
 
 __all__ = [
     "AsyncAdapter",

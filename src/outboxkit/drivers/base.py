@@ -63,9 +63,16 @@ class Adapter:
     #: takes: an error then names the caller's methods of the other kind.
     modules: ClassVar[tuple[str, ...]]
 
+    #: The database the driver speaks to: "postgresql" or "mariadb" (MariaDB/MySQL).
+    backend: ClassVar[str] = "postgresql"
+
     @classmethod
     def handles(cls, conn_type: type) -> bool:
         raise NotImplementedError
+
+    def backend_of(self, conn: Any) -> str:
+        """The database ``conn`` speaks to (a driver's is fixed; SQLAlchemy's is its dialect)."""
+        return self.backend
 
     @classmethod
     def refusal(cls, conn_type: type) -> str | None:
@@ -234,7 +241,10 @@ def dbapi_params(params: Sequence[Any]) -> tuple[Any, ...]:
 
 def dbapi_autocommit(dbapi_conn: Any, original: Any) -> None:
     """Refuse a DB-API connection in autocommit mode (each statement commits alone)."""
-    if getattr(dbapi_conn, "autocommit", False):
+    autocommit = getattr(dbapi_conn, "autocommit", False)
+    if callable(autocommit):  # the MySQL drivers: autocommit(on) sets it, get_autocommit() reads
+        autocommit = dbapi_conn.get_autocommit()
+    if autocommit:
         raise NotInTransactionError(
             f"{type_name(original)} runs with isolation_level='AUTOCOMMIT';"
             " each statement would commit on its own, so the event could not be atomic"

@@ -2,9 +2,9 @@
 
 SQLAlchemy owns the transaction: these adapters check it, then hand the statement
 straight to the driver connection underneath when outboxkit has an adapter for it
-(psycopg, asyncpg: ``exec_driver_sql``'s machinery costs more client CPU than the
-INSERT), else run it through ``exec_driver_sql`` in the dialect's parameter style
-(psycopg2 and other DB-API drivers).
+(psycopg, asyncpg and the MariaDB/MySQL drivers: ``exec_driver_sql``'s machinery costs
+more client CPU than the INSERT), else run it through ``exec_driver_sql`` in the dialect's
+parameter style (psycopg2 and other DB-API drivers).
 """
 
 from __future__ import annotations
@@ -24,6 +24,19 @@ from outboxkit.drivers.base import (
     raw_sync_adapter,
 )
 from outboxkit.errors import NotInTransactionError
+
+
+def _flag(result: Any) -> bool:
+    """The first value of the first row; for a statement without rows (MariaDB's
+    ``INSERT IGNORE``), whether it wrote one (as ``dbapi_adapter``'s)."""
+    if not result.returns_rows:
+        return bool(result.rowcount > 0)
+    first = result.first()
+    return bool(first and first[0])
+
+
+def _backend(dialect: str) -> str:
+    return "mariadb" if dialect in ("mysql", "mariadb") else "postgresql"
 
 
 def _is_sqlalchemy(conn_type: type) -> bool:
@@ -61,6 +74,12 @@ class SQLAlchemySync(SyncAdapter):
 
     def check(self, conn: Any) -> None:
         self._connection(conn)
+
+    def backend_of(self, conn: Any) -> str:
+        from sqlalchemy.orm import Session
+
+        bind = conn.get_bind() if isinstance(conn, Session) else conn
+        return _backend(bind.dialect.name)
 
     def transaction_connection(self, conn: Any) -> Any:
         """The SQLAlchemy ``Connection`` of ``conn``'s open transaction (the deferred write
@@ -107,8 +126,7 @@ class SQLAlchemySync(SyncAdapter):
         if driver is not None and driver.joins(raw):
             return driver.run_fetch_flag(raw, stmt, params)
         sql = for_paramstyle(sa.dialect.paramstyle, stmt)
-        first = sa.exec_driver_sql(sql, dbapi_params(params)).first()
-        return bool(first and first[0])
+        return _flag(sa.exec_driver_sql(sql, dbapi_params(params)))
 
 
 class SQLAlchemyAsync(AsyncAdapter):
@@ -143,6 +161,12 @@ class SQLAlchemyAsync(AsyncAdapter):
 
     def check(self, conn: Any) -> None:
         self._check(conn)
+
+    def backend_of(self, conn: Any) -> str:
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        bind = conn.sync_session.get_bind() if isinstance(conn, AsyncSession) else conn
+        return _backend(bind.dialect.name)
 
     def _check(self, conn: Any) -> None:
         from sqlalchemy.ext.asyncio import AsyncSession
@@ -191,6 +215,4 @@ class SQLAlchemyAsync(AsyncAdapter):
         if driver is not None and driver.joins(raw):
             return await driver.run_fetch_flag(raw, stmt, params)
         sql = for_paramstyle(sync_conn.dialect.paramstyle, stmt)
-        result = await sa.exec_driver_sql(sql, dbapi_params(params))
-        first = result.first()
-        return bool(first and first[0])
+        return _flag(await sa.exec_driver_sql(sql, dbapi_params(params)))

@@ -28,7 +28,12 @@ from outboxkit.drivers import (
     sync_adapter,
     type_name,
 )
-from outboxkit.errors import ConfigurationError, InvalidEventError, outbox_table_missing
+from outboxkit.errors import (
+    ConfigurationError,
+    InvalidEventError,
+    outbox_table_missing,
+    wrong_backend,
+)
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
 from outboxkit.store.postgres import numbered
@@ -65,11 +70,12 @@ class _SchemaErrors:
     its threads and tasks.
     """
 
-    __slots__ = ("table", "with_callers_sql")
+    __slots__ = ("storage", "table", "with_callers_sql")
 
-    def __init__(self, table: str, *, with_callers_sql: bool) -> None:
+    def __init__(self, table: str, *, with_callers_sql: bool, storage: str = "table") -> None:
         self.table = table
         self.with_callers_sql = with_callers_sql
+        self.storage = storage
 
     def __enter__(self) -> None:
         return None
@@ -81,6 +87,9 @@ class _SchemaErrors:
             missing = outbox_table_missing(exc, self.table, with_callers_sql=self.with_callers_sql)
             if missing is not None:
                 raise missing from exc
+            wrong = wrong_backend(exc, self.storage)
+            if wrong is not None:
+                raise wrong from exc
 
 
 class Outbox:
@@ -148,6 +157,11 @@ class Outbox:
                 "Outbox(storage='wal') cannot take ordered=True: the WAL relay publishes in"
                 " commit order already; ordered=True is for the table's polling relay"
             )
+        if storage == "mariadb" and notify:
+            raise ConfigurationError(
+                "Outbox(storage='mariadb') cannot take notify=True: MariaDB/MySQL has no"
+                " LISTEN/NOTIFY (its relay polls; see --poll-interval)"
+            )
         if notify is None:  # a polling relay sleeps between polls; the CDC stream does not
             notify = storage == "table"
         if max_payload_bytes <= 0:
@@ -172,7 +186,7 @@ class Outbox:
         )
         if storage == "mariadb":
             self.notify = False
-        self._errors = _SchemaErrors(table, with_callers_sql=False)
+        self._errors = _SchemaErrors(table, with_callers_sql=False, storage=storage)
         self._attached_errors = _SchemaErrors(table, with_callers_sql=True)
         # One reusable psycopg cursor per Outbox and API, for the connection it last
         # wrote through (see CursorCache).
@@ -181,7 +195,7 @@ class Outbox:
 
     def __repr__(self) -> str:
         ordered = ", ordered=True" if self.ordered else ""
-        wal = ", storage='wal'" if self.storage == "wal" else ""
+        wal = f", storage={self.storage!r}" if self.storage != "table" else ""
         return f"Outbox(table={self.table!r}, notify={self.notify}{ordered}{wal})"
 
     # -- validation and parameters --------------------------------------------

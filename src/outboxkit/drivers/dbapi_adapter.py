@@ -1,0 +1,106 @@
+"""A DB-API 2 driver connection (psycopg2, PyMySQL, mysqlclient; aiomysql, asyncmy async).
+
+These drivers share one shape: the connection's class names the driver (matched along
+its MRO, so the optional driver is never imported), a statement runs through a cursor
+with the parameters as the DB-API takes them, and only "is a transaction open?" differs:
+each driver's adapter supplies ``check``.
+
+A statement that returns no rows answers ``fetch_flag`` with whether it wrote one (the
+affected-row count): MariaDB's inbox record is an ``INSERT IGNORE``, which has no
+``RETURNING`` on MySQL 8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from outboxkit.drivers.base import AsyncAdapter, CursorCache, Statement, SyncAdapter, dbapi_params
+
+
+def _is_connection_class(conn_type: type, module: str, name: str) -> bool:
+    return any(c.__module__ == module and c.__name__ == name for c in conn_type.__mro__)
+
+
+class DBAPISync(SyncAdapter):
+    """A sync DB-API driver: ``check`` is the driver's; the rest runs through a cursor."""
+
+    #: (module, class name) of the driver's connection class.
+    connection_class: ClassVar[tuple[str, str]]
+    #: Whether, under SQLAlchemy (which has checked the transaction), the statement goes
+    #: straight to this driver's connection rather than through ``exec_driver_sql``.
+    joins_sqlalchemy: ClassVar[bool] = False
+
+    @classmethod
+    def handles(cls, conn_type: type) -> bool:
+        return _is_connection_class(conn_type, *cls.connection_class)
+
+    def joins(self, conn: Any) -> bool:
+        return self.joins_sqlalchemy
+
+    def execute(
+        self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
+    ) -> None:
+        self.check(conn)
+        self.run(conn, stmt, params, cursors)
+
+    def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        self.check(conn)
+        return self.run_fetch_flag(conn, stmt, params)
+
+    def run(
+        self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
+    ) -> None:
+        with conn.cursor() as cur:
+            cur.execute(stmt.text, dbapi_params(params))
+
+    def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        with conn.cursor() as cur:
+            cur.execute(stmt.text, dbapi_params(params))
+            if cur.description is None:
+                return bool(cur.rowcount > 0)
+            row = cur.fetchone()
+        return bool(row and row[0])
+
+
+class DBAPIAsync(AsyncAdapter):
+    """:class:`DBAPISync` for async DB-API-shaped drivers (``async with conn.cursor()``)."""
+
+    connection_class: ClassVar[tuple[str, str]]
+
+    @classmethod
+    def handles(cls, conn_type: type) -> bool:
+        return _is_connection_class(conn_type, *cls.connection_class)
+
+    def joins(self, conn: Any) -> bool:
+        # MySQL's transactions begin implicitly (autocommit off, which SQLAlchemy's adapter
+        # has checked): the driver connection's transaction is the session's.
+        return True
+
+    async def execute(
+        self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
+    ) -> None:
+        self.check(conn)
+        await self.run(conn, stmt, params, cursors)
+
+    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        self.check(conn)
+        return await self.run_fetch_flag(conn, stmt, params)
+
+    def query(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> tuple[str, Any]:
+        """What ``cursor.execute`` is given: the text and the DB-API parameters."""
+        return stmt.text, dbapi_params(params)
+
+    async def run(
+        self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
+    ) -> None:
+        async with conn.cursor() as cur:
+            await cur.execute(*self.query(conn, stmt, params))
+
+    async def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        async with conn.cursor() as cur:
+            await cur.execute(*self.query(conn, stmt, params))
+            if cur.description is None:
+                return bool(cur.rowcount > 0)
+            row = await cur.fetchone()
+        return bool(row and row[0])
