@@ -207,3 +207,40 @@ async def test_relay_retention_keep_on_mariadb_leaves_rows_that_status_counts_an
     # MAX(id) went back to nothing as the rows left; the dashboard's throughput reads the
     # last id handed out instead, which stays at the 5 events written.
     assert admin_for(url).live_status(url).last_id == 5
+
+
+def test_blocked_keys_of_an_ordered_table_are_the_same_on_both_databases(
+    mariadb_server: MariaDB, db_dsn: str
+) -> None:
+    """A key whose head event was dead-lettered stops (ordered mode, policy ``block``): both
+    databases name it, its head and the events waiting behind it; a key whose dead letter has
+    nothing behind it, and a table that is not ordered, list nothing."""
+    url = new_database(mariadb_server)
+    assert admin_for(url).blocked_keys(url) == []  # not ordered: dead letters block nothing
+    for dsn in (url, db_dsn):
+        assert cli("migrate", "--dsn", dsn, "--ordered").exit_code == 0
+    t = tag()
+    events = [
+        Event(topic=f"{t}.orders", event_type="order.placed", key=key, payload={"n": n})
+        for n, key in enumerate(["a", "b", "a", "a", "b"])
+    ]
+    conn = pymysql.connect(**connect_args(url))
+    Outbox(storage="mariadb", ordered=True).put_many(conn, events)
+    conn.commit()
+    conn.close()
+    import psycopg
+
+    with psycopg.connect(db_dsn) as pg:
+        Outbox(ordered=True).put_many(pg, events)
+    dead = "UPDATE outbox SET status = 2, attempts = 3, last_error = 'refused' WHERE id IN (1, 5)"
+    mariadb_execute(url, dead)
+    with psycopg.connect(db_dsn, autocommit=True) as pg:
+        pg.execute(dead)
+    found = {
+        name: [_without_times(r) for r in admin_for(dsn).blocked_keys(dsn)]
+        for name, dsn in (("mariadb", url), ("postgres", db_dsn))
+    }
+    assert found["mariadb"] == found["postgres"]
+    [row] = found["mariadb"]
+    assert (row["key"], row["id"], row["waiting"], row["last_error"]) == ("a", 1, 2, "refused")
+    assert row["event_id"] == events[0].event_id

@@ -308,9 +308,16 @@ def live_status(dsn: Source, table: str = "outbox", *, cap: int = 100_000) -> Li
 def blocked_keys(
     source: Source, *, table: str = "outbox", limit: int = 100
 ) -> list[dict[str, Any]]:
-    """Keys stopped behind a dead-lettered head event: none, as ordered mode (the only mode
-    that blocks keys) does not run on MariaDB yet (its relay refuses ``--ordered``)."""
-    return []
+    """Keys stopped behind a dead-lettered head event (ordered mode, policy ``block``): the
+    key, the head row and ``waiting``, the pending events behind it, as on PostgreSQL.
+    Empty on a table that is not ordered (no ``partition`` column)."""
+    stmts = AdminStatements(table)
+    with _outbox(source, table) as conn, conn.cursor() as cur:
+        cur.execute(stmts.is_ordered, (table.rsplit(".", 1)[-1],))
+        if not cur.fetchone()[0]:
+            return []
+        cur.execute(stmts.blocked_keys, (limit,))
+        return _fetch_dicts(cur)
 
 
 def stray_rows(source: Source, table: str = "outbox") -> int:

@@ -84,6 +84,21 @@ class AdminStatements:
             f"SELECT topic, COUNT(*) FROM (SELECT topic FROM {t} WHERE status = {FAILED}"
             " ORDER BY id LIMIT %s) AS f GROUP BY topic"
         )
+        # Ordered mode: keys stopped behind a dead-lettered head, with the pending rows behind
+        # it (PostgreSQL's DISTINCT ON is a GROUP BY of the first failed id here).
+        self.is_ordered = (
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+            " AND TABLE_NAME = %s AND COLUMN_NAME = 'partition'"
+        )
+        self.blocked_keys = (
+            "SELECT h.`key`, h.id, h.event_id, h.topic, h.event_type, h.attempts, h.last_error,"
+            f" h.created_at, (SELECT COUNT(*) FROM {t} AS w WHERE w.`key` = h.`key`"
+            f" AND w.id > h.id AND w.status = {PENDING}) AS waiting"
+            f" FROM {t} AS h JOIN (SELECT MIN(id) AS id FROM {t} WHERE status = {FAILED}"
+            " AND `key` IS NOT NULL GROUP BY `key`) AS f ON f.id = h.id"
+            f" WHERE EXISTS (SELECT 1 FROM {t} AS w WHERE w.`key` = h.`key` AND w.id > h.id"
+            f" AND w.status = {PENDING}) ORDER BY h.id LIMIT %s"
+        )
         # The last id handed out (MAX(id) would go back down as published rows are deleted):
         # the table's next AUTO_INCREMENT minus one. Parameters: the database (or NULL for
         # the connection's) and the bare table name.
