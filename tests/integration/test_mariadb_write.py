@@ -21,7 +21,7 @@ from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import ConfigurationError, NotInTransactionError, StoreUnavailable
 from outboxkit.publishers.base import OutboundMessage
 from tests.support.mariadb import MariaDB
-from tests.support.mariadb_drivers import ASYNC, SYNC, Driver, database
+from tests.support.mariadb_drivers import ASYNC, SYNC, Driver, database, driver_module
 
 
 @pytest.fixture
@@ -139,12 +139,11 @@ async def test_every_async_driver_writes_with_the_transaction_and_not_without(
 
 
 def test_every_refusal_outside_a_transaction_is_postgresqls(url: str) -> None:
-    import MySQLdb
     import sqlalchemy as sa
     from sqlalchemy.orm import Session, sessionmaker
 
     outbox, args = Outbox(storage="mariadb"), connect_args(url)
-    mysqldb = MySQLdb.connect(**args, autocommit=True)
+    mysqldb = driver_module("MySQLdb").connect(**args, autocommit=True)
     try:
         with pytest.raises(NotInTransactionError, match="autocommit mode"):
             outbox.put(mysqldb, _event("lonely"))

@@ -17,7 +17,8 @@ from typing import Any
 from tests.support.servers import require_or_skip
 
 
-def _module(name: str) -> Any:
+def driver_module(name: str) -> Any:
+    """The driver module ``name``, or a skip naming it (a failure in CI)."""
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -42,7 +43,7 @@ def _sa_url(url: str, dialect: str) -> str:
 
 @contextmanager
 def _dbapi(module: str, args: dict[str, Any]) -> Iterator[Any]:
-    conn = _module(module).connect(**args)
+    conn = driver_module(module).connect(**args)
     try:
         yield conn  # autocommit off: the first statement opens the transaction
         conn.commit()
@@ -55,7 +56,7 @@ def _dbapi(module: str, args: dict[str, Any]) -> Iterator[Any]:
 
 @contextmanager
 def _sa(dialect: str, url: str, session: bool) -> Iterator[Any]:
-    _module({"pymysql": "pymysql", "mysqldb": "MySQLdb"}[dialect])
+    driver_module({"pymysql": "pymysql", "mysqldb": "MySQLdb"}[dialect])
     import sqlalchemy as sa
     from sqlalchemy.orm import Session
 
@@ -84,7 +85,7 @@ SYNC = [
 async def _async_dbapi(module: str, args: dict[str, Any]) -> AsyncIterator[Any]:
     if module == "aiomysql":  # aiomysql names the database `db`
         args = {**{k: v for k, v in args.items() if k != "database"}, "db": args["database"]}
-    conn = await _module(module).connect(**args)
+    conn = await driver_module(module).connect(**args)
     try:
         yield conn
         await conn.commit()
@@ -97,7 +98,7 @@ async def _async_dbapi(module: str, args: dict[str, Any]) -> AsyncIterator[Any]:
 
 @asynccontextmanager
 async def _sa_async(dialect: str, url: str, session: bool) -> AsyncIterator[Any]:
-    _module(dialect)
+    driver_module(dialect)
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     engine = create_async_engine(_sa_url(url, dialect))
