@@ -66,6 +66,14 @@ _JSONB = {"headers": "jsonb", "empty": "'{}'"}
 _BYTEA = {"headers": "bytea", "empty": "''"}
 
 
+def _json_headers(e: Event) -> list[bytes | None]:
+    """The row as the library sent it before round 3: '{}' as a jsonb document."""
+    row = library_params(e)
+    if row[7] is None:
+        row[7] = b"\x01{}"
+    return row
+
+
 @dataclass(frozen=True)
 class TableVariant:
     """One way to build the outbox table: its DDL and how a row is written into it."""
@@ -73,7 +81,7 @@ class TableVariant:
     label: str
     ddl: str  # {t}: the table; run after migrate() unless it creates the table itself
     columns: tuple[tuple[str, str], ...] = WRITE_COLUMNS
-    encode: Callable[[Event], list[bytes | None]] = library_params
+    encode: Callable[[Event], list[bytes | None]] = _json_headers
     table: str = ""  # write into another variant's table (a statement variant)
     headers_null: bool = False  # empty headers sent as NULL, coalesced to '{}' by the INSERT
     named: bool = True  # a named prepared statement; False: unnamed, parsed every time
@@ -83,13 +91,6 @@ class TableVariant:
 
     def sql(self, key: str) -> bytes:
         return _insert_sql(self.name(key), self.columns, self.headers_null).encode()
-
-
-def _null_headers(e: Event) -> list[bytes | None]:
-    row = library_params(e)
-    if not e.headers:
-        row[7] = None
-    return row
 
 
 def _bytea_headers(e: Event) -> list[bytes | None]:
@@ -154,7 +155,7 @@ TABLES: dict[str, TableVariant] = {
     "v2_null_headers": TableVariant(
         "v2, empty headers sent as NULL, coalesce(.., '{}') in the INSERT",
         "",
-        encode=_null_headers,
+        encode=library_params,
         table="v2",
         headers_null=True,
     ),
