@@ -387,9 +387,14 @@ def main() -> None:
         help="run on a private embedded PostgreSQL 18 (fsync on, wal_level=logical), not --dsn",
     )
     ap.add_argument("--bulk-only", action="store_true", help="only the server CPU per INSERT")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 100 rounds, results to NAME.quick.json"
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--name", default="write_row_cost", help="results file name")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = min(args.rounds, 100)
     unknown = set(args.tables.split(",")) - set(TABLES)
     if unknown:
         ap.error(f"unknown --tables {', '.join(sorted(unknown))}; choose from {', '.join(TABLES)}")
