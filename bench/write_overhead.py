@@ -425,30 +425,34 @@ class PsycopgPipeline(WritePath):
 
 
 class SqlAlchemySync(WritePath):
+    """The transaction on a sync Session through psycopg; ``business`` writes it as text
+    statements or through the ORM (the subclass)."""
+
     name = "SQLAlchemy Session (psycopg)"
+    business: Callable[[Session, Order], int] = staticmethod(sqlalchemy_business)
 
     def __init__(self, dsn: str, rng: random.Random) -> None:
         super().__init__(dsn, rng)
         self.engine = sa.create_engine(
             dsn.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
         )
-        engine = self.engine
+        engine, business = self.engine, self.business
 
         def plain() -> None:
             with Session(engine) as session, session.begin():
-                sqlalchemy_business(session, self.order)
+                business(session, self.order)
 
         def outbox(ob: Outbox) -> SyncTx:
             def run() -> None:
                 with Session(engine) as session, session.begin():
-                    ob.put(session, order_event(sqlalchemy_business(session, self.order)))
+                    ob.put(session, order_event(business(session, self.order)))
 
             return run
 
         def deferred(ob: Outbox) -> SyncTx:
             def run() -> None:
                 with Session(engine) as session, session.begin():
-                    ob.defer(session, order_event(sqlalchemy_business(session, self.order)))
+                    ob.defer(session, order_event(business(session, self.order)))
 
             return run
 
@@ -465,45 +469,9 @@ class SqlAlchemySync(WritePath):
         self.engine.dispose()
 
 
-class SqlAlchemyOrm(WritePath):
+class SqlAlchemyOrm(SqlAlchemySync):
     name = "SQLAlchemy ORM Session (psycopg)"
-
-    def __init__(self, dsn: str, rng: random.Random) -> None:
-        super().__init__(dsn, rng)
-        self.engine = sa.create_engine(
-            dsn.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
-        )
-        engine = self.engine
-
-        def plain() -> None:
-            with Session(engine) as session, session.begin():
-                orm_business(session, self.order)
-
-        def outbox(ob: Outbox) -> SyncTx:
-            def run() -> None:
-                with Session(engine) as session, session.begin():
-                    ob.put(session, order_event(orm_business(session, self.order)))
-
-            return run
-
-        def deferred(ob: Outbox) -> SyncTx:
-            def run() -> None:
-                with Session(engine) as session, session.begin():
-                    ob.defer(session, order_event(orm_business(session, self.order)))
-
-            return run
-
-        self.variants = {
-            "plain (A)": plain,
-            "plain (A/A control)": plain,
-            "outbox.put, notify off": outbox(Outbox(notify=False)),
-            "outbox.put, notify on": outbox(Outbox()),
-            "outbox.defer, notify off": deferred(Outbox(notify=False)),
-            "outbox.defer, notify on": deferred(Outbox()),
-        }
-
-    def close(self) -> None:
-        self.engine.dispose()
+    business = staticmethod(orm_business)
 
 
 class PsycopgAsync(WritePath):
@@ -609,69 +577,30 @@ class Asyncpg(WritePath):
 
 
 class SqlAlchemyAsync(WritePath):
+    """The transaction on an AsyncSession; ``driver`` picks the DBAPI driver, ``business``
+    writes it as text statements or through the ORM (the subclasses)."""
+
     name = "SQLAlchemy AsyncSession (asyncpg)"
-    is_async = True
-
-    async def open(self) -> None:
-        self.engine = create_async_engine(
-            self.dsn.replace("postgresql://", "postgresql+asyncpg://", 1), pool_size=1
-        )
-        engine = self.engine
-
-        async def plain() -> None:
-            async with AsyncSession(engine) as session, session.begin():
-                await sqlalchemy_async_business(session, self.order)
-
-        def outbox(ob: Outbox) -> AsyncTx:
-            async def run() -> None:
-                async with AsyncSession(engine) as session, session.begin():
-                    order_id = await sqlalchemy_async_business(session, self.order)
-                    await ob.aput(session, order_event(order_id))
-
-            return run
-
-        def deferred(ob: Outbox) -> AsyncTx:
-            async def run() -> None:
-                async with AsyncSession(engine) as session, session.begin():
-                    order_id = await sqlalchemy_async_business(session, self.order)
-                    await ob.adefer(session, order_event(order_id))
-
-            return run
-
-        self.variants = {
-            "plain (A)": plain,
-            "plain (A/A control)": plain,
-            "outbox.aput, notify off": outbox(Outbox(notify=False)),
-            "outbox.aput, notify on": outbox(Outbox()),
-            "outbox.adefer, notify off": deferred(Outbox(notify=False)),
-            "outbox.adefer, notify on": deferred(Outbox()),
-        }
-
-    async def aclose(self) -> None:
-        await self.engine.dispose()
-
-
-class SqlAlchemyOrmAsync(WritePath):
-    """The ORM transaction on an AsyncSession; ``driver`` picks the DBAPI driver."""
-
-    name = "SQLAlchemy ORM AsyncSession (asyncpg)"
     driver = "asyncpg"
+    business: Callable[[AsyncSession, Order], Awaitable[int]] = staticmethod(
+        sqlalchemy_async_business
+    )
     is_async = True
 
     async def open(self) -> None:
         self.engine = create_async_engine(
             self.dsn.replace("postgresql://", f"postgresql+{self.driver}://", 1), pool_size=1
         )
-        engine = self.engine
+        engine, business = self.engine, self.business
 
         async def plain() -> None:
             async with AsyncSession(engine) as session, session.begin():
-                await orm_async_business(session, self.order)
+                await business(session, self.order)
 
         def outbox(ob: Outbox) -> AsyncTx:
             async def run() -> None:
                 async with AsyncSession(engine) as session, session.begin():
-                    order_id = await orm_async_business(session, self.order)
+                    order_id = await business(session, self.order)
                     await ob.aput(session, order_event(order_id))
 
             return run
@@ -679,7 +608,7 @@ class SqlAlchemyOrmAsync(WritePath):
         def deferred(ob: Outbox) -> AsyncTx:
             async def run() -> None:
                 async with AsyncSession(engine) as session, session.begin():
-                    order_id = await orm_async_business(session, self.order)
+                    order_id = await business(session, self.order)
                     await ob.adefer(session, order_event(order_id))
 
             return run
@@ -695,6 +624,11 @@ class SqlAlchemyOrmAsync(WritePath):
 
     async def aclose(self) -> None:
         await self.engine.dispose()
+
+
+class SqlAlchemyOrmAsync(SqlAlchemyAsync):
+    name = "SQLAlchemy ORM AsyncSession (asyncpg)"
+    business = staticmethod(orm_async_business)
 
 
 class SqlAlchemyOrmAsyncPsycopg(SqlAlchemyOrmAsync):

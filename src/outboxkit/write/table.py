@@ -31,15 +31,16 @@ from outboxkit.write.storage import (
     encode_batch,
 )
 
-_EMPTY_HEADERS = "{}"
 # One event's values in store.postgres.WRITE_COLUMNS order (tests/unit/test_outbox_columns.py).
-_Row = tuple[Any, str, str | None, str, str | None, str | None, bytes, str, Any, str | None, Any]
+_Row = tuple[
+    Any, str, str | None, str, str | None, str | None, bytes, str | None, Any, str | None, Any
+]
 _KEY = [name for name, _ in WRITE_COLUMNS].index("key")
 _AVAILABLE_AT = [name for name, _ in WRITE_COLUMNS].index("available_at")
 # transaction(): the INSERT's parameter types, all sent in binary.
 _TYPES = [OIDS[pg_type] for _, pg_type in WRITE_COLUMNS]
 _INT32 = struct.Struct(">i")
-_JSONB_EMPTY = b"\x01{}"  # jsonb binary format: version byte, then the JSON text
+_JSONB_VERSION = b"\x01"  # jsonb binary format: version byte, then the JSON text
 # timestamptz binary format: microseconds since 2000-01-01 UTC, a big-endian int64.
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
@@ -49,7 +50,8 @@ _K = TypeVar("_K", str, bytes)
 
 def _row(event: Event) -> _Row:
     """The put families' parameters of one event (psycopg and asyncpg adapt them)."""
-    headers = orjson.dumps(event.headers).decode() if event.headers else _EMPTY_HEADERS
+    # No headers: NULL, which the INSERT turns into '{}' (store.postgres._VALUE).
+    headers = orjson.dumps(event.headers).decode() if event.headers else None
     return (
         event.event_id,
         event.topic,
@@ -75,7 +77,7 @@ def _params(event: Event) -> BinaryRow:
         event.aggregate_type.encode() if event.aggregate_type is not None else None,
         event.aggregate_id.encode() if event.aggregate_id is not None else None,
         event.payload,
-        b"\x01" + orjson.dumps(event.headers) if event.headers else _JSONB_EMPTY,
+        _JSONB_VERSION + orjson.dumps(event.headers) if event.headers else None,
         _timestamptz(event.occurred_at),
         event.schema_version.encode() if event.schema_version is not None else None,
         _timestamptz(event.available_at) if event.available_at is not None else None,
