@@ -187,10 +187,15 @@ def _settings(
 def _partitions(
     conn: psycopg.Connection[Any], names: _Names
 ) -> list[tuple[str, str, tuple[dt.datetime, dt.datetime] | None, int, int]]:
-    """(regclass, relname, bounds or None for default, estimated rows, size) per partition."""
+    """(regclass, relname, bounds or None for default, estimated rows, size) per partition.
+
+    A partition another session drops while this one lists them is still in the catalog
+    snapshot, but its size reads NULL: it is gone, so it is left out."""
     with _utc(conn):
         found = conn.execute(q.LIST, (names.regclass,)).fetchall()
-    return [(r[0], r[1], q.parse_bounds(r[2]), int(r[3]), int(r[4])) for r in found]
+    return [
+        (r[0], r[1], q.parse_bounds(r[2]), int(r[3]), int(r[4])) for r in found if r[4] is not None
+    ]
 
 
 @contextmanager
