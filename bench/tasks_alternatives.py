@@ -37,7 +37,6 @@ from typing import Any
 from tasks_throughput import fill as fill_outboxkit  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 
 
 async def _pgq_install(dsn: str, durability: str) -> None:
@@ -77,8 +76,10 @@ def _absolute_path() -> list[str]:
     return [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
-def _run_process(argv: list[str], dsn: str, count: int, timeout: float) -> dict[str, float]:
-    """Start ``argv`` (a worker), wait for its span file, stop it; the span."""
+def _run_process(
+    argv: list[str], dsn: str, count: int, timeout: float, src: str | None = None
+) -> dict[str, float]:
+    """Start ``argv`` (a worker; ``src`` first on its path), wait for its span file, stop it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "span.json"
         env = {
@@ -86,7 +87,7 @@ def _run_process(argv: list[str], dsn: str, count: int, timeout: float) -> dict[
             "OKB_TASKS": str(count),
             "OKB_OUT": str(out),
             "OKB_DSN": dsn,
-            "PYTHONPATH": os.pathsep.join([str(HERE), *_absolute_path()]),
+            "PYTHONPATH": os.pathsep.join([*([src] if src else []), str(HERE), *_absolute_path()]),
         }
         log = Path(tmp) / "worker.log"
         with open(log, "wb") as log_file:
@@ -112,12 +113,14 @@ def _run_process(argv: list[str], dsn: str, count: int, timeout: float) -> dict[
     return span
 
 
-def outboxkit_cli(dsn: str, count: int, concurrency: int, batch: int) -> dict[str, float]:
+def outboxkit_cli(
+    dsn: str, count: int, concurrency: int, batch: int, src: str | None = None
+) -> dict[str, float]:
     fill_outboxkit(dsn, count)
-    argv = [str(BIN / "outboxkit"), "worker", "--dsn", dsn, "--app", "tasks_app:tasks",
+    argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn, "--app", "tasks_app:tasks",
             "--concurrency", str(concurrency), "--batch-size", str(batch),
             "--log-level", "WARNING"]  # fmt: skip
-    return _run_process(argv, dsn, count, timeout=300)
+    return _run_process(argv, dsn, count, timeout=300, src=src)
 
 
 def pgq_managers(dsn: str, count: int, managers: int, batch: int) -> dict[str, float]:
@@ -172,6 +175,10 @@ def main() -> None:
         "--ok", nargs=2, type=int, action="append", metavar=("CONC", "BATCH"),
         help="an `outboxkit worker --concurrency CONC --batch-size BATCH` run (repeat)",
     )  # fmt: skip
+    parser.add_argument(
+        "--base-src", help="A/B: also run each --ok from this src tree (e.g. `git archive` of"
+        " an older commit), interleaved; its rows say src=...",
+    )  # fmt: skip
     parser.add_argument("--pgq-batch", type=int, nargs="*", default=[10, 100, 500, 1000])
     parser.add_argument(
         "--pgq-managers", type=int, nargs="*", default=[1],
@@ -180,6 +187,10 @@ def main() -> None:
     parser.add_argument(
         "--pgq-durability", nargs="*", choices=["durable", "balanced"], default=["durable"]
     )
+    parser.add_argument(
+        "--pgq", nargs=3, action="append", metavar=("BATCH", "MANAGERS", "DURABILITY"),
+        help="one pgqueuer configuration (repeat); replaces the --pgq-* sweep",
+    )  # fmt: skip
     parser.add_argument("--procrastinate-concurrency", type=int, nargs="*", default=[100])
     parser.add_argument("--out", default=str(HERE / "results" / "tasks_alternatives.json"))
     args = parser.parse_args()
@@ -188,16 +199,20 @@ def main() -> None:
     migrate_tasks(args.dsn)
     runs: list[tuple[str, dict[str, Any], Any]] = []
     for concurrency, batch in args.ok or [(10, 1), (400, 200)]:
-        config = {"concurrency": concurrency, "batch": batch}
-        runs.append(("outboxkit", config, lambda c=concurrency, b=batch: (
-            outboxkit_cli(args.dsn, args.tasks, c, b))))  # fmt: skip
-    for durability in args.pgq_durability:
-        for batch in args.pgq_batch:
-            for managers in args.pgq_managers:
-                config = {"batch": batch, "durability": durability, "managers": managers}
-                runs.append(("pgqueuer", config, lambda b=batch, d=durability, m=managers: (
-                    asyncio.run(_pgq_install(args.dsn, d)),
-                    pgq_managers(args.dsn, args.tasks, m, b))[1]))  # fmt: skip
+        for src in [None, *([str(Path(args.base_src).resolve())] if args.base_src else [])]:
+            config = {"concurrency": concurrency, "batch": batch, **({"src": src} if src else {})}
+            runs.append(("outboxkit", config, lambda c=concurrency, b=batch, s=src: (
+                outboxkit_cli(args.dsn, args.tasks, c, b, s))))  # fmt: skip
+    sweep = [
+        (b, m, d) for d in args.pgq_durability for b in args.pgq_batch for m in args.pgq_managers
+    ]
+    for batch, managers, durability in [(int(b), int(m), d) for b, m, d in args.pgq or []] or sweep:
+        if durability not in ("durable", "balanced"):
+            parser.error(f"--pgq ... {durability}: durable or balanced")
+        config = {"batch": batch, "durability": durability, "managers": managers}
+        runs.append(("pgqueuer", config, lambda b=batch, d=durability, m=managers: (
+            asyncio.run(_pgq_install(args.dsn, d)),
+            pgq_managers(args.dsn, args.tasks, m, b))[1]))  # fmt: skip
     for concurrency in args.procrastinate_concurrency:
         runs.append(("procrastinate", {"concurrency": concurrency}, lambda c=concurrency: (
             asyncio.run(_procrastinate(args.dsn, args.tasks, c)))))  # fmt: skip
@@ -217,7 +232,11 @@ def main() -> None:
         rate, per_task = statistics.median(rates[i]), statistics.median(cpu[i])
         results.append({"queue": queue, **config, "tasks_per_s": rate, "runs": rates[i],
                         "cpu_us_per_task": per_task})  # fmt: skip
-    best = {q: max(r["tasks_per_s"] for r in results if r["queue"] == q) for q, _c, _r in runs}
+    best = {
+        q: max(r["tasks_per_s"] for r in results if r["queue"] == q and "src" not in r)
+        for q, c, _r in runs
+        if "src" not in c
+    }
     print("\nmedians:")
     for r in results:
         print(f"  {r['queue']:13s} {r['tasks_per_s']:9,.0f} tasks/s"
