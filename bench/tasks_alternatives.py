@@ -10,10 +10,12 @@ first handler start to last handler end, timed inside the worker (bench/tasks_ap
 process start-up is not in it. ``--rounds`` repeats the whole sweep, interleaved (round 1
 runs every configuration, then round 2 ...); the median of each configuration is reported.
 pgqueuer's ``--pgq-durability balanced`` keeps its job table logged (only its log and
-statistics tables are unlogged), so it keeps the durability outboxkit has; ``volatile``
-(nothing logged) is not comparable and not offered. procrastinate runs in this process
-(``run_worker_async(wait=False)``), in the first round only (it is two orders of magnitude
-slower), at each ``--procrastinate-concurrency``.
+statistics tables are unlogged), so it keeps the durability outboxkit has; ``nosync``
+(``--pgq`` only) keeps its tables logged and sets ``synchronous_commit=off`` on its
+connections, as outboxkit's worker does for its claims and settles; ``volatile`` (nothing
+logged: a crash loses the queue) is not comparable and not offered. procrastinate runs in
+this process (``run_worker_async(wait=False)``), in the first round only (it is two orders
+of magnitude slower), at each ``--procrastinate-concurrency``.
 
     cd bench && PYTHONPATH=../src:. python tasks_alternatives.py --dsn postgresql://... \\
         --ok 400 200 --pgq-batch 100 500 1000 --pgq-managers 5 --rounds 3
@@ -123,8 +125,11 @@ def outboxkit_cli(
     return _run_process(argv, dsn, count, timeout=300, src=src)
 
 
-def pgq_managers(dsn: str, count: int, managers: int, batch: int) -> dict[str, float]:
+def pgq_managers(
+    dsn: str, count: int, managers: int, batch: int, nosync: bool = False
+) -> dict[str, float]:
     asyncio.run(_pgq_fill(dsn, count))
+    os.environ["OKB_PGQ_NOSYNC"] = "1" if nosync else ""
     argv = [sys.executable, str(HERE / "tasks_app.py"), "pgq-managers", dsn, str(managers),
             str(batch)]  # fmt: skip
     return _run_process(argv, dsn, count, timeout=300)
@@ -207,12 +212,13 @@ def main() -> None:
         (b, m, d) for d in args.pgq_durability for b in args.pgq_batch for m in args.pgq_managers
     ]
     for batch, managers, durability in [(int(b), int(m), d) for b, m, d in args.pgq or []] or sweep:
-        if durability not in ("durable", "balanced"):
-            parser.error(f"--pgq ... {durability}: durable or balanced")
+        if durability not in ("durable", "balanced", "nosync"):
+            parser.error(f"--pgq ... {durability}: durable, balanced or nosync")
         config = {"batch": batch, "durability": durability, "managers": managers}
-        runs.append(("pgqueuer", config, lambda b=batch, d=durability, m=managers: (
-            asyncio.run(_pgq_install(args.dsn, d)),
-            pgq_managers(args.dsn, args.tasks, m, b))[1]))  # fmt: skip
+        tables = "balanced" if durability == "balanced" else "durable"
+        runs.append(("pgqueuer", config, lambda b=batch, t=tables, m=managers, d=durability: (
+            asyncio.run(_pgq_install(args.dsn, t)),
+            pgq_managers(args.dsn, args.tasks, m, b, nosync=d == "nosync"))[1]))  # fmt: skip
     for concurrency in args.procrastinate_concurrency:
         runs.append(("procrastinate", {"concurrency": concurrency}, lambda c=concurrency: (
             asyncio.run(_procrastinate(args.dsn, args.tasks, c)))))  # fmt: skip

@@ -70,7 +70,10 @@ async def _pgq_managers(dsn: str, managers: int, batch_size: int) -> None:
     from pgqueuer.queries import Queries
     from pgqueuer.types import QueueExecutionMode
 
-    conns = [await asyncpg.connect(dsn) for _ in range(managers)]
+    # OKB_PGQ_NOSYNC: its commits do not wait for the WAL flush either (as outboxkit's
+    # worker statements; a user can set it per role): a loss in a crash means a re-run.
+    settings = {"synchronous_commit": "off"} if os.environ.get("OKB_PGQ_NOSYNC") else {}
+    conns = [await asyncpg.connect(dsn, server_settings=settings) for _ in range(managers)]
     qms = [QueueManager(Queries(AsyncpgDriver(c))) for c in conns]
     for qm in qms:
         qm.entrypoint("noop")(_pgq_noop)
