@@ -23,6 +23,17 @@ from outboxkit.tasks import Tasks, Worker, migrate_tasks
 SWEEP = ((10, 1), (100, 1), (100, 10), (200, 50), (400, 200))
 
 
+def fill(dsn: str, count: int) -> None:
+    """An empty, vacuumed task table with ``count`` no-op tasks (one INSERT ... SELECT)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outboxkit_tasks")
+        conn.execute(
+            "INSERT INTO outboxkit_tasks (task_name) SELECT 'noop' FROM generate_series(1, %s)",
+            (count,),
+        )
+        conn.execute("VACUUM ANALYZE outboxkit_tasks")
+
+
 def drain(dsn: str, count: int, concurrency: int, batch_size: int) -> float:
     tasks = Tasks()
     done = 0
@@ -38,13 +49,7 @@ def drain(dsn: str, count: int, concurrency: int, batch_size: int) -> float:
         if done == count:
             finished.set()
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE outboxkit_tasks")
-        conn.execute(
-            "INSERT INTO outboxkit_tasks (task_name) SELECT 'noop' FROM generate_series(1, %s)",
-            (count,),
-        )
-        conn.execute("VACUUM ANALYZE outboxkit_tasks")
+    fill(dsn, count)
 
     async def main() -> float:
         worker = Worker(tasks, dsn, concurrency=concurrency, batch_size=batch_size)

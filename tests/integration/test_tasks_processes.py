@@ -79,15 +79,20 @@ def test_a_task_whose_worker_is_sigkilled_runs_again_after_its_lease(tasks_dsn: 
     assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_sigterm_lets_running_handlers_finish_within_the_grace_then_hands_the_rest_back(
-    tasks_dsn: str,
+    tasks_dsn: str, loop: str
 ) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
     with psycopg.connect(tasks_dsn) as conn, conn.transaction():
         tasks.enqueue(conn, "sleep", {"seconds": 0.5}, priority=2)  # finishes in the grace
         tasks.enqueue(conn, "sleep", {"seconds": 60}, priority=1)  # does not
         for _ in range(3):
             tasks.enqueue(conn, "sleep", {"seconds": 0})  # never started
-    worker = spawn_worker(tasks_dsn, "--concurrency", "2", "--shutdown-timeout", "1.5")
+    worker = spawn_worker(
+        tasks_dsn, "--concurrency", "2", "--shutdown-timeout", "1.5", "--loop", loop
+    )
     try:
         wait_for(lambda: len(runs(tasks_dsn)) == 2)
         worker.send_signal(signal.SIGTERM)

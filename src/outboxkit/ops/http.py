@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -129,7 +129,9 @@ class _GuardedProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream server's transport (uvloop's TCPTransport is one without being an
+        # asyncio.Transport subclass: no isinstance check here).
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         if not self._gate.admit():
             transport.write(_BUSY)

@@ -36,7 +36,7 @@ from outboxkit.queue.store import (
 )
 from outboxkit.store._connection import PoolerMode, aconnect, admin_connection
 from outboxkit.store._pg_session import PgSession
-from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
+from outboxkit.store.tasks_sql import TaskStatements, TaskStatus, done_arrays
 
 log = logging.getLogger("outboxkit.worker")
 
@@ -272,14 +272,13 @@ class PgTaskStore(PgSession):
             try:
                 while self._done_queue:
                     batch, self._done_queue = self._done_queue, []
-                    ids = [i for claim_ids, _t, _f in batch for i in claim_ids]
-                    tokens = [t for claim_ids, t, _f in batch for _ in claim_ids]
+                    arrays = done_arrays((claim_ids, t) for claim_ids, t, _f in batch)
                     keep = self.retention == "keep"
                     stmt = (
                         self.sql.settle_done_many_keep if keep else self.sql.settle_done_many_delete
                     )
                     try:
-                        changed = set(await self._run(stmt, (ids, tokens)))
+                        changed = set(await self._run(stmt, arrays))
                     except StoreError as exc:
                         for _ids, _t, waiter in batch:
                             if not waiter.done():

@@ -1,0 +1,92 @@
+"""The no-op task app the throughput benchmark hands to each queue's own worker command.
+
+``outboxkit worker --app tasks_app:tasks`` loads it as users load theirs; ``python
+tasks_app.py pgq-managers DSN N BATCH`` runs N pgqueuer QueueManagers in one process on
+uvloop (N = 1: what ``pgq run`` runs; more: pgqueuer's own drain benchmark, tools/benchmark.py).
+Each handler marks its start and end; when ``OKB_TASKS`` tasks have run, the process writes
+the span (first start to last end, and the process's CPU seconds over it) as JSON to
+``OKB_OUT``. The span is timed inside the worker, so process start-up is not in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from outboxkit.tasks import Tasks
+
+
+class _Span:
+    """First handler start to last handler end, written out once ``expected`` have run."""
+
+    def __init__(self) -> None:
+        self.expected = int(os.environ.get("OKB_TASKS", "0"))
+        self.out = os.environ.get("OKB_OUT", "")
+        self.first = 0.0
+        self.cpu_first = 0.0
+        self.done = 0
+
+    def start(self) -> None:
+        if self.first == 0.0:
+            self.first = time.perf_counter()
+            self.cpu_first = time.process_time()
+
+    def end(self) -> None:
+        self.done += 1
+        if self.done == self.expected and self.out:
+            elapsed = time.perf_counter() - self.first
+            cpu = time.process_time() - self.cpu_first
+            result = {"done": self.done, "seconds": elapsed, "cpu_seconds": cpu}
+            tmp = self.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, self.out)
+
+
+span = _Span()
+tasks = Tasks()
+
+
+@tasks.handler("noop")
+async def noop(payload: None) -> None:
+    span.start()
+    span.end()
+
+
+async def _pgq_noop(job: Any) -> None:
+    span.start()
+    span.end()
+
+
+async def _pgq_managers(dsn: str, managers: int, batch_size: int) -> None:
+    """Several QueueManagers, one connection each, in this one process, drained."""
+    import asyncpg
+    from pgqueuer.core.qm import QueueManager
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    # OKB_PGQ_NOSYNC: its commits do not wait for the WAL flush either (as outboxkit's
+    # worker statements; a user can set it per role): a loss in a crash means a re-run.
+    settings = {"synchronous_commit": "off"} if os.environ.get("OKB_PGQ_NOSYNC") else {}
+    conns = [await asyncpg.connect(dsn, server_settings=settings) for _ in range(managers)]
+    qms = [QueueManager(Queries(AsyncpgDriver(c))) for c in conns]
+    for qm in qms:
+        qm.entrypoint("noop")(_pgq_noop)
+    await asyncio.gather(
+        *(qm.run(batch_size=batch_size, mode=QueueExecutionMode.drain) for qm in qms)
+    )
+    for c in conns:
+        await c.close()
+
+
+if __name__ == "__main__":
+    # python tasks_app.py pgq-managers DSN MANAGERS BATCH (uvloop, as pgq's CLI and benchmark)
+    import uvloop
+
+    _, _, dsn_arg, managers_arg, batch_arg = sys.argv
+    uvloop.run(_pgq_managers(dsn_arg, int(managers_arg), int(batch_arg)))
