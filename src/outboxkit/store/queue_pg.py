@@ -52,7 +52,7 @@ from outboxkit.queue.store import (
 )
 from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.store.ordered_sql import OrderedStatements
-from outboxkit.store.postgres import Statements, Status
+from outboxkit.store.postgres import SESSION_UTC, Statements, Status
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -509,6 +509,11 @@ class PgQueueStore(Generic[T]):
         conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
         set_json_loads(orjson.loads, conn)
         conn.adapters.register_loader("uuid", UuidBinaryLoader)
+        try:
+            await conn.execute(SESSION_UTC)
+        except BaseException:
+            await conn.close()
+            raise
         if role == "claim":
             self._claim_conn = conn
         else:
