@@ -6,7 +6,9 @@
 * faststream-outbox (its ``OutboxBroker`` subscriber, tuned: 32 workers, fetches of
   500), the handler producing each row to Kafka and returning after the ack.
 * a hand-written polling relay (``naive_relay.py``), at a few batch sizes.
-* outboxkit's relay on the same events, for the ratio.
+* outboxkit's relay on the same events, for the ratio: in-process (``Relay``) and as users
+  run it, ``outboxkit relay`` (the CLI process, its defaults, timed from the broker's side
+  as bench/cli_relay.py does: first message on the topic to the last).
 
 pgqueuer and faststream-outbox are installed only into the benchmark environment (``pip install
 '.[bench]'``), never as a dependency of outboxkit.
@@ -19,11 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import cli_relay
 import naive_relay
 import psycopg
 import relay_throughput
@@ -295,7 +300,10 @@ def main() -> None:
     with kafka_broker(args.kafka) as bootstrap:
         for topic in (relay_throughput.TOPIC, PGQ_TOPIC, NAIVE_TOPIC, FS_TOPIC):
             ensure_topic(bootstrap, topic)
+        logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-alt-"))
+        url = f"kafka://{bootstrap}"
         results["outboxkit"] = relay_throughput.relay_kafka(args.dsn, bootstrap, n)
+        cli = [cli_relay.run_one("cli", args.dsn, url, bootstrap, n, logdir, {})]
         results["pgqueuer"] = [pgqueuer_run(args.dsn, bootstrap, n, b) for b in pgq_batches]
         results["faststream_outbox"] = faststream_run(args.dsn, bootstrap, n)
         results["naive"] = [
@@ -303,6 +311,9 @@ def main() -> None:
         ]
         # outboxkit again at the end: the machine is shared, so bracket the others.
         again = relay_throughput.relay_kafka(args.dsn, bootstrap, n)
+        cli.append(cli_relay.run_one("cli", args.dsn, url, bootstrap, n, logdir, {}))
+        results["outboxkit_cli_runs"] = [round(r["rate"]) for r in cli]
+        results["outboxkit_cli"] = max(cli, key=lambda r: r["rate"])
         results["outboxkit_runs"] = [round(results["outboxkit"]["rate"]), round(again["rate"])]
         if again["rate"] > results["outboxkit"]["rate"]:
             results["outboxkit"] = again
@@ -313,8 +324,12 @@ def main() -> None:
     results["ratio_vs_pgqueuer"] = ours / best_pgq["rate"]
     results["ratio_vs_naive"] = ours / best_naive["rate"]
     results["ratio_vs_faststream_outbox"] = ours / results["faststream_outbox"]["rate"]
+    cli_rate = results["outboxkit_cli"]["rate"]
+    results["cli_ratio_vs_pgqueuer"] = cli_rate / best_pgq["rate"]
+    results["cli_ratio_vs_faststream_outbox"] = cli_rate / results["faststream_outbox"]["rate"]
     print(f"\nalternatives, {n} events to Kafka")
-    print(f"  {'outboxkit relay (1 process)':<44} {fmt_rate(ours):>12}")
+    print(f"  {'outboxkit Relay (in-process)':<44} {fmt_rate(ours):>12}")
+    print(f"  {'outboxkit relay (CLI, defaults)':<44} {fmt_rate(cli_rate):>12}")
     for r in results["pgqueuer"]:
         print(
             f"  {'pgqueuer + Kafka handler, batch ' + str(r['batch_size']):<44}"
@@ -334,6 +349,11 @@ def main() -> None:
         " (target >= 10x)"
     )
     print(f"  outboxkit / best hand-written = {results['ratio_vs_naive']:.1f}x")
+    print(
+        f"  CLI relay / best pgqueuer = {results['cli_ratio_vs_pgqueuer']:.1f}x (target >= 5x),"
+        f" / faststream-outbox = {results['cli_ratio_vs_faststream_outbox']:.1f}x"
+        " (target >= 10x)"
+    )
     save("alternatives", results)
 
 

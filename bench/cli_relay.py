@@ -71,6 +71,16 @@ class Watch:
         )
         _low, high = self._consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)
         self._consumer.assign([TopicPartition(TOPIC, 0, high)])
+        # Tansu reports a high watermark behind the tail (4 341 of 20 000 just-flushed
+        # messages, measured): read past it until the topic is quiet, before any relay
+        # starts, or the window opens on stale messages and takes in the relay's start-up.
+        self.stale = 0
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < 1.0:
+            msgs = self._consumer.consume(10_000, 0.2)
+            if msgs:
+                self.stale += len(msgs)
+                quiet_since = time.monotonic()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -112,15 +122,15 @@ def run_one(
     bootstrap: str,
     n: int,
     logdir: Path,
-    baseline: str | None = None,
+    variants: dict[str, str],
 ) -> dict[str, Any]:
     n = reload(dsn, limit=n)
     watch = Watch(bootstrap, n)
     if kind == "cli":
         child = spawn_relay(dsn, broker_url, logdir / "cli.log", log_level=None)
-    elif kind == "cli_baseline":
-        env = {"PYTHONPATH": str(baseline)}
-        child = spawn_relay(dsn, broker_url, logdir / "base.log", log_level=None, env=env)
+    elif kind.startswith("cli_"):  # cli_baseline, or a --variant's
+        env = {"PYTHONPATH": str(variants[kind])}
+        child = spawn_relay(dsn, broker_url, logdir / f"{kind}.log", log_level=None, env=env)
     else:
         log = (logdir / "inproc.log").open("ab")
         child = subprocess.Popen(
@@ -141,6 +151,7 @@ def run_one(
         "seconds": seconds,
         "rate": (n - 1) / seconds,
         "cpu_us_per_event": (watch.cpu_last - watch.cpu_first) * 1e6 / (n - 1),
+        "stale_skipped": watch.stale,
     }
 
 
@@ -156,13 +167,25 @@ def main() -> None:
         help="A/B: also run `outboxkit relay` from this src directory (e.g. an older"
         " commit's, from `git worktree add`) as contender cli_baseline",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="A/B/C: also run `outboxkit relay` from SRC as contender cli_NAME (repeatable;"
+        " one change per src copy measures each change in the same run)",
+    )
     args = ap.parse_args()
+    variants = {"cli_baseline": args.baseline_src} if args.baseline_src else {}
+    for spec in args.variant:
+        name, _, src = spec.partition("=")
+        variants[f"cli_{name}"] = src
 
     size = prepare(args.dsn, args.events)
     logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-cli-"))
     runs: dict[str, list[dict[str, Any]]] = {"cli": [], "inproc": []}
-    if args.baseline_src:
-        runs["cli_baseline"] = []
+    for kind in variants:
+        runs[kind] = []
     kinds = list(runs)
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
@@ -170,9 +193,7 @@ def main() -> None:
         for i in range(args.rounds):
             order = kinds if i % 2 == 0 else kinds[::-1]
             for kind in order:
-                r = run_one(
-                    kind, args.dsn, broker_url, bootstrap, args.events, logdir, args.baseline_src
-                )
+                r = run_one(kind, args.dsn, broker_url, bootstrap, args.events, logdir, variants)
                 runs[kind].append(r)
                 print(
                     f"round {i + 1} {kind:7s} {r['rate']:>10,.0f} events/s"
@@ -192,12 +213,22 @@ def main() -> None:
         summary["cli"]["median_cpu_us_per_event"] / summary["inproc"]["median_cpu_us_per_event"]
     )
     print(f"cli / in-process: rate {ratio:.3f}, CPU per event {cpu_ratio:.3f}")
-    if args.baseline_src:
-        base = summary["cli_baseline"]
+    for kind in variants:
+        other, inproc = summary[kind], summary["inproc"]
         print(
-            f"cli_baseline / in-process: rate"
-            f" {base['median_rate'] / summary['inproc']['median_rate']:.3f}, CPU per event"
-            f" {base['median_cpu_us_per_event'] / summary['inproc']['median_cpu_us_per_event']:.3f}"
+            f"{kind} / in-process: rate {other['median_rate'] / inproc['median_rate']:.3f},"
+            " CPU per event"
+            f" {other['median_cpu_us_per_event'] / inproc['median_cpu_us_per_event']:.3f}"
+        )
+    # Same-round pairs (the machine's load swings between rounds): cli over each variant.
+    for kind in variants:
+        pairs = [
+            a["cpu_us_per_event"] / b["cpu_us_per_event"]
+            for a, b in zip(runs["cli"], runs[kind], strict=True)
+        ]
+        print(
+            f"cli / {kind}, CPU per event, per round: {[round(x, 3) for x in pairs]},"
+            f" median {statistics.median(pairs):.3f}"
         )
     save(
         args.out,
@@ -205,7 +236,7 @@ def main() -> None:
             "what": "outboxkit relay (CLI process, defaults) vs in-process Relay, interleaved;"
             " broker-side window (consumer: first to last message); relay process CPU",
             "events": args.events,
-            "baseline_src": args.baseline_src,
+            "variants": variants,
             "payload_bytes": size,
             "server": server_facts(args.dsn),
             "summary": summary,

@@ -343,6 +343,42 @@ class ConfirmAtOnce:
         return [PublishResult.success()] * len(messages)
 
 
+def relay_cli(dsn: str, bootstrap: str, n: int, meter: RunCpuMeter) -> dict[str, Any]:
+    """``outboxkit relay`` (the CLI process, its defaults) as users run it, metered from the
+    first message on the topic to the last (bench/cli_relay.py's window). Its own CPU is the
+    relay process's (read from /proc) + the broker's + PostgreSQL's; the machine's excludes
+    this process, whose consumer only watches the topic."""
+    from cli_relay import Watch
+
+    class MeteredWatch(Watch):
+        def _cpu(self) -> float:  # called at the first and the last message
+            if self.count == 0:
+                meter.start()
+            else:
+                self.metered = meter.stop(n - 1)
+            return super()._cpu()
+
+    n = reload(dsn, limit=n)
+    watch = MeteredWatch(bootstrap, n)
+    log = Path(tempfile.mkdtemp(prefix="outboxkit-bench-cli-")) / "relay.log"
+    child = spawn_relay(dsn, f"kafka://{bootstrap}", log, log_level=None)
+    watch.start(child.pid)
+    try:
+        if not watch.wait(300):
+            raise RuntimeError(f"outboxkit relay: {watch.count} of {n} events in 300 s")
+    finally:
+        child.terminate()
+        child.wait(60)
+    cpu = dict(watch.metered)
+    per = 1e6 / (n - 1)
+    relay_us = (watch.cpu_last - watch.cpu_first) * per
+    cpu["us_per_event_total"] -= cpu["us_per_event_client"]  # the watching consumer
+    cpu["us_per_event_client"] = relay_us
+    cpu["us_per_event_own"] = relay_us + cpu["us_per_event_broker"] + cpu["us_per_event_postgres"]
+    seconds = watch.last - watch.first
+    return {"events": n, "seconds": seconds, "rate": (n - 1) / seconds, "cpu": cpu}
+
+
 def relay_null(dsn: str, n: int, meter: CpuMeter, **options: Any) -> dict[str, Any]:
     n = reload(dsn, limit=n)
     return asyncio.run(_relay_run(dsn, ConfirmAtOnce(), n, meter, **options))
@@ -474,6 +510,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20 000 events, one round")
     ap.add_argument("--skip-nats", action="store_true")
     ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="with --focus: also `outboxkit relay` (the CLI process) as contender relay_cli",
+    )
+    ap.add_argument(
         "--focus",
         action="store_true",
         help="only the relay against the bare producer and the bare SQL loop (CPU per event)",
@@ -506,6 +547,8 @@ def main() -> None:
             gc.collect()
             runs.setdefault("sql_bare", []).append(sql_bare(args.dsn, n, 1000, meter))
             runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n, meter))
+            if args.cli:
+                runs.setdefault("relay_cli", []).append(relay_cli(args.dsn, bootstrap, n, meter))
             if not args.focus:
                 runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500, meter))
                 runs.setdefault("sql_ceiling_sync", []).append(
@@ -518,7 +561,12 @@ def main() -> None:
                 print(
                     f"  round, {key}: relay {runs['relay'][-1]['cpu'][key]:.1f} us vs producer"
                     f" {runs['kafka_ceiling'][-1]['cpu'][key]:.1f} + SQL"
-                    f" {runs['sql_bare'][-1]['cpu'][key]:.1f} us",
+                    f" {runs['sql_bare'][-1]['cpu'][key]:.1f} us"
+                    + (
+                        f"; CLI relay {runs['relay_cli'][-1]['cpu'][key]:.1f} us"
+                        if args.cli
+                        else ""
+                    ),
                     flush=True,
                 )
         for name, rs in runs.items():
@@ -526,24 +574,26 @@ def main() -> None:
         # Issue 14: the machine's CPU per relayed event against the two jobs no relay
         # can avoid (the bare producer, the bare lease-based SQL loop), paired per round.
         results["cpu_vs_unavoidable"] = {"target": 1.15}
-        for what in ("total", "own"):
-            key = f"us_per_event_{what}"
-            ratios = [
-                r["cpu"][key] / (k["cpu"][key] + q["cpu"][key])
-                for r, k, q in zip(
-                    runs["relay"], runs["kafka_ceiling"], runs["sql_bare"], strict=True
-                )
-            ]
-            results["cpu_vs_unavoidable"][what] = {
-                "us_per_event_relay": cpu_per_event(runs["relay"], key),
-                "us_per_event_producer": cpu_per_event(runs["kafka_ceiling"], key),
-                "us_per_event_sql_bare": cpu_per_event(runs["sql_bare"], key),
-                "ratio_per_round": [round(x, 3) for x in ratios],
-                "ratio": round(statistics.median(ratios), 3),
-            }
+        for contender in ("relay", "relay_cli") if args.cli else ("relay",):
+            suffix = "" if contender == "relay" else "_cli"
+            for what in ("total", "own"):
+                key = f"us_per_event_{what}"
+                ratios = [
+                    r["cpu"][key] / (k["cpu"][key] + q["cpu"][key])
+                    for r, k, q in zip(
+                        runs[contender], runs["kafka_ceiling"], runs["sql_bare"], strict=True
+                    )
+                ]
+                results["cpu_vs_unavoidable"][what + suffix] = {
+                    "us_per_event_relay": cpu_per_event(runs[contender], key),
+                    "us_per_event_producer": cpu_per_event(runs["kafka_ceiling"], key),
+                    "us_per_event_sql_bare": cpu_per_event(runs["sql_bare"], key),
+                    "ratio_per_round": [round(x, 3) for x in ratios],
+                    "ratio": round(statistics.median(ratios), 3),
+                }
         print(f"  relay CPU / (producer + bare SQL) per round: {results['cpu_vs_unavoidable']}")
         if args.focus:
-            save("relay_throughput_focus", results)
+            save("relay_throughput_focus_cli" if args.cli else "relay_throughput_focus", results)
             return
         lower = min(results["kafka_ceiling"]["rate"], results["sql_ceiling"]["rate"])
         results["relay_vs_lower_ceiling"] = results["relay"]["rate"] / lower

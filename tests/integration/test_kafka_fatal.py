@@ -118,10 +118,20 @@ class _FakeProducer:
         self.poll_raises: KafkaError | None = None
         _FakeProducer.made.append(self)
 
-    def produce(self, topic: str, *, on_delivery: Any, **_kw: Any) -> None:
+    def produce(  # confluent-kafka's parameters, in its positional order
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
         if self.fatal is not None:
             raise KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error"))
-        self.queued.append(on_delivery)
+        self.queued.append(callback if callback is not None else on_delivery)
 
     def poll(self, timeout: float) -> int:
         if self.poll_raises is not None:

@@ -286,3 +286,50 @@ def test_the_verdict_caches_never_keep_an_oversized_topic_or_header_name() -> No
     redis_publisher = RedisStreamsPublisher.from_url("redis://127.0.0.1:6379/0?allow=t*")
     assert redis_publisher.destinations.resolve(big) == (big, None)
     assert big not in redis_publisher.destinations._verdicts
+
+
+# -- the guard's memory: shapes that passed, never verdicts ------------------------------------
+
+
+_HOSTILE_OF_A_KNOWN_SHAPE = [
+    {"key": "customer-1\r\nx"},
+    {"key": "k" * (limits.MAX_KEY_BYTES + 1)},
+    {"key": "k\ud800"},
+    {"aggregate_id": "42\x00"},
+    {"aggregate_id": "4" * (limits.MAX_AGGREGATE_ID_BYTES + 1)},
+    {"headers": {"tenant": "acme\r\nNats-Rollup: all"}},
+    {"headers": {"tenant": "a" * (limits.MAX_HEADER_VALUE_BYTES + 1)}},
+    {"headers": {"tenant": "acme", "Nats-Rollup": "sub"}},
+    {"headers": {"tenant": "acme", "x y": "1"}},
+    {"headers": {"ce_id": "forged"}},
+    {"headers": {f"h{i}": "v" for i in range(limits.MAX_HEADERS + limits.ADDED_HEADERS + 1)}},
+]
+
+
+@pytest.mark.parametrize("hostile", _HOSTILE_OF_A_KNOWN_SHAPE)
+def test_a_hostile_row_of_a_shape_the_guard_passed_before_is_still_refused(
+    hostile: dict[str, Any],
+) -> None:
+    """The guard skips re-judging what repeats (topic, type, aggregate type, header names)
+    once an event with them passed. A cache of verdicts per shape would let a row written by
+    SQL with a known topic and a CR LF key through; the guard still checks what varies."""
+    guard = Guard("nats")
+    for _ in range(3):
+        assert guard.refuse(_message()) is None  # the shape and its header names are known
+    message = _message(**hostile)
+    full_check = Guard("nats").refuse(message)  # a guard that never saw the shape
+    assert full_check is not None and not full_check.retryable
+    assert guard.refuse(message) == full_check
+    assert guard.refuse(_message()) is None
+
+
+def test_allowing_a_system_destination_later_is_not_masked_by_the_guards_memory() -> None:
+    guard = Guard("nats")
+    system = _message(topic="$KV.orders.1", headers={})
+    assert guard.refuse(system) is not None
+    guard.allow_system = ("$KV.orders.*",)
+    assert guard.refuse(system) is None
+    assert guard.refuse(system) is None  # now a known shape
+    guard.allow_system = ()
+    refused = guard.refuse(system)
+    assert refused is not None and "system" in (refused.error or "")

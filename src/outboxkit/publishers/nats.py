@@ -22,7 +22,6 @@ import nats.js.errors
 
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
-from outboxkit.limits import wire_header_problem
 from outboxkit.publishers._util import ThrottledLog, too_large
 from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
 from outboxkit.publishers.reserved import Guard
@@ -343,33 +342,20 @@ class NatsPublisher:
     # -- publishing ---------------------------------------------------------------
 
     def _problem(self, message: OutboundMessage) -> str | None:
-        """Why ``message`` must not reach the server, or None (see ``_subject_problem``).
+        """Why ``message``'s subject must not reach the server, or None (``_subject_problem``).
 
-        Checked here and not only at ``Event()``: rows written by older versions or by
-        plain SQL, and topics rewritten by routes, reach the relay too.
+        Only the subject: its headers are the guard's (``reserved.py``: names that are not
+        tokens, control characters, ``Nats-*`` and the other reserved names), asked next.
         """
-        # Subjects and header names repeat: each is judged once (bounded caches).
-        seen = self._seen
+        # Subjects repeat: each is judged once (a bounded cache).
         subject = message.topic
-        verdict = seen.get(subject, _UNSEEN)
+        verdict = self._seen.get(subject, _UNSEEN)
         if verdict is _UNSEEN:
             verdict = self._remember(subject, _subject_problem(subject))
-        if verdict is not None:
-            return verdict
-        for name, value in message.headers.items():
-            key = _HEADER + name
-            verdict = seen.get(key, _UNSEEN)
-            if verdict is _UNSEEN:
-                verdict = self._remember(key, _header_name_problem(name))
-            if verdict is not None:
-                return verdict
-            # A printable value is fine; otherwise a tab is, CR, LF and NUL are not.
-            if not value.isprintable() and (problem := wire_header_problem(name, value)):
-                return problem
-        return None
+        return verdict
 
     def _remember(self, key: str, verdict: str | None) -> str | None:
-        if len(key) > _SEEN_KEY_MAX:  # a row's oversized subject or name: judged, not kept
+        if len(key) > _SEEN_KEY_MAX:  # a row's oversized subject: judged, not kept
             return verdict
         if len(self._seen) >= _SEEN_MAX:
             self._seen.clear()
@@ -505,21 +491,10 @@ _LOST_BEFORE_ACK = PublishResult.hand_back(
     "nats: the connection was lost before the PubAck; published again", "connection_lost"
 )
 _UNSEEN = "unseen"
-_HEADER = "\n"  # prefixes a header name in the verdict cache: no subject holds a newline
 _SEEN_MAX = 10_000
-_SEEN_KEY_MAX = 256  # longer subjects and header names are refused anyway (outboxkit.limits)
+_SEEN_KEY_MAX = 256  # longer subjects are refused anyway (outboxkit.limits)
 # Whitespace and control characters end or split a protocol line; never in a subject.
 _SUBJECT_BAD = re.compile(r"[\x00-\x20\x7f]")
-
-
-def _header_name_problem(name: str) -> str | None:
-    """Why ``name`` must not be sent as a NATS header name, or None."""
-    if name[:5].lower() == "nats-":
-        return (
-            f"header {name[:80]!r} is reserved by NATS (the server acts on Nats-* headers:"
-            " dedup ids, rollups, expected sequences); not published"
-        )
-    return wire_header_problem(name, "")
 
 
 def _subject_problem(subject: str) -> str | None:

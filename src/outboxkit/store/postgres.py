@@ -213,6 +213,13 @@ ATTACHED_EVENTS_NOTIFY = (
 
 # --- relay --------------------------------------------------------------------
 
+# The relay's claim and settle sessions read timestamps in UTC. psycopg builds a
+# timestamptz in the session's zone; for UTC it skips the conversion a named zone costs
+# (even Etc/UTC): 0.86 -> 0.33 us per value, two per claimed row. The instants are the
+# same; only their zone (and a non-UTC server's ce_time offset) changes. TimeZone is a
+# parameter PgBouncer tracks and restores per client, so this holds behind it too.
+SESSION_UTC = "SET TimeZone TO 'UTC'"
+
 # Every relay statement may commit without waiting for its WAL flush: losing one
 # of these writes in a database crash only means an event is published again
 # (a lost claim or settle leaves the row pending; the fence turns the late settle

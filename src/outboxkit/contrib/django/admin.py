@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -21,10 +21,12 @@ from django.utils.html import format_html
 
 from outboxkit._redact import MASK, redact
 from outboxkit.contrib.django import conf
+from outboxkit.contrib.django.admin_actions import act_and_log
 from outboxkit.contrib.django.db import dsn_for
 from outboxkit.contrib.django.models import OutboxEvent, Task
 from outboxkit.store import admin as store_admin
 from outboxkit.store import tasks_pg
+from outboxkit.store.admin import EventRef
 from outboxkit.store.postgres import Status
 from outboxkit.store.tasks_sql import TaskStatus
 
@@ -180,28 +182,20 @@ class OutboxEventAdmin(admin.ModelAdmin):
         self._act(request, queryset, "discard")
 
     def _act(self, request: HttpRequest, queryset: QuerySet[Any], action: str) -> None:
-        failed = list(queryset.filter(status=int(Status.FAILED)))
-        skipped = queryset.count() - len(failed)
-        done = 0
-        if failed:
-            ids = [e.id for e in failed]
-            dsn = dsn_for(queryset.db)
-            table = conf.get().TABLE
-            if action == "replay":
-                done = store_admin.replay(dsn, table, ids=ids)
-            else:
-                done = store_admin.discard(dsn, table, ids=ids)
-            past = "replayed" if action == "replay" else "discarded"
-            for event in failed:
-                self.log_change(request, event, f"{past} through outboxkit ({event.event_id})")
-        verb = "replayed" if action == "replay" else "discarded"
-        self.message_user(request, f"{done} failed event(s) {verb}.", messages.SUCCESS)
-        if skipped:
-            self.message_user(
-                request,
-                f"{skipped} selected event(s) left alone: only failed events can be {verb}.",
-                messages.WARNING,
-            )
+        store_act = store_admin.replay if action == "replay" else store_admin.discard
+        dsn, table = dsn_for(queryset.db), conf.get().TABLE
+        act_and_log(
+            self,
+            request,
+            selected=queryset.count(),
+            eligible={e.id: e for e in queryset.filter(status=int(Status.FAILED))},
+            act=lambda ids: store_act(dsn, table, ids=list[EventRef](ids)),
+            noun="event(s)",
+            done_noun="failed event(s)",
+            past="replayed" if action == "replay" else "discarded",
+            states="failed events",
+            note=lambda event: f" ({event.event_id})",
+        )
 
 
 # -- task mode ------------------------------------------------------------------------------
@@ -333,18 +327,18 @@ class TaskAdmin(admin.ModelAdmin):
         selected = {t.id: t for t in queryset}
         table = conf.get().TASKS_TABLE
         assert table is not None  # the admin is registered only with a task table
+        dsn = dsn_for(queryset.db)
         # The statement picks the rows in the right state (a worker may settle one meanwhile).
-        done = act(dsn_for(queryset.db), table, list(selected)) if selected else []
-        for task_id in done:
-            self.log_change(request, selected[task_id], f"{past} through outboxkit")
-        self.message_user(request, f"{len(done)} task(s) {past}.", messages.SUCCESS)
-        skipped = len(selected) - len(done)
-        if skipped:
-            self.message_user(
-                request,
-                f"{skipped} selected task(s) left alone: only {states} tasks can be {past}.",
-                messages.WARNING,
-            )
+        act_and_log(
+            self,
+            request,
+            selected=len(selected),
+            eligible=selected,
+            act=lambda ids: act(dsn, table, ids),
+            noun="task(s)",
+            past=past,
+            states=f"{states} tasks",
+        )
 
 
 if conf.get().TASKS_TABLE is not None:

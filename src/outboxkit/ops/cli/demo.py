@@ -10,8 +10,8 @@ from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     DEMO,
     LibraryOption,
-    checked_dsn,
     count_range,
+    dsn_option_of,
     given,
     seconds_range,
 )
@@ -39,12 +39,7 @@ from outboxkit.ops.cli.options import (
     default=None,
     help="nats:// URL of a NATS JetStream you already run [default: an embedded one].",
 )
-@click.option(
-    "--dsn",
-    default=None,
-    callback=checked_dsn,
-    help="PostgreSQL to use [default: an embedded one].",
-)
+@dsn_option_of(required=False, help_text="PostgreSQL to use [default: an embedded one].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
 @click.option(
     "--source",

@@ -153,14 +153,81 @@ def checked_dsn(_ctx: click.Context, _param: click.Parameter, value: str | None)
     return value
 
 
-dsn_option = click.option(
-    "--dsn",
-    envvar="OUTBOXKIT_DSN",
-    required=True,
-    show_envvar=True,
-    help=DSN_HELP,
-    callback=checked_dsn,
-)
+_Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def dsn_option_of(*, required: bool = True, help_text: str = DSN_HELP) -> _Decorator:
+    """``--dsn``, checked at parse time; a required one also reads ``OUTBOXKIT_DSN``."""
+    return click.option(
+        "--dsn",
+        required=required,
+        default=None,
+        help=help_text,
+        callback=checked_dsn,
+        envvar="OUTBOXKIT_DSN" if required else None,
+        show_envvar=required,
+    )
+
+
+dsn_option = dsn_option_of()
+
+_POOLERS = ["auto", "none", "session", "transaction", "transaction-prepared"]
+
+
+def pooler_options(who: str, *, session_needs: str, through_dsn: str) -> _Decorator:
+    """``--pooler`` and ``--direct-dsn``: what sits in front of PostgreSQL, and the way around it.
+
+    ``who`` ("relay", "worker") names the command; ``session_needs`` what needs a session
+    of PostgreSQL itself; ``through_dsn`` what still goes through ``--dsn``.
+    """
+    pooler = click.option(
+        "--pooler",
+        type=click.Choice(_POOLERS),
+        default=None,
+        help=f"What sits between the {who} and PostgreSQL [default: auto, found at the first"
+        " connection]. transaction: a transaction pooler keeping no prepared statements"
+        " (PgBouncer < 1.21); transaction-prepared: one keeping them (1.21+"
+        " max_prepared_statements); session or none: everything works. README, 'Behind"
+        " PgBouncer'.",
+    )
+    direct = click.option(
+        "--direct-dsn",
+        envvar="OUTBOXKIT_DIRECT_DSN",
+        show_envvar=True,
+        default=None,
+        help="Behind a transaction pooler: a DSN of PostgreSQL itself for what needs a session"
+        f" ({session_needs}); {through_dsn} still go through --dsn. Without it the {who}"
+        " polls.",
+    )
+    return lambda command: pooler(direct(command))
+
+
+def metrics_options(serves: str, *, port_envvar: bool = False, host_note: str = "") -> _Decorator:
+    """``--metrics-port`` (off unless given) and ``--metrics-host`` (loopback by default).
+
+    ``serves``: the endpoints the port answers; ``host_note``: a sentence added to the
+    host's help. ``port_envvar``: ``OUTBOXKIT_METRICS_PORT`` sets the port too.
+    """
+    port = click.option(
+        "--metrics-port",
+        callback=port_range,
+        type=int,
+        default=None,
+        help=f"Serve {serves} on this port [default: off].",
+        envvar="OUTBOXKIT_METRICS_PORT" if port_envvar else None,
+        show_envvar=port_envvar,
+    )
+    host = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Interface for --metrics-port; 0.0.0.0 to be scraped from other hosts or pods"
+        + (f" {host_note}" if host_note else "")
+        + ".",
+    )
+    return lambda command: port(host(command))
+
+
 table_option = click.option(
     "--table",
     cls=LibraryOption,

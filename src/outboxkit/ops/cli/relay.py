@@ -22,7 +22,8 @@ from outboxkit.ops.cli.options import (
     dsn_option,
     given,
     in_range,
-    port_range,
+    metrics_options,
+    pooler_options,
     seconds_range,
     table_option,
 )
@@ -165,23 +166,10 @@ from outboxkit.ops.logs import setup_logging
     default=None,
     help="Do not LISTEN for NOTIFY; poll only.",
 )
-@click.option(
-    "--pooler",
-    type=click.Choice(["auto", "none", "session", "transaction", "transaction-prepared"]),
-    default=None,
-    help="What sits between the relay and PostgreSQL [default: auto, found at the first"
-    " connection]. transaction: a transaction pooler keeping no prepared statements"
-    " (PgBouncer < 1.21); transaction-prepared: one keeping them (1.21+"
-    " max_prepared_statements); session or none: everything works. README, 'Behind PgBouncer'.",
-)
-@click.option(
-    "--direct-dsn",
-    envvar="OUTBOXKIT_DIRECT_DSN",
-    show_envvar=True,
-    default=None,
-    help="Behind a transaction pooler: a DSN of PostgreSQL itself for what needs a session"
-    " (LISTEN, the wake-up gate's lock, ordered mode's relay-id lock); claims and settles"
-    " still go through --dsn. Without it the relay polls.",
+@pooler_options(
+    "relay",
+    session_needs="LISTEN, the wake-up gate's lock, ordered mode's relay-id lock",
+    through_dsn="claims and settles",
 )
 @click.option(
     "--shutdown-timeout",
@@ -214,22 +202,11 @@ from outboxkit.ops.logs import setup_logging
     type=float,
     help="Seconds between INFO summaries of claims and publishes (failures are logged at once).",
 )
-@click.option(
-    "--metrics-port",
-    callback=port_range,
-    type=int,
-    envvar="OUTBOXKIT_METRICS_PORT",
-    show_envvar=True,
-    default=None,
-    help="Serve /metrics (Prometheus), /healthz and /readyz on this port [default: off].",
-)
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Interface for --metrics-port; 0.0.0.0 to be scraped from other hosts or pods"
-    " (see the operations guide linked below: with --dashboard that shows payloads to"
-    " whoever reaches it).",
+@metrics_options(
+    "/metrics (Prometheus), /healthz and /readyz",
+    port_envvar=True,
+    host_note="(see the operations guide linked below: with --dashboard that shows payloads"
+    " to whoever reaches it)",
 )
 @click.option(
     "--metrics-max-topics",

@@ -17,7 +17,7 @@ import click
 
 from outboxkit._redact import redact
 from outboxkit.errors import OutboxkitError
-from outboxkit.ops.cli.options import dsn_option, given
+from outboxkit.ops.cli.options import dsn_option, given, metrics_options, pooler_options
 from outboxkit.ops.cli.output import fail
 from outboxkit.ops.logs import setup_logging
 
@@ -111,33 +111,11 @@ def _freeze_start_up_heap() -> None:
     default=None,
     help="Finished tasks: deleted, or kept as done [default: delete].",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    help="Serve Prometheus /metrics and /healthz on this port.",
-)
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to serve the metrics on (0.0.0.0: every interface).",
-)
-@click.option(
-    "--pooler",
-    type=click.Choice(["auto", "none", "session", "transaction", "transaction-prepared"]),
-    default=None,
-    help="What sits between the worker and PostgreSQL [default: auto, found at the first"
-    " connection]; as `outboxkit relay --pooler`. README, 'Behind PgBouncer'.",
-)
-@click.option(
-    "--direct-dsn",
-    envvar="OUTBOXKIT_DIRECT_DSN",
-    show_envvar=True,
-    default=None,
-    help="Behind a transaction pooler: a DSN of PostgreSQL itself for LISTEN and the wake-up"
-    " gate's lock; claims, settles and handlers' transactions still go through --dsn."
-    " Without it the worker polls.",
+@metrics_options("Prometheus /metrics and /healthz")
+@pooler_options(
+    "worker",
+    session_needs="LISTEN and the wake-up gate's lock",
+    through_dsn="claims, settles and handlers' transactions",
 )
 @click.option(
     "--loop",
