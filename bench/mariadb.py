@@ -12,8 +12,10 @@ PostgreSQL at ``--dsn`` for the relay's side-by-side figure. Three parts (``--on
   fresh random order; medians and the overhead against the plain transaction.
 * ``relay``: N events drained by ``Relay`` with a publisher that confirms at once (the
   database side alone), MariaDB and PostgreSQL taking turns, 3 rounds each.
-* ``latency``: one event per transaction at a steady rate (PyMySQL writer process), the
-  relay polling (MariaDB has no NOTIFY) to Kafka (Tansu); commit → broker ack.
+* ``latency``: one event per transaction at a steady rate (``--writers`` PyMySQL writer
+  processes sharing one schedule), the relay polling (MariaDB has no NOTIFY) to Kafka
+  (Tansu); from the time COMMIT returned to the broker's ack. PostgreSQL (psycopg writers,
+  the same schedule) takes turns with it, with its defaults and polling as MariaDB does.
 
     python bench/mariadb.py --dsn postgresql://postgres@127.0.0.1:5432/bench [--quick]
 """
@@ -22,14 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pymysql
 from _common import ensure_topic, kafka_broker, make_event, prepare, reload, save, server_facts
 from latency import STAMP, measure
@@ -37,6 +42,7 @@ from latency import TOPIC as LATENCY_TOPIC
 from relay_throughput import ConfirmAtOnce, _relay_run
 
 from outboxkit import Outbox
+from outboxkit import migrate as pg_migrate
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
 
@@ -202,27 +208,102 @@ def bench_relay(url: str, dsn: str, n: int, rounds: int) -> dict[str, Any]:
 # -- latency ------------------------------------------------------------------------------
 
 
-def writer(url: str, rate: float, seconds: float) -> None:
-    outbox = Outbox(storage="mariadb")
-    conn = pymysql.connect(**connect_args(url))
-    t0 = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = t0 + i / rate - time.perf_counter()
+def paced_writer(
+    kind: str, url: str, plan: tuple[float, float, int, int], start: Any, gate: Any, log: str
+) -> None:
+    """Writer ``k`` of ``n``: events k, k+n, … each due at start + i/rate, one per
+    transaction, on its own connection; logs each event's time taken right after COMMIT
+    returned (the relay's latency is measured from there)."""
+    rate, seconds, k, n = plan
+    if kind == "mariadb":
+        outbox, conn = Outbox(storage="mariadb"), pymysql.connect(**connect_args(url))
+    else:
+        outbox, conn = Outbox(), psycopg.connect(url)
+    gate.wait()  # every writer connected
+    gate.wait()  # the start time set
+    t0 = start.value
+    lines = []
+    for i in range(k, int(rate * seconds), n):
+        delay = t0 + i / rate - time.time()
         if delay > 0:
             time.sleep(delay)
-        outbox.put(conn, make_event(i, topic=LATENCY_TOPIC, headers={STAMP: repr(time.time())}))
+        event = make_event(i, topic=LATENCY_TOPIC, headers={STAMP: repr(time.time())})
+        outbox.put(conn, event)
         conn.commit()
+        lines.append(f"{event.event_id} {time.time()!r}")
     conn.close()
+    Path(log).write_text("\n".join(lines))
+
+
+def writers(kind: str, url: str, rate: float, seconds: float, n: int, logs: Path) -> None:
+    """``n`` paced writer processes sharing one schedule (no catch-up burst at the start:
+    the clock starts once all are connected)."""
+    ctx = multiprocessing.get_context("spawn")
+    start, gate = ctx.Value("d", 0.0), ctx.Barrier(n + 1)
+    procs = [
+        ctx.Process(
+            target=paced_writer,
+            args=(kind, url, (rate, seconds, k, n), start, gate, str(logs / f"{k}.log")),
+        )
+        for k in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    gate.wait()
+    start.value = time.time() + 0.05
+    gate.wait()
+    for proc in procs:
+        proc.join()
 
 
 async def latency_run(
-    url: str, bootstrap: str, rate: float, seconds: float, poll: float, linger: float
+    kind: str, url: str, bootstrap: str, rate: float, seconds: float, n: int, **relay: Any
 ) -> dict[str, Any]:
-    args = (url, rate, seconds)
-    done = await measure(
-        url, bootstrap, rate, seconds, writer, args, poll_interval=poll, linger=linger
-    )
-    return {"poll_interval_s": poll, "linger_s": linger, **done}
+    with tempfile.TemporaryDirectory() as logs:
+        args = (kind, url, rate, seconds, n, Path(logs))
+        done = await measure(
+            url, bootstrap, rate, seconds, writers, args, commit_log=Path(logs), **relay
+        )
+    return {"writers": n, **relay, **done}
+
+
+#: The latency variants, MariaDB and PostgreSQL taking turns: the relay's defaults (a 1 s
+#: poll on MariaDB, NOTIFY wake-ups on PostgreSQL), then both polling every 10 ms, no linger.
+LATENCY = (
+    ("mariadb_defaults", "mariadb", {}),
+    ("postgresql_defaults", "postgresql", {}),
+    ("mariadb_poll_10ms_linger_0", "mariadb", {"poll_interval": 0.01, "linger": 0.0}),
+    (
+        "postgresql_poll_10ms_linger_0",
+        "postgresql",
+        {"poll_interval": 0.01, "linger": 0.0, "listen": False},
+    ),
+)
+
+
+def latency_part(
+    url: str, dsn: str, kafka: str | None, rate: float, seconds: float, n: int
+) -> dict[str, Any]:
+    """Commit (as COMMIT returned) -> Kafka ack at ``rate``, ``n`` writers, both databases."""
+    pg_migrate(dsn)
+    found: dict[str, Any] = {}
+    with kafka_broker(kafka) as bootstrap:
+        ensure_topic(bootstrap, LATENCY_TOPIC)
+        for name, kind, relay in LATENCY:
+            target = url if kind == "mariadb" else dsn
+            if kind == "postgresql":
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("TRUNCATE outbox")
+            r = asyncio.run(latency_run(kind, target, bootstrap, rate, seconds, n, **relay))
+            found[name] = r
+            print(
+                f"\ncommit -> Kafka ack at {rate:.0f}/s, {n} writers, {name}:"
+                f" {r['events']} events ({r['achieved_rate']:.0f}/s achieved,"
+                f" {r['not_acked']} not acked), p50 {r['p50_ms']:.1f} ms,"
+                f" p90 {r['p90_ms']:.1f}, p99 {r['p99_ms']:.1f}, max {r['max_ms']:.1f}",
+                flush=True,
+            )
+    return found
 
 
 def main() -> None:
@@ -233,6 +314,9 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20000, help="relay events per run")
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--writers", type=int, default=8, help="latency: paced writer processes (default 8)"
+    )
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
     ap.add_argument("--quick", action="store_true", help="few rounds, 5 s of latency")
     ap.add_argument(
@@ -280,22 +364,11 @@ def main() -> None:
                 f" ratio {results['relay']['mariadb_over_postgresql']:.2f}"
             )
         if "latency" in parts:
-            results["latency"] = {}
-            with kafka_broker(args.kafka) as bootstrap:
-                ensure_topic(bootstrap, LATENCY_TOPIC)
-                # The relay's defaults (1 s poll, 30 ms linger), then fast idle polling
-                # with and without the linger (the wait for a fuller batch).
-                for poll, linger in ((1.0, 0.03), (0.01, 0.03), (0.01, 0.0)):
-                    r = asyncio.run(latency_run(url, bootstrap, args.rate, seconds, poll, linger))
-                    name = f"poll_{poll * 1000:.0f}ms_linger_{linger * 1000:.0f}ms"
-                    results["latency"][name] = r
-                    print(
-                        f"\ncommit -> Kafka ack at {args.rate:.0f}/s, {name}:"
-                        f" {r['events']} events ({r['achieved_rate']:.0f}/s achieved),"
-                        f" p50 {r['p50_ms']:.1f} ms, p90"
-                        f" {r['p90_ms']:.1f}, p99 {r['p99_ms']:.1f}, max {r['max_ms']:.1f}"
-                    )
-        save("mariadb" if args.flush == 1 else f"mariadb_flush{args.flush}", results)
+            results["latency"] = latency_part(
+                url, args.dsn, args.kafka, args.rate, seconds, args.writers
+            )
+        name = "mariadb" if args.flush == 1 else f"mariadb_flush{args.flush}"
+        save(name if args.only is None else "_".join([name, *parts]), results)
     finally:
         server.close()
 

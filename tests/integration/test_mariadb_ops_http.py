@@ -14,17 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pymysql
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from outboxkit import Event, Outbox
-from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit import Event
 from outboxkit.ops.dashboard import Dashboard
 from outboxkit.testing import free_port, spawn_relay
 from tests.integration.test_dashboard import served
 from tests.support.mariadb import MariaDB
-from tests.support.mariadb_ops import mariadb_execute, new_database
+from tests.support.mariadb_ops import commit_events, mariadb_execute, new_database
 from tests.support.relaying import wait_for
 from tests.support.servers import ensure_stream
 
@@ -60,15 +58,6 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def _write(url: str, events: list[Event]) -> None:
-    conn = pymysql.connect(**connect_args(url))
-    try:
-        Outbox(storage="mariadb").put_many(conn, events)
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def _events(topic: str, n: int) -> list[Event]:
     return [Event(topic=topic, event_type="order.placed", payload={"i": i}) for i in range(n)]
 
@@ -84,7 +73,7 @@ async def test_relay_on_mariadb_serves_metrics_readiness_and_the_dashboard(
     root = f"m{uuid.uuid4().hex[:8]}"
     await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
     good, poison = f"{root}.orders", f"nostream{uuid.uuid4().hex[:8]}.orders"
-    _write(url, _events(good, 25) + _events(poison, 2))
+    commit_events(url, _events(good, 25) + _events(poison, 2))
     proxy = proxy_factory("127.0.0.1", mariadb_server.port)
     via = urllib.parse.urlsplit(url)._replace(netloc=f"root@127.0.0.1:{proxy.port}").geturl()
     port = free_port()
@@ -131,7 +120,7 @@ async def test_relay_on_mariadb_serves_metrics_readiness_and_the_dashboard(
         assert not missing, f"alert rules use metrics the MariaDB relay did not export: {missing}"
 
         # A backlog the relay cannot drain shows in the gauges: scheduled rows an hour ahead.
-        _write(
+        commit_events(
             url,
             [
                 Event(topic=good, event_type="t", payload={}, delay=dt.timedelta(hours=1))
@@ -173,7 +162,7 @@ async def test_relay_on_mariadb_serves_metrics_readiness_and_the_dashboard(
         await wait_for(lambda: ready_is(503), timeout=15, what="/readyz 503 while MariaDB is cut")
         assert (await _get(f"{base}/healthz"))[0] == 200, "alive even when not ready"
         proxy.resume()
-        _write(url, _events(good, 2))
+        commit_events(url, _events(good, 2))
         await wait_for(lambda: ready_is(200), timeout=20, what="/readyz 200 after MariaDB is back")
         await wait_for(lambda: _pending(url) == 3, timeout=20, what="events after the outage")
     finally:
@@ -186,7 +175,7 @@ async def test_dashboard_on_mariadb_samples_the_table_and_replays_a_dead_letter(
 ) -> None:
     url = new_database(mariadb_server)
     topic = f"d{uuid.uuid4().hex[:8]}.orders"
-    _write(url, _events(topic, 4))
+    commit_events(url, _events(topic, 4))
     mariadb_execute(url, "UPDATE outbox SET status = 2, last_error = 'no' WHERE id IN (1, 2)")
     board = Dashboard(url, admin_token=TOKEN, sample_interval=60)  # one sample: no race below
     async with served(board) as base:

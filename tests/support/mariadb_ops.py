@@ -93,6 +93,16 @@ def _marks(now: str, interval: Any) -> list[str]:
     ]
 
 
+def commit_events(url: str, events: list[Event]) -> None:
+    """``events`` written with PyMySQL in one transaction and committed."""
+    conn = pymysql.connect(**connect_args(url))
+    try:
+        Outbox(storage="mariadb").put_many(conn, events)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def fill_mariadb(url: str, events: list[Event]) -> None:
     """``events`` written with PyMySQL and committed, then put in their states."""
     conn = pymysql.connect(**connect_args(url))
