@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,15 +112,20 @@ _RACER = textwrap.dedent(
     import asyncio, sys, time, uuid
     from outboxkit import Inbox
     from outboxkit.backends.mariadb.sql import connect_args
-    start_at, ids, driver = float(sys.argv[2]), sys.argv[3].split(","), sys.argv[4]
+    ids, driver = sys.argv[2].split(","), sys.argv[3]
+    if driver == "aiomysql":  # from the other end: the two meet, each wins some (in the
+        ids.reverse()         # same order the one ahead stays ahead and wins them all)
     args, inbox = connect_args(sys.argv[1]), Inbox()
     LEDGER = "INSERT INTO ledger (event_id, amount) VALUES (%s, 1)"
+
+    def ready_then_go():  # imported and connected: say so, then wait for the common start
+        print("ready", flush=True)
+        sys.stdin.readline()
 
     def sync():
         import pymysql
         conn, applied = pymysql.connect(**args), 0
-        while time.time() < start_at:
-            time.sleep(0.005)
+        ready_then_go()
         for raw in ids:
             with inbox.handle(conn, "billing", uuid.UUID(raw)) as fresh:
                 if fresh:
@@ -137,8 +141,7 @@ _RACER = textwrap.dedent(
         conn = await aiomysql.connect(**{k: v for k, v in args.items() if k != "database"},
                                       db=args["database"])
         applied = 0
-        while time.time() < start_at:
-            await asyncio.sleep(0.005)
+        ready_then_go()
         for raw in ids:
             async with inbox.ahandle(conn, "billing", uuid.UUID(raw)) as fresh:
                 if fresh:
@@ -157,15 +160,22 @@ _RACER = textwrap.dedent(
 
 def test_two_consumer_processes_racing_on_the_same_events_apply_each_once(url: str) -> None:
     ids = [str(new_event_id()) for _ in range(150)]
-    start_at = time.time() + 1.5  # both processes imported and connected by then
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _RACER, url, str(start_at), ",".join(ids), driver],
+            [sys.executable, "-c", _RACER, url, ",".join(ids), driver],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         for driver in ("pymysql", "aiomysql")
     ]
+    for proc in procs:  # a start barrier: both imported and connected (a fixed delay was
+        assert proc.stdout is not None  # too short under load: one process won all 150)
+        assert proc.stdout.readline().strip() == b"ready", proc.stderr and proc.stderr.read()
+    for proc in procs:  # go: to both, before waiting for either
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
     applied = []
     for proc in procs:
         out, err = proc.communicate(timeout=60)

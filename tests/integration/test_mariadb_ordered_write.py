@@ -81,15 +81,30 @@ def _ids_of_key(url: str, key: str) -> list[int]:
 
 
 def _lock_waiters(url: str) -> int:
+    """Writes of the outbox blocked on another transaction's lock: InnoDB's LOCK WAIT, or an
+    INSERT into the outbox still running while the only other writer sits idle in its
+    transaction (the ordering assertions after it catch one that was merely slow). InnoDB
+    does not always list the waiter: a one-slot key-lock read is a primary-key lookup the
+    optimizer runs while planning (state "Statistics")."""
     rows = _query(
-        url, "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+        url,
+        "SELECT (SELECT COUNT(*) FROM information_schema.INNODB_TRX"
+        " WHERE trx_state = 'LOCK WAIT') + (SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+        " WHERE command = 'Query' AND info LIKE 'INSERT INTO `outbox`%%')",
     )
     return int(rows[0][0])
 
 
-def _wait_for_lock_waiters(url: str, timeout: float = 10.0) -> None:
+def _wait_for_lock_waiters(
+    url: str, writer: Background | None = None, timeout: float = 30.0
+) -> None:
+    """Until the server shows a transaction waiting for a lock. A writer that ended without
+    waiting raises its own error (or says it committed) instead of a bare timeout."""
     deadline = time.monotonic() + timeout
     while _lock_waiters(url) < 1:
+        if writer is not None and not writer.running():
+            writer.join()
+            raise AssertionError("the second writer committed without waiting for the key lock")
         assert time.monotonic() < deadline, "the second writer never waited for the key lock"
         time.sleep(0.02)
 
@@ -141,7 +156,7 @@ def test_an_ordered_write_waits_for_the_keys_earlier_writer(url: str, path: str)
     try:
         outbox.put(t1, first)  # T1: id n, the key's lock row held until it commits
         t2 = Background(PATHS[path], url, outbox, second)
-        _wait_for_lock_waiters(url)
+        _wait_for_lock_waiters(url, t2)
         # While T2 waits, an unordered writer takes an id and commits: had T2 taken its
         # id before waiting for the lock, T2's id would come before this one.
         _put(url, Outbox(storage="mariadb"), bystander)
@@ -170,7 +185,7 @@ def test_the_lock_runs_before_any_row_of_the_statement_takes_its_id(url: str) ->
             _committed(url, lambda conn: ob.put_many(conn, batch))
 
         t2 = Background(write, url, outbox, batch[0])
-        _wait_for_lock_waiters(url)
+        _wait_for_lock_waiters(url, t2)
         bystander = _event(None, n=4)
         _put(url, Outbox(storage="mariadb"), bystander)
         t1.commit()
@@ -189,7 +204,7 @@ def test_a_rolled_back_writer_frees_the_key(url: str) -> None:
     try:
         outbox.put(t1, _event(n=1))
         t2 = Background(_put, url, outbox, second := _event(n=2))
-        _wait_for_lock_waiters(url)
+        _wait_for_lock_waiters(url, t2)
         t1.rollback()
     finally:
         t1.close()
