@@ -128,7 +128,8 @@ def test_events_attached_for_asyncpg_are_numbered_after_the_callers_parameters()
     assert stmt.startswith('WITH outboxkit_events AS (INSERT INTO "outbox"')
     assert (
         "VALUES ($3::uuid, $4::text, $5::text, $6::text, $7::text, $8::text, $9::bytea,"
-        " $10::jsonb, $11::timestamptz, $12::text, coalesce($13::timestamptz, now()))"
+        " coalesce($10::jsonb, '{}'::jsonb), $11::timestamptz, $12::text,"
+        " coalesce($13::timestamptz, now()))"
         " RETURNING CASE WHEN NOT pg_try_advisory_xact_lock_shared("
     ) in stmt
     assert "THEN pg_notify($14, '') END)" in stmt

@@ -11,7 +11,7 @@ from outboxkit.store import postgres
 from outboxkit.store.inbox_sql import InboxStatements
 from outboxkit.store.postgres import MIGRATIONS, NamedStatements, Statements, Status
 
-_SLOT = re.compile(r"\{[A-Za-z_]*\}")
+_SLOT = re.compile(r"(?<!')\{[A-Za-z_]*\}(?!')")  # not the SQL literal '{}' (empty jsonb)
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE
 )
