@@ -44,8 +44,12 @@ install: $(DEV_STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/outboxkit demo $(ARGS)
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist); each starts its own servers, and
+# tests marked `exclusive` (chaos runs, outages judged by timeouts) run with none beside them
+# (tests/support/exclusive.py). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -44,6 +44,8 @@ from tests.support.servers import (
     unique_name,
 )
 
+pytest_plugins = ["tests.support.exclusive"]
+
 PgServer = EmbeddedPostgres | ExternalPostgres
 NatsServer = EmbeddedNats | ExternalNats
 KafkaServer = EmbeddedKafka | ExternalKafka

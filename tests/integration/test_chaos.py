@@ -14,6 +14,9 @@ import pytest
 
 from tests.support.chaos import FAULTS, ChaosRun
 
+# Drives the CPUs itself (many processes, real faults): run alone under xdist.
+pytestmark = pytest.mark.exclusive
+
 SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "30"))
 REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
 KEEP = os.environ.get("OUTBOXKIT_CHAOS_DIR")  # keep the logs there, for a person to read

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -32,6 +33,9 @@ from hypothesis.stateful import (
 
 from outboxkit import Event, Outbox
 from outboxkit.store.postgres import Statements, Status
+
+# Drives the CPUs itself (many processes, real faults): run alone under xdist.
+pytestmark = pytest.mark.exclusive
 
 RELAYS = 3
 LEASE = 60.0  # seconds: only the test's expire() ends a lease, never the clock

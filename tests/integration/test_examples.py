@@ -44,6 +44,7 @@ def test_every_example_is_tested() -> None:
     assert programs == TESTED, f"examples without a test, or tests without one: {programs ^ TESTED}"
 
 
+@pytest.mark.exclusive  # drives the CPUs itself: alone under xdist
 def test_kafka(empty_db_dsn: str, kafka_broker) -> None:
     _run("kafka_orders.py", empty_db_dsn, KAFKA_BOOTSTRAP=kafka_broker.bootstrap)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -253,6 +254,7 @@ def _spawn_relay_with_fd_limit(
     return spawn_relay(dsn, broker, log_path, *args, log_level=None, open_files=limit)
 
 
+@pytest.mark.exclusive  # drives the CPUs itself: alone under xdist
 async def test_slow_loris_flood_neither_starves_the_relay_nor_floods_its_log(
     db_dsn: str, nats_server: Any, tmp_path: Path
 ) -> None:

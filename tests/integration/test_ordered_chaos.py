@@ -28,6 +28,9 @@ import pytest
 from tests.support.ordered_chaos import Broker, OrderedChaosRun
 from tests.support.servers import unique_name
 
+# Drives the CPUs itself (many processes, real faults): run alone under xdist.
+pytestmark = pytest.mark.exclusive
+
 EVENTS = int(os.environ.get("OUTBOXKIT_ORDERED_CHAOS_EVENTS", "10000"))
 SECONDS = float(os.environ.get("OUTBOXKIT_ORDERED_CHAOS_SECONDS", "15"))
 # A 10 s lease: an ordered relay's publish window (half the lease) starts with its claim,

@@ -25,6 +25,9 @@ from outboxkit.testing import EmbeddedNats
 from tests.support.relaying import count, make_events, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream
 
+# Drives the CPUs itself (many processes, real faults): run alone under xdist.
+pytestmark = pytest.mark.exclusive
+
 BACKLOG = 3000
 LEVEL = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL)\s")
 

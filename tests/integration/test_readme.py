@@ -32,6 +32,9 @@ from tests.support.mariadb_drivers import database
 from tests.support.relaying import count, rows
 from tests.support.servers import consume_nats
 
+# Drives the CPUs itself (many processes, real faults): run alone under xdist.
+pytestmark = pytest.mark.exclusive
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
 NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")

@@ -245,6 +245,7 @@ async def test_a_relay_on_a_database_without_the_table_says_to_migrate(
         await asyncio.wait_for(relay.run(), timeout=20)
 
 
+@pytest.mark.exclusive  # drives the CPUs itself: alone under xdist
 def test_claim_uses_the_pending_index_with_a_million_published_rows(db_dsn: str) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(

@@ -25,6 +25,9 @@ from outboxkit.publishers.webhook import WebhookPublisher
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.webhook_server import WebhookServer
 
+# Sub-second publish timeouts: run alone under xdist, so another test's load cannot trip them.
+pytestmark = pytest.mark.exclusive
+
 EVENTS = 20
 
 

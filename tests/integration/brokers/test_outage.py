@@ -16,7 +16,11 @@ from outboxkit.publishers import from_url
 from tests.integration.brokers.harness import BROKERS, IN_PROCESS, BrokerHarness
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 
-pytestmark = pytest.mark.parametrize("broker", [*BROKERS, *IN_PROCESS], indirect=True)
+# Outages judged by timeouts: run alone under xdist, so another test's load cannot trip them.
+pytestmark = [
+    pytest.mark.parametrize("broker", [*BROKERS, *IN_PROCESS], indirect=True),
+    pytest.mark.exclusive,
+]
 
 
 async def test_broker_cut_mid_stream_and_restored_loses_nothing(
