@@ -61,6 +61,24 @@ def _postgres_package_dir() -> Path:
 
 def _ensure_system_user(name: str) -> tuple[int, int]:
     """Return (uid, gid) of system user `name`, creating it with useradd if it is missing."""
+    import fcntl
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        pass
+    else:
+        return entry.pw_uid, entry.pw_gid
+    # Two sessions starting at once (pytest-xdist workers) would both run useradd, and
+    # concurrent useradds were seen to lose one's entry: the server then ran as a uid that no
+    # longer existed. One at a time, under a lock on /etc/passwd itself (root-owned).
+    with open("/etc/passwd", "rb") as passwd:
+        fcntl.flock(passwd, fcntl.LOCK_EX)
+        return _create_system_user(name)
+
+
+def _create_system_user(name: str) -> tuple[int, int]:
     import pwd
 
     try:
