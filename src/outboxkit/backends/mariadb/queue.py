@@ -21,7 +21,12 @@ from typing import Any, Generic, Literal, TypeVar
 import orjson
 
 from outboxkit.backends.mariadb import sql
-from outboxkit.backends.mariadb.ordered_sql import SCAN_FACTOR, OrderedStatements, expand
+from outboxkit.backends.mariadb.ordered_sql import (
+    SCAN_FACTOR,
+    OrderedStatements,
+    expand,
+    scan_query,
+)
 from outboxkit.backends.mariadb.sql import Statements, with_ids
 from outboxkit.errors import ConfigurationError, table_missing
 from outboxkit.queue.settle import group_decisions
@@ -108,6 +113,9 @@ class MariaDBQueueStore(Generic[T]):
         self._conns: dict[str, Any] = {}
         self._locks = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_polling = False
+        #: Ordered mode's partition count P, read at the first ordered claim (it chooses the
+        #: scan's plan; P changes only with every relay stopped: migrate --repartition).
+        self._partition_total: int | None = None
 
     def __repr__(self) -> str:
         return f"MariaDBQueueStore(table={self.table!r})"
@@ -236,7 +244,10 @@ class MariaDBQueueStore(Generic[T]):
         parts = [r[0] for r in await cur.fetchall() if r[0] not in draining]
         keyed: list[tuple[Any, ...]] = []
         if parts:
-            await cur.execute(expand(o.scan, parts=len(parts)), (*parts, SCAN_FACTOR * limit))
+            if self._partition_total is None:
+                await cur.execute(o.partition_count)
+                self._partition_total = int((await cur.fetchone())[0])
+            await cur.execute(*scan_query(o, parts, SCAN_FACTOR * limit, self._partition_total))
             scanned = list(await cur.fetchall())
             if scanned:
                 # Due earlier rows of a key are among the scanned ones: only rows not due
@@ -282,7 +293,8 @@ class MariaDBQueueStore(Generic[T]):
         exclude = [r[0] for r in held] or [0]
         statement = expand(o.blockers, keys=len(keys), ids=len(exclude))
         bound = max(i for i, _ in rows)
-        await cur.execute(statement, (*keys, bound, *exclude, bool(held), block))
+        statuses = (sql.PENDING, sql.FAILED if block else sql.PENDING)
+        await cur.execute(statement, (*keys, *statuses, bound, *exclude, bool(held), block))
         return {k: int(i) for k, i in await cur.fetchall()}
 
     async def _take(

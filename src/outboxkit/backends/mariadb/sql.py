@@ -118,6 +118,8 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
             "key_locks_table": quote(sibling(table, "key_locks")),
             "index_ordered": quote(f"{bare}_ordered"[:64]),
             "index_key_head": quote(f"{bare}_key_head"[:64]),
+            "index_pending_id": quote(f"{bare}_pending_id"[:64]),
+            "index_key_status": quote(f"{bare}_key_status"[:64]),
             "partitions": str(check_partitions(partitions)),
             "hex_digit": "(" + " UNION ALL ".join(f"SELECT {n} AS n" for n in range(16)) + ")",
         }
