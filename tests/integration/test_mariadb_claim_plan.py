@@ -26,7 +26,7 @@ from tests.support.mariadb import MariaDB
 from tests.support.mariadb_ops import own_database
 
 #: Rows of each kind loaded: history (published + dead) and backlog (pending).
-N = 40_000
+N = 30_000
 BATCH = 100
 #: What an idle claim reads server-wide (index probes, the store's session statements).
 IDLE = 20

@@ -59,7 +59,7 @@ class OrderedStatements:
         )
         # Step 4: lock the chosen rows still due; one another claim holds is skipped.
         self.lock_chosen = (
-            f"SELECT id, `key`, attempts, claim_token, last_error FROM {t}"
+            f"SELECT id, `key`, attempts, claim_token, last_error FROM {t} FORCE INDEX (PRIMARY)"
             f" WHERE id {{ids}} AND status = {PENDING} AND available_at <= {NOW}"
             " ORDER BY id FOR UPDATE SKIP LOCKED"
         )
@@ -79,16 +79,18 @@ class OrderedStatements:
             f" AND l.expires_at > {NOW}))"
         )
         self.fenced_ids = (
-            f"SELECT o.id FROM {t} AS o WHERE o.id {{ids}} AND o.claim_token = %s"
+            f"SELECT o.id FROM {t} AS o FORCE INDEX (PRIMARY) WHERE o.id {{ids}}"
+            " AND o.claim_token = %s"
             f" AND {lease_held} FOR UPDATE"
         )
         self.release_leases = (
-            f"UPDATE {t} AS o SET o.available_at = {NOW}, o.claim_token = NULL,"
+            f"UPDATE {t} AS o FORCE INDEX (PRIMARY) SET o.available_at = {NOW},"
+            " o.claim_token = NULL,"
             " o.attempts = GREATEST(o.attempts - 1, 0)"
             f" WHERE o.id {{ids}} AND o.claim_token = %s AND {lease_held}"
         )
         self.extend_leases = (
-            f"UPDATE {t} AS o SET o.available_at = {NOW} + {micros}"
+            f"UPDATE {t} AS o FORCE INDEX (PRIMARY) SET o.available_at = {NOW} + {micros}"
             f" WHERE o.id {{ids}} AND o.claim_token = %s AND {lease_held}"
         )
         # Membership: one row per live relay, renewed every lease/3; relays dead for ten
