@@ -206,3 +206,19 @@ def _hold_all(conn: Any) -> None:
             "UPDATE outbox_partitions SET owner = 'r',"
             " expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"
         )
+
+
+def test_an_ordered_relay_on_a_schema_behind_its_claim_says_to_migrate(plan_url: str) -> None:
+    from outboxkit.errors import SchemaError
+
+    migrate(plan_url, kind="ordered", partitions=4)
+    conn = _connect(plan_url)
+    try:
+        with conn.cursor() as cur:  # as a table of ordered schema version 1 has it
+            cur.execute("DROP INDEX outbox_pending_id ON outbox")
+        _hold_all(conn)
+        _load(conn, 10, PENDING, 1)
+        with pytest.raises(SchemaError, match="outboxkit migrate --ordered --dsn"):
+            _whole_claim(plan_url, conn, ordered=True)
+    finally:
+        conn.close()

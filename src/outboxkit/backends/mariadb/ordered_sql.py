@@ -37,7 +37,8 @@ class OrderedStatements:
         # Step 2: the first `scan` due keyed rows of those partitions, in id (commit) order,
         # walking the pending rows by id: it stops after `scan` rows of the relay's
         # partitions (about scan x P / partitions held), where `partition IN (…)` read and
-        # sorted every pending row of them. A relay holding few partitions runs scan_each.
+        # sorted every pending row of them. A relay holding few partitions runs scan_one
+        # per partition instead (scan_query chooses).
         self.scan = (
             f"SELECT id, `key` FROM {t} FORCE INDEX ({pending_id}) WHERE {due}"
             " AND `partition` {parts} ORDER BY id LIMIT %s"

@@ -28,7 +28,7 @@ from outboxkit.backends.mariadb.ordered_sql import (
     scan_query,
 )
 from outboxkit.backends.mariadb.sql import Statements, with_ids
-from outboxkit.errors import ConfigurationError, table_missing
+from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     Attempted,
@@ -53,6 +53,7 @@ _LOST = {2003, 2006, 2013, 2055, 1053, 1927}  # no server, gone away, lost, shut
 _TIMEOUT = {1205, 1213, 1969, 3024}  # lock wait timeout, deadlock, statement timeouts
 _DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
 _NO_TABLE = 1146
+_NO_INDEX = 1176  # a FORCE INDEX names an index the table lacks (a schema behind the code)
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -155,6 +156,13 @@ class MariaDBQueueStore(Generic[T]):
             return StoreUnavailable(f"lost the MariaDB connection: {reason}", cause=exc)
         if code == _NO_TABLE:
             raise table_missing(self.table, database=self._args["database"]) from None
+        if code == _NO_INDEX:
+            ordered = " --ordered" if self.ordered else ""
+            raise SchemaError(
+                f"outbox table {self.table!r} lacks an index this relay's claim reads"
+                f" ({reason}): upgrade its schema with `outboxkit migrate{ordered} --dsn …"
+                f" --table {self.table}`"
+            ) from None
         if code in _TIMEOUT:
             return StoreTimeout(f"MariaDB cancelled the statement: {reason}", cause=exc)
         if code in _DENIED:
