@@ -11,22 +11,14 @@ from click.testing import CliRunner
 
 from outboxkit.ops.cli.app import main
 from tests.support.mariadb import MariaDB
-from tests.support.servers import unique_name
+from tests.support.mariadb_ops import own_database
 
 
 @pytest.fixture
 def mariadb_url(mariadb_server: MariaDB) -> Iterator[str]:
     """A database of this test's own on the private MariaDB; its mysql:// URL."""
-    name = unique_name("t")
-    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-        yield mariadb_server.url_for(name)
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE {name}")
-    finally:
-        admin.close()
+    with own_database(mariadb_server, "t") as url:
+        yield url
 
 
 def cli(*args: str) -> Any:

@@ -3,7 +3,9 @@ and one set of rows in every state written the same way on MariaDB and PostgreSQ
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -30,6 +32,21 @@ def new_database(server: MariaDB, *, inbox: bool = False) -> str:
     if inbox:
         migrate(url, table="processed_events", kind="inbox")
     return url
+
+
+@contextlib.contextmanager
+def own_database(server: MariaDB, prefix: str = "t") -> Iterator[str]:
+    """An empty database of the caller's own on ``server`` (its URL), dropped after."""
+    name = unique_name(prefix)
+    admin = pymysql.connect(**server.connect_args(), autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        yield server.url_for(name)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {name}")
+    finally:
+        admin.close()
 
 
 def mariadb_execute(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -36,7 +36,13 @@ from outboxkit.cdc.cleanup import Cleanup
 from outboxkit.cdc.deadletter import DeadLetters
 from outboxkit.cdc.decode import is_pending, row_id, row_message
 from outboxkit.cdc.envelope import WalEnvelopeError, decode_envelope
-from outboxkit.cdc.errors import ReplicationError, SlotInUse, SlotInvalidated, SlotNotFound
+from outboxkit.cdc.errors import (
+    ReplicationError,
+    SlotInUse,
+    SlotInvalidated,
+    SlotNotFound,
+    refuse_mariadb,
+)
 from outboxkit.cdc.progress import Progress
 from outboxkit.cdc.reader import StreamReader
 from outboxkit.cdc.slots import default_name
@@ -119,6 +125,7 @@ class CdcRelay:
         outage: OutageLog | None = None,
         pooler: PoolerMode | None = None,
     ) -> None:
+        refuse_mariadb(dsn)
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         if cleanup not in ("delete", "none"):

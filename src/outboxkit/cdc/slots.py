@@ -18,7 +18,12 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outboxkit.cdc import pgoutput
-from outboxkit.cdc.errors import CdcSetupError, SlotInvalidated, invalidated_message
+from outboxkit.cdc.errors import (
+    CdcSetupError,
+    SlotInvalidated,
+    invalidated_message,
+    refuse_mariadb,
+)
 from outboxkit.errors import PgoutputError
 from outboxkit.store import cdc_sql
 from outboxkit.store._connection import connect
@@ -42,6 +47,7 @@ def default_name(table: str) -> str:
 
 
 def _connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
+    refuse_mariadb(dsn)  # (a mysql:// URL: one line, not libpq's parse error)
     conn = connect(dsn, application_name="outboxkit-cdc")
     conn.row_factory = dict_row
     return conn

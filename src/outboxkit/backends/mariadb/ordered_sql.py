@@ -30,28 +30,42 @@ class OrderedStatements:
         self.my_partitions = (
             f"SELECT `partition` FROM {parts} WHERE owner = %s AND expires_at > {NOW} + {micros}"
         )
-        # Step 2: the first `scan` due keyed rows of those partitions, in id (commit) order.
+        bare = table.split(".")[-1]
+        pending_id = quote(f"{bare}_pending_id"[:64])
+        ordered_index = quote(f"{bare}_ordered"[:64])
+        due = f"status = {PENDING} AND available_at <= {NOW}"
+        # Step 2: the first `scan` due keyed rows of those partitions, in id (commit) order,
+        # walking the pending rows by id: it stops after `scan` rows of the relay's
+        # partitions (about scan x P / partitions held), where `partition IN (…)` read and
+        # sorted every pending row of them. A relay holding few partitions runs scan_one
+        # per partition instead (scan_query chooses).
         self.scan = (
-            f"SELECT id, `key` FROM {t} WHERE status = {PENDING} AND `partition` {{parts}}"
-            f" AND available_at <= {NOW} ORDER BY id LIMIT %s"
+            f"SELECT id, `key` FROM {t} FORCE INDEX ({pending_id}) WHERE {due}"
+            " AND `partition` {parts} ORDER BY id LIMIT %s"
+        )
+        # ... per partition: its first `scan` due rows (the ordered index, in id order)
+        self.scan_one = (
+            f"(SELECT id, `key` FROM {t} FORCE INDEX ({ordered_index}) WHERE {due}"
+            " AND `partition` = %s ORDER BY id LIMIT %s)"
         )
         # Step 3, and again after the lock: per key, its first earlier row that blocks it
         # (in flight or waiting for a retry; dead-lettered under `block`), outside `{ids}`.
+        # The status list (pending, and failed under `block`) keeps the index walk on the
+        # key's unsettled rows: its published history is never read.
         self.blockers = (
-            f"SELECT `key`, MIN(id) FROM {t} WHERE `key` {{keys}} AND id < %s"
-            f" AND id NOT {{ids}}"
+            f"SELECT `key`, MIN(id) FROM {t} FORCE INDEX ({quote(f'{bare}_key_status'[:64])})"
+            " WHERE `key` {keys} AND status IN (%s, %s) AND id < %s AND id NOT {ids}"
             f" AND (status = {PENDING} AND (available_at > {NOW} OR %s)"
             f" OR status = {FAILED} AND %s) GROUP BY `key`"
         )
         # Step 4: lock the chosen rows still due; one another claim holds is skipped.
         self.lock_chosen = (
-            f"SELECT id, `key`, attempts, claim_token, last_error FROM {t}"
+            f"SELECT id, `key`, attempts, claim_token, last_error FROM {t} FORCE INDEX (PRIMARY)"
             f" WHERE id {{ids}} AND status = {PENDING} AND available_at <= {NOW}"
             " ORDER BY id FOR UPDATE SKIP LOCKED"
         )
         # Keyless rows (partition NULL) as in the unordered claim, a share of the batch, read
         # through the ordered index: the pending index would walk every due keyed row too.
-        ordered_index = quote(f"{table.split('.')[-1]}_ordered"[:64])
         self.lock_keyless = (
             f"SELECT id, `key`, attempts, claim_token, last_error FROM {t}"
             f" FORCE INDEX ({ordered_index}) WHERE status = {PENDING} AND `partition` IS NULL"
@@ -66,16 +80,18 @@ class OrderedStatements:
             f" AND l.expires_at > {NOW}))"
         )
         self.fenced_ids = (
-            f"SELECT o.id FROM {t} AS o WHERE o.id {{ids}} AND o.claim_token = %s"
+            f"SELECT o.id FROM {t} AS o FORCE INDEX (PRIMARY) WHERE o.id {{ids}}"
+            " AND o.claim_token = %s"
             f" AND {lease_held} FOR UPDATE"
         )
         self.release_leases = (
-            f"UPDATE {t} AS o SET o.available_at = {NOW}, o.claim_token = NULL,"
+            f"UPDATE {t} AS o FORCE INDEX (PRIMARY) SET o.available_at = {NOW},"
+            " o.claim_token = NULL,"
             " o.attempts = GREATEST(o.attempts - 1, 0)"
             f" WHERE o.id {{ids}} AND o.claim_token = %s AND {lease_held}"
         )
         self.extend_leases = (
-            f"UPDATE {t} AS o SET o.available_at = {NOW} + {micros}"
+            f"UPDATE {t} AS o FORCE INDEX (PRIMARY) SET o.available_at = {NOW} + {micros}"
             f" WHERE o.id {{ids}} AND o.claim_token = %s AND {lease_held}"
         )
         # Membership: one row per live relay, renewed every lease/3; relays dead for ten
@@ -106,9 +122,42 @@ class OrderedStatements:
         )
         self.leave = f"DELETE FROM {relays} WHERE relay_id = %s"
         self.partition_count = f"SELECT COUNT(*) FROM {parts}"
+        # Changing P (`migrate --ordered --partitions N --repartition`, every relay stopped):
+        # the column's expression, read back; rewritten (the table is copied once, each
+        # row's id, and so each key's order, kept); the leases start over, unowned, so a
+        # late settle of a relay from before is fenced out as after any hand-over.
+        self.partition_expression = (
+            "SELECT GENERATION_EXPRESSION FROM information_schema.COLUMNS"
+            " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
+            " AND COLUMN_NAME = 'partition'"
+        )
+        self.repartition = (
+            f"ALTER TABLE {t} MODIFY COLUMN `partition` SMALLINT"
+            " AS (CRC32(`key`) % {partitions}) STORED"
+        )
+        self.reset_partitions = f"DELETE FROM {parts}"
+        self.fill_partitions = (
+            f"INSERT INTO {parts} (`partition`) SELECT slot FROM"
+            f" {quote(sibling(table, 'key_locks'))} WHERE slot < %s"
+        )
         # One process per relay id and table: the heartbeat's session holds this named
         # lock (GET_LOCK is session-scoped, which is what this one wants).
         self.relay_id_lock = "SELECT GET_LOCK(%s, 0)"
+
+
+def scan_query(
+    stmts: OrderedStatements, parts: list[int], scan: int, partitions: int
+) -> tuple[str, tuple[int, ...]]:
+    """The scan and its parameters for a relay holding ``parts`` of ``partitions``.
+
+    Walking pending rows by id reads about scan x partitions / held rows; one branch per
+    held partition reads at most scan x held: the walk is the cheaper once held² >= P.
+    """
+    held = len(parts)
+    if held * held >= partitions:
+        return expand(stmts.scan, parts=held), (*parts, scan)
+    each = " UNION ALL ".join([stmts.scan_one] * held) + " ORDER BY id LIMIT %s"
+    return each, (*[v for p in parts for v in (p, scan)], scan)
 
 
 def expand(statement: str, **counts: int) -> str:

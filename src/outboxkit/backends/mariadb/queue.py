@@ -21,9 +21,14 @@ from typing import Any, Generic, Literal, TypeVar
 import orjson
 
 from outboxkit.backends.mariadb import sql
-from outboxkit.backends.mariadb.ordered_sql import SCAN_FACTOR, OrderedStatements, expand
+from outboxkit.backends.mariadb.ordered_sql import (
+    SCAN_FACTOR,
+    OrderedStatements,
+    expand,
+    scan_query,
+)
 from outboxkit.backends.mariadb.sql import Statements, with_ids
-from outboxkit.errors import ConfigurationError, table_missing
+from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     Attempted,
@@ -48,6 +53,7 @@ _LOST = {2003, 2006, 2013, 2055, 1053, 1927}  # no server, gone away, lost, shut
 _TIMEOUT = {1205, 1213, 1969, 3024}  # lock wait timeout, deadlock, statement timeouts
 _DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
 _NO_TABLE = 1146
+_NO_INDEX = 1176  # a FORCE INDEX names an index the table lacks (a schema behind the code)
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -108,6 +114,9 @@ class MariaDBQueueStore(Generic[T]):
         self._conns: dict[str, Any] = {}
         self._locks = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_polling = False
+        #: Ordered mode's partition count P, read at the first ordered claim (it chooses the
+        #: scan's plan; P changes only with every relay stopped: migrate --repartition).
+        self._partition_total: int | None = None
 
     def __repr__(self) -> str:
         return f"MariaDBQueueStore(table={self.table!r})"
@@ -147,6 +156,13 @@ class MariaDBQueueStore(Generic[T]):
             return StoreUnavailable(f"lost the MariaDB connection: {reason}", cause=exc)
         if code == _NO_TABLE:
             raise table_missing(self.table, database=self._args["database"]) from None
+        if code == _NO_INDEX:
+            ordered = " --ordered" if self.ordered else ""
+            raise SchemaError(
+                f"outbox table {self.table!r} lacks an index this relay's claim reads"
+                f" ({reason}): upgrade its schema with `outboxkit migrate{ordered} --dsn …"
+                f" --table {self.table}`"
+            ) from None
         if code in _TIMEOUT:
             return StoreTimeout(f"MariaDB cancelled the statement: {reason}", cause=exc)
         if code in _DENIED:
@@ -236,7 +252,10 @@ class MariaDBQueueStore(Generic[T]):
         parts = [r[0] for r in await cur.fetchall() if r[0] not in draining]
         keyed: list[tuple[Any, ...]] = []
         if parts:
-            await cur.execute(expand(o.scan, parts=len(parts)), (*parts, SCAN_FACTOR * limit))
+            if self._partition_total is None:
+                await cur.execute(o.partition_count)
+                self._partition_total = int((await cur.fetchone())[0])
+            await cur.execute(*scan_query(o, parts, SCAN_FACTOR * limit, self._partition_total))
             scanned = list(await cur.fetchall())
             if scanned:
                 # Due earlier rows of a key are among the scanned ones: only rows not due
@@ -282,7 +301,8 @@ class MariaDBQueueStore(Generic[T]):
         exclude = [r[0] for r in held] or [0]
         statement = expand(o.blockers, keys=len(keys), ids=len(exclude))
         bound = max(i for i, _ in rows)
-        await cur.execute(statement, (*keys, bound, *exclude, bool(held), block))
+        statuses = (sql.PENDING, sql.FAILED if block else sql.PENDING)
+        await cur.execute(statement, (*keys, *statuses, bound, *exclude, bool(held), block))
         return {k: int(i) for k, i in await cur.fetchall()}
 
     async def _take(

@@ -118,6 +118,8 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
             "key_locks_table": quote(sibling(table, "key_locks")),
             "index_ordered": quote(f"{bare}_ordered"[:64]),
             "index_key_head": quote(f"{bare}_key_head"[:64]),
+            "index_pending_id": quote(f"{bare}_pending_id"[:64]),
+            "index_key_status": quote(f"{bare}_key_status"[:64]),
             "partitions": str(check_partitions(partitions)),
             "hex_digit": "(" + " UNION ALL ".join(f"SELECT {n} AS n" for n in range(16)) + ")",
         }
@@ -187,34 +189,41 @@ class Statements:
             f" WHERE status = {PENDING} AND available_at <= {NOW}"
             " ORDER BY available_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
         )
+        # Every statement on a list of ids reads them by primary key, forced: on a near-empty
+        # table (a relay keeping up) the optimizer would scan the whole table instead, and a
+        # locking scan waits on rows other relays hold: two settles (or a claim's lease and a
+        # settle) then waited on each other, error 1213 (test_mariadb_claim_plan.py).
+        by_id = f"{t} FORCE INDEX (PRIMARY)"
         # Step 2 (same transaction): available_at is both the retry time and the lease;
         # a fresh claim_token fences every later settle.
         self.claim_lease = (
-            f"UPDATE {t} SET attempts = attempts + 1,"
+            f"UPDATE {by_id} SET attempts = attempts + 1,"
             f" available_at = {NOW} + INTERVAL %s MICROSECOND,"
             " claim_token = %s, claimed_by = %s WHERE id {ids}"
         )
         # The crash-loop guard: a row claimed max_attempts times and never settled (each
         # claimer died on it) is dead-lettered by the claim, not handed to the next victim.
         self.claim_dead = (
-            f"UPDATE {t} SET status = {FAILED}, claim_token = NULL, claimed_by = %s,"
+            f"UPDATE {by_id} SET status = {FAILED}, claim_token = NULL, claimed_by = %s,"
             " last_error = %s WHERE id {ids}"
         )
         # Step 3 (same transaction): the leased rows (OutboundMessage's field order after id).
         self.claim_read = (
             "SELECT id, event_id, topic, `key`, event_type, aggregate_type, aggregate_id,"
             " payload, headers, created_at, attempts, COALESCE(occurred_at, created_at),"
-            f" schema_version FROM {t} WHERE id {{ids}} ORDER BY id"
+            f" schema_version FROM {by_id} WHERE id {{ids}} ORDER BY id"
         )
         self.claim_read_dead = (
             f"SELECT id, event_id, LEFT(topic, 200), LEFT(event_type, 200), created_at, attempts"
-            f" FROM {t} WHERE id {{ids}} ORDER BY id"
+            f" FROM {by_id} WHERE id {{ids}} ORDER BY id"
         )
         # Settles, fenced by the claim token: a row another claim took since is left alone.
-        self.fenced_ids = f"SELECT id FROM {t} WHERE id {{ids}} AND claim_token = %s"
-        self.settle_published_delete = f"DELETE FROM {t} WHERE id {{ids}} AND claim_token = %s"
+        self.fenced_ids = f"SELECT id FROM {by_id} WHERE id {{ids}} AND claim_token = %s"
+        self.settle_published_delete = (
+            f"DELETE {t} FROM {by_id} WHERE id {{ids}} AND claim_token = %s"
+        )
         self.settle_published_keep = (
-            f"UPDATE {t} SET status = {PUBLISHED}, published_at = {NOW}, claim_token = NULL,"
+            f"UPDATE {by_id} SET status = {PUBLISHED}, published_at = {NOW}, claim_token = NULL,"
             " last_error = NULL WHERE id {ids} AND claim_token = %s"
         )
         # One failure (retry, dead letter or hand-back: its own delay, error and refund).
@@ -224,15 +233,15 @@ class Statements:
             " WHERE id = %s AND claim_token = %s"
         )
         self.release_leases = (
-            f"UPDATE {t} SET available_at = {NOW}, claim_token = NULL,"
+            f"UPDATE {by_id} SET available_at = {NOW}, claim_token = NULL,"
             " attempts = GREATEST(attempts - 1, 0) WHERE id {ids} AND claim_token = %s"
         )
         self.extend_leases = (
-            f"UPDATE {t} SET available_at = {NOW} + INTERVAL %s MICROSECOND"
+            f"UPDATE {by_id} SET available_at = {NOW} + INTERVAL %s MICROSECOND"
             " WHERE id {ids} AND claim_token = %s"
         )
         self.hasten_handed_back = (
-            f"UPDATE {t} SET available_at = {NOW} WHERE id {{ids}} AND status = {PENDING}"
+            f"UPDATE {by_id} SET available_at = {NOW} WHERE id {{ids}} AND status = {PENDING}"
             f" AND claim_token IS NULL AND available_at > {NOW}"
         )
         self.count_pending_capped = (

@@ -63,8 +63,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def read(raw: Any) -> Config:
-    """Check ``raw`` (the ``OUTBOXKIT`` setting) and fill in the defaults."""
+def read(raw: Any, engine: str = "") -> Config:
+    """Check ``raw`` (the ``OUTBOXKIT`` setting) and fill in the defaults; ``engine``: the
+    default database's ``ENGINE`` (what it cannot do is refused at start-up)."""
     if raw is None:
         return Config()
     if not isinstance(raw, dict):
@@ -96,13 +97,20 @@ def read(raw: Any) -> Config:
         raise ImproperlyConfigured(
             f"settings.{SETTING}['STORAGE'] must be 'table' or 'wal', got {config.STORAGE!r}"
         )
+    if config.STORAGE == "wal" and "mysql" in engine.lower():
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['STORAGE'] = 'wal' writes PostgreSQL's logical replication"
+            f" messages, which the default database ({engine}: MariaDB/MySQL) has not:"
+            " the WAL relay needs PostgreSQL"
+        )
     return config
 
 
 @functools.cache
 def get() -> Config:
     """The settings, read once (and again after ``override_settings``)."""
-    return read(getattr(settings, SETTING, None))
+    engine = str(getattr(settings, "DATABASES", {}).get("default", {}).get("ENGINE", ""))
+    return read(getattr(settings, SETTING, None), engine)
 
 
 def _reset(*, setting: str, **_kwargs: Any) -> None:

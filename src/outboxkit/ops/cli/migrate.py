@@ -99,10 +99,11 @@ def migrate(
             inbox_table if inbox else table,
             inbox,
             print_sql,
-            tasks or repartition or partition_by is not None,
+            tasks or partition_by is not None,
             tasks=tasks,
             ordered=ordered,
             partitions=partitions,
+            repartition=repartition,
         )
         return
     from outboxkit.store.migrate import migrate as run_migrate
@@ -192,6 +193,7 @@ def _migrate_mariadb(
     tasks: bool = False,
     ordered: bool = False,
     partitions: int | None = None,
+    repartition: bool = False,
 ) -> None:
     """The MariaDB/MySQL backend: the outbox (ordered or not) or the inbox (tasks and
     partitioned tables are PostgreSQL's only, for now)."""
@@ -205,21 +207,22 @@ def _migrate_mariadb(
     if unsupported:
         fail(
             "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the inbox only:"
-            " --tasks, --partition-by and --repartition need PostgreSQL",
+            " --tasks and --partition-by need PostgreSQL",
             2,
         )
-    if partitions is not None and not ordered:
-        fail("--partitions goes with --ordered (the key partitions of ordered mode)", 2)
+    if (partitions is not None or repartition) and not ordered:
+        fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
     kind: Literal["outbox", "inbox", "ordered"] = (
         "inbox" if inbox else "ordered" if ordered else "outbox"
     )
     count = DEFAULT_PARTITIONS if partitions is None else partitions
     if print_sql:
         try:
-            click.echo(mariadb.ddl(kind, table, count), nl=False)
+            click.echo(mariadb.ddl(kind, table, count, repartition=repartition), nl=False)
         except ConfigurationError as exc:
             fail(str(exc), 2)
         return
     assert dsn is not None
-    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind, partitions=count)
+    options = given(partitions=partitions) | ({"repartition": True} if repartition else {})
+    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind, **options)
     ok(result.describe())
