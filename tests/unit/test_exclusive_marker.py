@@ -8,6 +8,7 @@ would have lost the parallelism it exists for).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-SUITE = '''
+SUITE = """
 import json, os, time
 import pytest
 
@@ -37,7 +38,7 @@ def test_alone():
 @pytest.mark.parametrize("n", range(4, 8))
 def test_ordinary_after(n):
     _record(f"ordinary{n}")
-'''
+"""
 
 
 def test_an_exclusive_test_overlaps_no_other_and_the_rest_run_side_by_side(
@@ -59,6 +60,6 @@ def test_an_exclusive_test_overlaps_no_other_and_the_rest_run_side_by_side(
     for name, (start, end) in spans.items():
         assert end <= alone_start or start >= alone_end, f"{name} ran beside the exclusive test"
     ordinary = sorted(spans.values())
-    assert any(b[0] < a[1] for a, b in zip(ordinary, ordinary[1:], strict=False)), (
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(ordinary)), (
         "no two ordinary tests ran side by side: the workers were serialized"
     )
