@@ -10,6 +10,7 @@ end, the client never hears back, as when the network fails with the COMMIT in f
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from types import TracebackType
@@ -117,8 +118,6 @@ class CountingProxy:
 
 def _close(*sockets: socket.socket) -> None:
     for sock in sockets:
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         sock.close()

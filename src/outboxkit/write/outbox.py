@@ -28,6 +28,7 @@ from outboxkit.drivers import (
     sync_adapter,
     type_name,
 )
+from outboxkit.drivers.base import raw_async_adapter, raw_sync_adapter
 from outboxkit.drivers.dbapi_adapter import DBAPIAsync, DBAPISync
 from outboxkit.errors import (
     ConfigurationError,
@@ -260,9 +261,7 @@ class Outbox:
         of this process is woken once it returned.
         """
         if self.storage == "mariadb":
-            adapter = (
-                sync_adapter(conn, _WRITE) if not isinstance(conn, psycopg.Connection) else None
-            )
+            adapter = raw_sync_adapter(conn)
             if not isinstance(adapter, DBAPISync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "transaction", "PyMySQL or mysqlclient")
             assert isinstance(self._storage, MariaDBTableStorage)
@@ -279,11 +278,7 @@ class Outbox:
         """:meth:`transaction` for psycopg ``AsyncConnection`` (aiomysql or asyncmy on
         MariaDB): ``async with``."""
         if self.storage == "mariadb":
-            adapter = (
-                async_adapter(conn, _WRITE)
-                if not isinstance(conn, psycopg.AsyncConnection)
-                else None
-            )
+            adapter = raw_async_adapter(conn)
             if not isinstance(adapter, DBAPIAsync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "atransaction", "aiomysql or asyncmy")
             assert isinstance(self._storage, MariaDBTableStorage)
