@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from outboxkit.backends.mariadb import wakeup
 from outboxkit.drivers import Statement, type_name
@@ -38,6 +38,16 @@ log = logging.getLogger("outboxkit.write")
 _A = TypeVar("_A", DBAPISync, DBAPIAsync)
 #: Driver connection types already warned about (no CLIENT.MULTI_STATEMENTS).
 _WARNED: set[type] = set()
+
+
+class MySQLConnection(Protocol):
+    """What a type checker takes for ``transaction()`` on MariaDB: a DB-API MySQL
+    connection (PyMySQL, mysqlclient; aiomysql, asyncmy for ``atransaction()``), not a
+    pool, an engine or a session."""
+
+    def get_autocommit(self) -> Any: ...
+
+    def begin(self) -> Any: ...
 
 
 class BaseMariaDBTransaction(Generic[_A]):

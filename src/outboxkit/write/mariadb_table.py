@@ -76,7 +76,7 @@ class MariaDBTableStorage:
         self.sql = Statements(table)
         self.table = table
         self.ordered = ordered  # keyed rows lock their keys first (sql.insert_ordered)
-        self.notify = False  # no NOTIFY on MariaDB: the relay polls
+        self.notify = False  # no NOTIFY on MariaDB: in-process wake-ups instead (wakeup)
         self._one = self._statement(1)
 
     def _statement(self, count: int) -> Statement:
@@ -113,7 +113,8 @@ class MariaDBTableStorage:
         if self.ordered and any(row[2] is not None for row in rows):
             return self._locking(rows)
         # One multi-row INSERT: one statement and one round trip whatever the count.
-        return self._statement(len(rows)), [value for row in rows for value in row]
+        stmt = self._one if len(rows) == 1 else self._statement(len(rows))
+        return stmt, [value for row in rows for value in row]
 
     #: One event's values, as ``transaction()`` queues them.
     row = staticmethod(_row)

@@ -44,6 +44,7 @@ from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.mariadb_commit import (
     AsyncMariaDBTransaction,
     MariaDBTransaction,
+    MySQLConnection,
     unsupported,
 )
 from outboxkit.write.mariadb_table import MariaDBTableStorage
@@ -240,7 +241,7 @@ class Outbox:
     def transaction(self, conn: psycopg.Connection[Any]) -> OutboxTransaction: ...
 
     @overload
-    def transaction(self, conn: Any) -> OutboxTransaction | MariaDBTransaction: ...
+    def transaction(self, conn: MySQLConnection) -> MariaDBTransaction: ...
 
     def transaction(self, conn: Any) -> OutboxTransaction | MariaDBTransaction:
         """A transaction whose events are written in the COMMIT's round trip.
@@ -272,7 +273,7 @@ class Outbox:
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction: ...
 
     @overload
-    def atransaction(self, conn: Any) -> AsyncOutboxTransaction | AsyncMariaDBTransaction: ...
+    def atransaction(self, conn: MySQLConnection) -> AsyncMariaDBTransaction: ...
 
     def atransaction(self, conn: Any) -> AsyncOutboxTransaction | AsyncMariaDBTransaction:
         """:meth:`transaction` for psycopg ``AsyncConnection`` (aiomysql or asyncmy on
