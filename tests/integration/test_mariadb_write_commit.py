@@ -1,8 +1,8 @@
 """`Outbox(storage="mariadb").transaction()` on the private MariaDB: the events travel with the
 COMMIT, one round trip (counted on the wire by a proxy that reads the protocol), through
 PyMySQL, mysqlclient, aiomysql and asyncmy; atomic with the business rows when the block
-raises, when the INSERT fails, when the COMMIT fails, and when the connection or the writer
-dies with the COMMIT in flight. The naive multi-statement (``cur.execute("INSERT …;
+raises, when the INSERT fails or deadlocks, when the COMMIT fails, and when the connection
+or the writer dies with the COMMIT in flight. The naive multi-statement (``cur.execute("INSERT …;
 COMMIT")``) is shown hiding a failed COMMIT."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,55 @@ async def test_async_a_failed_insert_never_reaches_the_commit(url: str, driver: 
     finally:
         conn.close()
     assert _state(url) == (["after"], ["after"])
+
+
+def test_a_deadlock_at_the_insert_raises_and_rolls_the_whole_transaction_back(url: str) -> None:
+    """The events' INSERT waits for another transaction's gap lock on the outbox while that
+    one waits for this block's business row: InnoDB breaks the cycle by rolling back the
+    lighter transaction, this one. The COMMIT never runs; the caller sees error 1213."""
+    _run(url, "INSERT INTO orders (id, note) VALUES (1, 'shared')")
+    outbox = Outbox(storage="mariadb")
+    other = pymysql.connect(**_args(url))  # REPEATABLE READ: its locking read locks gaps
+    conn = _connect_sync("pymysql", _args(url))
+    try:
+        with other.cursor() as cur:  # the heavier transaction: InnoDB keeps it
+            cur.executemany("INSERT INTO orders (note) VALUES (%s)", [("heavy",)] * 50)
+            cur.execute("SELECT id FROM outbox FOR UPDATE")  # the gap an INSERT needs
+        waiting = threading.Thread(target=_update_shared, args=(other,))
+        with pytest.raises(pymysql.err.OperationalError, match="Deadlock"):
+            with outbox.transaction(conn) as tx:
+                with conn.cursor() as cur:
+                    cur.execute("SET SESSION innodb_lock_wait_timeout = 5")  # (a bound)
+                    cur.execute("UPDATE orders SET note = 'mine' WHERE id = 1")
+                tx.put(_event("deadlocked"))
+                waiting.start()  # the other transaction now waits for this row lock
+                assert _wait_for_lock_wait(url)
+        waiting.join(timeout=10)
+        other.commit()
+        with outbox.transaction(conn) as tx:  # the connection goes on
+            tx.put(_event("after"))
+    finally:
+        other.close()
+        conn.close()
+    notes, topics = _state(url)
+    assert ("mine" not in notes, notes.count("heavy"), topics) == (True, 50, ["after"])
+
+
+def _update_shared(conn: Any) -> None:
+    with conn.cursor() as cur:
+        cur.execute("UPDATE orders SET note = 'theirs' WHERE id = 1")
+
+
+def _wait_for_lock_wait(url: str) -> bool:
+    import time
+
+    deadline = time.monotonic() + 5.0
+    query = "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    while _run(url, query) != [(1,)]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_a_missing_outbox_table_says_to_migrate_and_nothing_commits(url: str) -> None:
