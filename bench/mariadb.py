@@ -7,15 +7,20 @@ PostgreSQL at ``--dsn`` for the relay's side-by-side figure. Three parts (``--on
 
 * ``write``: the reference transaction of bench/write_overhead.py (an order, 3 lines, 3
   stock updates, COMMIT) through PyMySQL and mysqlclient, plain (twice: the A/A control)
-  and with ``outbox.put``, and with the event sent with the COMMIT in one round trip
-  (``INSERT …; COMMIT`` as one multi-statement query). Variants interleaved per round in a
-  fresh random order; medians and the overhead against the plain transaction.
+  and with ``outbox.put``, with the event sent with the COMMIT in one round trip by hand
+  (``INSERT …; COMMIT`` as one multi-statement query) and through the API that does it,
+  ``outbox.transaction()``. Variants interleaved per round in a fresh random order; medians
+  and the overhead against the plain transaction.
 * ``relay``: N events drained by ``Relay`` with a publisher that confirms at once (the
   database side alone), MariaDB and PostgreSQL taking turns, 3 rounds each.
 * ``latency``: one event per transaction at a steady rate (``--writers`` PyMySQL writer
   processes sharing one schedule), the relay polling (MariaDB has no NOTIFY) to Kafka
   (Tansu); from the time COMMIT returned to the broker's ack. PostgreSQL (psycopg writers,
   the same schedule) takes turns with it, with its defaults and polling as MariaDB does.
+* ``inprocess``: the same, with the writers as threads of the relay's process (PyMySQL,
+  ``put`` + ``commit()`` or ``transaction()``), the relay woken by them
+  (backends/mariadb/wakeup.py) or polling (``listen=False``, its 1 s default), at
+  ``--rate`` and at ``--low-rate``, the four variants taking turns.
 
     python bench/mariadb.py --dsn postgresql://postgres@127.0.0.1:5432/bench [--quick]
 """
@@ -37,14 +42,15 @@ from typing import Any
 import psycopg
 import pymysql
 from _common import ensure_topic, kafka_broker, make_event, prepare, reload, save, server_facts
-from latency import STAMP, measure
+from latency import STAMP, TimingPublisher, measure, pct
 from latency import TOPIC as LATENCY_TOPIC
 from relay_throughput import ConfirmAtOnce, _relay_run
 
-from outboxkit import Outbox
+from outboxkit import Outbox, Relay
 from outboxkit import migrate as pg_migrate
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.publishers.kafka import KafkaPublisher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.mariadb import MariaDB
@@ -117,7 +123,19 @@ def variants(conn: Any, outbox: Outbox) -> dict[str, Callable[[int], None]]:
             while cur.nextset():
                 pass
 
-    return {"plain": plain, "plain_aa": plain, "put": put, "put_with_commit": with_commit}
+    def transaction(i: int) -> None:
+        # The API: the events queued, then their INSERT and the COMMIT in one query.
+        with outbox.transaction(conn) as tx, conn.cursor() as cur:
+            business(cur, i)
+            tx.put(make_event(i))
+
+    return {
+        "plain": plain,
+        "plain_aa": plain,
+        "put": put,
+        "put_with_commit": with_commit,
+        "transaction": transaction,
+    }
 
 
 def _is_uuid(value: Any) -> bool:
@@ -306,13 +324,124 @@ def latency_part(
     return found
 
 
+# -- latency with the writers in the relay's process (the in-process wake-up) -------------------
+
+
+def _thread_writer(
+    url: str, path: str, plan: tuple[float, float, int, int], t0: float, log: dict[str, float]
+) -> None:
+    """Writer ``k`` of ``n`` on its own connection: events k, k+n, … due at t0 + i/rate."""
+    from pymysql.constants import CLIENT
+
+    rate, seconds, k, n = plan
+    outbox = Outbox(storage="mariadb")
+    conn = pymysql.connect(**connect_args(url), client_flag=CLIENT.MULTI_STATEMENTS)
+    try:
+        for i in range(k, int(rate * seconds), n):
+            delay = t0 + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            event = make_event(i, topic=LATENCY_TOPIC, headers={STAMP: repr(time.time())})
+            if path == "transaction":
+                with outbox.transaction(conn) as tx:
+                    tx.put(event)
+            else:
+                outbox.put(conn, event)
+                conn.commit()
+            log[str(event.event_id)] = time.time()
+    finally:
+        conn.close()
+
+
+async def in_process_run(
+    url: str, bootstrap: str, rate: float, seconds: float, n: int, path: str, **relay: Any
+) -> dict[str, Any]:
+    """Commit (as COMMIT returned) -> Kafka ack, ``n`` writer threads beside the relay."""
+    publisher = TimingPublisher(KafkaPublisher({"bootstrap.servers": bootstrap}))
+    await publisher.start()
+    task = asyncio.create_task((relay_ := Relay(url, publisher, **relay)).run())
+    await asyncio.sleep(1.0)  # connected, idle
+    log: dict[str, float] = {}
+    t0 = time.time() + 0.05
+    await asyncio.gather(
+        *(
+            asyncio.to_thread(_thread_writer, url, path, (rate, seconds, k, n), t0, log)
+            for k in range(n)
+        )
+    )
+    deadline = time.monotonic() + 30
+    while len(publisher.acks) < len(log) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    relay_.stop()
+    await task
+    await publisher.close()
+    lat = [(publisher.acks[e] - t) * 1000 for e, t in log.items() if e in publisher.acks]
+    times = sorted(log.values())
+    return {
+        "writers": n,
+        "path": path,
+        **relay,
+        "rate": rate,
+        "achieved_rate": len(times) / (times[-1] - times[0]),
+        "committed": len(log),
+        "not_acked": len(log) - len(lat),
+        "p50_ms": statistics.median(lat),
+        "p90_ms": pct(lat, 0.90),
+        "p99_ms": pct(lat, 0.99),
+        "max_ms": max(lat),
+        "mean_ms": statistics.fmean(lat),
+    }
+
+
+#: Writers in the relay's process: woken (the default) or polling every second (listen off).
+IN_PROCESS = (
+    ("put_polling", "put", {"listen": False}),
+    ("put_woken", "put", {}),
+    ("transaction_polling", "transaction", {"listen": False}),
+    ("transaction_woken", "transaction", {}),
+)
+
+
+def in_process_part(
+    url: str, kafka: str | None, rates: list[float], seconds: float, n: int, rounds: int
+) -> dict[str, Any]:
+    """The four in-process variants at each rate, taking turns, ``rounds`` times each."""
+    found: dict[str, Any] = {}
+    with kafka_broker(kafka) as bootstrap:
+        ensure_topic(bootstrap, LATENCY_TOPIC)
+        for rate in rates:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in IN_PROCESS}
+            for _ in range(rounds):
+                for name, path, relay in IN_PROCESS:
+                    r = asyncio.run(in_process_run(url, bootstrap, rate, seconds, n, path, **relay))
+                    runs[name].append(r)
+                    print(
+                        f"in-process commit -> Kafka ack at {rate:.0f}/s, {n} writer threads,"
+                        f" {name}: {r['committed']} events ({r['achieved_rate']:.0f}/s,"
+                        f" {r['not_acked']} not acked), p50 {r['p50_ms']:.1f} ms,"
+                        f" p90 {r['p90_ms']:.1f}, p99 {r['p99_ms']:.1f}, max {r['max_ms']:.1f}",
+                        flush=True,
+                    )
+            found[f"{rate:g}_per_s"] = {
+                name: {
+                    "runs": r,
+                    "p50_ms_median": statistics.median(x["p50_ms"] for x in r),
+                    "p99_ms_median": statistics.median(x["p99_ms"] for x in r),
+                }
+                for name, r in runs.items()
+            }
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", required=True, help="the PostgreSQL beside it (relay part)")
-    ap.add_argument("--only", choices=("write", "relay", "latency"), action="append")
+    ap.add_argument("--only", choices=("write", "relay", "latency", "inprocess"), action="append")
     ap.add_argument("--rounds", type=int, default=3000, help="write rounds per driver")
     ap.add_argument("--events", type=int, default=20000, help="relay events per run")
     ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--low-rate", type=float, default=20.0, help="inprocess: the idle-ish rate")
+    ap.add_argument("--latency-rounds", type=int, default=2, help="inprocess: turns per variant")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument(
         "--writers", type=int, default=8, help="latency: paced writer processes (default 8)"
@@ -327,7 +456,7 @@ def main() -> None:
         help="innodb_flush_log_at_trx_commit (1: durable commits, the default)",
     )
     args = ap.parse_args()
-    parts = args.only or ["write", "relay", "latency"]
+    parts = args.only or ["write", "relay", "latency", "inprocess"]
     rounds, events = (300, 5000) if args.quick else (args.rounds, args.events)
     seconds = 5.0 if args.quick else args.seconds
 
@@ -366,6 +495,10 @@ def main() -> None:
         if "latency" in parts:
             results["latency"] = latency_part(
                 url, args.dsn, args.kafka, args.rate, seconds, args.writers
+            )
+        if "inprocess" in parts:
+            results["inprocess"] = in_process_part(
+                url, args.kafka, [args.rate, args.low_rate], seconds, 4, args.latency_rounds
             )
         name = "mariadb" if args.flush == 1 else f"mariadb_flush{args.flush}"
         save(name if args.only is None else "_".join([name, *parts]), results)

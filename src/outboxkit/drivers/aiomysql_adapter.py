@@ -41,6 +41,9 @@ class AiomysqlAsync(DBAPIAsync):
     def check(self, conn: Any) -> None:
         pymysql_adapter.check_in_transaction(conn, "aiomysql", closed=conn.closed)
 
+    def needs_begin(self, conn: Any) -> bool:
+        return pymysql_adapter.needs_begin(conn, "aiomysql", closed=conn.closed)
+
     def query(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> tuple[str, Any]:
         if self._escapes_bytes is None:
             self._escapes_bytes = _escapes_bytes()

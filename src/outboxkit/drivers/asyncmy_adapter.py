@@ -20,3 +20,6 @@ class AsyncmyAsync(DBAPIAsync):
 
     def check(self, conn: Any) -> None:
         pymysql_adapter.check_in_transaction(conn, "asyncmy", closed=not conn.connected)
+
+    def needs_begin(self, conn: Any) -> bool:
+        return pymysql_adapter.needs_begin(conn, "asyncmy", closed=not conn.connected)

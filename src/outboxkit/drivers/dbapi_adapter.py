@@ -8,6 +8,13 @@ each driver's adapter supplies ``check``.
 A statement that returns no rows answers ``fetch_flag`` with whether it wrote one (the
 affected-row count): MariaDB's inbox record is an ``INSERT IGNORE``, which has no
 ``RETURNING`` on MySQL 8.
+
+``commit_with`` is ``Outbox.transaction()``'s end on MariaDB/MySQL: the events' INSERT and
+the COMMIT as one multi-statement query, one round trip, where the connection was opened
+with ``CLIENT.MULTI_STATEMENTS`` (mysqlclient, aiomysql and asyncmy always ask for it;
+PyMySQL only when told); without it, the INSERT and then the COMMIT. Every result is read:
+an error in any raises, and after one the server runs none of the statements after it, so
+a failed INSERT never reaches the COMMIT.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from outboxkit.drivers.base import AsyncAdapter, CursorCache, Statement, SyncAdapter, dbapi_params
+
+_COMMIT = ";\nCOMMIT"
 
 
 def _is_connection_class(conn_type: type, module: str, name: str) -> bool:
@@ -62,6 +71,29 @@ class DBAPISync(SyncAdapter):
             row = cur.fetchone()
         return bool(row and row[0])
 
+    # -- Outbox.transaction() (MariaDB/MySQL drivers) --------------------------------------
+
+    def needs_begin(self, conn: Any) -> bool:
+        """Autocommit with no transaction open (``transaction()`` then BEGINs); refuses a
+        closed connection."""
+        raise NotImplementedError
+
+    def multi_statements(self, conn: Any) -> bool:
+        """Whether the connection takes several statements in one query."""
+        return True
+
+    def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> None:
+        """Run ``stmt`` then COMMIT, in one round trip where the connection allows it."""
+        values = dbapi_params(params)
+        with conn.cursor() as cur:
+            if not self.multi_statements(conn):
+                cur.execute(stmt.text, values)
+                conn.commit()
+                return
+            cur.execute(stmt.text + _COMMIT, values)
+            while cur.nextset():  # the COMMIT's result: its error is raised here
+                pass
+
 
 class DBAPIAsync(AsyncAdapter):
     """:class:`DBAPISync` for async DB-API-shaped drivers (``async with conn.cursor()``)."""
@@ -104,3 +136,16 @@ class DBAPIAsync(AsyncAdapter):
                 return bool(cur.rowcount > 0)
             row = await cur.fetchone()
         return bool(row and row[0])
+
+    # -- Outbox.atransaction() ---------------------------------------------------------------
+
+    def needs_begin(self, conn: Any) -> bool:
+        raise NotImplementedError
+
+    async def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> None:
+        """:meth:`DBAPISync.commit_with`: aiomysql and asyncmy always take several statements."""
+        text = stmt.text + _COMMIT
+        async with conn.cursor() as cur:
+            await cur.execute(*self.query(conn, Statement(text, text), params))
+            while await cur.nextset():
+                pass

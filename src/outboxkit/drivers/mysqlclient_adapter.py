@@ -14,19 +14,26 @@ from outboxkit.drivers.dbapi_adapter import DBAPISync
 from outboxkit.errors import NotInTransactionError
 
 
-def check_in_transaction(conn: Any) -> None:
-    """Refuse a closed connection, or autocommit with no transaction open."""
+def needs_begin(conn: Any) -> bool:
+    """Whether the connection is in autocommit mode with no transaction open; refuses a
+    closed one."""
     if not conn.open:
         raise NotInTransactionError("the mysqlclient (MySQLdb) connection is closed")
-    if conn.get_autocommit():
-        with conn.cursor() as cur:
-            cur.execute("SELECT @@in_transaction")
-            row = cur.fetchone()
-        if not (row and row[0]):
-            raise NotInTransactionError(
-                "the mysqlclient (MySQLdb) connection is in autocommit mode with no transaction"
-                " open; run BEGIN (or turn autocommit off) so the event commits with your change"
-            )
+    if not conn.get_autocommit():
+        return False
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@in_transaction")
+        row = cur.fetchone()
+    return not (row and row[0])
+
+
+def check_in_transaction(conn: Any) -> None:
+    """Refuse a closed connection, or autocommit with no transaction open."""
+    if needs_begin(conn):
+        raise NotInTransactionError(
+            "the mysqlclient (MySQLdb) connection is in autocommit mode with no transaction"
+            " open; run BEGIN (or turn autocommit off) so the event commits with your change"
+        )
 
 
 class MySQLdbSync(DBAPISync):
@@ -40,3 +47,6 @@ class MySQLdbSync(DBAPISync):
 
     def check(self, conn: Any) -> None:
         check_in_transaction(conn)
+
+    def needs_begin(self, conn: Any) -> bool:
+        return needs_begin(conn)

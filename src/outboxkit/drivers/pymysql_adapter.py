@@ -14,13 +14,20 @@ from outboxkit.drivers.dbapi_adapter import DBAPISync
 from outboxkit.errors import NotInTransactionError
 
 _SERVER_STATUS_IN_TRANS = 1  # pymysql.constants.SERVER_STATUS.SERVER_STATUS_IN_TRANS
+_MULTI_STATEMENTS = 1 << 16  # pymysql.constants.CLIENT.MULTI_STATEMENTS
+
+
+def needs_begin(conn: Any, driver: str = "PyMySQL", *, closed: bool | None = None) -> bool:
+    """Whether the connection is in autocommit mode with no transaction open; refuses a
+    closed one."""
+    if not conn.open if closed is None else closed:
+        raise NotInTransactionError(f"the {driver} connection is closed")
+    return bool(conn.get_autocommit() and not conn.server_status & _SERVER_STATUS_IN_TRANS)
 
 
 def check_in_transaction(conn: Any, driver: str = "PyMySQL", *, closed: bool | None = None) -> None:
     """Refuse a closed connection, or autocommit with no transaction open."""
-    if not conn.open if closed is None else closed:
-        raise NotInTransactionError(f"the {driver} connection is closed")
-    if conn.get_autocommit() and not conn.server_status & _SERVER_STATUS_IN_TRANS:
+    if needs_begin(conn, driver, closed=closed):
         raise NotInTransactionError(
             f"the {driver} connection is in autocommit mode with no transaction open;"
             " begin one (or turn autocommit off) so the event commits with your change"
@@ -38,3 +45,10 @@ class PyMySQLSync(DBAPISync):
 
     def check(self, conn: Any) -> None:
         check_in_transaction(conn)
+
+    def needs_begin(self, conn: Any) -> bool:
+        return needs_begin(conn)
+
+    def multi_statements(self, conn: Any) -> bool:
+        # PyMySQL alone leaves it off unless asked (client_flag=CLIENT.MULTI_STATEMENTS).
+        return bool(conn.client_flag & _MULTI_STATEMENTS)

@@ -1,8 +1,9 @@
 """``Outbox(storage="mariadb")``: each event a row of a MariaDB/MySQL outbox table.
 
 The statements are ``backends.mariadb.sql``'s; ``put_many`` is one multi-row INSERT (one
-round trip). MariaDB has no NOTIFY (the relay polls), and ``execute_with`` and
-``transaction()`` (PostgreSQL's CTE and pipeline) are refused in one line.
+round trip); ``transaction()`` sends it with the COMMIT (``write.mariadb_commit``). MariaDB
+has no NOTIFY: a write of events due now wakes the relays of this process instead
+(``backends.mariadb.wakeup``). ``execute_with`` (PostgreSQL's CTE) is refused in one line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, NoReturn
 
 import orjson
 
+from outboxkit.backends.mariadb import wakeup
 from outboxkit.backends.mariadb.sql import Statements, insert_ordered, key_slot
 from outboxkit.drivers import Statement
 from outboxkit.errors import ConfigurationError
@@ -46,6 +48,20 @@ def _row(event: Event) -> tuple[Any, ...]:
     )
 
 
+def due(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether any row is due now (its ``available_at`` unset or past): only those wake."""
+    now: dt.datetime | None = None
+    for row in rows:
+        at = row[8]
+        if at is None:
+            return True
+        if now is None:
+            now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        if at <= now:
+            return True
+    return False
+
+
 def _refuse(what: str) -> NoReturn:
     raise ConfigurationError(
         f"{what} is PostgreSQL's only: on MariaDB/MySQL use put()/put_many() inside your"
@@ -60,7 +76,7 @@ class MariaDBTableStorage:
         self.sql = Statements(table)
         self.table = table
         self.ordered = ordered  # keyed rows lock their keys first (sql.insert_ordered)
-        self.notify = False  # no NOTIFY on MariaDB: the relay polls
+        self.notify = False  # no NOTIFY on MariaDB: in-process wake-ups instead (wakeup)
         self._one = self._statement(1)
 
     def _statement(self, count: int) -> Statement:
@@ -74,27 +90,43 @@ class MariaDBTableStorage:
         return Statement(text, text), [*slots, *(value for row in rows for value in row)]
 
     def one(self, event: Event) -> Prepared:
+        row = _row(event)
+        self._writing([row])
         if self.ordered and event.key is not None:
-            return self._locking([_row(event)])
-        return self._one, list(_row(event))
+            return self._locking([row])
+        return self._one, list(row)
 
     def many(self, events: Iterable[Event], check: Check) -> Prepared | None:
         rows = encode_batch(events, check, _row)
         if not rows:
             return None
+        self._writing(rows)
+        return self.insert(rows)
+
+    def _writing(self, rows: list[tuple[Any, ...]]) -> None:
+        """``put``'s rows commit when the caller commits: in-process relays re-poll a while."""
+        if wakeup.has_relays() and due(rows):
+            wakeup.writing(self.table)
+
+    def insert(self, rows: list[tuple[Any, ...]]) -> Prepared:
+        """The one INSERT of ``rows`` (at least one, at most a batch's worth)."""
         if self.ordered and any(row[2] is not None for row in rows):
             return self._locking(rows)
         # One multi-row INSERT: one statement and one round trip whatever the count.
-        return self._statement(len(rows)), [value for row in rows for value in row]
+        stmt = self._one if len(rows) == 1 else self._statement(len(rows))
+        return stmt, [value for row in rows for value in row]
+
+    #: One event's values, as ``transaction()`` queues them.
+    row = staticmethod(_row)
 
     def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
         _refuse("execute_with()")
 
     def encode(self, event: Event) -> BinaryRow:
-        _refuse("Outbox.transaction()")
+        raise NotImplementedError("MariaDB's transaction() is write.mariadb_commit's")
 
     def commit_inserts(self, rows: list[BinaryRow], send: Send) -> None:
-        _refuse("Outbox.transaction()")
+        raise NotImplementedError("MariaDB's transaction() is write.mariadb_commit's")
 
     def prepared(self) -> list[CommitStatement]:
         return []

@@ -28,6 +28,8 @@ from outboxkit.drivers import (
     sync_adapter,
     type_name,
 )
+from outboxkit.drivers.base import raw_async_adapter, raw_sync_adapter
+from outboxkit.drivers.dbapi_adapter import DBAPIAsync, DBAPISync
 from outboxkit.errors import (
     ConfigurationError,
     InvalidEventError,
@@ -39,6 +41,12 @@ from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
 from outboxkit.store.postgres import numbered
 from outboxkit.write import deferred
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.write.mariadb_commit import (
+    AsyncMariaDBTransaction,
+    MariaDBTransaction,
+    MySQLConnection,
+    unsupported,
+)
 from outboxkit.write.mariadb_table import MariaDBTableStorage
 from outboxkit.write.storage import Prepared, Storage
 from outboxkit.write.table import TableStorage
@@ -229,8 +237,14 @@ class Outbox:
 
     # -- events written with the COMMIT ------------------------------------------
 
-    def transaction(self, conn: psycopg.Connection[Any]) -> OutboxTransaction:
-        """A transaction whose events are written in the COMMIT's round trip (psycopg).
+    @overload
+    def transaction(self, conn: psycopg.Connection[Any]) -> OutboxTransaction: ...
+
+    @overload
+    def transaction(self, conn: MySQLConnection) -> MariaDBTransaction: ...
+
+    def transaction(self, conn: Any) -> OutboxTransaction | MariaDBTransaction:
+        """A transaction whose events are written in the COMMIT's round trip.
 
         Use it instead of ``with conn.transaction():``; ``tx.put(event)`` validates
         and queues, and at the end of the block the events' INSERTs and the COMMIT
@@ -241,11 +255,35 @@ class Outbox:
             with outbox.transaction(conn) as tx:
                 conn.execute("INSERT INTO orders ...")
                 tx.put(Event(topic="orders", event_type="order.placed", payload=...))
+
+        ``Outbox(storage="mariadb")``: a PyMySQL or mysqlclient connection, instead of your
+        own BEGIN/``commit()``; the INSERT and the COMMIT travel as one multi-statement
+        query where the connection allows it (``write.mariadb_commit``), and an idle relay
+        of this process is woken once it returned.
         """
+        if self.storage == "mariadb":
+            adapter = raw_sync_adapter(conn)
+            if not isinstance(adapter, DBAPISync) or adapter.backend != "mariadb":
+                raise unsupported(conn, "transaction", "PyMySQL or mysqlclient")
+            assert isinstance(self._storage, MariaDBTableStorage)
+            return MariaDBTransaction(self._storage, self._check, conn, adapter)
         return OutboxTransaction(self._storage, self._check, conn)
 
-    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction:
-        """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
+    @overload
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction: ...
+
+    @overload
+    def atransaction(self, conn: MySQLConnection) -> AsyncMariaDBTransaction: ...
+
+    def atransaction(self, conn: Any) -> AsyncOutboxTransaction | AsyncMariaDBTransaction:
+        """:meth:`transaction` for psycopg ``AsyncConnection`` (aiomysql or asyncmy on
+        MariaDB): ``async with``."""
+        if self.storage == "mariadb":
+            adapter = raw_async_adapter(conn)
+            if not isinstance(adapter, DBAPIAsync) or adapter.backend != "mariadb":
+                raise unsupported(conn, "atransaction", "aiomysql or asyncmy")
+            assert isinstance(self._storage, MariaDBTableStorage)
+            return AsyncMariaDBTransaction(self._storage, self._check, conn, adapter)
         return AsyncOutboxTransaction(self._storage, self._check, conn)
 
     # -- events queued in a SQLAlchemy session, written with its COMMIT -----------

@@ -6,7 +6,8 @@ default REPEATABLE READ would let a claim's snapshot miss rows committed after i
 The claim is a short transaction: lock a batch with ``FOR UPDATE SKIP LOCKED``, lease it,
 read it back, commit. No transaction is held while the sink works.
 
-No LISTEN/NOTIFY on MariaDB: the store has no wake-ups and the loop polls.
+No LISTEN/NOTIFY on MariaDB: the loop polls, and outboxkit's writers in the relay's own
+process wake it (``wakeup``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 
-from outboxkit.backends.mariadb import sql
+from outboxkit.backends.mariadb import sql, wakeup
 from outboxkit.backends.mariadb.ordered_sql import (
     SCAN_FACTOR,
     OrderedStatements,
@@ -117,6 +118,7 @@ class MariaDBQueueStore(Generic[T]):
         #: Ordered mode's partition count P, read at the first ordered claim (it chooses the
         #: scan's plan; P changes only with every relay stopped: migrate --repartition).
         self._partition_total: int | None = None
+        self._gate = wakeup.Gate(table)
 
     def __repr__(self) -> str:
         return f"MariaDBQueueStore(table={self.table!r})"
@@ -203,7 +205,9 @@ class MariaDBQueueStore(Generic[T]):
         pending = await self._run("claim", check)
         if not self._told_polling:
             self._told_polling = True
-            log.info("MariaDB has no LISTEN/NOTIFY: the relay finds events by polling")
+            log.info(
+                "MariaDB has no LISTEN/NOTIFY: the relay polls (writers in its own process wake it)"
+            )
         where = f"database {self._args['database']} on {self._args['host']} (MariaDB)"
         return StoreInfo(pending, pending >= PENDING_CAP, where)
 
@@ -430,27 +434,33 @@ class MariaDBQueueStore(Generic[T]):
             return 0
         return await self._fenced(with_ids(self.sql.hasten_handed_back, len(ids)), tuple(ids))
 
-    # -- wake-ups: none on MariaDB (the loop polls) -----------------------------------------
+    # -- wake-ups: writers of this process only (backends/mariadb/wakeup.py) ---------------
 
     async def close_gate(self) -> bool:
-        return False
+        return self._gate.close()
 
     async def open_gate(self) -> None:
-        return None
+        self._gate.open()
 
     @property
     def gate_closed(self) -> bool:
-        return False
+        return self._gate.closed
 
     @property
     def can_listen(self) -> bool:
-        return False
+        return True  # no NOTIFY: outboxkit's writers in this process wake the relay
 
     async def listen(self, wake: Callable[[], None]) -> None:
-        """No wake-ups on MariaDB: waits until cancelled."""
-        await asyncio.Event().wait()
+        """Be woken by this process's writers of the table until cancelled."""
+        self._gate.listen(wake)
+        try:
+            wake()  # (as after LISTEN) what was committed before is claimed now
+            await asyncio.Event().wait()
+        finally:
+            self._gate.stop_listening()
 
     async def close(self) -> None:
+        self._gate.open()
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
