@@ -130,7 +130,9 @@ async def _ghost_claim(url: str) -> tuple[MariaDBQueueStore[Any], Any]:
 async def test_repartition_while_writing_keeps_every_keys_order(url: str) -> None:
     migrate(url, kind="ordered", partitions=8)
     recorder = Recorder()
-    options: dict[str, Any] = {"ordered": True, "lease": 2.0, "poll_interval": 0.05}
+    # A lease long enough that a loaded machine never lets the relays' heartbeats lapse while
+    # the refusal is checked (a lapsed one counts as stopped, and the change would go ahead).
+    options: dict[str, Any] = {"ordered": True, "lease": 6.0, "poll_interval": 0.05}
     with Writer(url) as writer:
         async with (
             running_relay(url, recorder, relay_id="a", **options),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 from outboxkit.backends.mariadb import sql
 from outboxkit.backends.mariadb.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+
+#: Seconds the repartition's table rewrite may wait for the table's metadata lock.
+REPARTITION_LOCK_WAIT_S = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +102,10 @@ def migrate(
                 if current is not None and current != wanted:
                     _repartition(cur, table, current, wanted, repartition)
             finally:
-                cur.execute(sql.MIGRATE_UNLOCK)
+                # A connection the statement broke (a read timeout) cannot unlock; the server
+                # releases the lock with the session, and the error to report is the first.
+                with contextlib.suppress(pymysql.err.MySQLError):
+                    cur.execute(sql.MIGRATE_UNLOCK)
     except pymysql.err.MySQLError as exc:
         raise StoreError(
             f"migrating the {kind} table {table!r} on MariaDB failed: {exc.args[-1]}", cause=exc
@@ -157,6 +164,10 @@ def _repartition(cur: Any, table: str, current: int, wanted: int, repartition: b
             " stop them (their heartbeats expire within one lease after they stop) and run"
             " it again"
         )
+    # The rewrite waits for the table's metadata lock, and every write queues behind that
+    # wait: a transaction left open (a relay the check above took for dead, a writer's long
+    # transaction) must fail the change in seconds, not stall the writers indefinitely.
+    cur.execute(f"SET SESSION lock_wait_timeout = {REPARTITION_LOCK_WAIT_S}")
     cur.execute(o.repartition.format(partitions=sql.check_partitions(wanted)))
     cur.execute("BEGIN")
     cur.execute(o.reset_partitions)
