@@ -258,8 +258,9 @@ SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) A
 AUTOVACUUM_OFF = """
 SELECT CASE
     WHEN NOT current_setting('autovacuum')::bool THEN 'the server runs with autovacuum = off'
-    WHEN coalesce(c.reloptions, '{{}}')
-         && ARRAY['autovacuum_enabled=false', 'autovacuum_enabled=off', 'autovacuum_enabled=0']
+    WHEN EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o
+                 WHERE split_part(o, '=', 1) = 'autovacuum_enabled'
+                   AND NOT split_part(o, '=', 2)::bool)
         THEN 'the table has autovacuum_enabled = false'
     END
 FROM pg_class AS c WHERE c.oid = {table_literal}::regclass
