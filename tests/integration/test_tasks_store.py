@@ -236,3 +236,40 @@ def test_grouped_completions_are_each_fenced_by_their_own_token(tasks_dsn: str) 
     assert asyncio.run(run()) == [([1], 0), ([], 1), ([3], 0)]
     with psycopg.connect(tasks_dsn) as conn:
         assert conn.execute(f"SELECT id FROM {TABLE}").fetchall() == [(2,)]
+
+
+def test_a_worker_on_a_table_nobody_vacuums_says_so_at_start(
+    tasks_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The machine's CI server runs with autovacuum = off: the task table grew from 3 to
+    # 21 MB in 8 minutes there (docs/benchmarks.md), and nothing said why.
+    with psycopg.connect(tasks_dsn) as conn:
+        row = conn.execute("SELECT current_setting('autovacuum')::bool").fetchone()
+    server_vacuums = bool(row and row[0])
+
+    def start_warnings() -> list[str]:
+        caplog.clear()
+
+        async def run() -> None:
+            store = PgTaskStore(tasks_dsn, TABLE)
+            try:
+                await store.start()
+            finally:
+                await store.close()
+
+        with caplog.at_level("WARNING", logger="outboxkit.worker"):
+            asyncio.run(run())
+        return [r.getMessage() for r in caplog.records if "never vacuumed" in r.getMessage()]
+
+    found = start_warnings()
+    if server_vacuums:
+        assert found == []
+    else:
+        assert len(found) == 1 and "autovacuum = off" in found[0]
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        # stored as written: 'No' is false too
+        conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = 'No')")
+    [warning] = start_warnings()
+    assert "grow without bound" in warning and f'VACUUM "{TABLE}"' in warning
+    if server_vacuums:
+        assert "autovacuum_enabled = false" in warning

@@ -1,6 +1,7 @@
 """The task worker's Prometheus metrics: outcomes and run time per task name (from the
 worker's observer), queue depth, running, failed and the oldest queued age (read from the
-table at each scrape)."""
+table at each scrape). At most ``max_names`` task names get series of their own; the rest
+are counted as ``(other)``, so the series stay bounded whatever names the table holds."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit.store.tasks_pg import ClaimedTask, task_gauges
+from outboxkit.store.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 
 _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 
@@ -27,9 +29,10 @@ _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 class _TableGauges(Collector):
     """Read at scrape time (the scrape runs it in a thread)."""
 
-    def __init__(self, dsn: str, table: str) -> None:
+    def __init__(self, dsn: str, table: str, max_names: int) -> None:
         self.dsn = dsn
         self.table = table
+        self.max_names = max_names
         self.rows: list[tuple[Any, ...]] = []
 
     def collect(self) -> Iterable[Metric]:
@@ -54,7 +57,13 @@ class _TableGauges(Collector):
 class TaskMetrics:
     """The worker's observer (``Worker(observer=...)``) and the registry it fills."""
 
-    def __init__(self, dsn: str, table: str) -> None:
+    def __init__(self, dsn: str, table: str, *, max_names: int = DEFAULT_MAX_TASK_NAMES) -> None:
+        if max_names < 0:
+            raise ValueError("the number of task names with series cannot be negative")
+        self.max_names = max_names
+        # The first max_names names the worker sees keep their series; a handler's names
+        # are few, but an unknown name in the table is counted (failed) too.
+        self._labelled: set[str] = set()
         self.registry = CollectorRegistry()
         self.finished = Counter(
             "outboxkit_tasks_finished_total",
@@ -69,12 +78,18 @@ class TaskMetrics:
             buckets=_RUN_BUCKETS,
             registry=self.registry,
         )
-        self.gauges = _TableGauges(dsn, table)
+        self.gauges = _TableGauges(dsn, table, max_names)
         self.registry.register(self.gauges)
+
+    def label(self, name: str) -> str:
+        """``name`` if it has (or gets, while there is room) series of its own, else (other)."""
+        if name not in self._labelled and len(self._labelled) < self.max_names:
+            self._labelled.add(name)
+        return name if name in self._labelled else OTHER_TASKS
 
     def ran(self, tasks: Sequence[ClaimedTask], seconds: float) -> None:
         for task in tasks:
-            self.run_seconds.labels(task.task_name).observe(seconds)
+            self.run_seconds.labels(self.label(task.task_name)).observe(seconds)
 
     def settled(
         self,
@@ -84,12 +99,14 @@ class TaskMetrics:
     ) -> None:
         for outcome, tasks in (("done", done), ("retried", retried), ("failed", failed)):
             for task in tasks:
-                self.finished.labels(task.task_name, outcome).inc()
+                self.finished.labels(self.label(task.task_name), outcome).inc()
 
     async def render(self) -> bytes:
         """Read the table's gauges, then render (off the event loop)."""
         gauges = self.gauges
-        gauges.rows = await asyncio.to_thread(task_gauges, gauges.dsn, gauges.table)
+        gauges.rows = await asyncio.to_thread(
+            task_gauges, gauges.dsn, gauges.table, max_names=gauges.max_names
+        )
         return await asyncio.to_thread(generate_latest, self.registry)
 
 

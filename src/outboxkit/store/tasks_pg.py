@@ -36,7 +36,13 @@ from outboxkit.queue.store import (
 )
 from outboxkit.store._connection import PoolerMode, aconnect, admin_connection
 from outboxkit.store._pg_session import PgSession
-from outboxkit.store.tasks_sql import TaskStatements, TaskStatus, done_arrays
+from outboxkit.store.tasks_sql import (
+    DEFAULT_MAX_TASK_NAMES,
+    OTHER_TASKS,
+    TaskStatements,
+    TaskStatus,
+    done_arrays,
+)
 
 log = logging.getLogger("outboxkit.worker")
 
@@ -143,12 +149,23 @@ class PgTaskStore(PgSession):
             conn = await self._connection("claim")
             cur = await conn.execute(self.sql.count_pending, (PENDING_CAP,))
             row = await cur.fetchone()
+            vacuum = await (await conn.execute(self.sql.autovacuum_off)).fetchone()
         except pg_errors.UndefinedTable:
             raise self._missing() from None
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         pending = int(row[0]) if row else 0
         where = f"database {conn.info.dbname} on {conn.info.host}"
+        if vacuum and vacuum[0]:
+            log.warning(
+                "task table %r is never vacuumed (%s): every task leaves dead row versions"
+                " that nothing reclaims, so the table and the claim's time grow without bound."
+                " Turn autovacuum on, or run `VACUUM %s` every minute (docs/tasks.md,"
+                ' "Table health")',
+                self.table,
+                vacuum[0],
+                self.sql.qualified,
+            )
         return StoreInfo(pending, pending >= PENDING_CAP, where)
 
     # -- claim and settle ---------------------------------------------------------------
@@ -465,10 +482,19 @@ def list_tasks(
         return list(cur.execute(stmts.list_tasks, params).fetchall())
 
 
-def task_gauges(dsn: _Source, table: str) -> list[tuple[Any, ...]]:
-    """Per task name: queued, scheduled, running, failed, oldest queued age (s) or None."""
+def task_gauges(
+    dsn: _Source, table: str, *, max_names: int = DEFAULT_MAX_TASK_NAMES
+) -> list[tuple[Any, ...]]:
+    """Per task name: queued, scheduled, running, failed, oldest queued age (s) or None.
+
+    The ``max_names`` names with the most tasks get a row each; the rest are summed in one
+    row named ``(other)`` (:data:`OTHER_TASKS`), so a scrape's series stay bounded.
+    """
+    if max_names < 0:
+        raise ValueError("the number of task names with gauges cannot be negative")
+    params = {"max_names": max_names, "other": OTHER_TASKS}
     with _admin(dsn, table) as conn:
-        return list(conn.execute(TaskStatements(table).task_gauges).fetchall())
+        return list(conn.execute(TaskStatements(table).task_gauges, params).fetchall())
 
 
 def show_task(dsn: _Source, table: str, task_id: int) -> dict[str, Any] | None:

@@ -251,6 +251,20 @@ WHERE id = ANY(%s) AND status = {pending} AND claim_token IS NULL AND available_
 COUNT_PENDING = """
 SELECT count(*) FROM (SELECT 1 FROM {table} WHERE status = {pending} LIMIT %s) AS p
 """
+# At start: is the table vacuumed? Each task leaves dead row versions (its claim's, its
+# delete's or purge's); without autovacuum (server-wide `autovacuum = off`, or the table's
+# autovacuum_enabled = false) nothing reclaims them and the table and its claim grow
+# without bound (docs/tasks.md, "Table health"). NULL: it is; else what turned it off.
+AUTOVACUUM_OFF = """
+SELECT CASE
+    WHEN NOT current_setting('autovacuum')::bool THEN 'the server runs with autovacuum = off'
+    WHEN EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o
+                 WHERE split_part(o, '=', 1) = 'autovacuum_enabled'
+                   AND NOT split_part(o, '=', 2)::bool)
+        THEN 'the table has autovacuum_enabled = false'
+    END
+FROM pg_class AS c WHERE c.oid = {table_literal}::regclass
+"""
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 
 # --- periodic tasks ------------------------------------------------------------------
@@ -274,20 +288,38 @@ DATABASE_NOW = "SELECT now()"
 
 # --- ops (`outboxkit tasks ...`) ---------------------------------------------------
 
+#: Task names with gauges of their own by default; the others are summed as OTHER_TASKS.
+DEFAULT_MAX_TASK_NAMES = 100
+#: The name every task outside the named set is counted under (the outbox's "(other)").
+OTHER_TASKS = "(other)"
+
 # The worker's metrics, per task name: queued (pending and due), scheduled (pending, not
 # yet due), running, failed, and the age of the oldest due pending task. The table holds
-# live and failed tasks only (finished ones are deleted by default): a scan is small.
+# live and failed tasks only (finished ones are deleted by default): a scan is small. The
+# task names are whatever was enqueued (a typo or a generated name makes a new one), so
+# only the `max_names` with the most tasks get rows of their own; the rest are summed as
+# one: the number of series stays bounded, as the outbox's topics are (ops/metrics.py).
 TASK_GAUGES = """
-SELECT task_name,
-       count(*) FILTER (WHERE status = {pending} AND available_at <= now()),
-       count(*) FILTER (WHERE status = {pending} AND available_at > now()),
-       count(*) FILTER (WHERE status = {running}),
-       count(*) FILTER (WHERE status = {failed}),
-       extract(epoch FROM now() - min(available_at)
-               FILTER (WHERE status = {pending} AND available_at <= now()))::float8
-FROM {table}
-WHERE status IN ({pending}, {running}, {failed})
-GROUP BY task_name
+WITH per_name AS (
+    SELECT task_name,
+           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status = {pending} AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status = {running}) AS running,
+           count(*) FILTER (WHERE status = {failed}) AS failed,
+           min(available_at) FILTER (WHERE status = {pending} AND available_at <= now())
+               AS oldest_due,
+           count(*) AS tasks
+    FROM {table}
+    WHERE status IN ({pending}, {running}, {failed})
+    GROUP BY task_name
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY tasks DESC, task_name) AS rank FROM per_name
+)
+SELECT CASE WHEN rank <= %(max_names)s THEN task_name ELSE %(other)s END,
+       sum(queued)::bigint, sum(scheduled)::bigint, sum(running)::bigint, sum(failed)::bigint,
+       extract(epoch FROM now() - min(oldest_due))::float8
+FROM ranked
+GROUP BY 1
 """
 
 # `due`: a pending task is queued (due now) or scheduled (due later); a running one's
@@ -381,6 +413,7 @@ class TaskStatements:
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)
         self.count_pending = COUNT_PENDING.format(**slots)
+        self.autovacuum_off = AUTOVACUUM_OFF.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
         self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
