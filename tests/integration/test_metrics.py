@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import psycopg
+import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -177,6 +178,7 @@ def _series(metrics: RelayMetrics) -> set[tuple[str, tuple[tuple[str, str], ...]
     }
 
 
+@pytest.mark.exclusive  # its topic ranking is judged by sub-second idleness: alone under xdist
 async def test_series_stay_bounded_while_10000_events_with_distinct_topics_and_keys_pass(
     db_dsn: str, nats_server: Any
 ) -> None:
