@@ -9,8 +9,9 @@
 * outboxkit's relay on the same events, for the ratio: in-process (``Relay`` in a bare
   script) and as users run it, ``outboxkit relay`` (the CLI process, its defaults).
 
-Every contender is timed from the broker's side (a consumer in this process: first message
-on its topic to the last, bench/_measure.py's window), and the contenders run interleaved,
+Every contender runs in a process of its own and is timed from the broker's side (a
+consumer in this process: first message on its topic to the last, bench/_measure.py's
+window; their own clocks are kept as ``own_clock_rate``), and the contenders run interleaved,
 round by round in a rotating order, so a machine whose load changes hits all of them alike;
 the ratios are per round, then the median.
 
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import multiprocessing
 import statistics
 import threading
 import time
@@ -284,14 +286,23 @@ def faststream_run(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
     return result
 
 
+def in_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` in a fresh process: the watching consumer in this one must not share
+    its interpreter lock with the contender (outboxkit's relays run as child processes too).
+    """
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result: dict[str, Any] = pool.apply(fn, args)
+    return result
+
+
 def watched(
-    bootstrap: str, topic: str, n: int, run: Callable[[], dict[str, Any]]
+    bootstrap: str, topic: str, n: int, fn: Callable[..., Any], *args: Any
 ) -> dict[str, Any]:
-    """``run()`` with a consumer timing its messages on ``topic`` from the broker's side (first
-    to last, as bench/_measure.py times outboxkit's relays); its own clock is kept too."""
+    """``fn(*args)`` in a child process, a consumer here timing its messages on ``topic`` from
+    the broker's side (first to last, as bench/_measure.py times outboxkit's relays)."""
     watch = Watch(bootstrap, n, topic=topic)
     watch.start()
-    result = run()
+    result = in_child(fn, *args)
     if not watch.wait(60):
         raise RuntimeError(f"{topic}: {watch.count} of {n} messages seen")
     result["own_clock_rate"] = result["rate"]
@@ -306,21 +317,17 @@ def contenders(
     out: dict[str, Callable[[], dict[str, Any]]] = {
         "outboxkit_cli": lambda: run_child("cli", dsn, bootstrap, n, n, own),
         "outboxkit_inproc": lambda: run_child("inproc", dsn, bootstrap, n, n, own),
-        "faststream_outbox": lambda: watched(
-            bootstrap, FS_TOPIC, n, lambda: faststream_run(dsn, bootstrap, n)
+        "faststream_outbox": functools.partial(
+            watched, bootstrap, FS_TOPIC, n, faststream_run, dsn, bootstrap, n
         ),
     }
     for b in pgq_batches:
         out[f"pgqueuer_{b}"] = functools.partial(
-            watched, bootstrap, PGQ_TOPIC, n, functools.partial(pgqueuer_run, dsn, bootstrap, n, b)
+            watched, bootstrap, PGQ_TOPIC, n, pgqueuer_run, dsn, bootstrap, n, b
         )
     for b in naive_batches:
         out[f"naive_{b}"] = functools.partial(
-            watched,
-            bootstrap,
-            NAIVE_TOPIC,
-            n,
-            functools.partial(naive_relay.bench, dsn, bootstrap, NAIVE_TOPIC, n, b),
+            watched, bootstrap, NAIVE_TOPIC, n, naive_relay.bench, dsn, bootstrap, NAIVE_TOPIC, n, b
         )
     return out
 
