@@ -164,15 +164,8 @@ class _BatchWaiter:
         self.loop.call_soon_threadsafe(_set_done, self.future)
 
     def on_delivery(self, index: int, err: KafkaError | None, _msg: Any) -> None:
-        if err is None:  # once per event, on the poll thread: report() inlined
-            with self._lock:
-                if self.results[index] is not None:
-                    return
-                self.results[index] = _SUCCESS
-                self.remaining -= 1
-                if self.remaining:
-                    return
-            self.loop.call_soon_threadsafe(_set_done, self.future)
+        if err is None:
+            self.report(index, _SUCCESS)
             return
         if _is_fatal(err):
             self.on_fatal(self.generation, err)
