@@ -387,6 +387,10 @@ def main() -> None:
                 "median": round(statistics.median(per_round), 2),
             }
     results["ratios"] = ratios
+    # The shape bench/plots.py reads (medians over the rounds).
+    summary = results["summary"]
+    results["pgqueuer"] = [{"batch_size": b, "rate": summary[f"pgqueuer_{b}"]} for b in pgq_batches]
+    results["naive"] = [{"batch_size": b, "rate": summary[f"naive_{b}"]} for b in naive_batches]
     print(f"\nalternatives, {n} events to Kafka, {rounds} interleaved rounds (median events/s)")
     for name, v in results["summary"].items():
         print(f"  {name:<24} {fmt_rate(v):>12}")

@@ -17,7 +17,13 @@ Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
 * 1 vs 2 ``outboxkit relay`` processes (steady-state rate, 2 %..98 % drained);
 * the relay to NATS JetStream.
 
+``--focus`` (issue 24 item 2) measures only the relay's CPU per event against the two floors
+(a bare idempotent producer, a bare lease-claim-delete loop), every contender a child process
+measured by bench/_measure.py (whole-life CPU, an n and an n0 run differenced); ``--cli``
+adds ``outboxkit relay``. The full run keeps its in-process contenders for the rates.
+
     python bench/relay_throughput.py --dsn postgresql://postgres@127.0.0.1/bench [--quick]
+    python bench/relay_throughput.py --dsn ... --focus --cli --events 60000 --repeat 3
 """
 
 from __future__ import annotations
