@@ -161,7 +161,14 @@ class OwnCpu:
 
 
 def _command(
-    kind: str, dsn: str, bootstrap: str, n: int, total: int, src: str | None, ready: Path
+    kind: str,
+    dsn: str,
+    bootstrap: str,
+    n: int,
+    total: int,
+    src: str | None,
+    ready: Path,
+    args: tuple[str, ...] = (),
 ) -> Any:
     """Start contender ``kind``; its Popen."""
     env = dict(os.environ)
@@ -171,7 +178,7 @@ def _command(
     broker_url = f"kafka://{bootstrap}"
     if kind == "cli" or kind.startswith("cli_"):
         return spawn_relay(
-            dsn, broker_url, log, log_level=None, env={"PYTHONPATH": src} if src else None
+            dsn, broker_url, log, *args, log_level=None, env={"PYTHONPATH": src} if src else None
         )
     out = log.open("ab")
     if kind == "inproc" or kind.startswith("inproc_"):
@@ -192,6 +199,7 @@ def run_child(
     total: int,
     own: OwnCpu,
     src: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One life of contender ``kind`` on ``n`` preloaded rows (or, for the producer floor,
     ``n`` of ``total`` messages it loads): its whole-life CPU and the broker-side window."""
@@ -214,7 +222,7 @@ def run_child(
     watch = Watch(bootstrap, n, stop, child_cpu) if kind != "sql" else None
     ready = Path(tempfile.mkdtemp(prefix="outboxkit-bench-")) / "ready"
     before = own.read()
-    child = _command(kind, dsn, bootstrap, n, total, src, ready)
+    child = _command(kind, dsn, bootstrap, n, total, src, ready, args)
     if watch is not None:
         watch.start()
         if not watch.wait(300):
@@ -265,11 +273,12 @@ def measure(
     n0: int,
     own: OwnCpu,
     src: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Contender ``kind`` on n0 rows, then on n; µs per event from the difference, and the
     rate of the n run (broker side)."""
-    small = run_child(kind, dsn, bootstrap, n0, n, own, src)
-    big = run_child(kind, dsn, bootstrap, n, n, own, src)
+    small = run_child(kind, dsn, bootstrap, n0, n, own, src, args)
+    big = run_child(kind, dsn, bootstrap, n, n, own, src, args)
     return {
         "kind": kind,
         "rate": big.get("rate"),

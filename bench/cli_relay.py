@@ -19,6 +19,7 @@ connecting and shutdown cancel.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import time
 from typing import Any
@@ -48,7 +49,19 @@ def main() -> None:
         help="A/B/C: also run `outboxkit relay` from SRC as contender cli_NAME (repeatable;"
         " one change per src copy measures each change in the same run)",
     )
+    ap.add_argument(
+        "--options",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="also run `outboxkit relay ARGS` as contender cli_NAME (repeatable), e.g."
+        " wide='--batch-size 2000 --max-in-flight 8'",
+    )
     args = ap.parse_args()
+    options = {}
+    for spec in args.options:
+        name, _, rest = spec.partition("=")
+        options[f"cli_{name}"] = tuple(shlex.split(rest))
     variants = {"cli_baseline": args.baseline_src} if args.baseline_src else {}
     for spec in args.variant:
         name, _, src = spec.partition("=")
@@ -57,7 +70,7 @@ def main() -> None:
     size = prepare(args.dsn, args.events)
     n0 = args.small or args.events // 10
     runs: dict[str, list[dict[str, Any]]] = {"cli": [], "inproc": []}
-    for kind in variants:
+    for kind in [*variants, *options]:
         runs[kind] = []
     kinds = list(runs)
     with kafka_broker(args.kafka) as bootstrap:
@@ -66,7 +79,16 @@ def main() -> None:
         for i in range(args.rounds):
             order = kinds if i % 2 == 0 else kinds[::-1]
             for kind in order:
-                r = measure(kind, args.dsn, bootstrap, args.events, n0, own, variants.get(kind))
+                r = measure(
+                    kind,
+                    args.dsn,
+                    bootstrap,
+                    args.events,
+                    n0,
+                    own,
+                    variants.get(kind),
+                    options.get(kind, ()),
+                )
                 r["cpu_us_per_event"] = r["us"]["cpu"]
                 runs[kind].append(r)
                 print(
@@ -88,7 +110,7 @@ def main() -> None:
         summary["cli"]["median_cpu_us_per_event"] / summary["inproc"]["median_cpu_us_per_event"]
     )
     print(f"cli / in-process: rate {ratio:.3f}, CPU per event {cpu_ratio:.3f}")
-    for kind in variants:
+    for kind in [*variants, *options]:
         other, inproc = summary[kind], summary["inproc"]
         print(
             f"{kind} / in-process: rate {other['median_rate'] / inproc['median_rate']:.3f},"
@@ -96,15 +118,15 @@ def main() -> None:
             f" {other['median_cpu_us_per_event'] / inproc['median_cpu_us_per_event']:.3f}"
         )
     # Same-round pairs (the machine's load swings between rounds): cli over each variant.
-    for kind in variants:
-        pairs = [
-            a["cpu_us_per_event"] / b["cpu_us_per_event"]
-            for a, b in zip(runs["cli"], runs[kind], strict=True)
-        ]
-        print(
-            f"cli / {kind}, CPU per event, per round: {[round(x, 3) for x in pairs]},"
-            f" median {statistics.median(pairs):.3f}"
-        )
+    for kind in [*variants, *options]:
+        for what in ("cpu", "own"):  # the relay process; it + broker + PostgreSQL
+            pairs = [
+                a["us"][what] / b["us"][what] for a, b in zip(runs["cli"], runs[kind], strict=True)
+            ]
+            print(
+                f"cli / {kind}, {what} CPU per event, per round: {[round(x, 3) for x in pairs]},"
+                f" median {statistics.median(pairs):.3f}"
+            )
     save(
         args.out,
         {
@@ -114,6 +136,7 @@ def main() -> None:
             "events": args.events,
             "small": n0,
             "variants": variants,
+            "options": options,
             "payload_bytes": size,
             "server": server_facts(args.dsn),
             "summary": summary,
