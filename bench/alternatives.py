@@ -6,9 +6,14 @@
 * faststream-outbox (its ``OutboxBroker`` subscriber, tuned: 32 workers, fetches of
   500), the handler producing each row to Kafka and returning after the ack.
 * a hand-written polling relay (``naive_relay.py``), at a few batch sizes.
-* outboxkit's relay on the same events, for the ratio: in-process (``Relay``) and as users
-  run it, ``outboxkit relay`` (the CLI process, its defaults, timed from the broker's side
-  as bench/cli_relay.py does: first message on the topic to the last).
+* outboxkit's relay on the same events, for the ratio: in-process (``Relay`` in a bare
+  script) and as users run it, ``outboxkit relay`` (the CLI process, its defaults).
+
+Every contender runs in a process of its own and is timed from the broker's side (a
+consumer in this process: first message on its topic to the last, bench/_measure.py's
+window; their own clocks are kept as ``own_clock_rate``), and the contenders run interleaved,
+round by round in a rotating order, so a machine whose load changes hits all of them alike;
+the ratios are per round, then the median.
 
 pgqueuer and faststream-outbox are installed only into the benchmark environment (``pip install
 '.[bench]'``), never as a dependency of outboxkit.
@@ -21,18 +26,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
+import functools
+import multiprocessing
+import statistics
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-import cli_relay
 import naive_relay
 import psycopg
-import relay_throughput
-from _common import ensure_topic, fmt_rate, kafka_broker, prepare, save, server_facts
+from _common import TOPIC, ensure_topic, fmt_rate, kafka_broker, prepare, save, server_facts
+from _measure import OwnCpu, Watch, run_child
 from confluent_kafka import KafkaError, Producer
 
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
@@ -280,80 +286,117 @@ def faststream_run(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
     return result
 
 
+def in_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` in a fresh process: the watching consumer in this one must not share
+    its interpreter lock with the contender (outboxkit's relays run as child processes too).
+    """
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result: dict[str, Any] = pool.apply(fn, args)
+    return result
+
+
+def watched(
+    bootstrap: str, topic: str, n: int, fn: Callable[..., Any], *args: Any
+) -> dict[str, Any]:
+    """``fn(*args)`` in a child process, a consumer here timing its messages on ``topic`` from
+    the broker's side (first to last, as bench/_measure.py times outboxkit's relays)."""
+    watch = Watch(bootstrap, n, topic=topic)
+    watch.start()
+    result = in_child(fn, *args)
+    if not watch.wait(60):
+        raise RuntimeError(f"{topic}: {watch.count} of {n} messages seen")
+    result["own_clock_rate"] = result["rate"]
+    result["rate"] = (n - 1) / (watch.last - watch.first)
+    return result
+
+
+def contenders(
+    dsn: str, bootstrap: str, n: int, pgq_batches: list[int], naive_batches: list[int]
+) -> dict[str, Callable[[], dict[str, Any]]]:
+    own = OwnCpu(bootstrap, dsn)
+    out: dict[str, Callable[[], dict[str, Any]]] = {
+        "outboxkit_cli": lambda: run_child("cli", dsn, bootstrap, n, n, own),
+        "outboxkit_inproc": lambda: run_child("inproc", dsn, bootstrap, n, n, own),
+        "faststream_outbox": functools.partial(
+            watched, bootstrap, FS_TOPIC, n, faststream_run, dsn, bootstrap, n
+        ),
+    }
+    for b in pgq_batches:
+        out[f"pgqueuer_{b}"] = functools.partial(
+            watched, bootstrap, PGQ_TOPIC, n, pgqueuer_run, dsn, bootstrap, n, b
+        )
+    for b in naive_batches:
+        out[f"naive_{b}"] = functools.partial(
+            watched, bootstrap, NAIVE_TOPIC, n, naive_relay.bench, dsn, bootstrap, NAIVE_TOPIC, n, b
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", required=True)
-    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--events", type=int, default=30_000)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
-    ap.add_argument("--quick", action="store_true", help="20 000 events, one batch size each")
+    ap.add_argument("--quick", action="store_true", help="20 000 events, one round")
+    ap.add_argument(
+        "--pgq-batches",
+        default="300,1000",
+        help="pgqueuer batch sizes (10 is its default; 1000 was its best in every earlier run)",
+    )
     args = ap.parse_args()
     n = 20_000 if args.quick else args.events
-    pgq_batches = [100] if args.quick else [10, 100, 300, 1000]  # 10 is pgqueuer's default
-    naive_batches = [100] if args.quick else [100, 1000]
+    rounds = 1 if args.quick else args.rounds
+    pgq_batches = [int(b) for b in args.pgq_batches.split(",")]
+    naive_batches = [1000]
 
     payload_bytes = prepare(args.dsn, n)
     results: dict[str, Any] = {
         "events": n,
         "payload_bytes": payload_bytes,
         "machine": server_facts(args.dsn),
+        "method": "every contender timed from the broker's side (first message to last);"
+        " contenders interleaved round by round in a rotating order",
     }
+    runs: dict[str, list[dict[str, Any]]] = {}
     with kafka_broker(args.kafka) as bootstrap:
-        for topic in (relay_throughput.TOPIC, PGQ_TOPIC, NAIVE_TOPIC, FS_TOPIC):
+        for topic in (TOPIC, PGQ_TOPIC, NAIVE_TOPIC, FS_TOPIC):
             ensure_topic(bootstrap, topic)
-        logdir = Path(tempfile.mkdtemp(prefix="outboxkit-bench-alt-"))
-        url = f"kafka://{bootstrap}"
-        results["outboxkit"] = relay_throughput.relay_kafka(args.dsn, bootstrap, n)
-        cli = [cli_relay.run_one("cli", args.dsn, url, bootstrap, n, logdir, {})]
-        results["pgqueuer"] = [pgqueuer_run(args.dsn, bootstrap, n, b) for b in pgq_batches]
-        results["faststream_outbox"] = faststream_run(args.dsn, bootstrap, n)
-        results["naive"] = [
-            naive_relay.bench(args.dsn, bootstrap, NAIVE_TOPIC, n, b) for b in naive_batches
-        ]
-        # outboxkit again at the end: the machine is shared, so bracket the others.
-        again = relay_throughput.relay_kafka(args.dsn, bootstrap, n)
-        cli.append(cli_relay.run_one("cli", args.dsn, url, bootstrap, n, logdir, {}))
-        results["outboxkit_cli_runs"] = [round(r["rate"]) for r in cli]
-        results["outboxkit_cli"] = max(cli, key=lambda r: r["rate"])
-        results["outboxkit_runs"] = [round(results["outboxkit"]["rate"]), round(again["rate"])]
-        if again["rate"] > results["outboxkit"]["rate"]:
-            results["outboxkit"] = again
-
-    best_pgq = max(results["pgqueuer"], key=lambda r: r["rate"])
-    best_naive = max(results["naive"], key=lambda r: r["rate"])
-    ours = results["outboxkit"]["rate"]
-    results["ratio_vs_pgqueuer"] = ours / best_pgq["rate"]
-    results["ratio_vs_naive"] = ours / best_naive["rate"]
-    results["ratio_vs_faststream_outbox"] = ours / results["faststream_outbox"]["rate"]
-    cli_rate = results["outboxkit_cli"]["rate"]
-    results["cli_ratio_vs_pgqueuer"] = cli_rate / best_pgq["rate"]
-    results["cli_ratio_vs_faststream_outbox"] = cli_rate / results["faststream_outbox"]["rate"]
-    print(f"\nalternatives, {n} events to Kafka")
-    print(f"  {'outboxkit Relay (in-process)':<44} {fmt_rate(ours):>12}")
-    print(f"  {'outboxkit relay (CLI, defaults)':<44} {fmt_rate(cli_rate):>12}")
-    for r in results["pgqueuer"]:
-        print(
-            f"  {'pgqueuer + Kafka handler, batch ' + str(r['batch_size']):<44}"
-            f" {fmt_rate(r['rate']):>12}"
-        )
-    fs = results["faststream_outbox"]
-    label = f"faststream-outbox, {FS_WORKERS} workers, fetch {FS_FETCH}"
-    print(f"  {label:<44} {fmt_rate(fs['rate']):>12}")
-    for r in results["naive"]:
-        print(
-            f"  {'hand-written polling relay, batch ' + str(r['batch_size']):<44}"
-            f" {fmt_rate(r['rate']):>12}"
-        )
-    print(f"  outboxkit / best pgqueuer = {results['ratio_vs_pgqueuer']:.1f}x (target >= 5x)")
-    print(
-        f"  outboxkit / faststream-outbox = {results['ratio_vs_faststream_outbox']:.1f}x"
-        " (target >= 10x)"
-    )
-    print(f"  outboxkit / best hand-written = {results['ratio_vs_naive']:.1f}x")
-    print(
-        f"  CLI relay / best pgqueuer = {results['cli_ratio_vs_pgqueuer']:.1f}x (target >= 5x),"
-        f" / faststream-outbox = {results['cli_ratio_vs_faststream_outbox']:.1f}x"
-        " (target >= 10x)"
-    )
+        todo = contenders(args.dsn, bootstrap, n, pgq_batches, naive_batches)
+        names = list(todo)
+        for i in range(rounds):
+            k = i % len(names)
+            order = names[k:] + names[:k]
+            for name in order if i % 2 == 0 else order[::-1]:
+                r = todo[name]()
+                runs.setdefault(name, []).append(r)
+                print(f"round {i + 1} {name:20s} {fmt_rate(r['rate']):>12}", flush=True)
+    results["runs"] = runs
+    rate = {name: [r["rate"] for r in rs] for name, rs in runs.items()}
+    pgq = [max(rate[f"pgqueuer_{b}"][i] for b in pgq_batches) for i in range(rounds)]
+    results["summary"] = {name: statistics.median(v) for name, v in rate.items()}
+    ratios: dict[str, Any] = {}
+    for ours in ("outboxkit_cli", "outboxkit_inproc"):
+        for other, theirs in (
+            ("pgqueuer_best", pgq),
+            ("faststream_outbox", rate["faststream_outbox"]),
+        ):
+            per_round = [a / b for a, b in zip(rate[ours], theirs, strict=True)]
+            ratios[f"{ours}_vs_{other}"] = {
+                "per_round": [round(x, 2) for x in per_round],
+                "median": round(statistics.median(per_round), 2),
+            }
+    results["ratios"] = ratios
+    # The shape bench/plots.py reads (medians over the rounds).
+    summary = results["summary"]
+    results["pgqueuer"] = [{"batch_size": b, "rate": summary[f"pgqueuer_{b}"]} for b in pgq_batches]
+    results["naive"] = [{"batch_size": b, "rate": summary[f"naive_{b}"]} for b in naive_batches]
+    print(f"\nalternatives, {n} events to Kafka, {rounds} interleaved rounds (median events/s)")
+    for name, v in results["summary"].items():
+        print(f"  {name:<24} {fmt_rate(v):>12}")
+    for key, v in ratios.items():
+        print(f"  {key}: per round {v['per_round']}, median {v['median']}")
+    print("  targets with the CLI relay: >= 5x pgqueuer, >= 10x faststream-outbox")
     save("alternatives", results)
 
 

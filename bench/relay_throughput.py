@@ -17,7 +17,13 @@ Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
 * 1 vs 2 ``outboxkit relay`` processes (steady-state rate, 2 %..98 % drained);
 * the relay to NATS JetStream.
 
+``--focus`` (issue 24 item 2) measures only the relay's CPU per event against the two floors
+(a bare idempotent producer, a bare lease-claim-delete loop), every contender a child process
+measured by bench/_measure.py (whole-life CPU, an n and an n0 run differenced); ``--cli``
+adds ``outboxkit relay``. The full run keeps its in-process contenders for the rates.
+
     python bench/relay_throughput.py --dsn postgresql://postgres@127.0.0.1/bench [--quick]
+    python bench/relay_throughput.py --dsn ... --focus --cli --events 60000 --repeat 3
 """
 
 from __future__ import annotations
@@ -343,42 +349,6 @@ class ConfirmAtOnce:
         return [PublishResult.success()] * len(messages)
 
 
-def relay_cli(dsn: str, bootstrap: str, n: int, meter: RunCpuMeter) -> dict[str, Any]:
-    """``outboxkit relay`` (the CLI process, its defaults) as users run it, metered from the
-    first message on the topic to the last (bench/cli_relay.py's window). Its own CPU is the
-    relay process's (read from /proc) + the broker's + PostgreSQL's; the machine's excludes
-    this process, whose consumer only watches the topic."""
-    from cli_relay import Watch
-
-    class MeteredWatch(Watch):
-        def _cpu(self) -> float:  # called at the first and the last message
-            if self.count == 0:
-                meter.start()
-            else:
-                self.metered = meter.stop(n - 1)
-            return super()._cpu()
-
-    n = reload(dsn, limit=n)
-    watch = MeteredWatch(bootstrap, n)
-    log = Path(tempfile.mkdtemp(prefix="outboxkit-bench-cli-")) / "relay.log"
-    child = spawn_relay(dsn, f"kafka://{bootstrap}", log, log_level=None)
-    watch.start(child.pid)
-    try:
-        if not watch.wait(300):
-            raise RuntimeError(f"outboxkit relay: {watch.count} of {n} events in 300 s")
-    finally:
-        child.terminate()
-        child.wait(60)
-    cpu = dict(watch.metered)
-    per = 1e6 / (n - 1)
-    relay_us = (watch.cpu_last - watch.cpu_first) * per
-    cpu["us_per_event_total"] -= cpu["us_per_event_client"]  # the watching consumer
-    cpu["us_per_event_client"] = relay_us
-    cpu["us_per_event_own"] = relay_us + cpu["us_per_event_broker"] + cpu["us_per_event_postgres"]
-    seconds = watch.last - watch.first
-    return {"events": n, "seconds": seconds, "rate": (n - 1) / seconds, "cpu": cpu}
-
-
 def relay_null(dsn: str, n: int, meter: CpuMeter, **options: Any) -> dict[str, Any]:
     n = reload(dsn, limit=n)
     return asyncio.run(_relay_run(dsn, ConfirmAtOnce(), n, meter, **options))
@@ -480,6 +450,71 @@ def relay_processes(dsn: str, broker_url: str, n: int, procs: int) -> dict[str, 
     return {"processes": procs, "events": n, "rate": rate, "window_s": end[0] - start[0]}
 
 
+# -- item 2: CPU per event against the floors (bench/_measure.py) ----------------------
+
+
+def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]) -> None:
+    """The relay processes against the bare producer and the bare SQL loop, every one a
+    child process measured by bench/_measure.py (whole-life CPU, n and n0 runs differenced),
+    interleaved round by round; ``--inbench`` adds the old in-process window for comparison.
+    """
+    from _measure import OwnCpu, measure
+
+    n0 = args.small or n // 10
+    kinds = ["producer", "sql", "inproc"] + (["cli"] if args.cli else [])
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    with kafka_broker(args.kafka) as bootstrap:
+        ensure_topic(bootstrap, TOPIC)
+        own = OwnCpu(bootstrap, args.dsn)
+        meter = RunCpuMeter(broker_pid(bootstrap), args.dsn)
+        for i in range(repeat):
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                r = measure(kind, args.dsn, bootstrap, n, n0, own)
+                runs[kind].append(r)
+                us = r["us"]
+                print(
+                    f"round {i + 1} {kind:9s} process {us['cpu']:6.1f}  broker {us['broker']:5.1f}"
+                    f"  postgres {us['postgres']:5.1f}  own {us['own']:6.1f} µs/event"
+                    + (f"  rate {r['rate']:,.0f}/s" if r["rate"] else ""),
+                    flush=True,
+                )
+            if args.inbench:  # the method of relay_throughput.py before 2026-12-01
+                r = relay_kafka(args.dsn, bootstrap, n, meter)
+                runs.setdefault("inbench", []).append(r)
+                print(f"round {i + 1} inbench   process {r['cpu']['us_per_event_client']:6.1f}")
+    results["runs"] = runs
+    results["small"] = n0
+    floors = list(zip(runs["producer"], runs["sql"], strict=True))
+    out: dict[str, Any] = {"target": 1.3, "goal": 1.15}
+    for contender in kinds[2:]:
+        for what in ("cpu", "own"):
+            # The relay process against the two floors' processes; own: + broker + PostgreSQL.
+            ratios = [
+                r["us"][what] / (p["us"][what] + q["us"][what])
+                for r, (p, q) in zip(runs[contender], floors, strict=True)
+            ]
+            out[f"{contender}_{what}"] = {
+                "us_per_event_relay": statistics.median(r["us"][what] for r in runs[contender]),
+                "us_per_event_producer": statistics.median(p["us"][what] for p, _ in floors),
+                "us_per_event_sql_bare": statistics.median(q["us"][what] for _, q in floors),
+                "ratio_per_round": [round(x, 3) for x in ratios],
+                "ratio": round(statistics.median(ratios), 3),
+            }
+    if args.cli:
+        pairs = [
+            c["us"]["cpu"] / r["us"]["cpu"]
+            for c, r in zip(runs["cli"], runs["inproc"], strict=True)
+        ]
+        out["cli_over_inproc_process_per_round"] = [round(x, 3) for x in pairs]
+    results["cpu_vs_unavoidable"] = out
+    for key, v in out.items():
+        print(f"  {key}: {v}")
+    save(
+        args.out or ("relay_throughput_focus_cli" if args.cli else "relay_throughput_focus"),
+        results,
+    )
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -512,8 +547,16 @@ def main() -> None:
     ap.add_argument(
         "--cli",
         action="store_true",
-        help="with --focus: also `outboxkit relay` (the CLI process) as contender relay_cli",
+        help="with --focus: also `outboxkit relay` (the CLI process) as contender cli",
     )
+    ap.add_argument("--small", type=int, help="with --focus: the n0 run's events (events / 10)")
+    ap.add_argument(
+        "--inbench",
+        action="store_true",
+        help="with --focus: also the relay in this process, metered first produce to last"
+        " settle with no watcher (this script's method before 2026-12-01), for comparison",
+    )
+    ap.add_argument("--out", help="results name (bench/results/NAME.json)")
     ap.add_argument(
         "--focus",
         action="store_true",
@@ -535,6 +578,9 @@ def main() -> None:
         "payload_bytes": payload_bytes,
         "machine": server_facts(args.dsn),
     }
+    if args.focus:
+        focus(args, n, repeat, results)
+        return
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
         meter = RunCpuMeter(broker_pid(bootstrap), args.dsn)
@@ -547,54 +593,16 @@ def main() -> None:
             gc.collect()
             runs.setdefault("sql_bare", []).append(sql_bare(args.dsn, n, 1000, meter))
             runs.setdefault("relay", []).append(relay_kafka(args.dsn, bootstrap, n, meter))
-            if args.cli:
-                runs.setdefault("relay_cli", []).append(relay_cli(args.dsn, bootstrap, n, meter))
-            if not args.focus:
-                runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500, meter))
-                runs.setdefault("sql_ceiling_sync", []).append(
-                    sql_ceiling(args.dsn, n, 500, meter, commit=None)
-                )
-                runs.setdefault("relay_generic", []).append(
-                    relay_kafka(args.dsn, bootstrap, n, meter, **GENERIC)
-                )
-            for key in ("us_per_event_total", "us_per_event_own"):
-                print(
-                    f"  round, {key}: relay {runs['relay'][-1]['cpu'][key]:.1f} us vs producer"
-                    f" {runs['kafka_ceiling'][-1]['cpu'][key]:.1f} + SQL"
-                    f" {runs['sql_bare'][-1]['cpu'][key]:.1f} us"
-                    + (
-                        f"; CLI relay {runs['relay_cli'][-1]['cpu'][key]:.1f} us"
-                        if args.cli
-                        else ""
-                    ),
-                    flush=True,
-                )
+            runs.setdefault("sql_ceiling", []).append(sql_ceiling(args.dsn, n, 500, meter))
+            runs.setdefault("sql_ceiling_sync", []).append(
+                sql_ceiling(args.dsn, n, 500, meter, commit=None)
+            )
+            runs.setdefault("relay_generic", []).append(
+                relay_kafka(args.dsn, bootstrap, n, meter, **GENERIC)
+            )
         for name, rs in runs.items():
             results[name] = best(rs)
-        # Issue 14: the machine's CPU per relayed event against the two jobs no relay
-        # can avoid (the bare producer, the bare lease-based SQL loop), paired per round.
-        results["cpu_vs_unavoidable"] = {"target": 1.15}
-        for contender in ("relay", "relay_cli") if args.cli else ("relay",):
-            suffix = "" if contender == "relay" else "_cli"
-            for what in ("total", "own"):
-                key = f"us_per_event_{what}"
-                ratios = [
-                    r["cpu"][key] / (k["cpu"][key] + q["cpu"][key])
-                    for r, k, q in zip(
-                        runs[contender], runs["kafka_ceiling"], runs["sql_bare"], strict=True
-                    )
-                ]
-                results["cpu_vs_unavoidable"][what + suffix] = {
-                    "us_per_event_relay": cpu_per_event(runs[contender], key),
-                    "us_per_event_producer": cpu_per_event(runs["kafka_ceiling"], key),
-                    "us_per_event_sql_bare": cpu_per_event(runs["sql_bare"], key),
-                    "ratio_per_round": [round(x, 3) for x in ratios],
-                    "ratio": round(statistics.median(ratios), 3),
-                }
-        print(f"  relay CPU / (producer + bare SQL) per round: {results['cpu_vs_unavoidable']}")
-        if args.focus:
-            save("relay_throughput_focus_cli" if args.cli else "relay_throughput_focus", results)
-            return
+        # The relay's CPU per event against the floors: --focus (bench/_measure.py's method).
         lower = min(results["kafka_ceiling"]["rate"], results["sql_ceiling"]["rate"])
         results["relay_vs_lower_ceiling"] = results["relay"]["rate"] / lower
         results["relay_generic_vs_lower_ceiling"] = results["relay_generic"]["rate"] / lower

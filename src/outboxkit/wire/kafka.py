@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import uuid
 import zoneinfo
+from typing import Any
 
 from outboxkit.tracing import TRACE_HEADERS
 from outboxkit.wire.cloudevents import Envelope, Outbound
@@ -31,7 +31,24 @@ _SECONDS: dict[tuple[int, int, int, int, int, int], tuple[bytes, int]] = {}
 _SECONDS_MAX = 4096
 
 
-@functools.lru_cache(maxsize=1024)
+# The (name, bytes) headers that repeat across events, built once per distinct value: an
+# outbox carries a handful of event types, aggregate types and schema versions.
+_TYPES: dict[str, tuple[str, bytes]] = {}
+_SOURCES: dict[str | None, tuple[str, bytes]] = {}
+_VERSIONS: dict[str, tuple[str, bytes]] = {}
+_REPEATED_MAX = 4096
+
+
+def _repeated(
+    cache: dict[Any, tuple[str, bytes]], name: str, value: Any, data: bytes
+) -> tuple[str, bytes]:
+    """Remember ``(name, data)`` for ``value`` (the cache starts over past its bound)."""
+    if len(cache) >= _REPEATED_MAX:
+        cache.clear()
+    header = cache[value] = (name, data)
+    return header
+
+
 def _source(aggregate_type: str | None) -> bytes:
     return f"/outboxkit/{aggregate_type}".encode() if aggregate_type else b"/outboxkit"
 
@@ -82,40 +99,65 @@ def encode_headers(message: Outbound) -> list[tuple[str, bytes]]:
 
 
 def encode_record(message: Outbound) -> tuple[list[tuple[str, bytes]], int]:
-    """:func:`encode_headers` and the record's timestamp (ms): the time is converted once."""
+    """:func:`encode_headers` and the record's timestamp (ms): the time is converted once.
+
+    The relay's hot path, once per event: the headers that repeat across events (type,
+    source, schema version) come from small caches, and the CloudEvents part is one list
+    literal (user headers, rare, go before it).
+    """
     time_text, timestamp_ms = wire_time(message.time)
     event_id = uuid_bytes(message.event_id)
-    headers: list[tuple[str, bytes]] = []
-    content_type = _DEFAULT_CONTENT_TYPE
-    user = message.headers
-    if user:
-        # User headers may not shadow the dedup key or the CloudEvents attributes.
-        for k, v in user.items():
-            if k == "content-type":
-                content_type = ("content-type", v.encode())
-            elif k != "idempotency-key" and not k.startswith(PREFIX):
-                headers.append((k, v.encode()))
-    headers += (
+    event_type = message.event_type
+    ce_type = _TYPES.get(event_type) or _repeated(
+        _TYPES, "ce_type", event_type, event_type.encode()
+    )
+    aggregate_type = message.aggregate_type
+    ce_source = _SOURCES.get(aggregate_type) or _repeated(
+        _SOURCES, "ce_source", aggregate_type, _source(aggregate_type)
+    )
+    headers = [
         ("idempotency-key", event_id),
         _SPECVERSION,
         ("ce_id", event_id),
-        ("ce_type", message.event_type.encode()),
-        ("ce_source", _source(message.aggregate_type)),
+        ce_type,
+        ce_source,
         ("ce_time", time_text),
-        content_type,
-    )
+        _DEFAULT_CONTENT_TYPE,
+    ]
+    user = message.headers
+    if user:
+        headers = _user_first(user, headers)
     if message.aggregate_id is not None:
         headers.append(("ce_subject", message.aggregate_id.encode()))
     if message.key is not None:
         headers.append(("ce_partitionkey", message.key.encode()))
-    if message.schema_version is not None:
-        headers.append(("ce_schemaversion", message.schema_version.encode()))
+    version = message.schema_version
+    if version is not None:
+        headers.append(
+            _VERSIONS.get(version)
+            or _repeated(_VERSIONS, "ce_schemaversion", version, version.encode())
+        )
     if user:
         for name in TRACE_HEADERS:
             value = user.get(name)
             if value:
                 headers.append((f"{PREFIX}{name}", value.encode()))
     return headers, timestamp_ms
+
+
+def _user_first(user: dict[str, str], ce: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """User headers, then ``ce`` (its content type, last, replaced by the user's if given).
+
+    User headers may not shadow the dedup key or the CloudEvents attributes.
+    """
+    headers: list[tuple[str, bytes]] = []
+    for k, v in user.items():
+        if k == "content-type":
+            ce[-1] = ("content-type", v.encode())
+        elif k != "idempotency-key" and not k.startswith(PREFIX):
+            headers.append((k, v.encode()))
+    headers += ce
+    return headers
 
 
 def decode(
