@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 import psycopg
 from _common import save
+from write_ab import raw_begin, raw_pipeline
 from write_overhead import (
     BOOTSTRAP_RESAMPLES,
     SCHEMA,
@@ -48,7 +49,6 @@ from write_overhead import (
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import WRITE_COLUMNS
-from outboxkit.write.commit import _pipeline as commit_pipeline
 from outboxkit.write.storage import OIDS
 from outboxkit.write.table import _params as library_params
 
@@ -223,7 +223,7 @@ class RowCost(WritePath):
         ) -> None:
             # BEGIN as conn.transaction() sends it; the INSERT, prepared once, rides in the
             # COMMIT's pipeline with binary parameters, as Outbox.transaction() sends it.
-            conn.execute("BEGIN")
+            conn.wait(raw_begin(pg))
             psycopg_business(conn, self.order)
             values = row()
             sends: list[Callable[[], object]] = []
@@ -236,7 +236,7 @@ class RowCost(WritePath):
                     prepared.add(name)
                 sends.append(lambda: pg.send_query_prepared(name, values, formats))
             sends.append(lambda: pg.send_query_params(b"COMMIT", None))
-            _statuses, error = conn.wait(commit_pipeline(pg, sends))
+            _statuses, error = conn.wait(raw_pipeline(pg, sends))
             if error is not None:
                 raise error
 
@@ -360,7 +360,7 @@ def bulk_server_us(dsn: str, tables: list[str], rows: int = 2000, repeats: int =
                     sends += [partial(pg.send_query_prepared, name, p, formats) for p in params]
                 sends.append(lambda: pg.send_query_params(b"ROLLBACK", None))
                 start = backend.cpu_ns()
-                _statuses, error = conn.wait(commit_pipeline(pg, sends))
+                _statuses, error = conn.wait(raw_pipeline(pg, sends))
                 if error is not None:
                     raise error
                 best[key] = min(best[key], backend.cpu_ns() - start)
