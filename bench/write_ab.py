@@ -69,6 +69,11 @@ def _read(pg: Any) -> Generator[Wait, Any, None]:
 def raw_begin(pg: Any) -> Generator[Wait, Any, None]:
     """BEGIN as ``conn.transaction()`` sends it: one simple query, its result read."""
     pg.send_query(b"BEGIN")
+    yield from raw_begin_result(pg)
+
+
+def raw_begin_result(pg: Any) -> Generator[Wait, Any, None]:
+    """Flush a simple query already sent and read its results."""
     yield from _flush_then_read(pg)
     while True:
         if not pg.is_busy():
@@ -428,8 +433,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=24)
     ap.add_argument("--name", default="write_ab", help="results file name")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 200 rounds, results to NAME.quick.json"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.warmup = min(args.rounds, 200), 20  # saved to NAME.quick.json
     if args.worker:
         worker(args.dsn, args.seed)
     elif args.embedded:
