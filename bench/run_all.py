@@ -27,6 +27,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("write_overhead.py", []),  # rounds: OUTBOXKIT_BENCH_WRITE_ROUNDS (default 3000)
     ("write_profile.py", []),  # where the write's microseconds go
     ("write_row_cost.py", []),  # what one event row costs, per table option
+    ("write_ab.py", []),  # the write against its floors and a naive INSERT, one run
     ("concurrent_writers.py", []),  # 1..64 writers: throughput kept, wait events
     ("relay_throughput.py", []),
     ("alternatives.py", []),
@@ -40,6 +41,7 @@ QUICK_CAPABLE = {
     "write_overhead.py",
     "write_profile.py",
     "write_row_cost.py",
+    "write_ab.py",
     "concurrent_writers.py",
     "relay_throughput.py",
     "alternatives.py",

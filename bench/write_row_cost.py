@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 import psycopg
 from _common import save
+from write_ab import raw_begin, raw_pipeline
 from write_overhead import (
     BOOTSTRAP_RESAMPLES,
     SCHEMA,
@@ -48,7 +49,6 @@ from write_overhead import (
 from outboxkit import Event, Outbox
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import WRITE_COLUMNS
-from outboxkit.write.commit import _pipeline as commit_pipeline
 from outboxkit.write.storage import OIDS
 from outboxkit.write.table import _params as library_params
 
@@ -223,7 +223,7 @@ class RowCost(WritePath):
         ) -> None:
             # BEGIN as conn.transaction() sends it; the INSERT, prepared once, rides in the
             # COMMIT's pipeline with binary parameters, as Outbox.transaction() sends it.
-            conn.execute("BEGIN")
+            conn.wait(raw_begin(pg))
             psycopg_business(conn, self.order)
             values = row()
             sends: list[Callable[[], object]] = []
@@ -236,7 +236,7 @@ class RowCost(WritePath):
                     prepared.add(name)
                 sends.append(lambda: pg.send_query_prepared(name, values, formats))
             sends.append(lambda: pg.send_query_params(b"COMMIT", None))
-            _statuses, error = conn.wait(commit_pipeline(pg, sends))
+            _statuses, error = conn.wait(raw_pipeline(pg, sends))
             if error is not None:
                 raise error
 
@@ -360,7 +360,7 @@ def bulk_server_us(dsn: str, tables: list[str], rows: int = 2000, repeats: int =
                     sends += [partial(pg.send_query_prepared, name, p, formats) for p in params]
                 sends.append(lambda: pg.send_query_params(b"ROLLBACK", None))
                 start = backend.cpu_ns()
-                _statuses, error = conn.wait(commit_pipeline(pg, sends))
+                _statuses, error = conn.wait(raw_pipeline(pg, sends))
                 if error is not None:
                     raise error
                 best[key] = min(best[key], backend.cpu_ns() - start)
@@ -368,10 +368,71 @@ def bulk_server_us(dsn: str, tables: list[str], rows: int = 2000, repeats: int =
     return {k: round(ns / rows / 1e3, 2) for k, ns in best.items()}
 
 
-def _bulk_only(dsn: str, tables: list[str]) -> None:
+def in_transaction_server_us(dsn: str, tables: list[str], rounds: int = 3000) -> dict:
+    """Server CPU one row adds to a transaction that writes anyway (as the business one
+    does: its xid and its commit's WAL flush are paid either way): BEGIN, an UPDATE of a
+    stock row, the table's prepared INSERT (none for the baseline), COMMIT, in one
+    pipeline; tables interleaved, a fresh random order per round; median minus the
+    baseline's. Unlike the bulk figure this includes what a row costs once per
+    transaction (its relation's and indexes' locks, the statement's executor start)."""
+    statements: dict[str, Any] = {"none": None, "floor": (FLOOR, [OIDS["text"]], None)}
+    for key in tables:
+        v = TABLES[key]
+        if v.named:  # (an unnamed statement's parse is the bulk figure's business)
+            statements[key] = (v.sql(key), [OIDS[t] for _, t in v.columns], v.encode)
+    samples: dict[str, list[int]] = {k: [] for k in statements}
+    rng = random.Random(5)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pg = conn.pgconn
+        backend = _Backend(pg.backend_pid)
+        pg.prepare(b"tx_stock", b"UPDATE bench_stock SET qty = qty - 1 WHERE sku = $1", [23])
+        for key, stmt in statements.items():
+            if stmt is not None:
+                pg.prepare(f"tx_{key}".encode(), stmt[0], stmt[1])
+        order = list(statements)
+        for r in range(rounds + 300):
+            rng.shuffle(order)
+            for key in order:
+                sku = str(rng.randrange(1, 1001)).encode()
+                stmt = statements[key]
+                sends: list[Callable[[], object]] = [
+                    lambda: pg.send_query_params(b"BEGIN", None),
+                    partial(pg.send_query_prepared, b"tx_stock", [sku]),
+                ]
+                if stmt is not None:
+                    row = [FLOOR_VALUE] if stmt[2] is None else stmt[2](order_event(r))
+                    name = f"tx_{key}".encode()
+                    sends.append(partial(pg.send_query_prepared, name, row, [1] * len(row)))
+                sends.append(lambda: pg.send_query_params(b"COMMIT", None))
+                start = backend.cpu_ns()
+                _statuses, error = conn.wait(raw_pipeline(pg, sends))
+                if error is not None:
+                    raise error
+                if r >= 300:
+                    samples[key].append(backend.cpu_ns() - start)
+        backend.close()
+    base = statistics.median(samples.pop("none"))
+    return {k: round((statistics.median(xs) - base) / 1e3, 1) for k, xs in samples.items()}
+
+
+def _bulk_only(dsn: str, tables: list[str], name: str) -> None:
     build_tables(dsn, tables)
-    for key, us in bulk_server_us(dsn, tables).items():
-        print(f"  {key:<14} {us:6.2f} us")
+    bulk = bulk_server_us(dsn, tables)
+    for key, us in bulk.items():
+        print(f"  {key:<16} {us:6.2f} us")
+    print("server CPU one row adds to a writing transaction (median, us):")
+    in_tx = in_transaction_server_us(dsn, tables)
+    for key, us in in_tx.items():
+        print(f"  {key:<16} {us:6.1f} us")
+    save(
+        name,
+        {
+            "machine": machine_facts(),
+            "server": server_facts(dsn),
+            "bulk_server_us_per_insert": bulk,
+            "in_transaction_server_us_per_row": in_tx,
+        },
+    )
 
 
 def main() -> None:
@@ -386,7 +447,11 @@ def main() -> None:
         action="store_true",
         help="run on a private embedded PostgreSQL 18 (fsync on, wal_level=logical), not --dsn",
     )
-    ap.add_argument("--bulk-only", action="store_true", help="only the server CPU per INSERT")
+    ap.add_argument(
+        "--bulk-only",
+        action="store_true",
+        help="only the server CPU per INSERT (in bulk and in a writing transaction)",
+    )
     ap.add_argument(
         "--quick", action="store_true", help="smoke run: 100 rounds, results to NAME.quick.json"
     )
@@ -410,7 +475,7 @@ def main() -> None:
 def run(dsn: str, args: argparse.Namespace) -> None:
     tables = args.tables.split(",")
     if args.bulk_only:
-        _bulk_only(dsn, tables)
+        _bulk_only(dsn, tables, args.name)
         return
     build_tables(dsn, tables)
     rng = random.Random(args.seed)

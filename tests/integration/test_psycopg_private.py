@@ -25,6 +25,10 @@ def test_the_private_attributes_outboxkit_reads_exist(db_dsn: str) -> None:
         assert conn._pipeline is None
         with conn.pipeline():
             assert private.in_pipeline(conn)
+        assert private.begin_command(conn) == b"BEGIN"
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        conn.read_only = True
+        assert private.begin_command(conn) == b"BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY"
         assert isinstance(conn.pgconn._encoding, str)
         assert private.encoding(conn.pgconn) == "utf-8"
         manager = conn._prepared

@@ -155,6 +155,40 @@ def test_misuse_is_refused(shop_dsn: str) -> None:
     assert count(shop_dsn) == 0
 
 
+def _isolation(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SHOW transaction_isolation").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_the_transaction_begins_with_the_connections_isolation_level(shop_dsn: str) -> None:
+    outbox = Outbox()
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        with conn.transaction():
+            assert _isolation(conn) == "serializable"  # what the application asked for
+        conn.execute("BEGIN")  # a bare BEGIN (what the write sent before) ignores it
+        assert _isolation(conn) == "read committed"
+        conn.rollback()
+        with outbox.transaction(conn) as tx:
+            assert _isolation(conn) == "serializable"
+            tx.put(_event(1))
+    assert count(shop_dsn) == 1
+
+
+async def test_the_async_transaction_begins_with_the_connections_isolation_level(
+    shop_dsn: str,
+) -> None:
+    async with await psycopg.AsyncConnection.connect(shop_dsn, autocommit=True) as conn:
+        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        await conn.set_read_only(True)
+        async with Outbox().atransaction(conn):
+            cur = await conn.execute("SHOW transaction_isolation")
+            assert await cur.fetchone() == ("repeatable read",)
+            cur = await conn.execute("SHOW transaction_read_only")
+            assert await cur.fetchone() == ("on",)
+
+
 async def test_async_outbox_transaction_commits_and_rolls_back(shop_dsn: str) -> None:
     outbox = Outbox()
     async with await psycopg.AsyncConnection.connect(shop_dsn, autocommit=True) as conn:

@@ -35,6 +35,13 @@ def open_transaction_blocks(conn: Any) -> int:
     return int(getattr(conn, "_num_transactions", 0))
 
 
+def begin_command(conn: Any) -> bytes:
+    """The BEGIN ``conn.transaction()`` sends: with the connection's isolation level,
+    read-only and deferrable settings (psycopg builds it once and caches it)."""
+    command: bytes = conn._get_tx_start_command()
+    return command
+
+
 def encoding(pgconn: Any) -> str:
     """The Python name of the connection's client encoding (to decode server errors)."""
     return str(getattr(pgconn, "_encoding", "utf-8"))
