@@ -55,6 +55,7 @@ from _common import (
     save,
     server_facts,
 )
+from _floors import BARE_CLAIM, BARE_DELETE
 
 from outboxkit import OutboundMessage, PublishResult, Relay
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
@@ -226,17 +227,8 @@ def sql_ceiling(
     }
 
 
-# The database work any lease-based relay must do, written by hand (issue 14): claim a
-# batch with a lease and a token, return what a publish needs, delete it fenced.
-BARE_CLAIM = """
-UPDATE outbox
-SET attempts = attempts + 1, available_at = now() + make_interval(secs => 30), claim_token = %s
-WHERE id = ANY(ARRAY(
-    SELECT id FROM outbox WHERE status = 0 AND available_at <= now()
-    ORDER BY available_at, id LIMIT %s FOR UPDATE SKIP LOCKED))
-RETURNING id, event_id, topic, key, event_type, payload
-"""
-BARE_DELETE = "DELETE FROM outbox WHERE id = ANY(%s) AND claim_token = %s"
+# The database work any lease-based relay must do, written by hand (issue 14): the same
+# statements as the child-process floor (bench/_floors.py).
 
 
 def sql_bare(dsn: str, n: int, batch: int, meter: CpuMeter) -> dict[str, Any]:
