@@ -184,3 +184,12 @@ async def test_the_relays_connections_carry_tcp_keepalives_unless_the_dsn_sets_i
     finally:
         await store.close()
     assert options == (1, 7, 5, 30_000)
+
+
+def test_the_bound_is_a_third_of_the_lease_and_never_under_a_second() -> None:
+    store = PgQueueStore("postgresql://127.0.0.1/none", "outbox", OutboundMessage)
+    bounds = []
+    for lease in (_pg_session.DEFAULT_LEASE, 60.0, 3.0, 0.6):
+        store.lease = lease
+        bounds.append(store.answer_within)
+    assert bounds == [10.0, 20.0, 1.0, 1.0]
