@@ -19,13 +19,14 @@ from __future__ import annotations
 import re
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
 from outboxkit.errors import ConfigurationError
@@ -162,14 +163,18 @@ async def aconnect(
     autocommit: bool = True,
     connect_timeout: int = CONNECT_TIMEOUT,
     pooler: PoolerMode | None = None,
+    libpq: Mapping[str, Any] | None = None,
 ) -> psycopg.AsyncConnection[Any]:
-    """The async twin of :func:`connect`."""
+    """The async twin of :func:`connect`. ``libpq``: more connection parameters (the
+    relay's TCP keepalives), each only if the DSN does not set it."""
     bare, mode = split_pooler(dsn)
     mode = pooler_mode(pooler) if pooler else mode
     known = _MODES[mode] if mode != "auto" else _DETECTED.get(bare)
-    conn = await psycopg.AsyncConnection.connect(
-        bare, **_options(application_name, autocommit, connect_timeout, known)
-    )
+    options = _options(application_name, autocommit, connect_timeout, known)
+    if libpq:
+        given = conninfo_to_dict(bare)
+        options.update({k: v for k, v in libpq.items() if k not in given})
+    conn = await psycopg.AsyncConnection.connect(bare, **options)
     if known is None:
         try:
             async with conn.lock:

@@ -14,8 +14,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import orjson
 import psycopg
@@ -35,6 +35,37 @@ Role = Literal["claim", "settle"]
 LISTEN_CHECK_INTERVAL = 10.0
 LISTEN_CHECK_TIMEOUT = 5.0
 
+#: A claim, settle, heartbeat or wake-up gate round trip not answered within this share of
+#: the lease is taken for a dead connection: it is hung up and the loop reconnects (None:
+#: wait forever). A third: a settle starts with at least two thirds of its lease left (the
+#: heartbeat extends it every third), so a hung one is found and retried on a new
+#: connection before the lease runs out; the retry is safe whether or not the lost one
+#: committed (the claim token fences it). 10 s at the default lease, where these statements
+#: take milliseconds: a database that needs longer for one claim is already breaking the
+#: lease's promise, and hanging up costs one reconnect (the claimed rows come back at
+#: lease expiry).
+ANSWER_SHARE: float | None = 1 / 3
+#: ... but never less than this: a lease of a few seconds must not turn a busy moment into
+#: a hang-up (below a 3 s lease a hung settle may then outlive its lease: the fence keeps
+#: that safe, the rows are published again, not lost).
+MIN_ANSWER_WITHIN = 1.0
+#: The lease the bound is taken from until the first claim tells (the Relay's default).
+DEFAULT_LEASE = 30.0
+#: libpq's TCP keepalives and TCP_USER_TIMEOUT on the claim, settle and gate connections
+#: (where the DSN sets none): the kernel then drops a connection whose peer vanished (about
+#: 30 s idle, 30 s of unacknowledged data). Not enough alone: a proxy or a pooler on the
+#: path answers keepalives and acknowledges data for a server that is gone, hence the
+#: deadline above.
+TCP_OPTIONS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 15,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # (milliseconds)
+}
+
+_R = TypeVar("_R")
+
 
 class PgSession:
     """Connections, the wake-up gate and LISTEN of a queue store on PostgreSQL.
@@ -42,7 +73,8 @@ class PgSession:
     ``who`` and ``what`` name the process and its items in log lines ("relay", "events").
     ``channel`` is the table's NOTIFY channel; ``try_wake_lock`` and ``wake_unlock`` its
     gate's statements (the subclass's SQL). ``listen_check``: (interval, timeout) of the
-    LISTEN connection's health probe (:meth:`listen`).
+    LISTEN connection's health probe (:meth:`listen`). ``lease``: the last one used; a
+    round trip on a claim, settle or gate connection gets :attr:`answer_within` of it.
     """
 
     def __init__(
@@ -64,6 +96,7 @@ class PgSession:
         self.direct_dsn = direct_dsn
         self.name = name
         self.listen_check = (LISTEN_CHECK_INTERVAL, LISTEN_CHECK_TIMEOUT)
+        self.lease = DEFAULT_LEASE  # (the last claim's or heartbeat's: the deadline's base)
         self._channel = channel
         self._try_wake_lock = try_wake_lock
         self._wake_unlock = wake_unlock
@@ -134,8 +167,7 @@ class PgSession:
                 if not self.session_state:
                     self._tell_pooled()
                     return False
-            cur = await conn.execute(self._try_wake_lock)
-            row = await cur.fetchone()
+            row = await self.within(conn, "wake-up gate", _fetchone(conn, self._try_wake_lock))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         if row is None or not row[0]:
@@ -150,7 +182,7 @@ class PgSession:
         if conn is None or conn.closed or conn is not owner:
             return
         try:
-            await conn.execute(self._wake_unlock)
+            await self.within(conn, "wake-up gate", conn.execute(self._wake_unlock))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
 
@@ -232,7 +264,9 @@ class PgSession:
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
-        conn = await aconnect(self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler)
+        conn = await aconnect(
+            self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler, libpq=TCP_OPTIONS
+        )
         self._configure(conn)
         if role == "claim":
             self._claim_conn = conn
@@ -246,13 +280,53 @@ class PgSession:
         if conn is not None and not conn.closed:
             return conn
         assert self.direct_dsn is not None
-        conn = await aconnect(self.direct_dsn, application_name=f"{self.name}:gate")
+        conn = await aconnect(
+            self.direct_dsn, application_name=f"{self.name}:gate", libpq=TCP_OPTIONS
+        )
         pooling = known_pooling(self.direct_dsn)
         if pooling is not None and not pooling.session_state:
             await conn.close()
             raise _direct_pooled()
         self._direct_conn = conn
         return conn
+
+    @property
+    def answer_within(self) -> float | None:
+        """Seconds a round trip may wait for its answer (a share of the lease), or None."""
+        if ANSWER_SHARE is None:
+            return None
+        return max(self.lease * ANSWER_SHARE, MIN_ANSWER_WITHIN)
+
+    async def within(
+        self, conn: psycopg.AsyncConnection[Any], what: str, work: Awaitable[_R]
+    ) -> _R:
+        """``work`` (round trips on ``conn``), unless no answer comes within
+        :attr:`answer_within`: then ``conn`` is hung up and StoreUnavailable raised.
+
+        A connection whose path turned into a black hole (a failover, a NAT or firewall that
+        dropped its state) never answers nor fails: the claim loop would wait forever,
+        silently. Not cancelled: psycopg would send a cancel and then wait for the answer on
+        the same silent path; a socket shut down ends the wait at once (with an error).
+        """
+        bound = self.answer_within
+        if bound is None:
+            return await work
+        fired: list[bool] = []  # (a timer, not a task per round trip: the claim's hot path)
+        timer = asyncio.get_running_loop().call_later(bound, _hang_up_late, conn, fired)
+        try:
+            return await work
+        except psycopg.Error as exc:
+            if not fired:
+                raise
+            with contextlib.suppress(Exception):
+                await conn.close()
+            message = (
+                f"the database did not answer the {what} within {bound:g}s"
+                f" (lease {self.lease:g}s): its connection was hung up"
+            )
+            raise StoreUnavailable(message, cause=psycopg.OperationalError(message)) from exc
+        finally:
+            timer.cancel()
 
     async def _translate(self, exc: psycopg.Error) -> StoreError:
         """``exc`` as the store interface's error; broken connections are dropped."""
@@ -295,6 +369,16 @@ async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
         await probe  # (its error, if any)
         return True
     return False
+
+
+async def _fetchone(conn: psycopg.AsyncConnection[Any], statement: str) -> Any:
+    cur = await conn.execute(statement)
+    return await cur.fetchone()
+
+
+def _hang_up_late(conn: psycopg.AsyncConnection[Any], fired: list[bool]) -> None:
+    fired.append(True)
+    _hang_up(conn)
 
 
 def _hang_up(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -228,6 +228,7 @@ class PgQueueStore(PgSession, Generic[T]):
             "max_attempts": max_attempts,  # the crash-loop guard
             "commit": self._commit,
         }
+        self.lease = lease  # (the bound of this claim's and its settles' round trips)
         statement = self.sql.claim_batch
         if isinstance(policy, HeadsOnly):
             assert isinstance(self.sql, OrderedStatements), "a HeadsOnly claim needs ordered=True"
@@ -241,8 +242,7 @@ class PgQueueStore(PgSession, Generic[T]):
         try:
             conn = await self._connection("claim")
             cur = self._cursor(conn, "claim")
-            await cur.execute(statement, params)
-            records = await cur.fetchall()
+            records = await self.within(conn, "claim", _fetchall(cur, statement, params))
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise SchemaError(
@@ -315,19 +315,20 @@ class PgQueueStore(PgSession, Generic[T]):
             conn = await self._connection("settle")
             async with self._settle_lock:  # one settle at a time uses the cursor
                 cur = self._cursor(conn, "settle")
-                await cur.execute(stmt, params)
-                if cur.rowcount == len(ids):
-                    return ids
-                return [row[0] for row in await cur.fetchall()]  # (RETURNING id)
+                changed = await self.within(conn, "settle", _changed(cur, stmt, params, ids))
+            return changed
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
 
     async def extend_leases(self, claim: Claim[T], lease: float) -> int:
+        self.lease = lease
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
-                cur = await conn.execute(
-                    self._extend, (lease, claim.ids, claim.token, self._commit)
+                cur = await self.within(
+                    conn,
+                    "lease heartbeat",
+                    conn.execute(self._extend, (lease, claim.ids, claim.token, self._commit)),
                 )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
@@ -337,7 +338,9 @@ class PgQueueStore(PgSession, Generic[T]):
         self._partial.pop(claim.token, None)
         try:
             conn = await self._connection("settle")
-            cur = await conn.execute(self._release, (claim.ids, claim.token, self._commit))
+            cur = await self.within(
+                conn, "release", conn.execute(self._release, (claim.ids, claim.token, self._commit))
+            )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         return cur.rowcount
@@ -348,7 +351,11 @@ class PgQueueStore(PgSession, Generic[T]):
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
-                cur = await conn.execute(self.sql.hasten_handed_back, (list(ids), self._commit))
+                cur = await self.within(
+                    conn,
+                    "settle",
+                    conn.execute(self.sql.hasten_handed_back, (list(ids), self._commit)),
+                )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         return cur.rowcount
@@ -381,7 +388,7 @@ class PgQueueStore(PgSession, Generic[T]):
         conn = await super()._connection(role)
         if conn is not known:
             try:
-                await conn.execute(SESSION_UTC)
+                await self.within(conn, "connection's set-up", conn.execute(SESSION_UTC))
             except BaseException:
                 await conn.close()
                 raise
@@ -390,3 +397,19 @@ class PgQueueStore(PgSession, Generic[T]):
     async def close(self) -> None:
         await super().close()
         self._partial.clear()
+
+
+async def _fetchall(cur: psycopg.AsyncCursor[Any], statement: str, params: Any) -> list[Any]:
+    await cur.execute(statement, params)
+    return await cur.fetchall()
+
+
+async def _changed(
+    cur: psycopg.AsyncCursor[Any], statement: str, params: Sequence[Any], ids: list[int]
+) -> list[int]:
+    """The ids a fenced settle statement changed: ``ids`` itself when all of them (told by
+    the row count), fewer when another claim took some (the statement returns those)."""
+    await cur.execute(statement, params)
+    if cur.rowcount == len(ids):
+        return ids
+    return [row[0] for row in await cur.fetchall()]  # (RETURNING id)
