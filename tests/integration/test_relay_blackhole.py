@@ -21,7 +21,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outboxkit import Event, OutboundMessage, PublishResult
 from outboxkit.store import _pg_session
+from outboxkit.store.migrate import migrate_tasks
 from outboxkit.store.queue_pg import PgQueueStore
+from outboxkit.tasks import Tasks, Worker
 from outboxkit.testing import TcpProxy
 from tests.support.relaying import TimingPublisher, count, make_events, running_relay, write_events
 
@@ -193,3 +195,63 @@ def test_the_bound_is_a_third_of_the_lease_and_never_under_a_second() -> None:
         store.lease = lease
         bounds.append(store.answer_within)
     assert bounds == [10.0, 20.0, 1.0, 1.0]
+
+
+def _task_rows(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM outboxkit_tasks").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_the_task_workers_black_holed_claim_and_settle_connections_are_replaced(
+    db_dsn: str, proxy_factory: Callable[..., TcpProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker is the same claim loop on the same session code: its claim and settle
+    connections held in the proxy are hung up within the bound, the tasks enqueued after
+    the hold all start, and every one is completed over a new connection."""
+    migrate_tasks(db_dsn)
+    dsn, proxy = _proxied(proxy_factory, db_dsn)
+    started: dict[int, float] = {}
+    tasks = Tasks()
+    tasks.handler("t")(lambda payload: started.setdefault(payload, time.monotonic()))
+
+    def enqueue(numbers: range) -> None:
+        with psycopg.connect(db_dsn) as conn, conn.transaction():
+            for n in numbers:
+                tasks.enqueue(conn, "t", n)
+
+    caplog.set_level(logging.INFO)
+    worker = Worker(tasks, dsn, lease=LEASE, poll_interval=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.to_thread(enqueue, range(1))
+        deadline = time.monotonic() + 10
+        while not (
+            0 in started and len(await asyncio.to_thread(_worker_ports, db_dsn)) >= 2
+        ):  # both connections open: a task claimed and completed
+            assert time.monotonic() < deadline, "the worker never ran the first task"
+            await asyncio.sleep(0.02)
+        for port in await asyncio.to_thread(_worker_ports, db_dsn):
+            proxy.hold(port)
+        await asyncio.to_thread(enqueue, range(1, 21))
+        held = time.monotonic()
+        while not set(range(21)) <= started.keys() or await asyncio.to_thread(_task_rows, db_dsn):
+            assert time.monotonic() - held < RECOVERED + 5, (
+                f"started {sorted(started)}; rows left {_task_rows(db_dsn)}"
+            )
+            await asyncio.sleep(0.02)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, timeout=30)
+    assert max(started.values()) - held < RECOVERED
+    assert 1 <= len(_hung_up_lines(caplog)) <= 2, [r.getMessage() for r in _hung_up_lines(caplog)]
+
+
+def _worker_ports(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = ANY(%s)",
+            (["outboxkit-worker:claim", "outboxkit-worker:settle"],),
+        ).fetchall()
+    return [int(r[0]) for r in rows]

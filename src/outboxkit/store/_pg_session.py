@@ -376,6 +376,12 @@ async def _fetchone(conn: psycopg.AsyncConnection[Any], statement: str) -> Any:
     return await cur.fetchone()
 
 
+async def fetch_rows(cur: psycopg.AsyncCursor[Any], statement: str, params: Any) -> list[Any]:
+    """``statement``'s rows: its round trips as one awaitable, for :meth:`PgSession.within`."""
+    await cur.execute(statement, params)
+    return await cur.fetchall()
+
+
 def _hang_up_late(conn: psycopg.AsyncConnection[Any], fired: list[bool]) -> None:
     fired.append(True)
     _hang_up(conn)

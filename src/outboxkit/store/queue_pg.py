@@ -43,7 +43,7 @@ from outboxkit.queue.store import (
     StoreUnavailable,
 )
 from outboxkit.store._connection import PoolerMode
-from outboxkit.store._pg_session import PgSession
+from outboxkit.store._pg_session import PgSession, fetch_rows
 from outboxkit.store.ordered_sql import OrderedStatements
 from outboxkit.store.postgres import SESSION_UTC, Statements, Status
 
@@ -242,7 +242,7 @@ class PgQueueStore(PgSession, Generic[T]):
         try:
             conn = await self._connection("claim")
             cur = self._cursor(conn, "claim")
-            records = await self.within(conn, "claim", _fetchall(cur, statement, params))
+            records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise SchemaError(
@@ -397,11 +397,6 @@ class PgQueueStore(PgSession, Generic[T]):
     async def close(self) -> None:
         await super().close()
         self._partial.clear()
-
-
-async def _fetchall(cur: psycopg.AsyncCursor[Any], statement: str, params: Any) -> list[Any]:
-    await cur.execute(statement, params)
-    return await cur.fetchall()
 
 
 async def _changed(

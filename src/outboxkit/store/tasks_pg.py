@@ -35,7 +35,7 @@ from outboxkit.queue.store import (
     Verdict,
 )
 from outboxkit.store._connection import PoolerMode, aconnect, admin_connection
-from outboxkit.store._pg_session import PgSession
+from outboxkit.store._pg_session import PgSession, fetch_rows
 from outboxkit.store.tasks_sql import (
     DEFAULT_MAX_TASK_NAMES,
     OTHER_TASKS,
@@ -188,6 +188,7 @@ class PgTaskStore(PgSession):
             "max_attempts": max_attempts,  # for tasks enqueued without their own
         }
         records: list[Any] = []
+        self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
             conn = await self._connection("claim")
             # The worker's queues in turn, starting after the one served last: one busy
@@ -201,8 +202,13 @@ class PgTaskStore(PgSession):
                     if take < 1:
                         self._skipped = True
                         continue  # at its limit: the next queue
-                cur = await conn.execute(self.sql.claim, {**params, "queue": queue, "limit": take})
-                records = await cur.fetchall()
+                records = await self.within(
+                    conn,
+                    "claim",
+                    fetch_rows(
+                        conn.cursor(), self.sql.claim, {**params, "queue": queue, "limit": take}
+                    ),
+                )
                 if records:
                     self._next_queue = (self._next_queue + i + 1) % len(queues)
                     if queue in self.queue_limits:
@@ -326,21 +332,27 @@ class PgTaskStore(PgSession):
         assert self.on_settle is not None
         try:
             conn = await self._connection("settle")
-            async with self._settle_lock, conn.transaction():
-                changed: list[int] = []
-                for stmt, params in statements:
-                    cur = await conn.execute(stmt, params)
-                    changed.extend(row[0] for row in await cur.fetchall())
-                kept = set(changed)
-                pairs = [
-                    (task, decision)
-                    for i, task, decision in zip(claim.ids, claim.items, decisions, strict=True)
-                    if i in kept
-                ]
-                extra = self.on_settle(pairs) if pairs else None
-                if extra is not None:
-                    await conn.execute(extra[0], extra[1])
-                return changed
+            on_settle = self.on_settle
+
+            async def settle() -> list[int]:
+                async with conn.transaction():
+                    changed: list[int] = []
+                    for stmt, params in statements:
+                        cur = await conn.execute(stmt, params)
+                        changed.extend(row[0] for row in await cur.fetchall())
+                    kept = set(changed)
+                    pairs = [
+                        (task, decision)
+                        for i, task, decision in zip(claim.ids, claim.items, decisions, strict=True)
+                        if i in kept
+                    ]
+                    extra = on_settle(pairs) if pairs else None
+                    if extra is not None:
+                        await conn.execute(extra[0], extra[1])
+                    return changed
+
+            async with self._settle_lock:
+                return await self.within(conn, "settle", settle())
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
 
@@ -348,32 +360,36 @@ class PgTaskStore(PgSession):
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
-                cur = await conn.execute(stmt, params)
-                return [row[0] for row in await cur.fetchall()]
+                rows = await self.within(conn, "settle", fetch_rows(conn.cursor(), stmt, params))
+                return [row[0] for row in rows]
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
 
-    async def _count(self, stmt: str, params: Sequence[Any]) -> int:
+    async def _count(self, stmt: str, params: Sequence[Any], what: str) -> int:
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
-                cur = await conn.execute(stmt, params)
+                cur = conn.cursor()
+                await self.within(conn, what, cur.execute(stmt, params))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         return cur.rowcount
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
-        return await self._count(self.sql.extend, (lease, claim.ids, claim.token))
+        self.lease = lease
+        return await self._count(
+            self.sql.extend, (lease, claim.ids, claim.token), "lease heartbeat"
+        )
 
     async def release(self, claim: Claim[ClaimedTask]) -> int:
         ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
         try:
-            return await self._count(self.sql.release, (ids, claim.token)) if ids else 0
+            return await self._count(self.sql.release, (ids, claim.token), "release") if ids else 0
         finally:
             self._let_go(claim.ids)
 
     async def hasten(self, ids: Sequence[int]) -> int:
-        return await self._count(self.sql.hasten, (list(ids),)) if ids else 0
+        return await self._count(self.sql.hasten, (list(ids),), "hasten") if ids else 0
 
 
 # -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
