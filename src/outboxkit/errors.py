@@ -271,6 +271,26 @@ def wrong_backend(exc: BaseException, storage: str) -> ConfigurationError | None
     )
 
 
+def repartition_refused(table: str, current: int, wanted: int, rewrite: str) -> SchemaError:
+    """A change of ordered mode's partition count asked without ``--repartition`` (every
+    backend's wording; ``rewrite`` says how the backend rewrites the table)."""
+    return SchemaError(
+        f"outbox table {table!r} is ordered with {current} partitions, not {wanted}:"
+        " changing the count moves keys between partitions. Stop every relay of the"
+        f" table, then run `outboxkit migrate --ordered --partitions {wanted}"
+        f" --repartition` ({rewrite}; each key's events keep their order)"
+    )
+
+
+def repartition_while_running(table: str, live: list[str]) -> SchemaError:
+    """A repartition refused because relays of ``table`` are alive (every backend's)."""
+    return SchemaError(
+        f"cannot repartition {table!r} while relays are running ({', '.join(live[:5])}):"
+        " stop them (their heartbeats expire within one lease after they stop) and run"
+        " it again"
+    )
+
+
 def table_missing(
     table: str,
     *,

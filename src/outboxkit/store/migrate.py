@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from outboxkit.errors import SchemaError
+from outboxkit.errors import SchemaError, repartition_refused, repartition_while_running
 from outboxkit.store._connection import connect
 from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements, inbox_slots
 from outboxkit.store.migrations import Kind, migration_files
@@ -284,21 +284,13 @@ def _migrate_ordered(
     wanted = partitions if partitions is not None else (current or DEFAULT_PARTITIONS)
     if current is not None and current != wanted:
         if not repartition:
-            raise SchemaError(
-                f"outbox table {result.table!r} is ordered with {current} partitions, not"
-                f" {wanted}: changing the count moves keys between partitions. Stop every"
-                f" relay of the table, then run `outboxkit migrate --ordered --partitions"
-                f" {wanted} --repartition` (it rewrites the table once under an exclusive"
-                f" lock; each key's events keep their order)"
+            raise repartition_refused(
+                result.table, current, wanted, "it rewrites the table once under an exclusive lock"
             )
         if conn.execute(TABLE_EXISTS, (stmts.relays_table,)).fetchone() == (True,):
             live = [r for (r,) in conn.execute(stmts.live_relays)]
             if live:
-                raise SchemaError(
-                    f"cannot repartition {result.table!r} while relays are running"
-                    f" ({', '.join(live[:5])}): stop them (their heartbeats expire within"
-                    " one lease after they stop) and run it again"
-                )
+                raise repartition_while_running(result.table, live)
         conn.execute(stmts.repartition_ddl())
     ddl = stmts.ordered_ddl(wanted)
     missing = _missing(conn, _objects(ddl, schema), stmts.qualified)

@@ -9,7 +9,14 @@ from typing import Any
 
 from outboxkit.backends.mariadb import sql
 from outboxkit.backends.mariadb.ordered_sql import OrderedStatements
-from outboxkit.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxkit.errors import (
+    ConfigurationError,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+    repartition_refused,
+    repartition_while_running,
+)
 
 #: Seconds the repartition's table rewrite may wait for the table's metadata lock.
 REPARTITION_LOCK_WAIT_S = 10
@@ -150,20 +157,11 @@ def _repartition(cur: Any, table: str, current: int, wanted: int, repartition: b
     """
     o = OrderedStatements(table)
     if not repartition:
-        raise SchemaError(
-            f"outbox table {table!r} is ordered with {current} partitions, not {wanted}:"
-            " changing the count moves keys between partitions. Stop every relay of the"
-            f" table, then run `outboxkit migrate --ordered --partitions {wanted}"
-            " --repartition` (it rewrites the table once; each key's events keep their order)"
-        )
+        raise repartition_refused(table, current, wanted, "it rewrites the table once")
     cur.execute(o.live_relays)
     live = [r[0] for r in cur.fetchall()]
     if live:
-        raise SchemaError(
-            f"cannot repartition {table!r} while relays are running ({', '.join(live[:5])}):"
-            " stop them (their heartbeats expire within one lease after they stop) and run"
-            " it again"
-        )
+        raise repartition_while_running(table, live)
     # The rewrite waits for the table's metadata lock, and every write queues behind that
     # wait: a transaction left open (a relay the check above took for dead, a writer's long
     # transaction) must fail the change in seconds, not stall the writers indefinitely.
