@@ -2,12 +2,17 @@
 
     python bench/_floors.py producer DSN BOOTSTRAP N TOTAL READY   # bare idempotent producer
     python bench/_floors.py sql DSN BOOTSTRAP N TOTAL READY        # bare lease-claim-delete
+    python bench/_floors.py producer_window ...   # the producer in the relay's batch window
 
 Each writes its CPU at the end of its set-up to the file READY (see ``ready``).
 
 ``producer`` loads TOTAL messages (the relay's key, payload and headers) whatever N is, so
 that its set-up is the same in the n and the n0 run and cancels in their difference; then
 it sends N of them with the relay's producer settings and exits after the last ack.
+``producer_window`` sends them as the relay's Kafka publisher hands them over: batches of
+1 000, at most 4 unconfirmed (``KafkaPublisher.batch_shape``), where ``producer`` queues
+all N at once. The difference between the two is what the relay's window costs librdkafka
+and the broker (smaller produce requests), not the relay's own code.
 ``sql`` runs the database work any lease-based relay must do, written by hand (issue 14):
 claim a batch with a lease and a token, return what a publish needs, delete it fenced,
 commits not waiting for the WAL flush, one connection, binary results, until the table
@@ -35,11 +40,11 @@ BARE_DELETE = "DELETE FROM outbox WHERE id = ANY(%s) AND claim_token = %s"
 BATCH = 1000
 
 
-def producer(dsn: str, bootstrap: str, n: int, total: int) -> None:
+def producer(dsn: str, bootstrap: str, n: int, total: int, window: bool = False) -> None:
     from confluent_kafka import Producer
 
     from outboxkit import OutboundMessage
-    from outboxkit.publishers.kafka import _DEFAULTS
+    from outboxkit.publishers.kafka import _DEFAULTS, KafkaPublisher
     from outboxkit.wire.kafka import encode_headers
 
     with psycopg.connect(dsn) as conn:
@@ -72,7 +77,12 @@ def producer(dsn: str, bootstrap: str, n: int, total: int) -> None:
         if err is None:
             acked += 1
 
-    for key, value, headers in prepared[:n]:
+    size, in_flight = KafkaPublisher.batch_shape if window else (n, 1)
+    for i, (key, value, headers) in enumerate(prepared[:n]):
+        if i % size == 0:
+            # The relay claims the next batch only while fewer than `in_flight` wait.
+            while acked < i - size * (in_flight - 1):
+                p.poll(0.0005)
         while True:
             try:
                 p.produce("bench.orders", value, key, on_delivery=on_delivery, headers=headers)
@@ -108,7 +118,7 @@ def sql(dsn: str) -> None:
 
 if __name__ == "__main__":
     kind, dsn, bootstrap, n, total = sys.argv[1:6]
-    if kind == "producer":
-        producer(dsn, bootstrap, int(n), int(total))
+    if kind in ("producer", "producer_window"):
+        producer(dsn, bootstrap, int(n), int(total), window=kind == "producer_window")
     else:
         sql(dsn)

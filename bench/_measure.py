@@ -176,6 +176,8 @@ def _command(
         env["PYTHONPATH"] = src
     log = Path(tempfile.gettempdir()) / f"outboxkit-bench-{kind}.log"
     broker_url = f"kafka://{bootstrap}"
+    # An option may name the broker itself: --broker 'kafka://{bootstrap}?linger_ms=5'.
+    args = tuple(a.replace("{bootstrap}", bootstrap) for a in args)
     if kind == "cli" or kind.startswith("cli_"):
         return spawn_relay(
             dsn, broker_url, log, *args, log_level=None, env={"PYTHONPATH": src} if src else None
@@ -183,7 +185,7 @@ def _command(
     out = log.open("ab")
     if kind == "inproc" or kind.startswith("inproc_"):
         argv = [sys.executable, "-c", INPROC, dsn, broker_url]
-    elif kind in ("producer", "sql"):
+    elif kind in ("producer", "producer_window", "sql"):
         argv = [sys.executable, str(HERE / "_floors.py"), kind, dsn, bootstrap, str(n), str(total)]
         argv.append(str(ready))
     else:
@@ -203,12 +205,12 @@ def run_child(
 ) -> dict[str, Any]:
     """One life of contender ``kind`` on ``n`` preloaded rows (or, for the producer floor,
     ``n`` of ``total`` messages it loads): its whole-life CPU and the broker-side window."""
-    if kind != "producer":  # (the producer floor sends messages it loads itself)
+    if not kind.startswith("producer"):  # (the producer floors send what they load)
         reload(dsn, limit=n)
     child: subprocess.Popen[bytes] | None = None
 
     def stop() -> None:
-        if child is not None and kind != "producer" and child.poll() is None:
+        if child is not None and not kind.startswith("producer") and child.poll() is None:
             child.send_signal(signal.SIGTERM)
 
     def child_cpu() -> float:

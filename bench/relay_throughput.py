@@ -454,6 +454,8 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
 
     n0 = args.small or n // 10
     kinds = ["producer", "sql", "inproc"] + (["cli"] if args.cli else [])
+    if args.window_floor:
+        kinds.append("producer_window")
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
@@ -478,7 +480,23 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
     results["small"] = n0
     floors = list(zip(runs["producer"], runs["sql"], strict=True))
     out: dict[str, Any] = {"target": 1.3, "goal": 1.15}
-    for contender in kinds[2:]:
+    relays = [k for k in kinds[2:] if k != "producer_window"]
+    if args.window_floor:
+        # What the relay's window costs the producer and the broker: the same floor sending
+        # in the relay's batch shape, against it queueing everything at once.
+        out["window_floor"] = {
+            what: {
+                "us_per_event_producer_window": statistics.median(
+                    r["us"][what] for r in runs["producer_window"]
+                ),
+                "over_producer_per_round": [
+                    round(w["us"][what] / p["us"][what], 3)
+                    for w, (p, _) in zip(runs["producer_window"], floors, strict=True)
+                ],
+            }
+            for what in ("cpu", "broker", "own")
+        }
+    for contender in relays:
         for what in ("cpu", "own"):
             # The relay process against the two floors' processes; own: + broker + PostgreSQL.
             ratios = [
@@ -492,6 +510,19 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
                 "ratio_per_round": [round(x, 3) for x in ratios],
                 "ratio": round(statistics.median(ratios), 3),
             }
+            if args.window_floor:  # the same against the floors with the window's producer
+                windowed = [
+                    r["us"][what] / (w["us"][what] + q["us"][what])
+                    for r, w, (_, q) in zip(
+                        runs[contender], runs["producer_window"], floors, strict=True
+                    )
+                ]
+                out[f"{contender}_{what}"]["ratio_window_floor_per_round"] = [
+                    round(x, 3) for x in windowed
+                ]
+                out[f"{contender}_{what}"]["ratio_window_floor"] = round(
+                    statistics.median(windowed), 3
+                )
     if args.cli:
         pairs = [
             c["us"]["cpu"] / r["us"]["cpu"]
@@ -542,6 +573,12 @@ def main() -> None:
         help="with --focus: also `outboxkit relay` (the CLI process) as contender cli",
     )
     ap.add_argument("--small", type=int, help="with --focus: the n0 run's events (events / 10)")
+    ap.add_argument(
+        "--window-floor",
+        action="store_true",
+        help="with --focus: also the producer floor sending in the relay's batch window"
+        " (1 000 a batch, 4 unconfirmed) as contender producer_window",
+    )
     ap.add_argument(
         "--inbench",
         action="store_true",

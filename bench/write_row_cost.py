@@ -17,6 +17,7 @@ interleaved: robust to a loaded machine) and WAL bytes per transaction.
 from __future__ import annotations
 
 import argparse
+import marshal
 import os
 import random
 import statistics
@@ -46,9 +47,10 @@ from write_overhead import (
     wal_bytes_per_tx,
 )
 
-from outboxkit import Event, Outbox
+from outboxkit import Event, OutboundMessage, Outbox
 from outboxkit.store.migrate import migrate
 from outboxkit.store.postgres import WRITE_COLUMNS
+from outboxkit.wire.kafka import encode_record
 from outboxkit.write.storage import OIDS
 from outboxkit.write.table import _params as library_params
 
@@ -104,6 +106,16 @@ def _lean(e: Event) -> list[bytes | None]:
     return [row[0], row[1], row[2], row[3], row[6], row[10]]
 
 
+def _ce_bytes(e: Event) -> list[bytes | None]:
+    """The library's row plus the Kafka record's headers and timestamp, built at write time
+    (the relay would ``marshal.loads`` them instead of building them per event)."""
+    message = OutboundMessage(
+        e.event_id, e.topic, e.key, e.event_type, e.aggregate_type, e.aggregate_id,
+        e.payload, e.headers, e.occurred_at, 1, e.occurred_at, e.schema_version,
+    )  # fmt: skip
+    return [*library_params(e), marshal.dumps(encode_record(message))]
+
+
 _LEAN_COLUMNS = (
     *(c for c in WRITE_COLUMNS if c[0] in ("event_id", "topic", "key", "event_type", "payload")),
     ("available_at", "timestamptz"),
@@ -150,6 +162,13 @@ TABLES: dict[str, TableVariant] = {
         " CREATE INDEX {t}_pending_idx ON {t} (available_at, id) WHERE status = 0",
         _LEAN_COLUMNS,
         _lean,
+    ),
+    "ce_bytes": TableVariant(
+        "v2 + the Kafka headers as bytes written at write time (`ce bytea`)",
+        "ALTER TABLE {t} ADD COLUMN ce bytea",
+        (*WRITE_COLUMNS, ("ce", "bytea")),
+        _ce_bytes,
+        headers_null=True,
     ),
     "fillfactor": TableVariant("v2 with fillfactor 70", "ALTER TABLE {t} SET (fillfactor = 70)"),
     "v2_null_headers": TableVariant(

@@ -79,7 +79,11 @@ def test_the_claim_returns_the_columns_in_outbound_message_field_order() -> None
     returning = CLAIM_RETURNING.split("RETURNING", 1)[1]
     columns = [c.strip() for c in re.split(r",(?![^(]*\))", returning) if c.strip()]
     # coalesce(o.occurred_at, o.created_at) is the occurred_at field; attempts, attempt
-    names = [re.sub(r"^coalesce\(o\.(\w+),.*", r"\1", c).removeprefix("o.") for c in columns]
+    # o.headers::json is the headers field (sent as json for the relay's loader)
+    names = [
+        re.sub(r"^coalesce\(o\.(\w+),.*", r"\1", c).removeprefix("o.").removesuffix("::json")
+        for c in columns
+    ]
     assert names[0] == "id"  # the relay's handle, not a message field
     fields = [f.name for f in dataclasses.fields(OutboundMessage)]
     assert [n.replace("attempts", "attempt") for n in names[1:]] == fields

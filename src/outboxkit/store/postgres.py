@@ -242,7 +242,10 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # lets the planner hash-join against a sequential scan of the whole table once the
 # table is small enough, which made the claim 20 % slower while a backlog drained.)
 # RETURNING lists the columns in OutboundMessage's field order after the id;
-# occurred_at is NULL only in rows written before schema version 2.
+# occurred_at is NULL only in rows written before schema version 2. The headers go out
+# as json, not jsonb: json's binary form is the plain text, which the relay's loader
+# hands to orjson without a Python frame per row (store/queue_pg.py JsonLoader); jsonb's
+# carries a version byte to strip in Python first.
 #
 # A row over the sizes the relay loads (a field of a row written around Event(), by
 # plain SQL or an older version: outboxkit.limits) is dead-lettered by the claim
@@ -268,7 +271,7 @@ DEAD_ON_CLAIM = """
     WHERE d.id = ANY(ARRAY(
         SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
     RETURNING d.id, d.event_id, left(d.topic, 200), NULL::text, left(d.event_type, 200),
-              NULL::text, NULL::text, ''::bytea, jsonb_build_object(), d.created_at, d.attempts,
+              NULL::text, NULL::text, ''::bytea, '{{}}'::json, d.created_at, d.attempts,
               coalesce(d.occurred_at, d.created_at), d.schema_version, d.last_error
 """
 CLAIM_LEASE = """
@@ -280,7 +283,7 @@ SET attempts = o.attempts + 1,
 """
 CLAIM_RETURNING = """
 RETURNING o.id, o.event_id, o.topic, o.key, o.event_type, o.aggregate_type, o.aggregate_id,
-          o.payload, o.headers, o.created_at, o.attempts,
+          o.payload, o.headers::json, o.created_at, o.attempts,
           coalesce(o.occurred_at, o.created_at), o.schema_version
 """
 CLAIM_BATCH = (
