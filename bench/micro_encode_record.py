@@ -29,10 +29,10 @@ def load_base(src: str) -> Any:
     return module
 
 
-def main() -> None:
-    before = load_base(sys.argv[1])
+def sample_messages(n: int = 1000) -> list[OutboundMessage]:
+    """``n`` messages as the relay benchmarks write them (~230-byte payload, 1 000 keys)."""
     now = dt.datetime.now(dt.UTC)
-    messages = [
+    return [
         OutboundMessage(
             event_id=uuid.uuid4(),
             topic="bench.orders",
@@ -45,8 +45,13 @@ def main() -> None:
             created_at=now + dt.timedelta(microseconds=i * 37),
             schema_version="1",
         )
-        for i in range(1000)
+        for i in range(n)
     ]
+
+
+def main() -> None:
+    before = load_base(sys.argv[1])
+    messages = sample_messages()
     odd = [
         dataclasses.replace(m, headers=h, schema_version=None, aggregate_type=None)
         for m, h in zip(

@@ -13,17 +13,15 @@ size is the bytes each row would carry (the write's cost: bench/write_row_cost.p
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import marshal
 import pickle
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 
 from _common import save
+from micro_encode_record import sample_messages
 
-from outboxkit import OutboundMessage
 from outboxkit.wire.kafka import encode_record
 
 
@@ -32,22 +30,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--name", default="micro_stored_headers")
     args = ap.parse_args()
-    now = dt.datetime.now(dt.UTC)
-    messages = [
-        OutboundMessage(
-            event_id=uuid.uuid4(),
-            topic="bench.orders",
-            key=f"customer-{i % 1000:04d}",
-            event_type="order.placed",
-            aggregate_type="order",
-            aggregate_id=str(i),
-            payload=b"x" * 230,
-            headers={},
-            created_at=now + dt.timedelta(microseconds=i * 37),
-            schema_version="1",
-        )
-        for i in range(1000)
-    ]
+    messages = sample_messages()
     as_marshal = [marshal.dumps(encode_record(m)) for m in messages]
     as_pickle = [pickle.dumps(encode_record(m), 5) for m in messages]
     as_text = []
