@@ -3,6 +3,7 @@
     python bench/_floors.py producer DSN BOOTSTRAP N TOTAL READY   # bare idempotent producer
     python bench/_floors.py sql DSN BOOTSTRAP N TOTAL READY        # bare lease-claim-delete
     python bench/_floors.py producer_window ...   # the producer in the relay's batch window
+    python bench/_floors.py producer_paced ...    # ... and at a relay's pace per message
 
 Each writes its CPU at the end of its set-up to the file READY (see ``ready``).
 
@@ -13,6 +14,9 @@ it sends N of them with the relay's producer settings and exits after the last a
 1 000, at most 4 unconfirmed (``KafkaPublisher.batch_shape``), where ``producer`` queues
 all N at once. The difference between the two is what the relay's window costs librdkafka
 and the broker (smaller produce requests), not the relay's own code.
+``producer_paced`` is ``producer_window`` spending ``OUTBOXKIT_BENCH_PACE_US`` µs (default
+12) of CPU before each message, as a relay spends building it: a batch then takes longer
+to hand over than librdkafka lingers, and goes out in more, smaller requests.
 ``sql`` runs the database work any lease-based relay must do, written by hand (issue 14):
 claim a batch with a lease and a token, return what a publish needs, delete it fenced,
 commits not waiting for the WAL flush, one connection, binary results, until the table
@@ -21,8 +25,10 @@ is empty.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -40,7 +46,9 @@ BARE_DELETE = "DELETE FROM outbox WHERE id = ANY(%s) AND claim_token = %s"
 BATCH = 1000
 
 
-def producer(dsn: str, bootstrap: str, n: int, total: int, window: bool = False) -> None:
+def producer(
+    dsn: str, bootstrap: str, n: int, total: int, window: bool = False, pace_us: float = 0.0
+) -> None:
     from confluent_kafka import Producer
 
     from outboxkit import OutboundMessage
@@ -78,11 +86,17 @@ def producer(dsn: str, bootstrap: str, n: int, total: int, window: bool = False)
             acked += 1
 
     size, in_flight = KafkaPublisher.batch_shape if window else (n, 1)
+    pace = pace_us / 1e6
+    clock = time.perf_counter
     for i, (key, value, headers) in enumerate(prepared[:n]):
         if i % size == 0:
             # The relay claims the next batch only while fewer than `in_flight` wait.
             while acked < i - size * (in_flight - 1):
                 p.poll(0.0005)
+        if pace:
+            until = clock() + pace
+            while clock() < until:  # CPU, as a relay's per-message work (not a sleep)
+                pass
         while True:
             try:
                 p.produce("bench.orders", value, key, on_delivery=on_delivery, headers=headers)
@@ -118,7 +132,9 @@ def sql(dsn: str) -> None:
 
 if __name__ == "__main__":
     kind, dsn, bootstrap, n, total = sys.argv[1:6]
-    if kind in ("producer", "producer_window"):
-        producer(dsn, bootstrap, int(n), int(total), window=kind == "producer_window")
+    if kind.startswith("producer"):
+        paced = kind == "producer_paced"
+        pace = float(os.environ.get("OUTBOXKIT_BENCH_PACE_US", "12")) if paced else 0.0
+        producer(dsn, bootstrap, int(n), int(total), window=kind != "producer", pace_us=pace)
     else:
         sql(dsn)

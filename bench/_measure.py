@@ -185,7 +185,7 @@ def _command(
     out = log.open("ab")
     if kind == "inproc" or kind.startswith("inproc_"):
         argv = [sys.executable, "-c", INPROC, dsn, broker_url]
-    elif kind in ("producer", "producer_window", "sql"):
+    elif kind in ("producer", "producer_window", "producer_paced", "sql"):
         argv = [sys.executable, str(HERE / "_floors.py"), kind, dsn, bootstrap, str(n), str(total)]
         argv.append(str(ready))
     else:

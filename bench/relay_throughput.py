@@ -456,6 +456,9 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
     kinds = ["producer", "sql", "inproc"] + (["cli"] if args.cli else [])
     if args.window_floor:
         kinds.append("producer_window")
+    if args.paced_floor is not None:
+        os.environ["OUTBOXKIT_BENCH_PACE_US"] = str(args.paced_floor)  # (the child's)
+        kinds.append("producer_paced")
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     with kafka_broker(args.kafka) as bootstrap:
         ensure_topic(bootstrap, TOPIC)
@@ -480,7 +483,7 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
     results["small"] = n0
     floors = list(zip(runs["producer"], runs["sql"], strict=True))
     out: dict[str, Any] = {"target": 1.3, "goal": 1.15}
-    relays = [k for k in kinds[2:] if k != "producer_window"]
+    relays = [k for k in kinds[2:] if not k.startswith("producer")]
     if args.window_floor:
         # What the relay's window costs the producer and the broker: the same floor sending
         # in the relay's batch shape, against it queueing everything at once.
@@ -495,6 +498,14 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
                 ],
             }
             for what in ("cpu", "broker", "own")
+        }
+    if args.paced_floor is not None:
+        out["paced_floor"] = {
+            "pace_us": args.paced_floor,
+            **{
+                what: statistics.median(r["us"][what] for r in runs["producer_paced"])
+                for what in ("cpu", "broker", "own")
+            },
         }
     for contender in relays:
         for what in ("cpu", "own"):
@@ -584,6 +595,13 @@ def main() -> None:
         action="store_true",
         help="with --focus: also the relay in this process, metered first produce to last"
         " settle with no watcher (this script's method before 2026-12-01), for comparison",
+    )
+    ap.add_argument(
+        "--paced-floor",
+        type=float,
+        metavar="US",
+        help="with --focus: also the windowed producer floor spending US µs of CPU per message"
+        " (a relay's pace) as contender producer_paced",
     )
     ap.add_argument("--out", help="results name (bench/results/NAME.json)")
     ap.add_argument(
