@@ -233,8 +233,11 @@ async def test_a_publisher_start_that_fails_closes_everything_and_the_relay_can_
     write_events(db_dsn, make_events(f"{root}.orders", 7))
     task = asyncio.create_task(relay.run())
     try:
-        await wait_for(lambda: count(db_dsn) == 0, what="the second run relaying")
-        assert relay.stats.published == 7
+        # (The settle's DELETE is visible before the relay has counted it: wait for both.)
+        await wait_for(
+            lambda: count(db_dsn) == 0 and relay.stats.published == 7,
+            what="the second run relaying",
+        )
     finally:
         relay.stop()
         await asyncio.wait_for(task, 30)

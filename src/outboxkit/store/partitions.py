@@ -220,17 +220,25 @@ def list_partitions(
         infos = []
         for regclass, relname, bounds, estimate, size in _partitions(conn, names):
             child = names.child(relname)
-            pending, failed = conn.execute(q.render(q.COUNT_STATE, partition=child)).fetchone() or (
-                0,
-                0,
-            )
             is_default = bounds is None
-            if exact or is_default or estimate < 0:
-                # The default partition is counted exactly: any row in it is news.
-                (rows,) = conn.execute(q.render(q.COUNT_ALL, partition=child)).fetchone() or (0,)
-                counted = True
-            else:
-                rows, counted = estimate, False
+            try:
+                # A savepoint each: a relay's maintenance may drop a partition between the
+                # listing and its count; it is then left out, not reported as the table
+                # missing.
+                with conn.transaction():
+                    pending, failed = conn.execute(
+                        q.render(q.COUNT_STATE, partition=child)
+                    ).fetchone() or (0, 0)
+                    if exact or is_default or estimate < 0:
+                        # The default partition is counted exactly: any row in it is news.
+                        (rows,) = conn.execute(
+                            q.render(q.COUNT_ALL, partition=child)
+                        ).fetchone() or (0,)
+                        counted = True
+                    else:
+                        rows, counted = estimate, False
+            except pg_errors.UndefinedTable:
+                continue
             infos.append(
                 PartitionInfo(
                     regclass,
