@@ -19,7 +19,14 @@ HEADER = """\
 
 def main() -> None:
     frozen = subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", "freeze", "--exclude-editable"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "freeze",
+            "--exclude-editable",
+        ],
         check=True,
         capture_output=True,
         text=True,
