@@ -221,7 +221,7 @@ def test_make_demo_installs_the_demo_extra_and_make_test_the_dev_set(tmp_path: P
     """Dry runs of the Makefile: demo -> `.[demo]` with pip's output; test -> `.[dev]`, even
     in a checkout where `make demo` already ran."""
     root = README.parent
-    for name in ("Makefile", "pyproject.toml"):
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
         (tmp_path / name).write_bytes((root / name).read_bytes())
 
     def dry_run(target: str) -> str:
@@ -242,6 +242,7 @@ def test_make_demo_installs_the_demo_extra_and_make_test_the_dev_set(tmp_path: P
     assert "-m venv .venv" in demo and "sys.version_info >= (3, 11)" in demo
     installs = [ln for ln in demo.splitlines() if " install " in ln and "-e " in ln]
     assert installs and all("'.[demo]'" in ln for ln in installs), installs
+    assert all("-c constraints.txt" in ln for ln in installs), "the demo installs the pins"
     assert not any(q in demo.split() for q in ("-q", "--quiet")), "pip must show its progress"
     assert 'echo "==> installing outboxkit with the demo extra' in demo
 
