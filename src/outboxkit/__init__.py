@@ -40,7 +40,7 @@ from outboxkit.relay import Relay, RelayObserver, RelayStats
 from outboxkit.store.migrate import migrate, migrate_inbox
 from outboxkit.write import AsyncOutboxTransaction, Outbox, OutboxTransaction
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml and `outboxkit --version` read it
 
 # What applications import. Broker publishers and consumer runners live in their own
 # modules (outboxkit.publishers.kafka, outboxkit.consumers.nats ...): importing the
