@@ -1,6 +1,6 @@
-"""`outboxkit --version` prints the version, and the version has one place: ``__version__``.
+"""`outboxkit --version` prints the version, and the version has one place: ``_version.py``.
 
-pyproject.toml declares the version dynamic and reads it from ``src/outboxkit/__init__.py``,
+pyproject.toml declares the version dynamic and reads it from ``src/outboxkit/_version.py``,
 so the wheel's metadata, ``outboxkit.__version__`` and the CLI cannot drift apart (the wheel
 check, .ci/wheel_check.py, compares the installed wheel's metadata with the CLI's line).
 """

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from outboxkit import __version__
+from outboxkit._version import __version__
 from outboxkit.errors import OutboxkitError, missing_extra
 from outboxkit.ops.cli import (
     admin,
