@@ -87,8 +87,11 @@ def build() -> tuple[Path, Path]:
     for folder in (dist, tree):
         shutil.rmtree(folder, ignore_errors=True)
     python = sys.executable
-    run([python, "-m", "build", "--outdir", str(dist), "."])  # sdist, then the wheel from it
-    run([python, "-m", "build", "--wheel", "--outdir", str(tree), "."])
+    # The build backend from constraints.txt (build's isolated environment is made by pip): a
+    # new hatchling cannot change the wheel under the check overnight.
+    env = {**os.environ, "PIP_CONSTRAINT": str(CONSTRAINTS)}
+    run([python, "-m", "build", "--outdir", str(dist), "."], env=env)  # the sdist, its wheel
+    run([python, "-m", "build", "--wheel", "--outdir", str(tree), "."], env=env)
     (sdist,) = dist.glob("*.tar.gz")
     (wheel,) = dist.glob("*.whl")
     (direct,) = tree.glob("*.whl")
@@ -172,9 +175,10 @@ def twine(sdist: Path, wheel: Path) -> None:
 
 
 def find_python(version: str) -> Path | None:
-    """An interpreter of `version`: on PATH, else pyenv's (its shims run only the active one)."""
+    """An interpreter of `version`: this one, on PATH, else pyenv's (its shims run only the
+    active version)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    candidates = [shutil.which(f"python{version}")]
+    candidates = [sys.executable, shutil.which(f"python{version}")]
     candidates += sorted(
         glob.glob(str(root / "versions" / f"{version}.*" / "bin" / "python3")), reverse=True
     )
