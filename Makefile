@@ -12,7 +12,7 @@ DEV_STAMP  := $(VENV)/.installed-dev
 # release of a test dependency cannot turn a fresh clone's `make test` red overnight.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered clean install upgrade-deps
+.PHONY: demo test lint bench chaos chaos-ordered clean install upgrade-deps wheel-check
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -78,6 +78,14 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The wheel on its own (.ci/wheel_check.py): builds the sdist and the wheel, checks them
+# (contents, metadata, twine check --strict), installs the wheel into a virtual environment
+# per Python (3.11, 3.12, 3.13; kept in build/wheel-check/) and, from outside the repository,
+# runs the README's first snippet, every migration, a relay, a worker, the dashboard and mypy
+# on it; the unit tests too under 3.12 and 3.13. ARGS="--python 3.12 --unit 3.12" narrows it.
+wheel-check: $(DEV_STAMP)
+	$(BIN)/python .ci/wheel_check.py $(ARGS)
 
 # The long chaos run (docs/reliability.md): writers, 3 relays and NATS under random real
 # faults for CHAOS_SECONDS of writing, then the invariants checked from the broker's side.

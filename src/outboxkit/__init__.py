@@ -4,6 +4,7 @@ Write events in the same transaction as your business change with
 :class:`Outbox`; publish them with at-least-once delivery with :class:`Relay`.
 """
 
+from outboxkit._version import __version__
 from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
     CdcError,
@@ -39,8 +40,6 @@ from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, 
 from outboxkit.relay import Relay, RelayObserver, RelayStats
 from outboxkit.store.migrate import migrate, migrate_inbox
 from outboxkit.write import AsyncOutboxTransaction, Outbox, OutboxTransaction
-
-__version__ = "0.1.0"
 
 # What applications import. Broker publishers and consumer runners live in their own
 # modules (outboxkit.publishers.kafka, outboxkit.consumers.nats ...): importing the

@@ -18,7 +18,8 @@ import pytest
 
 import outboxkit
 
-SRC = pathlib.Path(outboxkit.__file__).parent
+SRC = pathlib.Path(outboxkit.__file__).parent  # the source tree, or the installed wheel's copy
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _imports_through_the_root(source: str) -> list[int]:
@@ -75,7 +76,7 @@ VIOLATIONS = [  # (module, what it newly imports): each against one rule of pypr
 def _lint_imports(tmp_path: pathlib.Path, plant: tuple[str, str] | None) -> str:
     tree = tmp_path / "tree"
     shutil.copytree(SRC, tree / "outboxkit", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(SRC.parents[1] / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     if plant is not None:
         module, line = plant
         with (tree / "outboxkit" / module).open("a") as f:

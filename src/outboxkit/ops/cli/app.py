@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from outboxkit._version import __version__
 from outboxkit.errors import OutboxkitError, missing_extra
 from outboxkit.ops.cli import (
     admin,
@@ -43,7 +44,9 @@ class _Commands(click.Group):
     cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(package_name="outboxkit")
+# The version's one place (pyproject's [tool.hatch.version] reads it too), not the installed
+# metadata: a source tree on PYTHONPATH over an older install reports what it runs.
+@click.version_option(__version__, "--version", "-V", prog_name="outboxkit")
 def main() -> None:
     """outboxkit — the transactional outbox for PostgreSQL.
 
