@@ -342,7 +342,7 @@ class RabbitMQPublisher:
                     " bytes (the client would truncate it)",
                     "header_name_too_long",
                 )
-        amqp_message = _message(message)
+        amqp_message = self._amqp_message(message)
         too_big = self._too_large(amqp_message)
         if too_big is not None:
             return too_big
@@ -383,6 +383,10 @@ class RabbitMQPublisher:
             f"rabbitmq: unexpected confirmation {type(confirmation).__name__} for {where}",
             "no_ack",
         )
+
+    def _amqp_message(self, message: OutboundMessage) -> aio_pika.Message:
+        """The AMQP message for an event (the Celery publisher sends a task message)."""
+        return _message(message)
 
     def _too_large(self, amqp_message: aio_pika.Message) -> PublishResult | None:
         """The dead letter of a message the broker would refuse for its size, or None.

@@ -278,7 +278,7 @@ class RedisStreamsPublisher:
             if (refusal := self.guard.refuse(message, stream)) is not None:
                 results[i] = refusal
                 continue
-            fields = wire.encode(message)
+            fields = self._encode(message, stream)
             too_big = self._too_large(fields, stream)
             if too_big is not None:
                 results[i] = too_big
@@ -342,6 +342,10 @@ class RedisStreamsPublisher:
                 return [r if isinstance(r, Exception) else error for r in replies]
         return replies
 
+    def _encode(self, message: OutboundMessage, stream: str) -> dict[str, bytes | str]:
+        """The entry's fields (the Celery publisher's one ``data`` field is kombu's envelope)."""
+        return wire.encode(message)
+
     def _queue(
         self, pipe: Any, message: OutboundMessage, stream: str, fields: dict[str, bytes | str]
     ) -> None:
@@ -371,7 +375,7 @@ def _result(reply: Any, stream: str) -> PublishResult:
     if "WRONGTYPE" in str(reply):
         # The key holds something other than a stream; no retry changes that.
         return PublishResult.permanent(
-            f"redis: key {stream!r} exists and is not a stream ({text});"
+            f"redis: key {stream!r} holds another type ({text});"
             " rename the key or route the topic elsewhere, then `outboxkit replay`",
             "wrong_type",
         )
