@@ -75,13 +75,19 @@ class CeleryAmqpPublisher(RabbitMQPublisher):
     """Celery tasks to RabbitMQ: exchange and routing key as Celery's default routing."""
 
     name = "celery-amqp"
+    _unrestricted_warning = (
+        "celery+amqp publisher without allow=: a send_task queue= can name (and declare)"
+        " any queue of the vhost; set allow=QUEUE,... in the broker URL to the queues your"
+        " workers consume (docs/celery.md)"
+    )
 
     def __init__(self, url: str, *, declare: bool = True, **options: Any) -> None:
-        for option in ("exchange", "exchange_type"):
-            if option in options:
+        for option in ("exchange", "exchange_type", "routing_key_prefix"):
+            if options.get(option):
                 raise ConfigurationError(
                     f"celery+amqp URL option {option}= is not used: a task goes to the direct"
-                    " exchange named after its queue, as Celery's default routing sends it"
+                    " exchange named after its queue with routing key = the queue, as Celery's"
+                    " default routing sends it"
                 )
         super().__init__(url, exchange="", **options)
         self.guard = Guard("rabbitmq")
@@ -159,6 +165,12 @@ class CeleryRedisPublisher(RedisStreamsPublisher):
     """Celery tasks to Redis as kombu's Redis transport queues them: LPUSH onto a list."""
 
     name = "celery-redis"
+    _key_kind = "a list (a kombu queue)"
+    _unrestricted_warning = (
+        "celery+redis publisher without allow=: a send_task queue= can name any key of the"
+        " database, and a task is pushed onto it; set allow=QUEUE,... in the broker URL to the"
+        " queues your workers consume (docs/celery.md)"
+    )
 
     def __init__(self, url: str, **options: Any) -> None:
         for option in ("maxlen", "dedup_window", "stream_prefix"):

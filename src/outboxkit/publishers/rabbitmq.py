@@ -85,6 +85,14 @@ class RabbitMQPublisher:
     """
 
     name = "rabbitmq"
+    #: Logged at start when any topic may name any queue (the Celery publisher has its own).
+    _unrestricted_warning = (
+        "rabbitmq publisher on the default exchange without routing_key_prefix= or"
+        " allow=: an event's topic can name any queue of the vhost, so an event"
+        " could fill another application's queue; set routing_key_prefix= or"
+        " allow=GLOB,... in the broker URL, or publish through an exchange"
+        " (docs/brokers.md#rabbitmq)"
+    )
 
     def __init__(
         self,
@@ -198,13 +206,7 @@ class RabbitMQPublisher:
         exchange of another type) is logged here and reported on every batch.
         """
         if self._exchange_name == "" and not self.destinations.restricted:
-            log.warning(
-                "rabbitmq publisher on the default exchange without routing_key_prefix= or"
-                " allow=: an event's topic can name any queue of the vhost, so an event"
-                " could fill another application's queue; set routing_key_prefix= or"
-                " allow=GLOB,... in the broker URL, or publish through an exchange"
-                " (docs/brokers.md#rabbitmq)"
-            )
+            log.warning(self._unrestricted_warning)
         try:
             await self._ensure_exchange()
         except Exception as exc:
