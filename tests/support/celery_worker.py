@@ -76,9 +76,11 @@ def celery_worker(
         yield proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            # Cold shutdown (SIGQUIT), then SIGKILL: the runs are recorded by now, and
+            # the AMQP consumer can take ten seconds to wind down.
+            proc.send_signal(signal.SIGQUIT)
             try:
-                proc.wait(15)
+                proc.wait(2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)

@@ -162,6 +162,10 @@ def test_committed_tasks_run_rolled_back_never_relay_killed_mid_batch(
         done = runs(record)
 
     ran = [r["n"] for r in done]
+    print(  # the run's numbers, for -s
+        f"{broker.url.split(':')[0]}: {len(committed)} committed, {len(rolled_back)} rolled back,"
+        f" {len(ran)} runs of {len(set(ran))} tasks ({len(ran) - len(set(ran))} repeats)"
+    )
     assert set(ran) == set(committed), "a committed task did not run, or an unknown one did"
     assert not set(ran) & rolled_back, "a rolled-back task ran"
     # At least once: the batch published before the kill (its settle never landed) was
