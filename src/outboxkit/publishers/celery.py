@@ -18,6 +18,8 @@ dead-lettered at once: a Celery relay reads an outbox of its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Sequence
 from typing import Any, cast
@@ -129,13 +131,16 @@ class CeleryAmqpPublisher(RabbitMQPublisher):
         assert channel is not None
         if channel is not self._queues_channel:
             self._queues, self._queues_channel = {}, channel
-        results: list[PublishResult] = []
         for queue in dict.fromkeys(m.topic for m in messages):
             if queue in self._queues:
                 continue
             try:
                 self._queues[queue] = await self._open_queue(channel, queue)
             except Exception as exc:
+                # A refused declaration closes the channel: the next batch opens another.
+                self._channel = None
+                with contextlib.suppress(Exception):
+                    await channel.close()
                 failed = PublishResult.retry(
                     f"celery+amqp: could not declare queue {queue!r} as Celery does (a durable"
                     f" queue bound to the direct exchange {queue!r}): {describe(exc)}; if the"
@@ -143,12 +148,11 @@ class CeleryAmqpPublisher(RabbitMQPublisher):
                     " it and set declare=false in the broker URL",
                     "declare_failed",
                 )
-                self._channel = None  # a refused declaration closes the channel
                 return [failed] * len(messages)
-        for message in messages:
-            exchange = self._queues[message.topic]
-            results.append(await self._publish_one(exchange, message))
-        return results
+        results = await asyncio.gather(
+            *(self._publish_one(self._queues[m.topic], m) for m in messages)
+        )
+        return list(results)
 
     async def _open_queue(self, channel: AbstractChannel, queue: str) -> AbstractExchange:
         if not self._declare_queues:
