@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import AsyncIterator
 
 import aio_pika
@@ -11,23 +10,9 @@ import pytest
 from outboxkit import Event
 from outboxkit.contrib.celery import task_event
 from outboxkit.publishers import from_url
-from outboxkit.publishers.base import OutboundMessage
+from tests.support.celery_worker import as_outbound
 from tests.support.local_brokers import rabbitmq_url
 from tests.support.servers import unique_name
-
-
-def _outbound(event: Event) -> OutboundMessage:
-    return OutboundMessage(
-        event.event_id,
-        event.topic,
-        None,
-        event.event_type,
-        None,
-        None,
-        event.payload,
-        dict(event.headers),
-        dt.datetime.now(dt.UTC),
-    )
 
 
 @pytest.fixture
@@ -51,7 +36,7 @@ async def priority_queue() -> AsyncIterator[str]:
 async def test_a_queue_declared_otherwise_is_retried_with_what_to_do_and_declare_false_sends(
     priority_queue: str,
 ) -> None:
-    message = _outbound(task_event("proj.add", (1, 2), queue=priority_queue))
+    message = as_outbound(task_event("proj.add", (1, 2), queue=priority_queue))
     base = rabbitmq_url().rstrip("/") + "//"
     publisher = from_url(f"celery+{base}")
     await publisher.start()
@@ -71,7 +56,7 @@ async def test_a_queue_declared_otherwise_is_retried_with_what_to_do_and_declare
 
 
 async def test_an_event_that_is_not_a_task_is_dead_lettered_at_once() -> None:
-    other = _outbound(Event(topic="celery", event_type="order.placed", payload={"id": 1}))
+    other = as_outbound(Event(topic="celery", event_type="order.placed", payload={"id": 1}))
     publisher = from_url(f"celery+{rabbitmq_url().rstrip('/')}//?allow=okit_none")
     try:
         [result] = await publisher.publish_batch([other])

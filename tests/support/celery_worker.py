@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ from typing import Any
 
 import aio_pika
 
+from outboxkit import Event
+from outboxkit.publishers.base import OutboundMessage
 from tests.support.servers import require_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,3 +125,18 @@ def delete_amqp_queue(url: str, queue: str) -> None:
 
     with contextlib.suppress(Exception):
         asyncio.run(delete())
+
+
+def as_outbound(event: Event) -> OutboundMessage:
+    """The message the relay would hand a publisher for ``event`` (claimed just now)."""
+    return OutboundMessage(
+        event.event_id,
+        event.topic,
+        event.key,
+        event.event_type,
+        event.aggregate_type,
+        event.aggregate_id,
+        event.payload,
+        dict(event.headers),
+        dt.datetime.now(dt.UTC),
+    )

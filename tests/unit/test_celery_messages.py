@@ -14,6 +14,7 @@ from outboxkit.errors import ConfigurationError, InvalidEventError
 from outboxkit.publishers import from_url
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.wire import celery as wire
+from tests.support.celery_worker import as_outbound
 
 celery = pytest.importorskip("celery", reason="celery is not installed (pip install -e '.[dev]')")
 
@@ -21,18 +22,7 @@ celery = pytest.importorskip("celery", reason="celery is not installed (pip inst
 def _outbound(
     name: str, args: tuple[object, ...], kwargs: dict[str, object] | None = None, **options: object
 ) -> OutboundMessage:
-    event = task_event(name, args, kwargs, **options)  # type: ignore[arg-type]
-    return OutboundMessage(
-        event.event_id,
-        event.topic,
-        event.key,
-        event.event_type,
-        None,
-        None,
-        event.payload,
-        dict(event.headers),
-        dt.datetime.now(dt.UTC),
-    )
+    return as_outbound(task_event(name, args, kwargs, **options))  # type: ignore[arg-type]
 
 
 def _celerys_own(task_id: str, eta: dt.datetime | None) -> tuple[dict[str, object], list[object]]:
