@@ -64,3 +64,22 @@ async def test_an_event_that_is_not_a_task_is_dead_lettered_at_once() -> None:
         await publisher.close()
     assert not result.retryable and result.error_class == "not_a_task"
     assert result.error is not None and "outbox= of its own" in result.error
+
+
+async def test_a_queue_outside_allow_is_refused_and_never_declared() -> None:
+    base = rabbitmq_url().rstrip("/") + "//"
+    queue = unique_name("okit_celery_denied")
+    publisher = from_url(f"celery+{base}?allow=okit_celery_allowed_*")
+    await publisher.start()
+    try:
+        [result] = await publisher.publish_batch([as_outbound(task_event("p.t", queue=queue))])
+    finally:
+        await publisher.close()
+    assert not result.retryable and result.error_class == "not_allowed"
+    connection = await aio_pika.connect(rabbitmq_url())
+    try:
+        channel = await connection.channel()
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await channel.declare_queue(queue, passive=True)
+    finally:
+        await connection.close()

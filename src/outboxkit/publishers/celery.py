@@ -126,12 +126,12 @@ class CeleryAmqpPublisher(RabbitMQPublisher):
         return await _split(messages, self._publish_tasks)
 
     async def _publish_tasks(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
-        await self._ensure_exchange()  # the connection and channel, reopened if lost
+        default = await self._ensure_exchange()  # the connection and channel, reopened if lost
         channel = self._channel
         assert channel is not None
         if channel is not self._queues_channel:
             self._queues, self._queues_channel = {}, channel
-        for queue in dict.fromkeys(m.topic for m in messages):
+        for queue in dict.fromkeys(m.topic for m in messages if self._may_declare(m)):
             if queue in self._queues:
                 continue
             try:
@@ -149,10 +149,17 @@ class CeleryAmqpPublisher(RabbitMQPublisher):
                     "declare_failed",
                 )
                 return [failed] * len(messages)
+        # A queue not allowed (allow=, a system name) was not declared: _publish_one refuses
+        # it before it would use the exchange.
         results = await asyncio.gather(
-            *(self._publish_one(self._queues[m.topic], m) for m in messages)
+            *(self._publish_one(self._queues.get(m.topic, default), m) for m in messages)
         )
         return list(results)
+
+    def _may_declare(self, message: OutboundMessage) -> bool:
+        """Whether the message's queue is one this relay may publish to (and so declare)."""
+        queue, _refused = self.destinations.resolve(message.topic)
+        return queue is not None and self.guard.refuse(message, queue) is None
 
     async def _open_queue(self, channel: AbstractChannel, queue: str) -> AbstractExchange:
         if not self._declare_queues:
