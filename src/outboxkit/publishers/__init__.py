@@ -23,6 +23,10 @@ _SCHEMES = {
     "sqs": "outboxkit.publishers.sqs:SqsPublisher",
     "http": "outboxkit.publishers.webhook:WebhookPublisher",
     "https": "outboxkit.publishers.webhook:WebhookPublisher",
+    "celery+amqp": "outboxkit.publishers.celery:CeleryAmqpPublisher",
+    "celery+amqps": "outboxkit.publishers.celery:CeleryAmqpPublisher",
+    "celery+redis": "outboxkit.publishers.celery:CeleryRedisPublisher",
+    "celery+rediss": "outboxkit.publishers.celery:CeleryRedisPublisher",
     "memory": "outboxkit.publishers.memory:MemoryPublisher",  # in-process, for tests
 }
 

@@ -85,6 +85,14 @@ class RabbitMQPublisher:
     """
 
     name = "rabbitmq"
+    #: Logged at start when any topic may name any queue (the Celery publisher has its own).
+    _unrestricted_warning = (
+        "rabbitmq publisher on the default exchange without routing_key_prefix= or"
+        " allow=: an event's topic can name any queue of the vhost, so an event"
+        " could fill another application's queue; set routing_key_prefix= or"
+        " allow=GLOB,... in the broker URL, or publish through an exchange"
+        " (docs/brokers.md#rabbitmq)"
+    )
 
     def __init__(
         self,
@@ -198,13 +206,7 @@ class RabbitMQPublisher:
         exchange of another type) is logged here and reported on every batch.
         """
         if self._exchange_name == "" and not self.destinations.restricted:
-            log.warning(
-                "rabbitmq publisher on the default exchange without routing_key_prefix= or"
-                " allow=: an event's topic can name any queue of the vhost, so an event"
-                " could fill another application's queue; set routing_key_prefix= or"
-                " allow=GLOB,... in the broker URL, or publish through an exchange"
-                " (docs/brokers.md#rabbitmq)"
-            )
+            log.warning(self._unrestricted_warning)
         try:
             await self._ensure_exchange()
         except Exception as exc:
@@ -342,7 +344,7 @@ class RabbitMQPublisher:
                     " bytes (the client would truncate it)",
                     "header_name_too_long",
                 )
-        amqp_message = _message(message)
+        amqp_message = self._amqp_message(message)
         too_big = self._too_large(amqp_message)
         if too_big is not None:
             return too_big
@@ -383,6 +385,10 @@ class RabbitMQPublisher:
             f"rabbitmq: unexpected confirmation {type(confirmation).__name__} for {where}",
             "no_ack",
         )
+
+    def _amqp_message(self, message: OutboundMessage) -> aio_pika.Message:
+        """The AMQP message for an event (the Celery publisher sends a task message)."""
+        return _message(message)
 
     def _too_large(self, amqp_message: aio_pika.Message) -> PublishResult | None:
         """The dead letter of a message the broker would refuse for its size, or None.

@@ -85,6 +85,15 @@ class RedisStreamsPublisher:
     """
 
     name = "redis"
+    #: What a topic's key must hold, for the error when it holds another type.
+    _key_kind = "a stream"
+    #: Logged at start when any topic may name any key (the Celery publisher has its own).
+    _unrestricted_warning = (
+        "redis publisher without stream_prefix= or allow=: an event's topic can name"
+        " any key of the database, so an event could append to (or, with maxlen,"
+        " trim) another application's stream; set stream_prefix=NAMESPACE: or"
+        " allow=GLOB,... in the broker URL (docs/brokers.md#redis-streams)"
+    )
     #: Whole batches confirmed in one round trip: large batches, four in flight.
     batch_shape = (1000, 4)
 
@@ -178,12 +187,7 @@ class RedisStreamsPublisher:
     async def start(self) -> None:
         """Check the server answers; if it is down, the first batch tries again."""
         if not self.destinations.restricted:
-            log.warning(
-                "redis publisher without stream_prefix= or allow=: an event's topic can name"
-                " any key of the database, so an event could append to (or, with maxlen,"
-                " trim) another application's stream; set stream_prefix=NAMESPACE: or"
-                " allow=GLOB,... in the broker URL (docs/brokers.md#redis-streams)"
-            )
+            log.warning(self._unrestricted_warning)
         client = self._ensure_client()
         try:
             await client.ping()
@@ -278,7 +282,7 @@ class RedisStreamsPublisher:
             if (refusal := self.guard.refuse(message, stream)) is not None:
                 results[i] = refusal
                 continue
-            fields = wire.encode(message)
+            fields = self._encode(message, stream)
             too_big = self._too_large(fields, stream)
             if too_big is not None:
                 results[i] = too_big
@@ -298,7 +302,7 @@ class RedisStreamsPublisher:
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     again.append(i)
                 else:
-                    results[i] = _result(reply, streams[i])
+                    results[i] = _result(reply, streams[i], self._key_kind)
             if not again:
                 break
             self._script_sha = None
@@ -342,6 +346,10 @@ class RedisStreamsPublisher:
                 return [r if isinstance(r, Exception) else error for r in replies]
         return replies
 
+    def _encode(self, message: OutboundMessage, stream: str) -> dict[str, bytes | str]:
+        """The entry's fields (the Celery publisher's one ``data`` field is kombu's envelope)."""
+        return wire.encode(message)
+
     def _queue(
         self, pipe: Any, message: OutboundMessage, stream: str, fields: dict[str, bytes | str]
     ) -> None:
@@ -362,16 +370,16 @@ class RedisStreamsPublisher:
             pipe.xadd(stream, fields)
 
 
-def _result(reply: Any, stream: str) -> PublishResult:
+def _result(reply: Any, stream: str, kind: str) -> PublishResult:
     if isinstance(reply, PublishResult):
         return reply
     if not isinstance(reply, Exception):
         return PublishResult.success()  # a stream entry id, or 0/1 from the dedup script
     text = describe(reply)
     if "WRONGTYPE" in str(reply):
-        # The key holds something other than a stream; no retry changes that.
+        # The key holds another type (than a stream, or a Celery queue's list): no retry helps.
         return PublishResult.permanent(
-            f"redis: key {stream!r} exists and is not a stream ({text});"
+            f"redis: key {stream!r} exists and is not {kind} ({text});"
             " rename the key or route the topic elsewhere, then `outboxkit replay`",
             "wrong_type",
         )

@@ -38,8 +38,9 @@ from outboxkit.ops.logs import setup_logging
     envvar="OUTBOXKIT_BROKER",
     required=True,
     show_envvar=True,
-    help="Broker URL: kafka://, nats://, amqp[s]://, redis[s]://, sqs://QUEUE or an http[s]://"
-    " webhook; the options of each are linked below.",
+    help="Broker URL: kafka://, nats://, amqp[s]://, redis[s]://, sqs://QUEUE, an http[s]://"
+    " webhook, or celery+amqp:// / celery+redis:// (tasks written by"
+    " outboxkit.contrib.celery.send_task); the options of each are linked below.",
 )
 @click.option(
     "--route",
