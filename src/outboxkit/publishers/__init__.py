@@ -21,6 +21,7 @@ _SCHEMES = {
     "redis": "outboxkit.publishers.redis:RedisStreamsPublisher",
     "rediss": "outboxkit.publishers.redis:RedisStreamsPublisher",
     "sqs": "outboxkit.publishers.sqs:SqsPublisher",
+    "sns": "outboxkit.publishers.sns:SnsPublisher",
     "http": "outboxkit.publishers.webhook:WebhookPublisher",
     "https": "outboxkit.publishers.webhook:WebhookPublisher",
     "memory": "outboxkit.publishers.memory:MemoryPublisher",  # in-process, for tests

@@ -490,6 +490,74 @@ class SqsFifoHarness(SqsHarness):
     suffix = ".fifo"
 
 
+class SnsHarness(SqsHarness):
+    """An SNS topic of moto's server with an SQS queue subscribed, read by the SQS runner's
+    decoder: raw message delivery (the SQS binding as it is) or SNS's JSON envelope."""
+
+    name = "sns"
+    default_limit = "SNS's message size limit"
+    raw = True
+
+    async def _open(self, cuttable: bool) -> None:
+        await super()._open(cuttable)
+        self._topic = unique_name("orders-topic") + self.suffix
+        await asyncio.to_thread(self._subscribe)
+
+    def _subscribe(self) -> None:
+        sns = self._server.client("sns")
+        attributes = {"FifoTopic": "true"} if self.suffix else {}
+        arn = sns.create_topic(Name=self._topic, Attributes=attributes)["TopicArn"]
+        queue_arn = self._server.client().get_queue_attributes(
+            QueueUrl=self._queue_url, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        sns.subscribe(
+            TopicArn=arn,
+            Protocol="sqs",
+            Endpoint=queue_arn,
+            Attributes={"RawMessageDelivery": "true" if self.raw else "false"},
+        )
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._topic).replace("sqs://", "sns://", 1)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Raw delivery: the SQS binding as it is; enveloped: the same inside SNS's JSON."""
+        if self.raw:
+            super().check_binding(event, raw)
+            return
+        assert "ce_id" not in (raw.get("MessageAttributes") or {})
+        document = orjson.loads(raw["Body"])
+        assert document["Type"] == "Notification"
+        assert document["TopicArn"].endswith(":" + self._topic)
+        attrs = {k: v["Value"] for k, v in document["MessageAttributes"].items()}
+        assert len(attrs) <= 10
+        assert attrs["ce_id"] == str(event.event_id)
+        assert attrs["content-type"] == _content_type(event)
+
+
+class SnsEnvelopeHarness(SnsHarness):
+    name = "sns-envelope"
+    raw = False
+
+
+class SnsFifoHarness(SnsHarness):
+    name = "sns-fifo"
+    dedups = True  # MessageDeduplicationId = event id
+    suffix = ".fifo"
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """FIFO: the group is the event key (its topic without one); the dedup id its id."""
+        super().check_binding(event, raw)
+        attributes = raw["Attributes"]
+        assert attributes["MessageDeduplicationId"] == str(event.event_id)
+        group = event.key if event.key is not None else event.topic
+        if group.isascii() and " " not in group:
+            assert attributes["MessageGroupId"] == group
+        else:  # not a valid MessageGroupId: its digest, the same for every event of the key
+            assert attributes["MessageGroupId"].startswith("sha256:")
+
+
 class WebhookHarness(BrokerHarness):
     """A local HTTP receiver of the test's own: an outage closes its port."""
 
@@ -611,11 +679,20 @@ def _sqs_text(payload: bytes) -> bool:
 #: Every broker once: the scenarios run over these.
 BROKERS: dict[str, type[BrokerHarness]] = {
     h.name: h
-    for h in (KafkaHarness, NatsHarness, RabbitMQHarness, RedisHarness, SqsHarness, WebhookHarness)
+    for h in (
+        KafkaHarness,
+        NatsHarness,
+        RabbitMQHarness,
+        RedisHarness,
+        SqsHarness,
+        SnsHarness,
+        SnsEnvelopeHarness,
+        WebhookHarness,
+    )
 }
 #: Brokers inside the test process: the scenarios whose relay runs in-process run on them too.
 IN_PROCESS: dict[str, type[BrokerHarness]] = {h.name: h for h in (MemoryHarness,)}
 #: Variants whose duplicate handling differs (their own guarantee: no duplicate at all).
 DEDUP_VARIANTS: dict[str, type[BrokerHarness]] = {
-    h.name: h for h in (RedisDedupHarness, SqsFifoHarness)
+    h.name: h for h in (RedisDedupHarness, SqsFifoHarness, SnsFifoHarness)
 }
