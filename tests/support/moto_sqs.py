@@ -88,6 +88,25 @@ class MotoSqs:
             )
         return messages
 
+    def create_stream(self, name: str, shards: int = 2) -> None:
+        self.client("kinesis").create_stream(StreamName=name, ShardCount=shards)
+
+    def read_stream(self, name: str) -> list[dict[str, Any]]:
+        """Every record of every shard of the stream, shard after shard, each in its order."""
+        kinesis = self.client("kinesis")
+        records: list[dict[str, Any]] = []
+        for shard in kinesis.list_shards(StreamName=name)["Shards"]:
+            iterator = kinesis.get_shard_iterator(
+                StreamName=name, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+            )["ShardIterator"]
+            while iterator:
+                reply = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
+                records += reply["Records"]
+                if not reply["Records"]:
+                    break
+                iterator = reply.get("NextShardIterator")
+        return records
+
 
 @contextmanager
 def running_moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoSqs]:

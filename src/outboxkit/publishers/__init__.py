@@ -22,6 +22,7 @@ _SCHEMES = {
     "rediss": "outboxkit.publishers.redis:RedisStreamsPublisher",
     "sqs": "outboxkit.publishers.sqs:SqsPublisher",
     "sns": "outboxkit.publishers.sns:SnsPublisher",
+    "kinesis": "outboxkit.publishers.kinesis:KinesisPublisher",
     "http": "outboxkit.publishers.webhook:WebhookPublisher",
     "https": "outboxkit.publishers.webhook:WebhookPublisher",
     "memory": "outboxkit.publishers.memory:MemoryPublisher",  # in-process, for tests

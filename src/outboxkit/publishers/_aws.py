@@ -199,3 +199,25 @@ def digest_if(value: str, fits: Callable[[str], bool]) -> str:
 async def call(client: Any, method: str, **kwargs: Any) -> Any:
     """One boto3 call in a worker thread (boto3 is synchronous)."""
     return await asyncio.to_thread(getattr(client, method), **kwargs)
+
+
+def chunks(
+    indexes: Sequence[int], sizes: dict[int, int], max_entries: int, max_bytes: int
+) -> list[list[int]]:
+    """``indexes`` cut into requests of at most ``max_entries`` and ``max_bytes``, in order."""
+    out: list[list[int]] = []
+    chunk: list[int] = []
+    total = 0
+    for i in indexes:
+        if chunk and (len(chunk) == max_entries or total + sizes[i] > max_bytes):
+            out.append(chunk)
+            chunk, total = [], 0
+        chunk.append(i)
+        total += sizes[i]
+    if chunk:
+        out.append(chunk)
+    return out
+
+
+def ok(result: PublishResult | None) -> bool:
+    return result is not None and result.ok

@@ -189,7 +189,10 @@ class SnsPublisher:
         sendable = [i for i in indexes if i in entries]
         if not fifo:
             await asyncio.gather(
-                *(self._send(topic, arn, c, entries, results) for c in _chunks(sendable, sizes))
+                *(
+                    self._send(topic, arn, c, entries, results)
+                    for c in aws.chunks(sendable, sizes, BATCH_ENTRIES, MAX_MESSAGE_BYTES)
+                )
             )
             return
         # FIFO: round after round, a key's next event only once the one before it is in.
@@ -201,9 +204,13 @@ class SnsPublisher:
                     results[i] = aws.blocked("sns", messages[i].key or messages[i].topic)
                 else:
                     ready.append(i)
-            for c in _chunks(ready, sizes):  # in order: SNS keeps a group's receive order
+            for c in aws.chunks(
+                ready, sizes, BATCH_ENTRIES, MAX_MESSAGE_BYTES
+            ):  # in order: SNS keeps a group's receive order
                 await self._send(topic, arn, c, entries, results)
-            failed_groups.update(entries[i]["MessageGroupId"] for i in ready if not _ok(results[i]))
+            failed_groups.update(
+                entries[i]["MessageGroupId"] for i in ready if not aws.ok(results[i])
+            )
 
     def _too_large(self, size: int) -> PublishResult:
         if self._lowered:
@@ -293,26 +300,6 @@ def _entry(index: int, message: OutboundMessage, fifo: bool) -> tuple[dict[str, 
         for name, value in attributes.items()
     )
     return entry, size
-
-
-def _chunks(indexes: list[int], sizes: dict[int, int]) -> list[list[int]]:
-    """Requests of at most ten entries and 256 KiB, in order."""
-    chunks: list[list[int]] = []
-    chunk: list[int] = []
-    total = 0
-    for i in indexes:
-        if chunk and (len(chunk) == BATCH_ENTRIES or total + sizes[i] > MAX_MESSAGE_BYTES):
-            chunks.append(chunk)
-            chunk, total = [], 0
-        chunk.append(i)
-        total += sizes[i]
-    if chunk:
-        chunks.append(chunk)
-    return chunks
-
-
-def _ok(result: PublishResult | None) -> bool:
-    return result is not None and result.ok
 
 
 def _valid_topic(topic: str) -> bool:

@@ -558,6 +558,69 @@ class SnsFifoHarness(SnsHarness):
             assert attributes["MessageGroupId"].startswith("sha256:")
 
 
+class KinesisHarness(BrokerHarness):
+    """A two-shard stream of moto's server of the test's own: an outage stops the server."""
+
+    name = "kinesis"
+    default_limit = "Kinesis's record size limit"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+    options = "timeout=2"
+
+    async def _open(self, cuttable: bool) -> None:
+        monkeypatch = self.request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        self._server = MotoSqs()
+        await asyncio.to_thread(self._server.start)
+        self._stream = unique_name("orders-stream")
+        await asyncio.to_thread(self._server.create_stream, self._stream)
+
+    async def _close(self) -> None:
+        await asyncio.to_thread(self._server.stop)
+
+    async def destination(self) -> str:
+        return "orders"  # the stream is in the URL; the topic only labels the event
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._stream).replace("sqs://", "kinesis://", 1)
+
+    async def published(self, topic: str) -> int:
+        return len(await asyncio.to_thread(self._server.read_stream, self._stream))
+
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while await self.published(topic) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return list(await asyncio.to_thread(self._server.read_stream, self._stream))
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.kinesis import decode
+
+        return decode(self._stream, raw)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Partition key = event key (the id without one); the data is CloudEvents JSON."""
+        assert raw["PartitionKey"] == (event.key if event.key is not None else str(event.event_id))
+        document = orjson.loads(raw["Data"])
+        assert document["id"] == str(event.event_id)
+        assert document["specversion"] == "1.0"
+        assert document["type"] == event.event_type
+        assert document["source"] == _source(event)
+        assert document["datacontenttype"] == _content_type(event)
+        if "data" in document:
+            assert orjson.loads(event.payload) == document["data"]
+        else:
+            assert base64.b64decode(document["data_base64"]) == event.payload
+
+    async def cut(self) -> None:
+        await asyncio.to_thread(self._server.stop)
+
+    async def restore(self) -> None:
+        await asyncio.to_thread(self._server.start)
+
+
 class WebhookHarness(BrokerHarness):
     """A local HTTP receiver of the test's own: an outage closes its port."""
 
@@ -687,6 +750,7 @@ BROKERS: dict[str, type[BrokerHarness]] = {
         SqsHarness,
         SnsHarness,
         SnsEnvelopeHarness,
+        KinesisHarness,
         WebhookHarness,
     )
 }
