@@ -23,6 +23,7 @@ _SCHEMES = {
     "sqs": "outboxkit.publishers.sqs:SqsPublisher",
     "sns": "outboxkit.publishers.sns:SnsPublisher",
     "kinesis": "outboxkit.publishers.kinesis:KinesisPublisher",
+    "eventbridge": "outboxkit.publishers.eventbridge:EventBridgePublisher",
     "http": "outboxkit.publishers.webhook:WebhookPublisher",
     "https": "outboxkit.publishers.webhook:WebhookPublisher",
     "memory": "outboxkit.publishers.memory:MemoryPublisher",  # in-process, for tests

@@ -558,6 +558,54 @@ class SnsFifoHarness(SnsHarness):
             assert attributes["MessageGroupId"].startswith("sha256:")
 
 
+class EventBridgeHarness(SqsHarness):
+    """A bus of moto's server with a rule whose target is an SQS queue, read by the SQS
+    runner's decoder (which unwraps EventBridge's event)."""
+
+    name = "eventbridge"
+    default_limit = "EventBridge's entry size limit"
+
+    async def _open(self, cuttable: bool) -> None:
+        await super()._open(cuttable)
+        self._bus = unique_name("orders-bus")
+        await asyncio.to_thread(self._route)
+
+    def _route(self) -> None:
+        events = self._server.client("events")
+        events.create_event_bus(Name=self._bus)
+        rule = "to-queue"
+        events.put_rule(
+            Name=rule,
+            EventBusName=self._bus,
+            EventPattern=orjson.dumps({"detail": {"specversion": ["1.0"]}}).decode(),
+        )
+        queue_arn = self._server.client().get_queue_attributes(
+            QueueUrl=self._queue_url, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        events.put_targets(
+            Rule=rule, EventBusName=self._bus, Targets=[{"Id": "queue", "Arn": queue_arn}]
+        )
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._bus).replace("sqs://", "eventbridge://", 1)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Source, detail-type and time from the event; the detail is the CloudEvent."""
+        document = orjson.loads(raw["Body"])
+        assert document["source"] == _source(event)
+        assert document["detail-type"] == event.event_type
+        detail = document["detail"]
+        assert detail["id"] == str(event.event_id), "the event id in the detail"
+        assert detail["specversion"] == "1.0"
+        assert detail["type"] == event.event_type
+        assert detail["datacontenttype"] == _content_type(event)
+        if "data" in detail:
+            assert detail["data"] == orjson.loads(event.payload)
+        else:  # not JSON: wrapped
+            assert base64.b64decode(detail["data_base64"]) == event.payload
+
+
 class KinesisHarness(BrokerHarness):
     """A two-shard stream of moto's server of the test's own: an outage stops the server."""
 
@@ -751,6 +799,7 @@ BROKERS: dict[str, type[BrokerHarness]] = {
         SnsHarness,
         SnsEnvelopeHarness,
         KinesisHarness,
+        EventBridgeHarness,
         WebhookHarness,
     )
 }
