@@ -35,7 +35,7 @@ from outboxkit.publishers.sqs import SqsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
 from outboxkit.testing import free_port, spawn_relay
 from tests.support.local_brokers import rabbitmq_url, redis_url
-from tests.support.moto_sqs import MotoSqs
+from tests.support.moto_sqs import MotoSqs, running_moto
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream, unique_name
 
@@ -353,6 +353,46 @@ async def test_sqs_endpoint_down_turns_readyz_503_and_back_200(
         assert len(sqs.drain(queue_url)) == 8
     finally:
         sqs.stop()
+    assert down <= DOWN_WITHIN, f"{down:.1f}s"
+    assert up <= UP_WITHIN, f"{up:.1f}s"
+
+
+def _aws_destination(moto: MotoSqs, scheme: str) -> str:
+    """A fresh SNS topic, Kinesis stream or EventBridge bus on ``moto``; its broker URL."""
+    name = f"rz-{scheme}"
+    if scheme == "sns":
+        moto.client("sns").create_topic(Name=name)
+    elif scheme == "kinesis":
+        moto.create_stream(name, shards=1)
+    else:
+        moto.client("events").create_event_bus(Name=name)
+    return moto.url(name, timeout="2").replace("sqs://", f"{scheme}://", 1)
+
+
+@pytest.mark.parametrize("scheme", ["sns", "kinesis", "eventbridge"])
+async def test_aws_endpoint_down_turns_readyz_503_and_back_200(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """As for SQS: the SNS, Kinesis and EventBridge publishers report refused connects."""
+    from outboxkit.publishers import from_url
+
+    with running_moto(monkeypatch) as moto:
+        broker = _aws_destination(moto, scheme)
+        options = {"retry_base": 0.5, "retry_cap": 1.0, "max_attempts": 100}
+        async with _relay_serving_readyz(db_dsn, from_url(broker), **options) as url:
+            write_events(db_dsn, _events("orders", 3))
+            await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="published")
+            await _until(url, 200, 30.0)
+            moto.stop()
+            write_events(db_dsn, _events("orders", 5))
+            down, body = await _until(url, 503, 15.0)
+            await asyncio.sleep(2.5)
+            status, body = await _readyz(url)
+            assert status == 503 and body.startswith("not ready: broker unreachable for "), body
+            assert "EndpointConnectionError" in body and str(moto.port) not in body, body
+            moto.start()
+            up, _ = await _until(url, 200, 20.0)
+            await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="the backlog published")
     assert down <= DOWN_WITHIN, f"{down:.1f}s"
     assert up <= UP_WITHIN, f"{up:.1f}s"
 

@@ -182,11 +182,18 @@ def waves(indexes: Sequence[int], key_of: Callable[[int], str]) -> list[list[int
     return rounds
 
 
-def blocked(service: str, key: str) -> PublishResult:
-    """A message not sent because an earlier one of its key failed in the same batch."""
+def blocked(service: str, key: str, after: PublishResult | None) -> PublishResult:
+    """A message not sent because an earlier one of its key (``after``'s) failed in this batch.
+
+    Handed back (never tried) a little later than that one asked to wait, so under
+    throttling it is claimed again after it, not before. Strict per-key order through
+    every kind of retry is ordered mode's (``--ordered``: only a key's head is in flight).
+    """
+    wait = (after.retry_after or 0.0) + 0.05 if after is not None else 0.05
     return PublishResult.hand_back(
         f"{service}: not sent: an earlier event of key {key[:80]!r} failed in this batch",
         "blocked_by_key",
+        retry_after=wait,
     )
 
 

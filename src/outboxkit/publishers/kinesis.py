@@ -159,14 +159,14 @@ class KinesisPublisher:
                 results[i] = self._too_large(size)
             else:
                 records[i], sizes[i] = {"Data": data, "PartitionKey": key}, size
-        failed_keys: set[str] = set()
-        for wave in aws.waves(
-            [i for i in indexes if i in records], lambda i: records[i]["PartitionKey"]
-        ):
+        failed: dict[str, PublishResult | None] = {}  # key -> its refused record's verdict
+        sendable = [i for i in indexes if i in records]
+        for wave in aws.waves(sendable, lambda i: records[i]["PartitionKey"]):
             ready = []
             for i in wave:
-                if records[i]["PartitionKey"] in failed_keys:
-                    results[i] = aws.blocked("kinesis", records[i]["PartitionKey"])
+                key = records[i]["PartitionKey"]
+                if key in failed:
+                    results[i] = aws.blocked("kinesis", key, failed[key])
                 else:
                     ready.append(i)
             await asyncio.gather(
@@ -175,7 +175,9 @@ class KinesisPublisher:
                     for c in aws.chunks(ready, sizes, BATCH_RECORDS, MAX_REQUEST_BYTES)
                 )
             )
-            failed_keys.update(records[i]["PartitionKey"] for i in ready if not aws.ok(results[i]))
+            for i in ready:
+                if not aws.ok(results[i]):
+                    failed[records[i]["PartitionKey"]] = results[i]
 
     def _too_large(self, size: int) -> PublishResult:
         if self._lowered:

@@ -196,21 +196,22 @@ class SnsPublisher:
             )
             return
         # FIFO: round after round, a key's next event only once the one before it is in.
-        failed_groups: set[str] = set()
+        failed: dict[str, PublishResult | None] = {}  # group -> its refused entry's verdict
         for wave in aws.waves(sendable, lambda i: entries[i]["MessageGroupId"]):
             ready = []
             for i in wave:
-                if entries[i]["MessageGroupId"] in failed_groups:
-                    results[i] = aws.blocked("sns", messages[i].key or messages[i].topic)
+                group = entries[i]["MessageGroupId"]
+                if group in failed:
+                    key = messages[i].key or messages[i].topic
+                    results[i] = aws.blocked("sns", key, failed[group])
                 else:
                     ready.append(i)
-            for c in aws.chunks(
-                ready, sizes, BATCH_ENTRIES, MAX_MESSAGE_BYTES
-            ):  # in order: SNS keeps a group's receive order
+            # In order: SNS keeps a group's receive order.
+            for c in aws.chunks(ready, sizes, BATCH_ENTRIES, MAX_MESSAGE_BYTES):
                 await self._send(topic, arn, c, entries, results)
-            failed_groups.update(
-                entries[i]["MessageGroupId"] for i in ready if not aws.ok(results[i])
-            )
+            for i in ready:
+                if not aws.ok(results[i]):
+                    failed[entries[i]["MessageGroupId"]] = results[i]
 
     def _too_large(self, size: int) -> PublishResult:
         if self._lowered:
