@@ -49,7 +49,7 @@ def test_urls_pick_the_publisher_and_an_arn_supplies_its_region(url: str, cls: t
         ("kinesis://orders?region=eu-west-1&shards=2", "unknown kinesis URL option 'shards'"),
         ("eventbridge://orders", "no AWS region for eventbridge"),
         ("sns://orders?region=eu-west-1&timeout=soon", "timeout='soon' is not a number"),
-        ("kinesis://bad name?region=eu-west-1", "invalid Kinesis stream"),
+        ("kinesis://bad name?region=eu-west-1", "invalid kinesis stream .bad name.: a name"),
         ("sns://?region=eu-west-1", "sns URL needs a name"),
         ("eventbridge://orders?region=", "option region= is empty"),
     ],

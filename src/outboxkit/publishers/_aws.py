@@ -1,4 +1,5 @@
-"""What the SNS, Kinesis and EventBridge publishers share: URL options, the client, verdicts.
+"""What the SNS, Kinesis and EventBridge publishers share: :class:`AwsPublisher`, and the
+URL options, client, verdicts and per-key rounds it is made of.
 
 Credentials always come from boto3's own chain (environment, profile, container or
 instance role); a URL with credentials in it is refused, and no message here ever
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import boto3
@@ -19,8 +21,13 @@ import botocore.exceptions
 
 from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
+from outboxkit._text import describe
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import PublishResult, Reachability
+from outboxkit.publishers._util import too_large
+from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
+from outboxkit.publishers.reserved import Guard
+
+log = logging.getLogger("outboxkit.aws")
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_CONCURRENCY = 4
@@ -228,3 +235,211 @@ def chunks(
 
 def ok(result: PublishResult | None) -> bool:
     return result is not None and result.ok
+
+
+Results = list[PublishResult | None]
+
+
+class AwsPublisher:
+    """The half every AWS publisher shares: options, client, destinations, verdicts.
+
+    A subclass names its service and destination kind, says which names are valid and
+    which error codes mean "no such destination" or "never valid", and implements
+    :meth:`_publish_to` for the messages of one destination.
+    """
+
+    name: ClassVar[str]
+    service: ClassVar[str]  # boto3's name for the client
+    kind: ClassVar[str]  # "topic", "stream", "bus": in messages and error classes
+    example: ClassVar[str]
+    max_bytes: ClassVar[int]  # the service's limit for one message
+    limit_name: ClassVar[str]  # how a dead letter names that limit
+    counted: ClassVar[str]  # what the size of a message includes
+    no_destination: ClassVar[frozenset[str]] = frozenset({"ResourceNotFoundException"})
+    never_valid: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        destination: str,
+        *,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        if not self._valid(destination.replace(PLACEHOLDER, "x")):
+            raise ConfigurationError(
+                f"invalid {self.name} {self.kind} {destination!r}: {self._rule()}, an ARN,"
+                f" or {PLACEHOLDER} for one {self.kind} per event topic"
+            )
+        check_options(self.name, timeout, concurrency, max_message_bytes)
+        self._destination = destination
+        self._region = region
+        self._endpoint_url = endpoint_url
+        self._timeout = timeout
+        self._concurrency = concurrency
+        self._limit = min(max_message_bytes or self.max_bytes, self.max_bytes)
+        self._lowered = max_message_bytes is not None
+        self._slots = asyncio.Semaphore(concurrency)
+        self._client: Any = None
+        self._throttle = Throttle()
+        #: For /readyz: unreachable once requests have failed to connect for a few seconds.
+        self.reachability = Reachability()
+        #: Event()'s rules and the broker's system destinations, at publish (reserved.py).
+        self.guard = Guard(self.name)
+
+    @classmethod
+    def _from_url(cls, url: str) -> Any:
+        destination, options = parse_url(url, cls.name, cls.example)
+        return cls(destination, **options)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.kind}={self._destination!r}, region={self._region!r})"
+
+    @staticmethod
+    def _valid(name: str) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def _rule() -> str:
+        raise NotImplementedError
+
+    def _ensure_client(self) -> Any:
+        if self._client is None:
+            self._client = make_client(
+                self.service, self._region, self._endpoint_url, self._timeout, self._concurrency
+            )
+        return self._client
+
+    async def _check_at_start(self, method: str, **kwargs: Any) -> None:
+        """One call naming the destination: a missing one is logged, an unreachable service
+        leaves the first batch to retry."""
+        try:
+            client = self._ensure_client()
+            if PLACEHOLDER not in self._destination:
+                await call(client, method, **kwargs)
+        except botocore.exceptions.ClientError as exc:
+            log.error(
+                "%s %s %r not usable at start: %s",
+                self.name,
+                self.kind,
+                self._destination,
+                client_error(exc),
+            )
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            log.warning("%s not reachable at start (%s); will retry", self.name, describe(exc))
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await asyncio.to_thread(client.close)
+
+    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        if not messages:
+            return []
+        self._ensure_client()
+        results: Results = [None] * len(messages)
+        by_destination: dict[str, list[int]] = {}
+        for i, message in enumerate(messages):
+            if (refused := self.guard.refuse(message)) is not None:
+                results[i] = refused
+                continue
+            destination = self._destination.replace(PLACEHOLDER, message.topic)
+            if not self._valid(destination):
+                results[i] = PublishResult.permanent(
+                    f"{self.name}: {destination[:300]!r} is not a valid {self.kind} name (from"
+                    f" topic {message.topic[:80]!r})",
+                    f"invalid_{self.kind}",
+                )
+                continue
+            by_destination.setdefault(destination, []).append(i)
+        await asyncio.gather(
+            *(self._publish_to(d, idx, messages, results) for d, idx in by_destination.items())
+        )
+        no_outcome = f"{self.name}: no outcome"
+        return [r if r is not None else PublishResult.retry(no_outcome) for r in results]
+
+    async def _publish_to(
+        self,
+        destination: str,
+        indexes: list[int],
+        messages: Sequence[OutboundMessage],
+        results: Results,
+    ) -> None:
+        raise NotImplementedError
+
+    def _too_large(self, size: int) -> PublishResult:
+        if self._lowered:
+            named = f"max_message_bytes={self._limit} in the relay's broker URL"
+            fix = f"raise it (up to {self.max_bytes}), or send less"
+        else:
+            named = self.limit_name
+            fix = "send less, or a reference to the payload (e.g. an S3 key)"
+        return too_large(self.name, size, self.counted, named, self._limit, fix)
+
+    async def _request(
+        self, destination: str, chunk: list[int], results: Results, method: str, **kwargs: Any
+    ) -> Any:
+        """One request for the messages ``chunk``; its reply, or None with their verdicts set."""
+        async with self._slots:
+            try:
+                reply = await call(self._client, method, **kwargs)
+            except botocore.exceptions.ClientError as exc:
+                self.reachability.succeeded()  # the service answered, with an error
+                result = self._answered_with_error(destination, exc)
+            except Exception as exc:
+                text = f"{self.name}: request failed: {describe(exc)}"
+                result = request_failed(self.reachability, exc, text)
+            else:
+                self.reachability.succeeded()
+                return reply
+        for i in chunk:
+            results[i] = result
+        return None
+
+    def _answered_with_error(
+        self, destination: str, exc: botocore.exceptions.ClientError
+    ) -> PublishResult:
+        code = error_code(exc)
+        text = client_error(exc)
+        if code in self.no_destination:
+            return PublishResult.permanent(
+                f"{self.name}: {self.kind} {destination!r} does not exist ({text}); create it,"
+                " then `outboxkit replay --all-failed`",
+                f"no_{self.kind}",
+            )
+        return self._verdict(code, f"{self.name}: {text}", sender_fault=False)
+
+    def _verdict(self, code: str, text: str, *, sender_fault: bool) -> PublishResult:
+        """A refusal by its code: throttled (handed back), never valid (dead), or retried."""
+        if code in THROTTLED:
+            return self._throttle.throttled(self.name, text)
+        if sender_fault or code in self.never_valid:
+            return PublishResult.permanent(text, code)
+        return PublishResult.retry(text, code or "client_error")
+
+    async def _in_rounds(
+        self,
+        indexes: list[int],
+        key_of: Callable[[int], str],
+        results: Results,
+        send: Callable[[list[int]], Awaitable[None]],
+    ) -> None:
+        """Send ``indexes`` round after round (:func:`waves`); a key refused in one round sends
+        nothing more of this batch (:func:`blocked`)."""
+        failed: dict[str, PublishResult | None] = {}  # key -> its refused message's verdict
+        for wave in waves(indexes, key_of):
+            ready = []
+            for i in wave:
+                key = key_of(i)
+                if key in failed:
+                    results[i] = blocked(self.name, key, failed[key])
+                else:
+                    ready.append(i)
+            await send(ready)
+            for i in ready:
+                if not ok(results[i]):
+                    failed[key_of(i)] = results[i]

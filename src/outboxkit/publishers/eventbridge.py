@@ -12,72 +12,40 @@ CloudEvents JSON, with its id (EventBridge has no deduplication: consumers dedup
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
-import botocore.exceptions
-
-from outboxkit._text import describe
-from outboxkit.errors import ConfigurationError
 from outboxkit.publishers import _aws as aws
-from outboxkit.publishers._util import too_large
-from outboxkit.publishers.base import OutboundMessage, PublishResult, Reachability
-from outboxkit.publishers.reserved import Guard
+from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.wire import eventbridge as wire
-
-log = logging.getLogger("outboxkit.eventbridge")
 
 BATCH_ENTRIES = 10
 #: EventBridge's limit for one entry and for a whole PutEvents request.
 MAX_ENTRY_BYTES = 262_144
 _BUS = re.compile(r"^[/.A-Za-z0-9_-]{1,256}$")
 _BUS_ARN = re.compile(r"^arn:[a-z-]+:events:[a-z0-9-]+:\d{12}:event-bus/[/.A-Za-z0-9_-]{1,256}$")
-_NO_BUS = {"ResourceNotFoundException"}
-#: Entry errors EventBridge will give again for the same entry.
-_PERMANENT = {
-    "MalformedDetail",
-    "InvalidArgument",
-    "ValidationException",
-    "InvalidEventPatternException",
-}
 
 
-class EventBridgePublisher:
+class EventBridgePublisher(aws.AwsPublisher):
     """Puts events on one EventBridge bus, or one bus per topic (``eventbridge://{topic}``)."""
 
     name = "eventbridge"
-
-    def __init__(
-        self,
-        bus: str,
-        *,
-        region: str | None = None,
-        endpoint_url: str | None = None,
-        timeout: float = aws.DEFAULT_TIMEOUT,
-        concurrency: int = aws.DEFAULT_CONCURRENCY,
-        max_message_bytes: int | None = None,
-    ) -> None:
-        if not _valid_bus(bus.replace(aws.PLACEHOLDER, "x")):
-            raise ConfigurationError(
-                f"invalid EventBridge bus {bus!r}: a name of 1-256 letters, digits, / . _ -"
-                " (default for the account's default bus), a bus ARN, or {topic}"
-            )
-        aws.check_options("eventbridge", timeout, concurrency, max_message_bytes)
-        self._bus = bus
-        self._region = region
-        self._endpoint_url = endpoint_url
-        self._timeout = timeout
-        self._concurrency = concurrency
-        self._limit = min(max_message_bytes or MAX_ENTRY_BYTES, MAX_ENTRY_BYTES)
-        self._lowered = max_message_bytes is not None
-        self._slots = asyncio.Semaphore(concurrency)
-        self._client: Any = None
-        self._throttle = aws.Throttle()
-        #: For /readyz: unreachable once requests have failed to connect for a few seconds.
-        self.reachability = Reachability()
-        self.guard = Guard(self.name)
+    service = "events"
+    kind = "bus"
+    example = "eventbridge://orders?region=eu-west-1"
+    max_bytes = MAX_ENTRY_BYTES
+    limit_name = "EventBridge's entry size limit"
+    counted = "as an entry (source, detail type, detail, time)"
+    #: Entry errors EventBridge will give again for the same entry.
+    never_valid = frozenset(
+        {
+            "MalformedDetail",
+            "InvalidArgument",
+            "ValidationException",
+            "InvalidEventPatternException",
+        }
+    )
 
     @classmethod
     def from_url(cls, url: str) -> EventBridgePublisher:
@@ -88,117 +56,53 @@ class EventBridgePublisher:
         ``max_message_bytes=N`` (at most 256 KiB). Credentials come from the usual boto3
         chain (environment, profile, role).
         """
-        bus, options = aws.parse_url(url, "eventbridge", "eventbridge://orders?region=eu-west-1")
-        return cls(bus, **options)
+        publisher: EventBridgePublisher = cls._from_url(url)
+        return publisher
 
-    def __repr__(self) -> str:
-        return f"EventBridgePublisher(bus={self._bus!r}, region={self._region!r})"
+    @staticmethod
+    def _valid(name: str) -> bool:
+        if name.startswith("arn:"):
+            return _BUS_ARN.match(name) is not None
+        return _BUS.match(name) is not None
+
+    @staticmethod
+    def _rule() -> str:
+        return "a name of 1-256 letters, digits, / . _ - (default: the account's default bus)"
 
     async def start(self) -> None:
         """Check the bus exists; if EventBridge is unreachable the first batch retries."""
-        try:
-            client = self._ensure_client()
-            if aws.PLACEHOLDER not in self._bus:
-                await aws.call(client, "describe_event_bus", Name=self._bus)
-        except botocore.exceptions.ClientError as exc:
-            log.error(
-                "EventBridge bus %r not usable at start: %s", self._bus, aws.client_error(exc)
-            )
-        except ConfigurationError:
-            raise
-        except Exception as exc:
-            log.warning("EventBridge not reachable at start (%s); will retry", describe(exc))
+        await self._check_at_start("describe_event_bus", Name=self._destination)
 
-    def _ensure_client(self) -> Any:
-        if self._client is None:
-            self._client = aws.make_client(
-                "events", self._region, self._endpoint_url, self._timeout, self._concurrency
-            )
-        return self._client
-
-    async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await asyncio.to_thread(client.close)
-
-    async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
-        if not messages:
-            return []
-        self._ensure_client()
-        results: list[PublishResult | None] = [None] * len(messages)
+    async def _publish_to(
+        self,
+        bus: str,
+        indexes: list[int],
+        messages: Sequence[OutboundMessage],
+        results: aws.Results,
+    ) -> None:
         entries: dict[int, dict[str, Any]] = {}
         sizes: dict[int, int] = {}
-        for i, message in enumerate(messages):
-            if (refused := self.guard.refuse(message)) is not None:
-                results[i] = refused
-                continue
-            bus = self._bus.replace(aws.PLACEHOLDER, message.topic)
-            if not _valid_bus(bus):
-                results[i] = PublishResult.permanent(
-                    f"eventbridge: {bus[:300]!r} is not a valid bus name (from topic"
-                    f" {message.topic[:80]!r})",
-                    "invalid_bus",
-                )
-                continue
-            entry, size = wire.encode(message)
+        for i in indexes:
+            entry, size = wire.encode(messages[i])
             if size > self._limit:
                 results[i] = self._too_large(size)
-                continue
-            entry["EventBusName"] = bus
-            entries[i], sizes[i] = entry, size
-        by_bus: dict[str, list[int]] = {}
-        for i, entry in entries.items():  # a missing bus fails only its own requests
-            by_bus.setdefault(entry["EventBusName"], []).append(i)
-        requests = [
-            c
-            for indexes in by_bus.values()
-            for c in aws.chunks(indexes, sizes, BATCH_ENTRIES, MAX_ENTRY_BYTES)
-        ]
-        await asyncio.gather(*(self._send(c, entries, results) for c in requests))
-        return [
-            r if r is not None else PublishResult.retry("eventbridge: no outcome") for r in results
-        ]
-
-    def _too_large(self, size: int) -> PublishResult:
-        if self._lowered:
-            named = f"max_message_bytes={self._limit} in the relay's broker URL"
-            fix = "raise it (up to 262 144), or send less"
-        else:
-            named = "EventBridge's entry size limit"
-            fix = "send less, or a reference to the payload (e.g. an S3 key)"
-        return too_large(
-            "eventbridge",
-            size,
-            "as an entry (source, detail type, detail, time)",
-            named,
-            self._limit,
-            fix,
-        )
+            else:
+                entry["EventBusName"] = bus
+                entries[i], sizes[i] = entry, size
+        requests = aws.chunks(list(entries), sizes, BATCH_ENTRIES, MAX_ENTRY_BYTES)
+        await asyncio.gather(*(self._send(bus, c, entries, results) for c in requests))
 
     async def _send(
         self,
+        bus: str,
         chunk: list[int],
         entries: dict[int, dict[str, Any]],
-        results: list[PublishResult | None],
+        results: aws.Results,
     ) -> None:
-        async with self._slots:
-            try:
-                reply = await aws.call(
-                    self._client, "put_events", Entries=[entries[i] for i in chunk]
-                )
-            except botocore.exceptions.ClientError as exc:
-                self.reachability.succeeded()  # EventBridge answered, with an error
-                for i in chunk:
-                    results[i] = self._request_error(entries[i]["EventBusName"], exc)
-                return
-            except Exception as exc:
-                result = aws.request_failed(
-                    self.reachability, exc, f"eventbridge: request failed: {describe(exc)}"
-                )
-                for i in chunk:
-                    results[i] = result
-                return
-        self.reachability.succeeded()
+        batch = [entries[i] for i in chunk]
+        reply = await self._request(bus, chunk, results, "put_events", Entries=batch)
+        if reply is None:
+            return
         throttled = False
         for i, answer in zip(chunk, reply.get("Entries", []), strict=False):
             code = answer.get("ErrorCode")
@@ -207,31 +111,7 @@ class EventBridgePublisher:
                     results[i] = PublishResult.success()
                 continue
             text = f"eventbridge: {code}: {answer.get('ErrorMessage', '')}".strip()
-            if code in aws.THROTTLED:
-                throttled = True
-                results[i] = self._throttle.throttled("eventbridge", text)
-            elif code in _PERMANENT:
-                results[i] = PublishResult.permanent(text, str(code))
-            else:
-                results[i] = PublishResult.retry(text, str(code))
+            throttled = throttled or code in aws.THROTTLED
+            results[i] = self._verdict(str(code), text, sender_fault=False)
         if not throttled:
             self._throttle.passed()
-
-    def _request_error(self, bus: str, exc: botocore.exceptions.ClientError) -> PublishResult:
-        code = aws.error_code(exc)
-        text = aws.client_error(exc)
-        if code in _NO_BUS:
-            return PublishResult.permanent(
-                f"eventbridge: bus {bus!r} does not exist ({text}); create it, then"
-                " `outboxkit replay --all-failed`",
-                "no_bus",
-            )
-        if code in aws.THROTTLED:
-            return self._throttle.throttled("eventbridge", text)
-        return PublishResult.retry(f"eventbridge: {text}", code or "client_error")
-
-
-def _valid_bus(bus: str) -> bool:
-    if bus.startswith("arn:"):
-        return _BUS_ARN.match(bus) is not None
-    return _BUS.match(bus) is not None
