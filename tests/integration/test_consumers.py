@@ -327,25 +327,32 @@ def moto_sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     server.stop()
 
 
-async def test_sqs_runner_applies_once_retries_and_redrive_dead_letters(
-    scenario_dsn: str, moto_sqs: Any
-) -> None:
+def _queue_with_dlq(moto_sqs: Any) -> tuple[str, str]:
+    """The queue "orders", redriven to "orders-dlq" after MAX_DELIVERIES receives; both URLs."""
     import json
-
-    from outboxkit.consumers.sqs import SqsConsumer
-    from outboxkit.publishers.sqs import SqsPublisher
 
     dlq_url = moto_sqs.create_queue("orders-dlq")
     dlq_arn = moto_sqs.client().get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
         "Attributes"
     ]["QueueArn"]
-    moto_sqs.create_queue(
+    queue_url = moto_sqs.create_queue(
         "orders",
         RedrivePolicy=json.dumps(
             {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_DELIVERIES)}
         ),
         VisibilityTimeout="30",
     )
+    return queue_url, dlq_url
+
+
+async def test_sqs_runner_applies_once_retries_and_redrive_dead_letters(
+    scenario_dsn: str, moto_sqs: Any
+) -> None:
+
+    from outboxkit.consumers.sqs import SqsConsumer
+    from outboxkit.publishers.sqs import SqsPublisher
+
+    _, dlq_url = _queue_with_dlq(moto_sqs)
     s = Scenario(scenario_dsn, "orders")
     runner = SqsConsumer(
         scenario_dsn,
@@ -385,17 +392,7 @@ async def test_sqs_runner_reads_sns_enveloped_messages_applies_once_and_redrive_
     from outboxkit.consumers.sqs import SqsConsumer
     from outboxkit.publishers.sns import SnsPublisher
 
-    dlq_url = moto_sqs.create_queue("orders-dlq")
-    dlq_arn = moto_sqs.client().get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    queue_url = moto_sqs.create_queue(
-        "orders",
-        RedrivePolicy=json.dumps(
-            {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_DELIVERIES)}
-        ),
-        VisibilityTimeout="30",
-    )
+    queue_url, dlq_url = _queue_with_dlq(moto_sqs)
     sns = moto_sqs.client("sns")
     topic_arn = sns.create_topic(Name="orders-topic")["TopicArn"]
     queue_arn = moto_sqs.client().get_queue_attributes(

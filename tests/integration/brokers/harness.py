@@ -417,14 +417,13 @@ class RedisDedupHarness(RedisHarness):
     query = "dedup_window=300"
 
 
-class SqsHarness(BrokerHarness):
-    """moto's SQS server of the test's own: an outage stops it, its queues survive."""
+class MotoHarness(BrokerHarness):
+    """moto's AWS server of the test's own: an outage stops it, its queues and streams survive.
 
-    name = "sqs"
-    default_limit = "MaximumMessageSize"
-    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+    The destination is in the URL; the event's topic only labels it.
+    """
+
     options = "timeout=2"
-    suffix = ""
 
     async def _open(self, cuttable: bool) -> None:
         monkeypatch = self.request.getfixturevalue("monkeypatch")
@@ -434,14 +433,49 @@ class SqsHarness(BrokerHarness):
         monkeypatch.delenv("AWS_PROFILE", raising=False)
         self._server = MotoSqs()
         await asyncio.to_thread(self._server.start)
-        self._queue = unique_name("orders") + self.suffix
-        self._queue_url = await asyncio.to_thread(self._server.create_queue, self._queue)
+        await asyncio.to_thread(self._create)
+
+    @abstractmethod
+    def _create(self) -> None:
+        """Create the destination on the started server."""
+
+    @abstractmethod
+    def _read_all(self) -> list[Any]:
+        """Everything the destination holds (an SQS queue is drained by it)."""
 
     async def _close(self) -> None:
         await asyncio.to_thread(self._server.stop)
 
     async def destination(self) -> str:
-        return "orders"  # the queue is in the URL; the topic only labels the event
+        return "orders"
+
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while await self.published(topic) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return list(await asyncio.to_thread(self._read_all))
+
+    async def cut(self) -> None:
+        await asyncio.to_thread(self._server.stop)
+
+    async def restore(self) -> None:
+        await asyncio.to_thread(self._server.start)
+
+
+class SqsHarness(MotoHarness):
+    """moto's SQS server of the test's own: an outage stops it, its queues survive."""
+
+    name = "sqs"
+    default_limit = "MaximumMessageSize"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+    suffix = ""
+
+    def _create(self) -> None:
+        self._queue = unique_name("orders") + self.suffix
+        self._queue_url = self._server.create_queue(self._queue)
+
+    def _read_all(self) -> list[Any]:
+        return self._server.drain(self._queue_url)
 
     @property
     def url(self) -> str:
@@ -449,12 +483,6 @@ class SqsHarness(BrokerHarness):
 
     async def published(self, topic: str) -> int:
         return await asyncio.to_thread(self._server.depth, self._queue_url)
-
-    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        while await self.published(topic) < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        return list(await asyncio.to_thread(self._server.drain, self._queue_url))
 
     def decode(self, topic: str, raw: Any) -> ReceivedEvent:
         from outboxkit.consumers.sqs import decode
@@ -477,12 +505,6 @@ class SqsHarness(BrokerHarness):
             assert attrs["content-transfer-encoding"] == "base64"
             assert base64.b64decode(raw["Body"]) == event.payload
 
-    async def cut(self) -> None:
-        await asyncio.to_thread(self._server.stop)
-
-    async def restore(self) -> None:
-        await asyncio.to_thread(self._server.start)
-
 
 class SqsFifoHarness(SqsHarness):
     name = "sqs-fifo"
@@ -498,12 +520,9 @@ class SnsHarness(SqsHarness):
     default_limit = "SNS's message size limit"
     raw = True
 
-    async def _open(self, cuttable: bool) -> None:
-        await super()._open(cuttable)
+    def _create(self) -> None:
+        super()._create()
         self._topic = unique_name("orders-topic") + self.suffix
-        await asyncio.to_thread(self._subscribe)
-
-    def _subscribe(self) -> None:
         sns = self._server.client("sns")
         attributes = {"FifoTopic": "true"} if self.suffix else {}
         arn = sns.create_topic(Name=self._topic, Attributes=attributes)["TopicArn"]
@@ -565,12 +584,9 @@ class EventBridgeHarness(SqsHarness):
     name = "eventbridge"
     default_limit = "EventBridge's entry size limit"
 
-    async def _open(self, cuttable: bool) -> None:
-        await super()._open(cuttable)
+    def _create(self) -> None:
+        super()._create()
         self._bus = unique_name("orders-bus")
-        await asyncio.to_thread(self._route)
-
-    def _route(self) -> None:
         events = self._server.client("events")
         events.create_event_bus(Name=self._bus)
         rule = "to-queue"
@@ -606,29 +622,19 @@ class EventBridgeHarness(SqsHarness):
             assert base64.b64decode(detail["data_base64"]) == event.payload
 
 
-class KinesisHarness(BrokerHarness):
+class KinesisHarness(MotoHarness):
     """A two-shard stream of moto's server of the test's own: an outage stops the server."""
 
     name = "kinesis"
     default_limit = "Kinesis's record size limit"
     small_limit = ("max_message_bytes=4096", "max_message_bytes")
-    options = "timeout=2"
 
-    async def _open(self, cuttable: bool) -> None:
-        monkeypatch = self.request.getfixturevalue("monkeypatch")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        self._server = MotoSqs()
-        await asyncio.to_thread(self._server.start)
+    def _create(self) -> None:
         self._stream = unique_name("orders-stream")
-        await asyncio.to_thread(self._server.create_stream, self._stream)
+        self._server.create_stream(self._stream)
 
-    async def _close(self) -> None:
-        await asyncio.to_thread(self._server.stop)
-
-    async def destination(self) -> str:
-        return "orders"  # the stream is in the URL; the topic only labels the event
+    def _read_all(self) -> list[Any]:
+        return self._server.read_stream(self._stream)
 
     @property
     def url(self) -> str:
@@ -636,12 +642,6 @@ class KinesisHarness(BrokerHarness):
 
     async def published(self, topic: str) -> int:
         return len(await asyncio.to_thread(self._server.read_stream, self._stream))
-
-    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        while await self.published(topic) < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        return list(await asyncio.to_thread(self._server.read_stream, self._stream))
 
     def decode(self, topic: str, raw: Any) -> ReceivedEvent:
         from outboxkit.consumers.kinesis import decode
@@ -661,12 +661,6 @@ class KinesisHarness(BrokerHarness):
             assert orjson.loads(event.payload) == document["data"]
         else:
             assert base64.b64decode(document["data_base64"]) == event.payload
-
-    async def cut(self) -> None:
-        await asyncio.to_thread(self._server.stop)
-
-    async def restore(self) -> None:
-        await asyncio.to_thread(self._server.start)
 
 
 class WebhookHarness(BrokerHarness):
