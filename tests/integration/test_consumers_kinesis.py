@@ -20,6 +20,7 @@ from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.kinesis import KinesisConsumer
 from outboxkit.publishers.kinesis import KinesisPublisher
 from outboxkit.store.migrate import migrate_inbox
+from outboxkit.testing import TcpProxy
 from tests.support.moto_sqs import MotoSqs, running_moto
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import unique_name
@@ -150,3 +151,47 @@ def _wait_active(kinesis: Any, stream: str) -> None:
         if status["StreamStatus"] == "ACTIVE":
             return
         time.sleep(0.05)
+
+
+async def test_a_database_outage_skips_no_record_however_many_deliveries_fail(
+    db_dsn: str, moto: MotoSqs
+) -> None:
+    """max_deliveries=2 gives up on a record whose handler fails; a database that is away
+    fails every record, and none of them may be given up for it."""
+    migrate_inbox(db_dsn)
+    stream = unique_name("orders")
+    moto.create_stream(stream, shards=1)
+    events = await _relay(db_dsn, moto, stream, 20, keys=4)
+    info = psycopg.conninfo.conninfo_to_dict(db_dsn)
+    proxy = TcpProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)).start()
+    info.update(host="127.0.0.1", port=str(proxy.port))
+    through = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v})
+    applied = Applied()
+    runner = KinesisConsumer(
+        through,
+        applied,
+        consumer="billing",
+        stream=stream,
+        region="us-east-1",
+        endpoint_url=moto.endpoint,
+        poll_interval=0.05,
+        max_deliveries=2,
+        retry_delay=0.05,
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await wait_for(lambda: runner.stats.applied >= 5, timeout=30, what="some applied")
+        proxy.cut()
+        await wait_for(lambda: runner.stats.failed >= 6, timeout=30, what="failing deliveries")
+        proxy.resume()
+        await wait_for(lambda: runner.stats.applied >= 20, timeout=60, what="all applied")
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, 20)
+        proxy.close()
+    assert runner.stats.dead_lettered == 0, "the outage gave no record up"
+    assert sorted(set(applied.ids)) == sorted(e.event_id for e in events)
+    for key in {e.key for e in events}:
+        got = [i for i, k in zip(applied.ids, applied.keys, strict=True) if k == key]
+        deduped = list(dict.fromkeys(got))  # a handler call whose commit was lost repeats
+        assert deduped == [e.event_id for e in events if e.key == key], f"order of {key}"

@@ -217,20 +217,17 @@ class KinesisConsumer(ConsumerRunner):
                 applied = str(record["SequenceNumber"])
             if applied != sequence:
                 sequence = applied
-                await self._execute(
-                    self._sql.save, (self.consumer, self.stream, shard_id, sequence, False)
-                )
+                await self._checkpoint(shard_id, sequence, finished=False)
             if not complete:
                 return
             iterator = reply.get("NextShardIterator")
             at_end = closed and not records and reply.get("MillisBehindLatest", 0) == 0
             if iterator is None or at_end:
                 # Closed by a reshard and read to its end: its children may start.
-                await self._execute(
-                    self._sql.save, (self.consumer, self.stream, shard_id, sequence, True)
-                )
-                self._finished.add(shard_id)
-                return
+                if await self._checkpoint(shard_id, sequence, finished=True):
+                    self._finished.add(shard_id)
+                    return
+                await self._sleep_or_stop(self.poll_interval)  # say so again
             if not records:
                 await self._sleep_or_stop(self.poll_interval)
                 if not closed and time.monotonic() >= next_check:
@@ -264,6 +261,12 @@ class KinesisConsumer(ConsumerRunner):
         while True:
             if await self._apply(event):
                 return True
+            if not await self._database_answers():
+                # The database, not the event, failed: wait for it without counting.
+                await self._sleep_or_stop(self._backoff(delivery))
+                if self.stopping:
+                    return False
+                continue
             if delivery >= self.max_deliveries:
                 self.stats.dead_lettered += 1
                 log.error(
@@ -279,6 +282,29 @@ class KinesisConsumer(ConsumerRunner):
                 return False
             delivery += 1
             event = _redelivered(event, delivery)
+
+    async def _checkpoint(self, shard_id: str, sequence: str | None, *, finished: bool) -> bool:
+        """Record the shard's progress; a failure is logged (the records are read again, and
+        the inbox skips them) and the next page tries again."""
+        try:
+            params = (self.consumer, self.stream, shard_id, sequence, finished)
+            await self._execute(self._sql.save, params)
+        except Exception as exc:
+            log.warning(
+                "kinesis consumer %r: checkpoint of shard %s failed: %s",
+                self.consumer,
+                shard_id,
+                describe(exc),
+            )
+            return False
+        return True
+
+    async def _database_answers(self) -> bool:
+        try:
+            await self._fetch("SELECT 1", ())
+        except Exception:
+            return False
+        return True
 
     async def _execute(self, statement: str, params: tuple[Any, ...]) -> None:
         async with self._db_lock:
