@@ -73,6 +73,10 @@ def one_line(stderr: str) -> str:
         ("amqp://guest:guest@127.0.0.1:5672/", "aio_pika", "pip install 'outboxkit[rabbitmq]'"),
         ("redis://127.0.0.1:6379/0", "redis", "pip install 'outboxkit[redis]'"),
         ("sqs://orders?region=us-east-1", "boto3", "pip install 'outboxkit[sqs]'"),
+        # One boto3 for every AWS target: the extra every release declares.
+        ("sns://orders?region=us-east-1", "boto3", "pip install 'outboxkit[sqs]'"),
+        ("kinesis://orders?region=us-east-1", "boto3", "pip install 'outboxkit[sqs]'"),
+        ("eventbridge://orders?region=us-east-1", "boto3", "pip install 'outboxkit[sqs]'"),
         ("https://example.invalid/hooks/{topic}", "httpx", "pip install 'outboxkit[webhook]'"),
     ],
 )

@@ -327,25 +327,32 @@ def moto_sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     server.stop()
 
 
-async def test_sqs_runner_applies_once_retries_and_redrive_dead_letters(
-    scenario_dsn: str, moto_sqs: Any
-) -> None:
+def _queue_with_dlq(moto_sqs: Any) -> tuple[str, str]:
+    """The queue "orders", redriven to "orders-dlq" after MAX_DELIVERIES receives; both URLs."""
     import json
-
-    from outboxkit.consumers.sqs import SqsConsumer
-    from outboxkit.publishers.sqs import SqsPublisher
 
     dlq_url = moto_sqs.create_queue("orders-dlq")
     dlq_arn = moto_sqs.client().get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
         "Attributes"
     ]["QueueArn"]
-    moto_sqs.create_queue(
+    queue_url = moto_sqs.create_queue(
         "orders",
         RedrivePolicy=json.dumps(
             {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_DELIVERIES)}
         ),
         VisibilityTimeout="30",
     )
+    return queue_url, dlq_url
+
+
+async def test_sqs_runner_applies_once_retries_and_redrive_dead_letters(
+    scenario_dsn: str, moto_sqs: Any
+) -> None:
+
+    from outboxkit.consumers.sqs import SqsConsumer
+    from outboxkit.publishers.sqs import SqsPublisher
+
+    _, dlq_url = _queue_with_dlq(moto_sqs)
     s = Scenario(scenario_dsn, "orders")
     runner = SqsConsumer(
         scenario_dsn,
@@ -372,6 +379,82 @@ async def test_sqs_runner_applies_once_retries_and_redrive_dead_letters(
         runner,
         dead_letters=dead_letters,
         runner_dead_letters=False,
+    )
+    assert s.delivery_counts[s.flaky.event_id] == [1, 2, 3]
+
+
+async def test_sqs_runner_reads_sns_enveloped_messages_applies_once_and_redrive_dead_letters(
+    scenario_dsn: str, moto_sqs: Any
+) -> None:
+    """SNS → SQS without raw delivery: the runner reads SNS's JSON notification."""
+    import json
+
+    from outboxkit.consumers.sqs import SqsConsumer
+    from outboxkit.publishers.sns import SnsPublisher
+
+    queue_url, dlq_url = _queue_with_dlq(moto_sqs)
+    sns = moto_sqs.client("sns")
+    topic_arn = sns.create_topic(Name="orders-topic")["TopicArn"]
+    queue_arn = moto_sqs.client().get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn)  # enveloped
+    s = Scenario(scenario_dsn, "orders")
+    runner = SqsConsumer(
+        scenario_dsn,
+        s.handler,
+        consumer="billing",
+        queue="orders",
+        region="us-east-1",
+        endpoint_url=moto_sqs.endpoint,
+        wait_time=1,
+        **FAST,
+    )
+    seen: list[str] = []
+
+    async def dead_letters() -> list[str]:
+        messages = await asyncio.to_thread(moto_sqs.drain, dlq_url, idle_polls=1)
+        seen.extend(json.loads(m["Body"])["MessageAttributes"]["ce_id"]["Value"] for m in messages)
+        return seen
+
+    await run_scenario(
+        s,
+        SnsPublisher("orders-topic", region="us-east-1", endpoint_url=moto_sqs.endpoint),
+        runner,
+        dead_letters=dead_letters,
+        runner_dead_letters=False,
+    )
+    assert s.delivery_counts[s.flaky.event_id] == [1, 2, 3]
+
+
+async def test_kinesis_runner_applies_once_retries_in_place_and_skips_the_poison_event(
+    scenario_dsn: str, moto_sqs: Any
+) -> None:
+    from outboxkit.consumers.kinesis import KinesisConsumer
+    from outboxkit.publishers.kinesis import KinesisPublisher
+
+    stream = unique_name("orders")
+    moto_sqs.create_stream(stream, shards=2)
+    s = Scenario(scenario_dsn, "orders")
+    runner = KinesisConsumer(
+        scenario_dsn,
+        s.handler,
+        consumer="billing",
+        stream=stream,
+        region="us-east-1",
+        endpoint_url=moto_sqs.endpoint,
+        poll_interval=0.1,
+        **FAST,
+    )
+
+    async def dead_letters() -> list[str]:  # logged and skipped: Kinesis has no DLQ
+        return [str(s.poison.event_id)] if runner.stats.dead_lettered else []
+
+    await run_scenario(
+        s,
+        KinesisPublisher(stream, region="us-east-1", endpoint_url=moto_sqs.endpoint),
+        runner,
+        dead_letters=dead_letters,
     )
     assert s.delivery_counts[s.flaky.event_id] == [1, 2, 3]
 

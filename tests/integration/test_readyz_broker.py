@@ -31,11 +31,10 @@ from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.publishers.rabbitmq import RabbitMQPublisher
 from outboxkit.publishers.redis import RedisStreamsPublisher
-from outboxkit.publishers.sqs import SqsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
 from outboxkit.testing import free_port, spawn_relay
 from tests.support.local_brokers import rabbitmq_url, redis_url
-from tests.support.moto_sqs import MotoSqs
+from tests.support.moto_sqs import MotoSqs, running_moto
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, ensure_stream, unique_name
 
@@ -323,36 +322,44 @@ async def test_redis_failed_connects_turn_readyz_503_and_a_reply_turns_it_200(
 # -------------------------------------------------------------------------------- SQS
 
 
-async def test_sqs_endpoint_down_turns_readyz_503_and_back_200(
-    db_dsn: str, monkeypatch: pytest.MonkeyPatch
+def _aws_destination(moto: MotoSqs, scheme: str) -> str:
+    """A fresh SQS queue, SNS topic, Kinesis stream or EventBridge bus on ``moto``; its URL."""
+    name = f"rz-{scheme}"
+    if scheme == "sqs":
+        moto.create_queue(name)
+    elif scheme == "sns":
+        moto.client("sns").create_topic(Name=name)
+    elif scheme == "kinesis":
+        moto.create_stream(name, shards=1)
+    else:
+        moto.client("events").create_event_bus(Name=name)
+    return moto.url(name, timeout="2").replace("sqs://", f"{scheme}://", 1)
+
+
+@pytest.mark.parametrize("scheme", ["sqs", "sns", "kinesis", "eventbridge"])
+async def test_aws_endpoint_down_turns_readyz_503_and_back_200(
+    db_dsn: str, monkeypatch: pytest.MonkeyPatch, scheme: str
 ) -> None:
     """boto3 has no connection events: EndpointConnectionError for 2 s with no answer says it."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    sqs = MotoSqs()
-    sqs.start()
-    try:
-        queue_url = sqs.create_queue("rz-orders")
-        broker = sqs.url("rz-orders", timeout="2")
+    from outboxkit.publishers import from_url
+
+    with running_moto(monkeypatch) as moto:
+        broker = _aws_destination(moto, scheme)
         options = {"retry_base": 0.5, "retry_cap": 1.0, "max_attempts": 100}
-        async with _relay_serving_readyz(db_dsn, SqsPublisher.from_url(broker), **options) as url:
+        async with _relay_serving_readyz(db_dsn, from_url(broker), **options) as url:
             write_events(db_dsn, _events("orders", 3))
             await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="published")
             await _until(url, 200, 30.0)
-            sqs.stop()
+            moto.stop()
             write_events(db_dsn, _events("orders", 5))
             down, body = await _until(url, 503, 15.0)
             await asyncio.sleep(2.5)
             status, body = await _readyz(url)
             assert status == 503 and body.startswith("not ready: broker unreachable for "), body
-            assert "EndpointConnectionError" in body and str(sqs.port) not in body, body
-            sqs.start()
+            assert "EndpointConnectionError" in body and str(moto.port) not in body, body
+            moto.start()
             up, _ = await _until(url, 200, 20.0)
             await wait_for(lambda: count(db_dsn) == 0, timeout=20, what="the backlog published")
-        assert len(sqs.drain(queue_url)) == 8
-    finally:
-        sqs.stop()
     assert down <= DOWN_WITHIN, f"{down:.1f}s"
     assert up <= UP_WITHIN, f"{up:.1f}s"
 

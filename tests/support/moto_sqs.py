@@ -1,9 +1,14 @@
-"""moto's SQS API server in the test process, on a free port, to stop and start at will."""
+"""moto's AWS API server (SQS, SNS, Kinesis, EventBridge, STS) in the test process, on a free
+port, to stop and start at will."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import pytest
 
 from outboxkit.testing import free_port
 from tests.support.servers import require_or_skip
@@ -39,10 +44,10 @@ class MotoSqs:
             self._server.stop()
             self.running = False
 
-    def client(self) -> Any:
+    def client(self, service: str = "sqs") -> Any:
         import boto3
 
-        return boto3.client("sqs", region_name="us-east-1", endpoint_url=self.endpoint)
+        return boto3.client(service, region_name="us-east-1", endpoint_url=self.endpoint)
 
     def create_queue(self, name: str, **attributes: str) -> str:
         if name.endswith(".fifo"):
@@ -82,3 +87,37 @@ class MotoSqs:
                 ],
             )
         return messages
+
+    def create_stream(self, name: str, shards: int = 2) -> None:
+        self.client("kinesis").create_stream(StreamName=name, ShardCount=shards)
+
+    def read_stream(self, name: str) -> list[dict[str, Any]]:
+        """Every record of every shard of the stream, shard after shard, each in its order."""
+        kinesis = self.client("kinesis")
+        records: list[dict[str, Any]] = []
+        for shard in kinesis.list_shards(StreamName=name)["Shards"]:
+            iterator = kinesis.get_shard_iterator(
+                StreamName=name, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+            )["ShardIterator"]
+            while iterator:
+                reply = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
+                records += reply["Records"]
+                if not reply["Records"]:
+                    break
+                iterator = reply.get("NextShardIterator")
+        return records
+
+
+@contextmanager
+def running_moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoSqs]:
+    """A started server; dummy credentials through boto3's normal chain (relay processes
+    inherit them)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = MotoSqs()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

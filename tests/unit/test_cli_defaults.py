@@ -240,13 +240,15 @@ def _readme_row(option: str) -> str:
 def test_readme_states_the_batch_shapes_the_publishers_have(option: str, index: int) -> None:
     from outboxkit.publishers import batch_shapes
 
-    # e.g. "1000 for Kafka, NATS, Redis; 500 otherwise"
-    named_part, otherwise = _readme_row(option).split("; ")
-    value, _, brokers = named_part.partition(" for ")
-    named = {b.lower() for b in brokers.split(", ")}
+    # e.g. "1000 for Kafka, NATS, Redis; 1 for Kinesis; 500 otherwise"
+    *named_parts, otherwise = _readme_row(option).split("; ")
+    stated: dict[str, str] = {}
+    for part in named_parts:
+        value, _, brokers = part.partition(" for ")
+        stated |= {b.lower(): value for b in brokers.split(", ")}
     for scheme, shape in batch_shapes().items():
         if shape is None:
             continue  # client not installed here
-        is_named = scheme in named or scheme.removesuffix("s") in named
-        expected = value if is_named else otherwise.split()[0]
+        name = scheme if scheme in stated else scheme.removesuffix("s")
+        expected = stated.get(name, otherwise.split()[0])
         assert shape[index] == int(expected), scheme

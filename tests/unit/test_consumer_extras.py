@@ -11,6 +11,7 @@ CASES = [
     ("rabbitmq", "aio_pika", "outboxkit[rabbitmq]"),
     ("redis", "redis", "outboxkit[redis]"),
     ("sqs", "boto3", "outboxkit[sqs]"),
+    ("kinesis", "boto3", "outboxkit[sqs]"),
 ]
 
 

@@ -31,19 +31,36 @@ from outboxkit.consumers.base import (
     unwrap,
 )
 from outboxkit.inbox import Inbox
+from outboxkit.wire import cloudevents_json
+from outboxkit.wire import eventbridge as eventbridge_wire
+from outboxkit.wire import sns as sns_wire
 from outboxkit.wire import sqs as wire
 
 log = logging.getLogger("outboxkit.consumer.sqs")
 
 
 def decode(queue: str, message: dict[str, Any]) -> ReceivedEvent:
-    """The event in an SQS message sent by the SQS publisher (``ce_*`` message attributes)."""
+    """The event in an SQS message from the SQS or SNS publisher, or an EventBridge rule.
+
+    The SQS publisher's message and an SNS one delivered raw carry ``ce_*`` message
+    attributes; without raw delivery SNS wraps the message in its JSON notification, and
+    an EventBridge rule's SQS target delivers the EventBridge event, whose ``detail`` is
+    the CloudEvents JSON object the EventBridge publisher wrote. All three read the same.
+    """
     attributes = {
         name: str(value.get("StringValue", ""))
         for name, value in (message.get("MessageAttributes") or {}).items()
     }
     received = int((message.get("Attributes") or {}).get("ApproximateReceiveCount", "1"))
     body = str(message.get("Body", ""))
+    if "ce_id" not in attributes and body.startswith("{"):
+        notification = sns_wire.unwrap_notification(body)
+        if notification is not None:
+            body, attributes = notification
+        else:
+            detail = eventbridge_wire.unwrap_event(body)
+            if detail is not None:
+                return unwrap(queue, lambda: cloudevents_json.from_document(detail), received)
     return unwrap(queue, lambda: wire.decode(body, attributes), received)
 
 

@@ -417,14 +417,13 @@ class RedisDedupHarness(RedisHarness):
     query = "dedup_window=300"
 
 
-class SqsHarness(BrokerHarness):
-    """moto's SQS server of the test's own: an outage stops it, its queues survive."""
+class MotoHarness(BrokerHarness):
+    """moto's AWS server of the test's own: an outage stops it, its queues and streams survive.
 
-    name = "sqs"
-    default_limit = "MaximumMessageSize"
-    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+    The destination is in the URL; the event's topic only labels it.
+    """
+
     options = "timeout=2"
-    suffix = ""
 
     async def _open(self, cuttable: bool) -> None:
         monkeypatch = self.request.getfixturevalue("monkeypatch")
@@ -434,14 +433,49 @@ class SqsHarness(BrokerHarness):
         monkeypatch.delenv("AWS_PROFILE", raising=False)
         self._server = MotoSqs()
         await asyncio.to_thread(self._server.start)
-        self._queue = unique_name("orders") + self.suffix
-        self._queue_url = await asyncio.to_thread(self._server.create_queue, self._queue)
+        await asyncio.to_thread(self._create)
+
+    @abstractmethod
+    def _create(self) -> None:
+        """Create the destination on the started server."""
+
+    @abstractmethod
+    def _read_all(self) -> list[Any]:
+        """Everything the destination holds (an SQS queue is drained by it)."""
 
     async def _close(self) -> None:
         await asyncio.to_thread(self._server.stop)
 
     async def destination(self) -> str:
-        return "orders"  # the queue is in the URL; the topic only labels the event
+        return "orders"
+
+    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while await self.published(topic) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return list(await asyncio.to_thread(self._read_all))
+
+    async def cut(self) -> None:
+        await asyncio.to_thread(self._server.stop)
+
+    async def restore(self) -> None:
+        await asyncio.to_thread(self._server.start)
+
+
+class SqsHarness(MotoHarness):
+    """moto's SQS server of the test's own: an outage stops it, its queues survive."""
+
+    name = "sqs"
+    default_limit = "MaximumMessageSize"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+    suffix = ""
+
+    def _create(self) -> None:
+        self._queue = unique_name("orders") + self.suffix
+        self._queue_url = self._server.create_queue(self._queue)
+
+    def _read_all(self) -> list[Any]:
+        return self._server.drain(self._queue_url)
 
     @property
     def url(self) -> str:
@@ -449,12 +483,6 @@ class SqsHarness(BrokerHarness):
 
     async def published(self, topic: str) -> int:
         return await asyncio.to_thread(self._server.depth, self._queue_url)
-
-    async def fetch(self, topic: str, n: int, timeout: float = 20.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        while await self.published(topic) < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        return list(await asyncio.to_thread(self._server.drain, self._queue_url))
 
     def decode(self, topic: str, raw: Any) -> ReceivedEvent:
         from outboxkit.consumers.sqs import decode
@@ -477,17 +505,162 @@ class SqsHarness(BrokerHarness):
             assert attrs["content-transfer-encoding"] == "base64"
             assert base64.b64decode(raw["Body"]) == event.payload
 
-    async def cut(self) -> None:
-        await asyncio.to_thread(self._server.stop)
-
-    async def restore(self) -> None:
-        await asyncio.to_thread(self._server.start)
-
 
 class SqsFifoHarness(SqsHarness):
     name = "sqs-fifo"
     dedups = True  # MessageDeduplicationId = event id
     suffix = ".fifo"
+
+
+class SnsHarness(SqsHarness):
+    """An SNS topic of moto's server with an SQS queue subscribed, read by the SQS runner's
+    decoder: raw message delivery (the SQS binding as it is) or SNS's JSON envelope."""
+
+    name = "sns"
+    default_limit = "SNS's message size limit"
+    raw = True
+
+    def _create(self) -> None:
+        super()._create()
+        self._topic = unique_name("orders-topic") + self.suffix
+        sns = self._server.client("sns")
+        attributes = {"FifoTopic": "true"} if self.suffix else {}
+        arn = sns.create_topic(Name=self._topic, Attributes=attributes)["TopicArn"]
+        queue_arn = self._server.client().get_queue_attributes(
+            QueueUrl=self._queue_url, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        sns.subscribe(
+            TopicArn=arn,
+            Protocol="sqs",
+            Endpoint=queue_arn,
+            Attributes={"RawMessageDelivery": "true" if self.raw else "false"},
+        )
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._topic).replace("sqs://", "sns://", 1)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Raw delivery: the SQS binding as it is; enveloped: the same inside SNS's JSON."""
+        if self.raw:
+            super().check_binding(event, raw)
+            return
+        assert "ce_id" not in (raw.get("MessageAttributes") or {})
+        document = orjson.loads(raw["Body"])
+        assert document["Type"] == "Notification"
+        assert document["TopicArn"].endswith(":" + self._topic)
+        attrs = {k: v["Value"] for k, v in document["MessageAttributes"].items()}
+        assert len(attrs) <= 10
+        assert attrs["ce_id"] == str(event.event_id)
+        assert attrs["content-type"] == _content_type(event)
+
+
+class SnsEnvelopeHarness(SnsHarness):
+    name = "sns-envelope"
+    raw = False
+
+
+class SnsFifoHarness(SnsHarness):
+    name = "sns-fifo"
+    dedups = True  # MessageDeduplicationId = event id
+    suffix = ".fifo"
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """FIFO: the group is the event key (its topic without one); the dedup id its id."""
+        super().check_binding(event, raw)
+        attributes = raw["Attributes"]
+        assert attributes["MessageDeduplicationId"] == str(event.event_id)
+        group = event.key if event.key is not None else event.topic
+        if group.isascii() and " " not in group:
+            assert attributes["MessageGroupId"] == group
+        else:  # not a valid MessageGroupId: its digest, the same for every event of the key
+            assert attributes["MessageGroupId"].startswith("sha256:")
+
+
+class EventBridgeHarness(SqsHarness):
+    """A bus of moto's server with a rule whose target is an SQS queue, read by the SQS
+    runner's decoder (which unwraps EventBridge's event)."""
+
+    name = "eventbridge"
+    default_limit = "EventBridge's entry size limit"
+
+    def _create(self) -> None:
+        super()._create()
+        self._bus = unique_name("orders-bus")
+        events = self._server.client("events")
+        events.create_event_bus(Name=self._bus)
+        rule = "to-queue"
+        events.put_rule(
+            Name=rule,
+            EventBusName=self._bus,
+            EventPattern=orjson.dumps({"detail": {"specversion": ["1.0"]}}).decode(),
+        )
+        queue_arn = self._server.client().get_queue_attributes(
+            QueueUrl=self._queue_url, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        events.put_targets(
+            Rule=rule, EventBusName=self._bus, Targets=[{"Id": "queue", "Arn": queue_arn}]
+        )
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._bus).replace("sqs://", "eventbridge://", 1)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Source, detail-type and time from the event; the detail is the CloudEvent."""
+        document = orjson.loads(raw["Body"])
+        assert document["source"] == _source(event)
+        assert document["detail-type"] == event.event_type
+        detail = document["detail"]
+        assert detail["id"] == str(event.event_id), "the event id in the detail"
+        assert detail["specversion"] == "1.0"
+        assert detail["type"] == event.event_type
+        assert detail["datacontenttype"] == _content_type(event)
+        if "data" in detail:
+            assert detail["data"] == orjson.loads(event.payload)
+        else:  # not JSON: wrapped
+            assert base64.b64decode(detail["data_base64"]) == event.payload
+
+
+class KinesisHarness(MotoHarness):
+    """A two-shard stream of moto's server of the test's own: an outage stops the server."""
+
+    name = "kinesis"
+    default_limit = "Kinesis's record size limit"
+    small_limit = ("max_message_bytes=4096", "max_message_bytes")
+
+    def _create(self) -> None:
+        self._stream = unique_name("orders-stream")
+        self._server.create_stream(self._stream)
+
+    def _read_all(self) -> list[Any]:
+        return self._server.read_stream(self._stream)
+
+    @property
+    def url(self) -> str:
+        return self._server.url(self._stream).replace("sqs://", "kinesis://", 1)
+
+    async def published(self, topic: str) -> int:
+        return len(await asyncio.to_thread(self._server.read_stream, self._stream))
+
+    def decode(self, topic: str, raw: Any) -> ReceivedEvent:
+        from outboxkit.consumers.kinesis import decode
+
+        return decode(self._stream, raw)
+
+    def check_binding(self, event: Event, raw: Any) -> None:
+        """Partition key = event key (the id without one); the data is CloudEvents JSON."""
+        assert raw["PartitionKey"] == (event.key if event.key is not None else str(event.event_id))
+        document = orjson.loads(raw["Data"])
+        assert document["id"] == str(event.event_id)
+        assert document["specversion"] == "1.0"
+        assert document["type"] == event.event_type
+        assert document["source"] == _source(event)
+        assert document["datacontenttype"] == _content_type(event)
+        if "data" in document:
+            assert orjson.loads(event.payload) == document["data"]
+        else:
+            assert base64.b64decode(document["data_base64"]) == event.payload
 
 
 class WebhookHarness(BrokerHarness):
@@ -611,11 +784,22 @@ def _sqs_text(payload: bytes) -> bool:
 #: Every broker once: the scenarios run over these.
 BROKERS: dict[str, type[BrokerHarness]] = {
     h.name: h
-    for h in (KafkaHarness, NatsHarness, RabbitMQHarness, RedisHarness, SqsHarness, WebhookHarness)
+    for h in (
+        KafkaHarness,
+        NatsHarness,
+        RabbitMQHarness,
+        RedisHarness,
+        SqsHarness,
+        SnsHarness,
+        SnsEnvelopeHarness,
+        KinesisHarness,
+        EventBridgeHarness,
+        WebhookHarness,
+    )
 }
 #: Brokers inside the test process: the scenarios whose relay runs in-process run on them too.
 IN_PROCESS: dict[str, type[BrokerHarness]] = {h.name: h for h in (MemoryHarness,)}
 #: Variants whose duplicate handling differs (their own guarantee: no duplicate at all).
 DEDUP_VARIANTS: dict[str, type[BrokerHarness]] = {
-    h.name: h for h in (RedisDedupHarness, SqsFifoHarness)
+    h.name: h for h in (RedisDedupHarness, SqsFifoHarness, SnsFifoHarness)
 }
