@@ -140,7 +140,10 @@ def test_no_broker_client_is_a_core_dependency_and_each_has_its_extra() -> None:
         assert dist not in core, f"{dist} is a core dependency; make it the [{extra}] extra"
         assert dist in {_name(r) for r in extras[extra]}, f"[{extra}] must install {dist}"
     brokers = set(re.findall(r"\w+", extras["brokers"][0].split("[", 1)[1]))
-    assert brokers == broker_extras
+    # `aws` (boto3: SQS, SNS, Kinesis, EventBridge) stands for `sqs` and its three siblings.
+    assert brokers == (broker_extras - {"sqs"}) | {"aws"}
+    for alias in ("sqs", "sns", "kinesis", "eventbridge"):
+        assert extras[alias] == extras["aws"], f"[{alias}] must install what [aws] does"
 
 
 def test_the_demo_extra_brings_the_nats_client_the_demo_uses() -> None:
