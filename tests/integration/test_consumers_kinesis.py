@@ -35,11 +35,17 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoSqs]:
 class Applied:
     """The handler: what it applied, in the order it applied it."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_after: int | None = None) -> None:
         self.ids: list[uuid.UUID] = []
         self.keys: list[str | None] = []
+        # With hold_after=N the handler waits at its N+1st call until `go` is set: a test
+        # cuts the database there, so records are still to come when it goes away.
+        self.hold_after = hold_after
+        self.go = asyncio.Event()
 
     async def __call__(self, tx: psycopg.AsyncConnection[Any], event: ReceivedEvent) -> None:
+        if self.hold_after is not None and len(self.ids) >= self.hold_after:
+            await self.go.wait()
         self.ids.append(event.event_id)
         self.keys.append(event.key)
 
@@ -166,7 +172,7 @@ async def test_a_database_outage_skips_no_record_however_many_deliveries_fail(
     proxy = TcpProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)).start()
     info.update(host="127.0.0.1", port=str(proxy.port))
     through = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v})
-    applied = Applied()
+    applied = Applied(hold_after=5)
     runner = KinesisConsumer(
         through,
         applied,
@@ -181,7 +187,8 @@ async def test_a_database_outage_skips_no_record_however_many_deliveries_fail(
     task = asyncio.create_task(runner.run())
     try:
         await wait_for(lambda: runner.stats.applied >= 5, timeout=30, what="some applied")
-        proxy.cut()
+        proxy.cut()  # the 6th record's transaction is open in the handler, 15 more to come
+        applied.go.set()
         await wait_for(lambda: runner.stats.failed >= 6, timeout=30, what="failing deliveries")
         proxy.resume()
         await wait_for(lambda: runner.stats.applied >= 20, timeout=60, what="all applied")
