@@ -170,3 +170,47 @@ def test_a_frozen_workers_late_completion_is_a_no_op_and_its_writes_are_rolled_b
     assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
     assert frozen.stderr is not None
     assert b"lease_lost" in frozen.stderr.read()  # its late settle was fenced off too
+
+
+def failed_rows(dsn: str) -> dict[str, tuple[str, int, str]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT task_name, error_type, attempts, traceback_excerpt FROM outboxkit_tasks"
+            " WHERE status = 3"
+        ).fetchall()
+    return {name: (error_type, attempts, tb or "") for name, error_type, attempts, tb in rows}
+
+
+def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_task_not_the_worker(
+    tasks_dsn: str,
+) -> None:
+    """SystemExit, KeyboardInterrupt and a BaseException subclass from a handler (sync and
+    async) are failed attempts with their tracebacks; the worker keeps serving healthy tasks.
+    Before: the process exited, its shutdown refunded the poison's attempt, and a supervisor
+    restarted it into the same poison for ever (94-99 exits in 90 s)."""
+    poisons = ("poison.exit", "poison.interrupt", "poison.base")
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for name in poisons:
+            tasks.enqueue(conn, name, max_attempts=1)
+        for _ in range(10):
+            tasks.enqueue(conn, "sleep", {"seconds": 0})
+    worker = spawn_worker(tasks_dsn, "--concurrency", "4")
+    try:
+        wait_for(lambda: len(failed_rows(tasks_dsn)) == 3 and len(runs(tasks_dsn)) == 10)
+        wait_for(lambda: len(state(tasks_dsn)) == 3)  # the healthy ones done and deleted
+        assert worker.poll() is None, "the worker exited"
+        with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+            tasks.enqueue(conn, "sleep", {"seconds": 0})  # and it still serves
+        wait_for(lambda: len(runs(tasks_dsn)) == 11)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    failed = failed_rows(tasks_dsn)
+    assert {name: (t, a) for name, (t, a, _tb) in failed.items()} == {
+        "poison.exit": ("SystemExit", 1),
+        "poison.interrupt": ("KeyboardInterrupt", 1),
+        "poison.base": ("PoisonError", 1),
+    }
+    assert all("Traceback" in tb for _t, _a, tb in failed.values())

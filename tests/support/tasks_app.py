@@ -52,3 +52,22 @@ def effect_once(payload: None, ctx: TaskContext) -> None:
         conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
         if ctx.attempt == 1:
             time.sleep(2)
+
+
+class PoisonError(BaseException):
+    """Not an Exception: what a careless library raises to "stop everything"."""
+
+
+@tasks.handler("poison.exit")
+def poison_exit(payload: None) -> None:
+    raise SystemExit(3)
+
+
+@tasks.handler("poison.interrupt")
+async def poison_interrupt(payload: None) -> None:
+    raise KeyboardInterrupt
+
+
+@tasks.handler("poison.base")
+def poison_base(payload: None) -> None:
+    raise PoisonError("the library gave up")

@@ -149,7 +149,13 @@ class HandlerSink:
             return TaskOutcome(
                 False, f"the handler ran longer than its timeout of {task_type.timeout}s"
             )
-        except Exception as exc:
+        except GeneratorExit:
+            raise  # the coroutine is being closed, not a handler's failure
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt and their kin too
+            # A handler's SystemExit or KeyboardInterrupt is its failure, not the worker's:
+            # let it escape and the process exits, the shutdown refunds the attempt, and a
+            # supervisor restarts the worker into the same poison for ever. A real signal to
+            # the worker never arrives here (the loop's signal handlers stop the worker).
             task.error_type = type(exc).__name__
             task.traceback = _excerpt(exc)
             return TaskOutcome(False, f"{type(exc).__name__}: {exc}")
