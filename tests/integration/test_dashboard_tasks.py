@@ -336,3 +336,19 @@ def test_the_command_starts_on_a_database_used_for_task_mode_only(empty_db_dsn: 
     _check_tables(empty_db_dsn, "outbox", TABLE)
     with pytest.raises(TableNotFoundError):
         _check_tables(empty_db_dsn, "outbox", "other_tasks")
+
+
+async def test_a_task_whose_payload_does_not_decode_opens(tasks_dsn: str) -> None:
+    """A payload nested 3 000 levels deep (inserted by SQL) opens as its text (was a 500)."""
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            f"INSERT INTO {TABLE} (task_name, queue, payload) VALUES ('job', 'default', %s)"
+            " RETURNING id",
+            ("[" * 3000 + "]" * 3000,),
+        ).fetchone()
+    assert row is not None
+    async with served(Dashboard(tasks_dsn)) as url, aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/api/tasks/{row[0]}") as resp:
+            body = await resp.json()
+            assert resp.status == 200, body
+    assert body["payload"].startswith("[[[") and body["payload_kind"] == "text"

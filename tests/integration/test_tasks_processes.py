@@ -214,3 +214,43 @@ def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_task_not_th
         "poison.base": ("PoisonError", 1),
     }
     assert all("Traceback" in tb for _t, _a, tb in failed.values())
+
+
+def test_a_row_written_around_the_api_that_does_not_decode_fails_alone(
+    tasks_dsn: str,
+) -> None:
+    """A payload nested 3 000 levels deep, inserted by SQL, fails its own task with the
+    reason; the healthy tasks claimed beside it run, the worker stays up, and `tasks show`
+    opens the row. Before: orjson's depth error raised out of the claim and the worker
+    exited (after 3 exits, healthy tasks claimed with it were dead-lettered unrun)."""
+    deep = "[" * 3000 + "]" * 3000
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(5):
+            tasks.enqueue(conn, "sleep", {"seconds": 0})
+        row = conn.execute(
+            "INSERT INTO outboxkit_tasks (task_name, queue, payload) VALUES"
+            " ('sleep', 'default', %s::jsonb) RETURNING id",
+            (deep,),
+        ).fetchone()
+        for _ in range(5):
+            tasks.enqueue(conn, "sleep", {"seconds": 0})
+    assert row is not None
+    bad = int(row[0])
+    worker = spawn_worker(tasks_dsn, "--concurrency", "10")
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 10 and len(failed_rows(tasks_dsn)) == 1)
+        assert worker.poll() is None, "the worker exited"
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert state(tasks_dsn) == [("sleep", 3, 1)]
+    assert failed_rows(tasks_dsn)["sleep"][0] == "UndecodablePayload"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    shown = subprocess.run(
+        [sys.executable, "-m", "outboxkit", "tasks", "show", str(bad), "--dsn", tasks_dsn],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "does not decode" in shown.stdout and "UndecodablePayload" in shown.stdout

@@ -18,9 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 
 from outboxkit.errors import SchemaError
 from outboxkit.queue.store import (
@@ -77,6 +79,27 @@ class ClaimedTask:
     error_type: str | None = None
     traceback: str | None = None
     completed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodablePayload:
+    """A claimed task's payload that does not decode (a row written around ``enqueue``, such
+    as JSON nested past orjson's depth limit): the handler sink fails that task alone."""
+
+    reason: str
+
+
+def _load_payload(data: bytes | str) -> Any:
+    """The claim's JSON loader: per row, so one bad row does not fail the whole claim (it
+    raised out of the claim and the worker exited, its neighbours dead-lettered unrun)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return UndecodablePayload(str(exc))
+
+
+def _raw_json(data: bytes | str) -> str:
+    return data.decode() if isinstance(data, bytes) else data
 
 
 class PgTaskStore(PgSession):
@@ -137,6 +160,9 @@ class PgTaskStore(PgSession):
 
     def __repr__(self) -> str:
         return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
+
+    def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        set_json_loads(_load_payload, conn)
 
     def _missing(self) -> SchemaError:
         return SchemaError(
@@ -516,6 +542,9 @@ def task_gauges(
 def show_task(dsn: _Source, table: str, task_id: int) -> dict[str, Any] | None:
     """Every column of one task (its payload as JSON text), or None."""
     with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        # The payload stays text: a row written around enqueue() may not load (3 000
+        # levels of nesting raised RecursionError here); callers show payload_json.
+        set_json_loads(_raw_json, cur)
         row: dict[str, Any] | None = cur.execute(
             TaskStatements(table).show_task, (task_id,)
         ).fetchone()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, Reschedule
 from outboxkit.store._connection import PoolerMode
-from outboxkit.store.tasks_pg import ClaimedTask
+from outboxkit.store.tasks_pg import ClaimedTask, UndecodablePayload
 from outboxkit.store.tasks_sql import TaskStatements
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
@@ -85,6 +85,15 @@ class HandlerSink:
                 run.cancel()
 
     async def _run(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
+        if isinstance(task.payload, UndecodablePayload):
+            task.error_type = "UndecodablePayload"
+            return TaskOutcome(
+                False,
+                f"the stored payload does not decode ({task.payload.reason}): the row was"
+                " written around tasks.enqueue(); fix its payload and `outboxkit tasks replay`"
+                " it, or discard it",
+                retryable=False,
+            )
         task_type = self.tasks.types.get(task.task_name)
         if task_type is None:
             task.error_type = "UnknownTask"

@@ -375,7 +375,7 @@ def _payload_text(payload: bytes) -> tuple[str, str, bool]:
     try:
         text = json.dumps(json.loads(payload), indent=2, ensure_ascii=False)
         kind = "json"
-    except ValueError:
+    except (ValueError, RecursionError):  # nested 3 000 levels deep: shown as its text
         text = payload.decode("utf-8", "replace")
         kind = "text"
     if len(text) > MAX_PAYLOAD_CHARS:
