@@ -203,10 +203,14 @@ def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_task_not_th
             tasks.enqueue(conn, "sleep", {"seconds": 0})  # and it still serves
         wait_for(lambda: len(runs(tasks_dsn)) == 11)
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(15) == 0
+        _out, err = worker.communicate(timeout=15)
+        assert worker.returncode == 0
     finally:
         if worker.poll() is None:
             worker.kill()
+    # Sync handlers ran and returned: idle pool threads are no "handler still running"
+    # (the shutdown said so after any sync handler had run).
+    assert "exiting with a sync handler still running" not in err.decode()
     failed = failed_rows(tasks_dsn)
     assert {name: (t, a) for name, (t, a, _tb) in failed.items()} == {
         "poison.exit": ("SystemExit", 1),
@@ -254,3 +258,79 @@ def test_a_row_written_around_the_api_that_does_not_decode_fails_alone(
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "does not decode" in shown.stdout and "UndecodablePayload" in shown.stdout
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sync_handlers_that_never_return_do_not_wedge_the_worker(tasks_dsn: str) -> None:
+    """6 sync handlers that block for ever (timeout=1) on a worker of --concurrency 4: their
+    threads are abandoned and replaced, and 20 healthy tasks run. Before: the 4 threads
+    stayed taken, healthy tasks sat `running` (their leases renewed) and nothing was said."""
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(6):
+            tasks.enqueue(conn, "block_forever", max_attempts=1)
+        for _ in range(20):
+            tasks.enqueue(conn, "quick")
+    worker = spawn_worker(tasks_dsn, "--concurrency", "4")
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 20, timeout=30)
+        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1, timeout=10)  # the 6 timed out
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=15)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert state(tasks_dsn) == [("block_forever", 3, 1)] * 6
+    assert err.decode().count("its thread is abandoned and replaced") == 6
+
+
+def test_past_its_cap_of_abandoned_threads_the_worker_is_degraded_and_hands_tasks_on(
+    tasks_dsn: str,
+) -> None:
+    """--concurrency 2 replaces at most 8 abandoned threads; past that /readyz is 503 with
+    the reason, sync tasks go back to the queue (attempt refunded) and another worker runs
+    them; the degraded line is said once, not per task."""
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(8):
+            tasks.enqueue(conn, "block_forever", max_attempts=1, priority=1)
+        for _ in range(10):
+            tasks.enqueue(conn, "quick")
+    port = _free_port()
+    stuck = spawn_worker(tasks_dsn, "--concurrency", "2", "--metrics-port", str(port))
+    other = None
+    try:
+        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1 and len(state(tasks_dsn)) == 18)
+        wait_for(lambda: _get(port, "/readyz")[0] == 503, timeout=10)
+        _status, text = _get(port, "/readyz")
+        assert "8 sync handler thread(s) still running past their timeout" in text
+        assert _get(port, "/healthz")[0] == 200
+        time.sleep(1.0)  # the degraded worker hands the healthy tasks back, runs none
+        assert runs(tasks_dsn) == []
+        other = spawn_worker(tasks_dsn, "--concurrency", "2")
+        wait_for(lambda: len(runs(tasks_dsn)) == 10, timeout=30)
+        assert {attempt for _id, attempt in runs(tasks_dsn)} == {1}  # attempts refunded
+        stuck.send_signal(signal.SIGTERM)
+        _out, err = stuck.communicate(timeout=15)
+    finally:
+        for proc in (stuck, other):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert err.decode().count("worker degraded") == 1
+    assert "exiting with a sync handler still running" in err.decode()

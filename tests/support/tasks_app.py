@@ -71,3 +71,16 @@ async def poison_interrupt(payload: None) -> None:
 @tasks.handler("poison.base")
 def poison_base(payload: None) -> None:
     raise PoisonError("the library gave up")
+
+
+@tasks.handler("block_forever", timeout=1)
+def block_forever(payload: None) -> None:
+    """A sync handler that never returns (a socket with no timeout, a deadlock)."""
+    import time
+
+    time.sleep(3600)
+
+
+@tasks.handler("quick")
+def quick(payload: None, ctx: TaskContext) -> None:
+    _record(ctx)

@@ -6,7 +6,7 @@ are counted as ``(other)``, so the series stay bounded whatever names the table 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from outboxkit._redact import redact
 from outboxkit.store.tasks_pg import ClaimedTask, task_gauges
 from outboxkit.store.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 
@@ -110,8 +111,10 @@ class TaskMetrics:
         return await asyncio.to_thread(generate_latest, self.registry)
 
 
-def task_metrics_app(metrics: TaskMetrics) -> web.Application:
-    """``/metrics`` and ``/healthz`` of one worker."""
+def task_metrics_app(
+    metrics: TaskMetrics, not_ready: Callable[[], str | None] | None = None
+) -> web.Application:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (``not_ready``'s reason: 503) of one worker."""
 
     async def scrape(_request: web.Request) -> web.Response:
         body = await metrics.render()
@@ -120,7 +123,14 @@ def task_metrics_app(metrics: TaskMetrics) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def readyz(_request: web.Request) -> web.Response:
+        reason = not_ready() if not_ready is not None else None
+        if reason is None:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text=f"not ready: {redact(reason)}\n")
+
     app = web.Application()
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     return app

@@ -13,6 +13,8 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import logging
+import threading
 import traceback
 import uuid
 from collections.abc import Sequence
@@ -29,6 +31,11 @@ from outboxkit.write.outbox import Outbox
 
 #: A stored traceback keeps its last lines, up to this many characters.
 MAX_TRACEBACK_CHARS = 4000
+#: A sync task this worker cannot start (every spare thread abandoned) goes back to the
+#: queue for this many seconds, its attempt refunded: another worker takes it meanwhile.
+HAND_BACK_DELAY = 5.0
+
+log = logging.getLogger("outboxkit.worker")
 
 
 class HandlerSink:
@@ -56,13 +63,66 @@ class HandlerSink:
         self._complete = sql.complete_keep if retention == "keep" else sql.complete_delete
         self._running: dict[int, asyncio.Task[Outcome]] = {}  # by task id
         self._lost: set[asyncio.Task[Outcome]] = set()
+        # A sync handler past its timeout cannot be stopped (a thread cannot be killed): its
+        # thread is abandoned and another takes its slot, up to `max_abandoned` spares;
+        # past that the worker is degraded and hands its sync tasks to other workers.
+        self.max_abandoned = max(2 * threads, 8)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="outboxkit-task"
+            max_workers=threads + self.max_abandoned, thread_name_prefix="outboxkit-task"
         )
+        self._busy: set[concurrent.futures.Future[object]] = set()  # handlers in threads
+        self._abandoned: set[concurrent.futures.Future[object]] = set()
+        self._threads_lock = threading.Lock()
+        self._degraded_said = False
 
     def close(self) -> None:
         """Stop the threads (a sync handler past its timeout finishes on its own)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def threads_running(self) -> int:
+        """Sync handlers still running in a thread (abandoned ones included)."""
+        with self._threads_lock:
+            return len(self._busy)
+
+    def degraded_reason(self) -> str | None:
+        """Why this worker cannot start sync tasks now, or None."""
+        with self._threads_lock:
+            abandoned = len(self._abandoned)
+        if abandoned < self.max_abandoned:
+            return None
+        return (
+            f"{abandoned} sync handler thread(s) still running past their timeout (at most"
+            f" {self.max_abandoned} are replaced): sync tasks are handed to other workers"
+        )
+
+    def _submit(self, call: functools.partial[object]) -> concurrent.futures.Future[object]:
+        future = self._pool.submit(call)
+        with self._threads_lock:
+            self._busy.add(future)
+        future.add_done_callback(self._thread_returned)
+        return future
+
+    def _thread_returned(self, future: concurrent.futures.Future[object]) -> None:
+        with self._threads_lock:
+            self._busy.discard(future)
+            was_abandoned = future in self._abandoned
+            self._abandoned.discard(future)
+            left = len(self._abandoned)
+        if was_abandoned:
+            self._degraded_said = False
+            log.info("an abandoned sync handler returned at last (%d still running)", left)
+
+    def _abandon(self, task: ClaimedTask, future: concurrent.futures.Future[object]) -> None:
+        with self._threads_lock:
+            if future.done():
+                return
+            self._abandoned.add(future)
+            count = len(self._abandoned)
+        log.warning(
+            "task %d (%s): its sync handler runs on past its timeout; its thread is abandoned"
+            " and replaced (%d of at most %d abandoned)",
+            task.id, task.task_name, count, self.max_abandoned,
+        )  # fmt: skip
 
     async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
         runs = [asyncio.create_task(self._run(token, t)) for t in items]
@@ -117,15 +177,19 @@ class HandlerSink:
                 events=task_type.events,
                 pooler=self.pooler,
             )
+        thread: concurrent.futures.Future[object] | None = None
         try:
             payload = task_type.decode(task.payload)
             args = (payload,) if ctx is None else (payload, ctx)
             if task_type.is_async:
                 run = task_type.fn(*args)
             else:
-                loop = asyncio.get_running_loop()
+                reason = self.degraded_reason()
+                if reason is not None:
+                    return self._hand_back(reason)
                 call = functools.partial(contextvars.copy_context().run, task_type.fn, *args)
-                run = loop.run_in_executor(self._pool, call)
+                thread = self._submit(call)
+                run = asyncio.wrap_future(thread)
             if task_type.timeout is not None:
                 async with asyncio.timeout(task_type.timeout):
                     await run
@@ -153,6 +217,8 @@ class HandlerSink:
         except TimeoutError as exc:
             if ctx is not None:  # a sync handler's thread goes on: tell it to stop
                 ctx.cancelled.set()
+            if thread is not None:
+                self._abandon(task, thread)
             task.error_type = "Timeout"
             task.traceback = _excerpt(exc)
             return TaskOutcome(
@@ -169,6 +235,12 @@ class HandlerSink:
             task.traceback = _excerpt(exc)
             return TaskOutcome(False, f"{type(exc).__name__}: {exc}")
         return SUCCESS
+
+    def _hand_back(self, reason: str) -> Outcome:
+        if not self._degraded_said:
+            self._degraded_said = True
+            log.warning("worker degraded: %s", reason)
+        return Reschedule(HAND_BACK_DELAY, counts_attempt=False)
 
     # -- the rest of the core's Sink protocol: a handler has no target to be down ---------
 

@@ -259,6 +259,14 @@ class Worker:
         if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
             self.sink.lost(claim.ids)
 
+    def not_ready_reason(self) -> str | None:
+        """Why this worker cannot do its work now (``/readyz``), or None."""
+        return self.sink.degraded_reason()
+
+    def threads_running(self) -> int:
+        """Sync handlers still running in a thread (past their timeout or the grace)."""
+        return self.sink.threads_running()
+
     def stop(self) -> None:
         """Stop taking tasks; running handlers get ``shutdown_timeout``, then are handed back."""
         self._loop.stop()

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Coroutine
 from typing import Any
 
@@ -225,8 +224,8 @@ def worker(
         from outboxkit.ops.http import serving
         from outboxkit.ops.task_metrics import task_metrics_app
 
-        app = task_metrics_app(metrics)
-        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz"):
+        app = task_metrics_app(metrics, engine.not_ready_reason)
+        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz /readyz"):
             await engine.run()
 
     _freeze_start_up_heap()
@@ -234,7 +233,7 @@ def worker(
         _run_on(loop_name, _main())
     except OutboxkitError as exc:
         fail(str(exc), 2)
-    if any(t.name.startswith("outboxkit-task") and t.is_alive() for t in threading.enumerate()):
+    if engine.threads_running():  # (idle pool threads do not count: they end with the pool)
         # A sync handler past its timeout or the grace period: its task was handed back;
         # do not wait for the thread.
         logging.getLogger("outboxkit.worker").warning(
