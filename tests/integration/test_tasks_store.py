@@ -37,9 +37,7 @@ def _enqueue(
 ) -> None:
     sql = TaskStatements(TABLE)
     with psycopg.connect(dsn) as conn:
-        at = conn.execute("SELECT now() + make_interval(secs => %s)", (delay,)).fetchone()
-        assert at is not None
-        params = (name, queue, "{}", priority, key, None, max_attempts, at[0], sql.channel)
+        params = (name, queue, "{}", priority, key, None, max_attempts, None, delay, sql.channel)
         conn.execute(sql.enqueue, params)
 
 

@@ -81,8 +81,13 @@ ENQUEUE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("available_at", "timestamptz"),
 )
 _COLUMNS = ", ".join(name for name, _ in ENQUEUE_COLUMNS)
+# available_at takes two parameters: run_at (a time), or a delay in seconds added to the
+# database's clock (an application host's clock may be off: leases and periodic tasks
+# already use the database's).
 _VALUES = ", ".join(
-    "coalesce(%s::timestamptz, now())" if name == "available_at" else f"%s::{pg_type}"
+    "coalesce(%s::timestamptz, now() + make_interval(secs => %s::float8))"
+    if name == "available_at"
+    else f"%s::{pg_type}"
     for name, pg_type in ENQUEUE_COLUMNS
 )
 # A second live task with the same unique_key inserts nothing: ON CONFLICT waits for the

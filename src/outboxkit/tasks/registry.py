@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import inspect
+import struct
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -306,8 +307,8 @@ class Tasks:
         for what, value in (("key", key), ("unique_key", unique_key)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidTaskError(f"{what} must be a non-empty str, got {value!r}")
-        at = _run_at(delay, run_at)
-        return [name, queue, document, priority, key, unique_key, max_attempts, at,
+        at, seconds = _run_at(delay, run_at)
+        return [name, queue, document, priority, key, unique_key, max_attempts, at, seconds,
                 self.sql.channel]  # fmt: skip
 
 
@@ -321,7 +322,8 @@ class _TaskStorage:
         self.table = tasks.table
         self.notify = tasks.notify
         self._channel = tasks.sql.channel.encode()
-        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 25]  # text, jsonb, int2, int4, timestamptz
+        # text, text, jsonb, int2, text, text, int4, timestamptz, float8, text
+        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 701, 25]
         self._insert = commit_statement(tasks.sql.enqueue_with_commit, types, b"outboxkit_task")
 
     def encode(self, event: object) -> BinaryRow:
@@ -340,7 +342,7 @@ class _TaskStorage:
 
 def _binary(params: list[Any]) -> BinaryRow:
     """An enqueue's parameters (without the channel) in PostgreSQL's binary formats."""
-    name, queue, document, priority, key, unique_key, max_attempts, at = params[:8]
+    name, queue, document, priority, key, unique_key, max_attempts, at, seconds = params[:9]
     return [
         name.encode(),
         queue.encode(),
@@ -350,6 +352,7 @@ def _binary(params: list[Any]) -> BinaryRow:
         None if unique_key is None else unique_key.encode(),
         None if max_attempts is None else max_attempts.to_bytes(4, "big", signed=True),
         None if at is None else _timestamptz(at),
+        struct.pack(">d", seconds),
     ]
 
 
@@ -477,16 +480,19 @@ def _check_text(what: str, value: object) -> None:
         raise InvalidTaskError(f"{what} must be a str of 1 to {_MAX_TEXT} characters: {value!r}")
 
 
-def _run_at(delay: float | dt.timedelta | None, run_at: dt.datetime | None) -> dt.datetime | None:
+def _run_at(
+    delay: float | dt.timedelta | None, run_at: dt.datetime | None
+) -> tuple[dt.datetime | None, float]:
+    """(run_at, delay in seconds): the insert adds a delay to the database's clock."""
     if delay is not None and run_at is not None:
         raise InvalidTaskError("give delay or run_at, not both")
     if run_at is not None:
         if run_at.tzinfo is None:
             raise InvalidTaskError("run_at must be timezone-aware (a naive time is ambiguous)")
-        return run_at
+        return run_at, 0.0
     if delay is None:
-        return None
+        return None, 0.0
     seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
     if not 0 <= seconds <= 365 * 86400:
         raise InvalidTaskError(f"delay must be between 0 and a year, got {seconds}s")
-    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds) if seconds else None
+    return None, seconds
