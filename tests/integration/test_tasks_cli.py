@@ -54,9 +54,23 @@ def test_failed_tasks_are_listed_shown_replayed_cancelled_and_discarded(tasks_ds
     assert len(cli("tasks", "list", *dsn, "--json")) == 3
     assert cli("tasks", "list", *dsn, "--queue", "elsewhere", "--json") == []
     assert len(cli("tasks", "list", *dsn, "--queue", "default", "--json")) == 3
-    shown = CliRunner().invoke(main, ["tasks", "show", *dsn, "1"])
+    shown = CliRunner().invoke(main, ["tasks", "show", *dsn, "1", "--json"])
     assert '"traceback_excerpt": "Traceback ..."' in shown.output
     assert '"payload_json": "{\\"n\\": 0}"' in shown.output
+    assert '"status": "failed"' in shown.output  # by name, not 3
+    # For a person: a field a line, the status by name, the traceback as its lines.
+    conn_tb = "Traceback (most recent call last):\n  File x, line 1\nValueError: boom"
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {TABLE} SET traceback_excerpt = %s WHERE id = 1", (conn_tb,))
+    person = CliRunner().invoke(main, ["tasks", "show", *dsn, "1"]).output
+    assert "status:" in person and "failed" in person and '"status": 3' not in person
+    assert "\\n" not in person
+    assert "traceback:\n  Traceback (most recent call last):\n    File x, line 1\n" in person
+    # tasks failed names the error type once when the message already starts with it
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {TABLE} SET last_error = 'ValueError: boom' WHERE id = 2")
+    table = CliRunner().invoke(main, ["tasks", "failed", *dsn]).output
+    assert "ValueError: boom" in table and "ValueError: ValueError" not in table
     assert "replayed 1 task(s)" in CliRunner().invoke(main, ["tasks", "replay", *dsn, "1"]).output
     assert "cancelled 1 task(s)" in CliRunner().invoke(main, ["tasks", "cancel", *dsn, "3"]).output
     out = CliRunner().invoke(main, ["tasks", "discard", *dsn, "2", "3"]).output

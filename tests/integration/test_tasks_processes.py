@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -334,3 +335,40 @@ def test_past_its_cap_of_abandoned_threads_the_worker_is_degraded_and_hands_task
                 proc.kill()
     assert err.decode().count("worker degraded") == 1
     assert "exiting with a sync handler still running" in err.decode()
+
+
+def test_a_handler_error_quoting_the_database_password_is_masked_everywhere(
+    tasks_dsn: str,
+) -> None:
+    """The worker registers its DSN's secrets as the relay does: a handler's error that
+    quotes the password is masked in the worker's log, the stored error and traceback, and
+    `tasks failed` / `tasks list` (the password was shown in all of them)."""
+    password = "pw-" + uuid.uuid4().hex[:12]
+    info = psycopg.conninfo.conninfo_to_dict(tasks_dsn)
+    info["password"] = password  # trust authentication ignores it; the worker still has it
+    dsn = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v})
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        tasks.enqueue(conn, "leak", max_attempts=1)
+    worker = spawn_worker(dsn)
+    try:
+        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1)
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=15)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert "login failed, password was" in err.decode()
+    assert password not in err.decode()
+    with psycopg.connect(tasks_dsn) as conn:
+        stored = conn.execute(
+            "SELECT last_error || traceback_excerpt FROM outboxkit_tasks"
+        ).fetchone()
+    assert stored is not None and "login failed" in stored[0] and password not in stored[0]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for command in (["failed"], ["list"], ["failed", "--json"], ["show", "1", "--json"]):
+        shown = subprocess.run(
+            [sys.executable, "-m", "outboxkit", "tasks", *command, "--dsn", dsn],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert "login failed" in shown.stdout and password not in shown.stdout, command

@@ -84,3 +84,10 @@ def block_forever(payload: None) -> None:
 @tasks.handler("quick")
 def quick(payload: None, ctx: TaskContext) -> None:
     _record(ctx)
+
+
+@tasks.handler("leak")
+def leak(payload: None) -> None:
+    """Quotes the database's password in its error, as a careless handler does."""
+    password = psycopg.conninfo.conninfo_to_dict(os.environ["OUTBOXKIT_DSN"]).get("password")
+    raise RuntimeError(f"login failed, password was {password}")

@@ -233,7 +233,7 @@ class HandlerSink:
             # the worker never arrives here (the loop's signal handlers stop the worker).
             task.error_type = type(exc).__name__
             task.traceback = _excerpt(exc)
-            return TaskOutcome(False, f"{type(exc).__name__}: {exc}")
+            return TaskOutcome(False, redact(f"{type(exc).__name__}: {exc}"))
         return SUCCESS
 
     def _hand_back(self, reason: str) -> Outcome:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from outboxkit._redact import redact
+from outboxkit._redact import redact, remember_secrets
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim
@@ -154,6 +154,11 @@ class Worker:
         queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         refuse_url(dsn)  # (MariaDB/MySQL: no task store there yet, said in one line)
+        # A handler's error may quote the database's password (a connection string it
+        # built): masked in the log, the stored error and the traceback, as the relay does.
+        remember_secrets(dsn)
+        if direct_dsn:
+            remember_secrets(direct_dsn)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= batch_size <= concurrency:

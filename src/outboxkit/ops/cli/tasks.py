@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from outboxkit._redact import redact, remember_secrets
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
@@ -37,6 +38,7 @@ def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
             refuse_url(kwargs.get("dsn") or "")
         except ConfigurationError:
             fail(MISSING, 2)
+        remember_secrets(kwargs.get("dsn") or "")  # a handler's error may quote them
         command(*args, **kwargs)
 
     return dsn_option(run)
@@ -53,6 +55,10 @@ def tasks() -> None:
 def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
     from outboxkit.store.tasks_sql import TaskStatus
 
+    for row in rows:
+        for column in ("last_error", "traceback_excerpt"):
+            if row.get(column):
+                row[column] = redact(str(row[column]))
     if as_json:
         for row in rows:
             row = {**row, "status": TaskStatus(row["status"]).name.lower()}
@@ -66,6 +72,9 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
         table.add_column(column)
     for r in rows:
         error = r["last_error"] or ""
+        kind = r["error_type"]
+        if kind and not error.startswith(f"{kind}:"):  # (a handler's error names its type)
+            error = f"{kind}: {error}"
         table.add_row(
             str(r["id"]),
             r["task_name"],
@@ -73,7 +82,7 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
             TaskStatus(r["status"]).name.lower(),
             str(r["attempts"]),
             r["available_at"].isoformat(timespec="seconds"),
-            (f"{r['error_type']}: " if r["error_type"] else "") + error[:120],
+            error[:120],
         )
     console.print(table)
 
@@ -139,15 +148,36 @@ def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_
 @task_dsn_option
 @tasks_table_option
 @click.argument("task_id", type=int)
-def show_command(dsn: str, tasks_table: str, task_id: int) -> None:
-    """Every column of one task, its payload and its traceback excerpt, as JSON."""
+@json_option
+def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> None:
+    """Every column of one task: its state, payload, error and traceback excerpt.
+
+    For a person: one field a line and the traceback as its lines; --json for programs.
+    """
     from outboxkit.store.tasks_pg import show_task
+    from outboxkit.store.tasks_sql import TaskStatus
 
     row = run_guarded(show_task, dsn, tasks_table, task_id)
     if row is None:
         fail(f"no task {task_id} in {tasks_table!r}")
     row.pop("payload", None)
-    click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}, indent=2))
+    row["status"] = TaskStatus(row["status"]).name.lower()
+    for column in ("last_error", "traceback_excerpt"):
+        if row.get(column):
+            row[column] = redact(str(row[column]))
+    if as_json:
+        click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}, indent=2))
+        return
+    traceback = row.pop("traceback_excerpt", None)
+    payload = row.pop("payload_json", None)
+    for name, value in row.items():
+        shown = jsonable(value)
+        click.echo(f"{name + ':':<18} {'' if shown is None else shown}")
+    click.echo(f"{'payload:':<18} {payload}")
+    if traceback:
+        click.echo("traceback:")
+        for line in str(traceback).splitlines():
+            click.echo(f"  {line}")
 
 
 @tasks.command("replay")
