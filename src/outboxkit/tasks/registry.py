@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import inspect
+import math
 import struct
 import typing
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import psycopg
 
 from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
+from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
@@ -43,6 +45,10 @@ _ENQUEUE = Use(
 MAX_PAYLOAD_BYTES = 1024 * 1024
 _MAX_TEXT = 200  # task name, queue
 _I16 = (-32768, 32767)
+_I32_MAX = 2**31 - 1
+#: key and unique_key, in UTF-8 bytes: each is in a btree index (whose row limit is 2 704
+#: bytes), so a longer one aborted the caller's transaction; Event's default key limit.
+MAX_KEY_BYTES = DEFAULT_MAX_KEY_BYTES
 
 Handler = Callable[..., Any]
 
@@ -300,13 +306,22 @@ class Tasks:
             )
         document = _encode(task_type, payload)
         _check_text("queue", queue)
-        if not isinstance(priority, int) or not _I16[0] <= priority <= _I16[1]:
+        if (
+            not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not _I16[0] <= priority <= _I16[1]
+        ):
             raise InvalidTaskError(f"priority must be an int in {_I16}, got {priority!r}")
-        if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
-            raise InvalidTaskError(f"max_attempts must be a positive int, got {max_attempts!r}")
-        for what, value in (("key", key), ("unique_key", unique_key)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise InvalidTaskError(f"{what} must be a non-empty str, got {value!r}")
+        if max_attempts is not None and (
+            not isinstance(max_attempts, int)
+            or isinstance(max_attempts, bool)
+            or not 1 <= max_attempts <= _I32_MAX
+        ):
+            raise InvalidTaskError(
+                f"max_attempts must be an int from 1 to {_I32_MAX}, got {max_attempts!r}"
+            )
+        _check_key("key", key)
+        _check_key("unique_key", unique_key)
         at, seconds = _run_at(delay, run_at)
         return [name, queue, document, priority, key, unique_key, max_attempts, at, seconds,
                 self.sql.channel]  # fmt: skip
@@ -467,6 +482,12 @@ def _encode(task_type: TaskType, payload: Any) -> str:
         raise InvalidTaskError(
             f"payload of task {task_type.name!r} is invalid: {type(exc).__name__}: {exc}"
         ) from None
+    # orjson writes NaN and infinities as null, and PostgreSQL's jsonb refuses \u0000 (the
+    # caller's transaction aborted): look closer only when the text shows either.
+    if "null" in text or "\\u0000" in text:
+        problem = _unstorable(value, "payload")
+        if problem is not None:
+            raise InvalidTaskError(f"{problem} in task {task_type.name!r}: nothing was sent")
     if len(text) > MAX_PAYLOAD_BYTES:
         raise InvalidTaskError(
             f"payload of task {task_type.name!r} is {len(text)} bytes of JSON, over the"
@@ -475,9 +496,47 @@ def _encode(task_type: TaskType, payload: Any) -> str:
     return text
 
 
+def _unstorable(value: Any, path: str) -> str | None:
+    """The first value JSON in PostgreSQL cannot hold as given (a non-finite float, a NUL)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{path} is {value!r} (JSON has no NaN or infinity; orjson would store null)"
+    elif isinstance(value, str):
+        if "\x00" in value:
+            return f"{path} contains a NUL character (PostgreSQL's jsonb cannot store it)"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and "\x00" in k:
+                return f"a key of {path} contains a NUL character (jsonb cannot store it)"
+            found = _unstorable(v, f"{path}[{k!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for n, item in enumerate(value):
+            found = _unstorable(item, f"{path}[{n}]")
+            if found is not None:
+                return found
+    return None
+
+
 def _check_text(what: str, value: object) -> None:
-    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
-        raise InvalidTaskError(f"{what} must be a str of 1 to {_MAX_TEXT} characters: {value!r}")
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
+        raise InvalidTaskError(
+            f"{what} must be a str of 1 to {_MAX_TEXT} characters, without NUL: {value!r}"
+        )
+
+
+def _check_key(what: str, value: object) -> None:
+    """A key is indexed: over a btree row's size PostgreSQL aborts the caller's transaction."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidTaskError(f"{what} must be a non-empty str without NUL, got {value!r:.80}")
+    size = len(value.encode())
+    if size > MAX_KEY_BYTES:
+        raise InvalidTaskError(
+            f"{what} is {size} bytes, over the {MAX_KEY_BYTES}-byte limit: use a digest of it"
+        )
 
 
 def _run_at(
