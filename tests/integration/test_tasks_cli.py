@@ -95,3 +95,24 @@ def test_the_worker_command_says_what_to_do_about_a_missing_table_or_a_bad_app(
         main, ["worker", "--dsn", db_dsn, "--app", "tests.support.tasks_app:RUNS_DDL"]
     )
     assert wrong.exit_code == 2 and "is not an outboxkit.tasks.Tasks" in wrong.output
+
+
+def test_replay_all_replays_the_rest_and_reports_unique_key_collisions(tasks_dsn: str) -> None:
+    """51 failed tasks; one's unique_key is held by a newer live task. `replay --all` raised
+    UniqueViolation and replayed none (0 of 51); it replays 50 and names the one skipped."""
+    tasks = Tasks()
+    tasks.handler("job")(lambda payload: None)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for n in range(50):
+            tasks.enqueue(conn, "job", {"n": n})
+        tasks.enqueue(conn, "job", {"n": 50}, unique_key="invoice-7")
+        conn.execute(f"UPDATE {TABLE} SET status = %s", (TaskStatus.FAILED,))
+        tasks.enqueue(conn, "job", {"n": 51}, unique_key="invoice-7")  # live, newer
+    out = CliRunner().invoke(main, ["tasks", "replay", "--dsn", tasks_dsn, "--all"])
+    assert out.exit_code == 0, out.output
+    assert "replayed 50 task(s)" in out.output
+    assert "skipped task 51: its unique_key 'invoice-7' is held by a live task" in out.output
+    by_status: dict[int, int] = {}
+    for _id, status, _attempts in states(tasks_dsn):
+        by_status[status] = by_status.get(status, 0) + 1
+    assert by_status == {TaskStatus.PENDING: 51, TaskStatus.FAILED: 1}

@@ -556,9 +556,28 @@ def replay_tasks(
     name: str | None = None,
 ) -> list[int]:  # fmt: skip
     """Failed or cancelled tasks back to pending, attempts from zero; the ids replayed."""
+    return replay_tasks_reporting(dsn, table, ids, all_failed=all_failed, name=name)[0]
+
+
+def replay_tasks_reporting(
+    dsn: _Source, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
+    name: str | None = None,
+) -> tuple[list[int], list[tuple[int, str]]]:  # fmt: skip
+    """As :func:`replay_tasks`, and the tasks left failed with their unique_key: a live task
+    holds it now (or a newer failed task of that key was replayed instead)."""
     params = {"ids": list(ids), "all": all_failed, "name": name}
     with _admin(dsn, table) as conn:
-        return [r[0] for r in conn.execute(TaskStatements(table).replay_tasks, params)]
+        for attempt in range(3):
+            try:
+                with conn.transaction():
+                    rows = conn.execute(TaskStatements(table).replay_tasks, params).fetchall()
+                break
+            except pg_errors.UniqueViolation:  # a task enqueued with that key meanwhile
+                if attempt == 2:
+                    raise
+    replayed = [int(i) for i, key in rows if key is None]
+    skipped = [(int(i), str(key)) for i, key in rows if key is not None]
+    return replayed, skipped
 
 
 def cancel_tasks(dsn: _Source, table: str, ids: Sequence[int]) -> list[int]:

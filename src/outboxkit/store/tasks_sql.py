@@ -345,14 +345,31 @@ ORDER BY id LIMIT %(limit)s
 )
 SHOW_TASK = "SELECT *, payload::text AS payload_json FROM {table} WHERE id = %s"
 # A failed or cancelled task runs again from its first attempt (its history is cleared).
+# A failed task whose unique_key a live task holds now (or a newer failed one of the same
+# key, replayed with it) is left failed and reported: replaying it would break the partial
+# unique index, and one collision made the whole replay fail.
 REPLAY_TASKS = """
-UPDATE {table}
-SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL,
-    claimed_by = NULL, last_error = NULL, error_type = NULL, traceback_excerpt = NULL,
-    started_at = NULL, finished_at = NULL
-WHERE status IN ({failed}, {cancelled}) AND (%(all)s OR id = ANY(%(ids)s))
-  AND (%(name)s::text IS NULL OR task_name = %(name)s)
-RETURNING id
+WITH candidates AS MATERIALIZED (
+    SELECT id, unique_key FROM {table}
+    WHERE status IN ({failed}, {cancelled}) AND (%(all)s OR id = ANY(%(ids)s))
+      AND (%(name)s::text IS NULL OR task_name = %(name)s)
+), chosen AS (
+    SELECT c.id FROM candidates AS c
+    WHERE c.unique_key IS NULL
+       OR (NOT EXISTS (SELECT 1 FROM {table} AS l
+                       WHERE l.unique_key = c.unique_key AND l.status IN ({pending}, {running}))
+           AND c.id = (SELECT max(d.id) FROM candidates AS d WHERE d.unique_key = c.unique_key))
+), replayed AS (
+    UPDATE {table} AS t
+    SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL,
+        claimed_by = NULL, last_error = NULL, error_type = NULL, traceback_excerpt = NULL,
+        started_at = NULL, finished_at = NULL
+    FROM chosen WHERE t.id = chosen.id
+    RETURNING t.id
+)
+SELECT id, NULL::text FROM replayed
+UNION ALL
+SELECT c.id, c.unique_key FROM candidates AS c WHERE c.id NOT IN (SELECT id FROM chosen)
 """
 # Cancelling a running task clears its claim token: the worker's completion (and its
 # ctx.transaction(), which raises LeaseLost) then changes nothing.

@@ -190,12 +190,19 @@ def replay_command(
     dsn: str, tasks_table: str, task_ids: tuple[int, ...], all_failed: bool, name: str | None
 ) -> None:
     """Run failed or cancelled tasks again, from their first attempt."""
-    from outboxkit.store.tasks_pg import replay_tasks
+    from outboxkit.store.tasks_pg import replay_tasks_reporting
 
     if not task_ids and not all_failed:
         fail("give task ids, or --all", 2)
-    done = run_guarded(replay_tasks, dsn, tasks_table, task_ids, all_failed=all_failed, name=name)
+    done, skipped = run_guarded(
+        replay_tasks_reporting, dsn, tasks_table, task_ids, all_failed=all_failed, name=name
+    )
     ok(f"replayed {len(done)} task(s)")
+    for task_id, key in skipped:
+        click.echo(
+            f"skipped task {task_id}: its unique_key {redact(key)[:80]!r} is held by a live"
+            " task (or a newer failed one replayed with it); discard it, or replay it later"
+        )
 
 
 @tasks.command("cancel")
