@@ -291,8 +291,8 @@ def test_sync_handlers_that_never_return_do_not_wedge_the_worker(tasks_dsn: str)
             tasks.enqueue(conn, "quick")
     worker = spawn_worker(tasks_dsn, "--concurrency", "4")
     try:
-        wait_for(lambda: len(runs(tasks_dsn)) == 20, timeout=30)
-        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1, timeout=10)  # the 6 timed out
+        wait_for(lambda: len(runs(tasks_dsn)) == 20, timeout=45)
+        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1, timeout=20)  # the 6 timed out
         worker.send_signal(signal.SIGTERM)
         _out, err = worker.communicate(timeout=15)
     finally:
@@ -317,7 +317,9 @@ def test_past_its_cap_of_abandoned_threads_the_worker_is_degraded_and_hands_task
     stuck = spawn_worker(tasks_dsn, "--concurrency", "2", "--metrics-port", str(port))
     other = None
     try:
-        wait_for(lambda: len(failed_rows(tasks_dsn)) == 1 and len(state(tasks_dsn)) == 18)
+        wait_for(
+            lambda: len(failed_rows(tasks_dsn)) == 1 and len(state(tasks_dsn)) == 18, timeout=45
+        )
         wait_for(lambda: _get(port, "/readyz")[0] == 503, timeout=10)
         _status, text = _get(port, "/readyz")
         assert "8 sync handler thread(s) still running past their timeout" in text

@@ -185,7 +185,7 @@ def test_the_claim_walks_the_claim_index_past_a_large_history(tasks_dsn: str) ->
         conn.execute(f"ANALYZE {TABLE}")
         sql = TaskStatements(TABLE)
         params = {"limit": 10, "lease": 30.0, "token": uuid.uuid4(), "owner": "t",
-                  "max_attempts": 5, "queue": "default"}  # fmt: skip
+                  "max_attempts": 5, "queue": "default", "names": ["new"]}  # fmt: skip
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.claim, params))
     assert "outboxkit_tasks_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan

@@ -120,8 +120,11 @@ class PgTaskStore(PgSession):
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
         queue_limits: Mapping[str, int] | None = None,
+        names: Sequence[str] | None = None,
     ) -> None:
         self.sql = TaskStatements(table)
+        #: The task names this worker has handlers for: it claims only those (None: any).
+        self.names = None if names is None else sorted(names)
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
         #: claims and settles work as they are (no prepared statements where the pooler
         #: loses them); LISTEN and the wake-up gate's session lock run on ``direct_dsn``
@@ -212,6 +215,7 @@ class PgTaskStore(PgSession):
             "token": token,
             "owner": owner,
             "max_attempts": max_attempts,  # for tasks enqueued without their own
+            "names": self.names,
         }
         records: list[Any] = []
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
@@ -390,6 +394,21 @@ class PgTaskStore(PgSession):
                 return [row[0] for row in rows]
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
+
+    async def fail_unhandled(self, grace: float, limit: int = 1000) -> list[str]:
+        """Fail due tasks of names this worker has no handler for that no worker claimed
+        within ``grace`` seconds (one batch); the names of those failed."""
+        params = {"grace": grace, "queues": self.queues, "names": self.names or [],
+                  "limit": limit}  # fmt: skip
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                rows = await self.within(
+                    conn, "settle", fetch_rows(conn.cursor(), self.sql.fail_unhandled, params)
+                )
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        return [str(row[0]) for row in rows]
 
     async def _count(self, stmt: str, params: Sequence[Any], what: str) -> int:
         try:

@@ -154,6 +154,7 @@ WITH batch AS MATERIALIZED (
     FROM {table} AS t
     WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
       AND t.queue = %(queue)s
+      AND (%(names)s::text[] IS NULL OR t.task_name = ANY(%(names)s::text[]))
       AND (t.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} AS e
           WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
@@ -181,6 +182,24 @@ WITH batch AS MATERIALIZED (
               o.priority, o.created_at, NULL::text
 )
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
+"""
+# A worker claims only the task names it has handlers for (a rolling deploy's newer names
+# wait for the workers that have them). A due task that no worker claimed for `grace`
+# seconds has no worker anywhere: the workers that lack its name fail it, a batch at a time.
+FAIL_UNHANDLED = """
+UPDATE {table} AS t
+SET status = {failed}, finished_at = now(), claim_token = NULL, error_type = 'UnknownTask',
+    last_error = 'no worker with a handler for task ' || t.task_name || ' claimed it within '
+                 || %(grace)s || ' s of its due time: deploy a worker whose --app registers'
+                 || ' it, then `outboxkit tasks replay`'
+WHERE t.id = ANY(ARRAY(
+    SELECT id FROM {table}
+    WHERE status = {pending} AND queue = ANY(%(queues)s::text[])
+      AND available_at < now() - make_interval(secs => %(grace)s)
+      AND NOT (task_name = ANY(%(names)s::text[]))
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+RETURNING t.task_name
 """
 # Every settle is fenced by the claim token: a task another claim took since (its lease ran
 # out) is left alone, and the ids returned say which were settled.
@@ -424,6 +443,7 @@ class TaskStatements:
         self.enqueue_dollar = numbered(self.enqueue)
         self.enqueue_with_commit = numbered(ENQUEUE_WITH_COMMIT.format(**slots))
         self.claim = CLAIM.format(**slots)
+        self.fail_unhandled = FAIL_UNHANDLED.format(**slots)
         self.settle_done_delete = SETTLE_DONE_DELETE.format(**slots)
         self.settle_done_keep = SETTLE_DONE_KEEP.format(**slots)
         self.settle_failures = SETTLE_FAILURES.format(**slots)

@@ -10,6 +10,8 @@ back). No SQL here.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -19,10 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
-from outboxkit.queue.store import Claim
+from outboxkit.queue.store import Claim, StoreError
 from outboxkit.store._connection import PoolerMode
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.tasks.lifecycle import LifecycleEvents
@@ -33,6 +36,9 @@ from outboxkit.tasks.unsupported import refuse_url
 from outboxkit.write.outbox import Outbox
 
 log = logging.getLogger("outboxkit.worker")
+#: A due task whose name this worker has no handler for is left to the workers that have
+#: one; after this many seconds unclaimed by any, the workers that lack it fail it.
+UNHANDLED_GRACE = 3600.0
 
 
 def default_worker_id() -> str:
@@ -152,6 +158,7 @@ class Worker:
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
         queue_limits: Mapping[str, int] | None = None,
+        unhandled_grace: float = UNHANDLED_GRACE,
     ) -> None:
         refuse_url(dsn)  # (MariaDB/MySQL: no task store there yet, said in one line)
         # A handler's error may quote the database's password (a connection string it
@@ -184,6 +191,7 @@ class Worker:
             pooler=pooler,
             direct_dsn=direct_dsn,
             queue_limits=queue_limits,
+            names=list(tasks.types),
         )
         self.sink = HandlerSink(
             tasks,
@@ -217,7 +225,9 @@ class Worker:
             linger_step=0.002,
             gate_retry=0.001,
         )
-        side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+            ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace))
+        ]
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
             schedules = PgSchedules(dsn, tasks.table, pooler=pooler)
             side.append(
@@ -263,6 +273,34 @@ class Worker:
     def _lease_lost(self, claim: Claim[ClaimedTask], held: int) -> None:
         if held == 0:  # (part of a batch: which ones is not known; their settle is fenced)
             self.sink.lost(claim.ids)
+
+    async def _fail_unhandled(self, grace: float) -> None:
+        """Now and then, fail the due tasks no worker has claimed for ``grace`` seconds among
+        the names this one has no handler for (a rolling deploy's new names are left to the
+        workers that have them until then); one line per sweep that failed any."""
+        backoff = Backoff(base=1.0, cap=60.0)
+        stopping = self._loop.stopping
+        every = min(60.0, max(grace / 10, 0.2))
+        while not stopping.is_set():
+            try:
+                failed = await self.store.fail_unhandled(grace)
+            except StoreError as exc:
+                log.debug("the sweep of unhandled task names failed: %s", exc)
+                delay = backoff.next_delay()
+            else:
+                backoff.reset()
+                delay = 0.0 if len(failed) >= 1000 else every
+                if failed:
+                    names = sorted(set(failed))
+                    log.warning(
+                        "failed %d task(s) that no worker claimed within %.0f s of their due"
+                        " time; no handler here for %s%s: deploy a worker that has one, then"
+                        " `outboxkit tasks replay --all --name NAME`",
+                        len(failed), grace, ", ".join(names[:5]),
+                        f" and {len(names) - 5} more" if len(names) > 5 else "",
+                    )  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""
