@@ -374,3 +374,46 @@ def test_a_handler_error_quoting_the_database_password_is_masked_everywhere(
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert "login failed" in shown.stdout and password not in shown.stdout, command
+
+
+def test_readyz_and_metrics_through_a_database_cut_and_black_hole(tasks_dsn: str) -> None:
+    """The worker's /readyz says when the database is away (it had only /healthz, 200
+    throughout), and /metrics answers within its bound without the table's gauges (it
+    answered 500 through a restart and hung 5 s and more in a black hole)."""
+    from outboxkit.testing import TcpProxy
+
+    info = psycopg.conninfo.conninfo_to_dict(tasks_dsn)
+    proxy = TcpProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    proxy.start()
+    info.update(host="127.0.0.1", port=str(proxy.port))
+    through = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v})
+    port = _free_port()
+    worker = spawn_worker(through, "--metrics-port", str(port), "--lease", "3")
+    try:
+        wait_for(lambda: _get(port, "/readyz")[0] == 200 if _port_open(port) else False)
+        assert "outboxkit_tasks_queued" in _get(port, "/metrics")[1]
+        for fault in (proxy.cut, proxy.pause):
+            fault()
+            wait_for(lambda: _get(port, "/readyz")[0] == 503, timeout=20)
+            assert "the database" in _get(port, "/readyz")[1]
+            started = time.monotonic()
+            status, body = _get(port, "/metrics")
+            assert status == 200 and "outboxkit_tasks_finished_total" in body
+            assert time.monotonic() - started < 4.5
+            assert _get(port, "/healthz")[0] == 200
+            proxy.resume()
+            wait_for(lambda: _get(port, "/readyz")[0] == 200, timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        proxy.close()
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

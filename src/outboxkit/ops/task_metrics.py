@@ -6,6 +6,7 @@ are counted as ``(other)``, so the series stay bounded whatever names the table 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -21,10 +22,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
+from outboxkit.ops._throttle import Throttled
 from outboxkit.store.tasks_pg import ClaimedTask, task_gauges
 from outboxkit.store.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 
 _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
+
+
+log = logging.getLogger("outboxkit.worker")
+#: A scrape waits this long for the table's gauges, then serves the rest without them.
+GAUGE_TIMEOUT = 2.0
 
 
 class _TableGauges(Collector):
@@ -81,6 +88,8 @@ class TaskMetrics:
         )
         self.gauges = _TableGauges(dsn, table, max_names)
         self.registry.register(self.gauges)
+        self._reading: asyncio.Future[list[tuple[Any, ...]]] | None = None
+        self._gauge_errors = Throttled(log, 60.0)
 
     def label(self, name: str) -> str:
         """``name`` if it has (or gets, while there is room) series of its own, else (other)."""
@@ -103,12 +112,35 @@ class TaskMetrics:
                 self.finished.labels(self.label(task.task_name), outcome).inc()
 
     async def render(self) -> bytes:
-        """Read the table's gauges, then render (off the event loop)."""
+        """Read the table's gauges, then render (off the event loop).
+
+        The read is bounded (``GAUGE_TIMEOUT``) and never two at once: while the database
+        is restarting or unreachable (a black hole kept a scrape 5 s and more, a restart
+        answered 500) the counters and the histogram are served without the table's gauges.
+        """
         gauges = self.gauges
-        gauges.rows = await asyncio.to_thread(
-            task_gauges, gauges.dsn, gauges.table, max_names=gauges.max_names
-        )
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(
+                asyncio.to_thread(task_gauges, gauges.dsn, gauges.table, max_names=gauges.max_names)
+            )
+            self._reading.add_done_callback(_retrieve)
+        try:
+            gauges.rows = await asyncio.wait_for(asyncio.shield(self._reading), GAUGE_TIMEOUT)
+        except Exception as exc:  # (TimeoutError, a database error)
+            gauges.rows = []
+            self._gauge_errors(
+                logging.WARNING,
+                "the task table's gauges could not be read (%s); /metrics serves the counters"
+                " without them until the database answers",
+                type(exc).__name__,
+            )
         return await asyncio.to_thread(generate_latest, self.registry)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A read that fails after its scrape gave up: its error was said there already."""
+    if not future.cancelled():
+        future.exception()
 
 
 def task_metrics_app(

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
+from outboxkit._text import first_line
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim, StoreError
@@ -76,9 +77,11 @@ class _Observer:
     def __init__(self, stats: WorkerStats, outside: TaskObserver | None = None) -> None:
         self.stats = stats
         self.outside = outside
+        #: Why the last claim failed, until one succeeds (``/readyz``).
+        self.database_problem: str | None = None
 
     def claimed(self, count: int, seconds: float) -> None:
-        pass
+        self.database_problem = None
 
     @contextmanager
     def publishing(self, messages: Sequence[ClaimedTask]) -> Iterator[None]:
@@ -119,7 +122,11 @@ class _Observer:
         self.stats.lost_leases += count
 
     def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None:
-        pass
+        if operation == "claim" or connection_lost:
+            self.database_problem = redact(
+                f"the database {'is unreachable' if connection_lost else 'refused a ' + operation}"
+                f": {first_line(error, with_type=True)}"
+            )
 
 
 class Worker:
@@ -243,10 +250,11 @@ class Worker:
                     ),
                 )
             )
+        self._observer = _Observer(self.stats, observer)
         self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
             self.store,
             self.sink,
-            _Observer(self.stats, observer),
+            self._observer,
             options,
             logger=log,
             retry_for=self._policy,
@@ -304,7 +312,7 @@ class Worker:
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""
-        return self.sink.degraded_reason()
+        return self._observer.database_problem or self.sink.degraded_reason()
 
     def threads_running(self) -> int:
         """Sync handlers still running in a thread (past their timeout or the grace)."""
