@@ -73,3 +73,47 @@ def test_a_worker_restarted_inside_a_period_does_not_run_it_twice(tasks_dsn: str
         asyncio.run(main())
     assert runs == []
     assert len(slots(tasks_dsn)) == 1
+
+
+def test_a_schedules_old_slots_are_pruned_but_its_newest_stays(tasks_dsn: str) -> None:
+    """outboxkit_schedules kept one row per slot for ever (86 400 a day for a per-second
+    cron). A worker prunes slots older than a day at start and hourly; each schedule's
+    newest slot stays (a worker's view of the schedule starts there)."""
+    tasks = Tasks()
+    tasks.periodic("0 0 1 1 *", "yearly", catch_up="none")(lambda payload: None)
+    with psycopg.connect(tasks_dsn) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit_schedules (schedule, slot)"
+            " SELECT 'per-second', now() - make_interval(secs => n)"
+            " FROM generate_series(1, 12000) AS n"  # 3.3 hours, every second
+        )
+        conn.execute(  # a schedule that last ran long ago: its one slot stays
+            "INSERT INTO outboxkit_schedules (schedule, slot)"
+            " VALUES ('monthly', now() - interval '40 days')"
+        )
+        conn.execute(
+            "INSERT INTO outboxkit_schedules (schedule, slot)"
+            " SELECT 'old', now() - interval '2 days' - make_interval(secs => n)"
+            " FROM generate_series(0, 11999) AS n"
+        )
+        conn.commit()
+    worker = Worker(tasks, tasks_dsn, poll_interval=0.05, periodic_tick=0.1)
+
+    def counts() -> dict[str, int]:
+        with psycopg.connect(tasks_dsn) as conn:
+            return dict(
+                conn.execute(
+                    "SELECT schedule, count(*) FROM outboxkit_schedules GROUP BY schedule"
+                ).fetchall()
+            )
+
+    async def main() -> None:
+        run = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 15
+        while counts().get("old", 0) != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        worker.stop()
+        await run
+
+    asyncio.run(main())
+    assert counts() == {"per-second": 12000, "monthly": 1, "old": 1}

@@ -499,6 +499,13 @@ class PgSchedules:
             await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
         return int(row[0])
 
+    async def prune(self, keep: float, limit: int = 5000) -> int:
+        """Delete up to ``limit`` slots older than ``keep`` seconds (each schedule's newest
+        stays); the number deleted."""
+        conn = await self._connection()
+        cur = await conn.execute(self.sql.prune_slots, {"keep": keep, "limit": limit})
+        return cur.rowcount
+
     async def close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):

@@ -309,6 +309,18 @@ RETURNING id
 SET_SLOT_TASK = "UPDATE {schedules} SET task_id = %s WHERE schedule = %s AND slot = %s"
 LAST_SLOT = "SELECT max(slot), now() FROM {schedules} WHERE schedule = %s"
 DATABASE_NOW = "SELECT now()"
+# A schedule's slots older than `keep` seconds go, a batch at a time, except its newest
+# (where a worker's view of it starts): a per-second cron left 86 400 rows a day. A worker
+# whose view of a schedule is older than `keep` (frozen that long) could insert a pruned
+# slot again; `keep` is a day.
+PRUNE_SLOTS = """
+DELETE FROM {schedules} AS s
+WHERE (s.schedule, s.slot) IN (
+    SELECT o.schedule, o.slot FROM {schedules} AS o
+    WHERE o.slot < now() - make_interval(secs => %(keep)s)
+      AND o.slot < (SELECT max(m.slot) FROM {schedules} AS m WHERE m.schedule = o.schedule)
+    LIMIT %(limit)s)
+"""
 
 # --- ops (`outboxkit tasks ...`) ---------------------------------------------------
 
@@ -461,6 +473,7 @@ class TaskStatements:
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
         self.last_slot = LAST_SLOT.format(**slots)
         self.database_now = DATABASE_NOW
+        self.prune_slots = PRUNE_SLOTS.format(**slots)
         self.task_gauges = TASK_GAUGES.format(**slots)
         self.list_tasks = LIST_TASKS.format(**slots)
         self.show_task = SHOW_TASK.format(**slots)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 import psycopg
@@ -25,6 +26,9 @@ log = logging.getLogger("outboxkit.worker")
 
 #: How often a worker looks for due slots (a second: a six-field cron fires per second).
 TICK = 1.0
+#: Each schedule's slots are kept a day (its newest always), pruned at start and hourly.
+SLOTS_KEPT = 86_400.0
+PRUNE_EVERY = 3_600.0
 
 
 async def run_periodic(
@@ -38,8 +42,13 @@ async def run_periodic(
     """Insert due slots until ``stopping``; database errors are logged and retried."""
     since: dict[str, dt.datetime] = {}
     backoff = Backoff(base=0.5, cap=10.0)
+    pruned_at = -PRUNE_EVERY  # at start, then every PRUNE_EVERY seconds
     while not stopping.is_set():
         try:
+            if time.monotonic() - pruned_at >= PRUNE_EVERY:
+                while await schedules.prune(SLOTS_KEPT) >= 5000 and not stopping.is_set():
+                    pass
+                pruned_at = time.monotonic()
             for p in periodic:
                 if p.schedule not in since:
                     last, now = await schedules.last_slot(p.schedule)
