@@ -321,7 +321,7 @@ def test_a_delayed_task_never_runs_early_and_higher_priorities_run_first(
 
 
 def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
-    tasks_dsn: str,
+    tasks_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from outboxkit.store.tasks_pg import cancel_tasks
 
@@ -348,6 +348,10 @@ def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
     worker = run_worker(tasks, tasks_dsn, cancelled, lease=0.6)
     assert rows(tasks_dsn)[0][1] == TaskStatus.CANCELLED
     assert worker.stats.lost_leases == 1
+    # The worker's own words, not the relay's ("re-claimed by another relay ... published")
+    said = " ".join(r.getMessage() for r in caplog.records if "lease_lost" in r.getMessage())
+    assert "1 of 1 task(s) were cancelled, or re-claimed by another worker" in said
+    assert "relay" not in said and "publish" not in said
 
 
 def test_a_failed_task_replayed_runs_again_from_its_first_attempt(tasks_dsn: str) -> None:

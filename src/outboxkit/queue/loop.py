@@ -141,6 +141,33 @@ class Ordering(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Wording:
+    """The words of the loop's log lines: a relay publishes rows, a worker runs tasks."""
+
+    who: str  # "relay"
+    items: str  # "row(s)"
+    working: str  # "publishing"
+    lost: str  # what a lost lease means for the items
+    again: str  # "published again"
+
+
+RELAY_WORDS = Wording(
+    who="relay",
+    items="row(s)",
+    working="publishing",
+    lost="were re-claimed by another relay before this one settled them",
+    again="they are published at least once",
+)
+WORKER_WORDS = Wording(
+    who="worker",
+    items="task(s)",
+    working="running",
+    lost="were cancelled, or re-claimed by another worker, before this one settled them",
+    again="a cancelled task stays cancelled, a re-claimed one runs again",
+)
+
+
+@dataclass(frozen=True, slots=True)
 class LoopOptions:
     """The claim loop's options (validated by whoever builds it: the relay, the worker)."""
 
@@ -165,6 +192,8 @@ class LoopOptions:
     #: The longest of the linger's waits (None: they double until the linger is spent). A
     #: commit during a wait is seen at its end: the task worker keeps them short.
     linger_step: float | None = None
+    #: How the log lines name the process, its items and their work (the worker's own).
+    words: Wording = RELAY_WORDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,9 +281,10 @@ class ClaimLoop(Generic[T, R]):
         """The store refused ``what``: stop claiming and say so once, in one line."""
         if self._denied is None:
             self.log.error(
-                "the database refuses the relay's %s (%s): claiming stopped, nothing is"
-                " published again until it can settle; grant the role UPDATE and DELETE on"
+                "the database refuses the %s's %s (%s): claiming stopped, nothing is"
+                " claimed again until it can settle; grant the role UPDATE and DELETE on"
                 " the table (or point --dsn at a writable primary)",
+                self.options.words.who,
                 what,
                 first_line(exc.cause, with_type=True),
             )
@@ -295,8 +325,9 @@ class ClaimLoop(Generic[T, R]):
         if self._failure is None:
             self._failure = exc
             self.log.error(
-                "%s failed, stopping the relay: %s",
+                "%s failed, stopping the %s: %s",
                 what,
+                self.options.words.who,
                 redact(f"{type(exc).__name__}: {exc}"),
                 exc_info=exc,
             )
@@ -490,7 +521,11 @@ class ClaimLoop(Generic[T, R]):
             self._denied = exc
             return
         except StoreError as exc:
-            self.log.debug("checking the relay's rights failed: %s", first_line(exc.cause))
+            self.log.debug(
+                "checking the %s's rights failed: %s",
+                self.options.words.who,
+                first_line(exc.cause),
+            )
             return
         self._allowed()
 
@@ -498,7 +533,9 @@ class ClaimLoop(Generic[T, R]):
         if self._denied is not None and not self._denied_settles:
             self._denied = None
             self._db_backoff.reset()
-            self.log.info("the database accepts the relay's writes again: claiming")
+            self.log.info(
+                "the database accepts the %s's writes again: claiming", self.options.words.who
+            )
 
     # -- one claim ----------------------------------------------------------------
 
@@ -545,15 +582,18 @@ class ClaimLoop(Generic[T, R]):
         except StoreError as exc:
             self.observer.database_error("extend", exc.cause, isinstance(exc, StoreUnavailable))
             self.log.warning(
-                "could not extend the lease of %d row(s) still publishing (%s)",
+                "could not extend the lease of %d %s still %s (%s)",
                 len(claim.ids),
+                self.options.words.items,
+                self.options.words.working,
                 first_line(exc.cause),
             )
             return
         if held < len(claim.ids) and self.on_lease_lost is not None:
             self.on_lease_lost(claim, held)
         self.log.debug(
-            "publish running for %.1fs: extended the lease of %d of %d row(s) by %.1fs",
+            "%s for %.1fs: extended the lease of %d of %d by %.1fs",
+            self.options.words.working,
             time.monotonic() - claim.claimed_at,
             held,
             len(claim.ids),
@@ -651,12 +691,14 @@ class ClaimLoop(Generic[T, R]):
         if lost > 0:
             self.observer.lost_leases(lost)
             self.log.warning(
-                "lease_lost: %d of %d row(s) were re-claimed by another relay before this one"
-                " settled them (claimed %.1fs ago, lease %.1fs); they are published at least once",
+                "lease_lost: %d of %d %s %s (claimed %.1fs ago, lease %.1fs); %s",
                 lost,
                 expected,
+                self.options.words.items,
+                self.options.words.lost,
                 time.monotonic() - claim.claimed_at,
                 self.options.lease,
+                self.options.words.again,
             )
 
     async def _target_back(self) -> None:
@@ -716,9 +758,10 @@ class ClaimLoop(Generic[T, R]):
             time.monotonic() - claim.claimed_at > self.options.lease + self.options.shutdown_timeout
         ):
             self.log.warning(
-                "giving up settling %d row(s) at shutdown: the database is unreachable;"
-                " their leases expire and they will be published again",
+                "giving up settling %d %s at shutdown: the database is unreachable;"
+                " their leases expire and they are claimed again",
                 len(claim.ids),
+                self.options.words.items,
             )
             return True
         return False

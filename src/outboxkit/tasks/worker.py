@@ -25,7 +25,7 @@ from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.queue.decide import Outcome, RetryPolicy
-from outboxkit.queue.loop import ClaimLoop, LoopOptions
+from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim, StoreError
 from outboxkit.store._connection import PoolerMode
 from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
@@ -231,6 +231,7 @@ class Worker:
             # commits within about a round trip: look again after 1 ms, not 5.
             linger_step=0.002,
             gate_retry=0.001,
+            words=WORKER_WORDS,
         )
         side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace))
