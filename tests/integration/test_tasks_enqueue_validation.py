@@ -73,3 +73,12 @@ def test_values_at_the_limits_are_taken(tasks_dsn: str) -> None:
         tasks.enqueue(conn, "v.job", None, key="k" * 1024, unique_key="é" * 512)
         rows = conn.execute("SELECT count(*) FROM outboxkit_tasks").fetchone()
     assert rows == (3,)
+
+
+def test_an_unregistered_name_says_which_process_lacks_the_handler(tasks_dsn: str) -> None:
+    """The message sent a web process's reader to "the module the worker loads"."""
+    import os
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        with pytest.raises(InvalidTaskError, match=rf"in this process \(.*pid {os.getpid()}"):
+            tasks.enqueue(conn, "receipt.send")

@@ -13,7 +13,9 @@ import dataclasses
 import datetime as dt
 import inspect
 import math
+import os
 import struct
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -301,8 +303,10 @@ class Tasks:
         if task_type is None:
             known = ", ".join(sorted(self.types)) or "none"
             raise InvalidTaskError(
-                f"no handler is registered for task {name!r} (registered: {known}):"
-                " register it with @tasks.handler(name) in the module the worker loads"
+                f"no handler is registered for task {name!r} in this process"
+                f" ({_process()}; registered: {known}): the process that enqueues needs it"
+                " too, to check the payload. Register it with @tasks.handler(name) in a module"
+                " this process imports (with Django: the app's tasks.py, imported at start-up)"
             )
         document = _encode(task_type, payload)
         _check_text("queue", queue)
@@ -494,6 +498,12 @@ def _encode(task_type: TaskType, payload: Any) -> str:
             f" {MAX_PAYLOAD_BYTES} limit: store the data elsewhere and enqueue its id"
         )
     return text
+
+
+def _process() -> str:
+    """This process as a person finds it in `ps`: its program and pid."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"{program}, pid {os.getpid()}"
 
 
 def _unstorable(value: Any, path: str) -> str | None:

@@ -163,3 +163,36 @@ def test_the_worker_command_finds_the_handlers_with_or_without_app(django_dsn: s
     assert _load(None) is tasks.tasks  # each installed app's tasks module imported
     assert _load("tests.integration.contrib.django_jobs:tasks") is tasks.tasks
     assert "report.write" in tasks.tasks.types
+
+
+def test_a_view_enqueues_a_task_whose_handler_lives_in_the_apps_tasks_module(
+    db_dsn: str,
+) -> None:
+    """docs/django.md's layout: handlers in `orders/tasks.py`, a view enqueuing. The web
+    process never imported the apps' tasks modules (only `outboxkit_worker` did), so the
+    view answered 500 (`no handler is registered for task 'receipt.send'`); the app's
+    ready() imports them now."""
+    from outboxkit.store.migrate import migrate_tasks
+
+    migrate_tasks(db_dsn)
+    root = Path(__file__).resolve().parents[3]
+    code = (
+        "import django; django.setup()\n"
+        "from django.test import Client\n"
+        "response = Client().post('/orders/')\n"
+        "print('status', response.status_code)\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.django_receipts.settings",
+        "OUTBOXKIT_TEST_DJANGO_DSN": db_dsn,
+        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert "status 200" in done.stdout, done.stdout + done.stderr
+    with psycopg.connect(db_dsn) as conn:
+        row = conn.execute("SELECT task_name, payload FROM outboxkit_tasks").fetchone()
+    assert row == ("receipt.send", {"order": 7})

@@ -12,6 +12,12 @@ class OutboxkitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
         from outboxkit.contrib.django import conf
 
         conf.get()  # a wrong setting fails at start-up, not at the first write
+        # Every installed app's `tasks` module, where its handlers register: in the web
+        # process too, whose views enqueue by name (only the worker command imported
+        # them, and a view's enqueue then found no handler: an HTTP 500).
+        autodiscover_modules("tasks")
