@@ -272,6 +272,7 @@ class OutboxEvents:
 
         "Published" as in the application published it: committed to the outbox.
         """
+        __tracebackhide__ = True  # pytest shows the test's line, not this one
         found = self.matching(**criteria)
         if len(found) != 1:
             what = "no event" if not found else f"{len(found)} events"
@@ -283,6 +284,7 @@ class OutboxEvents:
 
     def assert_not_published(self, **criteria: Any) -> None:
         """No committed event matches ``criteria``."""
+        __tracebackhide__ = True
         found = self.matching(**criteria)
         if found:
             raise AssertionError(

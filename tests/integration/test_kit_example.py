@@ -58,21 +58,40 @@ def test_order_placed(outboxkit_postgres, outbox_events):
 """
 
 
-def test_a_three_line_test_runs_with_dash_p_and_the_dsn_option(tmp_path: Path) -> None:
-    """`-p outboxkit.pytest --outboxkit-dsn ...`, nothing else: no conftest, no ini file."""
+def _run_kit(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    """pytest on ``source`` with `-p outboxkit.pytest` only: no conftest, no ini file."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # keeps pytest from finding ours
-    (tmp_path / "test_orders.py").write_text(THREE_LINES)
+    (tmp_path / "test_orders.py").write_text(source)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", PG_DSN_ENV)}
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     options = ["--outboxkit-dsn", os.environ[PG_DSN_ENV]] if PG_DSN_ENV in os.environ else []
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:asyncio",
          "-p", "outboxkit.pytest", "-q", "-W", "error", *options],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_a_three_line_test_runs_with_dash_p_and_the_dsn_option(tmp_path: Path) -> None:
+    """`-p outboxkit.pytest --outboxkit-dsn ...`, nothing else: no conftest, no ini file."""
+    done = _run_kit(tmp_path, THREE_LINES)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_failing_assert_published_points_at_the_test_not_the_kit(tmp_path: Path) -> None:
+    """pytest's report of a failing `assert_published` ends at the test's own line; the
+    kit's frame (its raise) was shown under it (`__tracebackhide__`)."""
+    failing = THREE_LINES.replace(
+        'outbox_events.assert_published(event_type="order.placed", payload={"id": 1})',
+        'outbox_events.assert_published(event_type="order.placed", payload={"id": 2})',
+    )
+    done = _run_kit(tmp_path, failing)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "expected one outbox event matching" in done.stdout
+    assert 'payload={"id": 2})' in done.stdout  # the test's line is the one shown
+    assert "outboxkit/pytest.py" not in done.stdout and "raise AssertionError" not in done.stdout
 
 
 def test_a_server_refusing_the_kit_fails_in_one_line_without_the_password(tmp_path: Path) -> None:
