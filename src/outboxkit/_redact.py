@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
 MASK = "***"
@@ -208,3 +210,25 @@ def _mask_path(m: re.Match[str]) -> str:
         return m.group(0)
     masked = "/".join(MASK if s in secrets else s for s in path.split("/"))
     return m.group("base") + masked
+
+
+# Header names whose value is a credential whatever it looks like ("Bearer s3cr3t" is too
+# short for the Bearer net, "Token abc..." has no prefix it knows).
+_SECRET_HEADER = re.compile(r"authorization|cookie|token|secret|key|passw(?:or)?d|auth", re.I)
+#: Names that contain one of those words but carry no secret (shown as they are; so is any
+#: name ending in "idempotency-key", as the reserved name's suggested rename does).
+PUBLIC_HEADERS = frozenset({"idempotency-key", "partition-key", "ordering-key", "ce-partitionkey"})
+
+
+def mask_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``headers`` with the value of every credential-named header masked (authorization,
+    cookie, and names containing token, secret, key, password or auth), the rest redacted."""
+    shown: dict[str, Any] = {}
+    for name, value in (headers or {}).items():
+        lowered = str(name).lower()
+        public = lowered in PUBLIC_HEADERS or lowered.endswith("idempotency-key")
+        if not public and _SECRET_HEADER.search(lowered):
+            shown[name] = MASK
+        else:
+            shown[name] = redact(value) if isinstance(value, str) else value
+    return shown

@@ -222,3 +222,36 @@ def _screenshot_path(tmp_path: Path) -> Path:
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         return SCREENSHOT
     return tmp_path / "dashboard.png"
+
+
+async def test_an_events_credential_headers_are_masked_by_name(db_dsn: str) -> None:
+    """`Bearer s3cr3t` (too short for the Bearer net), `Token abcdefghijkl` and a cookie
+    were shown as they are: a header named for a credential is masked whatever its value."""
+    event = Event(
+        topic="t",
+        event_type="x",
+        payload={},
+        headers={
+            "Authorization": "Bearer s3cr3t",
+            "x-api-token": "Token abcdefghijkl",
+            "cookie": "session=zq8wv",
+            "x-client-secret": "plain",
+            "x-app-idempotency-key": "order-77",
+            "x-tenant": "acme",
+        },
+    )
+    write_events(db_dsn, [event])
+    with psycopg.connect(db_dsn) as conn:
+        row = conn.execute("SELECT id FROM outbox").fetchone()
+    assert row is not None
+    async with served(Dashboard(db_dsn)) as url, aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/api/events/{row[0]}") as resp:
+            shown = (await resp.json())["headers"]
+    assert shown == {
+        "Authorization": "***",
+        "x-api-token": "***",
+        "cookie": "***",
+        "x-client-secret": "***",
+        "x-app-idempotency-key": "order-77",
+        "x-tenant": "acme",
+    }

@@ -43,7 +43,13 @@ def _events(dsn: str) -> None:
             event_type="order.placed",
             key="bad",
             payload=b'{"card": "<script>alert(1)</script>"}',
-            headers={"authorization": "Bearer abcdefghijklmnop"},
+            headers={
+                "authorization": "Bearer abcdefghijklmnop",
+                "x-upstream-authorization": "Bearer s3cr3t",  # too short for the Bearer net
+                "x-api-token": "Token abcdefghijkl",  # no prefix the free-text net knows
+                "cookie": "session=zq8wv",
+                "x-app-idempotency-key": "order-77",  # a key, not a secret: shown
+            },
         ),
         Event(topic="orders", event_type="order.placed", key="late", payload={"n": 2}),
         Event(topic="mail", event_type="mail.sent", key="pending", payload={"n": 3}),
@@ -94,6 +100,9 @@ def test_the_detail_shows_payload_and_headers_escaped_and_secrets_masked(
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "abcdefghijklmnop" not in html and "authorization" in html
+    for secret in ("s3cr3t", "abcdefghijkl", "zq8wv"):  # masked by the header's name
+        assert secret not in html, secret
+    assert "order-77" in html and "x-api-token" in html
     assert 'name="_save"' not in html  # read-only: nothing to save
 
 

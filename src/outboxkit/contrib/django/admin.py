@@ -19,7 +19,7 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from outboxkit._redact import MASK, redact
+from outboxkit._redact import MASK, mask_headers, redact
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.admin_actions import act_and_log
 from outboxkit.contrib.django.db import dsn_for
@@ -157,7 +157,9 @@ class OutboxEventAdmin(admin.ModelAdmin):
 
     @admin.display(description="headers")
     def headers_shown(self, obj: OutboxEvent) -> str:
-        text = json.dumps(obj.headers or {}, indent=2, ensure_ascii=False, sort_keys=True)
+        headers = obj.headers or {}
+        shown = mask_headers(headers) if isinstance(headers, dict) else headers
+        text = json.dumps(shown, indent=2, ensure_ascii=False, sort_keys=True)
         return str(format_html("<pre>{}</pre>", redact(text)))
 
     @admin.display(description="payload")

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from outboxkit._redact import redact, remember_secrets
+from outboxkit._redact import mask_headers, redact, remember_secrets
 from outboxkit.admin import Admin, admin_for
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, TopicStatus
@@ -438,6 +438,7 @@ def dashboard_app(dashboard: Dashboard) -> web.Application:
         payload = bytes(row.pop("payload"))
         text, kind, truncated = _payload_text(payload)
         row.update(
+            headers=mask_headers(row.get("headers")),
             payload=text,
             payload_kind=kind,
             payload_bytes=len(payload),
