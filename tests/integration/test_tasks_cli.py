@@ -116,3 +116,34 @@ def test_replay_all_replays_the_rest_and_reports_unique_key_collisions(tasks_dsn
     for _id, status, _attempts in states(tasks_dsn):
         by_status[status] = by_status.get(status, 0) + 1
     assert by_status == {TaskStatus.PENDING: 51, TaskStatus.FAILED: 1}
+
+
+def test_the_workers_migrate_hint_works_and_migrate_refuses_flags_it_would_ignore(
+    db_dsn: str,
+) -> None:
+    """`Tasks(table="jobs")`'s worker said `migrate --tasks ... --table jobs`, which created
+    outboxkit_tasks (--table ignored with --tasks) and the worker still failed."""
+    jobs = Tasks(table="jobs")
+    jobs.handler("job")(lambda payload: None)
+    from outboxkit.tasks import Worker
+
+    with pytest.raises(Exception, match=r"--tasks-table jobs") as missing:
+        import asyncio
+
+        asyncio.run(Worker(jobs, db_dsn).run())
+    hint = str(missing.value).split("run `", 1)[1].split("`", 1)[0]
+    args = hint.split()[1:]  # outboxkit migrate --tasks --dsn ... --tasks-table jobs
+    args[args.index("--dsn") + 1] = db_dsn
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0 and "'jobs'" in done.output, done.output
+    with psycopg.connect(db_dsn) as conn:
+        assert conn.execute("SELECT to_regclass('jobs') IS NOT NULL").fetchone() == (True,)
+    for wrong, says in (
+        (["--tasks", "--table", "jobs"], "--table does not apply to the tasks table (name"),
+        (["--tasks", "--ordered"], "--ordered does not apply to the tasks table"),
+        (["--inbox", "--tasks-table", "x"], "--tasks-table does not apply to the inbox table"),
+        (["--tasks-table", "x"], "--tasks-table does not apply to the outbox table"),
+        (["--tasks", "--inbox"], "not both"),
+    ):
+        refused = CliRunner().invoke(main, ["migrate", "--dsn", db_dsn, *wrong])
+        assert refused.exit_code == 2 and says in refused.output, (wrong, refused.output)

@@ -170,7 +170,7 @@ class PgTaskStore(PgSession):
     def _missing(self) -> SchemaError:
         return SchemaError(
             f"task table {self.table!r} not found: run `outboxkit migrate --tasks --dsn ..."
-            f" --table {self.table}`"
+            f" --tasks-table {self.table}`"
         )
 
     async def start(self) -> StoreInfo:

@@ -93,6 +93,7 @@ def migrate(
     """
     from outboxkit.backends.mariadb.sql import is_mysql_url
 
+    _refuse_ignored(tasks=tasks, inbox=inbox)
     if dsn and is_mysql_url(dsn):  # (--print-sql too: MariaDB's DDL)
         _migrate_mariadb(
             dsn,
@@ -165,6 +166,36 @@ def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
         fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
     result = run_guarded(migrate_inbox, dsn, table=inbox_table)
     ok(result.describe())
+
+
+# What each kind of table takes beside --dsn and --print-sql: a flag given for another
+# kind would be ignored (`migrate --tasks --table jobs` created outboxkit_tasks, said so,
+# and the worker still failed), so it is refused.
+_KIND_OPTIONS = {
+    "tasks": {"tasks", "tasks_table"},
+    "inbox": {"inbox", "inbox_table"},
+    "outbox": {"table", "partition_by", "ordered", "partitions", "repartition"},
+}
+_FLAG = {"tasks_table": "--tasks-table", "inbox_table": "--inbox-table", "table": "--table",
+         "partition_by": "--partition-by", "ordered": "--ordered", "partitions": "--partitions",
+         "repartition": "--repartition", "tasks": "--tasks", "inbox": "--inbox"}  # fmt: skip
+
+
+def _refuse_ignored(*, tasks: bool, inbox: bool) -> None:
+    if tasks and inbox:
+        fail("give --tasks or --inbox, not both: one table per run", 2)
+    kind = "tasks" if tasks else "inbox" if inbox else "outbox"
+    ctx = click.get_current_context()
+    for name, flag in _FLAG.items():
+        given = ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        if given and name not in _KIND_OPTIONS[kind]:
+            hint = {"tasks": "--tasks-table", "inbox": "--inbox-table"}.get(kind)
+            fail(
+                f"{flag} does not apply to the {kind} table"
+                + (f" (name that table with {hint})" if hint and flag == "--table" else "")
+                + ": remove it",
+                2,
+            )
 
 
 def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
