@@ -12,7 +12,7 @@ DEV_STAMP  := $(VENV)/.installed-dev
 # release of a test dependency cannot turn a fresh clone's `make test` red overnight.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered clean install upgrade-deps wheel-check
+.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks clean install upgrade-deps wheel-check
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -111,6 +111,14 @@ chaos-ordered: $(DEV_STAMP)
 	OUTBOXKIT_ORDERED_CHAOS_SECONDS=$(CHAOS_ORDERED_SECONDS) \
 	OUTBOXKIT_ORDERED_CHAOS_REPORT_DIR=bench/results \
 		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/test_ordered_chaos.py
+
+# The long task-mode chaos run (docs/reliability.md): 3 supervised workers SIGKILLed at
+# random, poison handlers among healthy tasks; `make test` runs 300 tasks for 8 s.
+CHAOS_TASKS ?= 3000
+CHAOS_TASKS_SECONDS ?= 120
+chaos-tasks: $(DEV_STAMP)
+	OUTBOXKIT_TASK_CHAOS_TASKS=$(CHAOS_TASKS) OUTBOXKIT_TASK_CHAOS_SECONDS=$(CHAOS_TASKS_SECONDS) \
+		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/test_tasks_chaos.py
 
 bench: $(DEV_STAMP)
 	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"

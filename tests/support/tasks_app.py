@@ -91,3 +91,13 @@ def leak(payload: None) -> None:
     """Quotes the database's password in its error, as a careless handler does."""
     password = psycopg.conninfo.conninfo_to_dict(os.environ["OUTBOXKIT_DSN"]).get("password")
     raise RuntimeError(f"login failed, password was {password}")
+
+
+@tasks.handler("effect")
+def effect(payload: dict[str, int], ctx: TaskContext) -> None:
+    """A healthy task whose effect commits with its fenced completion (ctx.transaction())."""
+    import time
+
+    time.sleep(payload.get("ms", 20) / 1000)
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
