@@ -290,7 +290,13 @@ class Worker:
         backoff = Backoff(base=1.0, cap=60.0)
         stopping = self._loop.stopping
         every = min(60.0, max(grace / 10, 0.2))
-        while not stopping.is_set():
+        delay = every  # not at start: a short-lived worker (run_pending) never sweeps, and
+        # no sweep's connection is cut by a stop that follows the start at once
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return
             try:
                 failed = await self.store.fail_unhandled(grace)
             except StoreError as exc:
@@ -308,8 +314,6 @@ class Worker:
                         len(failed), grace, ", ".join(names[:5]),
                         f" and {len(names) - 5} more" if len(names) > 5 else "",
                     )  # fmt: skip
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""
