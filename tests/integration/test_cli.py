@@ -163,3 +163,24 @@ def test_help_teaches_with_examples() -> None:
     out = cli("relay", "--help")
     assert "Example" in out.output and "SIGTERM" in out.output
     assert "OUTBOXKIT_DSN" in out.output
+
+
+def test_failed_show_masks_credential_headers_by_name(db_dsn: str) -> None:
+    """`failed show` printed an event's headers as stored: `Bearer s3cr3t` (too short for
+    the free-text Bearer net) and `Token abcdefghijkl` showed, in the table and in --json."""
+    from outboxkit import Event
+
+    event = Event(
+        topic="orders",
+        event_type="order.placed",
+        payload={},
+        headers={"authorization": "Bearer s3cr3t", "x-api-token": "Token abcdefghijkl",
+                 "x-tenant": "acme"},
+    )  # fmt: skip
+    write_events(db_dsn, [event])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET status = 2, last_error = 'no'")
+    for extra in ((), ("--json",)):
+        shown = cli("failed", "show", str(event.event_id), "--dsn", db_dsn, *extra).output
+        assert "s3cr3t" not in shown and "abcdefghijkl" not in shown, extra
+        assert "authorization" in shown and "acme" in shown, extra

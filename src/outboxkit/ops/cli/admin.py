@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from outboxkit._redact import redact
+from outboxkit._redact import mask_headers, redact
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     MAX_INT8,
@@ -217,6 +217,10 @@ def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     row = run_guarded(admin.get_event, dsn, ref, table)
     if row is None:
         fail(f"no event {ref!r} in {table}", 1)
+    if row.get("headers"):  # masked as the dashboard and the admin show them
+        row["headers"] = mask_headers(row["headers"])
+    if row.get("last_error"):
+        row["last_error"] = redact(str(row["last_error"]))
     data = {k: jsonable(v) for k, v in row.items()}
     if as_json:
         click.echo(json.dumps(data))
