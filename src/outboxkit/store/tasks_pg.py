@@ -395,7 +395,7 @@ class PgTaskStore(PgSession):
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
 
-    async def fail_unhandled(self, grace: float, limit: int = 1000) -> list[str]:
+    async def fail_unhandled(self, grace: float, limit: int) -> list[str]:
         """Fail due tasks of names this worker has no handler for that no worker claimed
         within ``grace`` seconds (one batch); the names of those failed."""
         params = {"grace": grace, "queues": self.queues, "names": self.names or [],
@@ -499,7 +499,7 @@ class PgSchedules:
             await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
         return int(row[0])
 
-    async def prune(self, keep: float, limit: int = 5000) -> int:
+    async def prune(self, keep: float, limit: int) -> int:
         """Delete up to ``limit`` slots older than ``keep`` seconds (each schedule's newest
         stays); the number deleted."""
         conn = await self._connection()

@@ -29,6 +29,7 @@ TICK = 1.0
 #: Each schedule's slots are kept a day (its newest always), pruned at start and hourly.
 SLOTS_KEPT = 86_400.0
 PRUNE_EVERY = 3_600.0
+PRUNE_BATCH = 5_000  # slots a statement deletes; a full one is followed by another
 
 
 async def run_periodic(
@@ -46,7 +47,10 @@ async def run_periodic(
     while not stopping.is_set():
         try:
             if time.monotonic() - pruned_at >= PRUNE_EVERY:
-                while await schedules.prune(SLOTS_KEPT) >= 5000 and not stopping.is_set():
+                while (
+                    await schedules.prune(SLOTS_KEPT, PRUNE_BATCH) >= PRUNE_BATCH
+                    and not stopping.is_set()
+                ):
                     pass
                 pruned_at = time.monotonic()
             for p in periodic:

@@ -40,6 +40,8 @@ log = logging.getLogger("outboxkit.worker")
 #: A due task whose name this worker has no handler for is left to the workers that have
 #: one; after this many seconds unclaimed by any, the workers that lack it fail it.
 UNHANDLED_GRACE = 3600.0
+#: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
+UNHANDLED_BATCH = 1000
 
 
 def default_worker_id() -> str:
@@ -298,13 +300,13 @@ class Worker:
             if stopping.is_set():
                 return
             try:
-                failed = await self.store.fail_unhandled(grace)
+                failed = await self.store.fail_unhandled(grace, UNHANDLED_BATCH)
             except StoreError as exc:
                 log.debug("the sweep of unhandled task names failed: %s", exc)
                 delay = backoff.next_delay()
             else:
                 backoff.reset()
-                delay = 0.0 if len(failed) >= 1000 else every
+                delay = 0.0 if len(failed) >= UNHANDLED_BATCH else every  # more at once
                 if failed:
                     names = sorted(set(failed))
                     log.warning(

@@ -176,9 +176,6 @@ _KIND_OPTIONS = {
     "inbox": {"inbox", "inbox_table"},
     "outbox": {"table", "partition_by", "ordered", "partitions", "repartition"},
 }
-_FLAG = {"tasks_table": "--tasks-table", "inbox_table": "--inbox-table", "table": "--table",
-         "partition_by": "--partition-by", "ordered": "--ordered", "partitions": "--partitions",
-         "repartition": "--repartition", "tasks": "--tasks", "inbox": "--inbox"}  # fmt: skip
 
 
 def _refuse_ignored(*, tasks: bool, inbox: bool) -> None:
@@ -186,9 +183,11 @@ def _refuse_ignored(*, tasks: bool, inbox: bool) -> None:
         fail("give --tasks or --inbox, not both: one table per run", 2)
     kind = "tasks" if tasks else "inbox" if inbox else "outbox"
     ctx = click.get_current_context()
-    for name, flag in _FLAG.items():
+    kinds = set().union(*_KIND_OPTIONS.values())
+    for param in ctx.command.params:
+        name, flag = param.name or "", param.opts[0]
         given = ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-        if given and name not in _KIND_OPTIONS[kind]:
+        if given and name in kinds and name not in _KIND_OPTIONS[kind]:
             hint = {"tasks": "--tasks-table", "inbox": "--inbox-table"}.get(kind)
             fail(
                 f"{flag} does not apply to the {kind} table"
