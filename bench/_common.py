@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import Event, Outbox
-from outboxkit.store.migrate import migrate
+from outboxkit.backends.postgres.migrate import migrate
 
 RESULTS = Path(__file__).parent / "results"
 TOPIC = "bench.orders"

@@ -19,7 +19,7 @@ import psycopg
 from _common import save
 
 from outboxkit import Event, Outbox
-from outboxkit.store.migrate import migrate
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.testing import EmbeddedPostgres
 
 PAYLOAD = {"order_id": 12345, "customer": "c-0001", "items": [{"sku": "A1", "qty": 2}]}

@@ -32,8 +32,8 @@ from _common import save
 from celery import Celery
 
 from outboxkit import Outbox
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.contrib.celery import send_task
-from outboxkit.store.migrate import migrate
 from outboxkit.testing import free_port, port_accepts
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"

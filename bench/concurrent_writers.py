@@ -19,7 +19,7 @@ The whole machine's CPU per transaction is measured per window too.
 A relay with the library's defaults drains ``outbox`` during the run (its publisher
 confirms at once; ``--no-relay`` to leave it out), a LISTEN session stays open on each
 outbox's channel, and every window starts from empty tables. The writers' NOTIFY is
-gated (store/postgres.py ``WAKE_GATE``): they notify only while a relay waits for work.
+gated (backends/postgres/postgres.py ``WAKE_GATE``): they notify only while a relay waits for work.
 The ``notify always`` modes hold the gate for the whole window, so every commit
 notifies, as before the gate.
 
@@ -60,8 +60,8 @@ from write_overhead import (
 )
 
 from outboxkit import Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements
 
 APP = "outboxkit-bench:writer"
 

@@ -26,7 +26,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from outboxkit import Event
-from outboxkit.store.migrate import migrate
+from outboxkit.backends.postgres.migrate import migrate
 
 SCHEMA = """
 CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text NOT NULL,

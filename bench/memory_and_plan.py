@@ -25,7 +25,7 @@ import psutil
 import psycopg
 from _common import TOPIC, ensure_topic, kafka_broker, prepare, remaining, save, server_facts
 
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.testing import spawn_relay
 
 _COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"

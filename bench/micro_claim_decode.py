@@ -23,12 +23,12 @@ from _common import save
 from psycopg.types.json import set_json_loads
 
 from outboxkit import Event, OutboundMessage, Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import SESSION_UTC
-from outboxkit.store.queue_pg import JsonLoader, UuidBinaryLoader
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import SESSION_UTC
+from outboxkit.backends.postgres.queue_pg import JsonLoader, UuidBinaryLoader
 
 TABLE = "bench_claim_decode"
-# The claim's RETURNING (store/postgres.py CLAIM_RETURNING) with the headers as stored.
+# The claim's RETURNING (backends/postgres/postgres.py CLAIM_RETURNING) with the headers as stored.
 JSONB = (
     "id, event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers,"
     " created_at, attempts, coalesce(occurred_at, created_at), schema_version, NULL::text"
@@ -70,7 +70,9 @@ def fill(dsn: str, n: int) -> None:
 
 async def measure(dsn: str, n: int, rounds: int) -> dict[str, float]:
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    set_json_loads(orjson.loads, conn)  # as the relay's connections (store/_pg_session.py)
+    set_json_loads(
+        orjson.loads, conn
+    )  # as the relay's connections (backends/postgres/_pg_session.py)
     conn.adapters.register_loader("uuid", UuidBinaryLoader)
     conn.adapters.register_loader("json", JsonLoader)
     await conn.execute(SESSION_UTC)

@@ -28,8 +28,8 @@ import psycopg
 from _common import TOPIC, prepare, reload, save, server_facts
 
 from outboxkit import Relay
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.migrate import migrate
 
 ORDERED = "outbox_ordered"
 

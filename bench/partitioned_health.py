@@ -39,8 +39,8 @@ from _common import make_event, save, server_facts
 from table_health import Series, claim_latency_ms, median, quarter_and_half, run_load
 
 from outboxkit import Outbox, migrate
-from outboxkit.store import partitions
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres import partitions
+from outboxkit.backends.postgres.postgres import Statements
 
 TOPIC = "bench.partitioned"
 TABLES = {"delete": "outbox_plain", "partitioned": "outbox_part"}

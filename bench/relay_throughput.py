@@ -5,8 +5,8 @@ Pre-loads N events (~300-byte JSON, 1 000 keys) and drains them to Kafka
 
 * ceiling (a): a bare confluent-kafka producer sending the same messages from memory;
 * ceiling (b): a bare SQL loop running only the relay's own claim + settle statements
-  (imported from ``outboxkit.store.postgres``) with the relay's parameters, no publishing;
-  also with ``synchronous_commit`` (every relay commit waits for its WAL flush);
+  (imported from ``outboxkit.backends.postgres.postgres``) with the relay's parameters, no
+  publishing; also with ``synchronous_commit`` (every relay commit waits for its WAL flush);
 * the CPU each of them spends per event (machine, client process, broker), and the
   bound that follows for a process that must do both jobs on the same cores;
 * the relay in one process (events/s from first claim to last settled ack), with
@@ -58,9 +58,9 @@ from _common import (
 from _floors import BARE_CLAIM, BARE_DELETE
 
 from outboxkit import OutboundMessage, PublishResult, Relay
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.publishers.kafka import _DEFAULTS as KAFKA_DEFAULTS
 from outboxkit.publishers.kafka import KafkaPublisher
-from outboxkit.store.postgres import Statements
 from outboxkit.testing import spawn_relay
 from outboxkit.wire.kafka import encode_headers as kafka_headers
 

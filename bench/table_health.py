@@ -28,8 +28,8 @@ import psycopg
 from _common import ensure_topic, kafka_broker, make_event, save, server_facts
 
 from outboxkit import Outbox, migrate
-from outboxkit.store.admin import purge
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.admin import purge
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.testing import spawn_relay
 
 TOPIC = "bench.health"

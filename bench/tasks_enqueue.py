@@ -33,7 +33,7 @@ import write_overhead as wo
 from _common import save
 
 from outboxkit import Outbox
-from outboxkit.store.migrate import migrate, migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate, migrate_tasks
 from outboxkit.tasks import Tasks
 
 TASK = "order.confirm"

@@ -35,8 +35,8 @@ from typing import Any
 import psycopg
 from _common import save, server_facts
 
-from outboxkit.store.tasks_pg import purge_finished
-from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
+from outboxkit.backends.postgres.tasks_pg import purge_finished
+from outboxkit.backends.postgres.tasks_sql import TaskStatements, TaskStatus
 from outboxkit.tasks import Tasks, Worker, migrate_tasks
 
 TABLES = {"delete": "outboxkit_tasks", "keep": "outboxkit_tasks_keep"}

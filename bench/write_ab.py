@@ -271,7 +271,7 @@ def prepare(dsn: str) -> None:
     import psycopg
     from write_overhead import SCHEMA
 
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)

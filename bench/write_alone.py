@@ -26,8 +26,8 @@ import psycopg
 from _common import save
 
 from outboxkit import Event, Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.write.table import _row
 
 

@@ -41,8 +41,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from outboxkit import Event, Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.write.commit import _pipeline as commit_pipeline
 
 SCHEMA = """

@@ -25,8 +25,8 @@ from _common import save
 from psycopg import ClientCursor
 
 from outboxkit import Event, Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements
 
 SCHEMA = """
 DROP TABLE IF EXISTS bench_order_lines, bench_orders, bench_stock, bench_small;

@@ -48,8 +48,8 @@ from write_overhead import (
 )
 
 from outboxkit import Event, OutboundMessage, Outbox
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import WRITE_COLUMNS
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import WRITE_COLUMNS
 from outboxkit.wire.kafka import encode_record
 from outboxkit.write.storage import OIDS
 from outboxkit.write.table import _params as library_params

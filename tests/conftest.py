@@ -85,11 +85,11 @@ def pg_template(pg_server: PgServer) -> Iterator[str]:
     The name is unique so that sessions sharing one server (OUTBOXKIT_TEST_DSN) do not collide.
     """
     try:
-        from outboxkit.store.migrate import migrate
+        from outboxkit.backends.postgres.migrate import migrate
     except ImportError as exc:
         pytest.fail(
-            f"cannot build the template database: outboxkit.store.migrate.migrate is not "
-            f"importable ({exc})",
+            "cannot build the template database: outboxkit.backends.postgres.migrate.migrate"
+            f" is not importable ({exc})",
             pytrace=False,
         )
     name = unique_name("outboxkit_template")
@@ -155,7 +155,7 @@ def logical_pg(logical_pg_server: PgServer) -> str:
 @pytest.fixture
 def logical_db_dsn(logical_pg_server: PgServer) -> Iterator[str]:
     """DSN of a fresh database on the logical server, `outbox` migrated; its slots dropped after."""
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     name = unique_name("cdc")
     create_database(logical_pg_server.dsn, name)

@@ -5,6 +5,7 @@ Write events in the same transaction as your business change with
 """
 
 from outboxkit._version import __version__
+from outboxkit.backends.postgres.migrate import migrate, migrate_inbox
 from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
     CdcError,
@@ -38,7 +39,6 @@ from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from
 from outboxkit.publishers.base import Reachability
 from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, with_routes
 from outboxkit.relay import Relay, RelayObserver, RelayStats
-from outboxkit.store.migrate import migrate, migrate_inbox
 from outboxkit.write import AsyncOutboxTransaction, Outbox, OutboxTransaction
 
 # What applications import. Broker publishers and consumer runners live in their own

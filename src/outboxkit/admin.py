@@ -1,7 +1,7 @@
 """The operator functions of an outbox's database, chosen by its URL: the one backend seam
 the CLI (status, failed, replay, discard, purge), the dashboard and the metrics go through.
 
-``admin_for("postgresql://…")`` is PostgreSQL's (outboxkit.store.admin and friends);
+``admin_for("postgresql://…")`` is PostgreSQL's (outboxkit.backends.postgres.admin and friends);
 ``admin_for("mysql://…")`` or ``mariadb://`` MariaDB's (outboxkit.backends.mariadb.admin).
 Both take the same arguments and return the same shapes (outboxkit.maintenance.report).
 """
@@ -68,10 +68,10 @@ _FUNCTIONS = (
 def _postgres() -> Admin:
     import psycopg
 
-    from outboxkit.store import admin, inbox_sql
-    from outboxkit.store._connection import connect
-    from outboxkit.store.ordered_sql import blocked_keys
-    from outboxkit.store.partitions import stray_rows
+    from outboxkit.backends.postgres import admin, inbox_sql
+    from outboxkit.backends.postgres._connection import connect
+    from outboxkit.backends.postgres.ordered_sql import blocked_keys
+    from outboxkit.backends.postgres.partitions import stray_rows
 
     def connect_dashboard(dsn: str) -> Any:
         return connect(dsn, application_name="outboxkit-dashboard")

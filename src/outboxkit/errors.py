@@ -331,7 +331,8 @@ def relay_schema_outdated(exc: BaseException, table: str) -> SchemaError | None:
 
 
 # The columns every table of a kind has had since its first schema version: one missing means
-# the table is another one, not an older one (store/postgres.py and store/inbox_sql.py).
+# the table is another one, not an older one (backends/postgres/postgres.py and
+# backends/postgres/inbox_sql.py).
 _FIRST_COLUMNS = {
     "outbox": frozenset(
         {"id", "event_id", "topic", "key", "event_type", "aggregate_type", "aggregate_id"}

@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NamedTuple
 
 from outboxkit.backends.mariadb import inbox_sql as mariadb_inbox
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements
+from outboxkit.backends.postgres.postgres import numbered
 from outboxkit.drivers import (
     AsyncConnection,
     Statement,
@@ -30,8 +32,6 @@ from outboxkit.drivers import (
     sync_adapter,
 )
 from outboxkit.drivers.base import Adapter
-from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements
-from outboxkit.store.postgres import numbered
 
 __all__ = ["Inbox"]
 

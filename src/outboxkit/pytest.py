@@ -103,7 +103,7 @@ def _outboxkit_server(request: pytest.FixtureRequest) -> Iterator[_Server]:
 
     from outboxkit._redact import redact, remember_secrets
     from outboxkit._text import first_line
-    from outboxkit.store.migrate import migrate, migrate_inbox, migrate_tasks
+    from outboxkit.backends.postgres.migrate import migrate, migrate_inbox, migrate_tasks
     from outboxkit.testing.databases import create_database, drop_database, dsn_with_dbname
 
     dsn = request.config.getoption("--outboxkit-dsn", default=None) or os.environ.get(DSN_ENV)
@@ -241,7 +241,7 @@ class OutboxEvents:
 
     def rows(self) -> list[OutboxRow]:
         """Every row with its status, attempts and last error."""
-        from outboxkit.store.admin import list_events
+        from outboxkit.backends.postgres.admin import list_events
 
         return [
             OutboxRow(_event_from_row(r), r["status"], r["attempts"], r["last_error"])
@@ -419,7 +419,7 @@ class KitRelay:
 
     def _due(self) -> list[OutboxRow]:
         """Pending rows the relay will take now or after a retry (not scheduled ones)."""
-        from outboxkit.store.admin import list_events
+        from outboxkit.backends.postgres.admin import list_events
 
         now = dt.datetime.now(dt.UTC)
         return [
@@ -562,7 +562,7 @@ class TaskKit:
         timeout: float = 10.0,  # noqa: ASYNC109 - its expiry is reported with the tasks left
     ) -> list[dict[str, Any]]:
         """Async :meth:`run_pending`."""
-        from outboxkit.store.migrate import migrate_tasks
+        from outboxkit.backends.postgres.migrate import migrate_tasks
         from outboxkit.tasks import Worker
 
         if tasks.table not in self._migrated:
@@ -603,8 +603,8 @@ class TaskKit:
 
     def rows(self, table: str = "outboxkit_tasks") -> list[dict[str, Any]]:
         """Every task of ``table``, oldest first."""
-        from outboxkit.store.tasks_pg import list_tasks
-        from outboxkit.store.tasks_sql import TaskStatus
+        from outboxkit.backends.postgres.tasks_pg import list_tasks
+        from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
         rows = list_tasks(self.dsn, table, limit=1_000_000)
         for row in rows:
@@ -612,7 +612,7 @@ class TaskKit:
         return rows
 
     def _due(self, table: str) -> list[dict[str, Any]]:
-        from outboxkit.store.tasks_sql import TaskStatus
+        from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.05)
         return [

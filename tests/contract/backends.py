@@ -22,12 +22,12 @@ from typing import Any, Literal
 import psycopg
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements
+from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.queue.memory import ManualClock, MemoryQueue, MemoryQueueStore, MemoryRow
 from outboxkit.queue.store import QueueStore
-from outboxkit.store.migrate import migrate
-from outboxkit.store.ordered_sql import OrderedStatements
-from outboxkit.store.queue_pg import PgQueueStore
 
 #: Ordered queues have this many key partitions on both backends.
 PARTITIONS = 7  # not a power of two: a partition is a remainder of the hash

@@ -56,7 +56,7 @@ def _status(dsn: str, *extra: str) -> str:
 
 @pytest.fixture
 def ordered_dsn(db_dsn: str) -> str:
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     migrate(db_dsn, table="outbox", ordered=True, partitions=4)
     return db_dsn

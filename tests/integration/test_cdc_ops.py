@@ -173,7 +173,7 @@ def tiny_keep_server() -> Iterator[EmbeddedPostgres]:
 async def test_an_invalidated_slot_is_reported_with_the_recovery_steps(
     tiny_keep_server: EmbeddedPostgres,
 ) -> None:
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     dsn = tiny_keep_server.dsn
     migrate(dsn, table="outbox")

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 
 from outboxkit import Event, Outbox, Relay
+from outboxkit.backends.postgres import admin
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store import admin
 from outboxkit.testing import free_port
 from tests.support.cdc_relaying import (
     RelayProcess,
@@ -359,7 +359,7 @@ async def test_a_standby_relay_takes_over_within_seconds_of_the_active_one_being
 async def test_the_relay_reconnects_and_resumes_when_postgresql_restarts_under_it(
     nats_server: Any,
 ) -> None:
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
     from outboxkit.testing import EmbeddedPostgres
 
     pg = EmbeddedPostgres(logical=True)  # fsync on: committed events survive the restart
@@ -471,7 +471,7 @@ async def test_a_large_transaction_is_relayed_with_bounded_memory(
 async def test_a_partitioned_table_source_is_relayed_and_its_partitions_dropped_not_deleted(
     logical_db_dsn: str, nats_server: Any
 ) -> None:
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     with psycopg.connect(logical_db_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE outbox")

@@ -268,7 +268,7 @@ async def _drain(items: AsyncIterator[Item]) -> None:
 @pytest.fixture
 def strict_sender_dsn() -> Iterator[str]:
     """A logical server that ends a WAL sender after 2 s without a status from its client."""
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     try:
         server = EmbeddedPostgres(fsync=False, logical=True, settings={"wal_sender_timeout": "2s"})
@@ -319,7 +319,7 @@ async def test_a_paused_caller_keeps_the_slot_where_a_naive_client_is_timed_out(
 
 
 async def test_postgresql_restarted_under_the_stream_loses_nothing_after_reconnect() -> None:
-    from outboxkit.store.migrate import migrate
+    from outboxkit.backends.postgres.migrate import migrate
 
     try:
         server = EmbeddedPostgres(logical=True)  # fsync on: committed events survive

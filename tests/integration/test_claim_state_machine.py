@@ -1,6 +1,6 @@
 """The claim / publish / settle / lease-expiry state machine against a model (hypothesis).
 
-Several relays run the real statements of ``store/postgres.py`` against a real
+Several relays run the real statements of ``backends/postgres/postgres.py`` against a real
 PostgreSQL in any interleaving hypothesis finds: claims, publishes, settles
 (published, failed, handed back), crashes (a relay forgets its claim), and lease
 expiries (time passing beyond a claim's lease, by moving its ``available_at``
@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 )
 
 from outboxkit import Event, Outbox
-from outboxkit.store.postgres import Statements, Status
+from outboxkit.backends.postgres.postgres import Statements, Status
 
 # Drives the CPUs itself (many processes, real faults): run alone under xdist.
 pytestmark = pytest.mark.exclusive

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from outboxkit.backends.postgres.migrate import migrate, schema_version
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION
 from outboxkit.ops.cli import main
-from outboxkit.store.migrate import migrate, schema_version
-from outboxkit.store.postgres import SCHEMA_VERSION
 from tests.support.relaying import count, make_events, write_events
 
 

@@ -30,10 +30,10 @@ from click.testing import CliRunner
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import MigrationAction, migrate, schema_version
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION
 from outboxkit.errors import TableNotFoundError
 from outboxkit.ops.cli import main
-from outboxkit.store.migrate import MigrationAction, migrate, schema_version
-from outboxkit.store.postgres import SCHEMA_VERSION
 from tests.support.relaying import count, make_events, write_events
 
 

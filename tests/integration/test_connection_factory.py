@@ -5,13 +5,13 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from outboxkit.errors import SchemaError
-from outboxkit.store._connection import (
+from outboxkit.backends.postgres._connection import (
     ADMIN_APPLICATION_NAME,
     aconnect,
     admin_connection,
     connect,
 )
+from outboxkit.errors import SchemaError
 
 _NAME = "SELECT current_setting('application_name')"
 

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox, Publisher
+from outboxkit.backends.postgres.migrate import migrate_inbox
 from outboxkit.consumers.base import ConsumerRunner, ReceivedEvent
-from outboxkit.store.migrate import migrate_inbox
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import unique_name
 

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 import redis.asyncio
 
+from outboxkit.backends.postgres.migrate import migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.redis import RedisStreamsConsumer
 from outboxkit.publishers.redis import RedisStreamsPublisher
-from outboxkit.store.migrate import migrate_inbox
 from tests.support.local_brokers import redis_url
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import unique_name

@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from outboxkit.backends.postgres.migrate import migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.kinesis import KinesisConsumer
 from outboxkit.publishers.kinesis import KinesisPublisher
-from outboxkit.store.migrate import migrate_inbox
 from outboxkit.testing import TcpProxy
 from tests.support.moto_sqs import MotoSqs, running_moto
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outboxkit import Inbox, NotInTransactionError, Outbox
+from outboxkit.backends.postgres.inbox_sql import InboxStatements
 from outboxkit.drivers import base as drivers
 from outboxkit.drivers import psycopg_adapter
-from outboxkit.store.inbox_sql import InboxStatements
 from tests.integration.test_write import _event
 from tests.integration.test_write import shop_dsn as shop_dsn  # the fixture, shared
 from tests.support.relaying import count, rows

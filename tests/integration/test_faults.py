@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.migrate import migrate
 from outboxkit.testing import EmbeddedPostgres, spawn_relay
 from tests.support.relaying import (
     count,

@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Inbox, NotInTransactionError
+from outboxkit.backends.postgres.migrate import migrate_inbox
 from outboxkit.events import new_event_id
 from outboxkit.ops.cli import main
-from outboxkit.store.migrate import migrate_inbox
 
 CREATE_LEDGER = "CREATE TABLE ledger (id serial PRIMARY KEY, event_id uuid NOT NULL, amount int)"
 INSERT_LEDGER = "INSERT INTO ledger (event_id, amount) VALUES (%s, %s)"

@@ -359,7 +359,7 @@ def test_an_event_that_kills_the_relay_is_dead_lettered_after_max_attempts_claim
     receiver.action = action
     mode: tuple[str, ...] = ()
     if ordered:
-        from outboxkit.store.migrate import migrate
+        from outboxkit.backends.postgres.migrate import migrate
 
         migrate(db_dsn, table="outbox", ordered=True, partitions=4)
         mode = ("--ordered", "--on-dead-letter", "block")

@@ -1,9 +1,8 @@
-"""A LISTEN connection that dies silently is detected and replaced (store/_pg_session.py),
-for the relay and the task worker alike: its backend terminated, or its network path turned
-into a black hole (a proxy that holds every byte without closing). The poll is 30 s away,
-so only a working listener explains a start within milliseconds; the health probe is made
-quick here (0.2 s, answer within 0.5 s) so that the tests take seconds.
-"""
+"""A LISTEN connection that dies silently is detected and replaced
+(backends/postgres/_pg_session.py), for the relay and the task worker alike: its backend terminated,
+or its network path turned into a black hole (a proxy that holds every byte without closing). The
+poll is 30 s away, so only a working listener explains a start within milliseconds; the health probe
+is made quick here (0.2 s, answer within 0.5 s) so that the tests take seconds."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outboxkit import Event, Outbox
-from outboxkit.store import _pg_session
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres import _pg_session
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import Tasks, Worker
 from outboxkit.testing import TcpProxy
 from tests.support.relaying import TimingPublisher, running_relay

@@ -21,9 +21,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outboxkit import Event
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.ops.metrics import OTHER_TOPICS, RelayMetrics, TopicLabels
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.postgres import Statements
 from outboxkit.testing import free_port, spawn_relay
 from tests.support.relaying import count, running_relay, wait_for, write_events
 from tests.support.servers import ensure_stream

@@ -16,15 +16,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import (
+from outboxkit.backends.postgres.migrate import (
     MigrationAction,
     migrate,
     migrate_inbox,
     migration_statements,
     schema_version,
 )
-from outboxkit.store.migrations import Kind, migration_files
-from outboxkit.store.postgres import SCHEMA_VERSION, VERSIONS_TABLE, Statements
+from outboxkit.backends.postgres.migrations import Kind, migration_files
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION, VERSIONS_TABLE, Statements
 
 _RELATIONS = """
 SELECT c.relname, c.relkind::text, coalesce(c.reloptions, '{}'), pg_get_partkeydef(c.oid),

@@ -27,12 +27,12 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.admin import replay
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements, blocked_keys
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
-from outboxkit.store.admin import replay
-from outboxkit.store.migrate import migrate
-from outboxkit.store.ordered_sql import OrderedStatements, blocked_keys
 from outboxkit.testing import free_port, spawn_relay
 from tests.support.relaying import rows, running_relay, wait_for
 from tests.support.servers import consume_nats, ensure_stream

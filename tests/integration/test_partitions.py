@@ -20,12 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from outboxkit import Event, Outbox, SchemaError
+from outboxkit.backends.postgres import partitions as P
+from outboxkit.backends.postgres.migrate import MigrationAction, migrate
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION
 from outboxkit.maintenance import side_task as maintenance
 from outboxkit.ops.cli import main
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult
-from outboxkit.store import partitions as P
-from outboxkit.store.migrate import MigrationAction, migrate
-from outboxkit.store.postgres import SCHEMA_VERSION
 from outboxkit.testing import create_database, drop_database
 from tests.integration import test_relay as _relay
 from tests.integration import test_write as _write

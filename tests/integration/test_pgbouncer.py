@@ -28,13 +28,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, Outbox, Relay
+from outboxkit.backends.postgres._connection import split_pooler
+from outboxkit.backends.postgres.migrate import migrate, migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli import main
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store._connection import split_pooler
-from outboxkit.store.migrate import migrate, migrate_inbox
 from tests.support.pgbouncer import PgBouncer
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import consume_nats, ensure_stream, unique_name

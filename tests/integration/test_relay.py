@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox, Relay, SchemaError
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.postgres import Statements
 from tests.support.relaying import count, make_events, rows, running_relay, wait_for, write_events
 from tests.support.servers import consume_kafka, consume_nats, ensure_stream
 

@@ -1,9 +1,8 @@
 """A claim or settle connection whose network path turns into a black hole (a failover, a NAT
 or firewall that dropped its state: nothing answers, nothing fails) is hung up within a share
-of the lease (store/_pg_session.py, ``ANSWER_SHARE``) and the relay goes on over a new one.
-The proxy holds every byte of the relay's old connections and forwards new ones. The lease is
-3 s here, so the bound is 1 s and the tests take seconds.
-"""
+of the lease (backends/postgres/_pg_session.py, ``ANSWER_SHARE``) and the relay goes on over a new
+one. The proxy holds every byte of the relay's old connections and forwards new ones. The lease is 3
+s here, so the bound is 1 s and the tests take seconds."""
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outboxkit import Event, OutboundMessage, PublishResult
-from outboxkit.store import _pg_session
-from outboxkit.store.migrate import migrate_tasks
-from outboxkit.store.queue_pg import PgQueueStore
+from outboxkit.backends.postgres import _pg_session
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.tasks import Tasks, Worker
 from outboxkit.testing import TcpProxy
 from tests.support.relaying import TimingPublisher, count, make_events, running_relay, write_events

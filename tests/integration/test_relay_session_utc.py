@@ -1,6 +1,6 @@
 """The relay reads claimed timestamps in UTC, whatever the server's TimeZone.
 
-Its claim and settle sessions run ``SET TimeZone TO 'UTC'`` (store/postgres.py,
+Its claim and settle sessions run ``SET TimeZone TO 'UTC'`` (backends/postgres/postgres.py,
 ``SESSION_UTC``): psycopg then builds each timestamptz without a zone conversion. The
 instants must not move: an event written under another zone is claimed at the same time.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import Event, OutboundMessage, Outbox
-from outboxkit.store.queue_pg import PgQueueStore
+from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.wire.kafka import encode_record
 
 

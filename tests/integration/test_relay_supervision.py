@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from outboxkit import Relay
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.postgres import Statements
 from tests.support.relaying import count, make_events, running_relay, wait_for, write_events
 from tests.support.servers import consume_nats, ensure_stream
 

@@ -21,12 +21,12 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate_inbox
 from outboxkit.consumers.base import ReceivedEvent
 from outboxkit.consumers.nats import NatsConsumer
 from outboxkit.errors import InvalidEventError
 from outboxkit.publishers import from_url
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.migrate import migrate_inbox
 from outboxkit.wire.nats import encode_headers
 from tests.integration.test_hostile_events import dead_letters, insert_raw
 from tests.support.local_brokers import rabbitmq_url

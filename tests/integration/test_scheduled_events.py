@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements, channel_for
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements, channel_for
 from tests.support.relaying import running_relay, wait_for
 from tests.support.servers import consume_nats, ensure_stream
 

@@ -12,7 +12,7 @@ import datetime as dt
 import psycopg
 
 from outboxkit import Event, Outbox
-from outboxkit.store.admin import live_status, status
+from outboxkit.backends.postgres.admin import live_status, status
 
 
 def _write(dsn: str, *events: Event) -> None:

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.tasks_pg import PgTaskStore
 from outboxkit.queue.store import DONE
-from outboxkit.store.migrate import migrate_tasks
-from outboxkit.store.tasks_pg import PgTaskStore
 from outboxkit.tasks import LeaseLost, TaskContext, Tasks, Worker
 
 TABLE = "outboxkit_tasks"

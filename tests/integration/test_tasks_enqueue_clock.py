@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import Tasks, registry
 
 tasks = Tasks()

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import InvalidTaskError, Tasks
 
 tasks = Tasks()

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.tasks_pg import ClaimedTask, task_gauges
+from outboxkit.backends.postgres.tasks_sql import OTHER_TASKS, TaskStatus
 from outboxkit.ops.task_metrics import TaskMetrics
-from outboxkit.store.migrate import migrate_tasks
-from outboxkit.store.tasks_pg import ClaimedTask, task_gauges
-from outboxkit.store.tasks_sql import OTHER_TASKS, TaskStatus
 
 TABLE = "outboxkit_tasks"
 

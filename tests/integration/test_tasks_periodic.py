@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import TaskContext, Tasks, Worker
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import TaskContext, Tasks, Worker
 from tests.support.pgbouncer import PgBouncer
 
@@ -198,7 +198,7 @@ def test_a_periodic_connection_that_prepares_statements_fails_behind_the_pooler(
     pooled_dsn: str, db_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The naive way: the periodic side task's connection taken for PostgreSQL itself."""
-    from outboxkit.store.tasks_pg import PgSchedules
+    from outboxkit.backends.postgres.tasks_pg import PgSchedules
     from outboxkit.tasks import worker as worker_module
 
     def naive(dsn: str, table: str, *, pooler: Any = None) -> PgSchedules:

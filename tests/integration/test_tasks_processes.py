@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from tests.support.tasks_app import RUNS_DDL, tasks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from outboxkit.backends.postgres.migrate import MigrationAction, migrate_tasks, schema_version
+from outboxkit.backends.postgres.tasks_pg import PgTaskStore
+from outboxkit.backends.postgres.tasks_sql import TaskStatements, TaskStatus
 from outboxkit.ops.cli.app import main
 from outboxkit.queue.store import DONE, Claim, Decision, Verdict
-from outboxkit.store.migrate import MigrationAction, migrate_tasks, schema_version
-from outboxkit.store.tasks_pg import PgTaskStore
-from outboxkit.store.tasks_sql import TaskStatements, TaskStatus
 
 TABLE = "outboxkit_tasks"
 

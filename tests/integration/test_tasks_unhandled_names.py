@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import Tasks, Worker
 from tests.support.tasks_app import RUNS_DDL
 from tests.support.tasks_app import tasks as old_version

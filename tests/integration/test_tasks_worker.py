@@ -16,9 +16,9 @@ import psycopg
 import pydantic
 import pytest
 
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import NotInTransactionError
-from outboxkit.store.migrate import migrate_tasks
-from outboxkit.store.tasks_sql import TaskStatus
 from outboxkit.tasks import Fail, InvalidTaskError, Retry, Snooze, TaskContext, Tasks, Worker
 
 TABLE = "outboxkit_tasks"
@@ -323,7 +323,7 @@ def test_a_delayed_task_never_runs_early_and_higher_priorities_run_first(
 def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
     tasks_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from outboxkit.store.tasks_pg import cancel_tasks
+    from outboxkit.backends.postgres.tasks_pg import cancel_tasks
 
     tasks = Tasks()
     seen: list[str] = []
@@ -355,7 +355,7 @@ def test_a_running_task_cancelled_by_an_operator_sees_it_and_stays_cancelled(
 
 
 def test_a_failed_task_replayed_runs_again_from_its_first_attempt(tasks_dsn: str) -> None:
-    from outboxkit.store.tasks_pg import replay_tasks
+    from outboxkit.backends.postgres.tasks_pg import replay_tasks
 
     tasks = Tasks()
     attempts: list[int] = []
@@ -377,7 +377,7 @@ def test_a_failed_task_replayed_runs_again_from_its_first_attempt(tasks_dsn: str
 
 
 def test_cancelling_one_task_of_a_claim_leaves_its_claim_mates_running(tasks_dsn: str) -> None:
-    from outboxkit.store.tasks_pg import cancel_tasks
+    from outboxkit.backends.postgres.tasks_pg import cancel_tasks
 
     tasks = Tasks()
     seen: dict[int, str] = {}

@@ -200,9 +200,9 @@ def _now() -> Any:
 async def test_a_consumer_runner_continues_the_write_time_trace(
     db_dsn: str, nats_server: Any, spans: Any
 ) -> None:
+    from outboxkit.backends.postgres.migrate import migrate_inbox
     from outboxkit.consumers.base import ReceivedEvent
     from outboxkit.consumers.nats import NatsConsumer
-    from outboxkit.store.migrate import migrate_inbox
 
     migrate_inbox(db_dsn)
     root = f"tc{uuid.uuid4().hex[:8]}"

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from outboxkit import Event, Outbox
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.postgres import Statements
 from tests.support.relaying import TimingPublisher, running_relay
 
 SQL = Statements("outbox")

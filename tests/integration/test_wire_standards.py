@@ -320,9 +320,9 @@ async def test_nats_consumer_runner_hands_the_handler_version_and_occurred_time(
     db_dsn: str, nats_server: Any
 ) -> None:
     """End to end through the runner (not only its decode): the handler sees both fields."""
+    from outboxkit.backends.postgres.migrate import migrate_inbox
     from outboxkit.consumers.nats import NatsConsumer
     from outboxkit.publishers.nats import NatsPublisher
-    from outboxkit.store.migrate import migrate_inbox
     from tests.support.servers import ensure_stream
 
     migrate_inbox(db_dsn)
@@ -385,9 +385,9 @@ async def test_a_version_1_outbox_upgrades_in_place_and_old_rows_send_their_crea
     import psycopg
 
     from outboxkit import Outbox, Relay
+    from outboxkit.backends.postgres.migrate import migrate
+    from outboxkit.backends.postgres.postgres import SCHEMA_VERSION, Statements
     from outboxkit.errors import SchemaError
-    from outboxkit.store.migrate import migrate
-    from outboxkit.store.postgres import SCHEMA_VERSION, Statements
 
     stmts = Statements()
     old_id, old_created = uuid.uuid4(), dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
@@ -435,7 +435,7 @@ async def test_a_version_1_outbox_upgrades_in_place_and_old_rows_send_their_crea
 
 
 def test_failed_show_includes_the_occurred_time_and_schema_version(db_dsn: str) -> None:
-    from outboxkit.store import admin
+    from outboxkit.backends.postgres import admin
 
     event = hostile_events("orders")[1]
     write_events(db_dsn, [event])

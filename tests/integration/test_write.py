@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outboxkit import Event, InvalidEventError, NotInTransactionError, Outbox
-from outboxkit.store.postgres import Statements
+from outboxkit.backends.postgres.postgres import Statements
 from tests.support.relaying import count, rows
 
 ORDERS = "CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL)"

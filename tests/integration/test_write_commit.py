@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from outboxkit import InvalidEventError, NotInTransactionError, Outbox
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.errors import TableNotFoundError
-from outboxkit.store.postgres import Statements
 from tests.integration.test_write import _client_round_trips, _event
 from tests.integration.test_write import shop_dsn as shop_dsn  # the fixture, shared
 from tests.support.relaying import count, rows

@@ -44,7 +44,7 @@ def migrate_ordered(dsn: str, partitions: int) -> None:
 
         migrate(dsn, kind="ordered", partitions=partitions)
     else:
-        from outboxkit.store.migrate import migrate as pg_migrate
+        from outboxkit.backends.postgres.migrate import migrate as pg_migrate
 
         pg_migrate(dsn, table="outbox", ordered=True, partitions=partitions)
 

@@ -20,9 +20,9 @@ import psycopg
 from aiohttp import web
 
 from outboxkit import Event, Outbox, Relay
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.dashboard import Dashboard, dashboard_app
 from outboxkit.publishers.nats import NatsPublisher
-from outboxkit.store.migrate import migrate
 from outboxkit.testing import EmbeddedNats, EmbeddedPostgres, free_port
 from tests.support.servers import ensure_stream
 

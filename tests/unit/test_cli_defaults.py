@@ -143,7 +143,7 @@ def test_given_relay_options_are_passed(recorded: dict[str, dict[str, Any]]) -> 
 
 
 def test_unset_purge_batch_size_falls_through(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outboxkit.store import admin
+    from outboxkit.backends.postgres import admin
 
     declared = inspect.signature(admin.purge).parameters["batch_size"].default
     assert f"default: {declared};" in _help_of(main.commands["purge"], "batch_size")
@@ -162,23 +162,23 @@ def test_unset_purge_batch_size_falls_through(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_table_defaults_come_from_the_statements() -> None:
-    from outboxkit.store.inbox_sql import InboxStatements
-    from outboxkit.store.postgres import Statements
+    from outboxkit.backends.postgres.inbox_sql import InboxStatements
+    from outboxkit.backends.postgres.postgres import Statements
 
     outbox = inspect.signature(Statements).parameters["table"].default
     inbox = inspect.signature(InboxStatements).parameters["table"].default
     assert f"default: {outbox}]" in _help_of(main.commands["status"], "table")
     assert f"default: {inbox}]" in _help_of(main.commands["migrate"], "inbox_table")
-    assert cli.library_default("outboxkit.store.postgres:Statements", "table") == outbox
+    assert cli.library_default("outboxkit.backends.postgres.postgres:Statements", "table") == outbox
 
 
 def test_every_public_api_defaults_to_the_same_outbox_table() -> None:
     """The CLI reads Statements' default; every other entry point must agree with it."""
     from outboxkit import Outbox, migrate
+    from outboxkit.backends.postgres import admin
+    from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, Statements
     from outboxkit.ops.dashboard import Dashboard
     from outboxkit.ops.metrics import RelayMetrics
-    from outboxkit.store import admin
-    from outboxkit.store.postgres import DEFAULT_TABLE, Statements
 
     entry_points: list[Any] = [Relay, Outbox, RelayMetrics, Dashboard, Statements, migrate]
     entry_points += [admin.status, admin.list_failed, admin.replay, admin.purge, admin.discard]
@@ -190,8 +190,8 @@ def test_every_public_api_defaults_to_the_same_outbox_table() -> None:
 
 
 def test_failed_show_names_states_from_the_enum() -> None:
-    from outboxkit.store.admin import _status_name
-    from outboxkit.store.postgres import Status
+    from outboxkit.backends.postgres.admin import _status_name
+    from outboxkit.backends.postgres.postgres import Status
 
     assert [_status_name(s) for s in Status] == ["pending", "published", "failed"]
     assert _status_name(7) == "7"

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from outboxkit import ConfigurationError, Inbox, NotInTransactionError
-from outboxkit.store.inbox_sql import InboxStatements
+from outboxkit.backends.postgres.inbox_sql import InboxStatements
 
 
 def test_table_names_are_validated_and_quoted() -> None:

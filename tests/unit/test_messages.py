@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from outboxkit.backends.postgres.migrate import MigrationAction, MigrationResult, _objects
+from outboxkit.backends.postgres.postgres import MIGRATIONS, Statements
 from outboxkit.errors import (
     MissingExtraError,
     OutboxkitError,
@@ -18,8 +20,6 @@ from outboxkit.errors import (
 )
 from outboxkit.ops.cli import output
 from outboxkit.ops.demo.report import print_table
-from outboxkit.store.migrate import MigrationAction, MigrationResult, _objects
-from outboxkit.store.postgres import MIGRATIONS, Statements
 
 # -- missing extras --------------------------------------------------------------------
 

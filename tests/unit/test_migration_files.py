@@ -7,13 +7,13 @@ import re
 
 import pytest
 
+from outboxkit.backends.postgres import partitions_sql
+from outboxkit.backends.postgres.inbox_sql import InboxStatements
+from outboxkit.backends.postgres.migrate import migration_statements
+from outboxkit.backends.postgres.migrations import KINDS, Kind, migration_files, split_statements
+from outboxkit.backends.postgres.ordered_sql import ORDERED_SCHEMA, OrderedStatements
+from outboxkit.backends.postgres.postgres import MIGRATIONS, SCHEMA_VERSION, Statements
 from outboxkit.errors import ConfigurationError
-from outboxkit.store import partitions_sql
-from outboxkit.store.inbox_sql import InboxStatements
-from outboxkit.store.migrate import migration_statements
-from outboxkit.store.migrations import KINDS, Kind, migration_files, split_statements
-from outboxkit.store.ordered_sql import ORDERED_SCHEMA, OrderedStatements
-from outboxkit.store.postgres import MIGRATIONS, SCHEMA_VERSION, Statements
 
 # Tables in the field were made by these files as released: a change to one would leave them
 # behind what a fresh migrate creates, and nothing would upgrade them. Change the schema

@@ -7,12 +7,12 @@ import uuid
 
 import pytest
 
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.kafka import KafkaPublisher
 from outboxkit.relay.ordered import waves
 from outboxkit.relay.partitions import assignment
-from outboxkit.store.ordered_sql import OrderedStatements
 
 
 def _msg(key: str | None) -> OutboundMessage:

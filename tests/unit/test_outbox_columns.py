@@ -11,8 +11,13 @@ import uuid
 import orjson
 
 from outboxkit import Event
+from outboxkit.backends.postgres.postgres import (
+    CLAIM_BATCH,
+    CLAIM_RETURNING,
+    WRITE_COLUMNS,
+    Statements,
+)
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.postgres import CLAIM_BATCH, CLAIM_RETURNING, WRITE_COLUMNS, Statements
 from outboxkit.write.table import _TYPES, _params, _row
 
 _PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)

@@ -9,8 +9,8 @@ import pytest
 
 from outboxkit import ConfigurationError, Event, Outbox
 from outboxkit._redact import redact
+from outboxkit.backends.postgres.postgres import Statements, channel_for, numbered, parse_table
 from outboxkit.ops.cli import parse_duration
-from outboxkit.store.postgres import Statements, channel_for, numbered, parse_table
 
 
 @pytest.mark.parametrize("name", ["outbox", "app.outbox", "_x1", "a" * 63])

@@ -7,9 +7,9 @@ from enum import IntEnum
 
 import pytest
 
-from outboxkit.store import postgres
-from outboxkit.store.inbox_sql import InboxStatements
-from outboxkit.store.postgres import MIGRATIONS, NamedStatements, Statements, Status
+from outboxkit.backends.postgres import postgres
+from outboxkit.backends.postgres.inbox_sql import InboxStatements
+from outboxkit.backends.postgres.postgres import MIGRATIONS, NamedStatements, Statements, Status
 
 _SLOT = re.compile(r"(?<!')\{[A-Za-z_]*\}(?!')")  # not the SQL literal '{}' (empty jsonb)
 _STATUS_LITERAL = re.compile(

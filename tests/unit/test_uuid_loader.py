@@ -6,7 +6,7 @@ import copy
 import random
 import uuid
 
-from outboxkit.store.queue_pg import UuidBinaryLoader
+from outboxkit.backends.postgres.queue_pg import UuidBinaryLoader
 
 
 def test_loaded_uuid_is_an_ordinary_uuid() -> None:

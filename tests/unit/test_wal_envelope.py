@@ -200,7 +200,7 @@ def test_the_prefix_names_the_outbox() -> None:
 
 
 def test_the_wal_statements_name_the_outbox_and_leave_no_slot() -> None:
-    from outboxkit.store.wal_sql import WalStatements
+    from outboxkit.backends.postgres.wal_sql import WalStatements
 
     s = WalStatements("app.events")
     for name in WalStatements.templates():

@@ -63,7 +63,7 @@ def test_a_wheel_with_every_package_file_passes(
 @pytest.mark.parametrize(
     "left_out",
     [
-        "outboxkit/store/migrations/tasks/0001_tasks.sql",
+        "outboxkit/backends/postgres/migrations/tasks/0001_tasks.sql",
         "outboxkit/ops/dashboard/static/app.js",
         "outboxkit/contrib/django/migrations/0004_tasks.py",
         "outboxkit/py.typed",

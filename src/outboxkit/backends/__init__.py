@@ -1,1 +1,6 @@
-"""Queue backends other than PostgreSQL (the reference, in outboxkit.store): one package each."""
+"""The databases outboxkit stores its queues in: one package each (postgres/, mariadb/).
+
+Each package holds its database's SQL, migrations, queue store, admin and migrator; the
+layers above reach them through the functions that pick a package from a URL or a
+connection, so a third database is one new package plus its contract-suite line.
+"""

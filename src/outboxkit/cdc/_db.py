@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from outboxkit.store._connection import aconnect
+from outboxkit.backends.postgres._connection import aconnect
 
 
 class OwnConnection:

@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 
 from outboxkit._text import first_line
+from outboxkit.backends.postgres.cdc_sql import CdcRelayStatements
 from outboxkit.cdc._db import OwnConnection
-from outboxkit.store.cdc_sql import CdcRelayStatements
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -173,7 +173,7 @@ class Cleanup:
         if through is None or time.monotonic() - self._last_drop < self.partition_interval:
             return
         self._last_drop = time.monotonic()
-        from outboxkit.store.partitions import drop_published_partitions
+        from outboxkit.backends.postgres.partitions import drop_published_partitions
 
         try:
             await asyncio.to_thread(

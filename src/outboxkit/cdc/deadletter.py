@@ -11,9 +11,9 @@ from __future__ import annotations
 import orjson
 from psycopg.types.json import Jsonb
 
+from outboxkit.backends.postgres.cdc_sql import CdcRelayStatements
 from outboxkit.cdc._db import OwnConnection
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.cdc_sql import CdcRelayStatements
 
 
 class DeadLetters:

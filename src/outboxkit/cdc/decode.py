@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 import orjson
 
+from outboxkit.backends.postgres.postgres import Status
 from outboxkit.errors import UndecodableRow
 from outboxkit.publishers.base import OutboundMessage
-from outboxkit.store.postgres import Status
 
 _PENDING = str(int(Status.PENDING)).encode()
 

@@ -32,6 +32,12 @@ import psycopg
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
+from outboxkit.backends.postgres._connection import (
+    PoolerMode,
+    aconnect,
+    known_pooling,
+    split_pooler,
+)
 from outboxkit.cdc.cleanup import Cleanup
 from outboxkit.cdc.deadletter import DeadLetters
 from outboxkit.cdc.decode import is_pending, row_id, row_message
@@ -66,7 +72,6 @@ from outboxkit.sink.observer import (
 )
 from outboxkit.sink.outage import FailureEpisode, OutageLog
 from outboxkit.sink.publisher import FailureLog, publish
-from outboxkit.store._connection import PoolerMode, aconnect, known_pooling, split_pooler
 from outboxkit.write.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")

@@ -17,6 +17,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outboxkit.backends.postgres import cdc_sql
+from outboxkit.backends.postgres._connection import connect
+from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, parse_table, quote_table
 from outboxkit.cdc import pgoutput
 from outboxkit.cdc.errors import (
     CdcSetupError,
@@ -25,9 +28,6 @@ from outboxkit.cdc.errors import (
     refuse_mariadb,
 )
 from outboxkit.errors import PgoutputError
-from outboxkit.store import cdc_sql
-from outboxkit.store._connection import connect
-from outboxkit.store.postgres import DEFAULT_TABLE, parse_table, quote_table
 
 #: How long `status` may spend measuring the lag in seconds before it gives up on that figure.
 LAG_PROBE_TIMEOUT_MS = 10_000

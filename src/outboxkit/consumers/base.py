@@ -22,9 +22,9 @@ import psycopg
 
 from outboxkit._backoff import full_jitter
 from outboxkit._redact import redact
+from outboxkit.backends.postgres._connection import aconnect
 from outboxkit.errors import ConfigurationError, EnvelopeError
 from outboxkit.inbox import Inbox
-from outboxkit.store._connection import aconnect
 from outboxkit.tracing import consumer_span
 from outboxkit.wire.cloudevents import Envelope
 

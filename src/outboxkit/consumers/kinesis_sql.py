@@ -8,7 +8,12 @@ to its end, so its children (which continue its keys) may start.
 
 from __future__ import annotations
 
-from outboxkit.store.postgres import NamedStatements, SqlTemplate, parse_table, quote_table
+from outboxkit.backends.postgres.postgres import (
+    NamedStatements,
+    SqlTemplate,
+    parse_table,
+    quote_table,
+)
 
 DEFAULT_CHECKPOINT_TABLE = "outboxkit_kinesis_checkpoints"
 

@@ -2,7 +2,7 @@
 
 A partitioned outbox (``outboxkit migrate --partition-by day|hour``) keeps published rows
 (``retention="keep"``) and gets rid of them a whole partition at a time. This module decides;
-store/partitions.py reads the partitions and runs the DDL (one run at a time per table):
+backends/postgres/partitions.py reads the partitions and runs the DDL (one run at a time per table):
 
 - create the partitions of the current period and of ``ahead`` periods after it, and of any
   period whose rows ended up in the default partition (the store moves them in);

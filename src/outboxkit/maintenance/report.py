@@ -1,9 +1,8 @@
 """What an outbox table's operator functions report, the same from every backend.
 
-The PostgreSQL admin (store/admin.py) and MariaDB's (backends/mariadb/admin.py) both return
-these shapes, so the CLI, the dashboard and the metrics print one format whichever
-database they read.
-"""
+The PostgreSQL admin (backends/postgres/admin.py) and MariaDB's (backends/mariadb/admin.py) both
+return these shapes, so the CLI, the dashboard and the metrics print one format whichever database
+they read."""
 
 from __future__ import annotations
 

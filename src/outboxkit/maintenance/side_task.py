@@ -1,11 +1,10 @@
 """The relay's side task for a partitioned outbox: partitions ahead, expired ones dropped.
 
 Every relay of a partitioned table runs it (a plain table ends it at once); the table's
-maintenance lock (store/partitions.py) lets one run at a time, the others skip. It runs at
-start and every :data:`INTERVAL` seconds, with the settings ``migrate --partition-by``
-stored. A failed run (database down, a lock not obtained) is logged and retried at the
-next one: a missed run costs nothing while partitions exist ahead (3 periods by default).
-"""
+maintenance lock (backends/postgres/partitions.py) lets one run at a time, the others skip. It runs
+at start and every :data:`INTERVAL` seconds, with the settings ``migrate --partition-by`` stored. A
+failed run (database down, a lock not obtained) is logged and retried at the next one: a missed run
+costs nothing while partitions exist ahead (3 periods by default)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rest summed as ``(other)``: the number of series stays flat however many events,
 keys or topics flow (100 000 distinct topics once made a 181 MB scrape). The table gauges
 (backlog, in flight, failed, oldest pending age) are read by one background
 task every ``gauge_interval`` seconds with two bounded queries on the partial
-indexes (see ``METRICS_*`` in store/postgres.py), not at scrape time.
+indexes (see ``METRICS_*`` in backends/postgres/postgres.py), not at scrape time.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from prometheus_client.registry import Collector
 from outboxkit._redact import redact
 from outboxkit._text import first_line
 from outboxkit.admin import admin_for
+from outboxkit.backends.postgres import cdc_sql
+from outboxkit.backends.postgres._connection import aconnect
+from outboxkit.backends.postgres.postgres import Statements
 from outboxkit.errors import OutboxkitError
 from outboxkit.publishers.base import (
     OutboundMessage,
@@ -37,9 +40,6 @@ from outboxkit.publishers.base import (
 )
 from outboxkit.relay.engine import CdcStatus, RelayStatus
 from outboxkit.relay.observer import Failure, RelayObserver
-from outboxkit.store import cdc_sql
-from outboxkit.store._connection import aconnect
-from outboxkit.store.postgres import Statements
 
 log = logging.getLogger("outboxkit.metrics")
 

@@ -10,10 +10,10 @@ one queue are several relays on one table. Each operation runs without an ``awai
 its middle, so it is atomic between asyncio tasks, as a statement is between sessions;
 writes from other threads (``put``) take the queue's lock.
 
-Every rule below is a statement of store/postgres.py or store/ordered_sql.py, done in
-Python; where they differ, PostgreSQL is right and this module is the bug. Time is the
-queue's ``clock`` (seconds, :class:`ManualClock` in tests that move it by hand):
-``available_at`` is the retry time while pending and the lease expiry while claimed.
+Every rule below is a statement of backends/postgres/postgres.py or
+backends/postgres/ordered_sql.py, done in Python; where they differ, PostgreSQL is right and this
+module is the bug. Time is the queue's ``clock`` (seconds, :class:`ManualClock` in tests that move
+it by hand): ``available_at`` is the retry time while pending and the lease expiry while claimed.
 
 Where it knowingly differs, because nothing here needs it: no size guard (items are
 values, not rows a relay might fail to load), so a claim dead-letters only by the
@@ -62,7 +62,7 @@ PENDING_CAP = 100_000
 #: PostgreSQL's ORDERED_CLAIM does: a bound, so a claim costs the same as there).
 SCAN_FACTOR = 4
 
-# The crash-loop guard's errors (store/postgres.py _looped_error), word for word.
+# The crash-loop guard's errors (backends/postgres/postgres.py _looped_error), word for word.
 _NEVER_SETTLED = (
     "relay: claimed {attempts} times (max_attempts) and never settled: each relay that"
     " claimed it died or hung publishing it (a message that crashes or hangs the relay,"
@@ -275,7 +275,8 @@ class MemoryQueue(Generic[V]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    # -- ordered mode's partition leases (store/ordered_sql.py) -------------------------
+    # -- ordered mode's partition leases (backends/postgres/ordered_sql.py)
+    # -------------------------
 
     def partition_of(self, key: str | None) -> int | None:
         """The key's partition, the one PostgreSQL's ``partition`` column gives it

@@ -1,7 +1,7 @@
 """The store interface a queue backend implements: claim, settle, extend, release, wake up.
 
 The claim loop (outboxkit.queue) knows no SQL: every database action goes through a
-:class:`QueueStore`. PostgreSQL's is ``outboxkit.store.queue_pg``; an in-memory one and
+:class:`QueueStore`. PostgreSQL's is ``outboxkit.backends.postgres.queue_pg``; an in-memory one and
 MariaDB's implement the same methods and pass the same contract tests.
 
 The rules every backend keeps (DESIGN.md §3):

@@ -21,6 +21,8 @@ from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.backends.mariadb.queue import MariaDBQueueStore
 from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends.postgres._connection import PoolerMode, pooler_mode, split_pooler
+from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
 from outboxkit.queue.decide import RetryPolicy
@@ -37,8 +39,6 @@ from outboxkit.sink.observer import (
 )
 from outboxkit.sink.outage import OutageLog
 from outboxkit.sink.publisher import FailureLog, PublisherSink
-from outboxkit.store._connection import PoolerMode, pooler_mode, split_pooler
-from outboxkit.store.queue_pg import PgQueueStore
 
 if TYPE_CHECKING:
     from outboxkit.cdc.relay import CdcRelay
@@ -100,7 +100,7 @@ class Relay:
 
     Wake-up: a relay that found work looks again after 2, 4, 8, ... ms for ``linger``
     seconds (default 0.03, at most ``poll_interval``) before it waits for a ``NOTIFY``;
-    only a waiting relay makes writers notify (the wake-up gate, store/postgres.py
+    only a waiting relay makes writers notify (the wake-up gate, backends/postgres/postgres.py
     ``WAKE_GATE``), so writers committing while events flow skip NOTIFY's commit-time
     lock. ``linger=0`` waits at once after every batch that was not full.
 
@@ -209,7 +209,7 @@ class Relay:
         self.publish_timeout = publish_timeout if publish_timeout is not None else lease * 0.8
         # The relay's own writes (claims, settles) commit without waiting for a WAL
         # flush unless asked: a database crash can then only cause re-publication,
-        # never loss (see store/postgres.py), and each batch saves two fsync waits.
+        # never loss (see backends/postgres/postgres.py), and each batch saves two fsync waits.
         self.synchronous_commit = synchronous_commit
         # Counters, metrics, tracing and summary logs hook in here (sink/observer.py): every
         # fact of the relay reaches them through the same hooks, the stats included.
@@ -228,7 +228,7 @@ class Relay:
             raise ConfigurationError(f"source must be 'poll' or 'cdc', not {source!r}")
         self.source: Source = source
         # The relay is the queue core (outboxkit.queue.loop) with the publisher as its sink
-        # and the outbox table as its store (store/queue_pg.py). Ordered mode (per-key
+        # and the outbox table as its store (backends/postgres/queue_pg.py). Ordered mode (per-key
         # order through partition leases, relay/ordered.py) is a claim policy and a sink
         # that publishes in waves, with the partition heartbeat as a side task.
         self._store: QueueStore[OutboundMessage] = (
@@ -404,7 +404,7 @@ class Relay:
         """
         import psycopg
 
-        from outboxkit.store._connection import aconnect
+        from outboxkit.backends.postgres._connection import aconnect
 
         try:
             conn = await aconnect(self.dsn, application_name=f"{self.relay_id}:check"[:63])

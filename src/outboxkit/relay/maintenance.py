@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+from outboxkit.backends.postgres.partitions import PartitionChore
 from outboxkit.maintenance.side_task import partition_side_task
-from outboxkit.store.partitions import PartitionChore
 
 
 async def partition_maintenance(dsn: str, table: str, stopping: asyncio.Event) -> None:

@@ -1,15 +1,14 @@
 """Ordered mode: each key's events reach the broker in commit (id) order, across relays.
 
 The relay (``Relay(ordered=True)``) hands the claim loop this module's policy, so the
-store (store/queue_pg.py) claims with ``ordered_claim`` (store/ordered_sql.py):
-a key's row only when every earlier unpublished row of the key is claimable too, and
-only in partitions this relay leases (relay/partitions.py). A batch therefore holds a
-prefix of each key's rows, published in waves: the first event of every key, then the
-second of the keys whose first succeeded, and so on; a key's events after a failure
-are handed back untried (attempt refunded) and wait behind the failed head's retry.
-An in-flight row is leased (available_at > now()), so no other batch, of this relay or
-another, can claim the key's later rows until it settles: batches in flight never
-reorder a key.
+store (backends/postgres/queue_pg.py) claims with ``ordered_claim``
+(backends/postgres/ordered_sql.py): a key's row only when every earlier unpublished row of the key
+is claimable too, and only in partitions this relay leases (relay/partitions.py). A batch therefore
+holds a prefix of each key's rows, published in waves: the first event of every key, then the second
+of the keys whose first succeeded, and so on; a key's events after a failure are handed back untried
+(attempt refunded) and wait behind the failed head's retry. An in-flight row is leased (available_at
+> now()), so no other batch, of this relay or another, can claim the key's later rows until it
+settles: batches in flight never reorder a key.
 
 Hand-over safety: a batch is claimed only from partitions whose lease lasts longer
 than ``margin`` (0.6 x lease), and its waves stop at ``window`` (at most 0.5 x lease)
@@ -29,14 +28,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
 from outboxkit.relay.partitions import PartitionLeases
 from outboxkit.relay.partitions_mariadb import MariaDBPartitionLeases
 from outboxkit.sink.publisher import PublisherSink
-from outboxkit.store._connection import PoolerMode
-from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay")
 

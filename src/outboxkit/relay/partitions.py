@@ -30,9 +30,9 @@ from psycopg import errors as pg_errors
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
+from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError, SchemaError
-from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
-from outboxkit.store.ordered_sql import OrderedStatements
 
 log = logging.getLogger("outboxkit.relay.partitions")
 

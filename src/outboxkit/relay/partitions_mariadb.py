@@ -14,9 +14,9 @@ from typing import Any
 
 from outboxkit.backends.mariadb.ordered_sql import OrderedStatements, expand
 from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements as PgStatements
 from outboxkit.errors import ConfigurationError
 from outboxkit.relay.partitions import PartitionLeases, _not_ordered
-from outboxkit.store.ordered_sql import OrderedStatements as PgStatements
 
 _NO_TABLE = 1146
 

@@ -5,7 +5,7 @@ payload)`` in the caller's transaction; ``outboxkit worker --app module:tasks`` 
 (the queue core's claim loop with a handler sink). docs/tasks.md.
 """
 
-from outboxkit.store.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.errors import InvalidTaskError, LeaseLost
 from outboxkit.tasks.outcomes import Fail, Retry, Snooze

@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg
 
+from outboxkit.backends.postgres._connection import PoolerMode, aconnect, connect
+from outboxkit.backends.postgres.tasks_pg import ClaimedTask
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
-from outboxkit.store._connection import PoolerMode, aconnect, connect
-from outboxkit.store.tasks_pg import ClaimedTask
 from outboxkit.tasks.errors import LeaseLost
 from outboxkit.write.outbox import Outbox
 

@@ -1,10 +1,9 @@
 """Task lifecycle as outbox events (opt-in per task type: ``@tasks.handler(..., events=topic)``).
 
 A completed, failed (to be retried) or dead-lettered attempt becomes an outbox event written
-in the same transaction as the task's state change: the settle's (store/tasks_pg.py runs this
-hook inside it) or the handler's own ``ctx.transaction()``. Downstream systems learn of it
-through the relay, durably, exactly when the change committed.
-"""
+in the same transaction as the task's state change: the settle's (backends/postgres/tasks_pg.py runs
+this hook inside it) or the handler's own ``ctx.transaction()``. Downstream systems learn of it
+through the relay, durably, exactly when the change committed."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from typing import Any
 
 import orjson
 
+from outboxkit.backends.postgres.tasks_pg import ClaimedTask
 from outboxkit.events import Event
 from outboxkit.queue.store import Decision, Verdict
-from outboxkit.store.tasks_pg import ClaimedTask
 from outboxkit.tasks.registry import Tasks
 from outboxkit.write.outbox import Outbox
 from outboxkit.write.table import TableStorage

@@ -1,10 +1,9 @@
 """The worker's periodic side task: every tick, insert each schedule's due slots with their task.
 
 Every worker runs it; the schedules table's primary key lets one insert per slot win
-(store/tasks_sql.py ``ENQUEUE_PERIODIC``), so there is no leader to lose or to double. The
-clock is the database's. Missed slots (no worker ran, or the database was unreachable) are
-caught up by each schedule's ``catch_up`` policy: the last one, all of them, or none.
-"""
+(backends/postgres/tasks_sql.py ``ENQUEUE_PERIODIC``), so there is no leader to lose or to double.
+The clock is the database's. Missed slots (no worker ran, or the database was unreachable) are
+caught up by each schedule's ``catch_up`` policy: the last one, all of them, or none."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import psycopg
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
-from outboxkit.store.tasks_pg import PgSchedules
+from outboxkit.backends.postgres.tasks_pg import PgSchedules
 from outboxkit.tasks.schedule import MAX_CATCH_UP, Periodic
 
 log = logging.getLogger("outboxkit.worker")

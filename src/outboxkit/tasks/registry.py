@@ -1,11 +1,10 @@
 """``Tasks``: the registry of handlers and the enqueue, inside the caller's transaction.
 
-An enqueue is one statement (store/tasks_sql.py ``ENQUEUE``) run through the write side's
-driver adapters, so it refuses what ``Outbox.put`` refuses (autocommit, pools, sessions
-without a transaction) and commits or rolls back with the caller's change, outbox events
-included. ``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
-``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied.
-"""
+An enqueue is one statement (backends/postgres/tasks_sql.py ``ENQUEUE``) run through the write
+side's driver adapters, so it refuses what ``Outbox.put`` refuses (autocommit, pools, sessions
+without a transaction) and commits or rolls back with the caller's change, outbox events included.
+``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
+``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied."""
 
 from __future__ import annotations
 
@@ -24,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psycopg
 
+from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
-from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.tasks.unsupported import refuse_connection
@@ -298,7 +297,8 @@ class Tasks:
         key: str | None,
         max_attempts: int | None,
     ) -> list[Any]:
-        """The enqueue's parameters (store/tasks_sql.py ``ENQUEUE_COLUMNS`` order), checked."""
+        """The enqueue's parameters (backends/postgres/tasks_sql.py ``ENQUEUE_COLUMNS`` order),
+        checked."""
         task_type = self.types.get(name)
         if task_type is None:
             known = ", ".join(sorted(self.types)) or "none"

@@ -20,10 +20,10 @@ import uuid
 from collections.abc import Sequence
 
 from outboxkit._redact import redact
+from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.postgres.tasks_pg import ClaimedTask, UndecodablePayload
+from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.queue.decide import Outcome, Reschedule
-from outboxkit.store._connection import PoolerMode
-from outboxkit.store.tasks_pg import ClaimedTask, UndecodablePayload
-from outboxkit.store.tasks_sql import TaskStatements
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
 from outboxkit.tasks.registry import Tasks

@@ -2,11 +2,10 @@
 
 As the relay is the loop with a publisher sink (relay/engine.py), ``Worker`` is the loop
 (outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and
-:class:`~outboxkit.store.tasks_pg.PgTaskStore`: one task per claim, ``concurrency`` claims
-in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
-schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed
-back). No SQL here.
-"""
+:class:`~outboxkit.backends.postgres.tasks_pg.PgTaskStore`: one task per claim, ``concurrency``
+claims in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
+schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed back). No
+SQL here."""
 
 from __future__ import annotations
 
@@ -24,11 +23,11 @@ from typing import Any, Protocol
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
+from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.postgres.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim, StoreError
-from outboxkit.store._connection import PoolerMode
-from outboxkit.store.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks

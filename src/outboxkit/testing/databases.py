@@ -7,7 +7,7 @@ import urllib.parse
 import psycopg
 from psycopg import sql
 
-from outboxkit.store._connection import connect
+from outboxkit.backends.postgres._connection import connect
 
 APPLICATION_NAME = "outboxkit-testing"
 

@@ -30,12 +30,12 @@ from psycopg import errors as pg_errors
 from psycopg import generators, pq
 from psycopg.waiting import Ready, Wait
 
+from outboxkit.backends.postgres._connection import detect_pooling
 from outboxkit.drivers import psycopg_private as private
 from outboxkit.drivers import type_name
 from outboxkit.drivers.psycopg_adapter import check_usable
 from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
-from outboxkit.store._connection import detect_pooling
 from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Storage, encode_batch
 
 _IDLE = pq.TransactionStatus.IDLE

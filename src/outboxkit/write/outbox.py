@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
+from outboxkit.backends.postgres.postgres import numbered
 from outboxkit.drivers import (
     AsyncConnection,
     CursorCache,
@@ -38,7 +39,6 @@ from outboxkit.errors import (
 )
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES
-from outboxkit.store.postgres import numbered
 from outboxkit.write import deferred
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.mariadb_commit import (

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import orjson
 
+from outboxkit.backends.postgres.postgres import WRITE_COLUMNS, Statements, numbered
 from outboxkit.drivers import Statement
 from outboxkit.events import Event
-from outboxkit.store.postgres import WRITE_COLUMNS, Statements, numbered
 from outboxkit.write.storage import (
     OIDS,
     BinaryRow,

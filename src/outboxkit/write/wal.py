@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from outboxkit.backends.postgres.postgres import numbered
+from outboxkit.backends.postgres.wal_sql import WalStatements
 from outboxkit.drivers import Statement
 from outboxkit.events import Event
-from outboxkit.store.postgres import numbered
-from outboxkit.store.wal_sql import WalStatements
 from outboxkit.write.storage import (
     OIDS,
     BinaryRow,

@@ -30,9 +30,9 @@ from typing import NamedTuple
 
 import orjson
 
+from outboxkit.backends.postgres.wal_sql import PREFIX, message_prefix
 from outboxkit.errors import WalEnvelopeError
 from outboxkit.events import Event
-from outboxkit.store.wal_sql import PREFIX, message_prefix
 
 #: The format this module writes, and the only one it reads.
 ENVELOPE_VERSION = 1

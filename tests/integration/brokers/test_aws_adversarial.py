@@ -26,8 +26,8 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox
+from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.publishers import from_url
-from outboxkit.store.migrate import migrate
 from outboxkit.testing import spawn_relay
 from tests.integration.brokers.harness import BrokerHarness
 from tests.support.relaying import count, running_relay, wait_for, write_events

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import MigrationAction, migrate, migrate_inbox
-from outboxkit.store.postgres import SCHEMA_VERSION
+from outboxkit.backends.postgres.migrate import MigrationAction, migrate, migrate_inbox
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION
 from tests.integration.contrib.test_django_migrations import _record_of, _schema
 
 _ENV = """

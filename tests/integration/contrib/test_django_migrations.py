@@ -11,9 +11,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from outboxkit.store.migrate import MigrationAction, migrate, migrate_inbox, migrate_tasks
-from outboxkit.store.migrations import migration_files
-from outboxkit.store.postgres import SCHEMA_VERSION
+from outboxkit.backends.postgres.migrate import (
+    MigrationAction,
+    migrate,
+    migrate_inbox,
+    migrate_tasks,
+)
+from outboxkit.backends.postgres.migrations import migration_files
+from outboxkit.backends.postgres.postgres import SCHEMA_VERSION
 from outboxkit.testing import create_database, drop_database
 from tests.integration.contrib.conftest import django_migrate, point_django_at
 from tests.integration.test_migration_files import _apply, _catalog, _record

@@ -9,7 +9,7 @@ import sys
 
 import psycopg
 
-from outboxkit.store.migrate import MigrationAction, migrate, migrate_inbox
+from outboxkit.backends.postgres.migrate import MigrationAction, migrate, migrate_inbox
 from tests.support.relaying import rows
 
 

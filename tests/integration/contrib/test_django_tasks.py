@@ -172,7 +172,7 @@ def test_a_view_enqueues_a_task_whose_handler_lives_in_the_apps_tasks_module(
     process never imported the apps' tasks modules (only `outboxkit_worker` did), so the
     view answered 500 (`no handler is registered for task 'receipt.send'`); the app's
     ready() imports them now."""
-    from outboxkit.store.migrate import migrate_tasks
+    from outboxkit.backends.postgres.migrate import migrate_tasks
 
     migrate_tasks(db_dsn)
     root = Path(__file__).resolve().parents[3]

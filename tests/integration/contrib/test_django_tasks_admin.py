@@ -1,5 +1,5 @@
 """The admin's tasks through Django's test client: list, filters, detail, and replay, discard
-and cancel through store/tasks_pg.py, each logged; nothing editable."""
+and cancel through backends/postgres/tasks_pg.py, each logged; nothing editable."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""store/tool_migrations.py: each version's downgrade undoes exactly that version."""
+"""backends/postgres/tool_migrations.py: each version's downgrade undoes exactly that version."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from outboxkit.store.migrations import migration_files
-from outboxkit.store.tool_migrations import (
+from outboxkit.backends.postgres.migrations import migration_files
+from outboxkit.backends.postgres.tool_migrations import (
     DOWNGRADES,
     TOOL_KINDS,
     downgrade_statements,

@@ -1,11 +1,10 @@
 """Operator functions on a MariaDB/MySQL outbox: status, dead letters, replay, purge, gauges.
 
-The same functions, arguments and results as PostgreSQL's (outboxkit.store.admin), so the
-CLI, the dashboard and the metrics take either through outboxkit.admin.admin_for(dsn).
-Each takes a URL (a connection of its own, closed after) or an open PyMySQL connection
-(the dashboard's kept ones), and runs in autocommit: every statement sees what was
-committed before it, whatever the isolation level.
-"""
+The same functions, arguments and results as PostgreSQL's (outboxkit.backends.postgres.admin), so
+the CLI, the dashboard and the metrics take either through outboxkit.admin.admin_for(dsn). Each
+takes a URL (a connection of its own, closed after) or an open PyMySQL connection (the dashboard's
+kept ones), and runs in autocommit: every statement sees what was committed before it, whatever the
+isolation level."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The operator statements on MariaDB/MySQL (status, dead letters, replay, purge, gauges).
 
-The same names and columns as PostgreSQL's (outboxkit.store.postgres), in MariaDB's SQL:
+The same names and columns as PostgreSQL's (outboxkit.backends.postgres.postgres), in MariaDB's SQL:
 no ``FILTER`` (``SUM(condition)``), no arrays (ids expanded by ``sql.with_ids``), times as
 UTC ``DATETIME(6)`` compared with ``UTC_TIMESTAMP(6)``, ages from ``TIMESTAMPDIFF``.
 """

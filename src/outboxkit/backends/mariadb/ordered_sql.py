@@ -3,7 +3,7 @@ settles fenced by the partition lease. Table names through ``sql.quote``.
 
 MariaDB has no data-modifying CTE and no ``RETURNING`` on UPDATE, so the ordered claim is
 a few short statements in one READ COMMITTED transaction (backends/mariadb/queue.py) where
-PostgreSQL runs one (store/ordered_sql.py); each statement sees its own snapshot, so the
+PostgreSQL runs one (backends/postgres/ordered_sql.py); each statement sees its own snapshot, so the
 claim checks the keys' earlier rows again after it locked its rows.
 """
 

@@ -175,7 +175,8 @@ def ids_in(count: int) -> str:
 
 
 class Statements:
-    """The relay's statements on one outbox table (names as in outboxkit.store.postgres)."""
+    """The relay's statements on one outbox table (names as in
+    outboxkit.backends.postgres.postgres)."""
 
     def __init__(self, table: str = "outbox") -> None:
         self.table = table

@@ -12,13 +12,12 @@ a write through outboxkit to a table of the same name wakes it at once:
   20 … 100 ms (the claim loop's gate retry) and finds the rows soon after the caller's
   COMMIT; a COMMIT later than that waits for the poll.
 
-The gate is PostgreSQL's (store/postgres.py ``WAKE_GATE``): one relay of a table at a time
-holds it while it waits, and only it is woken; a relay that found work opens it. While
-events flow nobody holds it, and a writer pays a dictionary look-up, no system call. Events
-due later (``deliver_at``) wake nobody. Tables are matched by their bare name, lower-cased
-(``shop.outbox`` and ``outbox`` meet): a write to a namesake table of another database costs
-the relay one claim that finds nothing.
-"""
+The gate is PostgreSQL's (backends/postgres/postgres.py ``WAKE_GATE``): one relay of a table at a
+time holds it while it waits, and only it is woken; a relay that found work opens it. While events
+flow nobody holds it, and a writer pays a dictionary look-up, no system call. Events due later
+(``deliver_at``) wake nobody. Tables are matched by their bare name, lower-cased (``shop.outbox``
+and ``outbox`` meet): a write to a namesake table of another database costs the relay one claim that
+finds nothing."""
 
 from __future__ import annotations
 

@@ -31,10 +31,14 @@ from typing import Any
 from alembic.operations import Operations
 from sqlalchemy import text
 
-from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE
-from outboxkit.store.migrations import Kind
-from outboxkit.store.postgres import DEFAULT_TABLE, VERSIONS_TABLE, parse_table
-from outboxkit.store.tool_migrations import downgrade_statements, upgrade_statements, versions
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
+from outboxkit.backends.postgres.migrations import Kind
+from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, VERSIONS_TABLE, parse_table
+from outboxkit.backends.postgres.tool_migrations import (
+    downgrade_statements,
+    upgrade_statements,
+    versions,
+)
 
 __all__ = ["OutboxTables", "downgrade", "include_name", "include_object", "latest", "upgrade"]
 

@@ -1,11 +1,10 @@
 """The admin's view of the outbox: every event read-only, replay and discard for dead letters;
 and of task mode's table: every task read-only, replay, discard and cancel.
 
-Replay and discard go through ``outboxkit.store.admin`` (the statements ``outboxkit replay``
-and the dashboard run, fenced to failed rows) on a connection of their own, and each is
-recorded in Django's LogEntry. Payloads, headers and errors are shown escaped, secrets in
-headers and errors masked.
-"""
+Replay and discard go through ``outboxkit.backends.postgres.admin`` (the statements ``outboxkit
+replay`` and the dashboard run, fenced to failed rows) on a connection of their own, and each is
+recorded in Django's LogEntry. Payloads, headers and errors are shown escaped, secrets in headers
+and errors masked."""
 
 from __future__ import annotations
 
@@ -20,15 +19,15 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from outboxkit._redact import MASK, mask_headers, redact
+from outboxkit.backends.postgres import admin as store_admin
+from outboxkit.backends.postgres import tasks_pg
+from outboxkit.backends.postgres.admin import EventRef
+from outboxkit.backends.postgres.postgres import Status
+from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.admin_actions import act_and_log
 from outboxkit.contrib.django.db import dsn_for
 from outboxkit.contrib.django.models import OutboxEvent, Task
-from outboxkit.store import admin as store_admin
-from outboxkit.store import tasks_pg
-from outboxkit.store.admin import EventRef
-from outboxkit.store.postgres import Status
-from outboxkit.store.tasks_sql import TaskStatus
 
 #: What the detail page shows of a payload (the rest is cut, and said to be).
 MAX_PAYLOAD_CHARS = 64 * 1024
@@ -244,7 +243,8 @@ _TASK_ACTIONS = {
 
 class TaskAdmin(admin.ModelAdmin):
     """Task mode's table: every task read-only; replay, discard and cancel go through
-    store/tasks_pg.py (what ``outboxkit tasks replay / discard / cancel`` run), logged."""
+    backends/postgres/tasks_pg.py (what ``outboxkit tasks replay / discard / cancel`` run),
+    logged."""
 
     list_display = ("id", "task_name", "queue", "status", "attempts", "error", "created_at")
     list_filter = ("status", TaskNameFilter, ErrorTypeFilter, "queue")

@@ -15,12 +15,12 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
+from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, parse_table
+from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE
 from outboxkit.errors import ConfigurationError
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
-from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE
-from outboxkit.store.postgres import DEFAULT_TABLE, parse_table
-from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE
 
 SETTING = "OUTBOXKIT"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.db import models
 
+from outboxkit.backends.postgres.postgres import Status
+from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatus
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.operations import db_table
-from outboxkit.store.postgres import Status
-from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatus
 
 STATUS_CHOICES = [(int(s), s.name.lower()) for s in Status]
 TASK_STATUS_CHOICES = [(int(s), s.name.lower()) for s in TaskStatus]
@@ -49,7 +49,7 @@ class OutboxEvent(models.Model):
 
 class Task(models.Model):
     """One row of task mode's table: read it here; replay, cancel and discard go through the
-    library (store/tasks_pg.py), as ``outboxkit tasks`` does."""
+    library (backends/postgres/tasks_pg.py), as ``outboxkit tasks`` does."""
 
     id = models.BigIntegerField(primary_key=True)
     task_name = models.TextField()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from django.db import migrations
 
+from outboxkit.backends.postgres.migrations import Kind
+from outboxkit.backends.postgres.tool_migrations import downgrade_statements, upgrade_statements
 from outboxkit.contrib.django import conf
-from outboxkit.store.migrations import Kind
-from outboxkit.store.tool_migrations import downgrade_statements, upgrade_statements
 
 
 def schema_operations(kind: Kind, version: int) -> list[migrations.RunSQL]:

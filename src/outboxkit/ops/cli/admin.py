@@ -166,7 +166,7 @@ def failed() -> None:
     "--limit",
     callback=count_range,
     cls=LibraryOption,
-    default_from=("outboxkit.store.admin:list_failed", "limit"),
+    default_from=("outboxkit.backends.postgres.admin:list_failed", "limit"),
     type=click.IntRange(min=1),
     help="List at most this many events (the oldest first).",
 )
@@ -330,7 +330,7 @@ def failed_discard(
     "--batch-size",
     callback=count_range,
     cls=LibraryOption,
-    default_from=("outboxkit.store.admin:purge", "batch_size"),
+    default_from=("outboxkit.backends.postgres.admin:purge", "batch_size"),
     type=click.IntRange(min=1),
     help="Rows per transaction.",
 )

@@ -119,8 +119,8 @@ def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
     only has no outbox: the dashboard starts, and its outbox page says how to create one."""
     from outboxkit.admin import admin_for
     from outboxkit.backends.mariadb.sql import is_mysql_url
+    from outboxkit.backends.postgres.tasks_pg import task_gauges
     from outboxkit.errors import TableNotFoundError
-    from outboxkit.store.tasks_pg import task_gauges
 
     try:
         admin_for(dsn).live_status(dsn, table)

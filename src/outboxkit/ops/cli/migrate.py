@@ -107,8 +107,8 @@ def migrate(
             repartition=repartition,
         )
         return
-    from outboxkit.store.migrate import migrate as run_migrate
-    from outboxkit.store.postgres import Statements
+    from outboxkit.backends.postgres.migrate import migrate as run_migrate
+    from outboxkit.backends.postgres.postgres import Statements
 
     if inbox:
         _migrate_inbox(dsn, inbox_table, print_sql)
@@ -120,7 +120,7 @@ def migrate(
         fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
     ordered_options = given(partitions=partitions) | ({"repartition": True} if repartition else {})
     if print_sql and ordered:
-        from outboxkit.store.ordered_sql import DEFAULT_PARTITIONS, OrderedStatements
+        from outboxkit.backends.postgres.ordered_sql import DEFAULT_PARTITIONS, OrderedStatements
 
         try:
             stmts = OrderedStatements(table)
@@ -134,7 +134,7 @@ def migrate(
     if print_sql:
         try:
             if partition_by is not None:
-                from outboxkit.store.partitions import partitioned_script
+                from outboxkit.backends.postgres.partitions import partitioned_script
 
                 click.echo(partitioned_script(table, partition_by), nl=False)
                 return
@@ -153,8 +153,8 @@ def migrate(
 
 
 def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
-    from outboxkit.store.inbox_sql import InboxStatements
-    from outboxkit.store.migrate import migrate_inbox
+    from outboxkit.backends.postgres.inbox_sql import InboxStatements
+    from outboxkit.backends.postgres.migrate import migrate_inbox
 
     if print_sql:
         try:
@@ -198,8 +198,8 @@ def _refuse_ignored(*, tasks: bool, inbox: bool) -> None:
 
 
 def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
-    from outboxkit.store.migrate import migrate_tasks
-    from outboxkit.store.tasks_sql import TaskStatements
+    from outboxkit.backends.postgres.migrate import migrate_tasks
+    from outboxkit.backends.postgres.tasks_sql import TaskStatements
 
     if print_sql:
         try:

@@ -120,7 +120,7 @@ def check_dsn(dsn: str) -> None:
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
-    from outboxkit.store._connection import split_pooler
+    from outboxkit.backends.postgres._connection import split_pooler
 
     try:
         conninfo_to_dict(split_pooler(dsn)[0])  # (?pooler= is outboxkit's, not libpq's)
@@ -231,7 +231,7 @@ def metrics_options(serves: str, *, port_envvar: bool = False, host_note: str = 
 table_option = click.option(
     "--table",
     cls=LibraryOption,
-    default_from=("outboxkit.store.postgres:Statements", "table"),
+    default_from=("outboxkit.backends.postgres.postgres:Statements", "table"),
     resolve=True,
     envvar="OUTBOXKIT_TABLE",
     show_envvar=True,
@@ -244,7 +244,7 @@ inbox_option = click.option(
 inbox_table_option = click.option(
     "--inbox-table",
     cls=LibraryOption,
-    default_from=("outboxkit.store.inbox_sql:InboxStatements", "table"),
+    default_from=("outboxkit.backends.postgres.inbox_sql:InboxStatements", "table"),
     resolve=True,
     envvar="OUTBOXKIT_INBOX_TABLE",
     show_envvar=True,

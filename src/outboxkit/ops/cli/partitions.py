@@ -71,7 +71,7 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
     Rows in the DEFAULT partition mean no partition covered their created_at (the
     maintenance was stopped): run `outboxkit partitions maintain`, it moves them.
     """
-    from outboxkit.store.partitions import list_partitions
+    from outboxkit.backends.postgres.partitions import list_partitions
 
     infos = run_guarded(list_partitions, dsn, table, exact=exact)
     if as_json:
@@ -144,7 +144,7 @@ def maintain_command(
       # crontab, every 10 minutes:
       */10 * * * *  OUTBOXKIT_DSN=... outboxkit partitions maintain --json >> /var/log/outbox.log
     """
-    from outboxkit.store.partitions import maintain
+    from outboxkit.backends.postgres.partitions import maintain
 
     kwargs: dict[str, Any] = {}
     if keep is not None:
@@ -219,7 +219,7 @@ def set_command(dsn: str, table: str, keep: str | None, ahead: int | None) -> No
     They live in the outbox table's comment (COMMENT ON TABLE), so every relay and cron
     job of the table agree. Example: outboxkit partitions set --keep 3d --ahead 5
     """
-    from outboxkit.store.partitions import update_settings
+    from outboxkit.backends.postgres.partitions import update_settings
 
     settings = run_guarded(
         update_settings,

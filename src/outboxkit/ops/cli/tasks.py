@@ -53,7 +53,7 @@ def tasks() -> None:
 
 
 def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
-    from outboxkit.store.tasks_sql import TaskStatus
+    from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
     for row in rows:
         for column in ("last_error", "traceback_excerpt"):
@@ -111,8 +111,8 @@ def list_command(
     as_json: bool,
 ) -> None:
     """Tasks, oldest first."""
-    from outboxkit.store.tasks_pg import list_tasks
-    from outboxkit.store.tasks_sql import TaskStatus
+    from outboxkit.backends.postgres.tasks_pg import list_tasks
+    from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
     state = None if status is None else TaskStatus[status.upper()]
     rows = run_guarded(
@@ -135,8 +135,8 @@ def list_command(
 @json_option
 def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
     """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
-    from outboxkit.store.tasks_pg import list_tasks
-    from outboxkit.store.tasks_sql import TaskStatus
+    from outboxkit.backends.postgres.tasks_pg import list_tasks
+    from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
     rows = run_guarded(
         list_tasks, dsn, tasks_table, status=TaskStatus.FAILED, name=name, limit=limit
@@ -154,8 +154,8 @@ def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> Non
 
     For a person: one field a line and the traceback as its lines; --json for programs.
     """
-    from outboxkit.store.tasks_pg import show_task
-    from outboxkit.store.tasks_sql import TaskStatus
+    from outboxkit.backends.postgres.tasks_pg import show_task
+    from outboxkit.backends.postgres.tasks_sql import TaskStatus
 
     row = run_guarded(show_task, dsn, tasks_table, task_id)
     if row is None:
@@ -190,7 +190,7 @@ def replay_command(
     dsn: str, tasks_table: str, task_ids: tuple[int, ...], all_failed: bool, name: str | None
 ) -> None:
     """Run failed or cancelled tasks again, from their first attempt."""
-    from outboxkit.store.tasks_pg import replay_tasks_reporting
+    from outboxkit.backends.postgres.tasks_pg import replay_tasks_reporting
 
     if not task_ids and not all_failed:
         fail("give task ids, or --all", 2)
@@ -211,7 +211,7 @@ def replay_command(
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Cancel pending or running tasks (a running one's completion then changes nothing)."""
-    from outboxkit.store.tasks_pg import cancel_tasks
+    from outboxkit.backends.postgres.tasks_pg import cancel_tasks
 
     done = run_guarded(cancel_tasks, dsn, tasks_table, task_ids)
     ok(f"cancelled {len(done)} task(s)")
@@ -223,7 +223,7 @@ def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> Non
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Delete failed or cancelled tasks for good."""
-    from outboxkit.store.tasks_pg import discard_tasks
+    from outboxkit.backends.postgres.tasks_pg import discard_tasks
 
     done = run_guarded(discard_tasks, dsn, tasks_table, task_ids)
     ok(f"discarded {len(done)} task(s)")
@@ -247,7 +247,7 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
 )
 def purge_command(dsn: str, tasks_table: str, older_than: str, batch_size: int) -> None:
     """Delete done and cancelled tasks (worker --retention keep) in small batches."""
-    from outboxkit.store.tasks_pg import purge_finished
+    from outboxkit.backends.postgres.tasks_pg import purge_finished
 
     age = parse_duration(older_than).total_seconds()
     count = run_guarded(purge_finished, dsn, tasks_table, older_than=age, batch_size=batch_size)

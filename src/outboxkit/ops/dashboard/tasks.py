@@ -1,8 +1,7 @@
 """The dashboard's Tasks page: task mode's table by state, one task's detail, and its actions.
 
-Every read and action is a function of store/tasks_pg.py, the ones `outboxkit tasks list |
-show | replay | cancel | discard` run, on the dashboard's kept connections: no SQL here.
-"""
+Every read and action is a function of backends/postgres/tasks_pg.py, the ones `outboxkit tasks list
+| show | replay | cancel | discard` run, on the dashboard's kept connections: no SQL here."""
 
 from __future__ import annotations
 
@@ -16,6 +15,8 @@ from aiohttp import web
 
 from outboxkit._redact import redact
 from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends.postgres import tasks_pg
+from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import SchemaError
 from outboxkit.ops.dashboard import (
     STATIC,
@@ -27,8 +28,6 @@ from outboxkit.ops.dashboard import (
     _row_id,
     log,
 )
-from outboxkit.store import tasks_pg
-from outboxkit.store.tasks_sql import TaskStatus
 from outboxkit.tasks.unsupported import MISSING
 
 #: The page's states: the stored status and, for pending tasks, whether they are due now.

@@ -31,6 +31,9 @@ from psycopg import sql
 from rich.console import Console
 
 from outboxkit._redact import redact
+from outboxkit.backends.postgres._connection import aconnect
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.backends.postgres.postgres import Statements, Status
 from outboxkit.cdc import slots as cdc_slots
 from outboxkit.errors import OutboxkitError
 from outboxkit.events import Event
@@ -50,9 +53,6 @@ from outboxkit.ops.demo.servers import (
     start_servers,
     wait_exit,
 )
-from outboxkit.store._connection import aconnect
-from outboxkit.store.migrate import migrate
-from outboxkit.store.postgres import Statements, Status
 from outboxkit.testing import TcpProxy, spawn_relay
 from outboxkit.write import Outbox
 

@@ -1,4 +1,5 @@
-"""Outbox schema version 1 (store/migrations/outbox/0001_outbox.sql), and the admin's model."""
+"""Outbox schema version 1 (backends/postgres/migrations/outbox/0001_outbox.sql), and the admin's
+model."""
 
 from django.db import migrations, models
 

@@ -1,4 +1,4 @@
-"""Outbox schema version 2 (store/migrations/outbox/0002_occurred_at.sql)."""
+"""Outbox schema version 2 (backends/postgres/migrations/outbox/0002_occurred_at.sql)."""
 
 from django.db import migrations
 

@@ -1,4 +1,4 @@
-"""Inbox schema version 1 (store/migrations/inbox/0001_processed_events.sql), unless
+"""Inbox schema version 1 (backends/postgres/migrations/inbox/0001_processed_events.sql), unless
 ``OUTBOXKIT['INBOX_TABLE']`` is None."""
 
 from django.db import migrations

@@ -1,12 +1,12 @@
-"""Task table version 1 (store/migrations/tasks/0001_tasks.sql), unless
+"""Task table version 1 (backends/postgres/migrations/tasks/0001_tasks.sql), unless
 ``OUTBOXKIT['TASKS_TABLE']`` is None, and the admin's model of it."""
 
 from django.db import migrations, models
 
+from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.models import TASK_STATUS_CHOICES
 from outboxkit.contrib.django.operations import db_table, schema_operations
-from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE
 
 
 class Migration(migrations.Migration):

@@ -1,11 +1,10 @@
 """What PostgreSQL's two queue stores share below their SQL: sessions, wake-ups, the pooler.
 
-store/queue_pg.py (the outbox) and store/tasks_pg.py (task mode) run their own statements;
-both need the same connections by role (``claim``, ``settle``, and ``direct_dsn``'s for the
-session locks), the wake-up gate (a session advisory lock: writers NOTIFY only while it is
-held), a LISTEN connection kept alive, the rules for a transaction pooler (no session state:
-no gate and no LISTEN on it), and psycopg's errors turned into the store interface's.
-"""
+backends/postgres/queue_pg.py (the outbox) and backends/postgres/tasks_pg.py (task mode) run their
+own statements; both need the same connections by role (``claim``, ``settle``, and ``direct_dsn``'s
+for the session locks), the wake-up gate (a session advisory lock: writers NOTIFY only while it is
+held), a LISTEN connection kept alive, the rules for a transaction pooler (no session state: no gate
+and no LISTEN on it), and psycopg's errors turned into the store interface's."""
 
 from __future__ import annotations
 
@@ -24,9 +23,9 @@ from psycopg.types.json import set_json_loads
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
+from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.errors import ConfigurationError, connection_lost, write_denied
 from outboxkit.queue.store import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
-from outboxkit.store._connection import PoolerMode, aconnect, known_pooling
 
 Role = Literal["claim", "settle"]
 

@@ -1,10 +1,10 @@
 """PostgreSQL's queue store for task mode (outboxkit.queue.store.QueueStore over a task table).
 
 The worker's claim loop (outboxkit.queue.loop) runs against it exactly as the relay runs
-against the outbox's (store/queue_pg.py): claims and settles on two autocommit connections,
-every settle, extension and release fenced by the claim token. The statements are
-store/tasks_sql.py's; connections, wake-ups and errors store/_pg_session.py's (shared).
-"""
+against the outbox's (backends/postgres/queue_pg.py): claims and settles on two autocommit
+connections, every settle, extension and release fenced by the claim token. The statements are
+backends/postgres/tasks_sql.py's; connections, wake-ups and errors
+backends/postgres/_pg_session.py's (shared)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from outboxkit.backends.postgres._connection import PoolerMode, aconnect, admin_connection
+from outboxkit.backends.postgres._pg_session import PgSession, fetch_rows
+from outboxkit.backends.postgres.tasks_sql import (
+    DEFAULT_MAX_TASK_NAMES,
+    OTHER_TASKS,
+    TaskStatements,
+    TaskStatus,
+    done_arrays,
+)
 from outboxkit.errors import SchemaError
 from outboxkit.queue.store import (
     DONE,
@@ -35,15 +44,6 @@ from outboxkit.queue.store import (
     StoreInfo,
     StoreUnavailable,
     Verdict,
-)
-from outboxkit.store._connection import PoolerMode, aconnect, admin_connection
-from outboxkit.store._pg_session import PgSession, fetch_rows
-from outboxkit.store.tasks_sql import (
-    DEFAULT_MAX_TASK_NAMES,
-    OTHER_TASKS,
-    TaskStatements,
-    TaskStatus,
-    done_arrays,
 )
 
 log = logging.getLogger("outboxkit.worker")

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 from psycopg import sql
 
-from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, inbox_slots
-from outboxkit.store.migrate import migration_statements
-from outboxkit.store.migrations import Kind
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE, inbox_slots
+from outboxkit.backends.postgres.migrate import migration_statements
+from outboxkit.backends.postgres.migrations import Kind
+from outboxkit.backends.postgres.postgres import (
     CREATE_VERSION_TABLE,
     DEFAULT_TABLE,
     VERSIONS_TABLE,
@@ -26,7 +26,11 @@ from outboxkit.store.postgres import (
     schema_slots,
     table_identifier,
 )
-from outboxkit.store.tasks_sql import DEFAULT_TASKS_TABLE, tasks_migration_lock_key, tasks_slots
+from outboxkit.backends.postgres.tasks_sql import (
+    DEFAULT_TASKS_TABLE,
+    tasks_migration_lock_key,
+    tasks_slots,
+)
 
 #: The kinds another tool applies: the plain outbox and task mode's table (versioned, as
 #: ``outboxkit migrate`` records them) and the inbox (no record).

@@ -15,21 +15,22 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outboxkit.errors import SchemaError
-from outboxkit.maintenance.purge import in_batches
-from outboxkit.store._connection import admin_connection
-from outboxkit.store.migrations import migration_files
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres._connection import admin_connection
+from outboxkit.backends.postgres.migrations import migration_files
+from outboxkit.backends.postgres.postgres import (
     NamedStatements,
     SqlTemplate,
     parse_table,
     quote_table,
     table_identifier,
 )
+from outboxkit.errors import SchemaError
+from outboxkit.maintenance.purge import in_batches
 
 DEFAULT_INBOX_TABLE = "processed_events"
 
-# The inbox's schema: the files of store/migrations/inbox/ (the primary key is the dedup).
+# The inbox's schema: the files of backends/postgres/migrations/inbox/ (the primary key is the
+# dedup).
 CREATE_INBOX = "\n".join(f.template for f in migration_files("inbox"))
 # RETURNING makes "inserted or not" one fetch in every driver (rowcount is not uniform).
 MARK_PROCESSED = """

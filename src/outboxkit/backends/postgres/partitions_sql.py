@@ -1,10 +1,10 @@
 """The SQL of a range-partitioned outbox table (``outboxkit migrate --partition-by day|hour``).
 
-The parent is created by its own schema version 1, store/migrations/partitioned/0001_outbox.sql:
-the plain outbox's columns and indexes with the two changes PostgreSQL requires of a
-partitioned table (the primary key includes the partition key, ``(id, created_at)``, and
-the autovacuum settings move from the parent, which has no storage, to each partition:
-:data:`PARTITION_STORAGE`). Later versions are the plain outbox's files.
+The parent is created by its own schema version 1,
+backends/postgres/migrations/partitioned/0001_outbox.sql: the plain outbox's columns and indexes
+with the two changes PostgreSQL requires of a partitioned table (the primary key includes the
+partition key, ``(id, created_at)``, and the autovacuum settings move from the parent, which has no
+storage, to each partition: :data:`PARTITION_STORAGE`). Later versions are the plain outbox's files.
 
 Partitions are named ``<table>_pYYYYMMDD`` (day) or ``<table>_pYYYYMMDDHH`` (hour), in
 UTC; ``<table>_default`` catches a row no partition covers (the maintenance stopped
@@ -18,10 +18,11 @@ import re
 
 from psycopg import sql
 
-from outboxkit.store.postgres import Status
+from outboxkit.backends.postgres.postgres import Status
 
 #: The autovacuum settings of every partition: the plain outbox table's (the WITH clause of
-#: store/migrations/outbox/0001_outbox.sql; a partitioned parent has no storage to set them on).
+# : backends/postgres/migrations/outbox/0001_outbox.sql; a partitioned parent has no storage to set
+# them on).
 #: tests/integration/test_migration_files.py holds the two equal.
 PARTITION_STORAGE = (
     "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,"

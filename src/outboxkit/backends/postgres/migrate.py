@@ -17,19 +17,22 @@ from typing import Any
 
 import psycopg
 
-from outboxkit.errors import SchemaError, repartition_refused, repartition_while_running
-from outboxkit.store._connection import connect
-from outboxkit.store.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements, inbox_slots
-from outboxkit.store.migrations import Kind, migration_files
-from outboxkit.store.ordered_sql import (
+from outboxkit.backends.postgres._connection import connect
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements, inbox_slots
+from outboxkit.backends.postgres.migrations import Kind, migration_files
+from outboxkit.backends.postgres.ordered_sql import (
     DEFAULT_PARTITIONS,
     PARTITION_EXPRESSION,
     OrderedStatements,
     check_partitions,
     ordered_slots,
 )
-from outboxkit.store.partitions import check_partition_by, finish_migration, prepare_migration
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres.partitions import (
+    check_partition_by,
+    finish_migration,
+    prepare_migration,
+)
+from outboxkit.backends.postgres.postgres import (
     DEFAULT_TABLE,
     MIGRATION_LOCK,
     MISSING_COLUMNS,
@@ -42,12 +45,13 @@ from outboxkit.store.postgres import (
     quote_table,
     schema_slots,
 )
-from outboxkit.store.tasks_sql import (
+from outboxkit.backends.postgres.tasks_sql import (
     DEFAULT_TASKS_TABLE,
     TaskStatements,
     tasks_migration_lock_key,
     tasks_slots,
 )
+from outboxkit.errors import SchemaError, repartition_refused, repartition_while_running
 
 _NAME = r'"[^"]+"|\w+'
 _CREATED = re.compile(
@@ -191,7 +195,7 @@ def migrate(
     the count of an ordered table needs ``repartition=True`` with every relay stopped.
 
     ``partition_by="day"|"hour"`` creates the table range-partitioned by ``created_at``
-    (store/partitions.py), with the partitions of now and of the next periods; an
+    (backends/postgres/partitions.py), with the partitions of now and of the next periods; an
     existing plain table holding rows is refused (docs/operations.md, "Partitioned outbox").
     """
     by = None if partition_by is None else check_partition_by(partition_by)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from outboxkit.store.postgres import SqlTemplate, Statements
+from outboxkit.backends.postgres.postgres import SqlTemplate, Statements
 
 # --- checks that `outboxkit cdc setup` runs before it changes anything -------------------
 

@@ -14,6 +14,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outboxkit.backends.postgres._connection import Source, admin_connection
+from outboxkit.backends.postgres.cdc_sql import CdcRelayStatements
+from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, Statements, Status
 from outboxkit.errors import table_missing
 from outboxkit.maintenance.purge import in_batches
 from outboxkit.maintenance.report import (
@@ -25,9 +28,6 @@ from outboxkit.maintenance.report import (
     parse_event_ref,
 )
 from outboxkit.maintenance.report import add_counts as _add_counts
-from outboxkit.store._connection import Source, admin_connection
-from outboxkit.store.cdc_sql import CdcRelayStatements
-from outboxkit.store.postgres import DEFAULT_TABLE, Statements, Status
 
 
 def _connect(dsn: Source, table: str) -> AbstractContextManager[psycopg.Connection[Any]]:

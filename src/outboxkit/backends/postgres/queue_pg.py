@@ -1,9 +1,9 @@
 """PostgreSQL's implementation of the queue store (outboxkit.queue.store.QueueStore).
 
-It runs the named statements of store/postgres.py (and, for the ordered claim policy,
-store/ordered_sql.py) on two autocommit connections, one for claims and one for
+It runs the named statements of backends/postgres/postgres.py (and, for the ordered claim policy,
+backends/postgres/ordered_sql.py) on two autocommit connections, one for claims and one for
 settles. The connections, the wake-up gate, LISTEN, the pooler's rules and the turning of
-psycopg's errors into the store interface's are store/_pg_session.py's (shared with task
+psycopg's errors into the store interface's are backends/postgres/_pg_session.py's (shared with task
 mode's store).
 """
 
@@ -23,6 +23,10 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
+from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.postgres._pg_session import PgSession, fetch_rows
+from outboxkit.backends.postgres.ordered_sql import OrderedStatements
+from outboxkit.backends.postgres.postgres import SESSION_UTC, Statements, Status
 from outboxkit.errors import (
     SchemaError,
     relay_schema_outdated,
@@ -43,10 +47,6 @@ from outboxkit.queue.store import (
     StoreTimeout,
     StoreUnavailable,
 )
-from outboxkit.store._connection import PoolerMode
-from outboxkit.store._pg_session import PgSession, fetch_rows
-from outboxkit.store.ordered_sql import OrderedStatements
-from outboxkit.store.postgres import SESSION_UTC, Statements, Status
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -82,7 +82,7 @@ class UuidBinaryLoader(Loader):
 class JsonLoader(Loader):
     """A binary ``json`` column by orjson, called by psycopg's row loop directly.
 
-    The claim returns the headers as ``json`` (store/postgres.py CLAIM_RETURNING), whose
+    The claim returns the headers as ``json`` (backends/postgres/postgres.py CLAIM_RETURNING), whose
     binary form is the text itself, so ``load`` can be orjson's function: no Python frame
     per row, no version byte to strip as for ``jsonb``. Measured on 1 000 claimed rows
     (``bench/micro_claim_decode.py``, docs/benchmarks.md round 3, fourth session):
@@ -100,7 +100,8 @@ _ROW_ID = operator.itemgetter(0)
 
 
 def _dead_class(error: str) -> str:
-    """The kind of a dead letter the claim made, from the error it stored (store/postgres.py)."""
+    """The kind of a dead letter the claim made, from the error it stored
+    (backends/postgres/postgres.py)."""
     if error.startswith("relay: claimed"):
         return "crash_loop"
     if error.startswith("relay: tried"):

@@ -13,15 +13,14 @@ from typing import Any
 
 from psycopg import sql
 
-from outboxkit.errors import SchemaError
-from outboxkit.store._connection import (
+from outboxkit.backends.postgres._connection import (
     ADMIN_APPLICATION_NAME,
     Source,
     admin_connection,
     connect,
 )
-from outboxkit.store.migrations import migration_files
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres.migrations import migration_files
+from outboxkit.backends.postgres.postgres import (
     CLAIM_LEASE,
     CLAIM_RETURNING,
     DEAD_ON_CLAIM,
@@ -35,11 +34,12 @@ from outboxkit.store.postgres import (
     schema_slots,
     table_identifier,
 )
+from outboxkit.errors import SchemaError
 
 DEFAULT_PARTITIONS = 64
 MAX_PARTITIONS = 32767  # a smallint
 
-# The ordered-mode schema: the files of store/migrations/ordered/ (the partition column,
+# The ordered-mode schema: the files of backends/postgres/migrations/ordered/ (the partition column,
 # its indexes, the lease tables), filled in by ordered_slots.
 ORDERED_SCHEMA = "\n".join(f.template for f in migration_files("ordered"))
 # Whether the outbox has ordered mode's column (`migrate --ordered`, blocked_keys).

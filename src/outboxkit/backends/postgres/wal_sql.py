@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres.postgres import (
     NamedStatements,
     SqlTemplate,
     channel_for,

@@ -4,7 +4,7 @@
 version 1, then the outbox's later files), ``ordered/`` (ordered mode, added to an outbox) and
 ``inbox/``. ``outboxkit migrate`` applies a kind's files in version order and records the
 version; a Django migration, an Alembic revision or a DBA's tool applies the same files
-through :func:`outboxkit.store.migrate.migration_statements`.
+through :func:`outboxkit.backends.postgres.migrate.migration_statements`.
 
 A file is a header comment (what the version does and why; ended by a blank line, never
 rendered), then its statements, each ending with ``;`` at the end of a line. Names and values

@@ -26,6 +26,9 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from outboxkit.backends.postgres import partitions_sql as q
+from outboxkit.backends.postgres._connection import Source, admin_connection, connect
+from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, Statements, parse_table
 from outboxkit.errors import OutboxkitError, SchemaError, table_missing
 from outboxkit.maintenance.partitions import (
     DEFAULT_AHEAD,
@@ -45,9 +48,6 @@ from outboxkit.maintenance.partitions import (
     period_start,
     periods_to_create,
 )
-from outboxkit.store import partitions_sql as q
-from outboxkit.store._connection import Source, admin_connection, connect
-from outboxkit.store.postgres import DEFAULT_TABLE, Statements, parse_table
 
 __all__ = [  # the decisions' vocabulary, as callers of this module have always imported it
     "DEFAULT_AHEAD",

@@ -1,6 +1,6 @@
 """Every SQL statement of task mode (a task table as a job queue), named, in one place.
 
-As ``store/postgres.py`` for the outbox: templates whose table slots are filled once per
+As ``backends/postgres/postgres.py`` for the outbox: templates whose table slots are filled once per
 table by :class:`TaskStatements` through the one identifier-quoting function; values always
 travel as parameters. The claim, the lease in ``available_at`` and the token fencing every
 settle are the outbox's (DESIGN.md §3 and §6b); what differs is named where it differs.
@@ -15,7 +15,7 @@ from enum import IntEnum
 
 from psycopg import sql
 
-from outboxkit.store.postgres import (
+from outboxkit.backends.postgres.postgres import (
     _LOCK_NAMESPACE,
     TRY_WAKE_LOCK,
     WAKE_GATE,
@@ -54,7 +54,8 @@ _STATES = {
 
 
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
-    """The placeholders of the task table's migration files (store/migrations/tasks/)."""
+    """The placeholders of the task table's migration files
+    (backends/postgres/migrations/tasks/)."""
     schema, name = parse_table(table)
     return {
         "table": table_identifier(schema, name),
@@ -486,7 +487,7 @@ class TaskStatements:
 
     def ddl(self) -> str:
         """The whole schema as one script, for users who run their own migration tool."""
-        from outboxkit.store.migrations import migration_files
+        from outboxkit.backends.postgres.migrations import migration_files
 
         slots = tasks_slots(self.table)
         return "".join(f.render(slots) for f in migration_files("tasks"))

@@ -17,9 +17,9 @@ from typing import overload
 
 from psycopg import sql
 
+from outboxkit.backends.postgres.migrations import Kind, migration_files
 from outboxkit.errors import ConfigurationError
 from outboxkit.limits import STORE_MAX_HEADERS_BYTES, STORE_MAX_TEXT_BYTES
-from outboxkit.store.migrations import Kind, migration_files
 
 
 class Status(IntEnum):
@@ -62,7 +62,8 @@ def quote_table(schema: str | None, name: str) -> str:
 
 
 def schema_slots(table: str) -> dict[str, sql.Composable]:
-    """The placeholders of the outbox's migration files (store/migrations/) for ``table``."""
+    """The placeholders of the outbox's migration files (backends/postgres/migrations/) for
+    ``table``."""
     schema, name = parse_table(table)
     return {
         "table": table_identifier(schema, name),
@@ -84,8 +85,8 @@ def channel_for(table: str) -> str:
 
 # --- schema -------------------------------------------------------------------
 
-# One migration per schema version, each a file of store/migrations/outbox/ (templates with
-# {placeholders}: schema_slots fills them); each runs in the migrating transaction.
+# One migration per schema version, each a file of backends/postgres/migrations/outbox/ (templates
+# with {placeholders}: schema_slots fills them); each runs in the migrating transaction.
 MIGRATIONS: dict[int, str] = {f.version: f.template for f in migration_files("outbox")}
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -244,7 +245,7 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # RETURNING lists the columns in OutboundMessage's field order after the id;
 # occurred_at is NULL only in rows written before schema version 2. The headers go out
 # as json, not jsonb: json's binary form is the plain text, which the relay's loader
-# hands to orjson without a Python frame per row (store/queue_pg.py JsonLoader); jsonb's
+# hands to orjson without a Python frame per row (backends/postgres/queue_pg.py JsonLoader); jsonb's
 # carries a version byte to strip in Python first.
 #
 # A row over the sizes the relay loads (a field of a row written around Event(), by
@@ -257,7 +258,7 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # counts claims; a failure settle dead-letters the last one) was never settled by the
 # relay that held it last: each relay died or hung publishing it. The claim
 # dead-letters it with an error that says so instead of handing it to the next victim.
-# The claim's shared parts (the ordered claim in store/ordered_sql.py uses them too):
+# The claim's shared parts (the ordered claim in backends/postgres/ordered_sql.py uses them too):
 # the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
 # claim writes, and the columns it returns (`OutboundMessage`'s order). The claim returns
 # the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last column, so
@@ -312,7 +313,7 @@ SETTLE_PUBLISHED_DELETE = (
     " RETURNING id"
 )
 # What marking a row published writes (retention = keep); the fenced settle of ordered mode
-# (store/ordered_sql.py) writes the same.
+# (backends/postgres/ordered_sql.py) writes the same.
 PUBLISHED_SET = (
     "SET status = {published}, published_at = now(), claim_token = NULL, last_error = NULL"
 )
@@ -673,7 +674,7 @@ class Statements(NamedStatements):
 
     @functools.cached_property
     def migrations(self) -> dict[int, str]:
-        """Each schema version's script for this table (store/migrations/outbox/)."""
+        """Each schema version's script for this table (backends/postgres/migrations/outbox/)."""
         return self.scripts("outbox")
 
     def scripts(self, kind: Kind) -> dict[int, str]:

@@ -1,7 +1,7 @@
 -- Schema version 1 of a range-partitioned outbox (`outboxkit migrate --partition-by`): the
 -- columns and indexes of outbox/0001_outbox.sql with the two changes PostgreSQL requires
 -- of a partitioned table: the primary key includes the partition key, (id, created_at),
--- and the autovacuum settings go on each partition (store/partitions_sql.py,
+-- and the autovacuum settings go on each partition (backends/postgres/partitions_sql.py,
 -- PARTITION_STORAGE), not on the parent, which has no storage. id stays an identity:
 -- PostgreSQL 10-16 fill it for every row inserted through the parent, the only way
 -- outboxkit writes. The indexes are created on the parent: PostgreSQL builds them on every

@@ -1,1 +1,0 @@
-"""Storage backends. PostgreSQL is the reference backend (``store.postgres``)."""
