@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.contract.backends import Backend, MariaDBBackend, MemoryBackend, PostgresBackend
+from tests.contract.task_backends import MemoryTaskBackend, PostgresTaskBackend, TaskBackend
 
 BACKENDS = ["memory", "postgres", "mariadb"]
 
@@ -39,3 +40,20 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 async def ordered_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     async for b in _backend(request, ordered=True):
         yield b
+
+
+#: The task-store contract (test_task_store.py) runs on these; MariaDB joins when task mode
+#: reaches it (issue 40).
+TASK_BACKENDS = ["memory", "postgres"]
+
+
+@pytest.fixture(params=TASK_BACKENDS)
+async def task_backend(request: pytest.FixtureRequest) -> AsyncIterator[TaskBackend]:
+    if request.param == "postgres":
+        backend: TaskBackend = PostgresTaskBackend(request.getfixturevalue("db_dsn"))
+    else:
+        backend = MemoryTaskBackend()
+    try:
+        yield backend
+    finally:
+        await backend.close()

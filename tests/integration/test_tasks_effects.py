@@ -18,6 +18,7 @@ from outboxkit import Event, Outbox
 from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.backends.postgres.tasks_pg import PgTaskStore
 from outboxkit.queue.store import DONE
+from outboxkit.queue.tasks import TaskClaim
 from outboxkit.tasks import LeaseLost, TaskContext, Tasks, Worker
 
 TABLE = "outboxkit_tasks"
@@ -56,17 +57,18 @@ def test_a_zombie_attempts_transaction_is_rolled_back_and_its_late_settle_is_a_n
         store = PgTaskStore(tasks_dsn, TABLE)
         try:
             token = uuid.uuid4()
-            zombie = await store.claim(limit=1, lease=0.2, token=token, owner="a", max_attempts=5)
+            what = TaskClaim("default")
+            zombie = (await store.claim_tasks(what, limit=1, lease=0.2, token=token, owner="a",
+                                              max_attempts=5)).claim  # fmt: skip
             assert zombie is not None
             await asyncio.sleep(0.3)  # frozen: no heartbeat, the lease runs out
             token2 = uuid.uuid4()
-            live = await store.claim(limit=1, lease=30, token=token2, owner="b", max_attempts=5)
-            assert live is not None and live.items[0].attempt == 2
-            sql = store.sql.complete_delete
+            live = (await store.claim_tasks(what, limit=1, lease=30, token=token2, owner="b",
+                                            max_attempts=5)).claim  # fmt: skip
+            assert live is not None and live.ids == zombie.ids
 
             def effects(claim: Any, tok: uuid.UUID) -> None:
-                ctx = TaskContext(claim.items[0], tok, dsn=tasks_dsn, complete_sql=sql,
-                                  outbox=outbox, worker_id="t")  # fmt: skip
+                ctx = TaskContext(claim.items[0], tok, store=store, outbox=outbox, worker_id="t")
                 with ctx.transaction() as conn:
                     conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
                     ctx.outbox.put(Event(topic="t", event_type="job.done", payload=b"{}"))

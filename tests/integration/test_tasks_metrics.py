@@ -11,9 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask, task_gauges
+from outboxkit.backends.postgres.tasks_pg import task_gauges
 from outboxkit.backends.postgres.tasks_sql import OTHER_TASKS, TaskStatus
 from outboxkit.ops.task_metrics import TaskMetrics
+from outboxkit.queue.tasks import ClaimedTask
 
 TABLE = "outboxkit_tasks"
 

@@ -73,6 +73,15 @@ def poison_base(payload: None) -> None:
     raise PoisonError("the library gave up")
 
 
+@tasks.handler("poison.kill")
+def poison_kill(payload: None) -> None:
+    """Kills its own process, as a segfault in a C extension or os._exit() does: nothing in
+    the worker runs after it (no error line, no settle, no release)."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 @tasks.handler("block_forever", timeout=1)
 def block_forever(payload: None) -> None:
     """A sync handler that never returns (a socket with no timeout, a deadlock)."""

@@ -25,6 +25,7 @@ RELEASED = {
     "ordered/0001_partitions.sql": "2717badc6b177983",
     "inbox/0001_processed_events.sql": "e922081c90487d67",
     "tasks/0001_tasks.sql": "547b007e54742f37",
+    "tasks/0002_lapses.sql": "e6ba0083b4ed2b90",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask
 from outboxkit.ops.task_metrics import TaskMetrics
+from outboxkit.queue.tasks import ClaimedTask
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "outboxkit-tasks-alerts.yml"
 _METRIC = re.compile(r"\boutboxkit_[a-z0-9_]+")

@@ -22,9 +22,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask, task_gauges
+from outboxkit.backends.postgres.tasks_pg import task_gauges
 from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 from outboxkit.ops._throttle import Throttled
+from outboxkit.queue.tasks import ClaimedTask
 
 _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 

@@ -28,16 +28,21 @@ class SettleGroups:
     failed: list[int] = field(default_factory=list)
     dead: list[bool] = field(default_factory=list)
     delays: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
     refund: list[bool] = field(default_factory=list)
 
-    def failures(self) -> list[tuple[int, bool, float, str, bool]]:
+    def failures(self) -> list[tuple[int, bool, float, str | None, bool]]:
         """The failures as rows (id, dead, delay, error, refund), for per-row statements."""
         return list(zip(self.failed, self.dead, self.delays, self.errors, self.refund, strict=True))
 
 
-def group_decisions(claim: Claim[Any], decisions: Sequence[Decision]) -> SettleGroups:
+def group_decisions(
+    claim: Claim[Any], decisions: Sequence[Decision], *, unknown: str | None = UNKNOWN_ERROR
+) -> SettleGroups:
     """Split ``decisions`` (one per ``claim.ids``, in order) into what each statement settles.
+
+    A failure with no error is stored as ``unknown`` (None: the statement keeps the item's
+    last error, as task mode's hand-backs do).
 
     Raises ValueError when the counts differ (a settle must never pair an id with another's
     decision).
@@ -51,6 +56,6 @@ def group_decisions(claim: Claim[Any], decisions: Sequence[Decision]) -> SettleG
         groups.failed.append(item_id)
         groups.dead.append(verdict is Verdict.DEAD)
         groups.delays.append(decision.delay)
-        groups.errors.append(decision.error or UNKNOWN_ERROR)
+        groups.errors.append(decision.error or unknown)
         groups.refund.append(verdict is Verdict.HAND_BACK)
     return groups

@@ -16,12 +16,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-import psycopg
-
-from outboxkit.backends.postgres._connection import PoolerMode, aconnect, connect
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask
 from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
+from outboxkit.queue.tasks import ClaimedTask, TaskStore
 from outboxkit.tasks.errors import LeaseLost
 from outboxkit.write.outbox import Outbox
 
@@ -56,12 +53,10 @@ class TaskContext:
         task: ClaimedTask,
         token: uuid.UUID,
         *,
-        dsn: str,
-        complete_sql: str,
+        store: TaskStore,
         outbox: Outbox,
         worker_id: str,
         events: str | None = None,
-        pooler: PoolerMode | None = None,
     ) -> None:
         self.task = task
         self._events = events
@@ -74,14 +69,12 @@ class TaskContext:
         self.worker_id = worker_id
         self.outbox_of_worker = outbox
         self.outbox = BoundOutbox(self)
-        self._dsn = dsn
-        self._pooler = pooler  # the worker's pooler override (no prepared statements there)
-        self._complete = complete_sql
+        self._store = store  # its transactions and the fenced completion
         #: Set when the task is no longer this attempt's (cancelled, or re-claimed after
         #: the lease ran out): a long sync handler checks it to stop early.
         self.cancelled = threading.Event()
-        self._sync_conn: psycopg.Connection[Any] | None = None
-        self._async_conn: psycopg.AsyncConnection[Any] | None = None
+        self._sync_conn: Any = None
+        self._async_conn: Any = None
 
     def __repr__(self) -> str:
         return f"TaskContext(id={self.id}, name={self.name!r}, attempt={self.attempt})"
@@ -99,40 +92,36 @@ class TaskContext:
         return lifecycle_event(self.task, "completed", self._events)
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        """A psycopg transaction that commits with the task's completion (fenced), or not at all."""
-        conn = connect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
-                       autocommit=False, pooler=self._pooler)  # fmt: skip
-        try:
-            self._sync_conn = conn
-            yield conn
-            if conn.execute(self._complete, (self.id, self.token)).fetchone() is None:
-                conn.rollback()
-                raise self._lost()
-            if self._events is not None:
-                self.outbox_of_worker.put(conn, self._completed_event())
-            conn.commit()
-            self.task.completed = True
-        finally:
-            self._sync_conn = None
-            conn.close()  # (rolls back whatever was not committed)
+    def transaction(self) -> Iterator[Any]:
+        """A transaction (a psycopg connection on PostgreSQL) that commits with the task's
+        completion (fenced), or not at all."""
+        with self._store.transaction(self.name) as conn:
+            try:
+                self._sync_conn = conn
+                yield conn
+                if not self._store.complete(conn, self.id, self.token):
+                    conn.rollback()
+                    raise self._lost()
+                if self._events is not None:
+                    self.outbox_of_worker.put(conn, self._completed_event())
+                conn.commit()
+                self.task.completed = True
+            finally:
+                self._sync_conn = None
 
     @asynccontextmanager
-    async def atransaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def atransaction(self) -> AsyncIterator[Any]:
         """The async twin of :meth:`transaction`."""
-        conn = await aconnect(self._dsn, application_name=f"outboxkit-worker:{self.name}"[:63],
-                              autocommit=False, pooler=self._pooler)  # fmt: skip
-        try:
-            self._async_conn = conn
-            yield conn
-            cur = await conn.execute(self._complete, (self.id, self.token))
-            if await cur.fetchone() is None:
-                await conn.rollback()
-                raise self._lost()
-            if self._events is not None:
-                await self.outbox_of_worker.aput(conn, self._completed_event())
-            await conn.commit()
-            self.task.completed = True
-        finally:
-            self._async_conn = None
-            await conn.close()
+        async with self._store.atransaction(self.name) as conn:
+            try:
+                self._async_conn = conn
+                yield conn
+                if not await self._store.acomplete(conn, self.id, self.token):
+                    await conn.rollback()
+                    raise self._lost()
+                if self._events is not None:
+                    await self.outbox_of_worker.aput(conn, self._completed_event())
+                await conn.commit()
+                self.task.completed = True
+            finally:
+                self._async_conn = None

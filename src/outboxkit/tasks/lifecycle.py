@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask
 from outboxkit.events import Event
 from outboxkit.queue.store import Decision, Verdict
+from outboxkit.queue.tasks import ClaimedTask
 from outboxkit.tasks.registry import Tasks
 from outboxkit.write.outbox import Outbox
 from outboxkit.write.table import TableStorage

@@ -20,10 +20,8 @@ import uuid
 from collections.abc import Sequence
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres._connection import PoolerMode
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask, UndecodablePayload
-from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.queue.decide import Outcome, Reschedule
+from outboxkit.queue.tasks import ClaimedTask, TaskStore, UndecodablePayload
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
 from outboxkit.tasks.registry import Tasks
@@ -47,20 +45,15 @@ class HandlerSink:
         self,
         tasks: Tasks,
         *,
-        dsn: str,
+        store: TaskStore,
         threads: int,
         outbox: Outbox | None = None,
         worker_id: str = "",
-        retention: str = "delete",
-        pooler: PoolerMode | None = None,
     ) -> None:
         self.tasks = tasks
-        self.pooler = pooler
-        self.dsn = dsn
+        self.store = store  # ctx.transaction()'s connections and fenced completion
         self.worker_id = worker_id
         self.outbox = outbox if outbox is not None else Outbox()
-        sql = TaskStatements(tasks.table)
-        self._complete = sql.complete_keep if retention == "keep" else sql.complete_delete
         self._running: dict[int, asyncio.Task[Outcome]] = {}  # by task id
         self._lost: set[asyncio.Task[Outcome]] = set()
         # A sync handler past its timeout cannot be stopped (a thread cannot be killed): its
@@ -170,12 +163,10 @@ class HandlerSink:
             ctx = TaskContext(
                 task,
                 token,
-                dsn=self.dsn,
-                complete_sql=self._complete,
+                store=self.store,
                 outbox=self.outbox,
                 worker_id=self.worker_id,
                 events=task_type.events,
-                pooler=self.pooler,
             )
         thread: concurrent.futures.Future[object] | None = None
         try:

@@ -1,8 +1,9 @@
 """The worker: the queue core's claim loop with the handler sink and the task table's store.
 
 As the relay is the loop with a publisher sink (relay/engine.py), ``Worker`` is the loop
-(outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and
-:class:`~outboxkit.backends.postgres.tasks_pg.PgTaskStore`: one task per claim, ``concurrency``
+(outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and a backend's task
+store (the port of queue/tasks.py) behind the core's claim policies (queue/task_claims.py:
+the queues in turn, per-queue limits, suspects run alone): one task per claim, ``concurrency``
 claims in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
 schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed back). No
 SQL here."""
@@ -24,10 +25,12 @@ from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import PoolerMode
-from outboxkit.backends.postgres.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
+from outboxkit.backends.postgres.tasks_pg import PgSchedules, PgTaskStore
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim, StoreError
+from outboxkit.queue.task_claims import TaskClaims
+from outboxkit.queue.tasks import ClaimedTask, Retention
 from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
@@ -198,17 +201,12 @@ class Worker:
             on_settle=lifecycle if lifecycle.wanted() else None,
             pooler=pooler,
             direct_dsn=direct_dsn,
-            queue_limits=queue_limits,
             names=list(tasks.types),
         )
+        #: The claim policies (queues in turn, limits, suspects alone) over the store.
+        self.claims = TaskClaims(self.store, queues=queues, queue_limits=queue_limits)
         self.sink = HandlerSink(
-            tasks,
-            dsn=dsn,
-            threads=concurrency,
-            outbox=outbox,
-            worker_id=self.worker_id,
-            retention=retention,
-            pooler=pooler,
+            tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id
         )
         options = LoopOptions(
             owner=self.worker_id,
@@ -254,7 +252,7 @@ class Worker:
             )
         self._observer = _Observer(self.stats, observer)
         self._loop: ClaimLoop[ClaimedTask, Outcome] = ClaimLoop(
-            self.store,
+            self.claims,
             self.sink,
             self._observer,
             options,
@@ -263,18 +261,20 @@ class Worker:
             side_tasks=side,
             on_lease_lost=self._lease_lost,
         )
-        self.store.on_free = self._loop.wake  # a limited queue has room again
+        self.claims.on_free = self._loop.wake  # room again after a claim passed
 
     def __repr__(self) -> str:
         return f"Worker(table={self.tasks.table!r}, worker_id={self.worker_id!r})"
 
     def _policy(self, task: ClaimedTask) -> RetryPolicy:
-        """The task's retries: its handler's schedule, its own max_attempts first."""
+        """The task's retries: its handler's schedule, its own max_attempts first, plus the
+        attempts it was spared (its worker died while it ran beside others)."""
         task_type = self.tasks.types.get(task.task_name)
         if task_type is None:
-            return RetryPolicy(max_attempts=task.max_attempts or self.tasks.max_attempts)
+            cap = task.max_attempts or self.tasks.max_attempts
+            return RetryPolicy(max_attempts=cap + task.spared)
         return RetryPolicy(
-            max_attempts=task.max_attempts or task_type.max_attempts,
+            max_attempts=(task.max_attempts or task_type.max_attempts) + task.spared,
             base=task_type.retry_base,
             cap=task_type.retry_cap,
             delays=task_type.retry_delays,

@@ -9,14 +9,12 @@ backends/postgres/_pg_session.py's (shared)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import orjson
 import psycopg
@@ -24,7 +22,12 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
-from outboxkit.backends.postgres._connection import PoolerMode, aconnect, admin_connection
+from outboxkit.backends.postgres._connection import (
+    PoolerMode,
+    aconnect,
+    admin_connection,
+    connect,
+)
 from outboxkit.backends.postgres._pg_session import PgSession, fetch_rows
 from outboxkit.backends.postgres.tasks_sql import (
     DEFAULT_MAX_TASK_NAMES,
@@ -34,59 +37,29 @@ from outboxkit.backends.postgres.tasks_sql import (
     done_arrays,
 )
 from outboxkit.errors import SchemaError
+from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     DONE,
     Claim,
-    ClaimPolicy,
     Decision,
     Settled,
     StoreError,
     StoreInfo,
     StoreUnavailable,
-    Verdict,
+)
+from outboxkit.queue.tasks import (
+    ClaimedTask,
+    Retention,
+    SettleHook,
+    TaskClaim,
+    TaskClaimed,
+    UndecodablePayload,
 )
 
 log = logging.getLogger("outboxkit.worker")
 
-Retention = Literal["delete", "keep"]
-#: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and
-#: parameters to run in the same transaction, or None: task lifecycle events (tasks/).
-SettleHook = Callable[
-    [Sequence[tuple["ClaimedTask", Decision]]], "tuple[str, Sequence[Any]] | None"
-]
 #: The start-up count of pending tasks stops here.
 PENDING_CAP = 100_000
-
-
-@dataclass(slots=True, eq=False)
-class ClaimedTask:
-    """One claimed task, as the worker's handler sink gets it (the claim's RETURNING order).
-
-    The sink fills ``error_type`` and ``traceback`` when the handler fails (stored with the
-    settle), and ``completed`` when ``ctx.transaction()`` completed the task in the
-    handler's own transaction (the settle then has nothing left to do for it).
-    """
-
-    id: int
-    task_name: str
-    queue: str
-    payload: Any
-    attempt: int
-    max_attempts: int | None
-    key: str | None
-    priority: int
-    created_at: dt.datetime
-    error_type: str | None = None
-    traceback: str | None = None
-    completed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class UndecodablePayload:
-    """A claimed task's payload that does not decode (a row written around ``enqueue``, such
-    as JSON nested past orjson's depth limit): the handler sink fails that task alone."""
-
-    reason: str
 
 
 def _load_payload(data: bytes | str) -> Any:
@@ -103,9 +76,11 @@ def _raw_json(data: bytes | str) -> str:
 
 
 class PgTaskStore(PgSession):
-    """A task table as the claim loop's store. ``queues``: the queues this worker serves.
+    """A task table as task mode's store (the port of queue/tasks.py).
 
-    ``retention="delete"`` (default) deletes a finished task; ``"keep"`` marks it done.
+    ``queues``: the queues this worker serves; ``names``: the task names it has handlers
+    for (it claims only those; None: any). ``retention="delete"`` (default) deletes a
+    finished task; ``"keep"`` marks it done.
     """
 
     def __init__(
@@ -119,7 +94,6 @@ class PgTaskStore(PgSession):
         on_settle: SettleHook | None = None,
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
-        queue_limits: Mapping[str, int] | None = None,
         names: Sequence[str] | None = None,
     ) -> None:
         self.sql = TaskStatements(table)
@@ -141,22 +115,13 @@ class PgTaskStore(PgSession):
             who="worker",
             what="tasks",
         )
-        #: At most this many tasks of a queue held by this worker at once (claimed and not
-        #: yet settled or released); the other queues go on (``--queue name=N``).
-        self.queue_limits = dict(queue_limits or {})
-        self._held: dict[int, str] = {}  # task id -> its queue, for the limited queues
-        self._held_count: collections.Counter[str] = collections.Counter()
-        self._skipped = False  # a claim passed over a queue at its limit
-        #: Called when a task of a queue a claim passed over is let go: claim again now, not
-        #: at the next poll (the worker sets it to its loop's wake).
-        self.on_free: Callable[[], None] | None = None
+        self._complete = self.sql.complete_keep if retention == "keep" else self.sql.complete_delete
         #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
         self.on_settle = on_settle
         self.table = table
         self.queues = list(queues)
         self.retention: Retention = retention
         self._settle_lock = asyncio.Lock()
-        self._next_queue = 0
         # Completions waiting to be settled together (_settle_done_grouped).
         self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
         self._flushing = False
@@ -167,7 +132,13 @@ class PgTaskStore(PgSession):
     def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         set_json_loads(_load_payload, conn)
 
-    def _missing(self) -> SchemaError:
+    def _missing(self, exc: Exception | None = None) -> SchemaError:
+        if isinstance(exc, pg_errors.UndefinedColumn):
+            return SchemaError(
+                f"task table {self.table!r} is older than this outboxkit (the server says:"
+                f" {str(exc).splitlines()[0]}): upgrade it with `outboxkit migrate --tasks"
+                f" --dsn ... --tasks-table {self.table}`, then start the worker again"
+            )
         return SchemaError(
             f"task table {self.table!r} not found: run `outboxkit migrate --tasks --dsn ..."
             f" --tasks-table {self.table}`"
@@ -179,8 +150,9 @@ class PgTaskStore(PgSession):
             cur = await conn.execute(self.sql.count_pending, (PENDING_CAP,))
             row = await cur.fetchone()
             vacuum = await (await conn.execute(self.sql.autovacuum_off)).fetchone()
-        except pg_errors.UndefinedTable:
-            raise self._missing() from None
+            await conn.execute(self.sql.check_columns)
+        except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn) as exc:
+            raise self._missing(exc) from None
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         pending = int(row[0]) if row else 0
@@ -199,17 +171,19 @@ class PgTaskStore(PgSession):
 
     # -- claim and settle ---------------------------------------------------------------
 
-    async def claim(
+    async def claim_tasks(
         self,
+        what: TaskClaim,
         *,
         limit: int,
         lease: float,
         token: uuid.UUID,
         owner: str,
         max_attempts: int,
-        policy: ClaimPolicy = None,
-    ) -> Claim[ClaimedTask] | None:
-        params: dict[str, Any] = {
+    ) -> TaskClaimed:
+        params = {
+            "queue": what.queue,
+            "alone": what.alone,
             "limit": limit,
             "lease": lease,
             "token": token,
@@ -217,96 +191,55 @@ class PgTaskStore(PgSession):
             "max_attempts": max_attempts,  # for tasks enqueued without their own
             "names": self.names,
         }
-        records: list[Any] = []
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
             conn = await self._connection("claim")
-            # The worker's queues in turn, starting after the one served last: one busy
-            # queue does not starve the others.
-            queues = self.queues
-            for i in range(len(queues)):
-                queue = queues[(self._next_queue + i) % len(queues)]
-                take = limit
-                if queue in self.queue_limits:
-                    take = min(limit, self.queue_limits[queue] - self._held_count[queue])
-                    if take < 1:
-                        self._skipped = True
-                        continue  # at its limit: the next queue
-                records = await self.within(
-                    conn,
-                    "claim",
-                    fetch_rows(
-                        conn.cursor(), self.sql.claim, {**params, "queue": queue, "limit": take}
-                    ),
-                )
-                if records:
-                    self._next_queue = (self._next_queue + i + 1) % len(queues)
-                    if queue in self.queue_limits:
-                        for r in records:
-                            if r[-1] is None:
-                                self._held[int(r[0])] = queue
-                        self._held_count[queue] += sum(1 for r in records if r[-1] is None)
-                    break
-        except pg_errors.UndefinedTable:
-            raise self._missing() from None
+            records = await self.within(
+                conn, "claim", fetch_rows(conn.cursor(), self.sql.claim, params)
+            )
+        except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn) as exc:
+            raise self._missing(exc) from None
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        if not records:
-            return None
-        dead = [(ClaimedTask(*r[:-1]), "crash_loop", r[-1]) for r in records if r[-1]]
-        live = sorted((r for r in records if r[-1] is None), key=lambda r: int(r[0]))
-        return Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
+        suspects = any(r[0] is None for r in records)
+        rows = [r for r in records if r[0] is not None]
+        if not rows:
+            return TaskClaimed(None, suspects)
+        dead = [(ClaimedTask(*r[:-1]), "crash_loop", r[-1]) for r in rows if r[-1]]
+        live = sorted((r for r in rows if r[-1] is None), key=lambda r: int(r[0]))
+        claim = Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
+        return TaskClaimed(claim, suspects)
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
-        try:
-            return await self._settle(claim, decisions)
-        finally:
-            self._let_go(claim.ids)
-
-    def _let_go(self, ids: Sequence[int]) -> None:
-        """These tasks no longer count against their queue's limit (idempotent)."""
-        if self._held:
-            freed = False
-            for task_id in ids:
-                queue = self._held.pop(task_id, None)
-                if queue is not None:
-                    self._held_count[queue] -= 1
-                    freed = True
-            if freed and self._skipped and self.on_free is not None:
-                self._skipped = False
-                self.on_free()
-
-    async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         if (
             self.on_settle is None
             and decisions.count(DONE) == len(decisions)
             and not any(t.completed for t in claim.items)
         ):
             return await self._settle_done_grouped(claim)
-        token = claim.token
-        done: list[int] = []
-        settled: list[int] = []
-        fail: list[tuple[int, int, float, str | None, int, str | None, str | None]] = []
-        for item_id, task, decision in zip(claim.ids, claim.items, decisions, strict=True):
-            if task.completed:  # its own transaction (ctx.transaction()) completed it
-                settled.append(item_id)
-            elif decision.verdict is Verdict.DONE:
-                done.append(item_id)
-            else:
-                status = TaskStatus.FAILED if decision.verdict is Verdict.DEAD else 0
-                refund = 1 if decision.verdict is Verdict.HAND_BACK else 0
-                fail.append(
-                    (item_id, status, decision.delay, decision.error, refund, task.error_type,
-                     task.traceback)
-                )  # fmt: skip
+        # Tasks completed in their own transaction (ctx.transaction()) are settled already.
+        settled = [i for i, t in zip(claim.ids, claim.items, strict=True) if t.completed]
+        left = [k for k, t in enumerate(claim.items) if not t.completed]
+        rest = Claim(claim.token, [claim.ids[k] for k in left], [claim.items[k] for k in left])
+        groups = group_decisions(rest, [decisions[k] for k in left], unknown=None)
+        task_of = dict(zip(rest.ids, rest.items, strict=True))
         statements: list[tuple[str, Sequence[Any]]] = []
-        if done:
+        if groups.done:
             keep = self.retention == "keep"
             stmt = self.sql.settle_done_keep if keep else self.sql.settle_done_delete
-            statements.append((stmt, (done, token)))
-        if fail:
-            columns = [list(c) for c in zip(*fail, strict=True)]
-            statements.append((self.sql.settle_failures, (*columns, token)))
+            statements.append((stmt, (groups.done, claim.token)))
+        if groups.failed:
+            failed = [task_of[i] for i in groups.failed]
+            columns = (
+                groups.failed,
+                [int(TaskStatus.FAILED) if d else int(TaskStatus.PENDING) for d in groups.dead],
+                groups.delays,
+                groups.errors,
+                [int(r) for r in groups.refund],
+                [t.error_type for t in failed],
+                [t.traceback for t in failed],
+            )
+            statements.append((self.sql.settle_failures, (*columns, claim.token)))
         if self.on_settle is None:
             for stmt, params in statements:
                 settled.extend(await self._run(stmt, params))
@@ -428,13 +361,39 @@ class PgTaskStore(PgSession):
 
     async def release(self, claim: Claim[ClaimedTask]) -> int:
         ids = [i for i, t in zip(claim.ids, claim.items, strict=True) if not t.completed]
-        try:
-            return await self._count(self.sql.release, (ids, claim.token), "release") if ids else 0
-        finally:
-            self._let_go(claim.ids)
+        return await self._count(self.sql.release, (ids, claim.token), "release") if ids else 0
 
     async def hasten(self, ids: Sequence[int]) -> int:
         return await self._count(self.sql.hasten, (list(ids),), "hasten") if ids else 0
+
+    # -- a handler's own transaction (ctx.transaction()), completed fenced ---------------
+
+    @contextlib.contextmanager
+    def transaction(self, label: str) -> Iterator[psycopg.Connection[Any]]:
+        conn = connect(self.dsn, application_name=f"{self.name}:{label}"[:63],
+                       autocommit=False, pooler=self.pooler)  # fmt: skip
+        try:
+            yield conn
+        finally:
+            conn.close()  # (rolls back whatever was not committed)
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self, label: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        conn = await aconnect(self.dsn, application_name=f"{self.name}:{label}"[:63],
+                              autocommit=False, pooler=self.pooler)  # fmt: skip
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    def complete(self, conn: psycopg.Connection[Any], task_id: int, token: uuid.UUID) -> bool:
+        return conn.execute(self._complete, (task_id, token)).fetchone() is not None
+
+    async def acomplete(
+        self, conn: psycopg.AsyncConnection[Any], task_id: int, token: uuid.UUID
+    ) -> bool:
+        cur = await conn.execute(self._complete, (task_id, token))
+        return await cur.fetchone() is not None
 
 
 # -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------

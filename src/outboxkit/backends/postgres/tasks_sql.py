@@ -27,6 +27,7 @@ from outboxkit.backends.postgres.postgres import (
     table_identifier,
     wake_lock_key,
 )
+from outboxkit.queue.tasks import SUSPECT_LAPSES
 
 #: The task table every API and command uses unless given another.
 DEFAULT_TASKS_TABLE = "outboxkit_tasks"
@@ -146,12 +147,26 @@ _NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT 
 # workers. Highest priority first, then the oldest due; one queue per statement, so the
 # claim walks the claim index in its order and stops after one batch (no sort).
 #
-# The crash-loop guard (as the outbox's): a claimable task already claimed max_attempts
-# times was never settled by the worker that held it last (each one died running it). The
-# claim dead-letters it with an error that says so and returns it with that error last.
+# A worker's death takes every task it ran with it, and only the one that killed it (a
+# handler calling os._exit, a segfault in a C extension) deserves the charge. So a lapsed
+# task's attempt counts against max_attempts only when its claim ran it alone: a death
+# beside others is `spared` (the attempt keeps its number, but is not charged), and
+# `lapses` counts such deaths in a row. From SUSPECT_LAPSES on the task is a suspect,
+# taken only by a claim that runs it alone (`alone`, queue/task_claims.py), so its next
+# death is its own. A claim that is not alone passes over suspects and says so (a row
+# with a NULL id): the worker drains and runs them alone (queue/tasks.py).
+#
+# The crash-loop guard (as the outbox's): a claimable task whose charged attempts
+# (attempts - spared) reached max_attempts was never settled by the worker that held it
+# last (each one died running it). The claim dead-letters it with an error that says so
+# and returns it with that error last.
 CLAIM = """
-WITH batch AS MATERIALIZED (
-    SELECT t.id, t.attempts, coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts
+WITH seen AS MATERIALIZED (
+    SELECT t.id, t.attempts - t.spared AS charged,
+           coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts,
+           t.status = {running} AND t.lapses < {suspect} AS ambiguous,
+           t.lapses + CASE WHEN t.status = {running} AND t.lapses < {suspect} THEN 1 ELSE 0
+                      END AS lapses
     FROM {table} AS t
     WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
       AND t.queue = %(queue)s
@@ -159,9 +174,13 @@ WITH batch AS MATERIALIZED (
       AND (t.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} AS e
           WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
+      AND (NOT %(alone)s
+           OR t.lapses + CASE WHEN t.status = {running} THEN 1 ELSE 0 END >= {suspect})
     ORDER BY t.priority DESC, t.available_at, t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
+), batch AS (
+    SELECT * FROM seen WHERE (lapses >= {suspect}) = %(alone)s
 ), dead AS (
     UPDATE {table} AS d
     SET status = {failed}, claim_token = NULL, claimed_by = %(owner)s, finished_at = now(),
@@ -169,20 +188,26 @@ WITH batch AS MATERIALIZED (
         last_error = 'worker: claimed ' || d.attempts || ' times without finishing (each'
                      || ' worker died or hung running it): dead-lettered unread; see'
                      || ' `outboxkit tasks failed`, then replay or discard it'
-    WHERE d.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts >= max_attempts))
+    FROM batch AS b
+    WHERE d.id = b.id AND NOT b.ambiguous AND b.charged >= b.max_attempts
     RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
-              d.priority, d.created_at, d.last_error
+              d.priority, d.created_at, d.spared, d.last_error
 ), claimed AS (
     UPDATE {table} AS o
-    SET status = {running}, attempts = o.attempts + 1,
+    SET status = {running}, attempts = o.attempts + 1, lapses = b.lapses,
+        spared = o.spared + CASE WHEN b.ambiguous THEN 1 ELSE 0 END,
         available_at = now() + make_interval(secs => %(lease)s),
         claim_token = %(token)s, claimed_by = %(owner)s, started_at = now()
-    WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE attempts < max_attempts))
+    FROM batch AS b
+    WHERE o.id = b.id AND (b.ambiguous OR b.charged < b.max_attempts)
       AND {no_flush_wait}
     RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
-              o.priority, o.created_at, NULL::text
+              o.priority, o.created_at, o.spared, NULL::text
 )
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM seen WHERE (lapses >= {suspect}) <> %(alone)s)
 """
 # A worker claims only the task names it has handlers for (a rolling deploy's newer names
 # wait for the workers that have them). A due task that no worker claimed for `grace`
@@ -240,6 +265,7 @@ SET status = u.next_status,
     traceback_excerpt = coalesce(u.traceback, o.traceback_excerpt),
     claim_token = NULL,
     attempts = greatest(o.attempts - u.refund, 0),
+    lapses = CASE WHEN u.refund = 1 THEN o.lapses ELSE 0 END,
     finished_at = CASE WHEN u.next_status = {failed} THEN now() END
 FROM unnest(%s::bigint[], %s::smallint[], %s::float8[], %s::text[], %s::int[], %s::text[],
             %s::text[]) AS u(id, next_status, delay, error, refund, error_type, traceback)
@@ -291,6 +317,9 @@ SELECT CASE
 FROM pg_class AS c WHERE c.oid = {table_literal}::regclass
 """
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
+# At start: the columns of the latest schema version are there (an older table fails here,
+# with the missing column's name, instead of at the first claim).
+CHECK_COLUMNS = "SELECT lapses, spared FROM {table} LIMIT 0"
 
 # --- periodic tasks ------------------------------------------------------------------
 
@@ -393,7 +422,8 @@ WITH candidates AS MATERIALIZED (
            AND c.id = (SELECT max(d.id) FROM candidates AS d WHERE d.unique_key = c.unique_key))
 ), replayed AS (
     UPDATE {table} AS t
-    SET status = {pending}, attempts = 0, available_at = now(), claim_token = NULL,
+    SET status = {pending}, attempts = 0, lapses = 0, spared = 0, available_at = now(),
+        claim_token = NULL,
         claimed_by = NULL, last_error = NULL, error_type = NULL, traceback_excerpt = NULL,
         started_at = NULL, finished_at = NULL
     FROM chosen WHERE t.id = chosen.id
@@ -450,6 +480,7 @@ class TaskStatements:
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
+            "suspect": str(SUSPECT_LAPSES),
             **{state: str(int(value)) for state, value in _STATES.items()},
         }
         self.enqueue = ENQUEUE.format(**slots)
@@ -470,6 +501,7 @@ class TaskStatements:
         self.count_pending = COUNT_PENDING.format(**slots)
         self.autovacuum_off = AUTOVACUUM_OFF.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
+        self.check_columns = CHECK_COLUMNS.format(**slots)
         self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
         self.last_slot = LAST_SLOT.format(**slots)

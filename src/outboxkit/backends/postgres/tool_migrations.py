@@ -54,6 +54,9 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
     ),
     ("inbox", 1): ("DROP TABLE IF EXISTS {table}",),
     ("tasks", 1): ("DROP TABLE IF EXISTS {table}", "DROP TABLE IF EXISTS {schedules}"),
+    ("tasks", 2): (
+        "ALTER TABLE {table} DROP COLUMN IF EXISTS lapses, DROP COLUMN IF EXISTS spared",
+    ),
 }
 
 

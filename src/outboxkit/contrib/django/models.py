@@ -70,6 +70,10 @@ class Task(models.Model):
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
+    #: Deaths in a row of its worker while it ran beside others (2+: it runs alone).
+    lapses = models.SmallIntegerField(default=0)
+    #: Attempts not charged against max_attempts (deaths beside others).
+    spared = models.IntegerField(default=0)
 
     class Meta:
         managed = False

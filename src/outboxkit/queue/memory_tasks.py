@@ -1,0 +1,368 @@
+"""The in-memory task store: the task-store port (queue/tasks.py) with no database.
+
+For the core's tests and users' tests of their handlers: every rule of PostgreSQL's task
+claim and settle (``backends/postgres/tasks_sql.py``) is done here on a dict, under the same
+names, and both pass one contract suite (``tests/contract/test_task_store.py``). Time is a
+clock the test may move (:class:`~outboxkit.queue.memory.ManualClock`). What it does not do:
+wake-ups (a worker on it polls) and task lifecycle events (they are outbox rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import enum
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from outboxkit.queue.settle import group_decisions
+from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
+from outboxkit.queue.tasks import (
+    SUSPECT_LAPSES,
+    ClaimedTask,
+    Retention,
+    TaskClaim,
+    TaskClaimed,
+)
+
+__all__ = ["MemoryTaskRow", "MemoryTaskStore", "MemoryTasks", "TaskState"]
+
+#: The crash-loop guard's error (backends/postgres/tasks_sql.py CLAIM), word for word.
+_CRASH_LOOP = (
+    "worker: claimed {attempts} times without finishing (each worker died or hung running"
+    " it): dead-lettered unread; see `outboxkit tasks failed`, then replay or discard it"
+)
+_UNHANDLED = (
+    "no worker with a handler for task {name} claimed it within {grace} s of its due time:"
+    " deploy a worker whose --app registers it, then `outboxkit tasks replay`"
+)
+
+
+class TaskState(enum.IntEnum):
+    """As PostgreSQL's ``status`` (backends/postgres/tasks_sql.py TaskStatus)."""
+
+    PENDING = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+@dataclasses.dataclass(slots=True)
+class MemoryTaskRow:
+    """One task, with the columns of PostgreSQL's task table that the rules read."""
+
+    id: int
+    task_name: str
+    queue: str
+    payload: Any
+    priority: int
+    key: str | None
+    max_attempts: int | None
+    available_at: float
+    created_at: dt.datetime
+    status: TaskState = TaskState.PENDING
+    attempts: int = 0
+    lapses: int = 0
+    spared: int = 0
+    claim_token: uuid.UUID | None = None
+    claimed_by: str | None = None
+    last_error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    finished_at: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status in (TaskState.PENDING, TaskState.RUNNING)
+
+
+class MemoryTasks:
+    """The task table: rows by id, shared by every store (worker) claiming from it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._rows: dict[int, MemoryTaskRow] = {}
+        self._next_id = 1
+
+    def enqueue(
+        self,
+        task_name: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        max_attempts: int | None = None,
+        delay: float = 0.0,
+    ) -> int:
+        """Add a pending task due after ``delay`` seconds; its id."""
+        task_id, self._next_id = self._next_id, self._next_id + 1
+        self._rows[task_id] = MemoryTaskRow(
+            task_id, task_name, queue, payload, priority, key, max_attempts,
+            self.clock() + delay, dt.datetime.now(dt.UTC),
+        )  # fmt: skip
+        return task_id
+
+    def row(self, task_id: int) -> MemoryTaskRow | None:
+        return self._rows.get(task_id)
+
+    def rows(self) -> list[MemoryTaskRow]:
+        return [self._rows[i] for i in sorted(self._rows)]
+
+    def delete(self, task_id: int) -> None:
+        del self._rows[task_id]
+
+
+class _Transaction:
+    """``ctx.transaction()``'s connection here: the completion applies on commit only."""
+
+    def __init__(self, store: MemoryTaskStore) -> None:
+        self._store = store
+        self._staged: list[tuple[int, uuid.UUID]] = []
+
+    def commit(self) -> None:
+        for task_id, token in self._staged:
+            self._store._finish(task_id, token)
+        self._staged = []
+
+    def rollback(self) -> None:
+        self._staged = []
+
+
+class _AsyncTransaction(_Transaction):
+    """``ctx.atransaction()``'s: awaitable commit and rollback, as an async connection's."""
+
+    async def commit(self) -> None:  # type: ignore[override]
+        super().commit()
+
+    async def rollback(self) -> None:  # type: ignore[override]
+        super().rollback()
+
+
+class MemoryTaskStore:
+    """A worker's view of :class:`MemoryTasks` (queues, handled names, retention)."""
+
+    def __init__(
+        self,
+        tasks: MemoryTasks,
+        *,
+        queues: Sequence[str] = ("default",),
+        names: Sequence[str] | None = None,
+        retention: Retention = "delete",
+    ) -> None:
+        self.tasks = tasks
+        self.queues = list(queues)
+        self.names = None if names is None else set(names)
+        self.retention: Retention = retention
+
+    def __repr__(self) -> str:
+        return f"MemoryTaskStore(queues={self.queues!r})"
+
+    async def start(self) -> StoreInfo:
+        now = self.tasks.clock()
+        pending = sum(
+            1 for r in self.tasks.rows()
+            if r.status is TaskState.PENDING and r.available_at <= now
+        )  # fmt: skip
+        return StoreInfo(pending, where="memory")
+
+    # -- the claim (tasks_sql.py CLAIM) ----------------------------------------------------
+
+    def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
+        if not row.live or row.available_at > now or row.queue != queue:
+            return False
+        if self.names is not None and row.task_name not in self.names:
+            return False
+        return row.key is None or not any(
+            e.key == row.key and e.id < row.id and e.live for e in self.tasks.rows()
+        )
+
+    async def claim_tasks(
+        self,
+        what: TaskClaim,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+    ) -> TaskClaimed:
+        now = self.tasks.clock()
+        seen = []
+        for row in self.tasks.rows():
+            if not self._claimable(row, what.queue, now):
+                continue
+            running = row.status is TaskState.RUNNING
+            if what.alone and row.lapses + running < SUSPECT_LAPSES:
+                continue
+            seen.append(row)
+        seen.sort(key=lambda r: (-r.priority, r.available_at, r.id))
+        seen = seen[:limit]
+        suspects = False
+        live: list[ClaimedTask] = []
+        dead: list[tuple[ClaimedTask, str, str]] = []
+        for row in seen:
+            ambiguous = row.status is TaskState.RUNNING and row.lapses < SUSPECT_LAPSES
+            lapses = row.lapses + ambiguous
+            if (lapses >= SUSPECT_LAPSES) != what.alone:
+                suspects = True
+                continue
+            cap = row.max_attempts if row.max_attempts is not None else max_attempts
+            row.lapses = lapses
+            if not ambiguous and row.attempts - row.spared >= cap:
+                row.status, row.claim_token, row.claimed_by = TaskState.FAILED, None, owner
+                row.finished_at, row.error_type = now, "CrashLoop"
+                row.last_error = _CRASH_LOOP.format(attempts=row.attempts)
+                dead.append((self._claimed(row), "crash_loop", row.last_error))
+                continue
+            row.attempts += 1
+            row.spared += ambiguous
+            row.status, row.available_at = TaskState.RUNNING, now + lease
+            row.claim_token, row.claimed_by = token, owner
+            live.append(self._claimed(row))
+        if not live and not dead:
+            return TaskClaimed(None, suspects)
+        live.sort(key=lambda t: t.id)
+        return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects)
+
+    @staticmethod
+    def _claimed(row: MemoryTaskRow) -> ClaimedTask:
+        return ClaimedTask(
+            row.id, row.task_name, row.queue, row.payload, row.attempts, row.max_attempts,
+            row.key, row.priority, row.created_at, row.spared,
+        )  # fmt: skip
+
+    # -- settle, heartbeat, release: each fenced by the claim token -------------------------
+
+    def _held(self, task_id: int, token: uuid.UUID) -> MemoryTaskRow | None:
+        row = self.tasks.row(task_id)
+        return row if row is not None and row.claim_token == token else None
+
+    def _finish(self, task_id: int, token: uuid.UUID) -> bool:
+        row = self._held(task_id, token)
+        if row is None:
+            return False
+        if self.retention == "delete":
+            self.tasks.delete(task_id)
+        else:
+            row.status, row.claim_token = TaskState.DONE, None
+            row.finished_at = self.tasks.clock()
+        return True
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        settled = [i for i, t in zip(claim.ids, claim.items, strict=True) if t.completed]
+        left = [k for k, t in enumerate(claim.items) if not t.completed]
+        rest = Claim(claim.token, [claim.ids[k] for k in left], [claim.items[k] for k in left])
+        groups = group_decisions(rest, [decisions[k] for k in left], unknown=None)
+        settled += [i for i in groups.done if self._finish(i, claim.token)]
+        task_of = dict(zip(rest.ids, rest.items, strict=True))
+        now = self.tasks.clock()
+        for task_id, dead, delay, error, refund in groups.failures():
+            row = self._held(task_id, claim.token)
+            if row is None:
+                continue
+            task = task_of[task_id]
+            row.status = TaskState.FAILED if dead else TaskState.PENDING
+            row.available_at = now + delay
+            row.last_error = error if error is not None else row.last_error
+            row.error_type = task.error_type or row.error_type
+            row.traceback = task.traceback or row.traceback
+            row.claim_token = None
+            row.attempts = max(row.attempts - refund, 0)
+            row.lapses = row.lapses if refund else 0
+            row.finished_at = now if dead else None
+            settled.append(task_id)
+        return Settled(settled, len(claim.ids) - len(settled))
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
+        held = 0
+        for task_id in claim.ids:
+            row = self._held(task_id, claim.token)
+            if row is not None and row.status is TaskState.RUNNING:
+                row.available_at = self.tasks.clock() + lease
+                held += 1
+        return held
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        released = 0
+        for task_id, task in zip(claim.ids, claim.items, strict=True):
+            row = None if task.completed else self._held(task_id, claim.token)
+            if row is not None:
+                row.status, row.available_at = TaskState.PENDING, self.tasks.clock()
+                row.claim_token, row.attempts = None, max(row.attempts - 1, 0)
+                released += 1
+        return released
+
+    async def hasten(self, ids: Sequence[int]) -> int:
+        now, changed = self.tasks.clock(), 0
+        for task_id in ids:
+            row = self.tasks.row(task_id)
+            if (
+                row is not None and row.status is TaskState.PENDING
+                and row.claim_token is None and row.available_at > now
+            ):  # fmt: skip
+                row.available_at, changed = now, changed + 1
+        return changed
+
+    async def fail_unhandled(self, grace: float, limit: int) -> list[str]:
+        now, failed = self.tasks.clock(), list[str]()
+        for row in self.tasks.rows():
+            if len(failed) >= limit:
+                break
+            if (
+                row.status is TaskState.PENDING and row.queue in self.queues
+                and row.available_at < now - grace
+                and row.task_name not in (self.names or ())
+            ):  # fmt: skip
+                row.status, row.finished_at, row.claim_token = TaskState.FAILED, now, None
+                row.error_type = "UnknownTask"
+                row.last_error = _UNHANDLED.format(name=row.task_name, grace=grace)
+                failed.append(row.task_name)
+        return failed
+
+    # -- a handler's own transaction --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, label: str) -> Iterator[_Transaction]:
+        yield _Transaction(self)
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self, label: str) -> AsyncIterator[_AsyncTransaction]:
+        yield _AsyncTransaction(self)
+
+    def complete(self, conn: _Transaction, task_id: int, token: uuid.UUID) -> bool:
+        if self._held(task_id, token) is None:
+            return False
+        conn._staged.append((task_id, token))
+        return True
+
+    async def acomplete(self, conn: _Transaction, task_id: int, token: uuid.UUID) -> bool:
+        return self.complete(conn, task_id, token)
+
+    # -- no wake-ups: a worker on memory polls -----------------------------------------------
+
+    async def close_gate(self) -> bool:
+        return False
+
+    async def open_gate(self) -> None:
+        return None
+
+    @property
+    def gate_closed(self) -> bool:
+        return False
+
+    @property
+    def can_listen(self) -> bool:
+        return False
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """No wake-ups ever (``can_listen`` is False): waits until cancelled."""
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        return None

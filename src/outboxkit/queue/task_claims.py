@@ -1,0 +1,187 @@
+"""Task mode's claim policies, decided in the core: which queue, how many, and who runs alone.
+
+:class:`TaskClaims` stands between the claim loop and a backend's task store
+(``queue/tasks.py``'s port): the loop sees a queue store (``queue/store.py``) and the
+backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It decides:
+
+* the worker's queues in turn, starting after the one served last, so one busy queue does
+  not starve the others (a claim that finds one queue empty tries the next);
+* per-queue limits (``--queue name=N``): at most N tasks of a queue held by this worker at
+  once, counted from claim to settle or release;
+* suspects run alone: when a claim passed over a suspect (a task whose worker died twice
+  while it ran beside others), this worker stops claiming, lets its running tasks finish,
+  then claims the suspect alone and claims nothing else until it settles. A process-killing
+  handler is then charged for its own deaths, never its neighbours for it.
+
+No I/O of its own but the store's; the policy is unit-tested on the in-memory store and
+proven on every backend by the task-store contract suite.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from outboxkit.queue.store import Claim, ClaimPolicy, Decision, Settled, StoreInfo
+from outboxkit.queue.tasks import ClaimedTask, TaskClaim, TaskClaimed, TaskStore
+
+__all__ = ["TaskClaims"]
+
+
+class TaskClaims:
+    """The claim loop's queue store in task mode: ``store`` plus the worker's claim policies.
+
+    ``queue_limits``: at most N tasks of a queue at once (the other queues go on).
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        queues: Sequence[str],
+        queue_limits: Mapping[str, int] | None = None,
+    ) -> None:
+        self.store = store
+        self.queues = list(queues)
+        self.queue_limits = dict(queue_limits or {})
+        #: Called when this worker may claim again after passing (a limited queue has room,
+        #: its running tasks drained for a suspect, an alone task settled): the worker sets
+        #: it to its loop's wake, so the claim happens now, not at the next poll.
+        self.on_free: Callable[[], None] | None = None
+        self._next_queue = 0
+        self._held: dict[int, str] = {}  # every task id this worker holds -> its queue
+        self._held_count: Counter[str] = Counter()
+        self._passed = False  # a claim passed (a queue at its limit, draining, alone)
+        self._suspects = False  # a claim passed over a suspect: drain, then claim it alone
+        self._alone: int | None = None  # the task running alone, until it settles
+        #: Suspects this worker claimed alone (stats, tests).
+        self.claimed_alone = 0
+
+    def __repr__(self) -> str:
+        return f"TaskClaims({self.store!r}, queues={self.queues!r})"
+
+    # -- the claim ---------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy = None,
+    ) -> Claim[ClaimedTask] | None:
+        if self._alone is not None or (self._suspects and self._held):
+            self._passed = True  # running a task alone, or draining for one
+            return None
+
+        async def ask(what: TaskClaim, take: int) -> TaskClaimed:
+            return await self.store.claim_tasks(
+                what, limit=take, lease=lease, token=token, owner=owner,
+                max_attempts=max_attempts,
+            )  # fmt: skip
+
+        if self._suspects:  # nothing running here: run one suspect alone
+            self._suspects = False
+            for queue in self._in_turn():
+                if self._room(queue, 1) < 1:
+                    continue
+                got = await ask(TaskClaim(queue, alone=True), 1)
+                if got.claim is not None and got.claim.ids:
+                    self._alone = got.claim.ids[0]
+                    self.claimed_alone += 1
+                    return self._took(queue, got.claim)
+                if got.claim is not None:
+                    return got.claim  # only dead-lettered ones: reported
+        for queue in self._in_turn():
+            take = self._room(queue, limit)
+            if take < 1:
+                self._passed = True
+                continue
+            got = await ask(TaskClaim(queue), take)
+            if got.suspects:
+                self._suspects = True
+                if not self._held and (got.claim is None or not got.claim.ids):
+                    self.wake_later()  # idle already: claim the suspect at once
+            if got.claim is not None:
+                return self._took(queue, got.claim)
+        return None
+
+    def _in_turn(self) -> list[str]:
+        """The queues starting after the one served last (one busy queue starves none)."""
+        n = len(self.queues)
+        return [self.queues[(self._next_queue + i) % n] for i in range(n)]
+
+    def _room(self, queue: str, limit: int) -> int:
+        cap = self.queue_limits.get(queue)
+        return limit if cap is None else min(limit, cap - self._held_count[queue])
+
+    def _took(self, queue: str, claim: Claim[ClaimedTask]) -> Claim[ClaimedTask]:
+        self._next_queue = (self.queues.index(queue) + 1) % len(self.queues)
+        for task_id in claim.ids:
+            self._held[task_id] = queue
+        self._held_count[queue] += len(claim.ids)
+        return claim
+
+    def _let_go(self, ids: Sequence[int]) -> None:
+        """These tasks are no longer held (idempotent): room for a claim that passed."""
+        freed = False
+        for task_id in ids:
+            queue = self._held.pop(task_id, None)
+            if queue is not None:
+                self._held_count[queue] -= 1
+                freed = True
+            if task_id == self._alone:
+                self._alone = None
+        if freed and self._passed and (not self._suspects or not self._held):
+            self._passed = False
+            self.wake_later()
+
+    def wake_later(self) -> None:
+        if self.on_free is not None:
+            self.on_free()
+
+    # -- the rest of the queue store: the backend's, with the held tasks let go -----------
+
+    async def start(self) -> StoreInfo:
+        return await self.store.start()
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        try:
+            return await self.store.settle(claim, decisions)
+        finally:
+            self._let_go(claim.ids)
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
+        return await self.store.extend_leases(claim, lease)
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        try:
+            return await self.store.release(claim)
+        finally:
+            self._let_go(claim.ids)
+
+    async def hasten(self, ids: Sequence[int]) -> int:
+        return await self.store.hasten(ids)
+
+    async def close_gate(self) -> bool:
+        return await self.store.close_gate()
+
+    async def open_gate(self) -> None:
+        await self.store.open_gate()
+
+    @property
+    def gate_closed(self) -> bool:
+        return self.store.gate_closed
+
+    @property
+    def can_listen(self) -> bool:
+        return self.store.can_listen
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        await self.store.listen(wake)
+
+    async def close(self) -> None:
+        await self.store.close()

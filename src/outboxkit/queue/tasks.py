@@ -1,0 +1,188 @@
+"""The task-store port: what task mode (outboxkit.tasks) asks of a backend's task table.
+
+Task mode talks to this port only; a backend implements it (PostgreSQL's
+``backends/postgres/tasks_pg.py``, the in-memory ``queue/memory_tasks.py``) and passes one
+contract suite (``tests/contract/test_task_store.py``). What to claim is decided in the core
+(``queue/task_claims.py``: the queues in turn, per-queue limits, suspects run alone) and
+handed to the backend as a :class:`TaskClaim`; the backend only carries it out in one
+statement. The rules every backend keeps, beside the queue store's (``queue/store.py``):
+
+* a task is claimable when it is pending and due, or running with its lease run out (its
+  worker died or froze); a keyed task only while no earlier task of its key is live;
+* every claim is a new attempt (``attempt`` numbers one per claim), but a lapsed task's
+  death is charged against max_attempts only when its claim ran it **alone**: a worker
+  whose process dies takes every task it ran with it, and only the one that killed it
+  deserves the charge. A lapse of a task claimed beside others is ambiguous: that attempt
+  is ``spared``, and after :data:`SUSPECT_LAPSES` such lapses in a row the task is a
+  *suspect*, claimed only alone (:attr:`TaskClaim.alone`). The crash-loop guard
+  dead-letters a task whose charged attempts (``attempts - spared``) reached max_attempts;
+* completing a task inside the handler's own transaction is fenced by the claim token,
+  as every settle is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
+
+__all__ = [
+    "SUSPECT_LAPSES",
+    "ClaimedTask",
+    "Retention",
+    "SettleHook",
+    "TaskClaim",
+    "TaskClaimed",
+    "TaskStore",
+    "UndecodablePayload",
+]
+
+#: Ambiguous lapses in a row (the task's worker died while it ran beside others) after
+#: which a task runs only alone, so that its next death is known to be its own.
+SUSPECT_LAPSES = 2
+
+Retention = Literal["delete", "keep"]
+
+
+@dataclass(slots=True, eq=False)
+class ClaimedTask:
+    """One claimed task, as the worker's handler sink gets it (the claim's RETURNING order).
+
+    The sink fills ``error_type`` and ``traceback`` when the handler fails (stored with the
+    settle), and ``completed`` when ``ctx.transaction()`` completed the task in the
+    handler's own transaction (the settle then has nothing left to do for it).
+    """
+
+    id: int
+    task_name: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int | None
+    key: str | None
+    priority: int
+    created_at: dt.datetime
+    #: Attempts of this task not charged against max_attempts: its worker died while it
+    #: ran beside others, so the death was not known to be its own.
+    spared: int = 0
+    error_type: str | None = None
+    traceback: str | None = None
+    completed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodablePayload:
+    """A claimed task's payload that does not decode (a row written around ``enqueue``, such
+    as JSON nested past orjson's depth limit): the handler sink fails that task alone."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClaim:
+    """What one claim takes, as the core decided it (``queue/task_claims.py``).
+
+    ``queue``: the one queue it claims from (of the task names the store was made for).
+    ``alone``: a suspect run: the claim takes suspects only, and the worker runs what it
+    claims alone (nothing else running, nothing claimed until it settles), so a death while
+    it runs is charged to it. A claim that is not alone never takes a suspect and reports
+    that it passed one (:attr:`TaskClaimed.suspects`).
+    """
+
+    queue: str
+    alone: bool = False
+
+
+@dataclass(slots=True)
+class TaskClaimed:
+    """A claim's result: the claim (None: nothing claimed nor dead-lettered), and whether
+    the statement passed over suspects, which wait for a worker to run them alone."""
+
+    claim: Claim[ClaimedTask] | None
+    suspects: bool = False
+
+
+#: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and
+#: parameters to run in the same transaction, or None: task lifecycle events (tasks/).
+SettleHook = Callable[[Sequence[tuple[ClaimedTask, Decision]]], "tuple[str, Sequence[Any]] | None"]
+
+
+class TaskStore(Protocol):
+    """A backend's task table, as the worker's core uses it. Every write is fenced.
+
+    Errors as :class:`outboxkit.queue.store.QueueStore`'s. The wake-up methods
+    (``close_gate``, ``open_gate``, ``gate_closed``, ``can_listen``, ``listen``) are the
+    queue store's, with the same meaning.
+    """
+
+    queues: list[str]
+
+    async def start(self) -> StoreInfo: ...
+
+    async def claim_tasks(
+        self,
+        what: TaskClaim,
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+    ) -> TaskClaimed:
+        """Lease up to ``limit`` claimable tasks of ``what.queue`` under ``token``."""
+        ...
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        """Apply one decision per task, fenced; tasks ``completed`` in their own transaction
+        count as settled. A settle resets a task's lapse count (it ran to an outcome)."""
+        ...
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int: ...
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        """Hand the claim's unfinished tasks back at once, attempt refunded (fenced)."""
+        ...
+
+    async def hasten(self, ids: Sequence[int]) -> int: ...
+
+    async def fail_unhandled(self, grace: float, limit: int) -> list[str]:
+        """Fail due tasks of the store's queues whose names this worker has no handler for
+        and no worker claimed within ``grace`` seconds (one batch); the names failed."""
+        ...
+
+    def transaction(self, label: str) -> AbstractContextManager[Any]:
+        """A new connection in a transaction for a sync handler (``ctx.transaction()``),
+        closed (rolled back unless committed) on exit."""
+        ...
+
+    def atransaction(self, label: str) -> AbstractAsyncContextManager[Any]:
+        """The async twin of :meth:`transaction`."""
+        ...
+
+    def complete(self, conn: Any, task_id: int, token: uuid.UUID) -> bool:
+        """Complete the task in ``conn``'s open transaction, fenced by ``token``; False if
+        this attempt lost it (the caller rolls the transaction back)."""
+        ...
+
+    async def acomplete(self, conn: Any, task_id: int, token: uuid.UUID) -> bool:
+        """The async twin of :meth:`complete`."""
+        ...
+
+    async def close_gate(self) -> bool: ...
+
+    async def open_gate(self) -> None: ...
+
+    @property
+    def gate_closed(self) -> bool: ...
+
+    @property
+    def can_listen(self) -> bool: ...
+
+    async def listen(self, wake: Callable[[], None]) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,209 @@
+"""The backends the task-store contract runs on, behind one small harness each.
+
+A scenario enqueues tasks, claims, settles and completes them through the task-store port
+only (outboxkit.queue.tasks.TaskStore), and reads a task's state back (:class:`TaskRow`)
+through the harness. Time moves by :meth:`TaskBackend.advance`: the in-memory clock moves;
+PostgreSQL's stored times move back by as much, which is the same to every statement that
+compares them with ``now()``. A new backend joins with one subclass here and its name in
+``TASK_BACKENDS`` (conftest.py).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import psycopg
+
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.tasks_pg import PgTaskStore
+from outboxkit.backends.postgres.tasks_sql import TaskStatements
+from outboxkit.queue.memory import ManualClock
+from outboxkit.queue.memory_tasks import MemoryTasks, MemoryTaskStore
+from outboxkit.queue.tasks import TaskClaim, TaskClaimed, TaskStore
+
+StatusName = Literal["pending", "running", "done", "failed", "cancelled"]
+_STATUS: dict[int, StatusName] = {
+    0: "pending", 1: "running", 2: "done", 3: "failed", 4: "cancelled",
+}  # fmt: skip
+TABLE = "contract_tasks"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRow:
+    """A task's stored state; ``due``: its ``available_at`` has come (run-at or lease)."""
+
+    status: StatusName
+    attempts: int
+    lapses: int
+    spared: int
+    due: bool
+    claim_token: uuid.UUID | None
+    last_error: str | None
+    error_type: str | None
+
+
+class TaskBackend(abc.ABC):
+    """One backend's task table and the stores (workers) claiming from it."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._stores: list[TaskStore] = []
+
+    @abc.abstractmethod
+    async def enqueue(
+        self,
+        name: str = "job",
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        max_attempts: int | None = None,
+        delay: float = 0.0,
+    ) -> int:
+        """One pending task due after ``delay`` seconds; its id."""
+
+    def store(
+        self,
+        *,
+        queues: Sequence[str] = ("default",),
+        names: Sequence[str] | None = None,
+        retention: Literal["delete", "keep"] = "delete",
+    ) -> TaskStore:
+        """A new worker's store on the table (closed after the test)."""
+        store = self._make_store(list(queues), names, retention)
+        self._stores.append(store)
+        return store
+
+    @abc.abstractmethod
+    def _make_store(
+        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+    ) -> TaskStore: ...
+
+    @abc.abstractmethod
+    async def row(self, task_id: int) -> TaskRow | None:
+        """The task's state; None once it was deleted."""
+
+    @abc.abstractmethod
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass for every lease and run-at time."""
+
+    async def close(self) -> None:
+        for store in self._stores:
+            await store.close()
+
+
+async def claim(
+    store: TaskStore,
+    *,
+    limit: int = 10,
+    lease: float = 30.0,
+    queue: str = "default",
+    alone: bool = False,
+    max_attempts: int = 3,
+    token: uuid.UUID | None = None,
+) -> TaskClaimed:
+    """One claim statement, as the core's claim policies issue it."""
+    return await store.claim_tasks(
+        TaskClaim(queue, alone=alone), limit=limit, lease=lease, token=token or uuid.uuid4(),
+        owner="contract", max_attempts=max_attempts,
+    )  # fmt: skip
+
+
+class MemoryTaskBackend(TaskBackend):
+    name = "memory"
+
+    def __init__(self, store_class: Callable[..., MemoryTaskStore] = MemoryTaskStore) -> None:
+        super().__init__()
+        self.clock = ManualClock(1_000.0)
+        self.tasks = MemoryTasks(clock=self.clock)
+        self.store_class = store_class
+
+    async def enqueue(
+        self,
+        name: str = "job",
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        max_attempts: int | None = None,
+        delay: float = 0.0,
+    ) -> int:
+        return self.tasks.enqueue(
+            name, {}, queue=queue, priority=priority, key=key, max_attempts=max_attempts,
+            delay=delay,
+        )  # fmt: skip
+
+    def _make_store(
+        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+    ) -> TaskStore:
+        return self.store_class(self.tasks, queues=queues, names=names, retention=retention)  # type: ignore[no-any-return]
+
+    async def row(self, task_id: int) -> TaskRow | None:
+        r = self.tasks.row(task_id)
+        if r is None:
+            return None
+        return TaskRow(
+            _STATUS[int(r.status)], r.attempts, r.lapses, r.spared, r.available_at <= self.clock(),
+            r.claim_token, r.last_error, r.error_type,
+        )  # fmt: skip
+
+    async def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+
+class PostgresTaskBackend(TaskBackend):
+    name = "postgres"
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__()
+        self.dsn = dsn
+        migrate_tasks(dsn, table=TABLE)
+        self.sql = TaskStatements(TABLE)
+
+    async def enqueue(
+        self,
+        name: str = "job",
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        max_attempts: int | None = None,
+        delay: float = 0.0,
+    ) -> int:
+        params = (name, queue, "{}", priority, key, None, max_attempts, None, delay,
+                  self.sql.channel)  # fmt: skip
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            await conn.execute(self.sql.enqueue, params)
+            cur = await conn.execute(f"SELECT max(id) FROM {TABLE}")
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _make_store(
+        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+    ) -> TaskStore:
+        return PgTaskStore(self.dsn, TABLE, queues=queues, names=names, retention=retention)
+
+    async def row(self, task_id: int) -> TaskRow | None:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                f"SELECT status, attempts, lapses, spared, available_at <= now(), claim_token,"
+                f" last_error, error_type FROM {TABLE} WHERE id = %s",
+                (task_id,),
+            )
+            r: Any = await cur.fetchone()
+        if r is None:
+            return None
+        return TaskRow(_STATUS[int(r[0])], *r[1:])
+
+    async def advance(self, seconds: float) -> None:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            await conn.execute(
+                f"UPDATE {TABLE} SET available_at = available_at - make_interval(secs => %s)",
+                (seconds,),
+            )

@@ -1,0 +1,288 @@
+"""The task-store contract: every rule of queue/tasks.py, proven on each backend.
+
+Each scenario talks to the port only (claim_tasks, settle, extend_leases, release,
+hasten, fail_unhandled, the handler's transaction and its fenced completion) and reads the
+stored state through the harness (task_backends.py). test_task_store_bugs.py runs them on
+in-memory stores with one rule broken each: the scenario that guards the rule must fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from outboxkit.queue.store import DONE, Decision, Verdict
+from outboxkit.queue.tasks import SUSPECT_LAPSES
+from tests.contract.task_backends import TaskBackend, claim
+
+
+async def test_a_claim_takes_due_tasks_by_priority_then_due_time_and_counts_an_attempt(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    low = await b.enqueue()
+    high = await b.enqueue(priority=5)
+    later = await b.enqueue(priority=9, delay=60)
+    low2 = await b.enqueue()
+    store = b.store()
+    got = await claim(store, limit=2)
+    assert got.claim is not None and sorted(got.claim.ids) == sorted([high, low])
+    assert [t.attempt for t in got.claim.items] == [1, 1]
+    row = await b.row(high)
+    assert row is not None and (row.status, row.attempts, row.due) == ("running", 1, False)
+    assert row.claim_token == got.claim.token
+    rest = await claim(store)
+    assert rest.claim is not None and rest.claim.ids == [low2]  # not `later`: not due
+    assert (await claim(store)).claim is None
+    await store.settle(got.claim, [DONE, DONE])
+    await store.settle(rest.claim, [DONE])
+    await b.advance(61)
+    last = await claim(store)
+    assert last.claim is not None and last.claim.ids == [later]
+
+
+async def test_a_claim_takes_only_its_queue_and_the_names_it_handles(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    mine = await b.enqueue("mine", queue="a")
+    await b.enqueue("other", queue="a")
+    await b.enqueue("mine", queue="b")
+    got = await claim(b.store(queues=["a", "b"], names=["mine"]), queue="a")
+    assert got.claim is not None and got.claim.ids == [mine]
+
+
+async def test_a_keyed_task_is_claimable_only_after_the_earlier_tasks_of_its_key(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    a0, a1 = await b.enqueue(key="a"), await b.enqueue(key="a")
+    b0 = await b.enqueue(key="b")
+    store = b.store()
+    first = await claim(store)
+    assert first.claim is not None and first.claim.ids == [a0, b0]
+    assert (await claim(store)).claim is None  # a1 waits for a0, running
+    await store.settle(first.claim, [DONE, DONE])
+    second = await claim(store)
+    assert second.claim is not None and second.claim.ids == [a1]
+
+
+async def test_concurrent_claims_take_every_task_exactly_once(task_backend: TaskBackend) -> None:
+    b = task_backend
+    ids = {await b.enqueue() for _ in range(40)}
+    stores = [b.store() for _ in range(4)]
+
+    async def drain(store: object) -> list[int]:
+        got: list[int] = []
+        while True:
+            c = await claim(store, limit=3)  # type: ignore[arg-type]
+            if c.claim is None:
+                return got
+            got += c.claim.ids
+
+    claimed = await asyncio.gather(*(drain(s) for s in stores))
+    every = [i for ids_of_one in claimed for i in ids_of_one]
+    assert sorted(every) == sorted(ids)
+
+
+async def test_a_stale_claim_settles_extends_and_releases_nothing(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    stale = (await claim(store, lease=5)).claim
+    assert stale is not None
+    await b.advance(6)
+    live = (await claim(store)).claim
+    assert live is not None and live.ids == [task]
+    assert (await store.settle(stale, [DONE])).lost == 1
+    assert await store.extend_leases(stale, 30) == 0
+    assert await store.release(stale) == 0
+    row = await b.row(task)
+    assert row is not None and (row.status, row.claim_token) == ("running", live.token)
+    assert list((await store.settle(live, [DONE])).ids) == [task]
+    assert await b.row(task) is None
+
+
+async def test_settle_applies_retry_dead_letter_and_hand_back_each_to_its_task(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    retried, dead, handed, done = [await b.enqueue() for _ in range(4)]
+    store = b.store()
+    c = (await claim(store)).claim
+    assert c is not None and c.ids == [retried, dead, handed, done]
+    decisions = [
+        Decision(Verdict.RETRY, 60.0, "boom"),
+        Decision(Verdict.DEAD, 0.0, "gone"),
+        Decision(Verdict.HAND_BACK, 0.0),
+        DONE,
+    ]
+    assert sorted((await store.settle(c, decisions)).ids) == sorted(c.ids)
+    r, d, h = await b.row(retried), await b.row(dead), await b.row(handed)
+    assert r is not None and (r.status, r.attempts, r.due, r.last_error) == (
+        "pending", 1, False, "boom",
+    )  # fmt: skip
+    assert d is not None and (d.status, d.last_error) == ("failed", "gone")
+    assert h is not None and (h.status, h.attempts, h.due) == ("pending", 0, True)
+    assert await b.row(done) is None
+
+
+async def test_release_hands_tasks_back_at_once_with_the_attempt_refunded(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    c = (await claim(store)).claim
+    assert c is not None
+    assert await store.release(c) == 1
+    row = await b.row(task)
+    assert row is not None and (row.status, row.attempts, row.due) == ("pending", 0, True)
+    assert row.claim_token is None
+
+
+async def test_extend_leases_keeps_a_running_task_from_other_claims(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    await b.enqueue()
+    store = b.store()
+    c = (await claim(store, lease=10)).claim
+    assert c is not None
+    await b.advance(8)
+    assert await store.extend_leases(c, 10) == 1
+    await b.advance(8)
+    assert (await claim(b.store())).claim is None
+
+
+async def test_a_completion_in_the_handlers_transaction_is_fenced_by_the_claim_token(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    c = (await claim(store)).claim
+    assert c is not None
+    with store.transaction("contract") as conn:
+        assert not store.complete(conn, task, uuid.uuid4())  # another attempt's token
+        conn.rollback()
+    assert (await b.row(task)) is not None
+    async with store.atransaction("contract") as conn:
+        assert await store.acomplete(conn, task, c.token)
+        await conn.rollback()
+    row = await b.row(task)
+    assert row is not None and row.status == "running"  # rolled back: not completed
+    with store.transaction("contract") as conn:
+        assert store.complete(conn, task, c.token)
+        conn.commit()
+    assert await b.row(task) is None
+    c.items[0].completed = True
+    assert list((await store.settle(c, [DONE])).ids) == [task]  # nothing left to do
+
+
+async def test_a_task_that_lapsed_beside_others_is_not_charged_and_turns_suspect(
+    task_backend: TaskBackend,
+) -> None:
+    """A worker died holding three tasks: nothing says which killed it. None is charged;
+    after SUSPECT_LAPSES such deaths a task is taken only by a claim that runs it alone."""
+    b = task_backend
+    tasks = [await b.enqueue() for _ in range(3)]
+    store = b.store()
+    for lapse in range(1, SUSPECT_LAPSES):
+        c = (await claim(store, lease=5)).claim
+        assert c is not None and c.ids == tasks
+        await b.advance(6)  # the worker died: nobody settles, the leases run out
+        again = await claim(store, lease=5)
+        assert again.claim is not None and again.claim.ids == tasks
+        assert [t.attempt for t in again.claim.items] == [lapse + 1] * 3  # a new attempt each
+        assert [t.spared for t in again.claim.items] == [lapse] * 3  # but none charged
+        rows = [await b.row(t) for t in tasks]
+        assert [(r.lapses, r.spared) for r in rows if r] == [(lapse, lapse)] * 3
+        await b.advance(6)
+    passed = await claim(store)  # now suspects: a claim that is not alone passes them
+    assert passed.claim is None and passed.suspects
+    alone = await claim(store, alone=True, limit=1)
+    assert alone.claim is not None and alone.claim.ids == [tasks[0]] and not alone.suspects
+    assert alone.claim.items[0].spared == SUSPECT_LAPSES  # its last death was ambiguous too
+    row = await b.row(tasks[0])
+    assert row is not None and (row.status, row.lapses) == ("running", SUSPECT_LAPSES)
+    assert row.attempts - row.spared == 1  # only this claim counts
+
+
+async def test_only_deaths_while_running_alone_are_charged_up_to_the_crash_loop_guard(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    poison = await b.enqueue(max_attempts=2)
+    store = b.store()
+    attempts: list[int] = []
+    while len(attempts) < 10:
+        got = await claim(store, lease=5)
+        if got.claim is None:
+            assert got.suspects
+            got = await claim(store, lease=5, alone=True, limit=1)
+        assert got.claim is not None
+        if not got.claim.ids:
+            break
+        attempts.append(got.claim.items[0].attempt)
+        await b.advance(6)  # died running it
+    # two deaths beside others (spared), then two alone (charged: its max_attempts of 2)
+    assert attempts == list(range(1, SUSPECT_LAPSES + 3))
+    (task, kind, error) = got.claim.dead[0]
+    assert (task.id, kind) == (poison, "crash_loop") and "without finishing" in error
+    row = await b.row(poison)
+    assert row is not None and (row.status, row.error_type) == ("failed", "CrashLoop")
+
+
+async def test_a_settled_outcome_clears_the_lapses_and_a_hand_back_keeps_them(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    for _ in range(SUSPECT_LAPSES):
+        assert (await claim(store, lease=5)).claim is not None
+        await b.advance(6)
+    c = (await claim(store, alone=True, limit=1)).claim
+    assert c is not None
+    await store.settle(c, [Decision(Verdict.HAND_BACK, 0.0)])  # not run: still a suspect
+    assert (await claim(store)).suspects
+    c = (await claim(store, alone=True, limit=1)).claim
+    assert c is not None
+    await store.settle(c, [Decision(Verdict.RETRY, 0.0, "a plain failure")])  # it ran
+    row = await b.row(task)
+    assert row is not None and (row.lapses, row.attempts, row.spared) == (0, 3, 2)
+    fresh = await claim(store)
+    assert fresh.claim is not None and fresh.claim.ids == [task] and not fresh.suspects
+
+
+async def test_fail_unhandled_fails_only_tasks_of_names_no_worker_has_past_the_grace(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    orphan = await b.enqueue("orphan")
+    handled = await b.enqueue("mine")
+    young = await b.enqueue("orphan", delay=50)
+    store = b.store(names=["mine"])
+    assert await store.fail_unhandled(100, 10) == []
+    await b.advance(120)
+    assert await store.fail_unhandled(100, 10) == ["orphan"]
+    o, h, y = await b.row(orphan), await b.row(handled), await b.row(young)
+    assert o is not None and (o.status, o.error_type) == ("failed", "UnknownTask")
+    assert h is not None and h.status == "pending"
+    assert y is not None and y.status == "pending"  # due only 70 s ago
+
+
+async def test_hasten_makes_handed_back_tasks_due_now(task_backend: TaskBackend) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    c = (await claim(store)).claim
+    assert c is not None
+    await store.settle(c, [Decision(Verdict.HAND_BACK, 60.0)])
+    assert (await claim(store)).claim is None
+    assert await store.hasten([task]) == 1
+    again = await claim(store)
+    assert again.claim is not None and again.claim.ids == [task]

@@ -1,0 +1,140 @@
+"""The task-store contract catches what it guards: each planted bug fails its scenario.
+
+Each bug is an in-memory store with one rule of queue/tasks.py broken, the way a backend
+written carelessly would break it; the scenario that guards the rule must fail on it (and
+passes on the correct stores, in test_task_store.py). A contract that let one of these
+through would prove nothing about a new backend.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from outboxkit.queue.memory_tasks import MemoryTaskRow, MemoryTaskStore, TaskState
+from outboxkit.queue.store import Claim, Settled
+from outboxkit.queue.tasks import SUSPECT_LAPSES, ClaimedTask, TaskClaim, TaskClaimed
+from tests.contract import test_task_store as scenarios
+from tests.contract.task_backends import MemoryTaskBackend
+
+
+class NoFencing(MemoryTaskStore):
+    """Settles, extends and completes whatever the token (a zombie's settle lands)."""
+
+    def _held(self, task_id: int, token: uuid.UUID) -> MemoryTaskRow | None:
+        return self.tasks.row(task_id)
+
+
+class ChargesNeighbours(MemoryTaskStore):
+    """The naive claim: every lapse is charged, whoever ran beside whom (the issue's bug)."""
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        lapsed = {r.id for r in self.tasks.rows() if r.status is TaskState.RUNNING}
+        got = await super().claim_tasks(what, **kwargs)
+        for task in got.claim.items if got.claim else []:
+            row = self.tasks.row(task.id)
+            if task.id in lapsed and row is not None:
+                row.spared = task.spared = 0  # as if it had run alone: charged
+                row.lapses = SUSPECT_LAPSES
+        return got
+
+
+class NoKeySerial(MemoryTaskStore):
+    """Claims a keyed task while an earlier one of its key is live."""
+
+    def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
+        key, row.key = row.key, None
+        try:
+            return super()._claimable(row, queue, now)
+        finally:
+            row.key = key
+
+
+class HidesSuspects(MemoryTaskStore):
+    """Passes over suspects without saying so: nobody ever runs them alone."""
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        got = await super().claim_tasks(what, **kwargs)
+        return TaskClaimed(got.claim, False)
+
+
+class ReleaseKeepsTheAttempt(MemoryTaskStore):
+    """A release at shutdown charges the attempt it hands back."""
+
+    async def release(self, claim: Claim[ClaimedTask]) -> int:
+        count = await super().release(claim)
+        for task_id in claim.ids:
+            row = self.tasks.row(task_id)
+            if row is not None:
+                row.attempts += 1
+        return count
+
+
+class SettleKeepsLapses(MemoryTaskStore):
+    """A task that ran to an outcome stays a suspect for ever."""
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Any) -> Settled:
+        before = {i: r.lapses for i in claim.ids if (r := self.tasks.row(i)) is not None}
+        settled = await super().settle(claim, decisions)
+        for task_id, lapses in before.items():
+            row = self.tasks.row(task_id)
+            if row is not None:
+                row.lapses = lapses
+        return settled
+
+
+Scenario = Callable[[Any], Awaitable[None]]
+BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
+    (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
+    (
+        NoFencing,
+        scenarios.test_a_completion_in_the_handlers_transaction_is_fenced_by_the_claim_token,
+    ),
+    (
+        ChargesNeighbours,
+        scenarios.test_a_task_that_lapsed_beside_others_is_not_charged_and_turns_suspect,
+    ),
+    (
+        ChargesNeighbours,
+        scenarios.test_only_deaths_while_running_alone_are_charged_up_to_the_crash_loop_guard,
+    ),
+    (NoKeySerial, scenarios.test_a_keyed_task_is_claimable_only_after_the_earlier_tasks_of_its_key),
+    (
+        HidesSuspects,
+        scenarios.test_a_task_that_lapsed_beside_others_is_not_charged_and_turns_suspect,
+    ),
+    (
+        ReleaseKeepsTheAttempt,
+        scenarios.test_release_hands_tasks_back_at_once_with_the_attempt_refunded,
+    ),
+    (
+        SettleKeepsLapses,
+        scenarios.test_a_settled_outcome_clears_the_lapses_and_a_hand_back_keeps_them,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bug", "scenario"), BUGS, ids=[f"{b.__name__}-{s.__name__[5:40]}" for b, s in BUGS]
+)
+async def test_the_contract_catches_a_planted_bug(
+    bug: type[MemoryTaskStore], scenario: Scenario
+) -> None:
+    backend = MemoryTaskBackend(store_class=bug)
+    try:
+        with pytest.raises(AssertionError):
+            await scenario(backend)
+    finally:
+        await backend.close()
+
+
+async def test_the_same_scenarios_pass_on_the_correct_store() -> None:
+    for _bug, scenario in BUGS:
+        backend = MemoryTaskBackend()
+        try:
+            await scenario(backend)
+        finally:
+            await backend.close()
