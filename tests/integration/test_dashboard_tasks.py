@@ -352,3 +352,52 @@ async def test_a_task_whose_payload_does_not_decode_opens(tasks_dsn: str) -> Non
             body = await resp.json()
             assert resp.status == 200, body
     assert body["payload"].startswith("[[[") and body["payload_kind"] == "text"
+
+
+async def test_the_tasks_page_pauses_and_resumes_a_queue_with_the_token(
+    tasks_dsn: str,
+) -> None:
+    tasks = Tasks()
+    ran: list[str] = []
+
+    @tasks.handler("job")
+    async def job(payload: Any) -> None:
+        ran.append(str(payload))
+
+    hostile = "<img src=x onerror=window.__pwned=3>"
+    mail = _enqueue(tasks_dsn, tasks, "job", "mail", queue="mail")
+    _enqueue(tasks_dsn, tasks, "job", "hostile", queue=hostile)
+    tasks.pause(tasks_dsn, hostile)
+
+    board = Dashboard(tasks_dsn, admin_token=TOKEN, sample_interval=0.5)
+    async with served(board) as url, chromium() as browser:
+        async with aiohttp.ClientSession() as s:  # the API refuses without the token
+            async with s.post(f"{url}/api/tasks/queues/mail/pause") as resp:
+                assert resp.status == 403
+        page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+        dialogs = accepting_dialogs(page)
+        await page.goto(url + "/tasks")
+        await page.wait_for_selector('#queues tr[data-queue="mail"]')
+        shown = await page.eval_on_selector_all(
+            "#queues tbody tr",
+            "rows => rows.map(r => [...r.cells].slice(0, 4).map(c => c.textContent))",
+        )
+        assert sorted(shown) == sorted(
+            [[hostile, "paused", "1", "0"], ["mail", "running", "1", "0"]]
+        )
+        assert await page.locator("#queues img").count() == 0
+        assert await page.evaluate("window.__pwned") is None
+
+        await page.fill("#token", TOKEN)
+        await page.click("#token-save")
+        await page.locator('#queues tr[data-queue="mail"] button.pause').click()
+        await page.wait_for_selector('#queues tr[data-queue="mail"][data-paused="true"]')
+        assert "mail" in dialogs[-1]
+        async with running_worker(tasks, tasks_dsn, ["mail", hostile]):
+            await asyncio.sleep(1.0)
+            assert ran == [], "a paused queue's task ran"
+            await page.locator('#queues tr[data-queue="mail"] button.resume').click()
+            await wait_for(lambda: ran == ["mail"], what="the resumed queue's task ran")
+        assert _status(tasks_dsn, mail) is None
+        by = await page.text_content('#queues tr[data-queue="mail"] td:nth-child(6)') or ""
+        assert by.startswith("dashboard (")

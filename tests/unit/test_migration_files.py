@@ -26,6 +26,7 @@ RELEASED = {
     "inbox/0001_processed_events.sql": "e922081c90487d67",
     "tasks/0001_tasks.sql": "547b007e54742f37",
     "tasks/0002_lapses.sql": "e6ba0083b4ed2b90",
+    "tasks/0003_queues.sql": "1aaf8dc40731e14f",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres.tasks_pg import task_gauges
+from outboxkit.backends.postgres.tasks_pg import queue_states, task_gauges
 from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 from outboxkit.ops._throttle import Throttled
 from outboxkit.queue.tasks import ClaimedTask
@@ -35,6 +35,10 @@ log = logging.getLogger("outboxkit.worker")
 GAUGE_TIMEOUT = 2.0
 
 
+#: What a scrape reads from the table: the per-name gauges and each queue's (queue, paused).
+_Read = tuple[list[tuple[Any, ...]], list[tuple[str, bool]]]
+
+
 class _TableGauges(Collector):
     """Read at scrape time (the scrape runs it in a thread)."""
 
@@ -43,6 +47,13 @@ class _TableGauges(Collector):
         self.table = table
         self.max_names = max_names
         self.rows: list[tuple[Any, ...]] = []
+        #: (queue, paused) of every queue with live tasks or a pause record.
+        self.queues: list[tuple[str, bool]] = []
+
+    def read(self) -> _Read:
+        """The table's gauges and its queues' states (blocking: run in a thread)."""
+        rows = task_gauges(self.dsn, self.table, max_names=self.max_names)
+        return rows, [(q["queue"], q["paused"]) for q in queue_states(self.dsn, self.table)]
 
     def collect(self) -> Iterable[Metric]:
         names = ("queued", "scheduled", "running", "failed")
@@ -61,6 +72,14 @@ class _TableGauges(Collector):
             age.add_metric([name], float(oldest or 0.0))
         yield from families.values()
         yield age
+        paused = GaugeMetricFamily(
+            "outboxkit_task_queue_paused",
+            "1 while a queue is paused (`outboxkit tasks pause`): no worker claims from it",
+            labels=["queue"],
+        )
+        for queue, is_paused in self.queues:
+            paused.add_metric([queue], 1.0 if is_paused else 0.0)
+        yield paused
 
 
 class TaskMetrics:
@@ -89,7 +108,7 @@ class TaskMetrics:
         )
         self.gauges = _TableGauges(dsn, table, max_names)
         self.registry.register(self.gauges)
-        self._reading: asyncio.Future[list[tuple[Any, ...]]] | None = None
+        self._reading: asyncio.Future[_Read] | None = None
         self._gauge_errors = Throttled(log, 60.0)
 
     def label(self, name: str) -> str:
@@ -121,14 +140,13 @@ class TaskMetrics:
         """
         gauges = self.gauges
         if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(
-                asyncio.to_thread(task_gauges, gauges.dsn, gauges.table, max_names=gauges.max_names)
-            )
+            self._reading = asyncio.ensure_future(asyncio.to_thread(gauges.read))
             self._reading.add_done_callback(_retrieve)
         try:
-            gauges.rows = await asyncio.wait_for(asyncio.shield(self._reading), GAUGE_TIMEOUT)
+            read = await asyncio.wait_for(asyncio.shield(self._reading), GAUGE_TIMEOUT)
+            gauges.rows, gauges.queues = read
         except Exception as exc:  # (TimeoutError, a database error)
-            gauges.rows = []
+            gauges.rows, gauges.queues = [], []
             self._gauge_errors(
                 logging.WARNING,
                 "the task table's gauges could not be read (%s); /metrics serves the counters"

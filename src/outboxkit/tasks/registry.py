@@ -265,6 +265,22 @@ class Tasks:
         adapter = async_adapter(conn, _ENQUEUE)
         return await adapter.fetch_flag(conn, self._statement, params)
 
+    def pause(self, conn: psycopg.Connection[Any] | str, queue: str) -> bool:
+        """Stop every worker claiming from ``queue`` (running tasks finish; enqueue goes on);
+        ``conn``: an autocommit connection or a DSN. False if it was paused already."""
+        from outboxkit.backends.postgres.tasks_pg import pause_queue
+
+        _check_text("queue", queue)
+        return pause_queue(conn, self.table, queue, by=f"Tasks.pause ({_process()})")
+
+    def resume(self, conn: psycopg.Connection[Any] | str, queue: str) -> bool:
+        """Let workers claim from ``queue`` again (waiting ones are woken at once); False if
+        it was not paused."""
+        from outboxkit.backends.postgres.tasks_pg import resume_queue
+
+        _check_text("queue", queue)
+        return resume_queue(conn, self.table, queue, by=f"Tasks.resume ({_process()})")
+
     def transaction(self, conn: psycopg.Connection[Any]) -> TaskTransaction:
         """A transaction whose tasks are inserted with its COMMIT, in its round trip.
 

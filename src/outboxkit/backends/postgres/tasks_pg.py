@@ -133,7 +133,8 @@ class PgTaskStore(PgSession):
         set_json_loads(_load_payload, conn)
 
     def _missing(self, exc: Exception | None = None) -> SchemaError:
-        if isinstance(exc, pg_errors.UndefinedColumn):
+        newer = self.sql.queues_table.strip('"').rsplit('"."', 1)[-1]
+        if isinstance(exc, pg_errors.UndefinedColumn) or newer in str(exc):
             return SchemaError(
                 f"task table {self.table!r} is older than this outboxkit (the server says:"
                 f" {str(exc).splitlines()[0]}): upgrade it with `outboxkit migrate --tasks"
@@ -151,10 +152,18 @@ class PgTaskStore(PgSession):
             row = await cur.fetchone()
             vacuum = await (await conn.execute(self.sql.autovacuum_off)).fetchone()
             await conn.execute(self.sql.check_columns)
+            cur = await conn.execute(self.sql.paused_queues, (self.queues,))
+            paused = [str(r[0]) for r in await cur.fetchall()]
         except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn) as exc:
             raise self._missing(exc) from None
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
+        if paused:
+            log.warning(
+                "queue(s) %s paused: this worker claims from them once resumed"
+                " (`outboxkit tasks resume QUEUE`)",
+                ", ".join(paused),
+            )
         pending = int(row[0]) if row else 0
         where = f"database {conn.info.dbname} on {conn.info.host}"
         if vacuum and vacuum[0]:
@@ -575,6 +584,30 @@ def discard_tasks(dsn: _Source, table: str, ids: Sequence[int]) -> list[int]:
     """Failed or cancelled tasks deleted for good."""
     with _admin(dsn, table) as conn:
         return [r[0] for r in conn.execute(TaskStatements(table).discard_tasks, (list(ids),))]
+
+
+def pause_queue(dsn: _Source, table: str, queue: str, *, by: str | None = None) -> bool:
+    """Stop every worker claiming from ``queue`` (running tasks finish; enqueue goes on);
+    False if it was paused already."""
+    with _admin(dsn, table) as conn:
+        row = conn.execute(TaskStatements(table).pause_queue, {"queue": queue, "by": by}).fetchone()
+    return not (row is not None and row[0])
+
+
+def resume_queue(dsn: _Source, table: str, queue: str, *, by: str | None = None) -> bool:
+    """Let workers claim from ``queue`` again, woken at once; False if it was not paused."""
+    stmts = TaskStatements(table)
+    params = {"queue": queue, "by": by, "channel": stmts.channel}
+    with _admin(dsn, table) as conn:
+        row = conn.execute(stmts.resume_queue, params).fetchone()
+    return bool(row is not None and row[0])
+
+
+def queue_states(dsn: _Source, table: str) -> list[dict[str, Any]]:
+    """Every queue with live tasks or a pause record: paused, since when and by whom, and
+    its queued and running counts."""
+    with _admin(dsn, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(TaskStatements(table).queue_states).fetchall())
 
 
 def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int = 1000) -> int:

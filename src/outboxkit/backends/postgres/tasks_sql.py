@@ -54,6 +54,11 @@ _STATES = {
 }
 
 
+def queues_table_name(name: str) -> str:
+    """The table of a task table's paused queues: its name with ``_queues``."""
+    return f"{name}_queues"[:63]
+
+
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
     """The placeholders of the task table's migration files
     (backends/postgres/migrations/tasks/)."""
@@ -61,6 +66,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
     return {
         "table": table_identifier(schema, name),
         "schedules": table_identifier(schema, SCHEDULES_TABLE),
+        "queues": table_identifier(schema, queues_table_name(name)),
         "index_pending": sql.Identifier(f"{name}_claim_idx"[:63]),
         "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
         "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
@@ -176,6 +182,7 @@ WITH seen AS MATERIALIZED (
           WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
       AND (NOT %(alone)s
            OR t.lapses + CASE WHEN t.status = {running} THEN 1 ELSE 0 END >= {suspect})
+      AND NOT EXISTS (SELECT 1 FROM {queues} AS q WHERE q.queue = %(queue)s AND q.paused)
     ORDER BY t.priority DESC, t.available_at, t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -317,9 +324,48 @@ SELECT CASE
 FROM pg_class AS c WHERE c.oid = {table_literal}::regclass
 """
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
-# At start: the columns of the latest schema version are there (an older table fails here,
-# with the missing column's name, instead of at the first claim).
-CHECK_COLUMNS = "SELECT lapses, spared FROM {table} LIMIT 0"
+# At start: the columns and tables of the latest schema version are there (an older table
+# fails here, naming what is missing, instead of at the first claim).
+CHECK_COLUMNS = "SELECT lapses, spared, (SELECT 1 FROM {queues} LIMIT 0) FROM {table} LIMIT 0"
+
+# --- paused queues ---------------------------------------------------------------------
+
+# Pausing a queue is one row; its claims pass it over from their next statement. Resuming
+# wakes the waiting workers at once (the queue's tasks may have been due for a while). Both
+# return the queue's state before (NULL: never paused), so a repeat says so.
+PAUSE_QUEUE = """
+WITH before AS (SELECT paused FROM {queues} WHERE queue = %(queue)s)
+INSERT INTO {queues} (queue, paused, changed_at, changed_by)
+VALUES (%(queue)s, true, now(), %(by)s)
+ON CONFLICT (queue) DO UPDATE
+SET paused = true, changed_at = now(), changed_by = EXCLUDED.changed_by
+RETURNING (SELECT paused FROM before)
+"""
+RESUME_QUEUE = """
+WITH before AS (SELECT paused FROM {queues} WHERE queue = %(queue)s),
+     resumed AS (
+    UPDATE {queues} SET paused = false, changed_at = now(), changed_by = %(by)s
+    WHERE queue = %(queue)s AND paused
+    RETURNING 1
+)
+SELECT (SELECT paused FROM before), pg_notify(%(channel)s, '')
+"""
+# Every queue with tasks or a pause row: its state and counts (`outboxkit tasks queues`).
+QUEUE_STATES = """
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status = {running}) AS running
+    FROM {table} WHERE status IN ({pending}, {running})
+    GROUP BY queue
+)
+SELECT coalesce(c.queue, q.queue) AS queue, coalesce(q.paused, false) AS paused,
+       q.changed_at, q.changed_by, coalesce(c.queued, 0) AS queued,
+       coalesce(c.running, 0) AS running
+FROM counts AS c FULL JOIN {queues} AS q ON q.queue = c.queue
+ORDER BY 1
+"""
+PAUSED_QUEUES = "SELECT queue FROM {queues} WHERE paused AND queue = ANY(%s) ORDER BY queue"
 
 # --- periodic tasks ------------------------------------------------------------------
 
@@ -473,10 +519,12 @@ class TaskStatements:
         self.table = table
         self.qualified = quote_table(schema, name)
         self.schedules = quote_table(schema, SCHEDULES_TABLE)
+        self.queues_table = quote_table(schema, queues_table_name(name))
         self.channel = channel_for(f"tasks.{table}")
         slots = {
             "table": self.qualified,
             "schedules": self.schedules,
+            "queues": self.queues_table,
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
@@ -502,6 +550,10 @@ class TaskStatements:
         self.autovacuum_off = AUTOVACUUM_OFF.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
         self.check_columns = CHECK_COLUMNS.format(**slots)
+        self.pause_queue = PAUSE_QUEUE.format(**slots)
+        self.resume_queue = RESUME_QUEUE.format(**slots)
+        self.queue_states = QUEUE_STATES.format(**slots)
+        self.paused_queues = PAUSED_QUEUES.format(**slots)
         self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
         self.last_slot = LAST_SLOT.format(**slots)

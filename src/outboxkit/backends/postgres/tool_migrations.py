@@ -57,6 +57,7 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
     ("tasks", 2): (
         "ALTER TABLE {table} DROP COLUMN IF EXISTS lapses, DROP COLUMN IF EXISTS spared",
     ),
+    ("tasks", 3): ("DROP TABLE IF EXISTS {queues}",),
 }
 
 

@@ -1,4 +1,5 @@
-"""``outboxkit tasks list | failed | show | replay | cancel | discard | purge``: the task table."""
+"""``outboxkit tasks list | failed | show | replay | cancel | discard | purge | queues | pause |
+resume``: the task table and its queues."""
 
 from __future__ import annotations
 
@@ -119,6 +120,99 @@ def list_command(
         list_tasks, dsn, tasks_table, status=state, name=name, queue=queue, limit=limit
     )
     _print(rows, as_json, "tasks")
+    if not as_json:
+        _say_paused(dsn, tasks_table, queue)
+
+
+def _say_paused(dsn: str, tasks_table: str, only: str | None) -> None:
+    """One line per paused queue under a person's listing (no worker claims from it)."""
+    from outboxkit.backends.postgres.tasks_pg import queue_states
+
+    for q in run_guarded(queue_states, dsn, tasks_table):
+        if q["paused"] and only in (None, q["queue"]):
+            console.print(
+                f"[yellow]queue {q['queue']} is paused[/] since"
+                f" {q['changed_at'].isoformat(timespec='seconds')}"
+                f"{' by ' + q['changed_by'] if q['changed_by'] else ''}: its tasks wait"
+                f" (`outboxkit tasks resume {q['queue']}`)",
+                markup=True,
+                highlight=False,
+            )
+
+
+def _who() -> str:
+    """Who pauses or resumes, as the pause record keeps it (user@host, from the CLI)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in a bare container
+        user = "?"
+    return f"cli {user}@{socket.gethostname()}"
+
+
+@tasks.command("queues")
+@task_dsn_option
+@tasks_table_option
+@json_option
+def queues_command(dsn: str, tasks_table: str, as_json: bool) -> None:
+    """Each queue: paused or running, its queued and running tasks."""
+    from outboxkit.backends.postgres.tasks_pg import queue_states
+
+    rows = run_guarded(queue_states, dsn, tasks_table)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}))
+        return
+    if not rows:
+        ok("no queues: no live task, nothing paused")
+        return
+    table = Table(title="queues")
+    for column in ("queue", "state", "queued", "running", "since", "by"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["queue"],
+            "[yellow]paused[/]" if r["paused"] else "running",
+            str(r["queued"]),
+            str(r["running"]),
+            r["changed_at"].isoformat(timespec="seconds") if r["changed_at"] else "",
+            r["changed_by"] or "",
+        )
+    console.print(table)
+
+
+@tasks.command("pause")
+@task_dsn_option
+@tasks_table_option
+@click.argument("queue")
+def pause_command(dsn: str, tasks_table: str, queue: str) -> None:
+    """Stop every worker claiming from QUEUE.
+
+    Workers stop at their next claim (running tasks finish); enqueue keeps working and the
+    tasks wait. A worker started while the queue is paused does not claim from it either.
+    """
+    from outboxkit.backends.postgres.tasks_pg import pause_queue
+
+    if run_guarded(pause_queue, dsn, tasks_table, queue, by=_who()):
+        ok(f"paused queue {queue}: no worker claims from it until `outboxkit tasks resume {queue}`")
+    else:
+        ok(f"queue {queue} was paused already")
+
+
+@tasks.command("resume")
+@task_dsn_option
+@tasks_table_option
+@click.argument("queue")
+def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
+    """Let workers claim from QUEUE again (waiting workers are woken at once)."""
+    from outboxkit.backends.postgres.tasks_pg import resume_queue
+
+    if run_guarded(resume_queue, dsn, tasks_table, queue, by=_who()):
+        ok(f"resumed queue {queue}")
+    else:
+        ok(f"queue {queue} was not paused")
 
 
 @tasks.command("failed")

@@ -1,7 +1,8 @@
 """The dashboard's Tasks page: task mode's table by state, one task's detail, and its actions.
 
 Every read and action is a function of backends/postgres/tasks_pg.py, the ones `outboxkit tasks list
-| show | replay | cancel | discard` run, on the dashboard's kept connections: no SQL here."""
+| show | replay | cancel | discard | queues | pause | resume` run, on the dashboard's kept
+connections: no SQL here."""
 
 from __future__ import annotations
 
@@ -187,8 +188,38 @@ def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
 
         return handler
 
+    async def queues(_request: web.Request) -> web.Response:
+        rows = await run(tasks_pg.queue_states)
+        return _json(
+            [{**q, "changed_at": q["changed_at"].isoformat() if q["changed_at"] else None}
+             for q in rows]
+        )  # fmt: skip
+
+    def queue_action(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        switch = tasks_pg.pause_queue if verb == "pause" else tasks_pg.resume_queue
+
+        async def handler(request: web.Request) -> web.Response:
+            queue = request.match_info["queue"]
+            if not queue or len(queue) > MAX_FILTER_CHARS:
+                return _json({"error": f"a queue name is 1 to {MAX_FILTER_CHARS} characters"}, 400)
+            denied = _refusal(dashboard, request, f"{verb} of queue {queue}")
+            if denied is not None:
+                return denied
+            changed = await run(switch, queue, by=f"dashboard ({request.remote})")
+            log.warning(
+                "dashboard: %s of queue %s by %s%s", verb, queue, request.remote,
+                "" if changed else " (no change)",
+                extra={"action": f"queue {verb}", "queue": queue, "changed": bool(changed)},
+            )  # fmt: skip
+            return _json({verb: queue, "changed": bool(changed)})
+
+        return handler
+
     app.router.add_get("/tasks", page)
     app.router.add_get("/api/tasks/overview", overview)
+    app.router.add_get("/api/tasks/queues", queues)
+    app.router.add_post("/api/tasks/queues/{queue}/pause", queue_action("pause"))
+    app.router.add_post("/api/tasks/queues/{queue}/resume", queue_action("resume"))
     app.router.add_get("/api/tasks", listing)
     app.router.add_get("/api/tasks/{id}", detail)
     for verb, run_it, refused in _ACTIONS:

@@ -1,5 +1,5 @@
-// outboxkit dashboard, the tasks page: task mode's table by state, a task's detail and the
-// actions of `outboxkit tasks replay | cancel | discard`. Renders with textContent only
+// outboxkit dashboard, the tasks page: task mode's table by state, its queues, a task's detail
+// and the actions of `outboxkit tasks replay | cancel | discard | pause | resume`. Renders with textContent only
 // (helpers in common.js): payloads, errors and tracebacks are attacker-controlled.
 "use strict";
 
@@ -129,10 +129,45 @@ async function showTask(id) {
   }
 }
 
+// A paused queue: no worker claims from it (running tasks finish, enqueue goes on).
+function renderQueues(rows) {
+  $("no-queues").hidden = rows.length > 0;
+  $("queues").tBodies[0].replaceChildren(...rows.map((q) => {
+    const row = el("tr");
+    row.dataset.queue = q.queue;
+    row.dataset.paused = String(q.paused);
+    cell(row, q.queue);
+    cell(row, q.paused ? "paused" : "running", q.paused ? "bad" : "");
+    cell(row, q.queued, "n");
+    cell(row, q.running, "n");
+    cell(row, when(q.changed_at));
+    cell(row, q.changed_by || "");
+    const actions = el("td");
+    const verb = q.paused ? "resume" : "pause";
+    actions.append(actionButton(verb, `${q.paused ? "primary" : "danger"} ${verb}`, () => switchQueue(q.queue, verb)));
+    row.appendChild(actions);
+    return row;
+  }));
+}
+
+async function switchQueue(queue, verb) {
+  if (verb === "pause" && !window.confirm(`Pause queue ${queue}? No worker claims from it until it is resumed; running tasks finish.`)) return;
+  try {
+    await post(`api/tasks/queues/${encodeURIComponent(queue)}/${verb}`);
+    toast(`queue ${queue}: ${verb === "pause" ? "paused" : "resumed"}`);
+    await refresh();
+  } catch (e) {
+    toast(`${verb} of queue ${queue} failed: ${e.message}`);
+  }
+}
+
 async function refresh() {
   try {
     const overview = await api("api/tasks/overview");
-    if (renderOverview(overview)) renderTasks(await api(`api/tasks?${filters()}`));
+    if (renderOverview(overview)) {
+      renderQueues(await api("api/tasks/queues"));
+      renderTasks(await api(`api/tasks?${filters()}`));
+    }
     document.body.dataset.loaded = String(Date.now());
   } catch (e) {
     showError("dashboard API unreachable: " + e.message);
