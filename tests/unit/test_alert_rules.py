@@ -14,7 +14,7 @@ import yaml
 
 from outboxkit.ops.metrics import RelayMetrics, TableSnapshot
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.relay.engine import CdcStatus, RelayStatus
+from outboxkit.relay.status import CdcStatus, RelayStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "outboxkit-alerts.yml"

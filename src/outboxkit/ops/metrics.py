@@ -38,8 +38,8 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.relay.engine import CdcStatus, RelayStatus
 from outboxkit.relay.observer import Failure, RelayObserver
+from outboxkit.relay.status import CdcStatus, RelayStatus
 
 log = logging.getLogger("outboxkit.metrics")
 
