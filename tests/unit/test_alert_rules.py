@@ -33,7 +33,7 @@ def exported() -> dict[str, set[str]]:
         uuid.uuid4(), "orders", "k", "x", None, None, b"{}", {}, dt.datetime.now(dt.UTC)
     )
     metrics.claimed(3, 0.002)
-    metrics.published([message] * 3, [PublishResult.success()] * 3, 0.01)
+    metrics.processed([message] * 3, [PublishResult.success()] * 3, 0.01)
     retry = PublishResult.retry("broker down", "ConnectionError")
     metrics.settled([message], [(message, retry)], [(message, PublishResult.permanent("big"))])
     metrics.snapshot = TableSnapshot(

@@ -432,11 +432,11 @@ class CdcRelay:
         todo = batch
         while todo:
             messages = [e.message for e in todo]
-            with self.observer.publishing(messages):
+            with self.observer.processing(messages):
                 started = time.perf_counter()
                 results = await publish(self.publisher, messages, self.publish_timeout)
-                self.observer.published(messages, results, time.perf_counter() - started)
-                self.outage.published(messages, results, 0.0)
+                self.observer.processed(messages, results, time.perf_counter() - started)
+                self.outage.processed(messages, results, 0.0)
             published = [e for e, r in zip(todo, results, strict=True) if r.ok]
             if published:
                 self._broker_backoff.reset()

@@ -335,7 +335,7 @@ class RelayMetrics(RelayObserver):
             self.claim_batch_size.observe(count)
             self.batches_total.inc()
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         self.broker_rtt.observe(seconds)
