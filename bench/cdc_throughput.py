@@ -41,7 +41,7 @@ class _Latency(RelayObserver):
         self.samples: list[float] = []
         self.recording = False
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         if not self.recording:

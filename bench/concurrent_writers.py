@@ -557,6 +557,7 @@ async def _latency_run(
     from outboxkit import Relay
     from outboxkit.publishers.kafka import KafkaPublisher
     from outboxkit.queue.loop import linger_waits
+    from outboxkit.relay.polling import PollingSource
 
     notify, linger, poll, hold, first = variant
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -567,7 +568,8 @@ async def _latency_run(
     publisher = latency.TimingPublisher(KafkaPublisher({"bootstrap.servers": bootstrap}))
     await publisher.start()
     relay = Relay(dsn, publisher, listen=notify, poll_interval=poll, linger=min(linger, poll))
-    relay._loop._linger_waits = linger_waits(min(linger, poll), first)
+    assert isinstance(relay._source, PollingSource)
+    relay._source.loop._linger_waits = linger_waits(min(linger, poll), first)
     task = asyncio.create_task(relay.run())
     await asyncio.sleep(1.0)  # connected and listening
     meter = CpuMeter()  # the machine, and this process: the relay and librdkafka

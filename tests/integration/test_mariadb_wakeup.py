@@ -21,6 +21,8 @@ from outboxkit.backends.mariadb import wakeup
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.drivers.base import dbapi_params
+from outboxkit.queue.store import QueueStore
+from outboxkit.relay.polling import PollingSource
 from outboxkit.write.mariadb_table import MariaDBTableStorage
 from tests.support.mariadb import MariaDB
 from tests.support.mariadb_drivers import database, driver_module
@@ -44,9 +46,16 @@ def _event(topic: str, **extra: Any) -> Event:
     return Event(topic=topic, event_type="x", payload={"n": 1}, **extra)
 
 
+def _store(relay: Relay) -> QueueStore[Any]:
+    source = relay._source
+    assert isinstance(source, PollingSource)
+    return source.store
+
+
 async def _idle(relay: Relay) -> None:
     """Until the relay waits for a wake-up (it holds the gate): only the poll is left."""
-    await wait_for(lambda: relay._store.gate_closed, timeout=10)
+    store = _store(relay)
+    await wait_for(lambda: store.gate_closed, timeout=10)
 
 
 async def _published(publisher: TimingPublisher, event: Event, since: float) -> float:
@@ -149,4 +158,4 @@ async def test_a_scheduled_event_wakes_nobody_and_no_relay_means_no_work(url: st
         later = _event("later", delay=dt.timedelta(seconds=60))
         await asyncio.to_thread(_commit_with_transaction, url, later)
         await asyncio.sleep(0.2)
-        assert relay._store.gate_closed  # not woken: the event is not due
+        assert _store(relay).gate_closed  # not woken: the event is not due

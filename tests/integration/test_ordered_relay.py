@@ -33,6 +33,7 @@ from outboxkit.backends.postgres.ordered_sql import OrderedStatements, blocked_k
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.publishers.nats import NatsPublisher
 from outboxkit.publishers.webhook import WebhookPublisher
+from outboxkit.relay.polling import PollingSource
 from outboxkit.testing import free_port, spawn_relay
 from tests.support.relaying import rows, running_relay, wait_for
 from tests.support.servers import consume_nats, ensure_stream
@@ -209,7 +210,9 @@ async def test_kafka_gets_each_key_in_commit_order_from_an_idempotent_bounded_pr
     publisher = KafkaPublisher.from_url(kafka_broker.url)
     async with running_relay(ordered_dsn, publisher, ordered=True, lease=10.0) as relay:
         await wait_for(lambda: not rows(ordered_dsn), timeout=40, what="every event published")
-        window = relay._ordered.window if relay._ordered else 0.0
+        source = relay._source
+        assert isinstance(source, PollingSource) and source.ordered is not None
+        window = source.ordered.window
     # librdkafka gives up within half the publish window: never after a hand-over
     assert publisher._config["delivery.timeout.ms"] == int(window / 2 * 1000) == 2500
     got = await asyncio.to_thread(consume_kafka, kafka_broker.bootstrap, topic, len(events), 20)

@@ -113,8 +113,8 @@ def test_a_failed_batch_marks_its_span_as_an_error(spans: Any) -> None:
         event.event_id, "t", None, "x", None, None, b"{}", event.headers, _now()
     )
     observer = BatchTracing()
-    with observer.publishing([message]):
-        observer.published([message], [PublishResult.retry("broker down", "ConnErr")], 0.01)
+    with observer.processing([message]):
+        observer.processed([message], [PublishResult.retry("broker down", "ConnErr")], 0.01)
     [batch] = [s for s in spans.get_finished_spans() if s.name == "outboxkit publish"]
     assert batch.status.status_code == trace.StatusCode.ERROR
     assert "ConnErr" in (batch.status.description or "")
@@ -153,7 +153,7 @@ _WITHOUT_OTEL = textwrap.dedent(
     assert not tracing.available()
     assert isinstance(default_observer(), SummaryLog)
     m = OutboundMessage(e.event_id, "t", None, "x", None, None, b"{}", e.headers, None)
-    with BatchTracing().publishing([m]):
+    with BatchTracing().processing([m]):
         pass
     with tracing.consumer_span("c", {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}):
         pass

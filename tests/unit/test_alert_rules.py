@@ -14,7 +14,7 @@ import yaml
 
 from outboxkit.ops.metrics import RelayMetrics, TableSnapshot
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.relay.engine import CdcStatus, RelayStatus
+from outboxkit.relay.status import CdcStatus, RelayStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "outboxkit-alerts.yml"
@@ -33,7 +33,7 @@ def exported() -> dict[str, set[str]]:
         uuid.uuid4(), "orders", "k", "x", None, None, b"{}", {}, dt.datetime.now(dt.UTC)
     )
     metrics.claimed(3, 0.002)
-    metrics.published([message] * 3, [PublishResult.success()] * 3, 0.01)
+    metrics.processed([message] * 3, [PublishResult.success()] * 3, 0.01)
     retry = PublishResult.retry("broker down", "ConnectionError")
     metrics.settled([message], [(message, retry)], [(message, PublishResult.permanent("big"))])
     metrics.snapshot = TableSnapshot(

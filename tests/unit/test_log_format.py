@@ -171,12 +171,12 @@ def test_an_outage_is_one_warning_a_reminder_per_interval_and_one_info(
             batch = backlog[(step % 3) * 1000 : (step % 3 + 1) * 1000]
             outage.claimed(1000, 0.0)
             result = down if step % 2 else handed_back
-            outage.published(batch, [result] * 1000, 0.0)
+            outage.processed(batch, [result] * 1000, 0.0)
             now[0] += 0.1
         assert outage.failing and outage.waiting == 3000
         for i in range(3):
             batch = backlog[i * 1000 : (i + 1) * 1000]
-            outage.published(batch, [PublishResult.success()] * 1000, 0.0)
+            outage.processed(batch, [PublishResult.success()] * 1000, 0.0)
             now[0] += 1
         assert outage.failing, "not over until nothing failed for recover_after"
         now[0] += 5
@@ -203,14 +203,14 @@ def test_dead_letters_leave_the_waiting_count_and_a_poison_event_flaps_no_more_t
     poison = PublishResult.retry("no stream", "no_stream")
     with caplog.at_level(logging.INFO, logger="outboxkit.relay"):
         [first] = _messages(1)
-        outage.published([first, *_messages(9)], [poison] + [healthy] * 9, 0.0)
+        outage.processed([first, *_messages(9)], [poison] + [healthy] * 9, 0.0)
         assert outage.failing and outage.waiting == 1
         last = dataclasses.replace(first, attempt=2)
-        outage.published([last], [poison], 0.0)  # its last attempt: dead-lettered
+        outage.processed([last], [poison], 0.0)  # its last attempt: dead-lettered
         assert outage.waiting == 0
         for _ in range(100):  # healthy traffic afterwards, one batch a second
             now[0] += 1
-            outage.published(_messages(5), [healthy] * 5, 0.0)
+            outage.processed(_messages(5), [healthy] * 5, 0.0)
     assert not outage.failing
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
     assert "1 dead-lettered" in caplog.records[1].getMessage()

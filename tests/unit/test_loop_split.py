@@ -98,7 +98,7 @@ class Observer:
         return lambda *args, **kwargs: None
 
     @contextmanager
-    def publishing(self, messages: Sequence[Item]) -> Iterator[None]:
+    def processing(self, messages: Sequence[Item]) -> Iterator[None]:
         yield
 
 

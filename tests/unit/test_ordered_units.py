@@ -66,7 +66,7 @@ def test_the_metrics_show_the_partitions_an_ordered_relay_holds() -> None:
     from types import SimpleNamespace
 
     from outboxkit.ops.metrics import RelayMetrics
-    from outboxkit.relay.engine import RelayStatus
+    from outboxkit.relay.status import RelayStatus
 
     metrics = RelayMetrics("postgresql://unused", process_metrics=False)
     assert metrics.registry.get_sample_value("outboxkit_partitions_owned") is None

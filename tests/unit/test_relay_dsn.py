@@ -38,7 +38,7 @@ def test_configuration_faults_are_told_from_outages(message: str, fix: str | Non
     and pg_hba need a server with password auth, which the test servers do not have)."""
     import psycopg
 
-    from outboxkit.relay.engine import _configuration_fault
+    from outboxkit.backends.postgres._connection import configuration_fault
 
-    found = _configuration_fault(psycopg.OperationalError(message))
+    found = configuration_fault(psycopg.OperationalError(message))
     assert (found is None) if fix is None else (found is not None and fix in found), found

@@ -51,3 +51,22 @@ def test_every_hook_reaches_the_stats_past_an_observer_that_raises(
     assert (stats.db_reconnects, stats.db_errors) == (1, 1)
     assert stats.last_error == "ConnectionError: refused"
     assert sum("observer bug" in (r.exc_text or "") for r in caplog.records) == 4
+
+
+def test_an_observer_overriding_a_renamed_hook_is_refused_not_skipped() -> None:
+    """publishing/published became the queue core's processing/processed (the task worker
+    shares them): an override of the old name would never be called, so it fails loudly."""
+    with pytest.raises(TypeError, match=r"RelayObserver\.published, renamed processed"):
+
+        class _Old(RelayObserver):
+            def published(self, *args: object) -> None: ...
+
+    class _New(RelayObserver):
+        published = 0  # not a hook: an attribute of its own is left alone
+
+        def processed(self, *args: object) -> None:
+            self.published += 1
+
+    observer = _New()
+    Observers(observer).processed([_message()], [PublishResult.success()], 0.0)
+    assert observer.published == 1

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import psycopg
 
 from outboxkit._backoff import Backoff
-from outboxkit._redact import redact, remember_secrets
+from outboxkit._redact import remember_secrets
 from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import (
     PoolerMode,
@@ -71,7 +71,7 @@ from outboxkit.sink.observer import (
     default_observer,
 )
 from outboxkit.sink.outage import FailureEpisode, OutageLog
-from outboxkit.sink.publisher import FailureLog, publish
+from outboxkit.sink.publisher import FailureLog, close_publisher, log_stopped, publish
 from outboxkit.write.wal_envelope import message_prefix
 
 log = logging.getLogger("outboxkit.relay")
@@ -230,22 +230,9 @@ class CdcRelay:
                 await self.cleanup.flush(force=True)
             await self.cleanup.close()
             await self.dead_letters.close()
-            try:
-                await self.publisher.close()
-            except Exception as exc:
-                log.warning(
-                    "publisher %s did not close cleanly: %s",
-                    self.publisher.name,
-                    redact(f"{type(exc).__name__}: {exc}"),
-                )
+            await close_publisher(self.publisher)
             self._running = False
-            log.info(
-                "cdc relay %s stopped: published=%d retried=%d dead_lettered=%d",
-                self.relay_id,
-                self.stats.published,
-                self.stats.retried,
-                self.stats.dead_lettered,
-            )
+            log_stopped(f"cdc relay {self.relay_id}", self.stats, released=False)
 
     async def _refuse_pooler(self) -> None:
         """A transaction pooler carries no replication stream: say so instead of failing
@@ -445,11 +432,11 @@ class CdcRelay:
         todo = batch
         while todo:
             messages = [e.message for e in todo]
-            with self.observer.publishing(messages):
+            with self.observer.processing(messages):
                 started = time.perf_counter()
                 results = await publish(self.publisher, messages, self.publish_timeout)
-                self.observer.published(messages, results, time.perf_counter() - started)
-                self.outage.published(messages, results, 0.0)
+                self.observer.processed(messages, results, time.perf_counter() - started)
+                self.outage.processed(messages, results, 0.0)
             published = [e for e, r in zip(todo, results, strict=True) if r.ok]
             if published:
                 self._broker_backoff.reset()

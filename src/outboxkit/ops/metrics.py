@@ -38,8 +38,8 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.relay.engine import CdcStatus, RelayStatus
 from outboxkit.relay.observer import Failure, RelayObserver
+from outboxkit.relay.status import CdcStatus, RelayStatus
 
 log = logging.getLogger("outboxkit.metrics")
 
@@ -335,7 +335,7 @@ class RelayMetrics(RelayObserver):
             self.claim_batch_size.observe(count)
             self.batches_total.inc()
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         self.broker_rtt.observe(seconds)

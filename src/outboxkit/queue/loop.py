@@ -26,11 +26,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from outboxkit._backoff import Backoff
 from outboxkit._redact import redact
 from outboxkit._text import first_line
 from outboxkit.queue.decide import Outcome, Reschedule, RetryPolicy, decide, outage
-from outboxkit.queue.episode import FailureEpisode
+from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
+from outboxkit.queue.handback import HandBack
 from outboxkit.queue.heartbeat import LeaseHeartbeat
 from outboxkit.queue.store import (
     DONE,
@@ -61,8 +61,6 @@ _GATE_RETRY = (0.005, 0.1)
 # steady 1 000 events/s, 1 ms gave 1.9 events per claim and 2 ms 3.0, for a third less
 # relay CPU per event at +0.5 ms p50 (bench/concurrent_writers.py --latency-only).
 _FIRST_LOOK = 0.002
-#: Items handed back in an outage remembered by id, to make them due once it ends.
-_MAX_HANDED_BACK = 200_000
 
 
 def linger_waits(
@@ -104,14 +102,16 @@ class Sink(Protocol[T_contra, O_co]):
 
 
 class QueueObserver(Protocol[T_contra, O_contra]):
-    """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one)."""
+    """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one, the task
+    worker's another). ``processing`` wraps the sink's work on a claim (the relay's
+    publish, the worker's handlers); ``processed`` follows it, before the settle."""
 
     def claimed(self, count: int, seconds: float) -> None: ...
 
-    def publishing(self, messages: Sequence[T_contra]) -> AbstractContextManager[None]: ...
+    def processing(self, items: Sequence[T_contra]) -> AbstractContextManager[None]: ...
 
-    def published(
-        self, messages: Sequence[T_contra], results: Sequence[O_contra], seconds: float
+    def processed(
+        self, items: Sequence[T_contra], outcomes: Sequence[O_contra], seconds: float
     ) -> None: ...
 
     def settled(
@@ -244,19 +244,13 @@ class ClaimLoop(Generic[T, R]):
         self._slots = asyncio.Semaphore(options.max_in_flight)
         self._limit = options.batch_size  # the last claim's limit
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._db_backoff = Backoff(base=0.2, cap=10.0)
-        self._db_outage = FailureEpisode("database", logger=self.log)
-        # Paces items handed back untried while the target is unreachable: attempts are
-        # not counted then (an outage must not dead-letter healthy items), so the items'
-        # own backoff does not grow; this one does, per loop, until the target is back.
-        # Once it is, what was handed back is made due at once (store.hasten).
-        self._target_backoff = Backoff(base=options.retry.base, cap=options.retry.cap)
-        self._handed_back: set[int] = set()
-        self._handed_back_at = 0.0
+        # A store that fails (queue/faults.py): retried with backoff, an outage one episode.
+        self._errors = DatabaseErrors(observer, self.log, self._sleep)
         # Configuration faults: the store refused a claim or a settle (no privilege,
         # read-only). The loop claims nothing while one lasts.
-        self._denied: StoreDenied | None = None
-        self._denied_settles = 0
+        self._denied = DeniedWrites(store, self._errors, self.log, options.words.who, self._sleep)
+        # Items handed back untried while the sink's target is down (queue/handback.py).
+        self._hand_back = HandBack(store, sink, options.retry, self.log, self._wake.set)
         self._failure: BaseException | None = None
         self.first_settled: Callable[[int, float], None] | None = None
 
@@ -272,23 +266,11 @@ class ClaimLoop(Generic[T, R]):
         self._wake.set()
 
     def status(self) -> LoopStatus:
-        denied = None
-        if self._denied is not None:
-            denied = first_line(self._denied.cause, with_type=True)
-        return LoopStatus(denied, len(self._in_flight), self.stopping.is_set())
+        return LoopStatus(self._denied.reason, len(self._in_flight), self.stopping.is_set())
 
     def deny(self, exc: StoreDenied, what: str) -> None:
         """The store refused ``what``: stop claiming and say so once, in one line."""
-        if self._denied is None:
-            self.log.error(
-                "the database refuses the %s's %s (%s): claiming stopped, nothing is"
-                " claimed again until it can settle; grant the role UPDATE and DELETE on"
-                " the table (or point --dsn at a writable primary)",
-                self.options.words.who,
-                what,
-                first_line(exc.cause, with_type=True),
-            )
-        self._denied = exc
+        self._denied.deny(exc, what)
 
     async def run(self) -> None:
         """Claim until :meth:`stop`; the first failure of a side task or a batch stops it."""
@@ -355,9 +337,9 @@ class ClaimLoop(Generic[T, R]):
     async def _claim_loop(self) -> None:
         store = self.store
         while await self._acquire_slot():
-            if self._denied is not None:
+            if self._denied.cause is not None:
                 self._slots.release()
-                await self._wait_until_allowed()
+                await self._denied.wait_until_allowed(self.stopping.is_set)
                 continue
             # Clear before claiming: a commit notified during the claim wakes the next one.
             self._wake.clear()
@@ -371,7 +353,7 @@ class ClaimLoop(Generic[T, R]):
             except StoreError as exc:
                 # A lost connection or a failed statement (a timeout, a trigger): back off, retry.
                 self._slots.release()
-                await self._on_store_error("claim", exc)
+                await self._errors.failed("claim", exc)
                 continue
             except BaseException:
                 self._slots.release()
@@ -450,8 +432,7 @@ class ClaimLoop(Generic[T, R]):
             max_attempts=options.retry.max_attempts,  # the crash-loop guard
             policy=policy,
         )
-        self._db_backoff.reset()
-        self._db_outage.succeeded()
+        self._errors.succeeded()
         count = 0 if claim is None else len(claim.ids)
         self.observer.claimed(count, time.perf_counter() - started)
         if claim is not None and claim.dead:
@@ -467,8 +448,8 @@ class ClaimLoop(Generic[T, R]):
     async def _wait_for_work(self) -> None:
         if self._wake.is_set() or self.stopping.is_set():
             return
-        if self._handed_back and self.sink.restored_since(self._handed_back_at):
-            await self._target_back()  # the outage is over: what it handed back is due now
+        if self._hand_back.target_restored():  # the outage is over: what it handed back is due
+            await self._hand_back.target_back()
             return
         step = self._linger_step
         if step < len(self._linger_waits):  # lingering after work: look again shortly
@@ -510,42 +491,15 @@ class ClaimLoop(Generic[T, R]):
         except StoreError as exc:
             self.log.debug("could not release the wake-up lock: %s", first_line(exc.cause))
 
-    async def _wait_until_allowed(self) -> None:
-        """Claiming stopped on a configuration fault: check now and then whether it is fixed."""
-        await self._sleep(self._db_backoff.next_delay())
-        if self.stopping.is_set() or self._denied_settles:
-            return  # a settle still refused: its own retries tell when the fault is fixed
-        try:
-            await self.store.start()
-        except StoreDenied as exc:
-            self._denied = exc
-            return
-        except StoreError as exc:
-            self.log.debug(
-                "checking the %s's rights failed: %s",
-                self.options.words.who,
-                first_line(exc.cause),
-            )
-            return
-        self._allowed()
-
-    def _allowed(self) -> None:
-        if self._denied is not None and not self._denied_settles:
-            self._denied = None
-            self._db_backoff.reset()
-            self.log.info(
-                "the database accepts the %s's writes again: claiming", self.options.words.who
-            )
-
     # -- one claim ----------------------------------------------------------------
 
     async def _process(self, claim: Claim[T]) -> None:
         try:
             items = claim.items
-            with self.observer.publishing(items):
+            with self.observer.processing(items):
                 started = time.perf_counter()
                 outcomes = await self._run_sink(claim)
-                self.observer.published(items, outcomes, time.perf_counter() - started)
+                self.observer.processed(items, outcomes, time.perf_counter() - started)
             await self._settle(claim, outcomes)
         except StoreError as exc:
             # Not a lost connection (those are retried): the statement itself failed.
@@ -605,18 +559,14 @@ class ClaimLoop(Generic[T, R]):
         if all(o.ok for o in outcomes):  # the common case: one pass, no per-item lists
             settled = await self._store_settle(claim, [DONE] * len(items))
             if settled is not None:
-                self._target_backoff.reset()
+                self._hand_back.succeeded()
                 self._report_done(claim, settled, claim.ids, items)
-                if self._handed_back:
-                    await self._target_back()
+                if self._hand_back.waiting:
+                    await self._hand_back.target_back()
             return
         target_down = self.sink.target_down()
         state = outage(outcomes, target_down=target_down)
-        outage_delay = 0.0
-        if state is False:
-            self._target_backoff.reset()
-        elif state:
-            outage_delay = self._target_backoff.next_delay()
+        outage_delay = self._hand_back.delay(state)
         policy = self.options.retry
         pick = self.retry_for
         decisions = [
@@ -669,11 +619,9 @@ class ClaimLoop(Generic[T, R]):
             self.observer.handed_back(len(handed_back), first_hand_back)
             count = len(handed_back)
             self.log.debug("handed back %d event(s) untried, attempts not counted", count)
-            if outage_delay > 0 and len(self._handed_back) < _MAX_HANDED_BACK:
-                self._handed_back.update(handed_back)
-                self._handed_back_at = time.monotonic()
-        if state is False and self._handed_back:
-            await self._target_back()
+            self._hand_back.remember(handed_back, outage_delay)
+        if state is False and self._hand_back.waiting:
+            await self._hand_back.target_back()
 
     def _report_done(
         self, claim: Claim[T], settled: Settled, ids: Sequence[int], items: Sequence[T]
@@ -701,23 +649,6 @@ class ClaimLoop(Generic[T, R]):
                 self.options.words.again,
             )
 
-    async def _target_back(self) -> None:
-        """The target is back: items handed back during its outage are due at once."""
-        ids = list(self._handed_back)
-        self._handed_back.clear()
-        try:
-            count = await self.store.hasten(ids)
-        except StoreError as exc:
-            self.log.debug("could not make handed-back items due: %s", first_line(exc.cause))
-            return
-        if count:
-            self.log.info(
-                "%s is back: %d event(s) handed back during the outage are due now",
-                self.sink.name,
-                count,
-            )
-            self._wake.set()
-
     async def _store_settle(self, claim: Claim[T], decisions: Sequence[Decision]) -> Settled | None:
         """Settle ``claim``, retrying through database outages and refusals.
 
@@ -732,26 +663,25 @@ class ClaimLoop(Generic[T, R]):
                 except StoreDenied as exc:
                     if not denied:
                         denied = True
-                        self._denied_settles += 1
+                        self._denied.settling += 1
                         self.observer.database_error("settle", exc.cause, False)
                     self.deny(exc, "settles")
                     if self._giving_up(claim):
                         return None
-                    await self._sleep(self._db_backoff.next_delay())
+                    await self._sleep(self._errors.next_delay())
                     continue
                 except (StoreUnavailable, StoreTimeout) as exc:
                     if self._giving_up(claim):
                         return None
-                    await self._on_store_error("settle", exc)
+                    await self._errors.failed("settle", exc)
                     continue
-                self._db_backoff.reset()
-                self._db_outage.succeeded()
+                self._errors.succeeded()
                 return settled
         finally:
             if denied:
-                self._denied_settles -= 1
+                self._denied.settling -= 1
                 if not self.stopping.is_set():
-                    self._allowed()  # the settle went through: claim again
+                    self._denied.allowed()  # the settle went through: claim again
 
     def _giving_up(self, claim: Claim[T]) -> bool:
         if self.stopping.is_set() and (
@@ -780,28 +710,6 @@ class ClaimLoop(Generic[T, R]):
             return
         self.observer.handed_back(count, None)
         self.log.info("released %d lease(s) at shutdown", count)
-
-    async def _on_store_error(self, what: str, exc: StoreError) -> None:
-        """Report ``exc`` and back off before the retry (the store reconnects by itself)."""
-        lost = isinstance(exc, StoreUnavailable)
-        self.observer.database_error(what, exc.cause, lost)
-        delay = self._db_backoff.next_delay()
-        if lost:
-            self._db_outage.failed(
-                "database unavailable during %s (%s); reconnecting in %.2fs",
-                what,
-                first_line(exc.cause),
-                delay,
-            )
-        else:
-            # The connection works; the statement failed (a timeout, a lock, a trigger).
-            self.log.error(
-                "%s failed: %s; retrying in %.2fs",
-                what,
-                redact(f"{type(exc.cause).__name__}: {exc.cause}"),
-                delay,
-            )
-        await self._sleep(delay)
 
 
 async def _cancel_and_capture_errors(

@@ -8,28 +8,25 @@ claim's token. A relay that dies leaves leases that simply expire.
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import socket
 import uuid
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal, Protocol
 
-from outboxkit._redact import redact, remember_secrets
-from outboxkit._text import first_line
-from outboxkit.backends.mariadb.queue import MariaDBQueueStore
+from outboxkit._redact import remember_secrets
 from outboxkit.backends.mariadb.sql import is_mysql_url
-from outboxkit.backends.postgres._connection import PoolerMode, pooler_mode, split_pooler
-from outboxkit.backends.postgres.queue_pg import PgQueueStore
+from outboxkit.backends.postgres._connection import (
+    PoolerMode,
+    check_dsn,
+    pooler_mode,
+    split_pooler,
+)
 from outboxkit.errors import ConfigurationError
-from outboxkit.publishers.base import OutboundMessage, Publisher, PublishResult, batch_shape
-from outboxkit.queue.decide import RetryPolicy
-from outboxkit.queue.loop import ClaimLoop, LoopOptions, LoopStatus
-from outboxkit.queue.store import QueueStore, StoreDenied, StoreError
-from outboxkit.relay.maintenance import partition_maintenance
-from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
+from outboxkit.publishers.base import Publisher, batch_shape
+from outboxkit.relay.ordered import DeadLetterPolicy
+from outboxkit.relay.polling import PollingSource
+from outboxkit.relay.status import RelayStatus
+from outboxkit.relay.wal import WalSource
 from outboxkit.sink.observer import (
     Observers,
     RelayObserver,
@@ -38,18 +35,12 @@ from outboxkit.sink.observer import (
     default_observer,
 )
 from outboxkit.sink.outage import OutageLog
-from outboxkit.sink.publisher import FailureLog, PublisherSink
-
-if TYPE_CHECKING:
-    from outboxkit.cdc.relay import CdcRelay
-
-log = logging.getLogger("outboxkit.relay")
 
 Retention = Literal["delete", "keep"]
 #: Where the relay reads events: the table (claims) or the replication slot (outboxkit.cdc).
 Source = Literal["poll", "cdc"]
 
-__all__ = ["Relay", "RelayStatus", "default_relay_id"]
+__all__ = ["Relay", "default_relay_id"]
 
 
 def default_relay_id() -> str:
@@ -57,32 +48,18 @@ def default_relay_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-@dataclass(frozen=True, slots=True)
-class RelayStatus:
-    """What readiness and metrics read of a relay, typed (ops/metrics.py), read without I/O.
+class RelaySource(Protocol):
+    """What a Relay runs: the claim loop (``poll``, relay/polling.py) or the replication
+    stream (``cdc``, relay/wal.py). Each builds only what it uses."""
 
-    ``denied``: why the database refuses the relay's writes (claiming stopped), or None.
-    ``partitions_owned``: ordered mode's partitions held now (None when not ordered).
-    ``stream_down``: ``--source cdc``, seconds the replication stream has been failing
-    and the last error's class (None while it streams or waits as a standby).
-    ``cdc``: the WAL relay's position and state, or None for the polling relay.
-    """
+    def stop(self) -> None: ...
 
-    denied: str | None = None
-    partitions_owned: int | None = None
-    stream_down: tuple[float, str] | None = None
-    cdc: CdcStatus | None = None
+    @property
+    def stopping(self) -> bool: ...
 
+    async def run(self) -> None: ...
 
-@dataclass(frozen=True, slots=True)
-class CdcStatus:
-    """The WAL relay's state for metrics: its stream, its slot and its confirmed position."""
-
-    slot: str
-    streaming: bool
-    standby: bool
-    confirmed_lsn: int
-    lag_seconds: float
+    def status(self) -> RelayStatus: ...
 
 
 class Relay:
@@ -185,7 +162,7 @@ class Relay:
             )
         # A bad ?pooler= or a DSN libpq cannot parse fails here, not at the first connection.
         if not self._mariadb:
-            _check_dsn(split_pooler(dsn)[0])
+            check_dsn(split_pooler(dsn)[0])
         self.direct_dsn = direct_dsn
         if direct_dsn is not None:
             remember_secrets(direct_dsn)
@@ -222,68 +199,23 @@ class Relay:
         self.outage = OutageLog(max_attempts=max_attempts)
         self.ordered = ordered
         self.linger = linger
-        # source="cdc": run() and stop() delegate to the WAL relay, which shares the stats,
-        # observers and outage log (metrics, /readyz and the summary log see it alike).
         if source not in ("poll", "cdc"):
             raise ConfigurationError(f"source must be 'poll' or 'cdc', not {source!r}")
         self.source: Source = source
-        # The relay is the queue core (outboxkit.queue.loop) with the publisher as its sink
-        # and the outbox table as its store (backends/postgres/queue_pg.py). Ordered mode (per-key
-        # order through partition leases, relay/ordered.py) is a claim policy and a sink
-        # that publishes in waves, with the partition heartbeat as a side task.
-        self._store: QueueStore[OutboundMessage] = (
-            MariaDBQueueStore(dsn, table, OutboundMessage, retention=retention, ordered=ordered)
-            if self._mariadb
-            else PgQueueStore(
-                dsn,
-                table,
-                OutboundMessage,
-                retention=retention,
-                ordered=ordered,
-                synchronous_commit=synchronous_commit,
-                pooler=self.pooler,
-                direct_dsn=direct_dsn,
-            )
-        )
-        self._sink = PublisherSink(publisher, self.publish_timeout)
-        self._ordered = (
-            OrderedMode(
-                dsn,
-                table,
-                self._sink,
-                relay_id=self.relay_id,
-                lease=lease,
+        # source="cdc": run() and stop() drive the WAL relay, which shares the stats,
+        # observers and outage log (metrics, /readyz and the summary log see it alike).
+        self._source: RelaySource = (
+            WalSource(self, slot)
+            if source == "cdc"
+            else PollingSource(
+                self,
+                mariadb=self._mariadb,
                 dead_letter_policy=dead_letter_policy,
-                pooler=self.pooler,
-                direct_dsn=direct_dsn,
                 unique_id=relay_id is None,
             )
-            if ordered
-            else None
         )
-        options = LoopOptions(
-            owner=self.relay_id,
-            batch_size=batch_size,
-            max_in_flight=max_in_flight,
-            lease=lease,
-            poll_interval=poll_interval,
-            linger=linger,
-            listen=listen,
-            shutdown_timeout=shutdown_timeout,
-            retry=RetryPolicy(max_attempts=max_attempts, base=retry_base, cap=retry_cap),
-        )
-        self._loop: ClaimLoop[OutboundMessage, PublishResult] = ClaimLoop(
-            self._store,
-            self._sink if self._ordered is None else self._ordered,
-            Observers(self.observer, self.outage, FailureLog()),
-            options,
-            ordering=self._ordered,
-            side_tasks=self._side_tasks(),
-            logger=log,
-        )
-        self._loop.first_settled = self._first_batch
-        self._running = False
-        self.cdc = _cdc_relay(self, slot) if source == "cdc" else None
+        #: The WAL relay a ``source="cdc"`` relay runs (None when it polls).
+        self.cdc = self._source.cdc if isinstance(self._source, WalSource) else None
 
     def __repr__(self) -> str:
         return f"Relay(table={self.table!r}, relay_id={self.relay_id!r})"
@@ -292,13 +224,11 @@ class Relay:
 
     def stop(self) -> None:
         """Stop claiming, finish in-flight batches, release what was not published."""
-        self._loop.stop()
-        if self.cdc is not None:
-            self.cdc.stop()
+        self._source.stop()
 
     @property
     def stopping(self) -> bool:
-        return self._loop.stopping.is_set()
+        return self._source.stopping
 
     async def run(self) -> None:
         """Relay until :meth:`stop` is called. Raises only for errors a restart won't fix.
@@ -307,210 +237,14 @@ class Relay:
         connections and the publisher are closed before it returns or raises, and a
         relay whose start failed can be run again.
         """
-        if self.cdc is not None:
-            await self._check_database()
-            await self.cdc.run()
-            return
-        if self._running:
-            raise RuntimeError("this Relay is already running")
-        self._running = True
-        publisher_started = False
-        try:
-            log.info(
-                "relay %s starting: table=%s publisher=%s batch_size=%d max_in_flight=%d"
-                " lease=%.1fs synchronous_commit=%s",
-                self.relay_id,
-                self.table,
-                self.publisher.name,
-                self.batch_size,
-                self.max_in_flight,
-                self.lease,
-                "on" if self.synchronous_commit else "off",
-            )
-            # The table first: a missing table fails here, before any broker is contacted.
-            await self._check_table()
-            publisher_started = True  # a start that fails half-way may hold a connection
-            await self.publisher.start()
-            log.info("publisher %s started; claiming batches", self.publisher.name)
-            await self._loop.run()
-        finally:
-            await self._store.close()
-            if publisher_started:
-                try:
-                    await self.publisher.close()
-                except Exception as exc:
-                    log.warning(
-                        "publisher %s did not close cleanly: %s",
-                        self.publisher.name,
-                        redact(f"{type(exc).__name__}: {exc}"),
-                    )
-            self._running = False
-            log.info(
-                "relay %s stopped: published=%d retried=%d dead_lettered=%d released=%d",
-                self.relay_id,
-                self.stats.published,
-                self.stats.retried,
-                self.stats.dead_lettered,
-                self.stats.released,
-            )
-
-    def _side_tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
-        # A partitioned outbox: partitions ahead, expired ones dropped (relay/maintenance.py).
-        tasks: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            (
-                "outboxkit-relay:partitions",
-                # (its advisory lock is a session's: PostgreSQL itself when given)
-                lambda: partition_maintenance(
-                    self.direct_dsn or self.dsn, self.table, self._loop.stopping
-                ),
-            )
-        ]
-        if self._mariadb:  # (partitioned tables are PostgreSQL's)
-            tasks.clear()
-        if self._ordered is not None:  # ordered mode's partition leases (relay/partitions.py)
-            tasks.append(("outboxkit-relay:partition-leases", self._ordered.run))
-        return tasks
+        await self._source.run()
 
     @property
     def partitions_owned(self) -> int | None:
         """Ordered mode: the partitions this relay holds now (None when not ordered)."""
-        return None if self._ordered is None else self._ordered.owned_count()
+        source = self._source
+        return source.partitions_owned if isinstance(source, PollingSource) else None
 
     def status(self) -> RelayStatus:
         """The relay's state for readiness and metrics (no I/O)."""
-        cdc = self.cdc
-        if cdc is not None:
-            return RelayStatus(
-                stream_down=cdc.stream_down(),
-                cdc=CdcStatus(
-                    cdc.slot, cdc.streaming, cdc.standby, cdc.confirmed_lsn, cdc.lag_seconds()
-                ),
-            )
-        loop: LoopStatus = self._loop.status()
-        return RelayStatus(denied=loop.denied, partitions_owned=self.partitions_owned)
-
-    def _first_batch(self, count: int, seconds: float) -> None:
-        log.info(
-            "first batch published: %d event(s) via %s in %.0f ms",
-            count,
-            self.publisher.name,
-            1000 * seconds,
-        )
-
-    async def _check_database(self) -> None:
-        """The WAL relay's start: a database that refuses us for good stops it in one line.
-
-        An unreachable server is left to the stream's own reconnects.
-        """
-        import psycopg
-
-        from outboxkit.backends.postgres._connection import aconnect
-
-        try:
-            conn = await aconnect(self.dsn, application_name=f"{self.relay_id}:check"[:63])
-        except psycopg.OperationalError as exc:
-            if (fault := _configuration_fault(exc)) is not None:
-                raise ConfigurationError(
-                    f"the database refused the relay: {first_line(exc)} — {fault}"
-                ) from None
-            return
-        await conn.close()
-
-    async def _check_table(self) -> None:
-        """Say what the relay found at start; raise if the table is missing.
-
-        An unreachable database is not fatal here: the claim loop retries it. A role that
-        cannot settle (no UPDATE or DELETE, a read-only server) is refused: the loop
-        claims nothing until it can (issue 26, item 5).
-        """
-        try:
-            info = await self._store.start()
-            if self._ordered is not None:
-                await self._ordered.check_schema()  # SchemaError: run migrate --ordered
-        except StoreDenied as exc:
-            self._loop.deny(exc, "settles")
-            return
-        except StoreError as exc:
-            if (fault := _configuration_fault(exc.cause)) is not None:
-                raise ConfigurationError(
-                    f"the database refused the relay: {first_line(exc.cause)} — {fault}"
-                ) from None
-            log.warning("database not reachable at start (%s); retrying", first_line(exc.cause))
-            return
-        log.info(
-            "connected to %s; table %s found with %s%d pending event(s)",
-            info.where,
-            self.table,
-            "at least " if info.pending_capped else "",
-            info.pending,
-        )
-
-
-# What a restart does not fix: an unknown database (SQLSTATE 3D000), an unknown role or a
-# refused host (28000), a wrong password (28P01). libpq reports them at connect without a
-# SQLSTATE, so its FATAL message is read too. Anything else at start (a refused port, a
-# timeout) is an outage and retried.
-_CONFIGURATION_FAULTS = {
-    "3D000": "check the database name in --dsn (or create it)",
-    "28000": "check the user name in --dsn and pg_hba.conf",
-    "28P01": "check the password in --dsn",
-}
-_FATAL_MESSAGES = (
-    (re.compile(r'database "[^"]*" does not exist'), "3D000"),
-    (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry'), "28000"),
-    (re.compile(r"password authentication failed"), "28P01"),
-)
-
-
-def _check_dsn(dsn: str) -> None:
-    """Refuse a DSN libpq cannot parse, at construction and in one line.
-
-    It failed later as a traceback from a side task, with psycopg's reason quoting the
-    password ("invalid percent-encoded token: \"S3cret%ZZ\""): quoted words are masked.
-    """
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        conninfo_to_dict(dsn)
-    except ProgrammingError as exc:
-        reason = re.sub(r'"[^"]*"', '"***"', (str(exc).splitlines() or [""])[0])
-        raise ConfigurationError(
-            f"the relay's dsn is not a valid PostgreSQL connection string: {reason}; write"
-            " a postgresql:// URL (percent-encode the user name and password: % as %25,"
-            " @ as %40) or libpq key=value pairs"
-        ) from None
-
-
-def _configuration_fault(exc: BaseException) -> str | None:
-    """What to fix when ``exc`` is a configuration error no retry cures, or None."""
-    state = getattr(exc, "sqlstate", None)
-    if state is None:
-        text = str(exc)
-        state = next((code for pattern, code in _FATAL_MESSAGES if pattern.search(text)), None)
-    return _CONFIGURATION_FAULTS.get(state) if state else None
-
-
-def _cdc_relay(relay: Relay, slot: str | None) -> CdcRelay:
-    """The WAL relay a ``Relay(source="cdc")`` runs (``outboxkit.cdc.relay``), same options.
-
-    Imported when used: ``import outboxkit`` does not load the WAL relay's modules.
-    """
-    from outboxkit.cdc.relay import CdcRelay
-
-    return CdcRelay(
-        relay.dsn,
-        relay.publisher,
-        table=relay.table,
-        slot=slot,
-        batch_size=relay.batch_size,
-        max_attempts=relay.max_attempts,
-        retry_base=relay.retry_base,
-        retry_cap=relay.retry_cap,
-        publish_timeout=relay.publish_timeout,
-        relay_id=relay.relay_id,
-        pooler=relay.pooler,
-        observer=relay.observer,
-        stats=relay.stats,
-        outage=relay.outage,
-    )
+        return self._source.status()

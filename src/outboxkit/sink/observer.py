@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from outboxkit._redact import redact
 from outboxkit.publishers.base import OutboundMessage, PublishResult
@@ -21,6 +22,9 @@ log = logging.getLogger("outboxkit.relay")
 
 _MAX_ERROR_CHARS = 2000
 
+#: The observer hooks renamed when the task worker began to share them: old name, new name.
+_RENAMED = {"publishing": "processing", "published": "processed"}
+
 #: A failed message with the attempt number it failed on.
 Failure = tuple[OutboundMessage, PublishResult]
 
@@ -28,15 +32,28 @@ Failure = tuple[OutboundMessage, PublishResult]
 class RelayObserver:
     """No-op base: subclass and override the hooks you need."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The hooks around a batch's publish are the queue core's (queue/loop.py
+        # QueueObserver), named for the task worker's handlers too: a subclass still
+        # overriding their old names would be skipped without a word, so it is refused.
+        super().__init_subclass__(**kwargs)
+        old = [name for name in _RENAMED if callable(vars(cls).get(name))]
+        if old:
+            raise TypeError(
+                f"{cls.__qualname__} overrides RelayObserver.{old[0]}, renamed"
+                f" {_RENAMED[old[0]]} (CHANGELOG, fourth wave): rename the method"
+            )
+
     def claimed(self, count: int, seconds: float) -> None:
         """A claim statement returned ``count`` rows (0 when idle) in ``seconds``."""
 
     @contextlib.contextmanager
-    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
-        """Wraps one batch's publish (tracing opens its batch span here)."""
+    def processing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+        """Wraps one batch's publish (tracing opens its batch span here); the claim loop's
+        ``processing`` hook (the task worker's runs handlers)."""
         yield
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         """The broker answered a batch (``seconds`` = broker round trip), before settling."""
@@ -75,20 +92,20 @@ class Observers(RelayObserver):
             _safely(o.claimed, count, seconds)
 
     @contextlib.contextmanager
-    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+    def processing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             for o in self.observers:
                 try:
-                    stack.enter_context(o.publishing(messages))
+                    stack.enter_context(o.processing(messages))
                 except Exception:
                     log.exception("relay observer %r failed", o)
             yield
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         for o in self.observers:
-            _safely(o.published, messages, results, seconds)
+            _safely(o.processed, messages, results, seconds)
 
     def settled(
         self,
@@ -250,11 +267,11 @@ class BatchTracing(RelayObserver):
         self.system = system
 
     @contextlib.contextmanager
-    def publishing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
+    def processing(self, messages: Sequence[OutboundMessage]) -> Iterator[None]:
         with batch_span(messages, self.system):
             yield
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         failures = [r for r in results if not r.ok]

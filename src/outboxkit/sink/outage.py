@@ -70,7 +70,7 @@ class OutageLog(RelayObserver):
         if self.started_at is not None:
             self._tick(self._clock())
 
-    def published(
+    def processed(
         self, messages: Sequence[OutboundMessage], results: Sequence[PublishResult], seconds: float
     ) -> None:
         if self.started_at is None and not self._waiting and _all_ok(results):

@@ -2,7 +2,8 @@
 
 :func:`publish` is the one way both relays (the polling one and the WAL one) hand a batch
 to a publisher: bounded by a timeout, every exception turned into a result per message.
-:class:`FailureLog` writes the one dead-letter line (and the DEBUG line of a retry).
+:class:`FailureLog` writes the one dead-letter line (and the DEBUG line of a retry);
+:func:`close_publisher` and :func:`log_stopped` are both relays' stop.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.sink.observer import Failure, RelayObserver
+from outboxkit.sink.observer import Failure, RelayObserver, RelayStats
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -45,6 +46,30 @@ async def publish(
         error = f"publisher returned {len(results)} results for {len(messages)} messages"
         return [PublishResult.retry(error, "publisher_bug")] * len(messages)
     return results
+
+
+async def close_publisher(publisher: Publisher) -> None:
+    """Close ``publisher`` at a relay's stop; a failure is one WARNING, never raised (the
+    relay's own outcome is what its caller needs to see)."""
+    try:
+        await publisher.close()
+    except Exception as exc:
+        log.warning(
+            "publisher %s did not close cleanly: %s",
+            publisher.name,
+            redact(f"{type(exc).__name__}: {exc}"),
+        )
+
+
+def log_stopped(who: str, stats: RelayStats, *, released: bool) -> None:
+    """The relay's last line: what it did since its start (``released``: leases it handed
+    back are counted too; the WAL relay holds none)."""
+    line = "%s stopped: published=%d retried=%d dead_lettered=%d"
+    counts = [stats.published, stats.retried, stats.dead_lettered]
+    if released:
+        line += " released=%d"
+        counts.append(stats.released)
+    log.info(line, who, *counts)
 
 
 class PublisherSink:

@@ -88,10 +88,10 @@ class _Observer:
         self.database_problem = None
 
     @contextmanager
-    def publishing(self, messages: Sequence[ClaimedTask]) -> Iterator[None]:
+    def processing(self, messages: Sequence[ClaimedTask]) -> Iterator[None]:
         yield
 
-    def published(
+    def processed(
         self, messages: Sequence[ClaimedTask], results: Sequence[Outcome], seconds: float
     ) -> None:
         if self.outside is not None:

@@ -29,6 +29,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
+from outboxkit._text import first_line
 from outboxkit.errors import ConfigurationError
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
@@ -265,3 +266,67 @@ def admin_connection(
             yield conn
     except pg_errors.UndefinedTable:
         raise table_missing() from None
+
+
+# -- configuration faults: what a restart does not fix ----------------------------------
+
+# An unknown database (SQLSTATE 3D000), an unknown role or a refused host (28000), a wrong
+# password (28P01). libpq reports them at connect without a SQLSTATE, so its FATAL message
+# is read too. Anything else at start (a refused port, a timeout) is an outage and retried.
+_CONFIGURATION_FAULTS = {
+    "3D000": "check the database name in --dsn (or create it)",
+    "28000": "check the user name in --dsn and pg_hba.conf",
+    "28P01": "check the password in --dsn",
+}
+_FATAL_MESSAGES = (
+    (re.compile(r'database "[^"]*" does not exist'), "3D000"),
+    (re.compile(r'role "[^"]*" does not exist|no pg_hba\.conf entry'), "28000"),
+    (re.compile(r"password authentication failed"), "28P01"),
+)
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN libpq cannot parse, at construction and in one line.
+
+    It failed later as a traceback from a side task, with psycopg's reason quoting the
+    password ("invalid percent-encoded token: \"S3cret%ZZ\""): quoted words are masked.
+    """
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        reason = re.sub(r'"[^"]*"', '"***"', (str(exc).splitlines() or [""])[0])
+        raise ConfigurationError(
+            f"the relay's dsn is not a valid PostgreSQL connection string: {reason}; write"
+            " a postgresql:// URL (percent-encode the user name and password: % as %25,"
+            " @ as %40) or libpq key=value pairs"
+        ) from None
+
+
+def configuration_fault(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` is a configuration error no retry cures, or None."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        text = str(exc)
+        state = next((code for pattern, code in _FATAL_MESSAGES if pattern.search(text)), None)
+    return _CONFIGURATION_FAULTS.get(state) if state else None
+
+
+def refusal(exc: BaseException) -> ConfigurationError | None:
+    """The one-line error for a database that refuses the relay for good, or None (an
+    outage: retried)."""
+    fault = configuration_fault(exc)
+    if fault is None:
+        return None
+    return ConfigurationError(f"the database refused the relay: {first_line(exc)} — {fault}")
+
+
+async def check_database(dsn: str, *, application_name: str) -> None:
+    """Connect once: a database that refuses us for good raises :func:`refusal`'s error;
+    an unreachable one is left to the caller's own reconnects."""
+    try:
+        conn = await aconnect(dsn, application_name=application_name)
+    except psycopg.OperationalError as exc:
+        if (refused := refusal(exc)) is not None:
+            raise refused from None
+        return
+    await conn.close()
