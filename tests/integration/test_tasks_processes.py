@@ -137,6 +137,39 @@ def test_the_worker_serves_task_metrics(tasks_dsn: str) -> None:
         assert worker.wait(15) == 0
 
 
+def test_metrics_max_names_bounds_the_task_names_with_series_of_their_own(
+    tasks_dsn: str,
+) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for name in ("quick", "sleep"):
+            tasks.enqueue(conn, name, {"seconds": 0} if name == "sleep" else None, delay=3600)
+        tasks.enqueue(conn, "sleep", {"seconds": 0}, delay=3600)
+    worker = spawn_worker(tasks_dsn, "--metrics-port", str(port), "--metrics-max-names", "1")
+    try:
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return ""
+
+        wait_for(lambda: "outboxkit_tasks_scheduled{" in scrape())
+        body = scrape()
+        assert 'outboxkit_tasks_scheduled{task="sleep"} 2.0' in body  # the busiest
+        assert 'outboxkit_tasks_scheduled{task="(other)"} 1.0' in body
+        assert 'task="quick"' not in body
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+
+
 def test_a_frozen_workers_late_completion_is_a_no_op_and_its_writes_are_rolled_back(
     tasks_dsn: str,
 ) -> None:

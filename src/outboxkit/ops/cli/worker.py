@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from outboxkit._redact import redact
+from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import dsn_option, given, metrics_options, pooler_options
 from outboxkit.ops.cli.output import fail
@@ -111,6 +112,13 @@ def _freeze_start_up_heap() -> None:
     help="Finished tasks: deleted, or kept as done [default: delete].",
 )
 @metrics_options("Prometheus /metrics and /healthz")
+@click.option(
+    "--metrics-max-names",
+    type=click.IntRange(0, 100_000),
+    default=None,
+    help="Task names with series of their own (the busiest); the rest are labelled (other)"
+    f" [default: {DEFAULT_MAX_TASK_NAMES}].",
+)
 @pooler_options(
     "worker",
     session_needs="LISTEN and the wake-up gate's lock",
@@ -153,6 +161,7 @@ def worker(
     retention: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_max_names: int | None,
     pooler: str | None,
     direct_dsn: str | None,
     loop_name: str,
@@ -207,7 +216,8 @@ def worker(
     if metrics_port is not None:
         from outboxkit.ops.task_metrics import TaskMetrics
 
-        metrics = options["observer"] = TaskMetrics(dsn, app.table)
+        limit = {} if metrics_max_names is None else {"max_names": metrics_max_names}
+        metrics = options["observer"] = TaskMetrics(dsn, app.table, **limit)
     try:
         engine = Worker(app, dsn, **options)
     except (OutboxkitError, ValueError) as exc:
