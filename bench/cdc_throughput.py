@@ -30,7 +30,7 @@ from outboxkit import OutboundMessage, Outbox, PublishResult, Relay
 from outboxkit.cdc import slots
 from outboxkit.cdc.relay import CdcRelay
 from outboxkit.publishers.kafka import KafkaPublisher
-from outboxkit.relay.observer import RelayObserver
+from outboxkit.sink.observer import RelayObserver
 from outboxkit.write.wal_envelope import encode_envelope, message_prefix
 
 

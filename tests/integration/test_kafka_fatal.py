@@ -91,7 +91,7 @@ async def test_kafka_producer_fenced_by_a_broker_restart_is_recreated_and_loses_
     recreated = [r for r in warnings if "recreat" in r.getMessage()]
     assert len(recreated) == 1, [r.getMessage() for r in warnings]
     assert "UNKNOWN_PRODUCER_ID" in recreated[0].getMessage(), "the cause is in the line"
-    # The relay may say once that publishing is failing (relay/outage.py), never once per event.
+    # The relay may say once that publishing is failing (sink/outage.py), never once per event.
     relay_lines = [r.getMessage() for r in warnings if r.name == "outboxkit.relay"]
     assert len(relay_lines) <= 2, relay_lines[:5]
     assert not [line for line in relay_lines if "event_id=" in line], relay_lines[:5]

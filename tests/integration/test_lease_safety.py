@@ -34,7 +34,7 @@ import pytest
 from outboxkit import Event
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.publishers.webhook import WebhookPublisher
-from outboxkit.relay.observer import RelayObserver
+from outboxkit.sink.observer import RelayObserver
 from outboxkit.testing import TcpProxy, free_port, spawn_relay
 from tests.support.relaying import rows, running_relay, wait_for, write_events
 
@@ -222,7 +222,7 @@ async def test_a_late_settle_after_the_lease_was_lost_changes_nothing(
     options: dict[str, Any] = {"lease": 1.0, "publish_timeout": 30.0, "retention": "keep"}
     try:
         a_dsn = _through(db_dsn, proxy.port)
-        from outboxkit.relay.observer import Observers
+        from outboxkit.sink.observer import Observers
 
         a_pub = WebhookPublisher.from_url(receiver.url())
         async with running_relay(

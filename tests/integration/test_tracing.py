@@ -105,7 +105,7 @@ async def test_kafka_messages_carry_traceparent_and_the_ce_traceparent_extension
 
 def test_a_failed_batch_marks_its_span_as_an_error(spans: Any) -> None:
     from outboxkit.publishers.base import OutboundMessage, PublishResult
-    from outboxkit.relay.observer import BatchTracing
+    from outboxkit.sink.observer import BatchTracing
 
     with trace.get_tracer("shop").start_as_current_span("write"):
         event = Event(topic="t", event_type="x", payload={})
@@ -146,7 +146,7 @@ _WITHOUT_OTEL = textwrap.dedent(
     sys.meta_path.insert(0, Block())
     from outboxkit import Event, tracing
     from outboxkit.publishers.base import OutboundMessage
-    from outboxkit.relay.observer import BatchTracing, default_observer, SummaryLog
+    from outboxkit.sink.observer import BatchTracing, default_observer, SummaryLog
 
     e = Event(topic="t", event_type="x", payload={}, headers={"tenant": "a"})
     assert e.headers == {"tenant": "a"}, e.headers

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import outboxkit.publishers
 import outboxkit.relay
-import outboxkit.relay.observer
+import outboxkit.sink.observer
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops import cli
 from outboxkit.ops.cli import LibraryOption, main
@@ -106,10 +106,10 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
 
     def fake_summary(**kwargs: Any) -> object:
         calls["SummaryLog"] = kwargs
-        return outboxkit.relay.observer.RelayObserver()
+        return outboxkit.sink.observer.RelayObserver()
 
     monkeypatch.setattr(outboxkit.relay, "Relay", fake_relay)
-    monkeypatch.setattr(outboxkit.relay.observer, "SummaryLog", fake_summary)
+    monkeypatch.setattr(outboxkit.sink.observer, "SummaryLog", fake_summary)
     monkeypatch.setattr(outboxkit.publishers, "from_url", lambda url: object())
     return calls
 

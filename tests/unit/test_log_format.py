@@ -12,8 +12,8 @@ import pytest
 
 from outboxkit.ops.logs import JsonFormatter, RedactingFormatter
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.relay.observer import SummaryLog
-from outboxkit.relay.outage import OutageLog
+from outboxkit.sink.observer import SummaryLog
+from outboxkit.sink.outage import OutageLog
 
 DSN = "postgresql://app:hunter2@db:5432/shop"
 
@@ -219,7 +219,7 @@ def test_dead_letters_leave_the_waiting_count_and_a_poison_event_flaps_no_more_t
 def test_a_database_outage_is_one_warning_reminders_and_one_info(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from outboxkit.relay.outage import FailureEpisode
+    from outboxkit.queue.episode import FailureEpisode
 
     now = [0.0]
     episode = FailureEpisode("database", remind_every=30.0, clock=lambda: now[0])

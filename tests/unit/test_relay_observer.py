@@ -11,7 +11,7 @@ import pytest
 from psycopg import errors as pg_errors
 
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.relay.observer import Observers, RelayObserver, RelayStats, StatsObserver
+from outboxkit.sink.observer import Observers, RelayObserver, RelayStats, StatsObserver
 
 
 def _message() -> OutboundMessage:

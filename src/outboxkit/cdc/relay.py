@@ -62,6 +62,7 @@ from outboxkit.publishers.base import (
     unreachable,
 )
 from outboxkit.queue.decide import RetryPolicy, decide, stored_error
+from outboxkit.queue.episode import FailureEpisode
 from outboxkit.queue.store import Verdict
 from outboxkit.sink.observer import (
     Observers,
@@ -70,7 +71,7 @@ from outboxkit.sink.observer import (
     StatsObserver,
     default_observer,
 )
-from outboxkit.sink.outage import FailureEpisode, OutageLog
+from outboxkit.sink.outage import OutageLog
 from outboxkit.sink.publisher import FailureLog, close_publisher, log_stopped, publish
 from outboxkit.write.wal_envelope import message_prefix
 
@@ -323,7 +324,7 @@ class CdcRelay:
         None before the first failure, and once the relay has streamed (or waited as a
         standby while another relay streams the slot) for the outage's ``recover_after``
         seconds without one: a stream lost again and again (reconnecting, streaming a
-        moment, lost) counts as down from the first loss (``relay.outage.FailureEpisode``).
+        moment, lost) counts as down from the first loss (``queue.episode.FailureEpisode``).
         """
         started = self._stream_outage.started_at
         if started is None or self._stream_up_for(self._stream_outage.recover_after):

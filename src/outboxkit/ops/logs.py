@@ -95,7 +95,7 @@ class LibraryLogLimiter(logging.Filter):
     """At most one line per ``interval`` for each kind of client-library line.
 
     Client libraries (nats-py, aio-pika, aiohttp, librdkafka) log every reconnect attempt;
-    the relay reports the outage itself (relay/outage.py). A kind is the logger, level and
+    the relay reports the outage itself (sink/outage.py). A kind is the logger, level and
     message template (and librdkafka's facility); the next line let through says how many
     were held back. librdkafka's ERRORs are connection trouble the relay retries: WARNING.
     """

@@ -38,8 +38,8 @@ from outboxkit.publishers.base import (
     restored_since,
     unreachable,
 )
-from outboxkit.relay.observer import Failure, RelayObserver
 from outboxkit.relay.status import CdcStatus, RelayStatus
+from outboxkit.sink.observer import Failure, RelayObserver
 
 log = logging.getLogger("outboxkit.metrics")
 

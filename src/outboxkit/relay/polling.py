@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from outboxkit._text import first_line
 from outboxkit.backends.mariadb.queue import MariaDBQueueStore
 from outboxkit.backends.postgres._connection import refusal
+from outboxkit.backends.postgres.partitions import PartitionChore
 from outboxkit.backends.postgres.queue_pg import PgQueueStore
+from outboxkit.maintenance.side_task import partition_side_task
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.decide import RetryPolicy
 from outboxkit.queue.loop import ClaimLoop, LoopOptions
 from outboxkit.queue.store import QueueStore, StoreDenied, StoreError
-from outboxkit.relay.maintenance import partition_maintenance
 from outboxkit.relay.ordered import DeadLetterPolicy, OrderedMode
 from outboxkit.relay.status import RelayStatus
 from outboxkit.sink.observer import Observers
@@ -149,13 +150,15 @@ class PollingSource:
         relay = self.relay
         tasks: list[_SideTask] = []
         if not self._mariadb:  # (partitioned tables are PostgreSQL's)
-            # A partitioned outbox: partitions ahead, expired ones dropped (relay/maintenance.py).
+            # A partitioned outbox: partitions ahead, expired ones dropped (maintenance/
+            # side_task.py; returns at once on a plain table).
             tasks.append(
                 (
                     "outboxkit-relay:partitions",
                     # (its advisory lock is a session's: PostgreSQL itself when given)
-                    lambda: partition_maintenance(
-                        relay.direct_dsn or relay.dsn, relay.table, self.loop.stopping
+                    lambda: partition_side_task(
+                        PartitionChore(relay.direct_dsn or relay.dsn, relay.table),
+                        self.loop.stopping,
                     ),
                 )
             )

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 
 from outboxkit._redact import redact
 from outboxkit.publishers.base import OutboundMessage, PublishResult
-from outboxkit.queue.episode import FailureEpisode
 from outboxkit.sink.observer import RelayObserver
 
-__all__ = ["FailureEpisode", "OutageLog"]
+__all__ = ["OutageLog"]
 
 log = logging.getLogger("outboxkit.relay")
 

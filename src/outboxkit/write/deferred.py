@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
@@ -34,39 +34,48 @@ from outboxkit.write.storage import Check, encode_batch
 
 
 class Writer(Protocol):
-    """What the queue needs of an ``Outbox`` (kept as a protocol: ``outbox`` imports this)."""
+    """What a synchronous COMMIT hook needs of what it writes (an ``Outbox``, or Django's
+    task writer): kept as a protocol, ``outbox`` imports this."""
 
     def transaction(self, conn: psycopg.Connection[Any]) -> Any: ...
-    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> Any: ...
     def put_many(self, conn: Any, events: Iterable[Event]) -> None: ...
+
+
+class AsyncWriter(Writer, Protocol):
+    """A :class:`Writer` that also writes on async drivers (SQLAlchemy's async engines)."""
+
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> Any: ...
     async def aput(self, conn: Any, event: Event) -> None: ...
     async def aput_many(self, conn: Any, events: Iterable[Event]) -> None: ...
 
 
+W = TypeVar("W", bound=Writer)
+
+
 @dataclass
-class Queued:
-    outbox: Writer
+class Queued(Generic[W]):
+    outbox: W
     events: list[Event]
 
 
 @dataclass
-class Pending:
+class Pending(Generic[W]):
     """The events of one connection's open transaction, not sent yet."""
 
     raw: Any = None  # the driver connection they were queued on
-    queued: list[Queued] = field(default_factory=list)
+    queued: list[Queued[W]] = field(default_factory=list)
     #: Each savepoint taken since the first deferred write: its name and how many
     #: entries were queued when it was taken, innermost last.
     marks: list[tuple[str | None, int]] = field(default_factory=list)
     owner: Any = None  # what queued them (a SQLAlchemy Connection), for the fallback write
 
-    def add(self, raw: Any, outbox: Writer, events: list[Event]) -> None:
+    def add(self, raw: Any, outbox: W, events: list[Event]) -> None:
         if self.raw is not raw:  # a reconnect: what the old connection had is gone
             self.take(None)
             self.raw = raw
         self.queued.append(Queued(outbox, events))
 
-    def take(self, raw: Any) -> list[Queued]:
+    def take(self, raw: Any) -> list[Queued[W]]:
         """Everything queued on ``raw`` (a reconnect drops what the old connection had)."""
         found = self.queued if raw is self.raw else []
         self.queued, self.raw, self.marks, self.owner = [], None, [], None
@@ -112,7 +121,7 @@ def checked(events: Iterable[Event], check: Check) -> list[Event]:
     return encode_batch(events, check, lambda e: e)
 
 
-def write_with_commit(raw: psycopg.Connection[Any], queued: list[Queued]) -> None:
+def write_with_commit(raw: psycopg.Connection[Any], queued: Sequence[Queued[W]]) -> None:
     """The queued events' INSERTs and the COMMIT, in one pipeline (``Outbox.transaction``)."""
     last = queued[-1].outbox
     for q in queued:
@@ -124,7 +133,9 @@ def write_with_commit(raw: psycopg.Connection[Any], queued: list[Queued]) -> Non
                 tx.put_many(q.events)
 
 
-async def awrite_with_commit(raw: psycopg.AsyncConnection[Any], queued: list[Queued]) -> None:
+async def awrite_with_commit(
+    raw: psycopg.AsyncConnection[Any], queued: list[Queued[AsyncWriter]]
+) -> None:
     """:func:`write_with_commit` for psycopg ``AsyncConnection``."""
     last = queued[-1].outbox
     for q in queued:
@@ -143,7 +154,7 @@ _hooked: weakref.WeakSet[Any] = weakref.WeakSet()
 _hooking = threading.Lock()  # two threads' first defer on one engine: one set of listeners
 
 
-def defer(conn: Any, outbox: Writer, events: list[Event]) -> None:
+def defer(conn: Any, outbox: AsyncWriter, events: list[Event]) -> None:
     """Queue checked ``events`` for the COMMIT of ``conn`` (a SQLAlchemy Session/Connection)."""
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
@@ -156,7 +167,7 @@ def defer(conn: Any, outbox: Writer, events: list[Event]) -> None:
     _queue(sa, outbox, events)
 
 
-async def adefer(conn: Any, outbox: Writer, events: list[Event]) -> None:
+async def adefer(conn: Any, outbox: AsyncWriter, events: list[Event]) -> None:
     """:func:`defer` for a SQLAlchemy ``AsyncSession``/``AsyncConnection``."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -168,7 +179,7 @@ async def adefer(conn: Any, outbox: Writer, events: list[Event]) -> None:
     _queue(sa, outbox, events)
 
 
-def _queue(sa: Any, outbox: Writer, events: list[Event]) -> None:
+def _queue(sa: Any, outbox: AsyncWriter, events: list[Event]) -> None:
     from sqlalchemy.engine import TwoPhaseTransaction
 
     if isinstance(sa.get_transaction(), TwoPhaseTransaction):
@@ -185,7 +196,7 @@ def _queue(sa: Any, outbox: Writer, events: list[Event]) -> None:
             if dialect not in _hooked:
                 _hook(dialect)
     fairy = sa.connection  # the pool's proxy of the DBAPI connection, one per checkout
-    pending: Pending | None = fairy.__dict__.get(_ATTRIBUTE)
+    pending: Pending[AsyncWriter] | None = fairy.__dict__.get(_ATTRIBUTE)
     if pending is None:
         pending = fairy.__dict__[_ATTRIBUTE] = Pending()
     pending.add(fairy.dbapi_connection, outbox, events)
@@ -240,12 +251,12 @@ def _hook(dialect: Any) -> None:
     _hooked.add(dialect)
 
 
-def _pending(fairy: Any) -> Pending | None:
+def _pending(fairy: Any) -> Pending[AsyncWriter] | None:
     found = getattr(fairy, "__dict__", None)
     return None if found is None else found.get(_ATTRIBUTE)
 
 
-def _write(fairy: Any, pending: Pending) -> None:
+def _write(fairy: Any, pending: Pending[AsyncWriter]) -> None:
     """The queued events, written before (on psycopg: with) the COMMIT."""
     sa = pending.owner
     queued = pending.take(fairy.dbapi_connection)
@@ -271,9 +282,9 @@ def _write(fairy: Any, pending: Pending) -> None:
             outbox.put_many(sa, events)
 
 
-def _by_outbox(queued: list[Queued]) -> list[tuple[Writer, list[Event]]]:
+def _by_outbox(queued: list[Queued[AsyncWriter]]) -> list[tuple[AsyncWriter, list[Event]]]:
     """The queued events grouped by outbox, in the order each outbox first queued."""
-    groups: dict[int, tuple[Writer, list[Event]]] = {}
+    groups: dict[int, tuple[AsyncWriter, list[Event]]] = {}
     for q in queued:
         groups.setdefault(id(q.outbox), (q.outbox, []))[1].extend(q.events)
     return list(groups.values())

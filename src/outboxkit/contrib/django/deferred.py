@@ -74,8 +74,8 @@ def queue_calls(wrapper: Any, writer: Writer, calls: list[Any]) -> None:
     _install(wrapper).add(wrapper.connection, writer, calls)
 
 
-def _install(wrapper: Any) -> Pending:
-    pending: Pending | None = wrapper.__dict__.get(_ATTRIBUTE)
+def _install(wrapper: Any) -> Pending[Writer]:
+    pending: Pending[Writer] | None = wrapper.__dict__.get(_ATTRIBUTE)
     if pending is not None:
         return pending
     pending = Pending()

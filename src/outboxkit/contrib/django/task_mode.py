@@ -44,7 +44,8 @@ class _Batch:
 
 
 class TaskWriter:
-    """deferred.py's ``Writer`` for tasks: ``Tasks.transaction()``'s pipeline at the COMMIT."""
+    """deferred.py's ``Writer`` for tasks: ``Tasks.transaction()``'s pipeline at the COMMIT
+    (synchronous only, as Django's ``atomic()`` is: no async half to refuse)."""
 
     def __init__(self, tasks: Tasks) -> None:
         self.tasks = tasks
@@ -57,15 +58,6 @@ class TaskWriter:
     def put_many(self, conn: Any, events: Iterable[Any]) -> None:
         for c in events:  # Enqueued (the Writer protocol names them events)
             self.tasks.enqueue(conn, c.name, c.payload, **c.options)
-
-    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> Any:
-        raise NotImplementedError("Django's atomic() is synchronous")
-
-    async def aput_many(self, conn: Any, events: Iterable[Any]) -> None:
-        raise NotImplementedError("Django's atomic() is synchronous")
-
-    async def aput(self, conn: Any, event: Any) -> None:
-        raise NotImplementedError("Django's atomic() is synchronous")
 
 
 class DjangoTasks:

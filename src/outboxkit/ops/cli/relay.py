@@ -199,7 +199,7 @@ from outboxkit.ops.logs import setup_logging
     "--log-interval",
     callback=seconds_range,
     cls=LibraryOption,
-    default_from=("outboxkit.relay.observer:SummaryLog", "interval"),
+    default_from=("outboxkit.sink.observer:SummaryLog", "interval"),
     type=float,
     help="Seconds between INFO summaries of claims and publishes (failures are logged at once).",
 )
@@ -401,7 +401,7 @@ def _relay_observer(
     """Summary logs, batch spans (with opentelemetry) and, with --metrics-port, metrics."""
     from urllib.parse import urlsplit
 
-    from outboxkit.relay.observer import BatchTracing, Observers, SummaryLog
+    from outboxkit.sink.observer import BatchTracing, Observers, SummaryLog
     from outboxkit.tracing import available as tracing_available
 
     observers: list[Any] = [SummaryLog(**summary)]
