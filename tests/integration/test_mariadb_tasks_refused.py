@@ -10,11 +10,11 @@ import pymysql
 import pytest
 from click.testing import CliRunner
 
+from outboxkit.backends.mariadb.backend import NO_TASKS as MISSING
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli import main
 from outboxkit.tasks import Tasks, Worker
-from outboxkit.tasks.unsupported import MISSING
 from tests.support.mariadb import MariaDB
 from tests.support.mariadb_ops import mariadb_execute, new_database
 

@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy
 from sqlalchemy.orm import Session
 
+from outboxkit.backends.mariadb.backend import NO_TASKS as MISSING
 from outboxkit.errors import ConfigurationError
-from outboxkit.tasks.unsupported import MISSING, refuse_connection, refuse_url
+from outboxkit.tasks.unsupported import refuse_connection, refuse_url
 
 
 @pytest.mark.parametrize("url", ["mysql://app@db/shop", "MariaDB://app@db/shop"])

@@ -11,8 +11,8 @@ from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.kafka import KafkaPublisher
+from outboxkit.queue.partition_leases import assignment
 from outboxkit.relay.ordered import waves
-from outboxkit.relay.partitions import assignment
 
 
 def _msg(key: str | None) -> OutboundMessage:

@@ -19,8 +19,10 @@ def test_a_cdc_relay_builds_no_claim_loop_and_no_store(monkeypatch: pytest.Monke
         raise AssertionError("the WAL relay built a claim-side object")
 
     import outboxkit.relay.polling as polling
+    from outboxkit.backends.postgres.backend import PostgresBackend
 
-    for name in ("PgQueueStore", "MariaDBQueueStore", "ClaimLoop", "PublisherSink"):
+    monkeypatch.setattr(PostgresBackend, "queue_store", refuse)
+    for name in ("ClaimLoop", "PublisherSink"):
         monkeypatch.setattr(polling, name, refuse)
     relay = Relay(DSN, from_url("nats://127.0.0.1:1"), source="cdc", slot="s1")
     assert relay.cdc is not None and relay.cdc.slot == "s1"

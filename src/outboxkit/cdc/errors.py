@@ -6,11 +6,10 @@ to catch); this module re-exports them for ``outboxkit.cdc`` and says how to rec
 
 from __future__ import annotations
 
-from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends import backend_for
 from outboxkit.errors import (
     CdcError,
     CdcSetupError,
-    ConfigurationError,
     ReplicationConnectionLost,
     ReplicationError,
     SlotInUse,
@@ -27,21 +26,14 @@ __all__ = [
     "SlotInvalidated",
     "SlotNotFound",
     "invalidated_message",
-    "refuse_mariadb",
+    "refuse_without_wal",
 ]
 
-#: Why the WAL side refuses a mysql:// URL, in one line.
-NOT_ON_MARIADB = (
-    "the WAL relay (outboxkit cdc, relay --source cdc, Outbox(storage='wal')) streams"
-    " PostgreSQL's logical replication, which MariaDB/MySQL has not: relay a mysql:// outbox"
-    " with the polling relay (outboxkit relay --dsn mysql://…)"
-)
 
-
-def refuse_mariadb(dsn: str) -> None:
-    """ConfigurationError, at once, if ``dsn`` names a MariaDB/MySQL server."""
-    if is_mysql_url(dsn):
-        raise ConfigurationError(NOT_ON_MARIADB)
+def refuse_without_wal(dsn: str) -> None:
+    """ConfigurationError, at once, if ``dsn``'s database has no logical replication (the
+    backend says why: MariaDB/MySQL's, backends/mariadb/backend.py)."""
+    backend_for(dsn).refuse("cdc")
 
 
 def invalidated_message(slot: str, table: str, since: str | None = None) -> str:

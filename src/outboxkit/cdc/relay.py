@@ -47,7 +47,7 @@ from outboxkit.cdc.errors import (
     SlotInUse,
     SlotInvalidated,
     SlotNotFound,
-    refuse_mariadb,
+    refuse_without_wal,
 )
 from outboxkit.cdc.progress import Progress
 from outboxkit.cdc.reader import StreamReader
@@ -131,7 +131,7 @@ class CdcRelay:
         outage: OutageLog | None = None,
         pooler: PoolerMode | None = None,
     ) -> None:
-        refuse_mariadb(dsn)
+        refuse_without_wal(dsn)
         if max_attempts < 1:
             raise ConfigurationError("max_attempts must be at least 1")
         if cleanup not in ("delete", "none"):

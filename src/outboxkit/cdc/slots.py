@@ -25,7 +25,7 @@ from outboxkit.cdc.errors import (
     CdcSetupError,
     SlotInvalidated,
     invalidated_message,
-    refuse_mariadb,
+    refuse_without_wal,
 )
 from outboxkit.errors import PgoutputError
 
@@ -47,7 +47,7 @@ def default_name(table: str) -> str:
 
 
 def _connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
-    refuse_mariadb(dsn)  # (a mysql:// URL: one line, not libpq's parse error)
+    refuse_without_wal(dsn)  # (a mysql:// URL: one line, not libpq's parse error)
     conn = connect(dsn, application_name="outboxkit-cdc")
     conn.row_factory = dict_row
     return conn

@@ -14,12 +14,10 @@ import uuid
 from typing import Literal, Protocol
 
 from outboxkit._redact import remember_secrets
-from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends import backend_for
 from outboxkit.backends.postgres._connection import (
     PoolerMode,
-    check_dsn,
     pooler_mode,
-    split_pooler,
 )
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import Publisher, batch_shape
@@ -153,16 +151,13 @@ class Relay:
         self.dsn = dsn
         remember_secrets(dsn)  # masked in any log line or stored error that quotes it
         self.pooler = None if pooler is None else pooler_mode(pooler)
-        # MariaDB/MySQL (mysql:// or mariadb://): its queue store, polled (no NOTIFY there).
-        self._mariadb = is_mysql_url(dsn)
-        if self._mariadb and (source != "poll" or pooler or direct_dsn):
-            raise ConfigurationError(
-                "on MariaDB/MySQL the relay polls the outbox table only: the WAL source,"
-                " pooler= and direct_dsn= need PostgreSQL"
-            )
+        # The database's backend, chosen once: its queue store, what it cannot do (the WAL
+        # source, a transaction pooler's settings: MariaDB/MySQL is polled, said in one line).
+        self.backend = backend_for(dsn)
+        if source != "poll" or pooler or direct_dsn:
+            self.backend.refuse("pooler")
         # A bad ?pooler= or a DSN libpq cannot parse fails here, not at the first connection.
-        if not self._mariadb:
-            check_dsn(split_pooler(dsn)[0])
+        self.backend.check_dsn(dsn)
         self.direct_dsn = direct_dsn
         if direct_dsn is not None:
             remember_secrets(direct_dsn)
@@ -209,7 +204,6 @@ class Relay:
             if source == "cdc"
             else PollingSource(
                 self,
-                mariadb=self._mariadb,
                 dead_letter_policy=dead_letter_policy,
                 unique_id=relay_id is None,
             )

@@ -3,12 +3,12 @@
 The relay (``Relay(ordered=True)``) hands the claim loop this module's policy, so the
 store (backends/postgres/queue_pg.py) claims with ``ordered_claim``
 (backends/postgres/ordered_sql.py): a key's row only when every earlier unpublished row of the key
-is claimable too, and only in partitions this relay leases (relay/partitions.py). A batch therefore
-holds a prefix of each key's rows, published in waves: the first event of every key, then the second
-of the keys whose first succeeded, and so on; a key's events after a failure are handed back untried
-(attempt refunded) and wait behind the failed head's retry. An in-flight row is leased (available_at
-> now()), so no other batch, of this relay or another, can claim the key's later rows until it
-settles: batches in flight never reorder a key.
+is claimable too, and only in partitions this relay leases (queue/partition_leases.py). A batch
+therefore holds a prefix of each key's rows, published in waves: the first event of every key, then
+the second of the keys whose first succeeded, and so on; a key's events after a failure are handed
+back untried (attempt refunded) and wait behind the failed head's retry. An in-flight row is leased
+(available_at > now()), so no other batch, of this relay or another, can claim the key's later rows
+until it settles: batches in flight never reorder a key.
 
 Hand-over safety: a batch is claimed only from partitions whose lease lasts longer
 than ``margin`` (0.6 x lease), and its waves stop at ``window`` (at most 0.5 x lease)
@@ -27,14 +27,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Literal
 
-from outboxkit.backends.mariadb.sql import is_mysql_url
+from outboxkit.backends import backend_for
 from outboxkit.backends.postgres._connection import PoolerMode
-from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly
-from outboxkit.relay.partitions import PartitionLeases
-from outboxkit.relay.partitions_mariadb import MariaDBPartitionLeases
 from outboxkit.sink.publisher import PublisherSink
 
 log = logging.getLogger("outboxkit.relay")
@@ -99,18 +96,8 @@ class OrderedMode:
         bound = _find(sink.publisher, "bound_delivery_time")
         if callable(bound):
             self.delivery_bound = float(bound(self.window / 2))
-        self.leases = (
-            MariaDBPartitionLeases(dsn, table, relay_id, lease)
-            if is_mysql_url(dsn)
-            else PartitionLeases(
-                dsn,
-                OrderedStatements(table),
-                relay_id,
-                lease,
-                pooler=pooler,
-                direct_dsn=direct_dsn,
-                unique_id=unique_id,
-            )
+        self.leases = backend_for(dsn).partition_leases(
+            dsn, table, relay_id, lease, pooler=pooler, direct_dsn=direct_dsn, unique_id=unique_id
         )
         self._open: dict[asyncio.Task[None], float] = {}
         self._starts: dict[uuid.UUID, tuple[float, int]] = {}

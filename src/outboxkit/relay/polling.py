@@ -12,10 +12,8 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from outboxkit._text import first_line
-from outboxkit.backends.mariadb.queue import MariaDBQueueStore
 from outboxkit.backends.postgres._connection import refusal
 from outboxkit.backends.postgres.partitions import PartitionChore
-from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.maintenance.side_task import partition_side_task
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.decide import RetryPolicy
@@ -41,31 +39,19 @@ class PollingSource:
         self,
         relay: Relay,
         *,
-        mariadb: bool,
         dead_letter_policy: DeadLetterPolicy,
         unique_id: bool,
     ) -> None:
         self.relay = relay
-        self._mariadb = mariadb
-        self.store: QueueStore[OutboundMessage] = (
-            MariaDBQueueStore(
-                relay.dsn,
-                relay.table,
-                OutboundMessage,
-                retention=relay.retention,
-                ordered=relay.ordered,
-            )
-            if mariadb
-            else PgQueueStore(
-                relay.dsn,
-                relay.table,
-                OutboundMessage,
-                retention=relay.retention,
-                ordered=relay.ordered,
-                synchronous_commit=relay.synchronous_commit,
-                pooler=relay.pooler,
-                direct_dsn=relay.direct_dsn,
-            )
+        self.store: QueueStore[OutboundMessage] = relay.backend.queue_store(
+            relay.dsn,
+            relay.table,
+            OutboundMessage,
+            retention=relay.retention,
+            ordered=relay.ordered,
+            synchronous_commit=relay.synchronous_commit,
+            pooler=relay.pooler,
+            direct_dsn=relay.direct_dsn,
         )
         sink = PublisherSink(relay.publisher, relay.publish_timeout)
         self.ordered = (
@@ -149,7 +135,7 @@ class PollingSource:
     def _side_tasks(self) -> list[_SideTask]:
         relay = self.relay
         tasks: list[_SideTask] = []
-        if not self._mariadb:  # (partitioned tables are PostgreSQL's)
+        if relay.backend.can("partition_by"):  # (a database with time partitions)
             # A partitioned outbox: partitions ahead, expired ones dropped (maintenance/
             # side_task.py; returns at once on a plain table).
             tasks.append(

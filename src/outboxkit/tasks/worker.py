@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
+from outboxkit.backends import backend_for
 from outboxkit.backends.postgres._connection import PoolerMode
-from outboxkit.backends.postgres.tasks_pg import PgSchedules, PgTaskStore
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
 from outboxkit.queue.store import Claim, StoreError
@@ -35,7 +35,6 @@ from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
 from outboxkit.tasks.registry import Tasks
 from outboxkit.tasks.sink import HandlerSink
-from outboxkit.tasks.unsupported import refuse_url
 from outboxkit.write.outbox import Outbox
 
 log = logging.getLogger("outboxkit.worker")
@@ -171,7 +170,9 @@ class Worker:
         queue_limits: Mapping[str, int] | None = None,
         unhandled_grace: float = UNHANDLED_GRACE,
     ) -> None:
-        refuse_url(dsn)  # (MariaDB/MySQL: no task store there yet, said in one line)
+        # The database's backend, chosen once: its task store, or its one-line refusal.
+        backend = backend_for(dsn)
+        backend.refuse("tasks")
         # A handler's error may quote the database's password (a connection string it
         # built): masked in the log, the stored error and the traceback, as the relay does.
         remember_secrets(dsn)
@@ -193,10 +194,10 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.stats = WorkerStats()
         lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
-        self.store = PgTaskStore(
+        self.store = backend.task_store(
             dsn,
             tasks.table,
-            queues=queues,
+            queues=list(queues),
             retention=retention,
             on_settle=lifecycle if lifecycle.wanted() else None,
             pooler=pooler,
@@ -236,7 +237,7 @@ class Worker:
             ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace))
         ]
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
-            schedules = PgSchedules(dsn, tasks.table, pooler=pooler)
+            schedules = backend.schedules(dsn, tasks.table, pooler=pooler)
             side.append(
                 (
                     "outboxkit-worker:periodic",

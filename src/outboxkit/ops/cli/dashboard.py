@@ -118,14 +118,14 @@ def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
     """Refuse a wrong DSN, or a database with neither table. A database used for task mode
     only has no outbox: the dashboard starts, and its outbox page says how to create one."""
     from outboxkit.admin import admin_for
-    from outboxkit.backends.mariadb.sql import is_mysql_url
     from outboxkit.backends.postgres.tasks_pg import task_gauges
     from outboxkit.errors import TableNotFoundError
+    from outboxkit.tasks.unsupported import missing
 
     try:
         admin_for(dsn).live_status(dsn, table)
     except TableNotFoundError as no_outbox:
-        if is_mysql_url(dsn):  # task mode is PostgreSQL's only
+        if missing(dsn):  # no task store there: the outbox is all it can show
             raise
         try:
             task_gauges(dsn, tasks_table)

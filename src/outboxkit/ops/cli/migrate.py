@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 import click
 
@@ -11,7 +11,6 @@ from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     DSN_HELP,
     checked_dsn,
-    given,
     inbox_option,
     inbox_table_option,
     table_option,
@@ -91,80 +90,30 @@ def migrate(
       outboxkit migrate --dsn mysql://app@db/shop   (MariaDB 10.6+ / MySQL 8)
       outboxkit migrate --ordered --dsn mysql://app@db/shop
     """
-    from outboxkit.backends.mariadb.sql import is_mysql_url
+    from outboxkit.backends import backend_for
+    from outboxkit.backends.ports import MigrationKind
 
     _refuse_ignored(tasks=tasks, inbox=inbox)
-    if dsn and is_mysql_url(dsn):  # (--print-sql too: MariaDB's DDL)
-        _migrate_mariadb(
-            dsn,
-            inbox_table if inbox else table,
-            inbox,
-            print_sql,
-            tasks or partition_by is not None,
-            tasks=tasks,
-            ordered=ordered,
-            partitions=partitions,
-            repartition=repartition,
-        )
-        return
-    from outboxkit.backends.postgres.migrate import migrate as run_migrate
-    from outboxkit.backends.postgres.postgres import Statements
-
-    if inbox:
-        _migrate_inbox(dsn, inbox_table, print_sql)
-        return
-    if tasks:
-        _migrate_tasks(dsn, tasks_table, print_sql)
-        return
     if (partitions is not None or repartition) and not ordered:
         fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
-    ordered_options = given(partitions=partitions) | ({"repartition": True} if repartition else {})
-    if print_sql and ordered:
-        from outboxkit.backends.postgres.ordered_sql import DEFAULT_PARTITIONS, OrderedStatements
-
-        try:
-            stmts = OrderedStatements(table)
-            click.echo(stmts.ddl(), nl=False)
-            if repartition:
-                click.echo(stmts.repartition_ddl(), nl=False)
-            click.echo(stmts.ordered_ddl(partitions or DEFAULT_PARTITIONS), nl=False)
-        except ConfigurationError as exc:
-            fail(str(exc), 2)
-        return
-    if print_sql:
-        try:
-            if partition_by is not None:
-                from outboxkit.backends.postgres.partitions import partitioned_script
-
-                click.echo(partitioned_script(table, partition_by), nl=False)
-                return
-            click.echo(Statements(table).ddl(), nl=False)
-        except ConfigurationError as exc:
-            fail(str(exc), 2)
-        return
-    if not dsn:
-        fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    if ordered:
-        ordered_options["ordered"] = True
-    result = run_guarded(
-        run_migrate, dsn, table=table, **given(partition_by=partition_by), **ordered_options
+    kind: MigrationKind = (
+        "tasks" if tasks else "inbox" if inbox else "ordered" if ordered else "outbox"
     )
-    ok(result.describe())
-
-
-def _migrate_inbox(dsn: str | None, inbox_table: str, print_sql: bool) -> None:
-    from outboxkit.backends.postgres.inbox_sql import InboxStatements
-    from outboxkit.backends.postgres.migrate import migrate_inbox
-
+    name = tasks_table if tasks else inbox_table if inbox else table
+    # The database's backend migrates it; --print-sql without --dsn prints PostgreSQL's.
+    backend = backend_for(dsn or "")
+    options: dict[str, Any] = {
+        "partition_by": partition_by, "partitions": partitions, "repartition": repartition
+    }  # fmt: skip
     if print_sql:
         try:
-            click.echo(InboxStatements(inbox_table).ddl(), nl=False)
+            click.echo(backend.ddl(kind, name, **options), nl=False)
         except ConfigurationError as exc:
             fail(str(exc), 2)
         return
     if not dsn:
         fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    result = run_guarded(migrate_inbox, dsn, table=inbox_table)
+    result = run_guarded(backend.migrate, dsn, kind, name, **options)
     ok(result.describe())
 
 
@@ -195,64 +144,3 @@ def _refuse_ignored(*, tasks: bool, inbox: bool) -> None:
                 + ": remove it",
                 2,
             )
-
-
-def _migrate_tasks(dsn: str | None, tasks_table: str, print_sql: bool) -> None:
-    from outboxkit.backends.postgres.migrate import migrate_tasks
-    from outboxkit.backends.postgres.tasks_sql import TaskStatements
-
-    if print_sql:
-        try:
-            click.echo(TaskStatements(tasks_table).ddl(), nl=False)
-        except ConfigurationError as exc:
-            fail(str(exc), 2)
-        return
-    if not dsn:
-        fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
-    result = run_guarded(migrate_tasks, dsn, table=tasks_table)
-    ok(result.describe())
-
-
-def _migrate_mariadb(
-    dsn: str | None,
-    table: str,
-    inbox: bool,
-    print_sql: bool,
-    unsupported: bool,
-    *,
-    tasks: bool = False,
-    ordered: bool = False,
-    partitions: int | None = None,
-    repartition: bool = False,
-) -> None:
-    """The MariaDB/MySQL backend: the outbox (ordered or not) or the inbox (tasks and
-    partitioned tables are PostgreSQL's only, for now)."""
-    from outboxkit.backends.mariadb import migrate as mariadb
-    from outboxkit.backends.mariadb.sql import DEFAULT_PARTITIONS
-
-    if tasks:
-        from outboxkit.tasks.unsupported import MISSING
-
-        fail(MISSING, 2)
-    if unsupported:
-        fail(
-            "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the inbox only:"
-            " --tasks and --partition-by need PostgreSQL",
-            2,
-        )
-    if (partitions is not None or repartition) and not ordered:
-        fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
-    kind: Literal["outbox", "inbox", "ordered"] = (
-        "inbox" if inbox else "ordered" if ordered else "outbox"
-    )
-    count = DEFAULT_PARTITIONS if partitions is None else partitions
-    if print_sql:
-        try:
-            click.echo(mariadb.ddl(kind, table, count, repartition=repartition), nl=False)
-        except ConfigurationError as exc:
-            fail(str(exc), 2)
-        return
-    assert dsn is not None
-    options = given(partitions=partitions) | ({"repartition": True} if repartition else {})
-    result = run_guarded(mariadb.migrate, dsn, table=table, kind=kind, **options)
-    ok(result.describe())

@@ -12,7 +12,6 @@ import click
 from rich.table import Table
 
 from outboxkit._redact import redact, remember_secrets
-from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
 from outboxkit.ops.cli.output import console, fail, jsonable, ok
@@ -33,12 +32,11 @@ def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
-        from outboxkit.tasks.unsupported import MISSING, refuse_url
+        from outboxkit.tasks.unsupported import missing
 
-        try:
-            refuse_url(kwargs.get("dsn") or "")
-        except ConfigurationError:
-            fail(MISSING, 2)
+        reason = missing(kwargs.get("dsn") or "")
+        if reason is not None:
+            fail(reason, 2)
         remember_secrets(kwargs.get("dsn") or "")  # a handler's error may quote them
         command(*args, **kwargs)
 

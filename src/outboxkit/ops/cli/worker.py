@@ -178,12 +178,11 @@ def worker(
       outboxkit worker --dsn postgresql://app@db/shop --app shop.jobs:tasks --concurrency 20
     """
     from outboxkit.tasks import Worker
-    from outboxkit.tasks.unsupported import MISSING, refuse_url
+    from outboxkit.tasks.unsupported import missing
 
-    try:
-        refuse_url(dsn)  # before importing the app: one line, whatever the app does
-    except OutboxkitError:
-        fail(MISSING, 2)
+    reason = missing(dsn)  # before importing the app: one line, whatever the app does
+    if reason is not None:
+        fail(reason, 2)
     setup_logging(log_level, log_format)
     app = load_app(app_spec)
     options = given(

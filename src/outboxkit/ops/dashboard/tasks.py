@@ -15,7 +15,6 @@ import psycopg
 from aiohttp import web
 
 from outboxkit._redact import redact
-from outboxkit.backends.mariadb.sql import is_mysql_url
 from outboxkit.backends.postgres import tasks_pg
 from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import SchemaError
@@ -29,7 +28,7 @@ from outboxkit.ops.dashboard import (
     _row_id,
     log,
 )
-from outboxkit.tasks.unsupported import MISSING
+from outboxkit.tasks.unsupported import missing
 
 #: The page's states: the stored status and, for pending tasks, whether they are due now.
 STATES: dict[str, tuple[TaskStatus | None, bool | None]] = {
@@ -101,7 +100,7 @@ def _filter(request: web.Request, name: str) -> str | None:
 def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
     """The Tasks page and its JSON API under /api/tasks."""
     table = dashboard.tasks_table
-    unsupported = MISSING if is_mysql_url(dashboard.dsn) else None  # task mode is PG's only
+    unsupported = missing(dashboard.dsn)  # (no task store on that database)
 
     async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(connection, table, ...)``; a missing table or a database error as JSON."""

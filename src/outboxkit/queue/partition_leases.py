@@ -9,11 +9,9 @@ batches claimed from them have settled (the claim loop says when: :meth:`release
 A relay SIGKILLed stops renewing: its membership and its leases expire within one
 lease, and the survivors take its partitions at their next heartbeat (within 2 x lease).
 
-The heartbeat's statements are single autocommit statements, fine through a transaction
-pooler; the relay-id lock (a session advisory lock held for the relay's life) is not: it
-is taken on the direct DSN when given, skipped for a generated relay id (unique by
-construction), and an explicit ``--relay-id`` behind a transaction pooler without a direct
-DSN is refused.
+The algorithm is here, once; the lease tables' statements are a port (:class:`LeaseTable`)
+each backend implements with its own SQL (backends/postgres/partition_leases.py,
+backends/mariadb/partition_leases.py), handed out by ``Backend.partition_leases``.
 """
 
 from __future__ import annotations
@@ -23,16 +21,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
-
-import psycopg
-from psycopg import errors as pg_errors
+from typing import Protocol
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
-from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
-from outboxkit.backends.postgres.ordered_sql import OrderedStatements
 from outboxkit.errors import ConfigurationError, SchemaError
+
+__all__ = ["MAX_INTERVAL", "LeaseTable", "PartitionLeases", "assignment", "not_ordered"]
 
 log = logging.getLogger("outboxkit.relay.partitions")
 
@@ -48,6 +43,57 @@ def assignment(members: Iterable[str], me: str, partitions: int) -> frozenset[in
     return frozenset(p for p in range(partitions) if p % n == index)
 
 
+def not_ordered(table: str) -> SchemaError:
+    return SchemaError(
+        f"outbox table {table!r} is not set up for ordered mode: run"
+        f" `outboxkit migrate --ordered --table {table}` (adds the partition column and"
+        " the lease tables), or start the relay without --ordered"
+    )
+
+
+def duplicate_relay_id(relay_id: str, table: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"another ordered relay runs with relay id {relay_id!r} on {table!r}: two processes"
+        " with one id would share its partitions and publish the same keys side by side;"
+        " give each relay its own --relay-id (the default, host-pid-random, is unique)"
+    )
+
+
+class LeaseTable(Protocol):
+    """One relay's statements on an outbox's lease tables (``<table>_partitions``,
+    ``<table>_relays``), each an autocommit statement on the heartbeat's connection, which
+    also holds the relay-id guard for the relay's life."""
+
+    #: What a failed statement raises (the heartbeat retries it with backoff).
+    errors: tuple[type[Exception], ...]
+
+    async def check_schema(self) -> None:
+        """Raise :func:`not_ordered`'s SchemaError unless ``migrate --ordered`` ran."""
+        ...
+
+    async def partition_count(self) -> int: ...
+
+    async def heartbeat(self) -> tuple[str, ...]:
+        """Renew this relay's membership; the live relays' ids, sorted."""
+        ...
+
+    async def release(self, parts: list[int]) -> None: ...
+
+    async def acquire(self, wanted: list[int]) -> frozenset[int]:
+        """Take the free or expired ones of ``wanted`` and renew the held ones; what it holds."""
+        ...
+
+    async def give_back(self, parts: list[int]) -> None:
+        """Release ``parts`` and leave the membership (at shutdown, on a fresh connection)."""
+        ...
+
+    async def drop_connection(self) -> None: ...
+
+    async def close(self) -> None:
+        """Drop every connection, the relay-id guard's too."""
+        ...
+
+
 class PartitionLeases:
     """One relay's view of its partitions, kept current by :meth:`run` (a side task).
 
@@ -58,22 +104,9 @@ class PartitionLeases:
     once its leases run low.
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        stmts: OrderedStatements,
-        relay_id: str,
-        lease: float,
-        *,
-        pooler: PoolerMode | None = None,
-        direct_dsn: str | None = None,
-        unique_id: bool = False,
-    ) -> None:
-        self.dsn = dsn
-        self.pooler = pooler
-        self.direct_dsn = direct_dsn
-        self.unique_id = unique_id
-        self.stmts = stmts
+    def __init__(self, table: LeaseTable, relay_id: str, lease: float) -> None:
+        self.table = table
+        self.errors = table.errors
         self.relay_id = relay_id
         self.lease = lease
         self.interval = min(lease / 3, MAX_INTERVAL)
@@ -85,8 +118,6 @@ class PartitionLeases:
         self._releasable: set[int] = set()
         self._valid_until = 0.0  # monotonic: the held leases certainly last until then
         self._wake = asyncio.Event()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock_conn: psycopg.AsyncConnection[Any] | None = None  # on direct_dsn
         self.beats = 0
         #: Counts heartbeats that found a held partition taken: a batch claimed before one
         #: may hold rows of it, so it cannot lean on the renewals since (ordered.py).
@@ -111,14 +142,7 @@ class PartitionLeases:
 
     async def check_schema(self) -> None:
         """Raise SchemaError unless ``migrate --ordered`` ran on this outbox."""
-        conn = await self._connection()
-        try:
-            cur = await conn.execute(self.stmts.partition_count)
-            row = await cur.fetchone()
-        except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn):
-            raise _not_ordered(self.stmts.table) from None
-        if not row or not row[0]:
-            raise _not_ordered(self.stmts.table)
+        await self.table.check_schema()
 
     async def run(self) -> None:
         """Heartbeat until cancelled; then give every partition back and leave."""
@@ -140,7 +164,7 @@ class PartitionLeases:
                         first_line(exc),
                         delay,
                     )
-                    await self._drop_connection()
+                    await self.table.drop_connection()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=delay)
         finally:
@@ -150,9 +174,9 @@ class PartitionLeases:
         """One heartbeat: membership, assignment, releases, then take and renew."""
         started = time.monotonic()
         if not self.partitions:
-            await self.check_schema()
-            self.partitions = await self._partition_count()
-        members = await self._heartbeat()
+            await self.table.check_schema()
+            self.partitions = await self.table.partition_count()
+        members = await self.table.heartbeat()
         if members != self.members:
             log.info("ordered relays alive: %d (%s)", len(members), ", ".join(members))
             self.members = members
@@ -167,12 +191,12 @@ class PartitionLeases:
         release = sorted(self._releasable & set(self.draining))
         self._releasable.clear()
         if release:
-            await self._release(release)
+            await self.table.release(release)
             for p in release:
                 del self.draining[p]
             log.info("released %d partition(s) to other relays: %s", len(release), release)
         wanted = sorted(self.desired | set(self.draining))
-        owned = await self._acquire(wanted)
+        owned = await self.table.acquire(wanted)
         gained, lost = owned - self.owned, (self.owned - owned) - set(release)
         if lost:  # before the renewal counts: nothing awaited in between
             self.losses += 1
@@ -194,124 +218,14 @@ class PartitionLeases:
         if self.beats == 0:
             return
         # A fresh connection: the heartbeat's may have been cancelled mid-statement.
-        await self._drop_connection()
+        await self.table.drop_connection()
         failures: tuple[type[Exception], ...] = (*self.errors, TimeoutError, ConfigurationError)
         try:
             async with asyncio.timeout(3.0):
-                await self._give_back(sorted(owned))
+                await self.table.give_back(sorted(owned))
             if owned:
                 log.info("gave back %d partition(s) at shutdown", len(owned))
         except failures as exc:
             log.warning("could not give back partitions at shutdown (%s): they expire", exc)
         finally:
-            await self._drop_connection()
-            lock, self._lock_conn = self._lock_conn, None
-            if lock is not None:
-                with contextlib.suppress(Exception):
-                    await lock.close()
-
-    # -- the lease tables' statements (a MariaDB relay overrides these: relay/partitions_mariadb.py)
-
-    #: What a failed heartbeat statement raises (retried with backoff).
-    errors: tuple[type[Exception], ...] = (psycopg.Error,)
-
-    async def _partition_count(self) -> int:
-        cur = await (await self._connection()).execute(self.stmts.partition_count)
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
-
-    async def _heartbeat(self) -> tuple[str, ...]:
-        params = {"relay_id": self.relay_id, "lease": self.lease}
-        cur = await (await self._connection()).execute(self.stmts.relay_heartbeat, params)
-        return tuple(r[0] for r in await cur.fetchall())
-
-    async def _release(self, parts: list[int]) -> None:
-        params = {"relay_id": self.relay_id, "parts": parts}
-        await (await self._connection()).execute(self.stmts.release_partitions, params)
-
-    async def _acquire(self, wanted: list[int]) -> frozenset[int]:
-        params = {"relay_id": self.relay_id, "lease": self.lease, "wanted": wanted}
-        cur = await (await self._connection()).execute(self.stmts.acquire_partitions, params)
-        return frozenset(int(r[0]) for r in await cur.fetchall())
-
-    async def _give_back(self, parts: list[int]) -> None:
-        """Release ``parts`` and leave the membership (at shutdown)."""
-        conn = await self._connection()
-        params = {"relay_id": self.relay_id, "parts": parts}
-        await conn.execute(self.stmts.release_partitions, params)
-        await conn.execute(self.stmts.leave, params)
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            conn = await aconnect(
-                self.dsn, application_name="outboxkit-relay:partitions", pooler=self.pooler
-            )
-            try:
-                await self._hold_id_lock(conn)
-            except BaseException:
-                await conn.close()
-                raise
-            self._conn = conn
-        return self._conn
-
-    async def _hold_id_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Hold the relay-id lock (a session's) for as long as this relay runs.
-
-        On ``conn`` itself when it keeps its session; on a connection to ``direct_dsn``
-        when given; behind a transaction pooler without one, a generated id needs no lock
-        and an explicit one is refused (the lock would stay on a pooled server connection).
-        """
-        if self.direct_dsn is not None:
-            if self._lock_conn is not None and not self._lock_conn.closed:
-                return
-            lock = await aconnect(self.direct_dsn, application_name="outboxkit-relay:relay-id")
-            pooling = known_pooling(self.direct_dsn)
-            if pooling is not None and not pooling.session_state:
-                await lock.close()
-                raise ConfigurationError(
-                    "--direct-dsn goes through a transaction pooler too: it must reach"
-                    " PostgreSQL itself (ordered mode's relay-id lock needs a session)"
-                )
-            try:
-                await self._try_id_lock(lock)
-            except BaseException:
-                await lock.close()
-                raise
-            self._lock_conn = lock
-            return
-        pooling = known_pooling(self.dsn, self.pooler)
-        if pooling is not None and not pooling.session_state:
-            if self.unique_id:
-                return  # host-pid-random: no other process has it
-            raise ConfigurationError(
-                f"ordered relay {self.relay_id!r}: an explicit --relay-id is guarded by a"
-                " session advisory lock, which a transaction pooler cannot hold; give"
-                " --direct-dsn (PostgreSQL itself) for the lock, or leave --relay-id out"
-                " (the default, host-pid-random, is unique)"
-            )
-        await self._try_id_lock(conn)
-
-    async def _try_id_lock(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        cur = await conn.execute(self.stmts.relay_id_lock, {"relay_id": self.relay_id})
-        row = await cur.fetchone()
-        if not row or not row[0]:
-            raise ConfigurationError(
-                f"another ordered relay runs with relay id {self.relay_id!r} on"
-                f" {self.stmts.table!r}: two processes with one id would share its"
-                " partitions and publish the same keys side by side; give each relay"
-                " its own --relay-id (the default, host-pid-random, is unique)"
-            )
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
-
-
-def _not_ordered(table: str) -> SchemaError:
-    return SchemaError(
-        f"outbox table {table!r} is not set up for ordered mode: run"
-        f" `outboxkit migrate --ordered --table {table}` (adds the partition column and"
-        " the lease tables), or start the relay without --ordered"
-    )
+            await self.table.close()

@@ -1,10 +1,10 @@
-"""Partition leases on MariaDB/MySQL: relay/partitions.py's heartbeat on aiomysql.
+"""MariaDB/MySQL's statements on ordered mode's lease tables (the port of
+queue/partition_leases.py), on aiomysql.
 
-The assignment, draining and hand-over logic is the base class's; this module only runs
-its statements (backends/mariadb/ordered_sql.py). The relay-id guard is a named lock
-(``GET_LOCK``) held by the heartbeat's session for the relay's life: session-scoped is
-what it needs (a reconnect takes it again, or is refused if another process has it).
-"""
+The assignment, draining and hand-over logic is the core's (queue/partition_leases.py);
+this module only runs its statements (backends/mariadb/ordered_sql.py). The relay-id guard is a
+named lock (``GET_LOCK``) held by the heartbeat's session for the relay's life: session-scoped is
+what it needs (a reconnect takes it again, or is refused if another process has it)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from typing import Any
 
 from outboxkit.backends.mariadb.ordered_sql import OrderedStatements, expand
 from outboxkit.backends.mariadb.sql import connect_args
-from outboxkit.backends.postgres.ordered_sql import OrderedStatements as PgStatements
-from outboxkit.errors import ConfigurationError
-from outboxkit.relay.partitions import PartitionLeases, _not_ordered
+from outboxkit.queue.partition_leases import duplicate_relay_id, not_ordered
 
 _NO_TABLE = 1146
 
@@ -25,16 +23,18 @@ def _micros(seconds: float) -> int:
     return max(0, round(seconds * 1_000_000))
 
 
-class MariaDBPartitionLeases(PartitionLeases):
-    """One ordered relay's partitions of a MariaDB outbox (see :class:`PartitionLeases`)."""
+class MariaDBLeaseTable:
+    """One ordered relay's statements on a MariaDB outbox's lease tables."""
 
     def __init__(self, dsn: str, table: str, relay_id: str, lease: float) -> None:
-        super().__init__(dsn, PgStatements("outbox"), relay_id, lease)
         import pymysql
 
+        self.dsn = dsn
+        self.relay_id = relay_id
+        self.lease = lease
         self.sql = OrderedStatements(table)
         self.table = table
-        self.errors = (pymysql.err.MySQLError, OSError)
+        self.errors: tuple[type[Exception], ...] = (pymysql.err.MySQLError, OSError)
         self._my: Any = None
 
     async def _db(self, *, lock: bool = True) -> Any:
@@ -56,12 +56,7 @@ class MariaDBPartitionLeases(PartitionLeases):
                 await cur.execute(self.sql.relay_id_lock, (f"outboxkit:{name.hexdigest()[:40]}",))
                 (got,) = await cur.fetchone()
             if not got:
-                raise ConfigurationError(
-                    f"another ordered relay runs with relay id {self.relay_id!r} on"
-                    f" {self.table!r}: two processes with one id would share its partitions"
-                    " and publish the same keys side by side; give each relay its own"
-                    " --relay-id (the default, host-pid-random, is unique)"
-                )
+                raise duplicate_relay_id(self.relay_id, self.table)
         except BaseException:
             conn.close()
             raise
@@ -85,16 +80,16 @@ class MariaDBPartitionLeases(PartitionLeases):
             rows = await self._rows((self.sql.partition_count, ()))
         except pymysql.err.ProgrammingError as exc:
             if exc.args and exc.args[0] == _NO_TABLE:
-                raise _not_ordered(self.table) from None
+                raise not_ordered(self.table) from None
             raise
         if not rows or not rows[0][0]:
-            raise _not_ordered(self.table)
+            raise not_ordered(self.table)
 
-    async def _partition_count(self) -> int:
+    async def partition_count(self) -> int:
         rows = await self._rows((self.sql.partition_count, ()))
         return int(rows[0][0])
 
-    async def _heartbeat(self) -> tuple[str, ...]:
+    async def heartbeat(self) -> tuple[str, ...]:
         lease = _micros(self.lease)
         rows = await self._rows(
             (self.sql.relay_beat, (self.relay_id, lease)),
@@ -103,11 +98,11 @@ class MariaDBPartitionLeases(PartitionLeases):
         )
         return tuple(r[0] for r in rows)
 
-    async def _release(self, parts: list[int]) -> None:
+    async def release(self, parts: list[int]) -> None:
         statement = expand(self.sql.release_partitions, parts=len(parts))
         await self._rows((statement, (*parts, self.relay_id)))
 
-    async def _acquire(self, wanted: list[int]) -> frozenset[int]:
+    async def acquire(self, wanted: list[int]) -> frozenset[int]:
         if not wanted:
             return frozenset()
         me, n = self.relay_id, len(wanted)
@@ -120,7 +115,7 @@ class MariaDBPartitionLeases(PartitionLeases):
         )
         return frozenset(int(r[0]) for r in rows)
 
-    async def _give_back(self, parts: list[int]) -> None:
+    async def give_back(self, parts: list[int]) -> None:
         leave = (self.sql.leave, (self.relay_id,))
         if parts:
             release = expand(self.sql.release_partitions, parts=len(parts))
@@ -128,8 +123,11 @@ class MariaDBPartitionLeases(PartitionLeases):
         else:
             await self._rows(leave, lock=False)
 
-    async def _drop_connection(self) -> None:
+    async def drop_connection(self) -> None:
         conn, self._my = self._my, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+
+    async def close(self) -> None:
+        await self.drop_connection()  # (the relay-id lock is the session's: it goes with it)

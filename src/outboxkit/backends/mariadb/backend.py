@@ -1,0 +1,135 @@
+"""MariaDB/MySQL's :class:`~outboxkit.backends.ports.Backend`: the outbox (ordered or not),
+the inbox and their admin; what it cannot do yet is said here, once, for every entry point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind
+from outboxkit.queue.partition_leases import PartitionLeases
+from outboxkit.queue.store import QueueStore
+from outboxkit.queue.tasks import Retention
+
+#: What task mode on MariaDB/MySQL lacks, said once for every entry point (enqueue, the
+#: Worker, `outboxkit worker`, `outboxkit tasks …`, `outboxkit migrate --tasks`, the dashboard).
+NO_TASKS = (
+    "task mode is not available on MariaDB/MySQL yet: it needs a MariaDB task store"
+    " (the tasks table and its migration, the claim with per-key heads and unique_key,"
+    " settles and ctx.transaction() fenced by the claim token), which outboxkit does not"
+    " have; run task mode on PostgreSQL (the outbox, the inbox and the relay do work on"
+    " MariaDB/MySQL)"
+)
+#: Why the WAL side refuses a mysql:// URL.
+NO_WAL = (
+    "the WAL relay (outboxkit cdc, relay --source cdc, Outbox(storage='wal')) streams"
+    " PostgreSQL's logical replication, which MariaDB/MySQL has not: relay a mysql:// outbox"
+    " with the polling relay (outboxkit relay --dsn mysql://…)"
+)
+_OTHERS = ("blocked_keys", "stray_rows", "purge_inbox", "count_inbox_purgeable", "connect")
+_ADMIN_FUNCTIONS = (
+    "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
+    "live_status", "last_event_id", *_OTHERS, "usable",
+)  # fmt: skip
+
+
+class MariaDBBackend(Backend):
+    name = "mariadb"
+    label = "MariaDB/MySQL"
+    cannot: dict[Feature, str] = {
+        "tasks": NO_TASKS,
+        "cdc": NO_WAL,
+        "pooler": "on MariaDB/MySQL the relay polls the outbox table only: the WAL source,"
+        " pooler= and direct_dsn= need PostgreSQL",
+        "partition_by": "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the"
+        " inbox only: --tasks and --partition-by need PostgreSQL",
+    }
+
+    def admin(self) -> Admin:
+        from outboxkit.backends.mariadb import admin
+
+        return Admin(
+            name=self.name,
+            **{name: getattr(admin, name) for name in _ADMIN_FUNCTIONS},
+            connection_lost=admin.connection_lost(),
+        )
+
+    def queue_store(
+        self,
+        dsn: str,
+        table: str,
+        item: Callable[..., Any],
+        *,
+        retention: Retention,
+        ordered: bool,
+        synchronous_commit: bool = False,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+    ) -> QueueStore[Any]:
+        from outboxkit.backends.mariadb.queue import MariaDBQueueStore
+
+        if pooler or direct_dsn:
+            self.refuse("pooler")
+        return MariaDBQueueStore(dsn, table, item, retention=retention, ordered=ordered)
+
+    def partition_leases(
+        self,
+        dsn: str,
+        table: str,
+        relay_id: str,
+        lease: float,
+        *,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+        unique_id: bool = False,
+    ) -> PartitionLeases:
+        from outboxkit.backends.mariadb.partition_leases import MariaDBLeaseTable
+
+        if pooler or direct_dsn:
+            self.refuse("pooler")
+        return PartitionLeases(MariaDBLeaseTable(dsn, table, relay_id, lease), relay_id, lease)
+
+    def migrate(
+        self,
+        dsn: str,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> Migrated:
+        from outboxkit.backends.mariadb import migrate as mariadb
+
+        self._refuse_kind(kind, partition_by)
+        options: dict[str, Any] = {"repartition": True} if repartition else {}
+        if partitions is not None:
+            options["partitions"] = partitions
+        return mariadb.migrate(dsn, table=table, kind=kind, **options)  # type: ignore[arg-type]
+
+    def ddl(
+        self,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> str:
+        from outboxkit.backends.mariadb import migrate as mariadb
+        from outboxkit.backends.mariadb.sql import DEFAULT_PARTITIONS
+
+        self._refuse_kind(kind, partition_by)
+        count = DEFAULT_PARTITIONS if partitions is None else partitions
+        return mariadb.ddl(kind, table, count, repartition=repartition)  # type: ignore[arg-type]
+
+    def _refuse_kind(self, kind: MigrationKind, partition_by: str | None) -> None:
+        if kind == "tasks":
+            self.refuse("tasks")
+        if partition_by is not None:
+            self.refuse("partition_by")
+
+
+#: The one instance (stateless).
+MARIADB = MariaDBBackend()

@@ -1,0 +1,169 @@
+"""What one database backend hands out: the :class:`Backend` every layer above asks, once.
+
+A backend (``backends/postgres/``, ``backends/mariadb/``) subclasses :class:`Backend`; the
+chooser in ``backends/__init__.py`` picks one from a URL or a connection. Nothing outside
+``backends/`` asks which database it is: it asks the backend for a port (the queue store,
+the task store, the admin functions, the migrator) or whether it can do something
+(:meth:`Backend.refuse`, one line naming what is missing, said in one place).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from outboxkit.errors import ConfigurationError
+from outboxkit.maintenance.report import LiveStatus, OutboxStatus
+from outboxkit.queue.partition_leases import PartitionLeases
+from outboxkit.queue.store import QueueStore
+from outboxkit.queue.tasks import Retention, SettleHook, TaskStore
+
+__all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind"]
+
+#: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
+#: time partitions of the outbox table.
+Feature = Literal["tasks", "cdc", "pooler", "partition_by"]
+#: The tables ``outboxkit migrate`` creates.
+MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admin:
+    """One backend's operator functions (each takes a URL or an open connection first)."""
+
+    #: "postgresql" or "mariadb", for messages.
+    name: str
+    status: Callable[..., OutboxStatus]
+    list_failed: Callable[..., list[dict[str, Any]]]
+    get_event: Callable[..., dict[str, Any] | None]
+    replay: Callable[..., int]
+    discard: Callable[..., int]
+    purge: Callable[..., int]
+    count_purgeable: Callable[..., int]
+    live_status: Callable[..., LiveStatus]
+    last_event_id: Callable[..., int]
+    blocked_keys: Callable[..., list[dict[str, Any]]]
+    stray_rows: Callable[..., int]
+    purge_inbox: Callable[..., int]
+    count_inbox_purgeable: Callable[..., int]
+    #: A connection to keep (the dashboard's), whether a kept one still works, and the
+    #: errors that mean it died.
+    connect: Callable[[str], Any]
+    usable: Callable[[Any], bool]
+    connection_lost: tuple[type[BaseException], ...]
+
+
+class Migrated(Protocol):
+    """A migration's result, as ``outboxkit migrate`` reports it."""
+
+    def describe(self) -> str: ...
+
+
+class Backend(abc.ABC):
+    """One database kind's ports. Stateless: one instance per kind, shared."""
+
+    #: "postgresql" or "mariadb" (metrics, messages).
+    name: str
+    #: How a person names it: "PostgreSQL", "MariaDB/MySQL".
+    label: str
+    #: What this database cannot do, each with the one line that says so and what to do.
+    cannot: Mapping[Feature, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<{self.label} backend>"
+
+    def can(self, feature: Feature) -> bool:
+        return feature not in self.cannot
+
+    def refuse(self, feature: Feature) -> None:
+        """ConfigurationError naming what is missing, if this database cannot do ``feature``."""
+        reason = self.cannot.get(feature)
+        if reason is not None:
+            raise ConfigurationError(reason)
+
+    def check_dsn(self, dsn: str) -> None:
+        """A DSN this backend's driver cannot parse fails here, not at the first connection."""
+        return None
+
+    @abc.abstractmethod
+    def admin(self) -> Admin:
+        """The operator functions (built at each call: a test that replaces one is heard)."""
+
+    @abc.abstractmethod
+    def queue_store(
+        self,
+        dsn: str,
+        table: str,
+        item: Callable[..., Any],
+        *,
+        retention: Retention,
+        ordered: bool,
+        synchronous_commit: bool = False,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+    ) -> QueueStore[Any]:
+        """The outbox table as the claim loop's store (``item`` builds a claimed row)."""
+
+    @abc.abstractmethod
+    def partition_leases(
+        self,
+        dsn: str,
+        table: str,
+        relay_id: str,
+        lease: float,
+        *,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+        unique_id: bool = False,
+    ) -> PartitionLeases:
+        """Ordered mode's partition leases of one relay (the core's algorithm over this
+        database's lease-table statements)."""
+
+    def task_store(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        queues: list[str],
+        retention: Retention,
+        on_settle: SettleHook | None,
+        pooler: Any,
+        direct_dsn: str | None,
+        names: list[str] | None,
+    ) -> TaskStore:
+        """The task table as task mode's store (queue/tasks.py); a backend without one
+        refuses through :attr:`cannot`."""
+        self.refuse("tasks")
+        raise ConfigurationError(f"{self.label} has no task store")
+
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Any:
+        """The periodic tasks' slots (tasks/periodic.py's store)."""
+        self.refuse("tasks")
+        raise ConfigurationError(f"{self.label} has no task store")
+
+    @abc.abstractmethod
+    def migrate(
+        self,
+        dsn: str,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> Migrated:
+        """Create or upgrade one table (``outboxkit migrate``)."""
+
+    @abc.abstractmethod
+    def ddl(
+        self,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> str:
+        """The DDL ``migrate`` would run on an empty database (``--print-sql``)."""

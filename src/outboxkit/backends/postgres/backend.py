@@ -1,0 +1,180 @@
+"""PostgreSQL's :class:`~outboxkit.backends.ports.Backend`: every port, and nothing refused.
+
+Each port is imported when asked for, so choosing the backend costs no import of what a
+process does not use (the relay never loads the task store, the CLI's admin commands never
+load the claim loop's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from outboxkit.backends.ports import Admin, Backend, Migrated, MigrationKind
+from outboxkit.queue.partition_leases import PartitionLeases
+from outboxkit.queue.store import QueueStore
+from outboxkit.queue.tasks import Retention, SettleHook, TaskStore
+
+_ADMIN_FUNCTIONS = (
+    "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
+    "live_status", "last_event_id",
+)  # fmt: skip
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+    label = "PostgreSQL"
+
+    def check_dsn(self, dsn: str) -> None:
+        from outboxkit.backends.postgres._connection import check_dsn, split_pooler
+
+        check_dsn(split_pooler(dsn)[0])
+
+    def admin(self) -> Admin:
+        import psycopg
+
+        from outboxkit.backends.postgres import admin, inbox_sql
+        from outboxkit.backends.postgres._connection import connect
+        from outboxkit.backends.postgres.ordered_sql import blocked_keys
+        from outboxkit.backends.postgres.partitions import stray_rows
+
+        def connect_dashboard(dsn: str) -> Any:
+            return connect(dsn, application_name="outboxkit-dashboard")
+
+        def usable(conn: Any) -> bool:
+            return not (conn.closed or conn.broken)
+
+        return Admin(
+            name=self.name,
+            **{name: getattr(admin, name) for name in _ADMIN_FUNCTIONS},
+            blocked_keys=blocked_keys,
+            stray_rows=stray_rows,
+            purge_inbox=inbox_sql.purge_inbox,
+            count_inbox_purgeable=inbox_sql.count_inbox_purgeable,
+            connect=connect_dashboard,
+            usable=usable,
+            connection_lost=(psycopg.OperationalError,),
+        )
+
+    def queue_store(
+        self,
+        dsn: str,
+        table: str,
+        item: Callable[..., Any],
+        *,
+        retention: Retention,
+        ordered: bool,
+        synchronous_commit: bool = False,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+    ) -> QueueStore[Any]:
+        from outboxkit.backends.postgres.queue_pg import PgQueueStore
+
+        return PgQueueStore(
+            dsn, table, item, retention=retention, ordered=ordered,
+            synchronous_commit=synchronous_commit, pooler=pooler, direct_dsn=direct_dsn,
+        )  # fmt: skip
+
+    def partition_leases(
+        self,
+        dsn: str,
+        table: str,
+        relay_id: str,
+        lease: float,
+        *,
+        pooler: Any = None,
+        direct_dsn: str | None = None,
+        unique_id: bool = False,
+    ) -> PartitionLeases:
+        from outboxkit.backends.postgres.partition_leases import PgLeaseTable
+
+        statements = PgLeaseTable(
+            dsn, table, relay_id, lease, pooler=pooler, direct_dsn=direct_dsn,
+            unique_id=unique_id,
+        )  # fmt: skip
+        return PartitionLeases(statements, relay_id, lease)
+
+    def task_store(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        queues: list[str],
+        retention: Retention,
+        on_settle: SettleHook | None,
+        pooler: Any,
+        direct_dsn: str | None,
+        names: list[str] | None,
+    ) -> TaskStore:
+        from outboxkit.backends.postgres.tasks_pg import PgTaskStore
+
+        return PgTaskStore(
+            dsn, table, queues=queues, retention=retention, on_settle=on_settle,
+            pooler=pooler, direct_dsn=direct_dsn, names=names,
+        )  # fmt: skip
+
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Any:
+        from outboxkit.backends.postgres.tasks_pg import PgSchedules
+
+        return PgSchedules(dsn, table, pooler=pooler)
+
+    def migrate(
+        self,
+        dsn: str,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> Migrated:
+        from outboxkit.backends.postgres import migrate as pg
+
+        if kind == "inbox":
+            return pg.migrate_inbox(dsn, table=table)
+        if kind == "tasks":
+            return pg.migrate_tasks(dsn, table=table)
+        options: dict[str, Any] = {"partition_by": partition_by} if partition_by else {}
+        if kind == "ordered":
+            options |= {"ordered": True, "repartition": repartition}
+            if partitions is not None:
+                options["partitions"] = partitions
+        return pg.migrate(dsn, table=table, **options)
+
+    def ddl(
+        self,
+        kind: MigrationKind,
+        table: str,
+        *,
+        partition_by: str | None = None,
+        partitions: int | None = None,
+        repartition: bool = False,
+    ) -> str:
+        if kind == "inbox":
+            from outboxkit.backends.postgres.inbox_sql import InboxStatements
+
+            return InboxStatements(table).ddl()
+        if kind == "tasks":
+            from outboxkit.backends.postgres.tasks_sql import TaskStatements
+
+            return TaskStatements(table).ddl()
+        if kind == "ordered":
+            from outboxkit.backends.postgres.ordered_sql import (
+                DEFAULT_PARTITIONS,
+                OrderedStatements,
+            )
+
+            stmts = OrderedStatements(table)
+            script = stmts.ddl() + (stmts.repartition_ddl() if repartition else "")
+            return script + stmts.ordered_ddl(partitions or DEFAULT_PARTITIONS)
+        if partition_by is not None:
+            from outboxkit.backends.postgres.partitions import partitioned_script
+
+            return partitioned_script(table, partition_by)
+        from outboxkit.backends.postgres.postgres import Statements
+
+        return Statements(table).ddl()
+
+
+#: The one instance (stateless).
+POSTGRES = PostgresBackend()
