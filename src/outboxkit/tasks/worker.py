@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +23,7 @@ from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import PoolerMode
 from outboxkit.backends.postgres.tasks_pg import ClaimedTask, PgSchedules, PgTaskStore, Retention
 from outboxkit.queue.decide import Outcome, RetryPolicy
-from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
+from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions, default_owner_id
 from outboxkit.queue.store import Claim, StoreError
 from outboxkit.tasks.lifecycle import LifecycleEvents
 from outboxkit.tasks.periodic import TICK, run_periodic
@@ -41,11 +38,6 @@ log = logging.getLogger("outboxkit.worker")
 UNHANDLED_GRACE = 3600.0
 #: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
 UNHANDLED_BATCH = 1000
-
-
-def default_worker_id() -> str:
-    """host-pid-random: unique per process, readable in ``claimed_by``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(slots=True)
@@ -187,7 +179,7 @@ class Worker:
         if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
             raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
         self.tasks = tasks
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = worker_id or default_owner_id()
         self.stats = WorkerStats()
         lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
         self.store = PgTaskStore(
