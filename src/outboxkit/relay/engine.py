@@ -1,9 +1,8 @@
-"""The relay engine: claim → publish → settle, pipelined, fenced, and hard to kill.
+"""The relay: ``Relay(...)`` checks its options once and runs the source they name.
 
-No database transaction or row lock is held while a broker is talked to: the
-claim is one short statement that leases rows, the publish happens with no
-transaction open, the settle is one short statement per outcome fenced by the
-claim's token. A relay that dies leaves leases that simply expire.
+``source="poll"`` claims the outbox table's rows (relay/polling.py: claim → publish →
+settle, pipelined, fenced); ``source="cdc"`` streams its replication slot (relay/wal.py).
+Both share the Relay's stats, observers and outage log.
 """
 
 from __future__ import annotations
