@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -165,6 +167,12 @@ WORKER_WORDS = Wording(
     lost="were cancelled, or re-claimed by another worker, before this one settled them",
     again="a cancelled task stays cancelled, a re-claimed one runs again",
 )
+
+
+def default_owner_id() -> str:
+    """host-pid-random: a claimer's id (a relay's, a worker's) unique per process, readable
+    in ``claimed_by``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True, slots=True)

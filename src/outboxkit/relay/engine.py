@@ -1,16 +1,12 @@
-"""The relay engine: claim → publish → settle, pipelined, fenced, and hard to kill.
+"""The relay: ``Relay(...)`` checks its options once and runs the source they name.
 
-No database transaction or row lock is held while a broker is talked to: the
-claim is one short statement that leases rows, the publish happens with no
-transaction open, the settle is one short statement per outcome fenced by the
-claim's token. A relay that dies leaves leases that simply expire.
+``source="poll"`` claims the outbox table's rows (relay/polling.py: claim → publish →
+settle, pipelined, fenced); ``source="cdc"`` streams its replication slot (relay/wal.py).
+Both share the Relay's stats, observers and outage log.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from typing import Literal, Protocol
 
 from outboxkit._redact import remember_secrets
@@ -21,6 +17,7 @@ from outboxkit.backends.postgres._connection import (
 )
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import Publisher, batch_shape
+from outboxkit.queue.loop import default_owner_id
 from outboxkit.relay.ordered import DeadLetterPolicy
 from outboxkit.relay.polling import PollingSource
 from outboxkit.relay.status import RelayStatus
@@ -38,12 +35,7 @@ Retention = Literal["delete", "keep"]
 #: Where the relay reads events: the table (claims) or the replication slot (outboxkit.cdc).
 Source = Literal["poll", "cdc"]
 
-__all__ = ["Relay", "default_relay_id"]
-
-
-def default_relay_id() -> str:
-    """host-pid-random: unique per process, readable in `claimed_by`."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+__all__ = ["Relay"]
 
 
 class RelaySource(Protocol):
@@ -168,7 +160,7 @@ class Relay:
         self.lease = lease
         self.max_attempts = max_attempts
         self.retention: Retention = retention
-        self.relay_id = relay_id or default_relay_id()
+        self.relay_id = relay_id or default_owner_id()
         self.retry_base = retry_base
         self.retry_cap = retry_cap
         self.max_in_flight = max_in_flight

@@ -3,6 +3,11 @@
 The outbox table is its store (backends/postgres/queue_pg.py, or MariaDB's); ordered mode
 (per-key order through partition leases, relay/ordered.py) is a claim policy and a sink
 that publishes in waves, with the partition heartbeat as a side task.
+
+No database transaction or row lock is held while a broker is talked to: the claim is one
+short statement that leases rows, the publish happens with no transaction open, the settle
+is one short statement per outcome fenced by the claim's token. A relay that dies leaves
+leases that simply expire.
 """
 
 from __future__ import annotations

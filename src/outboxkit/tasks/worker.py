@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +24,7 @@ from outboxkit._text import first_line
 from outboxkit.backends import backend_for
 from outboxkit.backends.postgres._connection import PoolerMode
 from outboxkit.queue.decide import Outcome, RetryPolicy
-from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions
+from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions, default_owner_id
 from outboxkit.queue.store import Claim, StoreError
 from outboxkit.queue.task_claims import TaskClaims
 from outboxkit.queue.tasks import ClaimedTask, Retention
@@ -43,11 +40,6 @@ log = logging.getLogger("outboxkit.worker")
 UNHANDLED_GRACE = 3600.0
 #: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
 UNHANDLED_BATCH = 1000
-
-
-def default_worker_id() -> str:
-    """host-pid-random: unique per process, readable in ``claimed_by``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(slots=True)
@@ -191,7 +183,7 @@ class Worker:
         if not lease > 0 or not poll_interval > 0 or shutdown_timeout < 0:
             raise ValueError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
         self.tasks = tasks
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = worker_id or default_owner_id()
         self.stats = WorkerStats()
         lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
         self.store = backend.task_store(

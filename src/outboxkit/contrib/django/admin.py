@@ -45,15 +45,17 @@ class CappedPaginator(Paginator):
 
 
 class _FailedValuesFilter(admin.SimpleListFilter):
-    """A column's values among the dead letters (the failed rows' partial index), not the
-    whole table's: a DISTINCT over millions of pending or kept rows per page is a scan."""
+    """A column's values among the dead letters (the failed rows' partial index; failed
+    tasks' on the task table), not the whole table's: a DISTINCT over millions of pending
+    or kept rows per page is a scan."""
 
     field: str
+    failed: int = int(Status.FAILED)  # the status of a dead letter in this filter's table
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         values = (
             model_admin.get_queryset(request)
-            .filter(status=int(Status.FAILED))
+            .filter(status=self.failed)
             .values_list(self.field, flat=True)
             .distinct()
             .order_by(self.field)[:50]
@@ -105,11 +107,33 @@ class ErrorFilter(admin.SimpleListFilter):
         return queryset
 
 
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """A table the application writes and a relay or worker settles: never added to, edited
+    or deleted from here (its actions go through the store's fenced statements), paged
+    without a COUNT(*) over the whole table, errors shown masked."""
+
+    paginator = CappedPaginator
+    list_per_page = 50
+    show_full_result_count = False  # a COUNT(*) over a big table on every page: no
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="error")
+    def error(self, obj: OutboxEvent | Task) -> str:
+        return redact(obj.last_error or "")
+
+
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(admin.ModelAdmin):
+class OutboxEventAdmin(_ReadOnlyAdmin):
     list_display = ("id", "topic", "event_type", "status", "attempts", "error", "created_at")
     list_filter = ("status", TopicFilter, EventTypeFilter, ErrorFilter)
-    paginator = CappedPaginator
     search_fields = ("=event_id", "=aggregate_id", "key")
     actions = ["replay", "discard"]
     fields = (
@@ -133,26 +157,10 @@ class OutboxEventAdmin(admin.ModelAdmin):
         "payload_shown",
     )
     readonly_fields = fields
-    list_per_page = 50
-    show_full_result_count = False  # a COUNT(*) over a big outbox on every page: no
-
-    # Events are written by the application and settled by the relay: never edited here.
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
         """Replay and discard: for whoever may change outbox events (the model's permission)."""
         return bool(request.user.has_perm("outboxkit.change_outboxevent"))
-
-    @admin.display(description="error")
-    def error(self, obj: OutboxEvent) -> str:
-        return redact(obj.last_error or "")
 
     @admin.display(description="headers")
     def headers_shown(self, obj: OutboxEvent) -> str:
@@ -202,35 +210,16 @@ class OutboxEventAdmin(admin.ModelAdmin):
 # -- task mode ------------------------------------------------------------------------------
 
 
-class _FailedTaskValuesFilter(admin.SimpleListFilter):
-    """A column's values among the failed tasks (their partial index), not the whole table's."""
-
-    field: str
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = (
-            model_admin.get_queryset(request)
-            .filter(status=int(TaskStatus.FAILED))
-            .values_list(self.field, flat=True)
-            .distinct()
-            .order_by(self.field)[:50]
-        )
-        return [(v, v) for v in values]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value():
-            return queryset.filter(**{self.field: self.value()})
-        return queryset
-
-
-class TaskNameFilter(_FailedTaskValuesFilter):
+class TaskNameFilter(_FailedValuesFilter):
     title = "task (failed tasks)"
     parameter_name = field = "task_name"
+    failed = int(TaskStatus.FAILED)
 
 
-class ErrorTypeFilter(_FailedTaskValuesFilter):
+class ErrorTypeFilter(_FailedValuesFilter):
     title = "error type (failed tasks)"
     parameter_name = field = "error_type"
+    failed = int(TaskStatus.FAILED)
 
 
 _TASK_ACTIONS = {
@@ -241,14 +230,13 @@ _TASK_ACTIONS = {
 }
 
 
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(_ReadOnlyAdmin):
     """Task mode's table: every task read-only; replay, discard and cancel go through
     backends/postgres/tasks_pg.py (what ``outboxkit tasks replay / discard / cancel`` run),
     logged."""
 
     list_display = ("id", "task_name", "queue", "status", "attempts", "error", "created_at")
     list_filter = ("status", TaskNameFilter, ErrorTypeFilter, "queue")
-    paginator = CappedPaginator
     search_fields = ("=id", "=key", "=unique_key")
     actions = ["replay", "discard", "cancel"]
     fields = (
@@ -272,26 +260,10 @@ class TaskAdmin(admin.ModelAdmin):
         "payload_shown",
     )
     readonly_fields = fields
-    list_per_page = 50
-    show_full_result_count = False
-
-    # Tasks are enqueued by the application and settled by the worker: never edited here.
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
         """Replay, discard and cancel: for whoever may change tasks (the model's permission)."""
         return bool(request.user.has_perm("outboxkit.change_task"))
-
-    @admin.display(description="error")
-    def error(self, obj: Task) -> str:
-        return redact(obj.last_error or "")
 
     @admin.display(description="traceback")
     def traceback_shown(self, obj: Task) -> str:

@@ -14,13 +14,14 @@ from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     MAX_INT8,
     LibraryOption,
-    checked_duration,
     count_range,
     dsn_option,
     given,
     in_range,
     inbox_option,
     inbox_table_option,
+    json_option,
+    older_than_option,
     parse_duration,
     table_option,
 )
@@ -45,7 +46,7 @@ def _age(seconds: float | None) -> str:
 @click.command()
 @dsn_option
 @table_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+@json_option("One JSON object, for programs.")
 def status(dsn: str, table: str, as_json: bool) -> None:
     """Pending, in-flight, failed and published counts, and the oldest pending age.
 
@@ -170,7 +171,7 @@ def failed() -> None:
     type=click.IntRange(min=1),
     help="List at most this many events (the oldest first).",
 )
-@click.option("--json", "as_json", is_flag=True, help="A JSON array, for programs.")
+@json_option("A JSON array, for programs.")
 def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_json: bool) -> None:
     """List dead-lettered events, oldest first."""
     from outboxkit.admin import admin_for
@@ -207,7 +208,7 @@ def failed_list(dsn: str, table: str, topic: str | None, limit: int | None, as_j
 @click.argument("ref")
 @dsn_option
 @table_option
-@click.option("--json", "as_json", is_flag=True, help="One JSON object, for programs.")
+@json_option("One JSON object, for programs.")
 def failed_show(ref: str, dsn: str, table: str, as_json: bool) -> None:
     """Show one event (by row id or event id), headers and payload included."""
     from outboxkit.admin import admin_for
@@ -320,12 +321,7 @@ def failed_discard(
 @click.command()
 @dsn_option
 @table_option
-@click.option(
-    "--older-than",
-    required=True,
-    callback=checked_duration,
-    help="Age of published rows to delete, e.g. 7d, 12h, 1h30m.",
-)
+@older_than_option("Age of published rows to delete, e.g. 7d, 12h, 1h30m.")
 @click.option(
     "--batch-size",
     callback=count_range,
@@ -334,7 +330,7 @@ def failed_discard(
     type=click.IntRange(min=1),
     help="Rows per transaction.",
 )
-@click.option("--json", "as_json", is_flag=True, help='Print {"deleted": N} only, for programs.')
+@json_option('Print {"deleted": N} only, for programs.')
 @inbox_option
 @inbox_table_option
 @click.option("--consumer", default=None, help="With --inbox: only this consumer's records.")

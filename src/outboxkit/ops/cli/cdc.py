@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import dsn_option, table_option
+from outboxkit.ops.cli.options import dsn_option, json_option, table_option
 from outboxkit.ops.cli.output import console, fail, ok
 
 slot_option = click.option(
@@ -77,7 +77,7 @@ def setup(dsn: str, table: str, slot: str | None, publication: str | None) -> No
 @table_option
 @slot_option
 @publication_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 def status(dsn: str, table: str, slot: str | None, publication: str | None, as_json: bool) -> None:
     """The slot: active, lag in bytes and seconds, WAL retained, invalidation.
 

@@ -13,11 +13,15 @@ from outboxkit.errors import ConfigurationError, OutboxkitError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     LibraryOption,
+    admin_token_option,
+    allow_host_option,
     dsn_option,
     given,
+    log_format_option,
     port_range,
     seconds_range,
     table_option,
+    tasks_table_option,
 )
 from outboxkit.ops.cli.output import console, fail
 from outboxkit.ops.logs import setup_logging
@@ -26,24 +30,14 @@ from outboxkit.ops.logs import setup_logging
 @click.command()
 @dsn_option
 @table_option
-@click.option(
-    "--tasks-table",
-    default="outboxkit_tasks",
-    show_default=True,
-    envvar="OUTBOXKIT_TASKS_TABLE",
-    help="Task mode's table, shown on the Tasks page (the page says how to create it).",
-)
+@tasks_table_option("Task mode's table, shown on the Tasks page (the page says how to create it).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option(
     "--port", callback=port_range, default=8080, show_default=True, help="Port to listen on."
 )
-@click.option(
-    "--admin-token",
-    envvar="OUTBOXKIT_ADMIN_TOKEN",
-    show_envvar=True,
-    default=None,
-    help="Enables replay/discard (and cancel, for tasks) for whoever enters this token"
-    " [default: read-only].",
+@admin_token_option(
+    "Enables replay/discard (and cancel, for tasks) for whoever enters this token"
+    " [default: read-only]."
 )
 @click.option(
     "--sample-interval",
@@ -53,20 +47,11 @@ from outboxkit.ops.logs import setup_logging
     type=float,
     help="Seconds between table reads.",
 )
-@click.option(
-    "--allow-host",
-    "allow_hosts",
-    multiple=True,
-    help="A Host name the page answers to besides IP addresses and localhost (repeat it;"
-    " names not listed are refused against DNS rebinding).",
+@allow_host_option(
+    "A Host name the page answers to besides IP addresses and localhost (repeat it;"
+    " names not listed are refused against DNS rebinding)."
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: one object per line, for log pipelines (actions taken are logged).",
-)
+@log_format_option("json: one object per line, for log pipelines (actions taken are logged).")
 def dashboard(
     dsn: str,
     table: str,

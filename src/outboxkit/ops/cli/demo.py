@@ -13,6 +13,7 @@ from outboxkit.ops.cli.options import (
     count_range,
     dsn_option_of,
     given,
+    json_option,
     seconds_range,
 )
 
@@ -40,7 +41,7 @@ from outboxkit.ops.cli.options import (
     help="nats:// URL of a NATS JetStream you already run [default: an embedded one].",
 )
 @dsn_option_of(required=False, help_text="PostgreSQL to use [default: an embedded one].")
-@click.option("--json", "as_json", is_flag=True, help="Print the result table as JSON.")
+@json_option("Print the result table as JSON.")
 @click.option(
     "--source",
     type=click.Choice(["poll", "cdc"]),

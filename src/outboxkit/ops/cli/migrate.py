@@ -9,31 +9,23 @@ import click
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
-    DSN_HELP,
-    checked_dsn,
+    dsn_option_of,
     inbox_option,
     inbox_table_option,
     table_option,
+    tasks_table_option,
 )
 from outboxkit.ops.cli.output import fail, ok
 
 
 @click.command()
-@click.option(
-    "--dsn", envvar="OUTBOXKIT_DSN", show_envvar=True, help=DSN_HELP, callback=checked_dsn
-)
+@dsn_option_of(required=False, envvar=True)
 @table_option
 @click.option("--print-sql", is_flag=True, help="Print the DDL instead of running it.")
 @inbox_option
 @inbox_table_option
 @click.option("--tasks", is_flag=True, help="Create task mode's table (outboxkit worker) instead.")
-@click.option(
-    "--tasks-table",
-    default="outboxkit_tasks",
-    show_default=True,
-    envvar="OUTBOXKIT_TASKS_TABLE",
-    help="Task table name (with --tasks), optionally schema-qualified.",
-)
+@tasks_table_option("Task table name (with --tasks), optionally schema-qualified.")
 @click.option(
     "--partition-by",
     type=click.Choice(["day", "hour"]),

@@ -156,16 +156,20 @@ def checked_dsn(_ctx: click.Context, _param: click.Parameter, value: str | None)
 _Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def dsn_option_of(*, required: bool = True, help_text: str = DSN_HELP) -> _Decorator:
-    """``--dsn``, checked at parse time; a required one also reads ``OUTBOXKIT_DSN``."""
+def dsn_option_of(
+    *, required: bool = True, help_text: str = DSN_HELP, envvar: bool | None = None
+) -> _Decorator:
+    """``--dsn``, checked at parse time; ``envvar`` (by default: a required one) also reads
+    ``OUTBOXKIT_DSN``."""
+    envvar = required if envvar is None else envvar
     return click.option(
         "--dsn",
         required=required,
         default=None,
         help=help_text,
         callback=checked_dsn,
-        envvar="OUTBOXKIT_DSN" if required else None,
-        show_envvar=required,
+        envvar="OUTBOXKIT_DSN" if envvar else None,
+        show_envvar=envvar,
     )
 
 
@@ -226,6 +230,56 @@ def metrics_options(serves: str, *, port_envvar: bool = False, host_note: str = 
         + ".",
     )
     return lambda command: port(host(command))
+
+
+def json_option(help_text: str) -> _Decorator:
+    """``--json`` (``as_json``): print for programs; ``help_text`` says the shape printed."""
+    return click.option("--json", "as_json", is_flag=True, help=help_text)
+
+
+def log_format_option(help_text: str) -> _Decorator:
+    """``--log-format``: text, or json (one object per line); ``help_text`` says for whom."""
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help=help_text,
+    )
+
+
+def tasks_table_option(
+    help_text: str = "Task table name, optionally schema-qualified.",
+) -> _Decorator:
+    """``--tasks-table`` (``OUTBOXKIT_TASKS_TABLE``): task mode's table."""
+    return click.option(
+        "--tasks-table",
+        default="outboxkit_tasks",
+        show_default=True,
+        envvar="OUTBOXKIT_TASKS_TABLE",
+        help=help_text,
+    )
+
+
+def older_than_option(help_text: str) -> _Decorator:
+    """``--older-than``, a required duration (7d, 12h, 1h30m), checked at parse time."""
+    return click.option("--older-than", required=True, callback=checked_duration, help=help_text)
+
+
+def allow_host_option(help_text: str) -> _Decorator:
+    """``--allow-host`` (``allow_hosts``, repeatable): a dashboard's Host names."""
+    return click.option("--allow-host", "allow_hosts", multiple=True, help=help_text)
+
+
+def admin_token_option(help_text: str) -> _Decorator:
+    """``--admin-token`` (``OUTBOXKIT_ADMIN_TOKEN``): a dashboard's actions, off without it."""
+    return click.option(
+        "--admin-token",
+        envvar="OUTBOXKIT_ADMIN_TOKEN",
+        show_envvar=True,
+        default=None,
+        help=help_text,
+    )
 
 
 table_option = click.option(

@@ -15,6 +15,7 @@ from outboxkit.ops.cli.options import (
     checked_duration,
     dsn_option,
     in_range,
+    json_option,
     parse_duration,
     table_option,
 )
@@ -60,7 +61,7 @@ def _range(lower: dt.datetime | None, upper: dt.datetime | None) -> str:
     is_flag=True,
     help="Count every partition's rows (a full scan), not estimate.",
 )
-@click.option("--json", "as_json", is_flag=True, help="A JSON array, one object per partition.")
+@json_option("A JSON array, one object per partition.")
 def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
     """Each partition: its range, rows, pending and failed events, size.
 
@@ -124,7 +125,7 @@ def list_command(dsn: str, table: str, exact: bool, as_json: bool) -> None:
     default=None,
     help="Periods to create after the current one [default: the table's; 3].",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (the report), for programs.")
+@json_option("One JSON object (the report), for programs.")
 def maintain_command(
     dsn: str, table: str, keep: str | None, ahead: int | None, as_json: bool
 ) -> None:

@@ -17,11 +17,14 @@ from outboxkit.ops.cli.options import (
     METRICS,
     RELAY,
     LibraryOption,
+    admin_token_option,
+    allow_host_option,
     batch_shape_help,
     count_range,
     dsn_option,
     given,
     in_range,
+    log_format_option,
     metrics_options,
     pooler_options,
     seconds_range,
@@ -188,13 +191,7 @@ from outboxkit.ops.logs import setup_logging
     help="info: start-up, the first batch, periodic summaries and every failure;"
     " debug adds a line per failed event.",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: one object per line (ts, level, logger, msg, fields) for log pipelines.",
-)
+@log_format_option("json: one object per line (ts, level, logger, msg, fields) for log pipelines.")
 @click.option(
     "--log-interval",
     callback=seconds_range,
@@ -229,19 +226,12 @@ from outboxkit.ops.logs import setup_logging
     is_flag=True,
     help="Also serve the web dashboard at /dashboard/ on --metrics-port (see `dashboard`).",
 )
-@click.option(
-    "--allow-host",
-    "allow_hosts",
-    multiple=True,
-    help="With --dashboard: a Host name it answers to besides IP addresses and localhost"
-    " (repeat it; names not listed are refused against DNS rebinding).",
+@allow_host_option(
+    "With --dashboard: a Host name it answers to besides IP addresses and localhost"
+    " (repeat it; names not listed are refused against DNS rebinding)."
 )
-@click.option(
-    "--admin-token",
-    envvar="OUTBOXKIT_ADMIN_TOKEN",
-    show_envvar=True,
-    default=None,
-    help="With --dashboard: enables replay/discard for whoever enters it [default: read-only].",
+@admin_token_option(
+    "With --dashboard: enables replay/discard for whoever enters it [default: read-only]."
 )
 @click.option(
     "--gauge-interval",

@@ -13,18 +13,18 @@ from rich.table import Table
 
 from outboxkit._redact import redact, remember_secrets
 from outboxkit.ops.cli.guard import run_guarded
-from outboxkit.ops.cli.options import checked_duration, dsn_option, parse_duration
+from outboxkit.ops.cli.options import (
+    dsn_option,
+    json_option,
+    older_than_option,
+    parse_duration,
+    tasks_table_option,
+)
 from outboxkit.ops.cli.output import console, fail, jsonable, ok
 
 _STATES = ("pending", "running", "done", "failed", "cancelled")
 
-tasks_table_option = click.option(
-    "--tasks-table",
-    default="outboxkit_tasks",
-    show_default=True,
-    envvar="OUTBOXKIT_TASKS_TABLE",
-    help="Task table name, optionally schema-qualified.",
-)
+tasks_table = tasks_table_option()
 
 
 def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
@@ -43,7 +43,15 @@ def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
     return dsn_option(run)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="JSON lines, for programs.")
+json_lines = json_option("JSON lines, for programs.")
+task_name = click.option("--name", default=None, help="Only tasks of this name.")
+task_limit = click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="At most this many tasks.",
+)
 
 
 @click.group()
@@ -88,18 +96,12 @@ def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 
 @tasks.command("list")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.option("--status", type=click.Choice(_STATES), default=None, help="Only this state.")
-@click.option("--name", default=None, help="Only tasks of this name.")
+@task_name
 @click.option("--queue", default=None, help="Only tasks of this queue.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 100_000),
-    default=100,
-    show_default=True,
-    help="At most this many tasks.",
-)
-@json_option
+@task_limit
+@json_lines
 def list_command(
     dsn: str,
     tasks_table: str,
@@ -152,8 +154,8 @@ def _who() -> str:
 
 @tasks.command("queues")
 @task_dsn_option
-@tasks_table_option
-@json_option
+@tasks_table
+@json_lines
 def queues_command(dsn: str, tasks_table: str, as_json: bool) -> None:
     """Each queue: paused or running, its queued and running tasks."""
     from outboxkit.backends.postgres.tasks_pg import queue_states
@@ -183,7 +185,7 @@ def queues_command(dsn: str, tasks_table: str, as_json: bool) -> None:
 
 @tasks.command("pause")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("queue")
 def pause_command(dsn: str, tasks_table: str, queue: str) -> None:
     """Stop every worker claiming from QUEUE.
@@ -201,7 +203,7 @@ def pause_command(dsn: str, tasks_table: str, queue: str) -> None:
 
 @tasks.command("resume")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("queue")
 def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
     """Let workers claim from QUEUE again (waiting workers are woken at once)."""
@@ -215,16 +217,10 @@ def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
 
 @tasks.command("failed")
 @task_dsn_option
-@tasks_table_option
-@click.option("--name", default=None, help="Only tasks of this name.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 100_000),
-    default=100,
-    show_default=True,
-    help="At most this many tasks.",
-)
-@json_option
+@tasks_table
+@task_name
+@task_limit
+@json_lines
 def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
     """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
     from outboxkit.backends.postgres.tasks_pg import list_tasks
@@ -238,9 +234,9 @@ def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_
 
 @tasks.command("show")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("task_id", type=int)
-@json_option
+@json_lines
 def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> None:
     """Every column of one task: its state, payload, error and traceback excerpt.
 
@@ -274,7 +270,7 @@ def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> Non
 
 @tasks.command("replay")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("task_ids", type=int, nargs=-1)
 @click.option("--all", "all_failed", is_flag=True, help="Every failed or cancelled task.")
 @click.option("--name", default=None, help="With --all: only tasks of this name.")
@@ -299,7 +295,7 @@ def replay_command(
 
 @tasks.command("cancel")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Cancel pending or running tasks (a running one's completion then changes nothing)."""
@@ -311,7 +307,7 @@ def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> Non
 
 @tasks.command("discard")
 @task_dsn_option
-@tasks_table_option
+@tasks_table
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Delete failed or cancelled tasks for good."""
@@ -323,13 +319,8 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
 
 @tasks.command("purge")
 @task_dsn_option
-@tasks_table_option
-@click.option(
-    "--older-than",
-    required=True,
-    callback=checked_duration,
-    help="Finished at least this long ago: 30d, 12h, 90m.",
-)
+@tasks_table
+@older_than_option("Finished at least this long ago: 30d, 12h, 90m.")
 @click.option(
     "--batch-size",
     type=click.IntRange(1, 100_000),

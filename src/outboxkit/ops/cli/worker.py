@@ -17,7 +17,13 @@ import click
 from outboxkit._redact import redact
 from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES
 from outboxkit.errors import OutboxkitError
-from outboxkit.ops.cli.options import dsn_option, given, metrics_options, pooler_options
+from outboxkit.ops.cli.options import (
+    dsn_option,
+    given,
+    log_format_option,
+    metrics_options,
+    pooler_options,
+)
 from outboxkit.ops.cli.output import fail
 from outboxkit.ops.logs import setup_logging
 
@@ -142,13 +148,7 @@ def _freeze_start_up_heap() -> None:
     show_default=True,
     help="Log level.",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text for people, json for log collectors.",
-)
+@log_format_option("text for people, json for log collectors.")
 def worker(
     dsn: str,
     app_spec: str,
