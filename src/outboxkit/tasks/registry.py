@@ -409,7 +409,7 @@ class TaskTransaction(OutboxTransaction):
     """``with tasks.transaction(conn) as tx:``: ``tx.enqueue(...)`` rides with the COMMIT."""
 
     def __init__(self, tasks: Tasks, conn: psycopg.Connection[Any]) -> None:
-        super().__init__(tasks._storage, _check_event, conn)  # type: ignore[arg-type]
+        super().__init__(tasks._storage, _check_event, conn)
         self._tasks = tasks
 
     def __enter__(self) -> TaskTransaction:
@@ -426,7 +426,7 @@ class AsyncTaskTransaction(AsyncOutboxTransaction):
     """:class:`TaskTransaction` with ``async with``."""
 
     def __init__(self, tasks: Tasks, conn: psycopg.AsyncConnection[Any]) -> None:
-        super().__init__(tasks._storage, _check_event, conn)  # type: ignore[arg-type]
+        super().__init__(tasks._storage, _check_event, conn)
         self._tasks = tasks
 
     async def __aenter__(self) -> AsyncTaskTransaction:

@@ -36,7 +36,13 @@ from outboxkit.drivers import type_name
 from outboxkit.drivers.psycopg_adapter import check_usable
 from outboxkit.errors import NotInTransactionError, outbox_table_missing
 from outboxkit.events import Event
-from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Storage, encode_batch
+from outboxkit.write.storage import (
+    BinaryRow,
+    Check,
+    CommitStatement,
+    PipelinedStorage,
+    encode_batch,
+)
 
 _IDLE = pq.TransactionStatus.IDLE
 _INTRANS = pq.TransactionStatus.INTRANS
@@ -67,7 +73,7 @@ class BaseOutboxTransaction(Generic[_Conn]):
     _connection_type: type = psycopg.Connection
     _refusal = ("transaction", "psycopg.Connection")
 
-    def __init__(self, storage: Storage, check: Check, conn: _Conn) -> None:
+    def __init__(self, storage: PipelinedStorage, check: Check, conn: _Conn) -> None:
         if not isinstance(conn, self._connection_type):
             raise _unsupported(conn, *self._refusal)
         self._storage = storage

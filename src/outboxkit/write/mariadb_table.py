@@ -19,7 +19,7 @@ from outboxkit.backends.mariadb.sql import Statements, insert_ordered, key_slot
 from outboxkit.drivers import Statement
 from outboxkit.errors import ConfigurationError
 from outboxkit.events import Event
-from outboxkit.write.storage import BinaryRow, Check, CommitStatement, Prepared, Send, encode_batch
+from outboxkit.write.storage import Check, Prepared, encode_batch
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -122,11 +122,3 @@ class MariaDBTableStorage:
     def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
         _refuse("execute_with()")
 
-    def encode(self, event: Event) -> BinaryRow:
-        raise NotImplementedError("MariaDB's transaction() is write.mariadb_commit's")
-
-    def commit_inserts(self, rows: list[BinaryRow], send: Send) -> None:
-        raise NotImplementedError("MariaDB's transaction() is write.mariadb_commit's")
-
-    def prepared(self) -> list[CommitStatement]:
-        return []

@@ -48,7 +48,7 @@ from outboxkit.write.mariadb_commit import (
     unsupported,
 )
 from outboxkit.write.mariadb_table import MariaDBTableStorage
-from outboxkit.write.storage import Prepared, Storage
+from outboxkit.write.storage import PipelinedStorage, Prepared, Storage
 from outboxkit.write.table import TableStorage
 from outboxkit.write.wal import WalStorage
 
@@ -185,13 +185,19 @@ class Outbox:
         #: Turns payload values JSON lacks (your own types) into JSON ones, as orjson's.
         self.default = default
         # Chosen once: every write path below asks it for its statements and parameters.
-        self._storage: Storage = (
-            WalStorage(table, notify=notify)
-            if storage == "wal"
-            else MariaDBTableStorage(table, ordered=ordered)  # (no NOTIFY there: notify=False)
-            if storage == "mariadb"
-            else TableStorage(table, notify=notify, ordered=ordered)
-        )
+        # PostgreSQL's storages also feed transaction()'s pipeline; MariaDB's has its own.
+        self._pipelined: PipelinedStorage | None = None
+        self._mariadb: MariaDBTableStorage | None = None
+        self._storage: Storage
+        if storage == "mariadb":  # (no NOTIFY there: notify=False)
+            self._storage = self._mariadb = MariaDBTableStorage(table, ordered=ordered)
+        else:
+            pg = (
+                WalStorage(table, notify=notify)
+                if storage == "wal"
+                else TableStorage(table, notify=notify, ordered=ordered)
+            )
+            self._storage = self._pipelined = pg
         if storage == "mariadb":
             self.notify = False
         self._errors = _SchemaErrors(table, with_callers_sql=False, storage=storage)
@@ -265,9 +271,10 @@ class Outbox:
             adapter = raw_sync_adapter(conn)
             if not isinstance(adapter, DBAPISync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "transaction", "PyMySQL or mysqlclient")
-            assert isinstance(self._storage, MariaDBTableStorage)
-            return MariaDBTransaction(self._storage, self._check, conn, adapter)
-        return OutboxTransaction(self._storage, self._check, conn)
+            assert self._mariadb is not None
+            return MariaDBTransaction(self._mariadb, self._check, conn, adapter)
+        assert self._pipelined is not None
+        return OutboxTransaction(self._pipelined, self._check, conn)
 
     @overload
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction: ...
@@ -282,9 +289,10 @@ class Outbox:
             adapter = raw_async_adapter(conn)
             if not isinstance(adapter, DBAPIAsync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "atransaction", "aiomysql or asyncmy")
-            assert isinstance(self._storage, MariaDBTableStorage)
-            return AsyncMariaDBTransaction(self._storage, self._check, conn, adapter)
-        return AsyncOutboxTransaction(self._storage, self._check, conn)
+            assert self._mariadb is not None
+            return AsyncMariaDBTransaction(self._mariadb, self._check, conn, adapter)
+        assert self._pipelined is not None
+        return AsyncOutboxTransaction(self._pipelined, self._check, conn)
 
     # -- events queued in a SQLAlchemy session, written with its COMMIT -----------
 

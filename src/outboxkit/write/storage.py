@@ -73,6 +73,15 @@ class Storage(Protocol):
         in front of the caller's statement (``execute_with``); None for none."""
         ...
 
+
+class PipelinedStorage(Protocol):
+    """What ``transaction()``'s pipeline (write/commit.py) asks of a storage: rows encoded
+    as ``tx.put`` queues them, and the statements sent with the COMMIT. PostgreSQL's table
+    and WAL storages and task mode's enqueue have it; MariaDB's transaction() is its own
+    (write/mariadb_commit.py), so its storage is a :class:`Storage` only."""
+
+    table: str
+
     def encode(self, event: Event) -> BinaryRow:
         """A checked event's binary parameters, encoded when ``tx.put`` queues it."""
         ...
