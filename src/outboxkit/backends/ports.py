@@ -18,7 +18,7 @@ from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, OutboxStatus
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
-from outboxkit.queue.tasks import Retention, SettleHook, TaskStore
+from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind"]
 
@@ -138,7 +138,7 @@ class Backend(abc.ABC):
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")
 
-    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Any:
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
         """The periodic tasks' slots (tasks/periodic.py's store)."""
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")

@@ -35,6 +35,7 @@ __all__ = [
     "SUSPECT_LAPSES",
     "ClaimedTask",
     "Retention",
+    "Schedules",
     "SettleHook",
     "TaskClaim",
     "TaskClaimed",
@@ -110,6 +111,32 @@ class TaskClaimed:
 #: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and
 #: parameters to run in the same transaction, or None: task lifecycle events (tasks/).
 SettleHook = Callable[[Sequence[tuple[ClaimedTask, Decision]]], "tuple[str, Sequence[Any]] | None"]
+
+
+class Schedules(Protocol):
+    """Periodic tasks' slots (tasks/periodic.py): one run per (schedule, slot), by the
+    database's clock, whichever worker inserts it first."""
+
+    async def now(self) -> dt.datetime:
+        """The database's clock (every worker reads the same one)."""
+        ...
+
+    async def last_slot(self, schedule: str) -> tuple[dt.datetime | None, dt.datetime]:
+        """The latest slot recorded for ``schedule`` (None: never ran), and the clock."""
+        ...
+
+    async def enqueue(
+        self, schedule: str, slot: dt.datetime, name: str, queue: str, payload: str, priority: int
+    ) -> int | None:
+        """Insert the slot and its task together; the task id, None if the slot was taken."""
+        ...
+
+    async def prune(self, keep: float, limit: int) -> int:
+        """Delete up to ``limit`` slots older than ``keep`` seconds (each schedule's newest
+        stays); how many."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class TaskStore(Protocol):

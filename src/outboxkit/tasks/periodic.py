@@ -18,7 +18,7 @@ import psycopg
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
-from outboxkit.backends.postgres.tasks_pg import PgSchedules
+from outboxkit.queue.tasks import Schedules
 from outboxkit.tasks.schedule import MAX_CATCH_UP, Periodic
 
 log = logging.getLogger("outboxkit.worker")
@@ -32,7 +32,7 @@ PRUNE_BATCH = 5_000  # slots a statement deletes; a full one is followed by anot
 
 
 async def run_periodic(
-    schedules: PgSchedules,
+    schedules: Schedules,
     periodic: Sequence[Periodic],
     payloads: dict[str, str],
     stopping: asyncio.Event,

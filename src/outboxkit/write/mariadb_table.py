@@ -121,4 +121,3 @@ class MariaDBTableStorage:
 
     def attached(self, events: Iterable[Event], check: Check) -> tuple[str, list[Any]] | None:
         _refuse("execute_with()")
-

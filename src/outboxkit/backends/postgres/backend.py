@@ -13,7 +13,7 @@ from typing import Any
 from outboxkit.backends.ports import Admin, Backend, Migrated, MigrationKind
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
-from outboxkit.queue.tasks import Retention, SettleHook, TaskStore
+from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 _ADMIN_FUNCTIONS = (
     "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
@@ -113,7 +113,7 @@ class PostgresBackend(Backend):
             pooler=pooler, direct_dsn=direct_dsn, names=names,
         )  # fmt: skip
 
-    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Any:
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
         from outboxkit.backends.postgres.tasks_pg import PgSchedules
 
         return PgSchedules(dsn, table, pooler=pooler)
