@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from outboxkit.queue.store import Claim, ClaimPolicy, Decision, Settled, StoreInfo
-from outboxkit.queue.tasks import ClaimedTask, TaskClaim, TaskClaimed, TaskStore
+from outboxkit.queue.tasks import ClaimedTask, TaskClaim, TaskStore
 
 __all__ = ["TaskClaims"]
 
@@ -50,6 +50,9 @@ class TaskClaims:
         #: it to its loop's wake, so the claim happens now, not at the next poll.
         self.on_free: Callable[[], None] | None = None
         self._next_queue = 0
+        # One claim value per queue, built once (a claim statement per free slot or so).
+        self._claims = {q: TaskClaim(q) for q in self.queues}
+        self._alone_claims = {q: TaskClaim(q, alone=True) for q in self.queues}
         self._held: dict[int, str] = {}  # every task id this worker holds -> its queue
         self._held_count: Counter[str] = Counter()
         self._passed = False  # a claim passed (a queue at its limit, draining, alone)
@@ -76,19 +79,16 @@ class TaskClaims:
         if self._alone is not None or (self._suspects and self._held):
             self._passed = True  # running a task alone, or draining for one
             return None
-
-        async def ask(what: TaskClaim, take: int) -> TaskClaimed:
-            return await self.store.claim_tasks(
-                what, limit=take, lease=lease, token=token, owner=owner,
-                max_attempts=max_attempts,
-            )  # fmt: skip
-
+        store = self.store
         if self._suspects:  # nothing running here: run one suspect alone
             self._suspects = False
             for queue in self._in_turn():
                 if self._room(queue, 1) < 1:
                     continue
-                got = await ask(TaskClaim(queue, alone=True), 1)
+                got = await store.claim_tasks(
+                    self._alone_claims[queue], limit=1, lease=lease, token=token, owner=owner,
+                    max_attempts=max_attempts,
+                )  # fmt: skip
                 if got.claim is not None and got.claim.ids:
                     self._alone = got.claim.ids[0]
                     self.claimed_alone += 1
@@ -100,7 +100,10 @@ class TaskClaims:
             if take < 1:
                 self._passed = True
                 continue
-            got = await ask(TaskClaim(queue), take)
+            got = await store.claim_tasks(
+                self._claims[queue], limit=take, lease=lease, token=token, owner=owner,
+                max_attempts=max_attempts,
+            )  # fmt: skip
             if got.suspects:
                 self._suspects = True
                 if not self._held and (got.claim is None or not got.claim.ids):
@@ -109,33 +112,41 @@ class TaskClaims:
                 return self._took(queue, got.claim)
         return None
 
-    def _in_turn(self) -> list[str]:
+    def _in_turn(self) -> Sequence[str]:
         """The queues starting after the one served last (one busy queue starves none)."""
-        n = len(self.queues)
-        return [self.queues[(self._next_queue + i) % n] for i in range(n)]
+        queues = self.queues
+        if len(queues) == 1:
+            return queues
+        n, start = len(queues), self._next_queue
+        return [queues[(start + i) % n] for i in range(n)]
 
     def _room(self, queue: str, limit: int) -> int:
         cap = self.queue_limits.get(queue)
         return limit if cap is None else min(limit, cap - self._held_count[queue])
 
     def _took(self, queue: str, claim: Claim[ClaimedTask]) -> Claim[ClaimedTask]:
-        self._next_queue = (self.queues.index(queue) + 1) % len(self.queues)
+        if len(self.queues) > 1:
+            self._next_queue = (self.queues.index(queue) + 1) % len(self.queues)
+        held = self._held
         for task_id in claim.ids:
-            self._held[task_id] = queue
-        self._held_count[queue] += len(claim.ids)
+            held[task_id] = queue
+        if queue in self.queue_limits:
+            self._held_count[queue] += len(claim.ids)
         return claim
 
     def _let_go(self, ids: Sequence[int]) -> None:
         """These tasks are no longer held (idempotent): room for a claim that passed."""
         freed = False
+        held, limits = self._held, self.queue_limits
         for task_id in ids:
-            queue = self._held.pop(task_id, None)
+            queue = held.pop(task_id, None)
             if queue is not None:
-                self._held_count[queue] -= 1
                 freed = True
+                if queue in limits:
+                    self._held_count[queue] -= 1
             if task_id == self._alone:
                 self._alone = None
-        if freed and self._passed and (not self._suspects or not self._held):
+        if freed and self._passed and (not self._suspects or not held):
             self._passed = False
             self.wake_later()
 

@@ -1,0 +1,85 @@
+"""Task mode's claim policies (queue/task_claims.py) on the in-memory task store: queues in
+turn, per-queue limits, and a suspect run alone after the worker drained."""
+
+from __future__ import annotations
+
+import uuid
+
+from outboxkit.queue.memory import ManualClock
+from outboxkit.queue.memory_tasks import MemoryTasks, MemoryTaskStore
+from outboxkit.queue.store import DONE, Claim
+from outboxkit.queue.task_claims import TaskClaims
+from outboxkit.queue.tasks import SUSPECT_LAPSES, ClaimedTask
+
+
+def _claims(tasks: MemoryTasks, **options: object) -> tuple[TaskClaims, list[str]]:
+    queues = options.pop("queues", ["default"])
+    store = MemoryTaskStore(tasks, queues=queues)  # type: ignore[arg-type]
+    claims = TaskClaims(store, queues=queues, **options)  # type: ignore[arg-type]
+    woken: list[str] = []
+    claims.on_free = lambda: woken.append("wake")
+    return claims, woken
+
+
+async def _claim(claims: TaskClaims, limit: int = 10) -> Claim[ClaimedTask] | None:
+    return await claims.claim(limit=limit, lease=5.0, token=uuid.uuid4(), owner="w", max_attempts=5)
+
+
+async def test_the_queues_are_served_in_turn() -> None:
+    tasks = MemoryTasks(clock=ManualClock(100.0))
+    for _ in range(3):
+        tasks.enqueue("a", queue="a")
+        tasks.enqueue("b", queue="b")
+    claims, _ = _claims(tasks, queues=["a", "b"])
+    served = []
+    for _ in range(4):
+        c = await _claim(claims, limit=1)
+        assert c is not None
+        served.append(c.items[0].queue)
+    assert served == ["a", "b", "a", "b"]
+
+
+async def test_a_queue_at_its_limit_is_passed_over_until_a_task_of_it_settles() -> None:
+    tasks = MemoryTasks(clock=ManualClock(100.0))
+    for _ in range(3):
+        tasks.enqueue("slow", queue="slow")
+    tasks.enqueue("fast", queue="fast")
+    claims, woken = _claims(tasks, queues=["slow", "fast"], queue_limits={"slow": 1})
+    first = await _claim(claims)
+    assert first is not None and [t.queue for t in first.items] == ["slow"]
+    second = await _claim(claims)
+    assert second is not None and [t.queue for t in second.items] == ["fast"]
+    assert await _claim(claims) is None  # slow is at its limit, fast is empty
+    await claims.settle(first, [DONE])
+    assert woken == ["wake"]  # room again: claim now, not at the poll
+    third = await _claim(claims)
+    assert third is not None and [t.queue for t in third.items] == ["slow"]
+
+
+async def test_a_suspect_waits_for_the_worker_to_drain_then_runs_alone() -> None:
+    clock = ManualClock(100.0)
+    tasks = MemoryTasks(clock=clock)
+    poison = tasks.enqueue("poison")
+    for _ in range(SUSPECT_LAPSES):  # its worker died twice while it ran beside others
+        dead, _ = _claims(tasks)
+        assert await _claim(dead) is not None
+        clock.advance(6)
+    healthy = [tasks.enqueue("job") for _ in range(3)]
+    claims, woken = _claims(tasks)
+    # the suspect takes a place in the statement's batch but is passed over
+    running = await _claim(claims, limit=3)
+    assert running is not None and running.ids == healthy[:2]
+    assert await _claim(claims) is None  # draining: nothing new while they run
+    parts = [
+        Claim(running.token, [i], [t]) for i, t in zip(running.ids, running.items, strict=True)
+    ]
+    await claims.settle(parts[0], [DONE])
+    assert woken == []  # still one running
+    await claims.settle(parts[1], [DONE])
+    assert woken == ["wake"]
+    alone = await _claim(claims)
+    assert alone is not None and alone.ids == [poison] and claims.claimed_alone == 1
+    assert await _claim(claims) is None  # it runs alone: nothing beside it
+    await claims.settle(alone, [DONE])
+    rest = await _claim(claims)
+    assert rest is not None and rest.ids == [healthy[2]]
