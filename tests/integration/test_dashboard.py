@@ -255,3 +255,31 @@ async def test_an_events_credential_headers_are_masked_by_name(db_dsn: str) -> N
         "x-app-idempotency-key": "order-77",
         "x-tenant": "acme",
     }
+
+
+async def test_actions_wait_for_the_token_and_the_failed_count_is_the_cards(
+    db_dsn: str,
+) -> None:
+    """Before: replay and discard looked active on an admin dashboard before any token was
+    entered (a click was only refused), and the heading counted the rows the list read
+    (`(100+)`, or one off the card when a dead letter landed between the two reads)."""
+    events = [Event(topic="t", event_type="x", payload={"n": n}) for n in range(120)]
+    write_events(db_dsn, events)
+    ids = _fail_events(db_dsn, events, "boom")
+    board = Dashboard(db_dsn, admin_token=TOKEN, sample_interval=0.5)
+    async with served(board) as url, chromium() as browser:
+        page = await browser.new_page()
+        await page.goto(url)
+        await page.wait_for_selector(f'#failed tr[data-id="{ids[0]}"]')
+        assert await page.text_content("#total-failed") == "120"
+        assert await page.text_content("#failed-count") == "(120, 100 shown)"
+        replay = page.locator(f'#failed tr[data-id="{ids[0]}"] button.replay')
+        assert await replay.is_disabled()
+        assert await replay.get_attribute("title") == "enter the admin token above to act"
+        await page.fill("#token", TOKEN)
+        await page.click("#token-save")
+        await page.wait_for_function(
+            f"""!document.querySelector('#failed tr[data-id="{ids[0]}"] button.replay').disabled"""
+        )
+        await replay.click()
+        await wait_for(lambda: count(db_dsn, "status = 2") == 119, what="replayed")

@@ -85,8 +85,11 @@ async function act(id, verb) {
   }
 }
 
-function renderFailed(rows) {
-  $("failed-count").textContent = `(${rows.length}${rows.length >= 100 ? "+" : ""})`;
+// The heading counts what the card counts (the overview's status, one read): the list
+// is read at another moment and holds at most 100 rows, so its length is only "shown".
+function renderFailed(rows, total) {
+  const count = total === undefined ? rows.length : total;
+  $("failed-count").textContent = rows.length < count ? `(${count}, ${rows.length} shown)` : `(${count})`;
   $("no-failed").hidden = rows.length > 0;
   const body = $("failed").tBodies[0];
   body.replaceChildren(...rows.map((r) => {
@@ -164,7 +167,7 @@ async function refresh() {
     const [overview, failed, blocked] = await Promise.all(
       [api("api/overview"), api("api/failed?limit=100"), api("api/blocked?limit=100")]);
     renderOverview(overview);
-    renderFailed(failed);
+    renderFailed(failed, overview.status ? overview.status.failed : undefined);
     renderBlocked(blocked);
     document.body.dataset.loaded = String(Date.now());
   } catch (e) {

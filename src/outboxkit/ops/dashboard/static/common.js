@@ -63,8 +63,10 @@ function cell(row, text, cls) {
 function actionButton(label, cls, run) {
   const button = el("button", label, cls);
   button.type = "button";
-  button.disabled = readOnly;
-  button.title = readOnly ? "read-only: start the dashboard with --admin-token" : "";
+  // Enabled only once this tab has the admin token: a click before would only be refused.
+  button.disabled = readOnly || !token();
+  button.title = readOnly ? "read-only: start the dashboard with --admin-token"
+    : (token() ? "" : "enter the admin token above to act");
   button.addEventListener("click", run);
   return button;
 }
