@@ -198,13 +198,13 @@ def test_a_periodic_connection_that_prepares_statements_fails_behind_the_pooler(
     pooled_dsn: str, db_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The naive way: the periodic side task's connection taken for PostgreSQL itself."""
+    from outboxkit.backends.postgres.backend import PostgresBackend
     from outboxkit.backends.postgres.tasks_pg import PgSchedules
-    from outboxkit.tasks import worker as worker_module
 
-    def naive(dsn: str, table: str, *, pooler: Any = None) -> PgSchedules:
+    def naive(_self: Any, dsn: str, table: str, *, pooler: Any = None) -> PgSchedules:
         return PgSchedules(dsn, table, pooler="none")
 
-    monkeypatch.setattr(worker_module, "PgSchedules", naive)
+    monkeypatch.setattr(PostgresBackend, "schedules", naive)
     _runs, warnings = _periodic_behind_the_pooler(pooled_dsn, 3.3)
     failed = [w for w in warnings if w.startswith("periodic tasks:")]
     assert any("prepared statement" in w for w in failed), warnings
