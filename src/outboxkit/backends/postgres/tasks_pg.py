@@ -126,6 +126,10 @@ class PgTaskStore(PgSession):
         self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
         self._flushing = False
 
+    # Its claim and settles are planned once per connection (the claim's plan does not
+    # depend on its parameters: the claim index in order, stopped at the limit).
+    generic_plans = True
+
     def __repr__(self) -> str:
         return f"PgTaskStore(table={self.table!r}, queues={self.queues!r})"
 

@@ -195,18 +195,21 @@ WITH seen AS MATERIALIZED (
         last_error = 'worker: claimed ' || d.attempts || ' times without finishing (each'
                      || ' worker died or hung running it): dead-lettered unread; see'
                      || ' `outboxkit tasks failed`, then replay or discard it'
-    FROM batch AS b
-    WHERE d.id = b.id AND NOT b.ambiguous AND b.charged >= b.max_attempts
+    WHERE d.id = ANY(ARRAY(SELECT id FROM batch
+                           WHERE NOT ambiguous AND charged >= max_attempts))
     RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
               d.priority, d.created_at, d.spared, d.last_error
 ), claimed AS (
+    -- (o's columns are the row as the batch locked it: the same lapse rule as `seen`)
     UPDATE {table} AS o
-    SET status = {running}, attempts = o.attempts + 1, lapses = b.lapses,
-        spared = o.spared + CASE WHEN b.ambiguous THEN 1 ELSE 0 END,
+    SET status = {running}, attempts = o.attempts + 1,
+        lapses = o.lapses + CASE WHEN o.status = {running} AND o.lapses < {suspect}
+                                 THEN 1 ELSE 0 END,
+        spared = o.spared + CASE WHEN o.status = {running} AND o.lapses < {suspect}
+                                 THEN 1 ELSE 0 END,
         available_at = now() + make_interval(secs => %(lease)s),
         claim_token = %(token)s, claimed_by = %(owner)s, started_at = now()
-    FROM batch AS b
-    WHERE o.id = b.id AND (b.ambiguous OR b.charged < b.max_attempts)
+    WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE ambiguous OR charged < max_attempts))
       AND {no_flush_wait}
     RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
               o.priority, o.created_at, o.spared, NULL::text
