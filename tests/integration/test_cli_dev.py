@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from outboxkit import Event, Outbox
 from outboxkit.ops.cli.app import main
 from outboxkit.testing import free_port
 
@@ -70,9 +71,10 @@ def test_dev_serves_postgres_and_nats_and_keeps_the_data_for_the_next_start(
         assert str(found["nats"]).startswith("nats://127.0.0.1:")
         result = CliRunner().invoke(main, ["migrate", "--dsn", dsn])
         assert result.exit_code == 0, result.output
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn) as conn, conn.transaction():  # a business row and its event
             conn.execute("CREATE TABLE notes (body text)")
             conn.execute("INSERT INTO notes VALUES ('kept')")
+            Outbox().put(conn, Event(topic="notes", event_type="note.added", payload={"n": 1}))
     finally:
         _stop(proc)
     pids = found["pids"]
@@ -82,7 +84,8 @@ def test_dev_serves_postgres_and_nats_and_keeps_the_data_for_the_next_start(
     try:
         with psycopg.connect(str(again["dsn"])) as conn:
             assert conn.execute("SELECT body FROM notes").fetchall() == [("kept",)]
-            assert conn.execute("SELECT to_regclass('outbox')").fetchone() == ("outbox",)
+            [(topic, payload)] = conn.execute("SELECT topic, payload FROM outbox").fetchall()
+            assert (topic, json.loads(payload)) == ("notes", {"n": 1})
     finally:
         _stop(proc)
 

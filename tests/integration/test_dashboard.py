@@ -283,3 +283,32 @@ async def test_actions_wait_for_the_token_and_the_failed_count_is_the_cards(
         )
         await replay.click()
         await wait_for(lambda: count(db_dsn, "status = 2") == 119, what="replayed")
+
+
+async def test_a_drained_topic_stays_listed_with_what_was_published_recently(
+    db_dsn: str,
+) -> None:
+    """Before: a topic whose events were all published and deleted stayed as a row of zeros
+    (or, with the list full, vanished): nothing said it had been busy a minute ago."""
+    write_events(db_dsn, [Event(topic="flash", event_type="x", payload={"n": n}) for n in range(5)])
+    write_events(db_dsn, [Event(topic="steady", event_type="x", payload={})])
+    board = Dashboard(db_dsn, sample_interval=0.3)
+    async with served(board) as url, chromium() as browser:
+        page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+        await page.goto(url)
+        await page.wait_for_selector('#topics tr[data-topic="flash"]')
+        cells = "row => [...row.cells].map(c => c.textContent)"
+        flash = await page.eval_on_selector('#topics tr[data-topic="flash"]', cells)
+        assert flash[1] == "5"
+        assert flash[5] == "0"
+        with psycopg.connect(db_dsn) as conn:  # the relay's publish-and-delete, as it lands
+            conn.execute("DELETE FROM outbox WHERE topic = 'flash'")
+        await page.wait_for_function(
+            """() => document.querySelector('#topics tr[data-topic="flash"]')
+               ?.cells[5].textContent === '5'"""
+        )
+        flash = await page.eval_on_selector('#topics tr[data-topic="flash"]', cells)
+        assert flash[1:4] == ["0", "0", "0"]
+        steady = await page.eval_on_selector('#topics tr[data-topic="steady"]', cells)
+        assert steady[1] == "1"
+        assert steady[5] == "0"

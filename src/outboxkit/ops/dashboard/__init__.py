@@ -74,6 +74,34 @@ _APP_KEY = web.AppKey("dashboard", object)
 _T = TypeVar("_T")
 
 
+class _RecentTopic:
+    """One listed topic as the sampler last saw it, and the rows that left it since
+    (``Dashboard._bounded_topics`` says how that is counted and what it misses)."""
+
+    def __init__(self) -> None:
+        self.last_seen = 0.0  # the last sample in which it had rows
+        self.active: int | None = None  # pending + in flight at the previous sample
+        self.failed = 0
+        self.left: collections.deque[tuple[float, int]] = collections.deque()
+
+    def observe(self, topic: TopicStatus | None, now: float) -> None:
+        """Take one sample's reading of the topic (None: it had no rows)."""
+        active = topic.pending + topic.in_flight if topic else 0
+        failed = topic.failed if topic else 0
+        if topic:
+            self.last_seen = now
+        if self.active is not None:
+            left = self.active - active - max(0, failed - self.failed)
+            if left > 0:
+                self.left.append((now, left))
+        self.active, self.failed = active, failed
+        while self.left and now - self.left[0][0] > HISTORY_SECONDS:
+            self.left.popleft()
+
+    def published(self) -> int:
+        return sum(n for _t, n in self.left)
+
+
 class Dashboard:
     """State of one dashboard: the sampled history and the configuration."""
 
@@ -117,7 +145,7 @@ class Dashboard:
         self.latest: LiveStatus | None = None
         self.error: str | None = None
         self._previous: tuple[float, int, int] | None = None
-        self._topics: dict[str, float] = {}  # listed topic -> last time it had rows
+        self._topics: dict[str, _RecentTopic] = {}  # listed topic -> its recent activity
 
     async def sample(self) -> None:
         """Read the table once and append a point to the history."""
@@ -156,23 +184,34 @@ class Dashboard:
         )
 
     def _bounded_topics(self, topics: list[TopicStatus], now: float) -> list[TopicStatus]:
-        """The busiest ``max_topics`` topics, the rest summed as one row.
+        """The busiest ``max_topics`` topics, the rest summed as one row, with recent activity.
 
-        A listed topic that drained stays with zeros (instead of vanishing) for
-        the history's length, then leaves the list.
+        A topic the sampler saw with rows stays listed for the charts' window
+        (``HISTORY_SECONDS``) after its last row left, so a topic whose events were all
+        published (and deleted) does not vanish; its ``published`` then counts the rows that
+        left the table in that window. That count comes from this dashboard's own samples,
+        not from the write path or the relay, which pay nothing for it: between two
+        samples, a topic's pending and in-flight rows that went down by more than its
+        failed rows went up were published. It is a lower bound: rows
+        written and published between two samples are never seen, and a topic written
+        and drained entirely between two samples is not listed. Topics past
+        ``max_topics`` are summed in ``(other)`` and not followed.
         """
         topics.sort(key=lambda t: (-(t.pending + t.in_flight + t.failed), t.topic))
         listed, rest = topics[: self.max_topics], topics[self.max_topics :]
         for t in listed:
-            self._topics[t.topic] = now
+            recent = self._topics.setdefault(t.topic, _RecentTopic())
+            recent.observe(t, now)
+            t.published = recent.published()
         present = {t.topic for t in listed}
-        for name, seen in list(self._topics.items()):
+        for name, recent in list(self._topics.items()):
             if name in present:
                 continue
-            if now - seen > HISTORY_SECONDS or len(listed) >= self.max_topics:
-                del self._topics[name]
-            else:
-                listed.append(TopicStatus(name, 0, 0, 0, 0, None))
+            if now - recent.last_seen > HISTORY_SECONDS or len(listed) >= self.max_topics:
+                del self._topics[name]  # drained for the whole window, or crowded out
+                continue
+            recent.observe(None, now)
+            listed.append(TopicStatus(name, 0, 0, 0, recent.published(), None))
         if rest:
             other = TopicStatus(OTHER_TOPICS, 0, 0, 0, 0, None)
             for t in rest:

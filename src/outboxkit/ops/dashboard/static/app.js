@@ -68,6 +68,8 @@ function renderOverview(data) {
     cell(row, t.in_flight, "n");
     cell(row, t.failed, "n");
     cell(row, age(t.oldest_pending_age_s), "n");
+    // The server's recent activity (Dashboard._bounded_topics): a drained topic stays listed.
+    cell(row, t.topic === "(other)" ? "" : t.published, "n");
     return row;
   });
   body.replaceChildren(...rows);
