@@ -49,7 +49,7 @@ _NAMED = re.compile(
 # Every name _NAMED can match contains one of these (lowercase).
 _HINTS = (
     *("pass", "pw", "secret", "token", "key", "signature", "credential", "auth", "sig"),
-    *("jwt", "seed", "sas", "code"),
+    *("jwt", "seed", "sas", "code", "cookie"),
 )
 _MAX_CACHED_CHARS = 4096
 # A URL's path: after "scheme://authority", up to a query, a fragment, a space or a quote.
@@ -65,6 +65,19 @@ _WORD = re.compile(r"[a-z][a-z._-]*")  # "orders", "catch", "incoming": names, n
 _TEMPLATE = re.compile(r"\{[^{}/]*\}")  # "{topic}", filled in per event
 #: A path segment at least this long made of letters and digits is a token wherever it is.
 MIN_PATH_TOKEN = 20
+# The header net, for text that prints headers (a logged dict or JSON of them, an HTTP
+# header line in a client's error): the value of a credential-named header, by its name
+# (secret_header), whatever the value looks like (a header line keeps its scheme word).
+_QUOTED_PAIR = re.compile(
+    r"(?P<head>(?P<q>[\"'])(?P<name>[\w.-]{1,60})(?P=q)\s*:\s*)"
+    r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')"
+)
+_HEADER_LINE = re.compile(
+    r"(?P<head>\b(?:proxy-)?(?:authorization|set-cookie|cookie)\s*:\s*"
+    r"(?:(?:Bearer|Basic|Token|Digest)\s+)?)"
+    r"(?P<value>[^\s\"',}][^\r\n\"',}]*)",
+    re.IGNORECASE,
+)
 _BEARER = re.compile(r"\b(?P<head>(?:Bearer|Basic)\s+)(?P<value>[A-Za-z0-9._~+/=-]{8,})")
 # A lone name before "@" is a user name, not a token, for these schemes.
 _USER_SCHEMES = frozenset(
@@ -97,6 +110,9 @@ def _redact(text: str) -> str:
     # Substring tests are ~50x cheaper than the regex on text that names no secret.
     if any(hint in lower for hint in _HINTS):
         text = _NAMED.sub(_mask_value, text)
+        if ":" in text:
+            text = _QUOTED_PAIR.sub(_mask_quoted_header, text)
+            text = _HEADER_LINE.sub(_mask_value, text)
     if "Bearer" in text or "Basic" in text:
         text = _BEARER.sub(_mask_value, text)
     return text
@@ -220,15 +236,27 @@ _SECRET_HEADER = re.compile(r"authorization|cookie|token|secret|key|passw(?:or)?
 PUBLIC_HEADERS = frozenset({"idempotency-key", "partition-key", "ordering-key", "ce-partitionkey"})
 
 
+def secret_header(name: str) -> bool:
+    """Whether a header of this name carries a credential (see :func:`mask_headers`)."""
+    lowered = name.lower().replace("_", "-")
+    public = lowered in PUBLIC_HEADERS or lowered.endswith("idempotency-key")
+    return not public and _SECRET_HEADER.search(lowered) is not None
+
+
 def mask_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     """``headers`` with the value of every credential-named header masked (authorization,
     cookie, and names containing token, secret, key, password or auth), the rest redacted."""
     shown: dict[str, Any] = {}
     for name, value in (headers or {}).items():
-        lowered = str(name).lower()
-        public = lowered in PUBLIC_HEADERS or lowered.endswith("idempotency-key")
-        if not public and _SECRET_HEADER.search(lowered):
+        if secret_header(str(name)):
             shown[name] = MASK
         else:
             shown[name] = redact(value) if isinstance(value, str) else value
     return shown
+
+
+def _mask_quoted_header(m: re.Match[str]) -> str:
+    # "key" alone is the event's ordering key in a logged event, not a header's credential.
+    if m.group("name").lower() == "key" or not secret_header(m.group("name")):
+        return m.group(0)
+    return _mask_value(m)

@@ -166,7 +166,9 @@ def test_redaction_time_is_linear_in_the_text() -> None:
         return min(times)
 
     remember_secrets(f"nats://{TOKEN}@h:4222")
-    for unit, n in (("x", 50_000), ("a1", 25_000), ("token", 10_000), ("k=v&", 12_500)):
+    units = (("x", 50_000), ("a1", 25_000), ("token", 10_000), ("k=v&", 12_500))
+    headers = (("'x-auth': '", 5_000), ("Cookie: ", 6_000))
+    for unit, n in (*units, *headers):
         small, large = best(unit * n), best(unit * n * 4)
         assert large < 8 * small + 0.01, (unit, small, large)
 
@@ -220,3 +222,52 @@ def test_a_webhook_path_token_is_masked_anywhere_once_its_url_is_configured() ->
     assert redact(f"client error for token {token}") == "client error for token ***"
     remember_secrets("https://example.com/hooks/Orders")  # masked in its URL, not searched for
     assert redact("OrdersPlaced") == "OrdersPlaced"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # a logged dict or JSON of headers: by the header's name, whatever the value
+        (
+            "headers={'authorization': 'Token abcdefghijkl', 'x-tenant': 'acme'}",
+            "headers={'authorization': '***', 'x-tenant': 'acme'}",
+        ),
+        ('{"Authorization": "Bearer s3cr3t"}', '{"Authorization": "***"}'),
+        ("{'Cookie': 'sid=1', 'X-Signing-Key': 'k1'}", "{'Cookie': '***', 'X-Signing-Key': '***'}"),
+        # an HTTP header line quoted in a client's error
+        (
+            "401 for request with Authorization: Token abcdefghijkl",
+            "401 for request with Authorization: Token ***",
+        ),
+        ("Set-Cookie: sid=abc123; Path=/", "Set-Cookie: ***"),
+        # the names that carry no secret, and the event's own key, stay readable
+        (
+            "{'idempotency-key': 'order-77', 'key': 'acct-1', 'ordering_key': 'a'}",
+            "{'idempotency-key': 'order-77', 'key': 'acct-1', 'ordering_key': 'a'}",
+        ),
+    ],
+)
+def test_header_values_are_masked_by_the_headers_name(text: str, expected: str) -> None:
+    """Before: only Bearer/Basic values of 8+ characters were masked in free text, so a log
+    line printing headers showed 'Token abcdefghijkl' and cookies (issue 32 item 5)."""
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_log_line_printing_headers_and_a_dsn_masks_them(fmt: str) -> None:
+    import logging
+
+    from outboxkit.ops.logs import JsonFormatter, RedactingFormatter
+
+    record = logging.LogRecord(
+        "outboxkit.relay", logging.WARNING, __file__, 1,
+        "publish to %s failed; headers %s",
+        ("postgresql://app:pa55word@db/shop", {"authorization": "Token abcdefghijkl",
+                                                "cookie": "sid=1", "x-tenant": "acme"}),
+        None,
+    )  # fmt: skip
+    formatter = JsonFormatter() if fmt == "json" else RedactingFormatter("%(message)s")
+    line = formatter.format(record)
+    for secret in ("pa55word", "abcdefghijkl", "sid=1"):
+        assert secret not in line
+    assert "acme" in line and "app:***@db" in line
