@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,14 +81,26 @@ def test_dev_serves_postgres_and_nats_and_keeps_the_data_for_the_next_start(
     pids = found["pids"]
     assert isinstance(pids, dict) and all(_gone(int(pid)) for pid in pids.values())
 
-    proc, again = _start(data_dir)
+    proc, again = _start(data_dir, "--kafka")
     try:
         with psycopg.connect(str(again["dsn"])) as conn:
             assert conn.execute("SELECT body FROM notes").fetchall() == [("kept",)]
             [(topic, payload)] = conn.execute("SELECT topic, payload FROM outbox").fetchall()
             assert (topic, json.loads(payload)) == ("notes", {"n": 1})
+        kafka = urllib.parse.urlsplit(str(again["kafka"]))
+        assert kafka.hostname == "127.0.0.1" and kafka.port is not None
+        socket.create_connection((kafka.hostname, kafka.port), timeout=5).close()
+        # a second `outboxkit dev` on the same directory is refused, the first left running
+        second = CliRunner().invoke(main, ["dev", "--data-dir", str(data_dir)])
+        assert second.exit_code == 2
+        assert f"another `outboxkit dev` (pid {proc.pid}) uses" in second.output
+        assert proc.poll() is None
     finally:
         _stop(proc)
+    pids = again["pids"]
+    assert isinstance(pids, dict) and set(pids) == {"postgres", "kafka"}
+    assert all(_gone(int(pid)) for pid in pids.values())
+    assert not (data_dir / "outboxkit-dev.pid").exists()
 
 
 def test_dev_refuses_a_port_that_is_taken_in_one_line(data_dir: Path) -> None:

@@ -93,6 +93,7 @@ def dev(
     root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         root.chmod(0o711)  # PostgreSQL's system user must enter it to reach its cluster
+    lock = _claim(root)
     servers: list[Any] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -126,8 +127,41 @@ def dev(
     finally:
         for server in reversed(servers):
             server.stop()
+        lock.unlink(missing_ok=True)
     if not as_json:
         ok(f"stopped; the data stays in {root}")
+
+
+#: The pid of the ``outboxkit dev`` using a data directory, in that directory.
+LOCK_FILE = "outboxkit-dev.pid"
+
+
+def _claim(root: Path) -> Path:
+    """Refuse a data directory another live ``outboxkit dev`` uses, else mark it ours: two
+    would share PostgreSQL's cluster, and stopping its postmaster leaves the other blind."""
+    lock = root / LOCK_FILE
+    try:
+        other = int(lock.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        other = None
+    if other is not None and other != os.getpid() and _alive(other):
+        fail(
+            f"another `outboxkit dev` (pid {other}) uses {root}: stop it (Ctrl-C in its"
+            f" terminal, or `kill {other}`), or give this one another --data-dir",
+            2,
+        )
+    lock.write_text(f"{os.getpid()}\n")
+    return lock
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _announce(found: dict[str, Any], as_json: bool) -> None:
