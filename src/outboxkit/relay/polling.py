@@ -153,7 +153,7 @@ class PollingSource:
                     ),
                 )
             )
-        if self.ordered is not None:  # ordered mode's partition leases (relay/partitions.py)
+        if self.ordered is not None:  # ordered mode's partition leases (queue/partition_leases.py)
             tasks.append(("outboxkit-relay:partition-leases", self.ordered.run))
         return tasks
 
