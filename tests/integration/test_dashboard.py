@@ -278,8 +278,8 @@ async def test_actions_wait_for_the_token_and_the_failed_count_is_the_cards(
         assert await replay.get_attribute("title") == "enter the admin token above to act"
         await page.fill("#token", TOKEN)
         await page.click("#token-save")
-        await page.wait_for_function(
-            f"""!document.querySelector('#failed tr[data-id="{ids[0]}"] button.replay').disabled"""
+        await page.wait_for_selector(
+            f'#failed tr[data-id="{ids[0]}"] button.replay:not([disabled])'
         )
         await replay.click()
         await wait_for(lambda: count(db_dsn, "status = 2") == 119, what="replayed")
