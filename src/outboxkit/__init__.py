@@ -30,6 +30,7 @@ from outboxkit.errors import (
     StoreTimeout,
     StoreUnavailable,
     TableNotFoundError,
+    TaskNotFound,
     UndecodableRow,
     WalEnvelopeError,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "StoreTimeout",
     "StoreUnavailable",
     "TableNotFoundError",
+    "TaskNotFound",
     "UndecodableRow",
     "WalEnvelopeError",
     "__version__",

@@ -477,3 +477,8 @@ class InvalidTaskError(OutboxkitError, ValueError):
 class LeaseLost(OutboxkitError):
     """``ctx.transaction()`` found its task re-claimed by another worker (the attempt's lease
     ran out): the whole transaction was rolled back, so none of its writes landed."""
+
+
+class TaskNotFound(OutboxkitError, LookupError):
+    """``Tasks.wait()`` found no such task: never enqueued, or finished and deleted (its
+    handler keeps no result) or discarded."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -44,6 +45,10 @@ class TaskRow:
     claim_token: uuid.UUID | None
     last_error: str | None
     error_type: str | None
+    #: The stored result and progress, decoded (None: none); ``kept``: kept for its result.
+    result: Any = None
+    progress: Any = None
+    kept: bool = False
 
 
 class TaskBackend(abc.ABC):
@@ -150,6 +155,8 @@ class MemoryTaskBackend(TaskBackend):
         return TaskRow(
             _STATUS[int(r.status)], r.attempts, r.lapses, r.spared, r.available_at <= self.clock(),
             r.claim_token, r.last_error, r.error_type,
+            None if r.result is None else json.loads(r.result),
+            None if r.progress is None else json.loads(r.progress), r.keep_until is not None,
         )  # fmt: skip
 
     async def advance(self, seconds: float) -> None:
@@ -193,7 +200,8 @@ class PostgresTaskBackend(TaskBackend):
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             cur = await conn.execute(
                 f"SELECT status, attempts, lapses, spared, available_at <= now(), claim_token,"
-                f" last_error, error_type FROM {TABLE} WHERE id = %s",
+                f" last_error, error_type, result, progress, keep_until IS NOT NULL"
+                f" FROM {TABLE} WHERE id = %s",
                 (task_id,),
             )
             r: Any = await cur.fetchone()
@@ -204,6 +212,7 @@ class PostgresTaskBackend(TaskBackend):
     async def advance(self, seconds: float) -> None:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             await conn.execute(
-                f"UPDATE {TABLE} SET available_at = available_at - make_interval(secs => %s)",
-                (seconds,),
+                f"UPDATE {TABLE} SET available_at = available_at - make_interval(secs => %s),"
+                f" keep_until = keep_until - make_interval(secs => %s)",
+                (seconds, seconds),
             )

@@ -286,3 +286,57 @@ async def test_hasten_makes_handed_back_tasks_due_now(task_backend: TaskBackend)
     assert await store.hasten([task]) == 1
     again = await claim(store)
     assert again.claim is not None and again.claim.ids == [task]
+
+
+async def test_a_kept_result_and_progress_are_written_fenced_and_purged_after_their_time(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    zombie = (await claim(store, lease=1)).claim
+    assert zombie is not None
+    await b.advance(2)  # the zombie froze past its lease; another worker takes the task
+    live = (await claim(store)).claim
+    assert live is not None and live.ids == [task]
+    assert await store.progress([(task, zombie.token, '"zombie"')]) == 0
+    assert await store.progress([(task, live.token, '{"done": 3}')]) == 1
+    row = await b.row(task)
+    assert row is not None and row.progress == {"done": 3}
+    zombie.items[0].keep, zombie.items[0].result = 60.0, '"zombie"'
+    assert not list((await store.settle(zombie, [DONE])).ids)  # fenced: nothing stored
+    row = await b.row(task)
+    assert row is not None and (row.status, row.result) == ("running", None)
+    live.items[0].keep, live.items[0].result = 60.0, '{"value": [1, 2]}'
+    assert list((await store.settle(live, [DONE])).ids) == [task]
+    row = await b.row(task)  # kept (retention "delete" notwithstanding), with its value
+    assert row is not None and (row.status, row.result, row.kept) == (
+        "done",
+        {"value": [1, 2]},
+        True,
+    )
+    assert row.progress == {"done": 3}
+    assert await store.purge_kept(10) == 0  # not yet
+    await b.advance(61)
+    assert await store.purge_kept(10) == 1
+    assert await b.row(task) is None
+
+
+async def test_a_result_of_a_task_completed_in_its_transaction_follows_the_completion(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    task = await b.enqueue()
+    store = b.store()
+    c = (await claim(store)).claim
+    assert c is not None
+    with store.transaction("contract") as conn:
+        assert store.complete(conn, task, c.token, 60.0)
+        conn.commit()
+    row = await b.row(task)  # done and kept; the value exists once the handler returned
+    assert row is not None and (row.status, row.result, row.kept) == ("done", None, True)
+    item = c.items[0]
+    item.completed, item.keep, item.result = True, 60.0, '"made"'
+    assert list((await store.settle(c, [DONE])).ids) == [task]
+    row = await b.row(task)
+    assert row is not None and row.result == "made"

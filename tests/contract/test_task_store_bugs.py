@@ -86,6 +86,24 @@ class SettleKeepsLapses(MemoryTaskStore):
         return settled
 
 
+class UnfencedProgressAndResults(MemoryTaskStore):
+    """Progress and results written by task id alone: a zombie's land over the live ones."""
+
+    async def progress(self, updates: Any) -> int:
+        for task_id, _token, value in updates:
+            row = self.tasks.row(task_id)
+            if row is not None:
+                row.progress = value
+        return len(updates)
+
+    async def settle(self, claim: Claim[ClaimedTask], decisions: Any) -> Settled:
+        for task in claim.items:
+            row = self.tasks.row(task.id)
+            if row is not None and task.keep is not None:
+                row.result = task.result
+        return await super().settle(claim, decisions)
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -113,6 +131,10 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         SettleKeepsLapses,
         scenarios.test_a_settled_outcome_clears_the_lapses_and_a_hand_back_keeps_them,
+    ),
+    (
+        UnfencedProgressAndResults,
+        scenarios.test_a_kept_result_and_progress_are_written_fenced_and_purged_after_their_time,
     ),
 ]
 

@@ -152,7 +152,7 @@ def test_unique_key_a_concurrent_enqueue_waits_and_survives_the_firsts_rollback(
     tasks_dsn: str, first_commits: bool
 ) -> None:
     tasks = make_tasks()
-    second: list[bool] = []
+    second: list[int | None] = []
     with psycopg.connect(tasks_dsn) as first:
         first.execute("BEGIN")
         assert tasks.enqueue(first, "job", unique_key="report:7")
@@ -170,7 +170,8 @@ def test_unique_key_a_concurrent_enqueue_waits_and_survives_the_firsts_rollback(
         else:
             first.rollback()
         thread.join(10)
-    assert second == [not first_commits]
+    # The second enqueue's id when the first rolled back; None (skipped) when it committed.
+    assert (second[0] is None) == first_commits
     assert count(tasks_dsn, TABLE) == 1
 
 
@@ -198,7 +199,7 @@ def test_a_second_enqueuer_of_a_key_waits_for_the_first_so_ids_follow_commit_ord
     tasks_dsn: str,
 ) -> None:
     tasks = make_tasks()
-    second: list[bool] = []
+    second: list[int | None] = []
     with psycopg.connect(tasks_dsn) as first:
         first.execute("BEGIN")
         tasks.enqueue(first, "job", {"n": 1}, key="order:7")

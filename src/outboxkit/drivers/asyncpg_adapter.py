@@ -50,9 +50,9 @@ class Asyncpg(AsyncAdapter):
         check_in_transaction(conn)
         await conn.execute(stmt.dollar, *params)
 
-    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         check_in_transaction(conn)
-        return bool(await conn.fetchval(stmt.dollar, *params))
+        return await conn.fetchval(stmt.dollar, *params)
 
     def joins(self, conn: Any) -> bool:
         # SQLAlchemy's asyncpg dialect begins lazily, on its first statement; once it
@@ -64,5 +64,5 @@ class Asyncpg(AsyncAdapter):
     ) -> None:
         await conn.execute(stmt.dollar, *params)
 
-    async def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
-        return bool(await conn.fetchval(stmt.dollar, *params))
+    async def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
+        return await conn.fetchval(stmt.dollar, *params)

@@ -91,9 +91,13 @@ class SyncAdapter(Adapter):
     ) -> None:
         raise NotImplementedError
 
-    def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
-        """The first column of the first row, as a bool (False without a row)."""
+    def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
+        """The first column of the first row (None without a row)."""
         raise NotImplementedError
+
+    def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        """:meth:`fetch_value` as a bool (False without a row)."""
+        return bool(self.fetch_value(conn, stmt, params))
 
     # A driver connection used under a wrapper (SQLAlchemy) that owns the transaction:
     # the wrapper has checked it, so these only run (``joins`` says whether they can).
@@ -105,7 +109,7 @@ class SyncAdapter(Adapter):
     ) -> None:
         raise NotImplementedError
 
-    def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         raise NotImplementedError
 
 
@@ -120,8 +124,11 @@ class AsyncAdapter(Adapter):
     ) -> None:
         raise NotImplementedError
 
-    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         raise NotImplementedError
+
+    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+        return bool(await self.fetch_value(conn, stmt, params))
 
     def joins(self, conn: Any) -> bool:
         return False
@@ -131,7 +138,7 @@ class AsyncAdapter(Adapter):
     ) -> None:
         raise NotImplementedError
 
-    async def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         raise NotImplementedError
 
 

@@ -5,7 +5,7 @@ its MRO, so the optional driver is never imported), a statement runs through a c
 with the parameters as the DB-API takes them, and only "is a transaction open?" differs:
 each driver's adapter supplies ``check``.
 
-A statement that returns no rows answers ``fetch_flag`` with whether it wrote one (the
+A statement that returns no rows answers ``fetch_value`` with whether it wrote one (the
 affected-row count): MariaDB's inbox record is an ``INSERT IGNORE``, which has no
 ``RETURNING`` on MySQL 8.
 
@@ -53,9 +53,9 @@ class DBAPISync(SyncAdapter):
         self.check(conn)
         self.run(conn, stmt, params, cursors)
 
-    def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         self.check(conn)
-        return self.run_fetch_flag(conn, stmt, params)
+        return self.run_fetch_value(conn, stmt, params)
 
     def run(
         self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
@@ -63,13 +63,13 @@ class DBAPISync(SyncAdapter):
         with conn.cursor() as cur:
             cur.execute(stmt.text, dbapi_params(params))
 
-    def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         with conn.cursor() as cur:
             cur.execute(stmt.text, dbapi_params(params))
             if cur.description is None:
                 return bool(cur.rowcount > 0)
             row = cur.fetchone()
-        return bool(row and row[0])
+        return row[0] if row else None
 
     # -- Outbox.transaction() (MariaDB/MySQL drivers) --------------------------------------
 
@@ -115,9 +115,9 @@ class DBAPIAsync(AsyncAdapter):
         self.check(conn)
         await self.run(conn, stmt, params, cursors)
 
-    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         self.check(conn)
-        return await self.run_fetch_flag(conn, stmt, params)
+        return await self.run_fetch_value(conn, stmt, params)
 
     def query(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> tuple[str, Any]:
         """What ``cursor.execute`` is given: the text and the DB-API parameters."""
@@ -129,13 +129,13 @@ class DBAPIAsync(AsyncAdapter):
         async with conn.cursor() as cur:
             await cur.execute(*self.query(conn, stmt, params))
 
-    async def run_fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         async with conn.cursor() as cur:
             await cur.execute(*self.query(conn, stmt, params))
             if cur.description is None:
                 return bool(cur.rowcount > 0)
             row = await cur.fetchone()
-        return bool(row and row[0])
+        return row[0] if row else None
 
     # -- Outbox.atransaction() ---------------------------------------------------------------
 

@@ -67,11 +67,11 @@ class PsycopgSync(SyncAdapter):
         check_in_transaction(conn)
         self.run(conn, stmt, params, cursors)
 
-    def fetch_flag(
+    def fetch_value(
         self, conn: psycopg.Connection[Any], stmt: Statement, params: Sequence[Any]
-    ) -> bool:
+    ) -> Any:
         check_in_transaction(conn)
-        return self.run_fetch_flag(conn, stmt, params)
+        return self.run_fetch_value(conn, stmt, params)
 
     def joins(self, conn: psycopg.Connection[Any]) -> bool:
         # psycopg begins the wrapper's transaction with the first statement, as it
@@ -97,11 +97,11 @@ class PsycopgSync(SyncAdapter):
             cursors.entry = (conn, cursor)
         cursor.execute(stmt.text, params)
 
-    def run_fetch_flag(
+    def run_fetch_value(
         self, conn: psycopg.Connection[Any], stmt: Statement, params: Sequence[Any]
-    ) -> bool:
+    ) -> Any:
         row = conn.execute(stmt.text, params).fetchone()
-        return bool(row and row[0])
+        return row[0] if row else None
 
 
 class PsycopgAsync(AsyncAdapter):
@@ -125,11 +125,11 @@ class PsycopgAsync(AsyncAdapter):
         check_in_transaction(conn)
         await self.run(conn, stmt, params, cursors)
 
-    async def fetch_flag(
+    async def fetch_value(
         self, conn: psycopg.AsyncConnection[Any], stmt: Statement, params: Sequence[Any]
-    ) -> bool:
+    ) -> Any:
         check_in_transaction(conn)
-        return await self.run_fetch_flag(conn, stmt, params)
+        return await self.run_fetch_value(conn, stmt, params)
 
     def joins(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         check_usable(conn)
@@ -153,9 +153,9 @@ class PsycopgAsync(AsyncAdapter):
             cursors.entry = (conn, cursor)
         await cursor.execute(stmt.text, params)
 
-    async def run_fetch_flag(
+    async def run_fetch_value(
         self, conn: psycopg.AsyncConnection[Any], stmt: Statement, params: Sequence[Any]
-    ) -> bool:
+    ) -> Any:
         cur = await conn.execute(stmt.text, params)
         row = await cur.fetchone()
-        return bool(row and row[0])
+        return row[0] if row else None

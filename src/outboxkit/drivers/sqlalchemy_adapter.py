@@ -26,13 +26,13 @@ from outboxkit.drivers.base import (
 from outboxkit.errors import NotInTransactionError
 
 
-def _flag(result: Any) -> bool:
-    """The first value of the first row; for a statement without rows (MariaDB's
-    ``INSERT IGNORE``), whether it wrote one (as ``dbapi_adapter``'s)."""
+def _value(result: Any) -> Any:
+    """The first value of the first row (None without one); for a statement without rows
+    (MariaDB's ``INSERT IGNORE``), whether it wrote one (as ``dbapi_adapter``'s)."""
     if not result.returns_rows:
         return bool(result.rowcount > 0)
     first = result.first()
-    return bool(first and first[0])
+    return first[0] if first else None
 
 
 def _backend(dialect: str) -> str:
@@ -119,14 +119,14 @@ class SQLAlchemySync(SyncAdapter):
             return
         sa.exec_driver_sql(for_paramstyle(sa.dialect.paramstyle, stmt), dbapi_params(params))
 
-    def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         sa = self._connection(conn)
         raw = sa.connection.dbapi_connection
         driver = raw_sync_adapter(raw)
         if driver is not None and driver.joins(raw):
-            return driver.run_fetch_flag(raw, stmt, params)
+            return driver.run_fetch_value(raw, stmt, params)
         sql = for_paramstyle(sa.dialect.paramstyle, stmt)
-        return _flag(sa.exec_driver_sql(sql, dbapi_params(params)))
+        return _value(sa.exec_driver_sql(sql, dbapi_params(params)))
 
 
 class SQLAlchemyAsync(AsyncAdapter):
@@ -209,10 +209,10 @@ class SQLAlchemyAsync(AsyncAdapter):
         sql = for_paramstyle(sync_conn.dialect.paramstyle, stmt)
         await sa.exec_driver_sql(sql, dbapi_params(params))
 
-    async def fetch_flag(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> bool:
+    async def fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
         sa, sync_conn, raw = await self._connection(conn)
         driver = raw_async_adapter(raw)
         if driver is not None and driver.joins(raw):
-            return await driver.run_fetch_flag(raw, stmt, params)
+            return await driver.run_fetch_value(raw, stmt, params)
         sql = for_paramstyle(sync_conn.dialect.paramstyle, stmt)
-        return _flag(await sa.exec_driver_sql(sql, dbapi_params(params)))
+        return _value(await sa.exec_driver_sql(sql, dbapi_params(params)))

@@ -75,6 +75,9 @@ class MemoryTaskRow:
     error_type: str | None = None
     traceback: str | None = None
     finished_at: float | None = None
+    result: str | None = None
+    progress: str | None = None
+    keep_until: float | None = None
 
     @property
     def live(self) -> bool:
@@ -123,11 +126,11 @@ class _Transaction:
 
     def __init__(self, store: MemoryTaskStore) -> None:
         self._store = store
-        self._staged: list[tuple[int, uuid.UUID]] = []
+        self._staged: list[tuple[int, uuid.UUID, float | None]] = []
 
     def commit(self) -> None:
-        for task_id, token in self._staged:
-            self._store._finish(task_id, token)
+        for task_id, token, keep in self._staged:
+            self._store._finish(task_id, token, keep)
         self._staged = []
 
     def rollback(self) -> None:
@@ -243,24 +246,39 @@ class MemoryTaskStore:
         row = self.tasks.row(task_id)
         return row if row is not None and row.claim_token == token else None
 
-    def _finish(self, task_id: int, token: uuid.UUID) -> bool:
+    def _finish(
+        self, task_id: int, token: uuid.UUID, keep: float | None = None, result: str | None = None
+    ) -> bool:
         row = self._held(task_id, token)
         if row is None:
             return False
-        if self.retention == "delete":
+        if self.retention == "delete" and keep is None:
             self.tasks.delete(task_id)
         else:
             row.status, row.claim_token = TaskState.DONE, None
             row.finished_at = self.tasks.clock()
+            if keep is not None:
+                row.result, row.keep_until = result, row.finished_at + keep
         return True
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         settled = [i for i, t in zip(claim.ids, claim.items, strict=True) if t.completed]
+        for task in claim.items:  # completed in their own transaction: the value follows
+            row = self.tasks.row(task.id)
+            if (
+                task.completed and task.keep is not None and row is not None
+                and row.status is TaskState.DONE and row.attempts == task.attempt
+                and row.result is None
+            ):  # fmt: skip
+                row.result = task.result
         left = [k for k, t in enumerate(claim.items) if not t.completed]
         rest = Claim(claim.token, [claim.ids[k] for k in left], [claim.items[k] for k in left])
         groups = group_decisions(rest, [decisions[k] for k in left], unknown=None)
-        settled += [i for i in groups.done if self._finish(i, claim.token)]
         task_of = dict(zip(rest.ids, rest.items, strict=True))
+        settled += [
+            i for i in groups.done
+            if self._finish(i, claim.token, task_of[i].keep, task_of[i].result)
+        ]  # fmt: skip
         now = self.tasks.clock()
         for task_id, dead, delay, error, refund in groups.failures():
             row = self._held(task_id, claim.token)
@@ -278,6 +296,25 @@ class MemoryTaskStore:
             row.finished_at = now if dead else None
             settled.append(task_id)
         return Settled(settled, len(claim.ids) - len(settled))
+
+    async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
+        written = 0
+        for task_id, token, value in updates:
+            row = self._held(task_id, token)
+            if row is not None and row.status is TaskState.RUNNING:
+                row.progress, written = value, written + 1
+        return written
+
+    async def purge_kept(self, limit: int) -> int:
+        now = self.tasks.clock()
+        gone = [
+            r.id for r in self.tasks.rows()
+            if r.keep_until is not None and r.keep_until < now
+            and r.status in (TaskState.DONE, TaskState.CANCELLED)
+        ][:limit]  # fmt: skip
+        for task_id in gone:
+            self.tasks.delete(task_id)
+        return len(gone)
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
         held = 0
@@ -335,14 +372,18 @@ class MemoryTaskStore:
     async def atransaction(self, label: str) -> AsyncIterator[_AsyncTransaction]:
         yield _AsyncTransaction(self)
 
-    def complete(self, conn: _Transaction, task_id: int, token: uuid.UUID) -> bool:
+    def complete(
+        self, conn: _Transaction, task_id: int, token: uuid.UUID, keep: float | None = None
+    ) -> bool:
         if self._held(task_id, token) is None:
             return False
-        conn._staged.append((task_id, token))
+        conn._staged.append((task_id, token, keep))
         return True
 
-    async def acomplete(self, conn: _Transaction, task_id: int, token: uuid.UUID) -> bool:
-        return self.complete(conn, task_id, token)
+    async def acomplete(
+        self, conn: _Transaction, task_id: int, token: uuid.UUID, keep: float | None = None
+    ) -> bool:
+        return self.complete(conn, task_id, token, keep)
 
     # -- no wake-ups: a worker on memory polls -----------------------------------------------
 

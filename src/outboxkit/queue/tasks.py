@@ -17,7 +17,12 @@ statement. The rules every backend keeps, beside the queue store's (``queue/stor
   *suspect*, claimed only alone (:attr:`TaskClaim.alone`). The crash-loop guard
   dead-letters a task whose charged attempts (``attempts - spared``) reached max_attempts;
 * completing a task inside the handler's own transaction is fenced by the claim token,
-  as every settle is.
+  as every settle is;
+* a task whose handler keeps results (``ClaimedTask.keep``) stays done with its value
+  (``ClaimedTask.result``) for ``keep`` seconds, stored by its fenced completion (a task
+  completed in its own transaction gets the value right after, by the attempt that
+  completed it); progress is written fenced by the claim token too, so a zombie attempt
+  can record neither.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class ClaimedTask:
     error_type: str | None = None
     traceback: str | None = None
     completed: bool = False
+    #: Seconds the finished task is kept for its result (its handler's ``keep_result``),
+    #: None: its handler keeps none. Set by the sink before the handler runs.
+    keep: float | None = None
+    #: The handler's return value as JSON text, stored with the completion when ``keep``.
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +176,17 @@ class TaskStore(Protocol):
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         """Apply one decision per task, fenced; tasks ``completed`` in their own transaction
-        count as settled. A settle resets a task's lapse count (it ran to an outcome)."""
+        count as settled (their kept result is written now). A settle resets a task's lapse
+        count (it ran to an outcome). A done task that keeps its result stays, with it."""
+        ...
+
+    async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
+        """Write running tasks' progress (id, claim token, JSON text), each fenced by its
+        token; how many were written."""
+        ...
+
+    async def purge_kept(self, limit: int) -> int:
+        """Delete up to ``limit`` finished tasks kept for their results past their time."""
         ...
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int: ...
@@ -191,12 +211,17 @@ class TaskStore(Protocol):
         """The async twin of :meth:`transaction`."""
         ...
 
-    def complete(self, conn: Any, task_id: int, token: uuid.UUID) -> bool:
+    def complete(
+        self, conn: Any, task_id: int, token: uuid.UUID, keep: float | None = None
+    ) -> bool:
         """Complete the task in ``conn``'s open transaction, fenced by ``token``; False if
-        this attempt lost it (the caller rolls the transaction back)."""
+        this attempt lost it (the caller rolls the transaction back). ``keep``: the task
+        stays done that many seconds, its result written by the settle."""
         ...
 
-    async def acomplete(self, conn: Any, task_id: int, token: uuid.UUID) -> bool:
+    async def acomplete(
+        self, conn: Any, task_id: int, token: uuid.UUID, keep: float | None = None
+    ) -> bool:
         """The async twin of :meth:`complete`."""
         ...
 

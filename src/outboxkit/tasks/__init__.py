@@ -7,18 +7,26 @@ payload)`` in the caller's transaction; ``outboxkit worker --app module:tasks`` 
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks.context import TaskContext
-from outboxkit.tasks.errors import InvalidTaskError, LeaseLost
+from outboxkit.tasks.errors import InvalidTaskError, LeaseLost, TaskNotFound
+from outboxkit.tasks.function import TaskFunction
 from outboxkit.tasks.outcomes import Fail, Retry, Snooze
-from outboxkit.tasks.registry import Tasks
+from outboxkit.tasks.registry import EnqueuedTask, Tasks
+from outboxkit.tasks.results import ResultError, TaskError, TaskResult
 from outboxkit.tasks.worker import Worker
 
 __all__ = [
+    "EnqueuedTask",
     "Fail",
     "InvalidTaskError",
     "LeaseLost",
+    "ResultError",
     "Retry",
     "Snooze",
     "TaskContext",
+    "TaskError",
+    "TaskFunction",
+    "TaskNotFound",
+    "TaskResult",
     "Tasks",
     "Worker",
     "migrate_tasks",

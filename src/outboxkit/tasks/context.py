@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -57,9 +57,11 @@ class TaskContext:
         outbox: Outbox,
         worker_id: str,
         events: str | None = None,
+        progress: Callable[[int, uuid.UUID, Any], None] | None = None,
     ) -> None:
         self.task = task
         self._events = events
+        self._report = progress
         self.id = task.id
         self.attempt = task.attempt
         self.name = task.task_name
@@ -78,6 +80,18 @@ class TaskContext:
 
     def __repr__(self) -> str:
         return f"TaskContext(id={self.id}, name={self.name!r}, attempt={self.attempt})"
+
+    def progress(self, value: Any) -> None:
+        """Report how far the task is: a fraction from 0 to 1, or a small JSON object
+        (``{"done": 40, "of": 200}``). Cheap to call often: the worker writes the last value
+        at most every second (tasks/progress.py), fenced by this attempt's claim; readers
+        see it in ``Tasks.result()``, ``outboxkit tasks show`` and the dashboard."""
+        if self._report is None:
+            from outboxkit.tasks.progress import encode_progress
+
+            encode_progress(value)  # checked as a worker would, though nothing writes it
+            return
+        self._report(self.id, self.token, value)
 
     def _lost(self) -> LeaseLost:
         return LeaseLost(
@@ -99,7 +113,7 @@ class TaskContext:
             try:
                 self._sync_conn = conn
                 yield conn
-                if not self._store.complete(conn, self.id, self.token):
+                if not self._store.complete(conn, self.id, self.token, self.task.keep):
                     conn.rollback()
                     raise self._lost()
                 if self._events is not None:
@@ -116,7 +130,7 @@ class TaskContext:
             try:
                 self._async_conn = conn
                 yield conn
-                if not await self._store.acomplete(conn, self.id, self.token):
+                if not await self._store.acomplete(conn, self.id, self.token, self.task.keep):
                     await conn.rollback()
                     raise self._lost()
                 if self._events is not None:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from outboxkit.errors import InvalidTaskError, LeaseLost
+from outboxkit.errors import InvalidTaskError, LeaseLost, TaskNotFound
 
-__all__ = ["InvalidTaskError", "LeaseLost"]
+__all__ = ["InvalidTaskError", "LeaseLost", "TaskNotFound"]

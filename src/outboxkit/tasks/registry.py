@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import inspect
-import math
 import os
 import struct
 import sys
@@ -28,6 +27,8 @@ from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.tasks.errors import InvalidTaskError
+from outboxkit.tasks.function import Registrar, TaskFunction
+from outboxkit.tasks.results import TaskResult, result_from_row, unstorable
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.tasks.unsupported import refuse_connection
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
@@ -44,6 +45,8 @@ _ENQUEUE = Use(
 )
 #: A payload's JSON text may not be larger (a task table is a queue, not a blob store).
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: How long ``keep_result=True`` keeps a finished task's result by default: a day.
+DEFAULT_KEEP_RESULTS = 86_400.0
 _MAX_TEXT = 200  # task name, queue
 _I16 = (-32768, 32767)
 _I32_MAX = 2**31 - 1
@@ -70,6 +73,8 @@ class TaskType:
     timeout: float | None
     #: Lifecycle events' topic (completed, failed, dead-lettered), or None (tasks/lifecycle.py).
     events: str | None = None
+    #: Seconds a finished task is kept with its return value (``keep_result``); None: not.
+    keep: float | None = None
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -90,11 +95,14 @@ class Tasks:
         *,
         max_attempts: int = 10,
         notify: bool = True,
+        keep_results_for: float | dt.timedelta = DEFAULT_KEEP_RESULTS,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.table = table
         self.max_attempts = max_attempts
+        #: How long ``keep_result=True`` keeps a finished task's result (seconds).
+        self.keep_results_for = _seconds("keep_results_for", keep_results_for)
         self.notify = notify
         self.sql = TaskStatements(table)
         self.types: dict[str, TaskType] = {}
@@ -120,8 +128,12 @@ class Tasks:
         retry_cap: float = 300.0,
         timeout: float | None = None,
         events: str | None = None,
-    ) -> Callable[[Handler], Handler]:
+        keep_result: bool | float | dt.timedelta = False,
+    ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
+
+        Returns the function as a :class:`~outboxkit.tasks.function.TaskFunction`: call it as
+        before; ``fn.enqueue(conn, payload, ...)`` enqueues its task, the payload typed.
 
         ``payload``: a pydantic model or a dataclass, else read from the first parameter's
         annotation; a payload is validated against it at enqueue and built from it at run.
@@ -131,8 +143,16 @@ class Tasks:
         attempt is failed while its thread finishes); it counts as a failed attempt.
         ``events``: an outbox topic: each completed, failed and dead-lettered attempt becomes
         an event there (``task.completed`` ...), in the transaction of the state change.
+        ``keep_result``: store the handler's return value (JSON) with its fenced completion
+        and keep the finished task for ``Tasks(keep_results_for=)`` (True) or this long;
+        read it with :meth:`result` / :meth:`wait`.
         """
         _check_text("task name", name)
+        keep: float | None = None
+        if keep_result is True:
+            keep = self.keep_results_for
+        elif keep_result is not False:
+            keep = _seconds("keep_result", keep_result)
         if name in self.types:
             raise ValueError(f"task {name!r} already has a handler: {self.types[name].fn!r}")
         if retry is not None and (not retry or any(not d >= 0 for d in retry)):
@@ -141,7 +161,9 @@ class Tasks:
         if attempts < 1:
             raise ValueError("max_attempts must be at least 1")
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Handler) -> TaskFunction[Any, Any]:
+            if isinstance(fn, TaskFunction):  # another task's handler, registered again
+                fn = fn.fn
             params = list(inspect.signature(fn).parameters.values())
             if not params:
                 raise TypeError(f"handler {fn!r} of task {name!r} takes no payload parameter")
@@ -163,10 +185,11 @@ class Tasks:
                 retry_cap=retry_cap,
                 timeout=timeout,
                 events=events,
+                keep=keep,
             )
-            return fn
+            return TaskFunction(self, name, fn)
 
-        return register
+        return Registrar(register)
 
     def periodic_task(
         self,
@@ -206,7 +229,7 @@ class Tasks:
             task_name = name or fn.__name__
             handler_options = {
                 k: options.pop(k)
-                for k in ("max_attempts", "retry", "timeout", "payload", "events")
+                for k in ("max_attempts", "retry", "timeout", "payload", "events", "keep_result")
                 if k in options
             }
             if task_name not in self.types:
@@ -231,8 +254,9 @@ class Tasks:
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
-    ) -> bool:
-        """Enqueue a task in ``conn``'s open transaction; False if ``unique_key`` is taken.
+    ) -> int | None:
+        """Enqueue a task in ``conn``'s open transaction: its id, or None if a live task holds
+        ``unique_key`` already (nothing inserted).
 
         A live (pending or running) task with the same ``unique_key`` makes this a no-op;
         if the transaction holding it is still open, this waits for it (and enqueues after
@@ -242,7 +266,7 @@ class Tasks:
         refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
-        return sync_adapter(conn, _ENQUEUE).fetch_flag(conn, self._statement, params)
+        return _task_id(sync_adapter(conn, _ENQUEUE).fetch_value(conn, self._statement, params))
 
     async def aenqueue(
         self,
@@ -257,13 +281,51 @@ class Tasks:
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
-    ) -> bool:
+    ) -> int | None:
         """Async :meth:`enqueue`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
         refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         adapter = async_adapter(conn, _ENQUEUE)
-        return await adapter.fetch_flag(conn, self._statement, params)
+        return _task_id(await adapter.fetch_value(conn, self._statement, params))
+
+    # -- results --------------------------------------------------------------------
+
+    def result(self, conn: psycopg.Connection[Any] | str, task_id: int) -> TaskResult | None:
+        """Task ``task_id`` as it is now (state, value, error, progress, timings), or None if
+        there is no such task (a finished task whose handler keeps no result is deleted).
+        ``conn``: a psycopg connection (read in its transaction, if one is open) or a DSN."""
+        from outboxkit.backends.postgres.tasks_pg import read_result
+
+        row = read_result(conn, self.table, _check_id(task_id))
+        return None if row is None else result_from_row(row)
+
+    def wait(
+        self, conn: psycopg.Connection[Any] | str, task_id: int, *, timeout: float = 30.0
+    ) -> TaskResult:
+        """Block until task ``task_id`` is done, failed or cancelled; its :class:`TaskResult`.
+
+        Woken by the completion's notification (LISTEN), not a tight loop; behind a
+        transaction pooler it looks again with backoff (up to a second). ``conn``: a DSN or
+        an autocommit psycopg connection. Raises ``TimeoutError`` naming the task's last
+        state, and :class:`~outboxkit.errors.TaskNotFound` for an unknown task (or a finished
+        one whose handler keeps no result: give it ``keep_result=True``)."""
+        from outboxkit.backends.postgres.tasks_pg import wait_result
+
+        return result_from_row(wait_result(conn, self.table, _check_id(task_id), timeout))
+
+    async def await_result(
+        self,
+        conn: psycopg.AsyncConnection[Any] | str,
+        task_id: int,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109 (wait()'s signature: one API, sync or async)
+    ) -> TaskResult:
+        """:meth:`wait` for asyncio: a DSN or an autocommit ``psycopg.AsyncConnection``."""
+        from outboxkit.backends.postgres.tasks_pg import await_result
+
+        row = await await_result(conn, self.table, _check_id(task_id), timeout)
+        return result_from_row(row)
 
     def pause(self, conn: psycopg.Connection[Any] | str, queue: str) -> bool:
         """Stop every worker claiming from ``queue`` (running tasks finish; enqueue goes on);
@@ -405,37 +467,88 @@ def _check_event(event: object) -> Any:
     )
 
 
+class EnqueuedTask:
+    """What ``tx.enqueue`` returns: the task's :attr:`id`, known once the transaction has
+    committed (the INSERT travels with the COMMIT, so there is no id before it)."""
+
+    __slots__ = ("_id", "_known")
+
+    def __init__(self) -> None:
+        self._id: int | None = None
+        self._known = False
+
+    @property
+    def id(self) -> int | None:
+        """The new task's id; None if a live task held its ``unique_key`` (skipped)."""
+        if not self._known:
+            raise RuntimeError(
+                "the task's id is known once its transaction has committed (the INSERT is"
+                " sent with the COMMIT): read it after the `with tasks.transaction()` block"
+            )
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"EnqueuedTask(id={self._id!r})" if self._known else "EnqueuedTask(not committed)"
+
+
+def _assign(handles: list[EnqueuedTask], values: list[bytes | None]) -> None:
+    for handle, value in zip(handles, values, strict=True):
+        handle._id = None if value is None else int(value)
+        handle._known = True
+
+
 class TaskTransaction(OutboxTransaction):
     """``with tasks.transaction(conn) as tx:``: ``tx.enqueue(...)`` rides with the COMMIT."""
+
+    _reads_values = True
 
     def __init__(self, tasks: Tasks, conn: psycopg.Connection[Any]) -> None:
         super().__init__(tasks._storage, _check_event, conn)
         self._tasks = tasks
+        self._handles: list[EnqueuedTask] = []
 
     def __enter__(self) -> TaskTransaction:
         super().__enter__()
         return self
 
-    def enqueue(self, name: str, payload: Any = None, **options: Any) -> None:
-        """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT."""
+    def enqueue(self, name: str, payload: Any = None, **options: Any) -> EnqueuedTask:
+        """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT.
+        Its id is the handle's ``.id`` once the block has committed."""
         self._require_active()
         self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+        handle = EnqueuedTask()
+        self._handles.append(handle)
+        return handle
+
+    def _committed(self, values: list[bytes | None]) -> None:
+        _assign(self._handles, values)
+        self._handles = []
 
 
 class AsyncTaskTransaction(AsyncOutboxTransaction):
     """:class:`TaskTransaction` with ``async with``."""
 
+    _reads_values = True
+
     def __init__(self, tasks: Tasks, conn: psycopg.AsyncConnection[Any]) -> None:
         super().__init__(tasks._storage, _check_event, conn)
         self._tasks = tasks
+        self._handles: list[EnqueuedTask] = []
 
     async def __aenter__(self) -> AsyncTaskTransaction:
         await super().__aenter__()
         return self
 
-    def enqueue(self, name: str, payload: Any = None, **options: Any) -> None:
+    def enqueue(self, name: str, payload: Any = None, **options: Any) -> EnqueuedTask:
         self._require_active()
         self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+        handle = EnqueuedTask()
+        self._handles.append(handle)
+        return handle
+
+    def _committed(self, values: list[bytes | None]) -> None:
+        _assign(self._handles, values)
+        self._handles = []
 
 
 def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> list[Any]:
@@ -454,6 +567,30 @@ def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> 
         options.get("key"),
         options.get("max_attempts"),
     )
+
+
+def _check_id(task_id: object) -> int:
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+        raise InvalidTaskError(
+            f"a task id is a positive int (what enqueue returned), got {task_id!r}"
+        )
+    return task_id
+
+
+def _seconds(what: str, value: object) -> float:
+    """A duration in seconds (a number or a timedelta), positive and at most ten years."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} takes seconds or a timedelta, got {value!r}")
+    if not 0 < value <= 10 * 365 * 86400:
+        raise ValueError(f"{what} must be more than 0 s and at most ten years, got {value}")
+    return float(value)
+
+
+def _task_id(value: Any) -> int | None:
+    """The enqueue's result as an id (drivers give an int; a text-mode one a str)."""
+    return None if value is None else int(value)
 
 
 # -- payloads ------------------------------------------------------------------------------
@@ -505,7 +642,7 @@ def _encode(task_type: TaskType, payload: Any) -> str:
     # orjson writes NaN and infinities as null, and PostgreSQL's jsonb refuses \u0000 (the
     # caller's transaction aborted): look closer only when the text shows either.
     if "null" in text or "\\u0000" in text:
-        problem = _unstorable(value, "payload")
+        problem = unstorable(value, "payload")
         if problem is not None:
             raise InvalidTaskError(f"{problem} in task {task_type.name!r}: nothing was sent")
     if len(text) > MAX_PAYLOAD_BYTES:
@@ -520,29 +657,6 @@ def _process() -> str:
     """This process as a person finds it in `ps`: its program and pid."""
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     return f"{program}, pid {os.getpid()}"
-
-
-def _unstorable(value: Any, path: str) -> str | None:
-    """The first value JSON in PostgreSQL cannot hold as given (a non-finite float, a NUL)."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return f"{path} is {value!r} (JSON has no NaN or infinity; orjson would store null)"
-    elif isinstance(value, str):
-        if "\x00" in value:
-            return f"{path} contains a NUL character (PostgreSQL's jsonb cannot store it)"
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(k, str) and "\x00" in k:
-                return f"a key of {path} contains a NUL character (jsonb cannot store it)"
-            found = _unstorable(v, f"{path}[{k!r}]")
-            if found is not None:
-                return found
-    elif isinstance(value, list | tuple):
-        for n, item in enumerate(value):
-            found = _unstorable(item, f"{path}[{n}]")
-            if found is not None:
-                return found
-    return None
 
 
 def _check_text(what: str, value: object) -> None:

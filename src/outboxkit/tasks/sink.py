@@ -24,7 +24,9 @@ from outboxkit.queue.decide import Outcome, Reschedule
 from outboxkit.queue.tasks import ClaimedTask, TaskStore, UndecodablePayload
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
+from outboxkit.tasks.progress import ProgressWriter
 from outboxkit.tasks.registry import Tasks
+from outboxkit.tasks.results import ResultError, encode_result
 from outboxkit.write.outbox import Outbox
 
 #: A stored traceback keeps its last lines, up to this many characters.
@@ -67,9 +69,12 @@ class HandlerSink:
         self._abandoned: set[concurrent.futures.Future[object]] = set()
         self._threads_lock = threading.Lock()
         self._degraded_said = False
+        #: ctx.progress() values, written together every so often.
+        self.progress = ProgressWriter(store)
 
     def close(self) -> None:
         """Stop the threads (a sync handler past its timeout finishes on its own)."""
+        self.progress.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def threads_running(self) -> int:
@@ -118,6 +123,7 @@ class HandlerSink:
         )  # fmt: skip
 
     async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
+        self.progress.loop = asyncio.get_running_loop()
         runs = [asyncio.create_task(self._run(token, t)) for t in items]
         for task, run in zip(items, runs, strict=True):
             self._running[task.id] = run
@@ -156,6 +162,7 @@ class HandlerSink:
                 " a worker whose --app registers it, then `outboxkit tasks replay`",
                 retryable=False,
             )
+        task.keep = task_type.keep
         # The context only for handlers that take one: it costs a threading.Event, a
         # quarter of the worker's CPU per no-op task when built for every task.
         ctx = None
@@ -167,8 +174,10 @@ class HandlerSink:
                 outbox=self.outbox,
                 worker_id=self.worker_id,
                 events=task_type.events,
+                progress=self.progress.report,
             )
         thread: concurrent.futures.Future[object] | None = None
+        value: object = None
         try:
             payload = task_type.decode(task.payload)
             args = (payload,) if ctx is None else (payload, ctx)
@@ -183,9 +192,9 @@ class HandlerSink:
                 run = asyncio.wrap_future(thread)
             if task_type.timeout is not None:
                 async with asyncio.timeout(task_type.timeout):
-                    await run
+                    value = await run
             else:
-                await run
+                value = await run
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is None or current not in self._lost:
@@ -225,6 +234,15 @@ class HandlerSink:
             task.error_type = type(exc).__name__
             task.traceback = _excerpt(exc)
             return TaskOutcome(False, redact(f"{type(exc).__name__}: {exc}"))
+        if task.keep is not None:
+            try:
+                task.result = encode_result(task.task_name, value)
+            except ResultError as exc:
+                if task.completed:  # its transaction committed: the task is done, valueless
+                    log.error("task %d: %s; it completed without a stored result", task.id, exc)
+                    return SUCCESS
+                task.error_type = "ResultError"
+                return TaskOutcome(False, redact(str(exc)))
         return SUCCESS
 
     def _hand_back(self, reason: str) -> Outcome:

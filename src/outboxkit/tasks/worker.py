@@ -40,6 +40,10 @@ log = logging.getLogger("outboxkit.worker")
 UNHANDLED_GRACE = 3600.0
 #: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
 UNHANDLED_BATCH = 1000
+#: Finished tasks kept for their results are purged past their time this often (seconds),
+#: this many per statement (a full batch: the next one at once).
+RESULTS_PURGE_EVERY = 60.0
+RESULTS_PURGE_BATCH = 1000
 
 
 @dataclass(slots=True)
@@ -226,7 +230,8 @@ class Worker:
             words=WORKER_WORDS,
         )
         side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace))
+            ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace)),
+            ("outboxkit-worker:results", self._purge_results),
         ]
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
             schedules = backend.schedules(dsn, tasks.table, pooler=pooler)
@@ -308,6 +313,24 @@ class Worker:
                         len(failed), grace, ", ".join(names[:5]),
                         f" and {len(names) - 5} more" if len(names) > 5 else "",
                     )  # fmt: skip
+
+    async def _purge_results(self) -> None:
+        """Now and then, delete the finished tasks kept for their results past their time
+        (``keep_result``), a batch per statement (whichever worker runs first does it)."""
+        stopping = self._loop.stopping
+        delay = RESULTS_PURGE_EVERY
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return
+            try:
+                purged = await self.store.purge_kept(RESULTS_PURGE_BATCH)
+            except StoreError as exc:
+                log.debug("the purge of kept results failed: %s", exc)
+                delay = RESULTS_PURGE_EVERY
+            else:
+                delay = 0.0 if purged >= RESULTS_PURGE_BATCH else RESULTS_PURGE_EVERY
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""

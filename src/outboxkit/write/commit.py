@@ -72,6 +72,9 @@ class BaseOutboxTransaction(Generic[_Conn]):
     #: The connection class this transaction runs on, and how a wrong one is refused.
     _connection_type: type = psycopg.Connection
     _refusal = ("transaction", "psycopg.Connection")
+    #: Whether :meth:`_committed` wants each statement's first returned value (a task
+    #: transaction's new ids); the outbox's events need none, so it reads none.
+    _reads_values = False
 
     def __init__(self, storage: PipelinedStorage, check: Check, conn: _Conn) -> None:
         if not isinstance(conn, self._connection_type):
@@ -188,7 +191,8 @@ class BaseOutboxTransaction(Generic[_Conn]):
         finally:
             self._rows = []
         begin = pgconn.transaction_status == _IDLE
-        statuses, error = yield from _pipeline(pgconn, begin, commands)
+        values: list[bytes | None] | None = [] if self._reads_values else None
+        statuses, error = yield from _pipeline(pgconn, begin, commands, values)
         if prepare:
             # A Prepare the server skipped (after an earlier error) is not taken for done.
             at = int(begin)
@@ -208,6 +212,20 @@ class BaseOutboxTransaction(Generic[_Conn]):
             if missing := outbox_table_missing(error, self._storage.table, rolled_back=True):
                 raise missing from error
             raise error
+        if values is not None:
+            # Each command's first value, in the order the storage queued them (the BEGIN's
+            # and the Prepares' results, and the COMMIT's, are not the commands').
+            at = int(begin)
+            mine: list[bytes | None] = []
+            for _statement, _params, how in commands:
+                at += how == _PREPARE
+                mine.append(values[at] if at < len(values) else None)
+                at += 1
+            self._committed(mine)
+
+    def _committed(self, values: list[bytes | None]) -> None:
+        """After a successful COMMIT: each queued statement's first returned value (text),
+        or None where it returned no row (only when :attr:`_reads_values`)."""
 
 
 class OutboxTransaction(BaseOutboxTransaction[psycopg.Connection[Any]]):
@@ -292,13 +310,14 @@ def _begin_gen(pgconn: Any, command: bytes) -> Generator[Wait, Ready | int, None
 
 
 def _pipeline(
-    pgconn: Any, begin: bool, commands: list[_Command]
+    pgconn: Any, begin: bool, commands: list[_Command], values: list[bytes | None] | None = None
 ) -> Generator[Wait, Ready | int, tuple[list[int], Exception | None]]:
     """Send a BEGIN (if ``begin``), ``commands``, COMMIT and one Sync as a pipeline; read
     every result up to the Sync.
 
     Returns each command's result status, in order, and the first error the server
-    reported (it skips the rest of the pipeline after one). Runs under
+    reported (it skips the rest of the pipeline after one); ``values``, when given, gets
+    each result's first value (None without a row), in the statuses' order. Runs under
     ``conn.wait()``, so the same code serves sync and async connections.
     """
     pgconn.enter_pipeline_mode()
@@ -336,6 +355,8 @@ def _pipeline(
                     synced = True
                     continue
                 statuses.append(status)
+                if values is not None:
+                    values.append(result.get_value(0, 0) if result.ntuples else None)
                 if status not in _OK and error is None:
                     error = _error(result, pgconn)
     finally:

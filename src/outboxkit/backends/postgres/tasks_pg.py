@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
@@ -36,7 +38,7 @@ from outboxkit.backends.postgres.tasks_sql import (
     TaskStatus,
     done_arrays,
 )
-from outboxkit.errors import SchemaError
+from outboxkit.errors import SchemaError, TaskNotFound
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     DONE,
@@ -227,20 +229,31 @@ class PgTaskStore(PgSession):
         if (
             self.on_settle is None
             and decisions.count(DONE) == len(decisions)
-            and not any(t.completed for t in claim.items)
+            and not any(t.completed or t.keep is not None for t in claim.items)
         ):
             return await self._settle_done_grouped(claim)
-        # Tasks completed in their own transaction (ctx.transaction()) are settled already.
+        # Tasks completed in their own transaction (ctx.transaction()) are settled already;
+        # those that keep their result get it now (it exists once the handler returned).
         settled = [i for i, t in zip(claim.ids, claim.items, strict=True) if t.completed]
+        for task in claim.items:
+            if task.completed and task.keep is not None:
+                value = (task.result, task.id, task.attempt, self.sql.results_channel)
+                await self._run(self.sql.set_result, value)
         left = [k for k, t in enumerate(claim.items) if not t.completed]
         rest = Claim(claim.token, [claim.ids[k] for k in left], [claim.items[k] for k in left])
         groups = group_decisions(rest, [decisions[k] for k in left], unknown=None)
         task_of = dict(zip(rest.ids, rest.items, strict=True))
         statements: list[tuple[str, Sequence[Any]]] = []
-        if groups.done:
+        plain = [i for i in groups.done if task_of[i].keep is None]
+        if plain:
             keep = self.retention == "keep"
             stmt = self.sql.settle_done_keep if keep else self.sql.settle_done_delete
-            statements.append((stmt, (groups.done, claim.token)))
+            statements.append((stmt, (plain, claim.token)))
+        kept = [task_of[i] for i in groups.done if task_of[i].keep is not None]
+        if kept:
+            results = ([t.id for t in kept], [claim.token] * len(kept),
+                       [t.result for t in kept], [t.keep for t in kept])  # fmt: skip
+            statements.append((self.sql.settle_done_results, (*results, self.sql.results_channel)))
         if groups.failed:
             failed = [task_of[i] for i in groups.failed]
             columns = (
@@ -258,7 +271,20 @@ class PgTaskStore(PgSession):
                 settled.extend(await self._run(stmt, params))
         elif statements:
             settled.extend(await self._run_with_hook(claim, decisions, statements))
+        # A dead letter is the result of a task that keeps one: wake whoever waits on it.
+        done = set(settled)
+        dead = [i for i, d in zip(groups.failed, groups.dead, strict=True)
+                if d and i in done and task_of[i].keep is not None]  # fmt: skip
+        if dead:
+            await self._run(self.sql.notify_results, (self.sql.results_channel, dead))
         return Settled(settled, len(claim.ids) - len(settled))
+
+    async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
+        ids, tokens, values = (list(column) for column in zip(*updates, strict=True))
+        return await self._count(self.sql.set_progress, (ids, tokens, values), "progress")
+
+    async def purge_kept(self, limit: int) -> int:
+        return await self._count(self.sql.purge_kept, (limit,), "purge of kept results")
 
     async def _settle_done_grouped(self, claim: Claim[ClaimedTask]) -> Settled:
         """Complete ``claim``'s tasks, grouped with the completions waiting meanwhile: one
@@ -399,13 +425,30 @@ class PgTaskStore(PgSession):
         finally:
             await conn.close()
 
-    def complete(self, conn: psycopg.Connection[Any], task_id: int, token: uuid.UUID) -> bool:
-        return conn.execute(self._complete, (task_id, token)).fetchone() is not None
+    def _completion(
+        self, task_id: int, token: uuid.UUID, keep: float | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        if keep is None:
+            return self._complete, (task_id, token)
+        return self.sql.complete_kept, (keep, task_id, token)
+
+    def complete(
+        self,
+        conn: psycopg.Connection[Any],
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+    ) -> bool:
+        return conn.execute(*self._completion(task_id, token, keep)).fetchone() is not None
 
     async def acomplete(
-        self, conn: psycopg.AsyncConnection[Any], task_id: int, token: uuid.UUID
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
     ) -> bool:
-        cur = await conn.execute(self._complete, (task_id, token))
+        cur = await conn.execute(*self._completion(task_id, token, keep))
         return await cur.fetchone() is not None
 
 
@@ -624,3 +667,132 @@ def purge_finished(dsn: str, table: str, *, older_than: float, batch_size: int =
             total += deleted
             if deleted < batch_size:
                 return total
+
+
+# -- results: Tasks.result() / wait() / await_result() -------------------------------------
+
+#: Tasks.wait() looks again after this long without a notification, doubling up to
+#: WAIT_POLL_CAP: behind a transaction pooler (no LISTEN) polling is all there is.
+WAIT_POLL_FIRST = 0.05
+WAIT_POLL_CAP = 1.0
+
+
+def read_result(source: _Source, table: str, task_id: int) -> dict[str, Any] | None:
+    """One task's state, value, error, progress and timings (``READ_RESULT``), or None."""
+    with _admin(source, table) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row: dict[str, Any] | None = cur.execute(
+            TaskStatements(table).read_result, (task_id,)
+        ).fetchone()
+        return row
+
+
+def _gone(task_id: int) -> TaskNotFound:
+    return TaskNotFound(
+        f"no task {task_id} in the table: never enqueued (or not committed yet), finished and"
+        " deleted (its handler keeps no result: give it keep_result=True to wait on it), or"
+        " discarded"
+    )
+
+
+def _late(task_id: int, timeout: float, row: dict[str, Any]) -> TimeoutError:
+    from outboxkit.tasks.results import result_from_row
+
+    status = result_from_row(row).status
+    return TimeoutError(
+        f"task {task_id} ({row['task_name']}) did not finish within {timeout:g} s: it is"
+        f" {status} after {row['attempts']} attempt(s)"
+    )
+
+
+def _finished(row: dict[str, Any]) -> bool:
+    return int(row["status"]) in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+def wait_result(source: _Source, table: str, task_id: int, timeout: float) -> dict[str, Any]:
+    """The task's row once finished: woken by its completion's notification (LISTEN), else
+    looking again with backoff (behind a pooler); TimeoutError naming its last state."""
+    stmts = TaskStatements(table)
+    if isinstance(source, psycopg.Connection) and not source.autocommit:
+        raise TypeError(
+            "Tasks.wait() needs a DSN or an autocommit connection: it listens for the"
+            " completion between transactions, which an open transaction would hold back"
+        )
+    deadline = time.monotonic() + timeout
+    wanted = str(task_id)
+    listen = sql.SQL("LISTEN {}").format(sql.Identifier(stmts.results_channel))
+    with _admin(source, table) as conn:
+        conn.execute(listen)
+        try:
+            poll = WAIT_POLL_FIRST
+            while True:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    row: dict[str, Any] | None = cur.execute(
+                        stmts.read_result, (task_id,)
+                    ).fetchone()
+                if row is None:
+                    raise _gone(task_id)
+                if _finished(row):
+                    return row
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _late(task_id, timeout, row)
+                for note in conn.notifies(timeout=min(poll, left)):
+                    if note.payload == wanted:
+                        break
+                poll = min(poll * 2, WAIT_POLL_CAP)
+        finally:
+            if not conn.closed and isinstance(source, psycopg.Connection):
+                conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(stmts.results_channel)))
+
+
+async def await_result(
+    source: str | psycopg.AsyncConnection[Any],
+    table: str,
+    task_id: int,
+    timeout: float,  # noqa: ASYNC109 (the twin of wait_result's signature)
+) -> dict[str, Any]:
+    """:func:`wait_result` for asyncio: a DSN or an autocommit ``AsyncConnection``."""
+    stmts = TaskStatements(table)
+    if isinstance(source, psycopg.AsyncConnection) and not source.autocommit:
+        raise TypeError(
+            "Tasks.await_result() needs a DSN or an autocommit connection: it listens for the"
+            " completion between transactions, which an open transaction would hold back"
+        )
+    deadline = time.monotonic() + timeout
+    wanted = str(task_id)
+    channel = sql.Identifier(stmts.results_channel)
+    own = not isinstance(source, psycopg.AsyncConnection)
+    conn = (
+        await aconnect(source, application_name="outboxkit:wait")
+        if isinstance(source, str)
+        else source
+    )
+    try:
+        await conn.execute(sql.SQL("LISTEN {}").format(channel))
+        poll = WAIT_POLL_FIRST
+        while True:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(stmts.read_result, (task_id,))
+                row = await cur.fetchone()
+            if row is None:
+                raise _gone(task_id)
+            if _finished(row):
+                found: dict[str, Any] = row
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _late(task_id, timeout, row)
+            async for note in conn.notifies(timeout=min(poll, left)):
+                if note.payload == wanted:
+                    break
+            poll = min(poll * 2, WAIT_POLL_CAP)
+    except pg_errors.UndefinedTable:
+        raise SchemaError(
+            f"task table {table!r} not found: run `outboxkit migrate --tasks --dsn ..."
+            f" --tasks-table {table}`"
+        ) from None
+    finally:
+        if own:
+            await conn.close()
+        elif not conn.closed:
+            await conn.execute(sql.SQL("UNLISTEN {}").format(channel))

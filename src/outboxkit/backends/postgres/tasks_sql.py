@@ -71,6 +71,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
         "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
         "index_failed": sql.Identifier(f"{name}_failed_idx"[:63]),
+        "index_kept": sql.Identifier(f"{name}_kept_idx"[:63]),
         **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
     }
 
@@ -115,25 +116,27 @@ DO NOTHING
 """
 # One enqueue, one statement: the insert, and the wake-up of a waiting worker when the task
 # is due now (the outbox's wake-up gate, WAKE_GATE: only while a worker waits). The result
-# says whether a row was inserted (False: a live task has the unique_key already).
+# is the new task's id (NULL: a live task has the unique_key already, nothing inserted).
 ENQUEUE = (
     "WITH ins AS ("
     + _INSERT.strip()
-    + """ RETURNING available_at)
-SELECT count(*) > 0
-       AND count(CASE WHEN available_at <= now() AND """
+    + """ RETURNING id, available_at)
+SELECT CASE WHEN count(CASE WHEN available_at <= now() AND """
     + WAKE_GATE
     + """
-                      THEN pg_notify(%s, '') END) >= 0
+                            THEN pg_notify(%s, '') END) >= 0
+            THEN max(id) END
 FROM ins"""
 )
 # Tasks.transaction(): the same insert, prepared and sent with the COMMIT (write/commit.py's
-# pipeline); it always notifies a waiting worker (the gate decides), due or not.
+# pipeline); it always notifies a waiting worker (the gate decides), due or not, and returns
+# the new id (no row: a duplicate unique_key skipped), which tx.enqueue's handle takes.
 ENQUEUE_WITH_COMMIT = (
     "WITH ins AS ("
     + _INSERT.strip()
-    + " RETURNING 1) SELECT pg_notify(%s, '') FROM ins WHERE "
+    + " RETURNING id) SELECT ins.id, CASE WHEN "
     + WAKE_GATE
+    + " THEN pg_notify(%s, '') END FROM ins"
 )
 
 # --- the worker -------------------------------------------------------------------
@@ -291,6 +294,72 @@ SET status = {done}, finished_at = now(), claim_token = NULL
 WHERE id = %s AND claim_token = %s
 RETURNING id
 """
+# ... and for a task whose handler keeps its result: the row stays, done, until keep_until;
+# its result follows once the handler has returned (SET_RESULT), which wakes the waiters.
+COMPLETE_KEPT = """
+UPDATE {table}
+SET status = {done}, finished_at = now(), claim_token = NULL,
+    keep_until = now() + make_interval(secs => %s)
+WHERE id = %s AND claim_token = %s
+RETURNING id
+"""
+
+# --- results and progress ----------------------------------------------------------
+
+# Completions that keep their results: each row done with its value (JSON text) until
+# keep_until, fenced by its own claim's token, and a notification per task on the results
+# channel (its id) for whoever waits on it (Tasks.wait). Finished tasks of handlers that
+# keep nothing are deleted (or kept without a result) and notify nobody, as before.
+SETTLE_DONE_RESULTS = """
+WITH done AS (
+    UPDATE {table} AS t
+    SET status = {done}, finished_at = now(), claim_token = NULL, result = u.result::jsonb,
+        keep_until = now() + make_interval(secs => u.keep)
+    FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::float8[]) AS u(id, token, result, keep)
+    WHERE t.id = u.id AND t.claim_token = u.token AND {no_flush_wait}
+    RETURNING t.id
+)
+SELECT id, pg_notify(%s, id::text) FROM done
+"""
+# The result of a task its handler completed in ctx.transaction(): written after that
+# transaction committed (the value exists only once the handler returned). Not fenced by a
+# token (the completion cleared it), but by the attempt that completed it: no other attempt
+# runs a done task.
+SET_RESULT = """
+WITH kept AS (
+    UPDATE {table} SET result = %s::jsonb
+    WHERE id = %s AND attempts = %s AND status = {done} AND result IS NULL
+      AND {no_flush_wait}
+    RETURNING id
+)
+SELECT id, pg_notify(%s, id::text) FROM kept
+"""
+# Dead letters of handlers that keep results wake their waiters too (the failure is the
+# result: Tasks.wait returns it).
+NOTIFY_RESULTS = "SELECT pg_notify(%s, i::text) FROM unnest(%s::bigint[]) AS i"
+# ctx.progress(): the running attempt's last reported values, written together (a
+# worker's flush every so often), each fenced by its claim token: a zombie's progress
+# matches no row.
+SET_PROGRESS = """
+UPDATE {table} AS t SET progress = u.progress::jsonb
+FROM unnest(%s::bigint[], %s::uuid[], %s::text[]) AS u(id, token, progress)
+WHERE t.id = u.id AND t.claim_token = u.token AND t.status = {running} AND {no_flush_wait}
+"""
+# A task as Tasks.result() reads it: its state (a pending task not yet due is scheduled),
+# value, error, progress and timings.
+READ_RESULT = """
+SELECT id, task_name, status, available_at > now() AS later, result, last_error, error_type,
+       traceback_excerpt, attempts, progress, created_at, started_at, finished_at
+FROM {table} WHERE id = %s
+"""
+# Kept results past their keep_until leave in small batches (the worker's maintenance).
+PURGE_KEPT = """
+DELETE FROM {table} WHERE id = ANY(ARRAY(
+    SELECT id FROM {table}
+    WHERE keep_until < now() AND status IN ({done}, {cancelled})
+    LIMIT %s))
+"""
+
 # At shutdown: tasks not finished go back at once, their attempt refunded.
 RELEASE = """
 UPDATE {table}
@@ -329,7 +398,10 @@ FROM pg_class AS c WHERE c.oid = {table_literal}::regclass
 TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 # At start: the columns and tables of the latest schema version are there (an older table
 # fails here, naming what is missing, instead of at the first claim).
-CHECK_COLUMNS = "SELECT lapses, spared, (SELECT 1 FROM {queues} LIMIT 0) FROM {table} LIMIT 0"
+CHECK_COLUMNS = """
+SELECT lapses, spared, result, progress, keep_until, (SELECT 1 FROM {queues} LIMIT 0)
+FROM {table} LIMIT 0
+"""
 
 # --- paused queues ---------------------------------------------------------------------
 
@@ -484,11 +556,15 @@ SELECT c.id, c.unique_key FROM candidates AS c WHERE c.id NOT IN (SELECT id FROM
 """
 # Cancelling a running task clears its claim token: the worker's completion (and its
 # ctx.transaction(), which raises LeaseLost) then changes nothing.
+# Whoever waits on a cancelled task (Tasks.wait) is woken.
 CANCEL_TASKS = """
-UPDATE {table}
-SET status = {cancelled}, finished_at = now(), claim_token = NULL
-WHERE id = ANY(%s) AND status IN ({pending}, {running})
-RETURNING id
+WITH cancelled AS (
+    UPDATE {table}
+    SET status = {cancelled}, finished_at = now(), claim_token = NULL
+    WHERE id = ANY(%s) AND status IN ({pending}, {running})
+    RETURNING id
+)
+SELECT id, pg_notify({results_channel}, id::text) FROM cancelled
 """
 # Retention "keep": finished (done and cancelled) tasks older than the cutoff leave in small
 # batches, each its own short transaction (no long lock, no vacuum debt in one go).
@@ -524,6 +600,8 @@ class TaskStatements:
         self.schedules = quote_table(schema, SCHEDULES_TABLE)
         self.queues_table = quote_table(schema, queues_table_name(name))
         self.channel = channel_for(f"tasks.{table}")
+        #: Finished tasks that keep results notify their ids here (Tasks.wait listens).
+        self.results_channel = channel_for(f"results.{table}")
         slots = {
             "table": self.qualified,
             "schedules": self.schedules,
@@ -532,6 +610,7 @@ class TaskStatements:
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
             "suspect": str(SUSPECT_LAPSES),
+            "results_channel": "'" + self.results_channel.replace("'", "''") + "'",
             **{state: str(int(value)) for state, value in _STATES.items()},
         }
         self.enqueue = ENQUEUE.format(**slots)
@@ -546,6 +625,13 @@ class TaskStatements:
         self.settle_done_many_keep = SETTLE_DONE_MANY_KEEP.format(**slots)
         self.complete_delete = COMPLETE_DELETE.format(**slots)
         self.complete_keep = COMPLETE_KEEP.format(**slots)
+        self.complete_kept = COMPLETE_KEPT.format(**slots)
+        self.settle_done_results = SETTLE_DONE_RESULTS.format(**slots)
+        self.set_result = SET_RESULT.format(**slots)
+        self.notify_results = NOTIFY_RESULTS
+        self.set_progress = SET_PROGRESS.format(**slots)
+        self.read_result = READ_RESULT.format(**slots)
+        self.purge_kept = PURGE_KEPT.format(**slots)
         self.release = RELEASE.format(**slots)
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)

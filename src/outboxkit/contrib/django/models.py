@@ -74,6 +74,12 @@ class Task(models.Model):
     lapses = models.SmallIntegerField(default=0)
     #: Attempts not charged against max_attempts (deaths beside others).
     spared = models.IntegerField(default=0)
+    #: The handler's return value, when it keeps results (``keep_result=``).
+    result = models.JSONField(null=True)
+    #: The last progress the running attempt reported (``ctx.progress()``).
+    progress = models.JSONField(null=True)
+    #: When a finished task kept for its result may be purged.
+    keep_until = models.DateTimeField(null=True)
 
     class Meta:
         managed = False

@@ -111,14 +111,14 @@ class DjangoTasks:
 
     def enqueue(
         self, name: str, payload: Any = None, *, using: str | None = None, **options: Any
-    ) -> bool | None:
+    ) -> int | None:
         """Enqueue task ``name`` in the open ``transaction.atomic()`` block of ``using``.
 
         Checked now (an unknown task or a bad payload fails here). ``options``: those of
         ``Tasks.enqueue`` (``delay``, ``run_at``, ``unique_key``, ``priority``, ``queue``,
         ``key``, ``max_attempts``). Written with the block's COMMIT on psycopg 3: returns
-        None (a taken ``unique_key`` is skipped then, unsaid); written at once elsewhere:
-        False if ``unique_key`` was taken, else True.
+        None (no id before the COMMIT; a taken ``unique_key`` is skipped then, unsaid);
+        written at once elsewhere: the task's id, or None if ``unique_key`` was taken.
         """
         tasks = self.tasks
         conn = atomic_connection(using, "enqueue a task")
