@@ -695,9 +695,10 @@ def _gone(task_id: int) -> TaskNotFound:
 
 
 def _late(task_id: int, timeout: float, row: dict[str, Any]) -> TimeoutError:
-    from outboxkit.tasks.results import result_from_row
-
-    status = result_from_row(row).status
+    code = TaskStatus(int(row["status"]))
+    status = code.name.lower()
+    if code is TaskStatus.PENDING:
+        status = "scheduled" if row["later"] else "queued"
     return TimeoutError(
         f"task {task_id} ({row['task_name']}) did not finish within {timeout:g} s: it is"
         f" {status} after {row['attempts']} attempt(s)"
