@@ -126,11 +126,11 @@ class _Transaction:
 
     def __init__(self, store: MemoryTaskStore) -> None:
         self._store = store
-        self._staged: list[tuple[int, uuid.UUID, float | None]] = []
+        self._staged: list[tuple[int, uuid.UUID, float | None, str | None]] = []
 
     def commit(self) -> None:
-        for task_id, token, keep in self._staged:
-            self._store._finish(task_id, token, keep)
+        for task_id, token, keep, progress in self._staged:
+            self._store._finish(task_id, token, keep, progress=progress)
         self._staged = []
 
     def rollback(self) -> None:
@@ -247,7 +247,12 @@ class MemoryTaskStore:
         return row if row is not None and row.claim_token == token else None
 
     def _finish(
-        self, task_id: int, token: uuid.UUID, keep: float | None = None, result: str | None = None
+        self,
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+        result: str | None = None,
+        progress: str | None = None,
     ) -> bool:
         row = self._held(task_id, token)
         if row is None:
@@ -259,6 +264,7 @@ class MemoryTaskStore:
             row.finished_at = self.tasks.clock()
             if keep is not None:
                 row.result, row.keep_until = result, row.finished_at + keep
+                row.progress = progress if progress is not None else row.progress
         return True
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
@@ -277,7 +283,8 @@ class MemoryTaskStore:
         task_of = dict(zip(rest.ids, rest.items, strict=True))
         settled += [
             i for i in groups.done
-            if self._finish(i, claim.token, task_of[i].keep, task_of[i].result)
+            if self._finish(i, claim.token, task_of[i].keep, task_of[i].result,
+                            task_of[i].progress)
         ]  # fmt: skip
         now = self.tasks.clock()
         for task_id, dead, delay, error, refund in groups.failures():
@@ -373,17 +380,27 @@ class MemoryTaskStore:
         yield _AsyncTransaction(self)
 
     def complete(
-        self, conn: _Transaction, task_id: int, token: uuid.UUID, keep: float | None = None
+        self,
+        conn: _Transaction,
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
         if self._held(task_id, token) is None:
             return False
-        conn._staged.append((task_id, token, keep))
+        conn._staged.append((task_id, token, keep, progress))
         return True
 
     async def acomplete(
-        self, conn: _Transaction, task_id: int, token: uuid.UUID, keep: float | None = None
+        self,
+        conn: _Transaction,
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
-        return self.complete(conn, task_id, token, keep)
+        return self.complete(conn, task_id, token, keep, progress)
 
     # -- no wake-ups: a worker on memory polls -----------------------------------------------
 

@@ -84,6 +84,8 @@ class ClaimedTask:
     keep: float | None = None
     #: The handler's return value as JSON text, stored with the completion when ``keep``.
     result: str | None = None
+    #: Its last progress not written yet (JSON text), written with a kept completion.
+    progress: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,15 +214,26 @@ class TaskStore(Protocol):
         ...
 
     def complete(
-        self, conn: Any, task_id: int, token: uuid.UUID, keep: float | None = None
+        self,
+        conn: Any,
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
         """Complete the task in ``conn``'s open transaction, fenced by ``token``; False if
         this attempt lost it (the caller rolls the transaction back). ``keep``: the task
-        stays done that many seconds, its result written by the settle."""
+        stays done that many seconds (with ``progress``, its last one), its result written
+        by the settle."""
         ...
 
     async def acomplete(
-        self, conn: Any, task_id: int, token: uuid.UUID, keep: float | None = None
+        self,
+        conn: Any,
+        task_id: int,
+        token: uuid.UUID,
+        keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
         """The async twin of :meth:`complete`."""
         ...

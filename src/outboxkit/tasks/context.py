@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -20,6 +20,7 @@ from outboxkit.errors import NotInTransactionError
 from outboxkit.events import Event
 from outboxkit.queue.tasks import ClaimedTask, TaskStore
 from outboxkit.tasks.errors import LeaseLost
+from outboxkit.tasks.progress import ProgressWriter, encode_progress
 from outboxkit.write.outbox import Outbox
 
 
@@ -57,7 +58,7 @@ class TaskContext:
         outbox: Outbox,
         worker_id: str,
         events: str | None = None,
-        progress: Callable[[int, uuid.UUID, Any], None] | None = None,
+        progress: ProgressWriter | None = None,
     ) -> None:
         self.task = task
         self._events = events
@@ -87,11 +88,15 @@ class TaskContext:
         at most every second (tasks/progress.py), fenced by this attempt's claim; readers
         see it in ``Tasks.result()``, ``outboxkit tasks show`` and the dashboard."""
         if self._report is None:
-            from outboxkit.tasks.progress import encode_progress
-
             encode_progress(value)  # checked as a worker would, though nothing writes it
             return
-        self._report(self.id, self.token, value)
+        self._report.report(self.id, self.token, value)
+
+    def _last_progress(self) -> str | None:
+        """The last progress not written yet: a kept completion writes it."""
+        if self._report is None or self.task.keep is None:
+            return None
+        return self._report.take(self.id)
 
     def _lost(self) -> LeaseLost:
         return LeaseLost(
@@ -113,7 +118,8 @@ class TaskContext:
             try:
                 self._sync_conn = conn
                 yield conn
-                if not self._store.complete(conn, self.id, self.token, self.task.keep):
+                last = self._last_progress()
+                if not self._store.complete(conn, self.id, self.token, self.task.keep, last):
                     conn.rollback()
                     raise self._lost()
                 if self._events is not None:
@@ -130,7 +136,8 @@ class TaskContext:
             try:
                 self._async_conn = conn
                 yield conn
-                if not await self._store.acomplete(conn, self.id, self.token, self.task.keep):
+                last = self._last_progress()
+                if not await self._store.acomplete(conn, self.id, self.token, self.task.keep, last):
                     await conn.rollback()
                     raise self._lost()
                 if self._events is not None:

@@ -85,6 +85,12 @@ class ProgressWriter:
         else:
             loop.call_soon_threadsafe(self._start)
 
+    def take(self, task_id: int) -> str | None:
+        """The task's last value not written yet (it goes with the task's completion)."""
+        with self._lock:
+            pending = self._pending.pop(task_id, None)
+        return None if pending is None else pending[1]
+
     def _start(self) -> None:
         assert self.loop is not None
         self._task = self.loop.create_task(self._flush(), name="outboxkit-worker:progress")

@@ -174,7 +174,7 @@ class HandlerSink:
                 outbox=self.outbox,
                 worker_id=self.worker_id,
                 events=task_type.events,
-                progress=self.progress.report,
+                progress=self.progress,
             )
         thread: concurrent.futures.Future[object] | None = None
         value: object = None
@@ -235,6 +235,7 @@ class HandlerSink:
             task.traceback = _excerpt(exc)
             return TaskOutcome(False, redact(f"{type(exc).__name__}: {exc}"))
         if task.keep is not None:
+            task.progress = self.progress.take(task.id)
             try:
                 task.result = encode_result(task.task_name, value)
             except ResultError as exc:

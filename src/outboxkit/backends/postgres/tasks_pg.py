@@ -252,7 +252,8 @@ class PgTaskStore(PgSession):
         kept = [task_of[i] for i in groups.done if task_of[i].keep is not None]
         if kept:
             results = ([t.id for t in kept], [claim.token] * len(kept),
-                       [t.result for t in kept], [t.keep for t in kept])  # fmt: skip
+                       [t.result for t in kept], [t.keep for t in kept],
+                       [t.progress for t in kept])  # fmt: skip
             statements.append((self.sql.settle_done_results, (*results, self.sql.results_channel)))
         if groups.failed:
             failed = [task_of[i] for i in groups.failed]
@@ -426,11 +427,11 @@ class PgTaskStore(PgSession):
             await conn.close()
 
     def _completion(
-        self, task_id: int, token: uuid.UUID, keep: float | None
+        self, task_id: int, token: uuid.UUID, keep: float | None, progress: str | None
     ) -> tuple[str, tuple[Any, ...]]:
         if keep is None:
             return self._complete, (task_id, token)
-        return self.sql.complete_kept, (keep, task_id, token)
+        return self.sql.complete_kept, (keep, progress, task_id, token)
 
     def complete(
         self,
@@ -438,8 +439,10 @@ class PgTaskStore(PgSession):
         task_id: int,
         token: uuid.UUID,
         keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
-        return conn.execute(*self._completion(task_id, token, keep)).fetchone() is not None
+        stmt = self._completion(task_id, token, keep, progress)
+        return conn.execute(*stmt).fetchone() is not None
 
     async def acomplete(
         self,
@@ -447,8 +450,9 @@ class PgTaskStore(PgSession):
         task_id: int,
         token: uuid.UUID,
         keep: float | None = None,
+        progress: str | None = None,
     ) -> bool:
-        cur = await conn.execute(*self._completion(task_id, token, keep))
+        cur = await conn.execute(*self._completion(task_id, token, keep, progress))
         return await cur.fetchone() is not None
 
 

@@ -299,7 +299,7 @@ RETURNING id
 COMPLETE_KEPT = """
 UPDATE {table}
 SET status = {done}, finished_at = now(), claim_token = NULL,
-    keep_until = now() + make_interval(secs => %s)
+    keep_until = now() + make_interval(secs => %s), progress = coalesce(%s::jsonb, progress)
 WHERE id = %s AND claim_token = %s
 RETURNING id
 """
@@ -307,15 +307,17 @@ RETURNING id
 # --- results and progress ----------------------------------------------------------
 
 # Completions that keep their results: each row done with its value (JSON text) until
-# keep_until, fenced by its own claim's token, and a notification per task on the results
+# keep_until, with its last progress not written yet, fenced by its own claim's token, and a notification per task on the results
 # channel (its id) for whoever waits on it (Tasks.wait). Finished tasks of handlers that
 # keep nothing are deleted (or kept without a result) and notify nobody, as before.
 SETTLE_DONE_RESULTS = """
 WITH done AS (
     UPDATE {table} AS t
     SET status = {done}, finished_at = now(), claim_token = NULL, result = u.result::jsonb,
-        keep_until = now() + make_interval(secs => u.keep)
-    FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::float8[]) AS u(id, token, result, keep)
+        keep_until = now() + make_interval(secs => u.keep),
+        progress = coalesce(u.progress::jsonb, t.progress)
+    FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::float8[], %s::text[])
+         AS u(id, token, result, keep, progress)
     WHERE t.id = u.id AND t.claim_token = u.token AND {no_flush_wait}
     RETURNING t.id
 )
