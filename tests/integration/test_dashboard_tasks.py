@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import uuid
@@ -401,3 +402,36 @@ async def test_the_tasks_page_pauses_and_resumes_a_queue_with_the_token(
         assert _status(tasks_dsn, mail) is None
         by = await page.text_content('#queues tr[data-queue="mail"] td:nth-child(6)') or ""
         assert by.startswith("dashboard (")
+
+
+async def test_a_kept_result_and_progress_show_in_the_api_and_the_page(tasks_dsn: str) -> None:
+    tasks = Tasks()
+
+    @tasks.handler("report", keep_result=True)
+    def report(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+        ctx.progress({"done": 3, "of": 3})
+        return {"rows": 3, "note": "<b>bold</b>"}
+
+    task = _enqueue(tasks_dsn, tasks, "report", {"id": 1})
+    async with running_worker(tasks, tasks_dsn, ["default"]):
+        await wait_for(
+            lambda: (r := tasks.result(tasks_dsn, task)) is not None and r.finished,
+            what="the task finished",
+        )
+    async with served(Dashboard(tasks_dsn)) as url, chromium() as browser:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/api/tasks/{task}") as resp:
+            body = await resp.json()
+        assert body["state"] == "done" and body["kept_until"] is not None
+        assert json.loads(body["result"]) == {"rows": 3, "note": "<b>bold</b>"}
+        assert json.loads(body["progress"]) == {"done": 3, "of": 3}
+        page = await browser.new_page(viewport={"width": 1400, "height": 1100})
+        await page.goto(url + "/tasks")
+        await page.select_option("#filter-state", "done")
+        await page.locator(f'tr[data-id="{task}"] button.view').click()
+        await page.wait_for_selector("#detail:not([hidden])")
+        assert await page.text_content("#detail-result") == body["result"]  # as text, escaped
+        assert await page.locator("#detail-result b").count() == 0
+        fields = await page.eval_on_selector_all(
+            "#detail-fields tbody tr", "rows => rows.map(r => r.cells[0].textContent)"
+        )
+        assert "progress" in fields and "result kept until" in fields

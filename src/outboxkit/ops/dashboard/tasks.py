@@ -45,7 +45,7 @@ MAX_FILTER_CHARS = 200
 _ID_TEXT = "task ids are the task table's row ids"
 #: Columns the detail leaves out: the payload comes as text, the claim token is the
 #: running attempt's fencing token and nobody's business.
-_HIDDEN = ("payload", "payload_json", "claim_token")
+_HIDDEN = ("payload", "payload_json", "claim_token", "result", "progress")
 
 
 #: The same functions as `outboxkit tasks replay | cancel | discard`, and why one changes nothing.
@@ -80,12 +80,19 @@ def _detail(row: dict[str, Any]) -> dict[str, Any]:
     for key in ("last_error", "traceback_excerpt"):
         if shown.get(key):
             shown[key] = redact(str(shown[key]))
+    # The result and progress come as JSON text (show_task), cut as the payload is.
+    result = row.get("result")
+    value, _kind, value_truncated = _payload_text((result or "null").encode())
     shown.update(
         state=_state(row["status"], due),
         status=TaskStatus(row["status"]).name.lower(),
         payload=text,
         payload_kind=kind,
         payload_truncated=truncated,
+        result=None if result is None else value,
+        result_truncated=value_truncated,
+        progress=row.get("progress"),
+        kept_until=row.get("keep_until"),
     )
     return shown
 

@@ -115,6 +115,7 @@ async function showTask(id) {
       ["lease holder", t.state === "running" ? t.claimed_by : null],
       ["last worker", t.state === "running" ? null : t.claimed_by],
       ["created", when(t.created_at)], ["started", when(t.started_at)], ["finished", when(t.finished_at)],
+      ["progress", t.progress], ["result kept until", t.kept_until ? when(t.kept_until) : null],
     ];
     kvRows($("detail-fields").tBodies[0], fields);
     $("detail-actions").replaceChildren(...actionButtons(t).flatMap((b) => [b, " "]));
@@ -122,6 +123,8 @@ async function showTask(id) {
     $("detail-traceback").textContent = t.traceback_excerpt || "(none)";
     $("detail-payload").textContent = t.payload;
     $("detail-payload-info").textContent = `(${t.payload_kind}${t.payload_truncated ? ", cut to the first 64 KiB" : ""})`;
+    $("detail-result").textContent = t.result === null ? "(none: not finished, or its handler keeps no result)" : t.result;
+    $("detail-result-info").textContent = t.result_truncated ? "(cut to the first 64 KiB)" : "";
     $("detail").hidden = false;
     $("detail").scrollIntoView({ block: "nearest" });
   } catch (err) {
