@@ -307,9 +307,10 @@ RETURNING id
 # --- results and progress ----------------------------------------------------------
 
 # Completions that keep their results: each row done with its value (JSON text) until
-# keep_until, with its last progress not written yet, fenced by its own claim's token, and a notification per task on the results
-# channel (its id) for whoever waits on it (Tasks.wait). Finished tasks of handlers that
-# keep nothing are deleted (or kept without a result) and notify nobody, as before.
+# keep_until, with its last progress not written yet, fenced by its own claim's token, and
+# a notification per task on the results channel (its id) for whoever waits on it
+# (Tasks.wait). Finished tasks of handlers that keep nothing are deleted (or kept without a
+# result) and notify nobody, as before.
 SETTLE_DONE_RESULTS = """
 WITH done AS (
     UPDATE {table} AS t
