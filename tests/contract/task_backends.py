@@ -26,9 +26,9 @@ from outboxkit.queue.memory import ManualClock
 from outboxkit.queue.memory_tasks import MemoryTasks, MemoryTaskStore
 from outboxkit.queue.tasks import TaskClaim, TaskClaimed, TaskStore
 
-StatusName = Literal["pending", "running", "done", "failed", "cancelled"]
+StatusName = Literal["pending", "running", "done", "failed", "cancelled", "waiting"]
 _STATUS: dict[int, StatusName] = {
-    0: "pending", 1: "running", 2: "done", 3: "failed", 4: "cancelled",
+    0: "pending", 1: "running", 2: "done", 3: "failed", 4: "cancelled", 5: "waiting",
 }  # fmt: skip
 TABLE = "contract_tasks"
 
@@ -69,8 +69,10 @@ class TaskBackend(abc.ABC):
         key: str | None = None,
         max_attempts: int | None = None,
         delay: float = 0.0,
+        after: Sequence[int] = (),
+        after_failure: int = 0,
     ) -> int:
-        """One pending task due after ``delay`` seconds; its id."""
+        """One pending task due after ``delay`` seconds (waiting for ``after``); its id."""
 
     def store(
         self,
@@ -137,10 +139,12 @@ class MemoryTaskBackend(TaskBackend):
         key: str | None = None,
         max_attempts: int | None = None,
         delay: float = 0.0,
+        after: Sequence[int] = (),
+        after_failure: int = 0,
     ) -> int:
         return self.tasks.enqueue(
             name, {}, queue=queue, priority=priority, key=key, max_attempts=max_attempts,
-            delay=delay,
+            delay=delay, after=after, after_failure=after_failure,
         )  # fmt: skip
 
     def _make_store(
@@ -181,12 +185,23 @@ class PostgresTaskBackend(TaskBackend):
         key: str | None = None,
         max_attempts: int | None = None,
         delay: float = 0.0,
+        after: Sequence[int] = (),
+        after_failure: int = 0,
     ) -> int:
-        params = (name, queue, "{}", priority, key, None, max_attempts, None, delay,
-                  self.sql.channel)  # fmt: skip
+        named = {"task_name": name, "queue": queue, "payload": "{}", "priority": priority,
+                 "key": key, "unique_key": None, "max_attempts": max_attempts, "run_at": None,
+                 "delay": delay, "channel": self.sql.channel, "after": sorted(set(after)),
+                 "after_failure": after_failure}  # fmt: skip
         async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
-            await conn.execute(self.sql.enqueue, params)
-            cur = await conn.execute(f"SELECT max(id) FROM {TABLE}")
+            if after:
+                values = [named[n] for n in self.sql.enqueue_after_names]
+                cur = await conn.execute(self.sql.enqueue_after, values)
+            else:
+                cur = await conn.execute(self.sql.enqueue, [
+                    named[n] for n in ("task_name", "queue", "payload", "priority", "key",
+                                       "unique_key", "max_attempts", "run_at", "delay",
+                                       "channel")
+                ])  # fmt: skip
             row = await cur.fetchone()
         assert row is not None
         return int(row[0])

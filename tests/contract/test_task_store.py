@@ -340,3 +340,74 @@ async def test_a_result_of_a_task_completed_in_its_transaction_follows_the_compl
     assert list((await store.settle(c, [DONE])).ids) == [task]
     row = await b.row(task)
     assert row is not None and row.result == "made"
+
+
+async def test_a_dependent_waits_for_every_upstream_task_and_is_released_by_the_last_settle(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    z = await b.enqueue("child")
+    a, c = await b.enqueue("child"), await b.enqueue("child")
+    callback = await b.enqueue("callback", after=[z, a, c])
+    row = await b.row(callback)
+    assert row is not None and row.status == "waiting"
+    store, other = b.store(), b.store()
+    early = (await claim(store, limit=1)).claim
+    assert early is not None and early.ids == [z]
+    await store.settle(early, [DONE])
+    row = await b.row(callback)
+    assert row is not None and row.status == "waiting"  # two upstream tasks still live
+    first = (await claim(store, limit=1)).claim
+    second = (await claim(other, limit=1)).claim
+    assert first is not None and second is not None
+    assert {first.ids[0], second.ids[0]} == {a, c}  # never the waiting callback
+    assert (await claim(store)).claim is None
+    # Both children finish at the same instant on two workers: released exactly once.
+    await asyncio.gather(store.settle(first, [DONE]), other.settle(second, [DONE]))
+    row = await b.row(callback)
+    assert row is not None and row.status == "pending"
+    got = (await claim(store)).claim
+    assert got is not None and got.ids == [callback]
+    assert await store.release_dependents(None, 10) == 0  # nothing left to decide
+    with store.transaction("contract") as conn:
+        upstream = store.dependencies(conn, callback)
+    assert [r["after_id"] for r in upstream] == [z, a, c]  # done, deleted: their ids alone
+    assert [r["id"] for r in upstream] == [None, None, None]
+
+
+async def test_a_failed_upstream_task_cancels_its_dependent_or_lets_it_run_anyway(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    up, fine = await b.enqueue("child"), await b.enqueue("child")
+    cancelled = await b.enqueue("callback", after=[up, fine])
+    runs_anyway = await b.enqueue("callback", after=[up], after_failure=1)
+    store = b.store()
+    got = (await claim(store)).claim
+    assert got is not None and sorted(got.ids) == [up, fine]
+    dead = Decision(Verdict.DEAD, error="boom")
+    decisions = [dead if i == up else DONE for i in got.ids]
+    await store.settle(got, decisions)
+    gone = await b.row(cancelled)
+    assert gone is not None and (gone.status, gone.error_type) == ("cancelled", "UpstreamFailed")
+    assert gone.last_error is not None and f"upstream task {up} failed" in gone.last_error
+    anyway = await b.row(runs_anyway)
+    assert anyway is not None and anyway.status == "pending"
+
+
+async def test_the_sweep_releases_a_dependent_whose_upstream_finished_without_a_release(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    up = await b.enqueue("child")
+    waiting = await b.enqueue("callback", after=[up])
+    store = b.store()
+    got = (await claim(store)).claim
+    assert got is not None and got.ids == [up]
+    got.items[0].has_dependents = False  # as if claimed before the dependent's enqueue
+    await store.settle(got, [DONE])
+    row = await b.row(waiting)
+    assert row is not None and row.status == "waiting"  # nobody released it
+    assert await store.release_dependents(None, 10) == 1
+    row = await b.row(waiting)
+    assert row is not None and row.status == "pending"

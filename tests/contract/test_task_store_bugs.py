@@ -104,6 +104,21 @@ class UnfencedProgressAndResults(MemoryTaskStore):
         return await super().settle(claim, decisions)
 
 
+class ReleasesAtTheFirstUpstream(MemoryTaskStore):
+    """The naive fan-in: a dependent runs as soon as any one of its upstream tasks is done."""
+
+    async def release_dependents(self, ids: Any, limit: int) -> int:
+        moved = 0
+        for row in self.tasks.rows():
+            if (
+                row.status is TaskState.WAITING
+                and ids
+                and set(ids) & set(self.tasks.upstream.get(row.id, []))
+            ):
+                row.status, moved = TaskState.PENDING, moved + 1
+        return moved + await super().release_dependents(ids, limit)
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -131,6 +146,10 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         SettleKeepsLapses,
         scenarios.test_a_settled_outcome_clears_the_lapses_and_a_hand_back_keeps_them,
+    ),
+    (
+        ReleasesAtTheFirstUpstream,
+        scenarios.test_a_dependent_waits_for_every_upstream_task_and_is_released_by_the_last_settle,
     ),
     (
         UnfencedProgressAndResults,

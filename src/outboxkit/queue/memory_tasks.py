@@ -19,6 +19,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
+import orjson
+
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
 from outboxkit.queue.tasks import (
@@ -50,6 +52,7 @@ class TaskState(enum.IntEnum):
     DONE = 2
     FAILED = 3
     CANCELLED = 4
+    WAITING = 5
 
 
 @dataclasses.dataclass(slots=True)
@@ -78,6 +81,8 @@ class MemoryTaskRow:
     result: str | None = None
     progress: str | None = None
     keep_until: float | None = None
+    has_dependents: bool = False
+    after_failure: int | None = None
 
     @property
     def live(self) -> bool:
@@ -91,6 +96,8 @@ class MemoryTasks:
         self.clock = clock
         self._rows: dict[int, MemoryTaskRow] = {}
         self._next_id = 1
+        #: Dependency edges: a task's upstream task ids.
+        self.upstream: dict[int, list[int]] = {}
 
     def enqueue(
         self,
@@ -102,13 +109,28 @@ class MemoryTasks:
         key: str | None = None,
         max_attempts: int | None = None,
         delay: float = 0.0,
+        after: Sequence[int] = (),
+        after_failure: int = 0,
     ) -> int:
-        """Add a pending task due after ``delay`` seconds; its id."""
+        """Add a pending task due after ``delay`` seconds (waiting while ``after`` has an
+        unfinished task: tasks_sql.py ENQUEUE_AFTER); its id."""
+        upstream = sorted(set(after))
+        missing = [i for i in upstream if i not in self._rows]
+        if missing:
+            raise KeyError(f"no upstream task {missing}")
         task_id, self._next_id = self._next_id, self._next_id + 1
-        self._rows[task_id] = MemoryTaskRow(
+        row = MemoryTaskRow(
             task_id, task_name, queue, payload, priority, key, max_attempts,
             self.clock() + delay, dt.datetime.now(dt.UTC),
         )  # fmt: skip
+        if upstream:
+            for i in upstream:
+                self._rows[i].has_dependents = True
+            row.after_failure = after_failure
+            if any(self._rows[i].status is not TaskState.DONE for i in upstream):
+                row.status = TaskState.WAITING
+            self.upstream[task_id] = upstream
+        self._rows[task_id] = row
         return task_id
 
     def row(self, task_id: int) -> MemoryTaskRow | None:
@@ -238,6 +260,7 @@ class MemoryTaskStore:
         return ClaimedTask(
             row.id, row.task_name, row.queue, row.payload, row.attempts, row.max_attempts,
             row.key, row.priority, row.created_at, row.spared,
+            has_dependents=row.has_dependents,
         )  # fmt: skip
 
     # -- settle, heartbeat, release: each fenced by the claim token -------------------------
@@ -302,6 +325,9 @@ class MemoryTaskStore:
             row.lapses = row.lapses if refund else 0
             row.finished_at = now if dead else None
             settled.append(task_id)
+        upstream = [t.id for t in claim.items if t.has_dependents and t.id in settled]
+        if upstream:
+            await self.release_dependents(upstream, 1000)
         return Settled(settled, len(claim.ids) - len(settled))
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
@@ -312,6 +338,53 @@ class MemoryTaskStore:
                 row.progress, written = value, written + 1
         return written
 
+    async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
+        chosen = set(ids) if ids is not None else None
+        moved = 0
+        for row in self.tasks.rows():
+            if moved >= limit:
+                break
+            upstream = self.tasks.upstream.get(row.id, [])
+            if row.status is not TaskState.WAITING or (
+                chosen is not None and not chosen.intersection(upstream)
+            ):
+                continue
+            states = [u.status if (u := self.tasks.row(i)) else TaskState.DONE for i in upstream]
+            bad = [i for i, s in zip(upstream, states, strict=True)
+                   if s in (TaskState.FAILED, TaskState.CANCELLED)]  # fmt: skip
+            live = [s for s in states
+                    if s in (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)]  # fmt: skip
+            if bad and row.after_failure == 0:
+                row.status, row.finished_at = TaskState.CANCELLED, self.tasks.clock()
+                row.error_type = "UpstreamFailed"
+                row.last_error = (
+                    f"upstream task {bad[0]} failed or was cancelled, so this task was"
+                    ' cancelled (after_failure="cancel")'
+                )
+            elif not live:
+                row.status = TaskState.PENDING
+            else:
+                continue
+            moved += 1
+        return moved
+
+    def dependencies(self, conn: Any, task_id: int) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for i in self.tasks.upstream.get(task_id, []):
+            u = self.tasks.row(i)
+            found.append({"after_id": i, "id": None} if u is None else {
+                "after_id": i, "id": u.id, "task_name": u.task_name, "status": int(u.status),
+                "later": False, "result": None if u.result is None else orjson.loads(u.result),
+                "last_error": u.last_error, "error_type": u.error_type,
+                "traceback_excerpt": u.traceback, "attempts": u.attempts,
+                "progress": None if u.progress is None else orjson.loads(u.progress),
+                "created_at": u.created_at, "started_at": None, "finished_at": None,
+            })  # fmt: skip
+        return found
+
+    async def adependencies(self, conn: Any, task_id: int) -> list[dict[str, Any]]:
+        return self.dependencies(conn, task_id)
+
     async def purge_kept(self, limit: int) -> int:
         now = self.tasks.clock()
         gone = [
@@ -321,6 +394,8 @@ class MemoryTaskStore:
         ][:limit]  # fmt: skip
         for task_id in gone:
             self.tasks.delete(task_id)
+        for task_id in [i for i in self.tasks.upstream if self.tasks.row(i) is None][:limit]:
+            del self.tasks.upstream[task_id]
         return len(gone)
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:

@@ -86,6 +86,8 @@ class ClaimedTask:
     result: str | None = None
     #: Its last progress not written yet (JSON text), written with a kept completion.
     progress: str | None = None
+    #: Tasks wait for this one (``after=``): its settle releases them.
+    has_dependents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,24 @@ class TaskStore(Protocol):
         ...
 
     async def purge_kept(self, limit: int) -> int:
-        """Delete up to ``limit`` finished tasks kept for their results past their time."""
+        """Delete up to ``limit`` finished tasks kept for their results past their time (and
+        the dependency edges of tasks that are gone)."""
+        ...
+
+    async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
+        """Decide waiting tasks whose upstream tasks finished: pending when all are done (a
+        deleted one counts done), cancelled when one failed or was cancelled (unless the task
+        runs anyway). ``ids``: only the dependents of these tasks; None: any (the sweep).
+        Settles release the dependents of the tasks they finish themselves."""
+        ...
+
+    def dependencies(self, conn: Any, task_id: int) -> list[dict[str, Any]]:
+        """The upstream tasks of ``task_id`` as ``READ_DEPENDENCIES`` rows (``after_id``
+        and the row's columns, None where the upstream task is gone: done and deleted)."""
+        ...
+
+    async def adependencies(self, conn: Any, task_id: int) -> list[dict[str, Any]]:
+        """The async twin of :meth:`dependencies`."""
         ...
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int: ...

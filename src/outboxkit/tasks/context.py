@@ -21,6 +21,7 @@ from outboxkit.events import Event
 from outboxkit.queue.tasks import ClaimedTask, TaskStore
 from outboxkit.tasks.errors import LeaseLost
 from outboxkit.tasks.progress import ProgressWriter, encode_progress
+from outboxkit.tasks.results import TaskResult, dependency_from_row
 from outboxkit.write.outbox import Outbox
 
 
@@ -91,6 +92,19 @@ class TaskContext:
             encode_progress(value)  # checked as a worker would, though nothing writes it
             return
         self._report.report(self.id, self.token, value)
+
+    def dependencies(self) -> list[TaskResult]:
+        """The tasks this one waited for (``after=``), by id: each one's result (a done task
+        whose handler keeps no result is gone: it comes back done, with no value)."""
+        with self._store.transaction(f"{self.name}:dependencies") as conn:
+            rows = self._store.dependencies(conn, self.id)
+        return [dependency_from_row(r) for r in rows]
+
+    async def adependencies(self) -> list[TaskResult]:
+        """The async twin of :meth:`dependencies`."""
+        async with self._store.atransaction(f"{self.name}:dependencies") as conn:
+            rows = await self._store.adependencies(conn, self.id)
+        return [dependency_from_row(r) for r in rows]
 
     def _last_progress(self) -> str | None:
         """The last progress not written yet: a kept completion writes it."""

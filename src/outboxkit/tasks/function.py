@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 if TYPE_CHECKING:
     from outboxkit.drivers import AsyncConnection, SyncConnection
@@ -49,11 +49,14 @@ class TaskFunction(Generic[P, R]):
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
+        after: Sequence[int] | None = None,
+        after_failure: Literal["cancel", "run"] = "cancel",
     ) -> int | None:
         """:meth:`Tasks.enqueue` of this task: its id, or None for a skipped duplicate."""
         return self.tasks.enqueue(
             conn, self.name, payload, delay=delay, run_at=run_at, unique_key=unique_key,
-            priority=priority, queue=queue, key=key, max_attempts=max_attempts,
+            priority=priority, queue=queue, key=key, max_attempts=max_attempts, after=after,
+            after_failure=after_failure,
         )  # fmt: skip
 
     async def aenqueue(
@@ -68,11 +71,14 @@ class TaskFunction(Generic[P, R]):
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
+        after: Sequence[int] | None = None,
+        after_failure: Literal["cancel", "run"] = "cancel",
     ) -> int | None:
         """:meth:`Tasks.aenqueue` of this task."""
         return await self.tasks.aenqueue(
             conn, self.name, payload, delay=delay, run_at=run_at, unique_key=unique_key,
-            priority=priority, queue=queue, key=key, max_attempts=max_attempts,
+            priority=priority, queue=queue, key=key, max_attempts=max_attempts, after=after,
+            after_failure=after_failure,
         )  # fmt: skip
 
 

@@ -8,16 +8,18 @@ without a transaction) and commits or rolls back with the caller's change, outbo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import inspect
 import os
+import re
 import struct
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 import psycopg
@@ -45,6 +47,9 @@ _ENQUEUE = Use(
 )
 #: A payload's JSON text may not be larger (a task table is a queue, not a blob store).
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: Upstream tasks one task may wait for (``after=``); a larger fan-in chains.
+MAX_UPSTREAM = 10_000
+AfterFailure = Literal["cancel", "run"]
 #: How long ``keep_result=True`` keeps a finished task's result by default: a day.
 DEFAULT_KEEP_RESULTS = 86_400.0
 _MAX_TEXT = 200  # task name, queue
@@ -110,6 +115,7 @@ class Tasks:
         self.schedules: dict[str, Periodic] = {}
         self.periodic_payloads: dict[str, str] = {}
         self._statement = Statement(self.sql.enqueue, self.sql.enqueue_dollar)
+        self._after_statement = Statement(self.sql.enqueue_after, self.sql.enqueue_after_dollar)
         self._storage = _TaskStorage(self)
 
     def __repr__(self) -> str:
@@ -254,6 +260,8 @@ class Tasks:
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
+        after: Sequence[int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> int | None:
         """Enqueue a task in ``conn``'s open transaction: its id, or None if a live task holds
         ``unique_key`` already (nothing inserted).
@@ -266,7 +274,12 @@ class Tasks:
         refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
-        return _task_id(sync_adapter(conn, _ENQUEUE).fetch_value(conn, self._statement, params))
+        adapter = sync_adapter(conn, _ENQUEUE)
+        if after:
+            stmt, values = self._after(params, after, after_failure)
+            with _upstream_refusal():
+                return _task_id(adapter.fetch_value(conn, stmt, values))
+        return _task_id(adapter.fetch_value(conn, self._statement, params))
 
     async def aenqueue(
         self,
@@ -281,13 +294,49 @@ class Tasks:
         queue: str = "default",
         key: str | None = None,
         max_attempts: int | None = None,
+        after: Sequence[int] | None = None,
+        after_failure: AfterFailure = "cancel",
     ) -> int | None:
         """Async :meth:`enqueue`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
         refuse_connection(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         adapter = async_adapter(conn, _ENQUEUE)
+        if after:
+            stmt, values = self._after(params, after, after_failure)
+            with _upstream_refusal():
+                return _task_id(await adapter.fetch_value(conn, stmt, values))
         return _task_id(await adapter.fetch_value(conn, self._statement, params))
+
+    def _after(
+        self, params: list[Any], after: Sequence[int], after_failure: str
+    ) -> tuple[Statement, list[Any]]:
+        """The enqueue with upstream tasks (``ENQUEUE_AFTER``) and its parameters."""
+        if after_failure not in ("cancel", "run"):
+            raise InvalidTaskError(
+                f"after_failure must be 'cancel' or 'run', got {after_failure!r}"
+            )
+        if isinstance(after, int | str) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in after
+        ):
+            raise InvalidTaskError(f"after takes task ids (positive ints), got {after!r:.80}")
+        if params[4] is not None or params[5] is not None:
+            raise InvalidTaskError(
+                "after= does not combine with key= or unique_key= (a waiting task holds"
+                " neither its key's turn nor its unique key)"
+            )
+        upstream = sorted(set(after))
+        if len(upstream) > MAX_UPSTREAM:
+            raise InvalidTaskError(
+                f"after lists {len(upstream)} tasks, over the {MAX_UPSTREAM} limit: chain a"
+                " task that waits for a batch of them"
+            )
+        names = ("task_name", "queue", "payload", "priority", "key", "unique_key",
+                 "max_attempts", "run_at", "delay", "channel")  # fmt: skip
+        named = dict(zip(names, params, strict=True))
+        named.update(after=upstream, after_failure=0 if after_failure == "cancel" else 1)
+        values = [named[n] for n in self.sql.enqueue_after_names]
+        return self._after_statement, values
 
     # -- results --------------------------------------------------------------------
 
@@ -552,6 +601,11 @@ class AsyncTaskTransaction(AsyncOutboxTransaction):
 
 
 def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> list[Any]:
+    if "after" in options or "after_failure" in options:
+        raise TypeError(
+            "after= is not taken inside tasks.transaction() (its INSERTs travel with the"
+            " COMMIT, with no upstream checks): use tasks.enqueue(conn, ...) in the block"
+        )
     allowed = {"delay", "run_at", "unique_key", "priority", "queue", "key", "max_attempts"}
     unknown = set(options) - allowed
     if unknown:
@@ -567,6 +621,24 @@ def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> 
         options.get("key"),
         options.get("max_attempts"),
     )
+
+
+@contextlib.contextmanager
+def _upstream_refusal() -> Iterator[None]:
+    """ENQUEUE_AFTER fails its statement when an upstream id is unknown (nothing is written;
+    the caller's transaction is aborted): say so in words."""
+    try:
+        yield
+    except Exception as exc:
+        found = re.search(r"outboxkit: no upstream task ([0-9, ]+)", str(exc))
+        if found is None:
+            raise
+        raise InvalidTaskError(
+            f"after= names task(s) {found.group(1)} that do not exist: never enqueued, or"
+            " finished and deleted already (enqueue a task's dependents in the transaction"
+            " that enqueues it, or give its handler keep_result so it stays); nothing was"
+            " written and the transaction is aborted"
+        ) from exc
 
 
 def _check_id(task_id: object) -> int:

@@ -21,7 +21,7 @@ __all__ = ["MAX_RESULT_BYTES", "ResultError", "TaskError", "TaskResult", "encode
 #: A result's JSON text may not be larger (as a payload's: a table row, not a blob store).
 MAX_RESULT_BYTES = 1024 * 1024
 
-Status = Literal["queued", "scheduled", "running", "done", "failed", "cancelled"]
+Status = Literal["queued", "scheduled", "waiting", "running", "done", "failed", "cancelled"]
 #: The states a task does not leave by itself.
 FINISHED: frozenset[str] = frozenset(("done", "failed", "cancelled"))
 
@@ -43,7 +43,8 @@ class TaskError:
 class TaskResult:
     """One task as its enqueuer sees it.
 
-    ``status``: queued (due), scheduled (not yet due), running, done, failed or cancelled.
+    ``status``: queued (due), scheduled (not yet due), waiting (for its upstream tasks,
+    ``after=``), running, done, failed or cancelled.
     ``value``: the handler's return value as JSON (dicts, lists, numbers, strings), when its
     handler keeps results. ``error``: the last failure (also of a task that was retried and
     is queued again). ``progress``: the last ``ctx.progress()`` the task reported.
@@ -56,7 +57,8 @@ class TaskResult:
     error: TaskError | None
     attempts: int
     progress: Any
-    enqueued_at: dt.datetime
+    #: None only for an upstream task that is gone (done, its row deleted).
+    enqueued_at: dt.datetime | None
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
 
@@ -128,7 +130,20 @@ def unstorable(value: Any, path: str) -> str | None:
     return None
 
 
-_STATUS: dict[int, Status] = {1: "running", 2: "done", 3: "failed", 4: "cancelled"}
+_STATUS: dict[int, Status] = {
+    1: "running", 2: "done", 3: "failed", 4: "cancelled", 5: "waiting",
+}  # fmt: skip
+
+
+def dependency_from_row(row: dict[str, Any]) -> TaskResult:
+    """A ``READ_DEPENDENCIES`` row: an upstream task, or, where its row is gone (done and
+    deleted: its handler keeps no result), a done one with no value."""
+    if row["id"] is None:
+        return TaskResult(
+            id=int(row["after_id"]), name="", status="done", value=None, error=None,
+            attempts=0, progress=None, enqueued_at=None, started_at=None, finished_at=None,
+        )  # fmt: skip
+    return result_from_row(row)
 
 
 def result_from_row(row: dict[str, Any]) -> TaskResult:

@@ -43,6 +43,9 @@ UNHANDLED_BATCH = 1000
 #: Finished tasks kept for their results are purged past their time this often (seconds),
 #: this many per statement (a full batch: the next one at once).
 RESULTS_PURGE_EVERY = 60.0
+#: Waiting tasks (``after=``) whose upstream tasks finished are looked for this often
+#: (seconds); a settle releases its own tasks' dependents at once.
+RELEASE_SWEEP_EVERY = 1.0
 RESULTS_PURGE_BATCH = 1000
 
 
@@ -232,6 +235,7 @@ class Worker:
         side: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("outboxkit-worker:unhandled", lambda: self._fail_unhandled(unhandled_grace)),
             ("outboxkit-worker:results", self._purge_results),
+            ("outboxkit-worker:dependents", self._release_dependents),
         ]
         if tasks.schedules:  # periodic tasks: every worker inserts due slots, one wins each
             schedules = backend.schedules(dsn, tasks.table, pooler=pooler)
@@ -331,6 +335,27 @@ class Worker:
                 delay = RESULTS_PURGE_EVERY
             else:
                 delay = 0.0 if purged >= RESULTS_PURGE_BATCH else RESULTS_PURGE_EVERY
+
+    async def _release_dependents(self) -> None:
+        """Every second, decide waiting tasks whose upstream tasks finished without their
+        settle releasing them (an enqueue that raced the completion, a worker that died
+        between the two statements, a failed or cancelled upstream task)."""
+        stopping = self._loop.stopping
+        delay = RELEASE_SWEEP_EVERY
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                return
+            try:
+                moved = await self.store.release_dependents(None, RESULTS_PURGE_BATCH)
+            except StoreError as exc:
+                log.debug("the release of waiting tasks failed: %s", exc)
+                delay = RELEASE_SWEEP_EVERY
+            else:
+                if moved:
+                    self._loop.wake()
+                delay = 0.0 if moved >= RESULTS_PURGE_BATCH else RELEASE_SWEEP_EVERY
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""

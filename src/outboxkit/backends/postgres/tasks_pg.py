@@ -62,6 +62,8 @@ log = logging.getLogger("outboxkit.worker")
 
 #: The start-up count of pending tasks stops here.
 PENDING_CAP = 100_000
+#: Waiting tasks one release statement decides at most (a settle's, or the sweep's).
+RELEASE_BATCH = 1000
 
 
 def _load_payload(data: bytes | str) -> Any:
@@ -71,6 +73,16 @@ def _load_payload(data: bytes | str) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         return UndecodablePayload(str(exc))
+
+
+def _claimed(row: Sequence[Any]) -> ClaimedTask:
+    """A CLAIM row (its error column last) as a ClaimedTask."""
+    (task_id, name, queue, payload, attempt, max_attempts, key, priority, created_at,
+     spared) = row[:10]  # fmt: skip
+    return ClaimedTask(
+        task_id, name, queue, payload, attempt, max_attempts, key, priority, created_at,
+        spared, has_dependents=bool(row[10]),
+    )  # fmt: skip
 
 
 def _raw_json(data: bytes | str) -> str:
@@ -220,18 +232,30 @@ class PgTaskStore(PgSession):
         rows = [r for r in records if r[0] is not None]
         if not rows:
             return TaskClaimed(None, suspects)
-        dead = [(ClaimedTask(*r[:-1]), "crash_loop", r[-1]) for r in rows if r[-1]]
+        dead = [(_claimed(r), "crash_loop", r[-1]) for r in rows if r[-1]]
         live = sorted((r for r in rows if r[-1] is None), key=lambda r: int(r[0]))
-        claim = Claim(token, [r[0] for r in live], [ClaimedTask(*r[:-1]) for r in live], dead)
+        claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
         return TaskClaimed(claim, suspects)
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         if (
             self.on_settle is None
             and decisions.count(DONE) == len(decisions)
-            and not any(t.completed or t.keep is not None for t in claim.items)
+            and not any(t.completed or t.keep is not None or t.has_dependents for t in claim.items)
         ):
             return await self._settle_done_grouped(claim)
+        settled = await self._settle(claim, decisions)
+        # Their dependents, in a statement of its own (after the settle's commit: of two
+        # upstream tasks finishing at once on two workers, the later release sees both).
+        upstream = [t.id for t in claim.items if t.has_dependents and t.id in set(settled.ids)]
+        if upstream:
+            try:
+                await self.release_dependents(upstream, RELEASE_BATCH)
+            except StoreError as exc:  # settled all the same: the sweep releases them
+                log.debug("releasing the dependents of %s failed: %s", upstream, exc)
+        return settled
+
+    async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         # Tasks completed in their own transaction (ctx.transaction()) are settled already;
         # those that keep their result get it now (it exists once the handler returned).
         settled = [i for i, t in zip(claim.ids, claim.items, strict=True) if t.completed]
@@ -285,7 +309,33 @@ class PgTaskStore(PgSession):
         return await self._count(self.sql.set_progress, (ids, tokens, values), "progress")
 
     async def purge_kept(self, limit: int) -> int:
-        return await self._count(self.sql.purge_kept, (limit,), "purge of kept results")
+        purged = await self._count(self.sql.purge_kept, (limit,), "purge of kept results")
+        await self._count(self.sql.prune_edges, (limit,), "prune of dependency edges")
+        return purged
+
+    async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
+        params = {"ids": None if ids is None else list(ids), "limit": limit,
+                  "channel": self.sql.channel, "results": self.sql.results_channel}  # fmt: skip
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                rows = await self.within(
+                    conn, "release", fetch_rows(conn.cursor(), self.sql.release_dependents, params)
+                )
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        return len(rows)
+
+    def dependencies(self, conn: psycopg.Connection[Any], task_id: int) -> list[dict[str, Any]]:
+        with conn.cursor(row_factory=dict_row) as cur:
+            return list(cur.execute(self.sql.read_dependencies, (task_id,)).fetchall())
+
+    async def adependencies(
+        self, conn: psycopg.AsyncConnection[Any], task_id: int
+    ) -> list[dict[str, Any]]:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self.sql.read_dependencies, (task_id,))
+            return list(await cur.fetchall())
 
     async def _settle_done_grouped(self, claim: Claim[ClaimedTask]) -> Settled:
         """Complete ``claim``'s tasks, grouped with the completions waiting meanwhile: one

@@ -8,6 +8,7 @@ settle are the outbox's (DESIGN.md §3 and §6b); what differs is named where it
 
 from __future__ import annotations
 
+import re
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,8 @@ class TaskStatus(IntEnum):
     DONE = 2
     FAILED = 3
     CANCELLED = 4
+    #: Waiting for its upstream tasks (``after=``); never claimed.
+    WAITING = 5
 
 
 _STATES = {
@@ -51,7 +54,13 @@ _STATES = {
     "done": TaskStatus.DONE,
     "failed": TaskStatus.FAILED,
     "cancelled": TaskStatus.CANCELLED,
+    "waiting": TaskStatus.WAITING,
 }
+
+
+def deps_table_name(name: str) -> str:
+    """The table of a task table's dependency edges: its name with ``_deps``."""
+    return f"{name}_deps"[:63]
 
 
 def queues_table_name(name: str) -> str:
@@ -67,6 +76,9 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "table": table_identifier(schema, name),
         "schedules": table_identifier(schema, SCHEDULES_TABLE),
         "queues": table_identifier(schema, queues_table_name(name)),
+        "deps": table_identifier(schema, deps_table_name(name)),
+        "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
+        "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
         "index_pending": sql.Identifier(f"{name}_claim_idx"[:63]),
         "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
         "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
@@ -201,7 +213,7 @@ WITH seen AS MATERIALIZED (
     WHERE d.id = ANY(ARRAY(SELECT id FROM batch
                            WHERE NOT ambiguous AND charged >= max_attempts))
     RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
-              d.priority, d.created_at, d.spared, d.last_error
+              d.priority, d.created_at, d.spared, d.has_dependents, d.last_error
 ), claimed AS (
     -- (o's columns are the row as the batch locked it: the same lapse rule as `seen`)
     UPDATE {table} AS o
@@ -215,11 +227,11 @@ WITH seen AS MATERIALIZED (
     WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE ambiguous OR charged < max_attempts))
       AND {no_flush_wait}
     RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
-              o.priority, o.created_at, o.spared, NULL::text
+              o.priority, o.created_at, o.spared, o.has_dependents, NULL::text
 )
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM seen WHERE (lapses >= {suspect}) <> %(alone)s)
 """
 # A worker claims only the task names it has handlers for (a rolling deploy's newer names
@@ -363,6 +375,123 @@ DELETE FROM {table} WHERE id = ANY(ARRAY(
     LIMIT %s))
 """
 
+# --- dependencies (enqueue(after=[...])) ---------------------------------------------
+
+# An enqueue with upstream tasks: marks them as having dependents (taking their row locks,
+# so a worker completing one waits for this transaction), refuses an unknown one (the cast
+# fails the statement: nothing is written and the caller's transaction says why), inserts
+# the task waiting unless every upstream task is done already, and its edges. An upstream
+# task that is done and deleted is unknown here: enqueue dependents in the transaction that
+# enqueues their upstream tasks, or give those keep_result (docs/tasks.md).
+ENQUEUE_AFTER = (
+    """WITH up AS MATERIALIZED (
+    UPDATE {table} SET has_dependents = true
+    WHERE id = ANY(%(after)s::bigint[])
+    RETURNING id, status
+), guard AS MATERIALIZED (
+    SELECT CASE WHEN count(*) = cardinality(%(after)s::bigint[]) THEN 0 ELSE
+        ('outboxkit: no upstream task ' || (
+            SELECT string_agg(a::text, ', ') FROM unnest(%(after)s::bigint[]) AS a
+            WHERE a NOT IN (SELECT id FROM up)))::int END AS missing
+    FROM up
+), ins AS (
+    INSERT INTO {table} ("""
+    + _COLUMNS
+    + """, status, after_failure)
+    SELECT v.*, CASE WHEN EXISTS (SELECT 1 FROM up WHERE up.status <> {done})
+                     THEN {waiting} ELSE {pending} END,
+           %(after_failure)s::int2
+    FROM (VALUES ("""
+    + ", ".join(
+        "coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8))"
+        if name == "available_at"
+        else f"%({name})s::{pg_type}"
+        for name, pg_type in ENQUEUE_COLUMNS
+    )
+    + """)) AS v("""
+    + _COLUMNS
+    + """)
+    WHERE (SELECT missing FROM guard) = 0
+      AND (v.key IS NULL
+           OR (SELECT pg_advisory_xact_lock("""
+    + str(_LOCK_NAMESPACE)
+    + """, hashtext(v.key))) IS NOT NULL)
+    ON CONFLICT (unique_key) WHERE status IN ({pending}, {running}) AND unique_key IS NOT NULL
+    DO NOTHING
+    RETURNING id, status, available_at
+), edges AS (
+    INSERT INTO {deps} (task_id, after_id) SELECT ins.id, up.id FROM ins, up
+)
+SELECT CASE WHEN count(CASE WHEN status = {pending} AND available_at <= now() AND """
+    + WAKE_GATE
+    + """
+                            THEN pg_notify(%(channel)s, '') END) >= 0
+            THEN max(id) END
+FROM ins"""
+)
+# The dependents of the given upstream tasks (NULL: every waiting task, the sweep) whose
+# fate is decided: every upstream task finished (done, or deleted when done) makes one
+# pending; a failed or cancelled upstream task cancels one whose after_failure is 0 (with
+# a reason naming it) and counts as finished for one that runs anyway. Run right after a
+# settle that finished tasks with dependents (a new statement: it sees every commit before
+# it, so of two upstream tasks finishing at once the later release sees both), and by
+# each worker's sweep (an enqueue racing its upstream's completion). Locked in id order,
+# waiting for a concurrent release, so exactly one moves each task.
+RELEASE_DEPENDENTS = """
+WITH cand AS MATERIALIZED (
+    SELECT t.id FROM {table} AS t
+    WHERE t.status = {waiting}
+      AND (%(ids)s::bigint[] IS NULL
+           OR t.id IN (SELECT d.task_id FROM {deps} AS d WHERE d.after_id = ANY(%(ids)s)))
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t
+), state AS (
+    SELECT c.id,
+           count(u.id) FILTER (WHERE u.status IN ({pending}, {running}, {waiting})) AS live,
+           min(d.after_id) FILTER (WHERE u.status IN ({failed}, {cancelled})) AS bad
+    FROM cand AS c
+    JOIN {deps} AS d ON d.task_id = c.id
+    LEFT JOIN {table} AS u ON u.id = d.after_id
+    GROUP BY c.id
+), moved AS (
+    UPDATE {table} AS t
+    SET status = CASE WHEN s.bad IS NOT NULL AND t.after_failure = 0 THEN {cancelled}
+                      ELSE {pending} END,
+        finished_at = CASE WHEN s.bad IS NOT NULL AND t.after_failure = 0 THEN now() END,
+        error_type = CASE WHEN s.bad IS NOT NULL AND t.after_failure = 0
+                          THEN 'UpstreamFailed' END,
+        last_error = CASE WHEN s.bad IS NOT NULL AND t.after_failure = 0
+                          THEN 'upstream task ' || s.bad || ' failed or was cancelled, so this'
+                               || ' task was cancelled (after_failure="cancel")' END
+    FROM state AS s
+    WHERE t.id = s.id AND t.status = {waiting}
+      AND ((s.bad IS NOT NULL AND t.after_failure = 0) OR s.live = 0)
+    RETURNING t.id, t.status
+)
+SELECT id, status,
+       CASE WHEN status = {pending} THEN pg_notify(%(channel)s, '') END,
+       CASE WHEN status = {cancelled} THEN pg_notify(%(results)s, id::text) END
+FROM moved
+"""
+# ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
+# upstream task whose row was deleted comes back as its id alone).
+READ_DEPENDENCIES = """
+SELECT d.after_id, u.id, u.task_name, u.status, u.available_at > now() AS later, u.result,
+       u.last_error, u.error_type, u.traceback_excerpt, u.attempts, u.progress, u.created_at,
+       u.started_at, u.finished_at
+FROM {deps} AS d LEFT JOIN {table} AS u ON u.id = d.after_id
+WHERE d.task_id = %s
+ORDER BY d.after_id
+"""
+# Edges of tasks that are gone (done and deleted, purged, discarded), a batch at a time.
+PRUNE_EDGES = """
+DELETE FROM {deps} WHERE task_id = ANY(ARRAY(
+    SELECT DISTINCT d.task_id FROM {deps} AS d
+    WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = d.task_id)
+    LIMIT %s))
+"""
+
 # At shutdown: tasks not finished go back at once, their attempt refunded.
 RELEASE = """
 UPDATE {table}
@@ -402,7 +531,8 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 # At start: the columns and tables of the latest schema version are there (an older table
 # fails here, naming what is missing, instead of at the first claim).
 CHECK_COLUMNS = """
-SELECT lapses, spared, result, progress, keep_until, (SELECT 1 FROM {queues} LIMIT 0)
+SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure,
+       (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0)
 FROM {table} LIMIT 0
 """
 
@@ -528,7 +658,13 @@ LIST_TASKS = (
 ORDER BY id LIMIT %(limit)s
 """
 )
-SHOW_TASK = "SELECT *, payload::text AS payload_json FROM {table} WHERE id = %s"
+SHOW_TASK = """
+SELECT t.*, t.payload::text AS payload_json,
+       ARRAY(SELECT after_id FROM {deps} WHERE task_id = t.id ORDER BY 1) AS upstream,
+       ARRAY(SELECT task_id FROM {deps} WHERE after_id = t.id ORDER BY 1 LIMIT 1000)
+           AS downstream
+FROM {table} AS t WHERE t.id = %s
+"""
 # A failed or cancelled task runs again from its first attempt (its history is cleared).
 # A failed task whose unique_key a live task holds now (or a newer failed one of the same
 # key, replayed with it) is left failed and reported: replaying it would break the partial
@@ -564,7 +700,7 @@ CANCEL_TASKS = """
 WITH cancelled AS (
     UPDATE {table}
     SET status = {cancelled}, finished_at = now(), claim_token = NULL
-    WHERE id = ANY(%s) AND status IN ({pending}, {running})
+    WHERE id = ANY(%s) AND status IN ({pending}, {running}, {waiting})
     RETURNING id
 )
 SELECT id, pg_notify({results_channel}, id::text) FROM cancelled
@@ -581,6 +717,18 @@ DELETE FROM {table} WHERE id = ANY(ARRAY(
 DISCARD_TASKS = """
 DELETE FROM {table} WHERE id = ANY(%s) AND status IN ({failed}, {cancelled}) RETURNING id
 """
+
+
+def positional(statement: str) -> tuple[str, tuple[str, ...]]:
+    """A statement with ``%(name)s`` parameters as ``%s`` ones, and the names in their order
+    (the driver adapters take a sequence; a name may repeat)."""
+    names: list[str] = []
+
+    def one(match: re.Match[str]) -> str:
+        names.append(match.group(1))
+        return "%s"
+
+    return re.sub(r"%\((\w+)\)s", one, statement), tuple(names)
 
 
 def done_arrays(claims: Iterable[tuple[Sequence[int], uuid.UUID]]) -> tuple[str, str]:
@@ -602,6 +750,7 @@ class TaskStatements:
         self.qualified = quote_table(schema, name)
         self.schedules = quote_table(schema, SCHEDULES_TABLE)
         self.queues_table = quote_table(schema, queues_table_name(name))
+        self.deps_table = quote_table(schema, deps_table_name(name))
         self.channel = channel_for(f"tasks.{table}")
         #: Finished tasks that keep results notify their ids here (Tasks.wait listens).
         self.results_channel = channel_for(f"results.{table}")
@@ -609,6 +758,7 @@ class TaskStatements:
             "table": self.qualified,
             "schedules": self.schedules,
             "queues": self.queues_table,
+            "deps": self.deps_table,
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
@@ -635,6 +785,11 @@ class TaskStatements:
         self.set_progress = SET_PROGRESS.format(**slots)
         self.read_result = READ_RESULT.format(**slots)
         self.purge_kept = PURGE_KEPT.format(**slots)
+        self.enqueue_after, self.enqueue_after_names = positional(ENQUEUE_AFTER.format(**slots))
+        self.enqueue_after_dollar = numbered(self.enqueue_after)
+        self.release_dependents = RELEASE_DEPENDENTS.format(**slots)
+        self.read_dependencies = READ_DEPENDENCIES.format(**slots)
+        self.prune_edges = PRUNE_EDGES.format(**slots)
         self.release = RELEASE.format(**slots)
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)

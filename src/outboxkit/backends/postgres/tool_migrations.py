@@ -58,6 +58,11 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
         "ALTER TABLE {table} DROP COLUMN IF EXISTS lapses, DROP COLUMN IF EXISTS spared",
     ),
     ("tasks", 3): ("DROP TABLE IF EXISTS {queues}",),
+    ("tasks", 5): (
+        "DROP TABLE IF EXISTS {deps}",
+        "ALTER TABLE {table} DROP COLUMN IF EXISTS has_dependents,"
+        " DROP COLUMN IF EXISTS after_failure",
+    ),
     ("tasks", 4): (
         "ALTER TABLE {table} DROP COLUMN IF EXISTS result, DROP COLUMN IF EXISTS progress,"
         " DROP COLUMN IF EXISTS keep_until",

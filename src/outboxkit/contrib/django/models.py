@@ -80,6 +80,10 @@ class Task(models.Model):
     progress = models.JSONField(null=True)
     #: When a finished task kept for its result may be purged.
     keep_until = models.DateTimeField(null=True)
+    #: Tasks wait for this one (``after=``): its settle releases them.
+    has_dependents = models.BooleanField(default=False)
+    #: What a failed upstream task does to this one: 0 cancel, 1 run anyway (None: none).
+    after_failure = models.SmallIntegerField(null=True)
 
     class Meta:
         managed = False

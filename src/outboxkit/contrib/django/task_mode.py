@@ -124,7 +124,8 @@ class DjangoTasks:
         conn = atomic_connection(using, "enqueue a task")
         call = Enqueued(name, payload, options)
         _check(tasks, call)
-        if conf.get().WRITE_WITH_COMMIT and deferred.defers(conn):
+        # after= checks its upstream tasks in its own statement: written at once.
+        if conf.get().WRITE_WITH_COMMIT and deferred.defers(conn) and "after" not in options:
             assert self._writer is not None
             deferred.queue_calls(conn, self._writer, [call])
             return None

@@ -22,7 +22,7 @@ from outboxkit.ops.cli.options import (
 )
 from outboxkit.ops.cli.output import console, fail, jsonable, ok
 
-_STATES = ("pending", "running", "done", "failed", "cancelled")
+_STATES = ("pending", "waiting", "running", "done", "failed", "cancelled")
 
 tasks_table = tasks_table_option()
 

@@ -34,6 +34,7 @@ from outboxkit.tasks.unsupported import missing
 STATES: dict[str, tuple[TaskStatus | None, bool | None]] = {
     "queued": (TaskStatus.PENDING, True),
     "scheduled": (TaskStatus.PENDING, False),
+    "waiting": (TaskStatus.WAITING, None),  # for its upstream tasks (after=)
     "running": (TaskStatus.RUNNING, None),
     "failed": (TaskStatus.FAILED, None),
     "cancelled": (TaskStatus.CANCELLED, None),
@@ -93,6 +94,8 @@ def _detail(row: dict[str, Any]) -> dict[str, Any]:
         result_truncated=value_truncated,
         progress=row.get("progress"),
         kept_until=row.get("keep_until"),
+        upstream=list(row.get("upstream") or []),
+        downstream=list(row.get("downstream") or []),
     )
     return shown
 

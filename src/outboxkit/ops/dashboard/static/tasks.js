@@ -7,6 +7,7 @@
 const ACTIONS = {
   queued: ["cancel"],
   scheduled: ["cancel"],
+  waiting: ["cancel"],
   running: ["cancel"],
   failed: ["replay", "discard"],
   cancelled: ["replay", "discard"],
@@ -116,6 +117,8 @@ async function showTask(id) {
       ["last worker", t.state === "running" ? null : t.claimed_by],
       ["created", when(t.created_at)], ["started", when(t.started_at)], ["finished", when(t.finished_at)],
       ["progress", t.progress], ["result kept until", t.kept_until ? when(t.kept_until) : null],
+      ["waits for (upstream)", t.upstream.length ? t.upstream.join(", ") : null],
+      ["waited for by (downstream)", t.downstream.length ? t.downstream.join(", ") : null],
     ];
     kvRows($("detail-fields").tBodies[0], fields);
     $("detail-actions").replaceChildren(...actionButtons(t).flatMap((b) => [b, " "]));

@@ -1,0 +1,17 @@
+-- Task table version 5: dependencies (`enqueue(after=[...])`, docs/tasks.md "Dependencies
+-- and fan-in"). A task with upstream tasks waits in status {waiting} (outside the claim
+-- index, so 100 000 of them cost the claim nothing) until every upstream task is done; its
+-- edges are rows of {deps}. `has_dependents` tells a worker that settles a task to release
+-- its dependents right after; `after_failure` says what a failed or cancelled upstream task
+-- does to the dependent (0: cancel it, 1: run it anyway; NULL: no upstream).
+-- No foreign keys: a done upstream task is deleted (its dependents count it done).
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS has_dependents boolean NOT NULL DEFAULT false;
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS after_failure smallint;
+CREATE TABLE IF NOT EXISTS {deps} (
+    task_id  bigint NOT NULL,
+    after_id bigint NOT NULL,
+    PRIMARY KEY (task_id, after_id)
+);
+CREATE INDEX IF NOT EXISTS {index_deps_after} ON {deps} (after_id);
+CREATE INDEX IF NOT EXISTS {index_waiting} ON {table} (id) WHERE status = {waiting};
