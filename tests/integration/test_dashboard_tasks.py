@@ -413,6 +413,8 @@ async def test_a_kept_result_and_progress_show_in_the_api_and_the_page(tasks_dsn
         return {"rows": 3, "note": "<b>bold</b>"}
 
     task = _enqueue(tasks_dsn, tasks, "report", {"id": 1})
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():  # waits for it, never runs
+        waiting = tasks.enqueue(conn, "report", {"id": 2}, after=[task], delay=3600)
     async with running_worker(tasks, tasks_dsn, ["default"]):
         await wait_for(
             lambda: (r := tasks.result(tasks_dsn, task)) is not None and r.finished,
@@ -424,6 +426,7 @@ async def test_a_kept_result_and_progress_show_in_the_api_and_the_page(tasks_dsn
         assert body["state"] == "done" and body["kept_until"] is not None
         assert json.loads(body["result"]) == {"rows": 3, "note": "<b>bold</b>"}
         assert json.loads(body["progress"]) == {"done": 3, "of": 3}
+        assert body["upstream"] == [] and body["downstream"] == [waiting]
         page = await browser.new_page(viewport={"width": 1400, "height": 1100})
         await page.goto(url + "/tasks")
         await page.select_option("#filter-state", "done")
@@ -435,3 +438,4 @@ async def test_a_kept_result_and_progress_show_in_the_api_and_the_page(tasks_dsn
             "#detail-fields tbody tr", "rows => rows.map(r => r.cells[0].textContent)"
         )
         assert "progress" in fields and "result kept until" in fields
+        assert "waited for by (downstream)" in fields

@@ -110,3 +110,30 @@ def effect(payload: dict[str, int], ctx: TaskContext) -> None:
     time.sleep(payload.get("ms", 20) / 1000)
     with ctx.transaction() as conn:
         conn.execute("INSERT INTO effects VALUES (%s, %s)", (ctx.id, ctx.attempt))
+
+
+FANIN_DDL = (
+    "CREATE TABLE IF NOT EXISTS fanin_runs (task_id bigint, attempt int, kind text,"
+    " at timestamptz DEFAULT clock_timestamp(), seen int)"
+)
+
+
+@tasks.handler("fanin.child", keep_result=True)
+async def fanin_child(payload: dict[str, int], ctx: TaskContext) -> dict[str, int]:
+    """A child of a fan-in: works a little, returns its number (kept for the callback)."""
+    await asyncio.sleep(payload.get("sleep_ms", 20) / 1000)
+    return {"n": payload["n"], "square": payload["n"] ** 2}
+
+
+@tasks.handler("fanin.callback", keep_result=True)
+def fanin_callback(payload: None, ctx: TaskContext) -> int:
+    """The fan-in's callback: reads its children's results and records the run with how
+    many it saw done, in its own fenced transaction (a zombie's run never lands)."""
+    children = ctx.dependencies()
+    done = [c for c in children if c.status == "done" and c.value is not None]
+    with ctx.transaction() as conn:
+        conn.execute(
+            "INSERT INTO fanin_runs (task_id, attempt, kind, seen) VALUES (%s, %s, 'callback', %s)",
+            (ctx.id, ctx.attempt, len(done)),
+        )
+    return sum(c.value["n"] for c in done)
