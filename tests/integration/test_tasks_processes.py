@@ -450,3 +450,35 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_frozen_workers_result_and_progress_never_land_over_the_live_attempts(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        task_id = tasks.enqueue(conn, "zombie.result")
+    assert task_id is not None
+    first = spawn_worker(tasks_dsn, "--lease", "1")
+    second = None
+    try:
+        wait_for(lambda: len(runs(tasks_dsn)) == 1)
+        first.send_signal(signal.SIGSTOP)  # frozen mid-handler, past its lease
+        second = spawn_worker(tasks_dsn, "--lease", "1")
+        wait_for(lambda: len(runs(tasks_dsn)) == 2)
+        first.send_signal(signal.SIGCONT)  # the zombie wakes while attempt 2 runs
+        result = tasks.wait(tasks_dsn, task_id, timeout=30)
+        time.sleep(1.5)  # the zombie's late progress and settle, had they landed
+        result = tasks.result(tasks_dsn, task_id)  # type: ignore[assignment]
+    finally:
+        for worker in (first, second):
+            if worker is not None and worker.poll() is None:
+                worker.send_signal(signal.SIGCONT)
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(15)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+    assert result is not None and result.status == "done"
+    assert result.value == {"attempt": 2}
+    assert result.progress == {"attempt": 2, "final": 1}
+    assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]

@@ -137,3 +137,16 @@ def fanin_callback(payload: None, ctx: TaskContext) -> int:
             (ctx.id, ctx.attempt, len(done)),
         )
     return sum(c.value["n"] for c in done)
+
+
+@tasks.handler("zombie.result", keep_result=True)
+def zombie_result(payload: None, ctx: TaskContext) -> dict[str, int]:
+    """Reports progress and returns its attempt; the first attempt dawdles (the test freezes
+    its worker with SIGSTOP past the lease, and thaws it while another attempt runs)."""
+    import time
+
+    _record(ctx)
+    ctx.progress({"attempt": ctx.attempt})
+    time.sleep(3 if ctx.attempt == 1 else 1.5)
+    ctx.progress({"attempt": ctx.attempt, "final": 1})
+    return {"attempt": ctx.attempt}
