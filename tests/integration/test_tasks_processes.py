@@ -482,3 +482,58 @@ def test_a_frozen_workers_result_and_progress_never_land_over_the_live_attempts(
     assert result.value == {"attempt": 2}
     assert result.progress == {"attempt": 2, "final": 1}
     assert [attempt for _id, attempt in runs(tasks_dsn)] == [1, 2]
+
+
+def _states(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT status, attempts, count(*) FROM outboxkit_tasks GROUP BY 1, 2"
+        ).fetchall()
+    return {f"{status}/{attempts}": int(n) for status, attempts, n in rows}
+
+
+def test_prefetched_tasks_go_back_at_once_on_sigterm_and_after_the_lease_on_sigkill(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(40):
+            tasks.enqueue(conn, "sleep", {"seconds": 0.4})
+
+    def running() -> int:
+        with psycopg.connect(tasks_dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM outboxkit_tasks WHERE status = 1").fetchone()
+        return int(row[0]) if row else 0
+
+    # 2 slots; once tasks have run, a claim takes more than the free slots (the local queue).
+    worker = spawn_worker(tasks_dsn, "--concurrency", "2", "--lease", "4")
+    try:
+        wait_for(lambda: running() > 2)  # claimed beyond the 2 slots: prefetched
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    states = _states(tasks_dsn)
+    assert not any(k.startswith("1/") for k in states), states  # nothing left running
+    assert set(states) == {"0/0"}, states  # handed back, the attempt refunded
+    started = {task_id for task_id, _attempt in runs(tasks_dsn)}
+    assert states["0/0"] == 40 - len(started)  # what started finished; the rest wait
+
+    killed = spawn_worker(tasks_dsn, "--concurrency", "2", "--lease", "2")
+    try:
+        wait_for(lambda: running() > 2)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    held = running()
+    assert held > 2  # the prefetched are leased to a dead worker...
+    after = spawn_worker(tasks_dsn, "--concurrency", "8", "--lease", "2")
+    try:
+        wait_for(lambda: _states(tasks_dsn) == {}, timeout=60)  # ...claimable after the lease
+    finally:
+        after.send_signal(signal.SIGTERM)
+        assert after.wait(15) == 0
+    assert {task_id for task_id, _attempt in runs(tasks_dsn)} >= started
+    assert len({task_id for task_id, _attempt in runs(tasks_dsn)}) == 40

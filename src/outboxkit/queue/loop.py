@@ -194,6 +194,11 @@ class LoopOptions:
     #: slow item never holds a fast one's settle). A claim then takes up to as many items as
     #: slots are free (at most ``batch_size``): one statement claims several.
     split: bool = False
+    #: Split mode: a claim may take up to this many items beyond the free slots; they wait
+    #: in the claim loop for a slot (a local queue, as graphile-worker's ``localQueue``), so
+    #: one statement claims a batch even while every slot is busy. Bounded by the lease:
+    #: the last one waits about prefetch x run time / slots, kept under a quarter of it.
+    prefetch: int = 0
     #: The first wait when the wake-up gate cannot be closed because a writer holds it open
     #: (between its INSERT and its COMMIT, usually a round trip): doubled up to 100 ms.
     gate_retry: float = _GATE_RETRY[0]
@@ -251,6 +256,8 @@ class ClaimLoop(Generic[T, R]):
         self._gate_retry = options.gate_retry
         self._slots = asyncio.Semaphore(options.max_in_flight)
         self._limit = options.batch_size  # the last claim's limit
+        #: Split mode: an item's run time, smoothed (None: none ran yet), for the prefetch.
+        self._run_time: float | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         # A store that fails (queue/faults.py): retried with backoff, an outage one episode.
         self._errors = DatabaseErrors(observer, self.log, self._sleep)
@@ -372,8 +379,12 @@ class ClaimLoop(Generic[T, R]):
                 continue
             if self.options.split and len(claim.ids) > 1:
                 for n, (item_id, item) in enumerate(zip(claim.ids, claim.items, strict=True)):
-                    if n:
-                        await self._slots.acquire()  # free: counted before the claim
+                    # Free for those counted before the claim; the prefetched wait their turn.
+                    if n and not await self._acquire_slot():
+                        # Stopping: what has not started goes back at once, refunded.
+                        rest: Claim[T] = Claim(claim.token, claim.ids[n:], claim.items[n:])
+                        await asyncio.shield(self._release(rest))
+                        break
                     part: Claim[T] = Claim(claim.token, [item_id], [item])
                     part.claimed_at = claim.claimed_at
                     self._start(part)
@@ -426,7 +437,8 @@ class ClaimLoop(Generic[T, R]):
         token = uuid.uuid4()
         limit = options.batch_size
         if options.split:  # every in-flight claim holds a slot; this one holds one too
-            limit = max(1, min(limit, options.max_in_flight - len(self._in_flight)))
+            free = options.max_in_flight - len(self._in_flight)
+            limit = max(1, min(limit, free + self._prefetch()))
         self._limit = limit
         policy: ClaimPolicy = None
         if self.ordering is not None:
@@ -452,6 +464,15 @@ class ClaimLoop(Generic[T, R]):
             if not claim.ids:
                 return None
         return claim
+
+    def _prefetch(self) -> int:
+        """How many items a split claim may take beyond the free slots now: none until items
+        have run, then as many as wait less than a quarter of the lease for a slot."""
+        cap, run_time = self.options.prefetch, self._run_time
+        if not cap or run_time is None:
+            return 0
+        budget = self.options.lease / 4 * self.options.max_in_flight / max(run_time, 1e-6)
+        return max(0, min(cap, int(budget)))
 
     async def _wait_for_work(self) -> None:
         if self._wake.is_set() or self.stopping.is_set():
@@ -507,7 +528,11 @@ class ClaimLoop(Generic[T, R]):
             with self.observer.processing(items):
                 started = time.perf_counter()
                 outcomes = await self._run_sink(claim)
-                self.observer.processed(items, outcomes, time.perf_counter() - started)
+                seconds = time.perf_counter() - started
+                self.observer.processed(items, outcomes, seconds)
+            if self.options.prefetch:
+                last = self._run_time
+                self._run_time = seconds if last is None else 0.8 * last + 0.2 * seconds
             await self._settle(claim, outcomes)
         except StoreError as exc:
             # Not a lost connection (those are retried): the statement itself failed.

@@ -252,7 +252,7 @@ class MemoryTaskStore:
             live.append(self._claimed(row))
         if not live and not dead:
             return TaskClaimed(None, suspects)
-        live.sort(key=lambda t: t.id)
+        live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
         return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects)
 
     @staticmethod

@@ -63,6 +63,8 @@ class ProgressWriter:
         #: threads are handed to it.
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, tuple[uuid.UUID, str]] = {}
+        #: What the flush in progress writes (a settle racing it writes the value too).
+        self._writing: dict[int, tuple[uuid.UUID, str]] = {}
         self._lock = threading.Lock()
         self._scheduled = False
         self._task: asyncio.Task[None] | None = None
@@ -88,7 +90,7 @@ class ProgressWriter:
     def take(self, task_id: int) -> str | None:
         """The task's last value not written yet (it goes with the task's completion)."""
         with self._lock:
-            pending = self._pending.pop(task_id, None)
+            pending = self._pending.pop(task_id, None) or self._writing.get(task_id)
         return None if pending is None else pending[1]
 
     def _start(self) -> None:
@@ -99,6 +101,7 @@ class ProgressWriter:
         while True:
             with self._lock:
                 batch, self._pending = self._pending, {}
+                self._writing = batch
                 if not batch:
                     self._scheduled = False
                     return
@@ -106,6 +109,9 @@ class ProgressWriter:
                 await self.store.progress([(i, t, v) for i, (t, v) in batch.items()])
             except StoreError as exc:
                 log.debug("progress of %d task(s) not written: %s", len(batch), exc)
+            finally:
+                with self._lock:
+                    self._writing = {}
             await asyncio.sleep(self.interval)
 
     def close(self) -> None:

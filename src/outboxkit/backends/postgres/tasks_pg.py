@@ -233,7 +233,9 @@ class PgTaskStore(PgSession):
         if not rows:
             return TaskClaimed(None, suspects)
         dead = [(_claimed(r), "crash_loop", r[-1]) for r in rows if r[-1]]
-        live = sorted((r for r in rows if r[-1] is None), key=lambda r: int(r[0]))
+        # Highest priority first, then by id: the order a worker starts them in (a claim
+        # may take more than its free slots: the rest wait their turn in this order).
+        live = sorted((r for r in rows if r[-1] is None), key=lambda r: (-int(r[7]), int(r[0])))
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
         return TaskClaimed(claim, suspects)
 
