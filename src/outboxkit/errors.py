@@ -479,6 +479,11 @@ class LeaseLost(OutboxkitError):
     ran out): the whole transaction was rolled back, so none of its writes landed."""
 
 
+class ResultError(OutboxkitError, ValueError):
+    """A task handler's return value that cannot be stored as its result (not JSON, holds
+    NaN or a NUL, or is over the size limit): the attempt fails with this error."""
+
+
 class TaskNotFound(OutboxkitError, LookupError):
     """``Tasks.wait()`` found no such task: never enqueued, or finished and deleted (its
     handler keeps no result) or discarded."""

@@ -27,6 +27,8 @@ RELEASED = {
     "tasks/0001_tasks.sql": "547b007e54742f37",
     "tasks/0002_lapses.sql": "e6ba0083b4ed2b90",
     "tasks/0003_queues.sql": "1aaf8dc40731e14f",
+    "tasks/0004_results.sql": "e6e4f41ddece4484",
+    "tasks/0005_dependencies.sql": "cd35e00dc747a2b7",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import orjson
 
+from outboxkit.errors import ResultError
+
 __all__ = ["MAX_RESULT_BYTES", "ResultError", "TaskError", "TaskResult", "encode_result"]
 
 #: A result's JSON text may not be larger (as a payload's: a table row, not a blob store).
@@ -24,10 +26,6 @@ MAX_RESULT_BYTES = 1024 * 1024
 Status = Literal["queued", "scheduled", "waiting", "running", "done", "failed", "cancelled"]
 #: The states a task does not leave by itself.
 FINISHED: frozenset[str] = frozenset(("done", "failed", "cancelled"))
-
-
-class ResultError(ValueError):
-    """A handler's return value that cannot be stored (not JSON, too large)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -440,7 +440,7 @@ FROM ins"""
 RELEASE_DEPENDENTS = """
 WITH cand AS MATERIALIZED (
     SELECT t.id FROM {table} AS t
-    WHERE t.status = {waiting}
+    WHERE t.status = {waiting} AND t.after_failure IS NOT NULL  -- (the waiting index)
       AND (%(ids)s::bigint[] IS NULL
            OR t.id IN (SELECT d.task_id FROM {deps} AS d WHERE d.after_id = ANY(%(ids)s)))
     ORDER BY t.id

@@ -82,7 +82,16 @@ def _freeze_start_up_heap() -> None:
     "--batch-size",
     type=click.IntRange(min=1, max=10_000),
     default=None,
-    help="Tasks per claim, run at once and settled together (short tasks) [default: 1].",
+    help="Tasks per claim, run at once and settled together (short tasks) [default: 1: each"
+    " task runs and settles on its own, claims batched by --prefetch].",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0, max=10_000),
+    default=None,
+    help="Tasks a claim may take beyond the free slots, waiting their turn here (never more"
+    " than would wait over a quarter of --lease); 0: claim only for free slots"
+    " [default: 10 per --concurrency slot, at most 500].",
 )
 @click.option(
     "--queue",
@@ -154,6 +163,7 @@ def worker(
     app_spec: str,
     concurrency: int | None,
     batch_size: int | None,
+    prefetch: int | None,
     queues: tuple[str, ...],
     lease: float | None,
     shutdown_timeout: float | None,
@@ -188,6 +198,7 @@ def worker(
     options = given(
         concurrency=concurrency,
         batch_size=batch_size,
+        prefetch=prefetch,
         lease=lease,
         shutdown_timeout=shutdown_timeout,
         poll_interval=poll_interval,

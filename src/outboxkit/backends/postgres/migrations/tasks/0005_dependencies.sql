@@ -3,7 +3,9 @@
 -- index, so 100 000 of them cost the claim nothing) until every upstream task is done; its
 -- edges are rows of {deps}. `has_dependents` tells a worker that settles a task to release
 -- its dependents right after; `after_failure` says what a failed or cancelled upstream task
--- does to the dependent (0: cancel it, 1: run it anyway; NULL: no upstream).
+-- does to the dependent (0: cancel it, 1: run it anyway; NULL: no upstream). The waiting
+-- tasks' index names after_failure (every waiting task has it), so that dropping the
+-- column drops the index too.
 -- No foreign keys: a done upstream task is deleted (its dependents count it done).
 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS has_dependents boolean NOT NULL DEFAULT false;
@@ -14,4 +16,5 @@ CREATE TABLE IF NOT EXISTS {deps} (
     PRIMARY KEY (task_id, after_id)
 );
 CREATE INDEX IF NOT EXISTS {index_deps_after} ON {deps} (after_id);
-CREATE INDEX IF NOT EXISTS {index_waiting} ON {table} (id) WHERE status = {waiting};
+CREATE INDEX IF NOT EXISTS {index_waiting} ON {table} (id)
+    WHERE status = {waiting} AND after_failure IS NOT NULL;
