@@ -3,11 +3,10 @@ payload: mypy (strict) catches a wrong payload or a misspelt option at the call 
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 SNIPPET = textwrap.dedent(
     """
