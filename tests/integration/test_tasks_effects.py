@@ -272,6 +272,45 @@ def test_lifecycle_events_are_written_with_each_state_change(tasks_dsn: str) -> 
     ]
 
 
+def test_the_crash_loop_guards_dead_letter_emits_its_lifecycle_event_in_the_claim(
+    tasks_dsn: str,
+) -> None:
+    from outboxkit.tasks.lifecycle import LifecycleEvents
+
+    tasks = Tasks()
+    tasks.handler("poison", events="task-events", max_attempts=1)(lambda payload: None)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        task_id = tasks.enqueue(conn, "poison")
+        # Its last claim ran it alone and its worker died (a suspect past max_attempts).
+        conn.execute(
+            f"UPDATE {TABLE} SET status = 1, attempts = 1, lapses = 2,"
+            " available_at = now() - interval '1 s' WHERE id = %s",
+            (task_id,),
+        )
+
+    async def run() -> Any:
+        store = PgTaskStore(tasks_dsn, TABLE, on_settle=LifecycleEvents(tasks, Outbox()))
+        try:
+            return await store.claim_tasks(TaskClaim("default", alone=True), limit=1, lease=30,
+                                           token=uuid.uuid4(), owner="t", max_attempts=1)  # fmt: skip
+        finally:
+            await store.close()
+
+    got = asyncio.run(run())
+    assert got.claim is not None and got.claim.ids == [] and len(got.claim.dead) == 1
+    with psycopg.connect(tasks_dsn) as conn:
+        state = conn.execute(f"SELECT status, error_type FROM {TABLE}").fetchall()
+        events = conn.execute(
+            "SELECT event_type, payload FROM outbox WHERE topic = 'task-events'"
+        ).fetchall()
+    assert state == [(3, "CrashLoop")]
+    import json
+
+    assert [(t, json.loads(p)["error_type"]) for t, p in events] == [
+        ("task.dead_lettered", "CrashLoop")
+    ]
+
+
 def test_sqlalchemy_sessions_enqueue_in_their_transaction(tasks_dsn: str) -> None:
     import sqlalchemy
     from sqlalchemy.ext.asyncio import create_async_engine

@@ -48,6 +48,7 @@ from outboxkit.queue.store import (
     StoreError,
     StoreInfo,
     StoreUnavailable,
+    Verdict,
 )
 from outboxkit.queue.tasks import (
     ClaimedTask,
@@ -221,9 +222,12 @@ class PgTaskStore(PgSession):
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
             conn = await self._connection("claim")
-            records = await self.within(
-                conn, "claim", fetch_rows(conn.cursor(), self.sql.claim, params)
+            claiming = (
+                fetch_rows(conn.cursor(), self.sql.claim, params)
+                if self.on_settle is None
+                else self._claim_with_events(conn, params)
             )
+            records = await self.within(conn, "claim", claiming)
         except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn) as exc:
             raise self._missing(exc) from None
         except psycopg.Error as exc:
@@ -238,6 +242,23 @@ class PgTaskStore(PgSession):
         live = sorted((r for r in rows if r[-1] is None), key=lambda r: (-int(r[7]), int(r[0])))
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
         return TaskClaimed(claim, suspects)
+
+    async def _claim_with_events(
+        self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]
+    ) -> list[Any]:
+        """The claim and the lifecycle events of what its crash-loop guard dead-lettered, in
+        one transaction (the dead letters and their events commit together or not at all)."""
+        assert self.on_settle is not None
+        async with conn.transaction():
+            records = await fetch_rows(conn.cursor(), self.sql.claim, params)
+            dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
+            if dead:
+                for task, _error in dead:
+                    task.error_type = "CrashLoop"
+                extra = self.on_settle([(t, Decision(Verdict.DEAD, error=e)) for t, e in dead])
+                if extra is not None:
+                    await conn.execute(extra[0], extra[1])
+        return records
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         if (
