@@ -291,8 +291,10 @@ def test_the_crash_loop_guards_dead_letter_emits_its_lifecycle_event_in_the_clai
     async def run() -> Any:
         store = PgTaskStore(tasks_dsn, TABLE, on_settle=LifecycleEvents(tasks, Outbox()))
         try:
-            return await store.claim_tasks(TaskClaim("default", alone=True), limit=1, lease=30,
-                                           token=uuid.uuid4(), owner="t", max_attempts=1)  # fmt: skip
+            what = TaskClaim("default", alone=True)
+            return await store.claim_tasks(
+                what, limit=1, lease=30, token=uuid.uuid4(), owner="t", max_attempts=1
+            )
         finally:
             await store.close()
 
