@@ -161,3 +161,47 @@ def consumer_span(
         name, context=parent, kind=otel.trace.SpanKind.CONSUMER, attributes=dict(attributes or {})
     ) as span:
         yield span
+
+
+def task_span_wanted() -> bool:
+    """Whether a task's run gets a span: opentelemetry installed and an SDK configured (a
+    non-recording span per task would cost the worker for nothing)."""
+    otel = _load()
+    return otel is not None and not isinstance(otel.trace.get_tracer_provider(), otel.no_sdk)
+
+
+@contextlib.contextmanager
+def task_span(name: str, traceparent: str | None, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """A CONSUMER span around one task's run, linked to the trace active at its enqueue
+    (``traceparent``); current while the handler runs, so its own spans are children."""
+    otel = _load()
+    if otel is None:
+        yield None
+        return
+    links = []
+    if traceparent:
+        linked = otel.trace.get_current_span(
+            otel.propagator.extract({"traceparent": traceparent})
+        ).get_span_context()
+        if linked.is_valid:
+            links.append(otel.trace.Link(linked))
+    tracer = otel.trace.get_tracer(_TRACER)
+    with tracer.start_as_current_span(
+        f"outboxkit task {name}",
+        kind=otel.trace.SpanKind.CONSUMER,
+        attributes=dict(attributes),
+        links=links,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def task_outcome(span: Any, ok: bool, error: str | None) -> None:
+    """Mark a task span with the run's outcome."""
+    otel = _load()
+    if otel is None or span is None or not span.is_recording():
+        return
+    span.set_attribute("outboxkit.task.ok", ok)
+    if not ok and error is not None:  # (a snooze is not ok, and no error)
+        span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR, error or "task failed"))

@@ -190,7 +190,8 @@ class PostgresTaskBackend(TaskBackend):
     ) -> int:
         named = {"task_name": name, "queue": queue, "payload": "{}", "priority": priority,
                  "key": key, "unique_key": None, "max_attempts": max_attempts, "run_at": None,
-                 "delay": delay, "channel": self.sql.channel, "after": sorted(set(after)),
+                 "delay": delay, "trace": None, "channel": self.sql.channel,
+                 "after": sorted(set(after)),
                  "after_failure": after_failure}  # fmt: skip
         async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
             if after:
@@ -200,7 +201,7 @@ class PostgresTaskBackend(TaskBackend):
                 cur = await conn.execute(self.sql.enqueue, [
                     named[n] for n in ("task_name", "queue", "payload", "priority", "key",
                                        "unique_key", "max_attempts", "run_at", "delay",
-                                       "channel")
+                                       "trace", "channel")
                 ])  # fmt: skip
             row = await cur.fetchone()
         assert row is not None

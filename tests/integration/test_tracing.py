@@ -239,3 +239,43 @@ async def test_a_consumer_runner_continues_the_write_time_trace(
     assert consumed.context.span_id == seen[0][1]
     assert consumed.attributes["messaging.destination.name"] == f"{root}.orders"
     assert consumed.attributes["messaging.message.id"] == str(event.event_id)
+
+
+def test_a_tasks_run_is_a_span_linked_to_its_enqueue_and_parent_of_the_handlers_spans(
+    db_dsn: str, spans: InMemorySpanExporter
+) -> None:
+    import psycopg
+
+    from outboxkit.tasks import Fail, Tasks, migrate_tasks
+    from tests.integration.test_tasks_worker import run_worker
+
+    migrate_tasks(db_dsn)
+    tasks = Tasks()
+    ran: list[str] = []
+    tracer = trace.get_tracer("test")
+
+    @tasks.handler("report")
+    def report(payload: None) -> None:  # sync: runs in a thread, the span still current
+        with tracer.start_as_current_span("inside the handler"):
+            ran.append("report")
+
+    @tasks.handler("broken", max_attempts=1)
+    async def broken(payload: None) -> None:
+        ran.append("broken")
+        raise Fail("no such report")
+
+    with tracer.start_as_current_span("the request") as request, psycopg.connect(db_dsn) as conn:
+        with conn.transaction():
+            tasks.enqueue(conn, "report")
+            tasks.enqueue(conn, "broken")
+    run_worker(tasks, db_dsn, lambda: len(ran) == 2)
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    task = by_name["outboxkit task report"]
+    assert task.kind is trace.SpanKind.CONSUMER
+    assert [link.context.span_id for link in task.links] == [request.get_span_context().span_id]
+    assert task.attributes is not None and task.attributes["outboxkit.task.attempt"] == 1
+    inside = by_name["inside the handler"]
+    assert inside.parent is not None and inside.parent.span_id == task.context.span_id
+    failed = by_name["outboxkit task broken"]
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert "no such report" in (failed.status.description or "")

@@ -88,6 +88,8 @@ class ClaimedTask:
     progress: str | None = None
     #: Tasks wait for this one (``after=``): its settle releases them.
     has_dependents: bool = False
+    #: The W3C traceparent active when it was enqueued (None: no span was).
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

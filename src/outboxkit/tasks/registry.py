@@ -33,6 +33,7 @@ from outboxkit.tasks.function import Registrar, TaskFunction
 from outboxkit.tasks.results import TaskResult, result_from_row, unstorable
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.tasks.unsupported import refuse_connection
+from outboxkit.tracing import capture
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
 
@@ -332,7 +333,7 @@ class Tasks:
                 " task that waits for a batch of them"
             )
         names = ("task_name", "queue", "payload", "priority", "key", "unique_key",
-                 "max_attempts", "run_at", "delay", "channel")  # fmt: skip
+                 "max_attempts", "run_at", "delay", "trace", "channel")  # fmt: skip
         named = dict(zip(names, params, strict=True))
         named.update(after=upstream, after_failure=0 if after_failure == "cancel" else 1)
         values = [named[n] for n in self.sql.enqueue_after_names]
@@ -455,7 +456,7 @@ class Tasks:
         _check_key("unique_key", unique_key)
         at, seconds = _run_at(delay, run_at)
         return [name, queue, document, priority, key, unique_key, max_attempts, at, seconds,
-                self.sql.channel]  # fmt: skip
+                _trace(), self.sql.channel]  # fmt: skip
 
 
 # -- tasks sent with the COMMIT --------------------------------------------------------
@@ -468,8 +469,8 @@ class _TaskStorage:
         self.table = tasks.table
         self.notify = tasks.notify
         self._channel = tasks.sql.channel.encode()
-        # text, text, jsonb, int2, text, text, int4, timestamptz, float8, text
-        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 701, 25]
+        # text, text, jsonb, int2, text, text, int4, timestamptz, float8, text, text
+        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 701, 25, 25]
         self._insert = commit_statement(tasks.sql.enqueue_with_commit, types, b"outboxkit_task")
 
     def encode(self, event: object) -> BinaryRow:
@@ -488,7 +489,7 @@ class _TaskStorage:
 
 def _binary(params: list[Any]) -> BinaryRow:
     """An enqueue's parameters (without the channel) in PostgreSQL's binary formats."""
-    name, queue, document, priority, key, unique_key, max_attempts, at, seconds = params[:9]
+    name, queue, document, priority, key, unique_key, max_attempts, at, seconds, trace = params[:10]
     return [
         name.encode(),
         queue.encode(),
@@ -499,6 +500,7 @@ def _binary(params: list[Any]) -> BinaryRow:
         None if max_attempts is None else max_attempts.to_bytes(4, "big", signed=True),
         None if at is None else _timestamptz(at),
         struct.pack(">d", seconds),
+        None if trace is None else trace.encode(),
     ]
 
 
@@ -658,6 +660,14 @@ def _seconds(what: str, value: object) -> float:
     if not 0 < value <= 10 * 365 * 86400:
         raise ValueError(f"{what} must be more than 0 s and at most ten years, got {value}")
     return float(value)
+
+
+def _trace() -> str | None:
+    """The active span's W3C traceparent, or None (a dict lookup when OpenTelemetry was
+    never imported: tracing.capture)."""
+    headers: dict[str, str] = {}
+    capture(headers)
+    return headers.get("traceparent")
 
 
 def _task_id(value: Any) -> int | None:

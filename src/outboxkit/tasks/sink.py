@@ -19,6 +19,7 @@ import traceback
 import uuid
 from collections.abc import Sequence
 
+from outboxkit import tracing
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, Reschedule
 from outboxkit.queue.tasks import ClaimedTask, TaskStore, UndecodablePayload
@@ -71,6 +72,8 @@ class HandlerSink:
         self._degraded_said = False
         #: ctx.progress() values, written together every so often.
         self.progress = ProgressWriter(store)
+        #: A span per task run (OpenTelemetry with an SDK configured, checked at start).
+        self._traced = tracing.task_span_wanted()
 
     def close(self) -> None:
         """Stop the threads (a sync handler past its timeout finishes on its own)."""
@@ -153,6 +156,17 @@ class HandlerSink:
                 run.cancel()
 
     async def _run(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
+        if not self._traced:
+            return await self._run_task(token, task)
+        attributes = {"outboxkit.task.id": task.id, "outboxkit.task.name": task.task_name,
+                      "outboxkit.task.attempt": task.attempt, "messaging.system": "outboxkit",
+                      "messaging.destination.name": task.queue}  # fmt: skip
+        with tracing.task_span(task.task_name, task.trace, attributes) as span:
+            outcome = await self._run_task(token, task)
+            tracing.task_outcome(span, outcome.ok, getattr(outcome, "error", None))
+            return outcome
+
+    async def _run_task(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:
         if isinstance(task.payload, UndecodablePayload):
             task.error_type = "UndecodablePayload"
             return TaskOutcome(

@@ -82,7 +82,7 @@ def _claimed(row: Sequence[Any]) -> ClaimedTask:
      spared) = row[:10]  # fmt: skip
     return ClaimedTask(
         task_id, name, queue, payload, attempt, max_attempts, key, priority, created_at,
-        spared, has_dependents=bool(row[10]),
+        spared, has_dependents=bool(row[10]), trace=row[11],
     )  # fmt: skip
 
 

@@ -100,6 +100,7 @@ ENQUEUE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("unique_key", "text"),
     ("max_attempts", "int4"),
     ("available_at", "timestamptz"),
+    ("trace", "text"),
 )
 _COLUMNS = ", ".join(name for name, _ in ENQUEUE_COLUMNS)
 # available_at takes two parameters: run_at (a time), or a delay in seconds added to the
@@ -213,7 +214,7 @@ WITH seen AS MATERIALIZED (
     WHERE d.id = ANY(ARRAY(SELECT id FROM batch
                            WHERE NOT ambiguous AND charged >= max_attempts))
     RETURNING d.id, d.task_name, d.queue, d.payload, d.attempts, d.max_attempts, d.key,
-              d.priority, d.created_at, d.spared, d.has_dependents, d.last_error
+              d.priority, d.created_at, d.spared, d.has_dependents, d.trace, d.last_error
 ), claimed AS (
     -- (o's columns are the row as the batch locked it: the same lapse rule as `seen`)
     UPDATE {table} AS o
@@ -227,11 +228,11 @@ WITH seen AS MATERIALIZED (
     WHERE o.id = ANY(ARRAY(SELECT id FROM batch WHERE ambiguous OR charged < max_attempts))
       AND {no_flush_wait}
     RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
-              o.priority, o.created_at, o.spared, o.has_dependents, NULL::text
+              o.priority, o.created_at, o.spared, o.has_dependents, o.trace, NULL::text
 )
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM seen WHERE (lapses >= {suspect}) <> %(alone)s)
 """
 # A worker claims only the task names it has handlers for (a rolling deploy's newer names
@@ -531,7 +532,7 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 # At start: the columns and tables of the latest schema version are there (an older table
 # fails here, naming what is missing, instead of at the first claim).
 CHECK_COLUMNS = """
-SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure,
+SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure, trace,
        (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0)
 FROM {table} LIMIT 0
 """

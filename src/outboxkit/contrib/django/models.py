@@ -84,6 +84,8 @@ class Task(models.Model):
     has_dependents = models.BooleanField(default=False)
     #: What a failed upstream task does to this one: 0 cancel, 1 run anyway (None: none).
     after_failure = models.SmallIntegerField(null=True)
+    #: The W3C traceparent of the span active at enqueue (the worker's span links to it).
+    trace = models.TextField(null=True)
 
     class Meta:
         managed = False
