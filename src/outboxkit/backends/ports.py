@@ -20,7 +20,7 @@ from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
-__all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind"]
+__all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmin"]
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table.
@@ -53,6 +53,21 @@ class Admin:
     connect: Callable[[str], Any]
     usable: Callable[[Any], bool]
     connection_lost: tuple[type[BaseException], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAdmin:
+    """One backend's task-mode reads and switches, as ``Tasks`` asks them (each takes a URL
+    or an open connection, then the task table): results, waits, pausing a queue."""
+
+    #: One task's state, value, error, progress and timings (a row), or None.
+    read_result: Callable[..., dict[str, Any] | None]
+    #: Block until the task is finished; its row (``timeout`` seconds at most).
+    wait_result: Callable[..., dict[str, Any]]
+    #: The asyncio twin of ``wait_result`` (a coroutine function).
+    await_result: Callable[..., Any]
+    pause_queue: Callable[..., bool]
+    resume_queue: Callable[..., bool]
 
 
 class Migrated(Protocol):
@@ -140,6 +155,11 @@ class Backend(abc.ABC):
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
         """The periodic tasks' slots (tasks/periodic.py's store)."""
+        self.refuse("tasks")
+        raise ConfigurationError(f"{self.label} has no task store")
+
+    def task_admin(self) -> TaskAdmin:
+        """Task mode's reads and switches (``Tasks.result``, ``wait``, ``pause``...)."""
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")
 

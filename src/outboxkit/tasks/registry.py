@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 import psycopg
 
+from outboxkit.backends import backend_for, backend_of
+from outboxkit.backends.ports import TaskAdmin
 from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
 from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
@@ -345,9 +347,7 @@ class Tasks:
         """Task ``task_id`` as it is now (state, value, error, progress, timings), or None if
         there is no such task (a finished task whose handler keeps no result is deleted).
         ``conn``: a psycopg connection (read in its transaction, if one is open) or a DSN."""
-        from outboxkit.backends.postgres.tasks_pg import read_result
-
-        row = read_result(conn, self.table, _check_id(task_id))
+        row = _admin(conn).read_result(conn, self.table, _check_id(task_id))
         return None if row is None else result_from_row(row)
 
     def wait(
@@ -360,9 +360,8 @@ class Tasks:
         an autocommit psycopg connection. Raises ``TimeoutError`` naming the task's last
         state, and :class:`~outboxkit.errors.TaskNotFound` for an unknown task (or a finished
         one whose handler keeps no result: give it ``keep_result=True``)."""
-        from outboxkit.backends.postgres.tasks_pg import wait_result
-
-        return result_from_row(wait_result(conn, self.table, _check_id(task_id), timeout))
+        row = _admin(conn).wait_result(conn, self.table, _check_id(task_id), timeout)
+        return result_from_row(row)
 
     async def await_result(
         self,
@@ -372,26 +371,21 @@ class Tasks:
         timeout: float = 30.0,  # noqa: ASYNC109 (wait()'s signature: one API, sync or async)
     ) -> TaskResult:
         """:meth:`wait` for asyncio: a DSN or an autocommit ``psycopg.AsyncConnection``."""
-        from outboxkit.backends.postgres.tasks_pg import await_result
-
-        row = await await_result(conn, self.table, _check_id(task_id), timeout)
+        row = await _admin(conn).await_result(conn, self.table, _check_id(task_id), timeout)
         return result_from_row(row)
 
     def pause(self, conn: psycopg.Connection[Any] | str, queue: str) -> bool:
         """Stop every worker claiming from ``queue`` (running tasks finish; enqueue goes on);
         ``conn``: an autocommit connection or a DSN. False if it was paused already."""
-        from outboxkit.backends.postgres.tasks_pg import pause_queue
-
         _check_text("queue", queue)
-        return pause_queue(conn, self.table, queue, by=f"Tasks.pause ({_process()})")
+        return _admin(conn).pause_queue(conn, self.table, queue, by=f"Tasks.pause ({_process()})")
 
     def resume(self, conn: psycopg.Connection[Any] | str, queue: str) -> bool:
         """Let workers claim from ``queue`` again (waiting ones are woken at once); False if
         it was not paused."""
-        from outboxkit.backends.postgres.tasks_pg import resume_queue
-
         _check_text("queue", queue)
-        return resume_queue(conn, self.table, queue, by=f"Tasks.resume ({_process()})")
+        by = f"Tasks.resume ({_process()})"
+        return _admin(conn).resume_queue(conn, self.table, queue, by=by)
 
     def transaction(self, conn: psycopg.Connection[Any]) -> TaskTransaction:
         """A transaction whose tasks are inserted with its COMMIT, in its round trip.
@@ -660,6 +654,12 @@ def _seconds(what: str, value: object) -> float:
     if not 0 < value <= 10 * 365 * 86400:
         raise ValueError(f"{what} must be more than 0 s and at most ten years, got {value}")
     return float(value)
+
+
+def _admin(conn: object) -> TaskAdmin:
+    """The task reads and switches of ``conn``'s database (a URL or a connection)."""
+    backend = backend_for(conn) if isinstance(conn, str) else backend_of(conn)
+    return backend.task_admin()
 
 
 def _trace() -> str | None:

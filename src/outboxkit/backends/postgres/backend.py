@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.ports import Admin, Backend, Migrated, MigrationKind
+from outboxkit.backends.ports import Admin, Backend, Migrated, MigrationKind, TaskAdmin
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -117,6 +117,17 @@ class PostgresBackend(Backend):
         from outboxkit.backends.postgres.tasks_pg import PgSchedules
 
         return PgSchedules(dsn, table, pooler=pooler)
+
+    def task_admin(self) -> TaskAdmin:
+        from outboxkit.backends.postgres import tasks_pg
+
+        return TaskAdmin(
+            read_result=tasks_pg.read_result,
+            wait_result=tasks_pg.wait_result,
+            await_result=tasks_pg.await_result,
+            pause_queue=tasks_pg.pause_queue,
+            resume_queue=tasks_pg.resume_queue,
+        )
 
     def migrate(
         self,
