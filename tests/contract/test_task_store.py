@@ -411,3 +411,37 @@ async def test_the_sweep_releases_a_dependent_whose_upstream_finished_without_a_
     assert await store.release_dependents(None, 10) == 1
     row = await b.row(waiting)
     assert row is not None and row.status == "pending"
+
+
+async def test_a_keys_later_tasks_wait_out_of_the_claim_and_its_heads_end_promotes_the_next(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    head = await b.enqueue(key="tenant-1")
+    later = [await b.enqueue(key="tenant-1") for _ in range(3)]
+    other = await b.enqueue(key="tenant-2")
+    assert [(await b.row(i)).status for i in later] == ["waiting"] * 3  # type: ignore[union-attr]
+    store = b.store()
+    got = (await claim(store)).claim
+    assert got is not None and sorted(got.ids) == [head, other]
+    await store.settle(got, [Decision(Verdict.DEAD, error="x") if i == head else DONE
+                             for i in got.ids])  # fmt: skip
+    # The head failed for good: its key goes on with the next task, in enqueue order.
+    assert [(await b.row(i)).status for i in later] == ["pending", "waiting", "waiting"]  # type: ignore[union-attr]
+    nxt = (await claim(store)).claim
+    assert nxt is not None and nxt.ids == [later[0]]
+    nxt.items[0].has_dependents = False
+    await store.settle(nxt, [DONE])
+    row = await b.row(later[1])
+    assert row is not None and row.status == "pending"
+    # A key whose next task nobody promoted (its head cancelled by an operator, a worker
+    # killed between its settle and the promotion): the sweep does.
+    got = (await claim(store)).claim
+    assert got is not None and got.ids == [later[1]]
+    await b.advance(31)  # the worker died holding it; a new claim takes it over
+    again = (await claim(store)).claim
+    assert again is not None and again.ids == [later[1]]
+    await store.release(again)  # (shutdown: back to pending, still its key's head)
+    row = await b.row(later[2])
+    assert row is not None and row.status == "waiting"
+    assert await store.release_dependents(None, 10) == 0  # its head is live: nothing to do

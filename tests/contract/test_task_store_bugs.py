@@ -43,7 +43,14 @@ class ChargesNeighbours(MemoryTaskStore):
 
 
 class NoKeySerial(MemoryTaskStore):
-    """Claims a keyed task while an earlier one of its key is live."""
+    """Claims a keyed task while an earlier one of its key is live (its tasks all pending,
+    none held back for its key's turn)."""
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        for row in self.tasks.rows():
+            if row.status is TaskState.WAITING and row.after_failure is None:
+                row.status = TaskState.PENDING
+        return await super().claim_tasks(what, **kwargs)
 
     def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
         key, row.key = row.key, None

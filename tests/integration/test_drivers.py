@@ -183,10 +183,10 @@ class AtomicAdapter(drivers.SyncAdapter):
     ) -> None:
         self._driver(conn).run(conn.connection, stmt, params, cursors)
 
-    def fetch_flag(
+    def fetch_value(
         self, conn: AtomicConnection, stmt: drivers.Statement, params: Sequence[Any]
-    ) -> bool:
-        return self._driver(conn).run_fetch_flag(conn.connection, stmt, params)
+    ) -> Any:
+        return self._driver(conn).run_fetch_value(conn.connection, stmt, params)
 
 
 def test_a_new_driver_is_one_adapter_registered_for_the_write_and_the_inbox(

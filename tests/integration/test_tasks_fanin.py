@@ -231,3 +231,25 @@ def test_the_claim_stays_o_batch_with_100_000_dependents_waiting(tasks_dsn: str)
     assert rows_before == rows_after == 10
     assert walk_after == walk_before, (walk_before, walk_after)
     assert total < 20 * 10, total
+
+
+def test_a_key_flooding_the_queue_costs_the_claim_nothing(tasks_dsn: str) -> None:
+    tasks = Tasks()
+    tasks.handler("job")(lambda payload: None)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(20):
+            tasks.enqueue(conn, "job", key="quiet")
+    _rows, walk_before, total_before = _claim_probe(tasks_dsn)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(3000):  # one tenant floods its key
+            tasks.enqueue(conn, "job", key="flood")
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(f"ANALYZE {TABLE}")
+        waiting = conn.execute(
+            f"SELECT count(*) FROM {TABLE} WHERE key = 'flood' AND status = 5"
+        ).fetchone()
+    assert waiting == (2999,)  # behind its head, out of the claim index
+    rows, walk_after, total_after = _claim_probe(tasks_dsn)
+    assert rows == 2  # the two heads ('quiet' and 'flood'), in one claim
+    assert walk_after <= walk_before + 2, (walk_before, walk_after)
+    assert total_after < 20 * 10, total_after

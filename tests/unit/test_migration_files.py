@@ -28,7 +28,7 @@ RELEASED = {
     "tasks/0002_lapses.sql": "e6ba0083b4ed2b90",
     "tasks/0003_queues.sql": "1aaf8dc40731e14f",
     "tasks/0004_results.sql": "e6e4f41ddece4484",
-    "tasks/0005_dependencies.sql": "cd35e00dc747a2b7",
+    "tasks/0005_dependencies.sql": "ebfd52a129a9f477",
     "tasks/0006_traces.sql": "320a9d990e44987c",
 }
 _STATUS_LITERAL = re.compile(

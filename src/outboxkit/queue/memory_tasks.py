@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from outboxkit.queue.settle import group_decisions
-from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
+from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo, Verdict
 from outboxkit.queue.tasks import (
     SUSPECT_LAPSES,
     ClaimedTask,
@@ -123,6 +123,11 @@ class MemoryTasks:
             task_id, task_name, queue, payload, priority, key, max_attempts,
             self.clock() + delay, dt.datetime.now(dt.UTC),
         )  # fmt: skip
+        if key is not None and any(
+            r.key == key and (r.live or (r.status is TaskState.WAITING and r.after_failure is None))
+            for r in self._rows.values()
+        ):  # behind a live task of its key: waits for its turn (tasks_sql.py _KEY_STATUS)
+            row.status = TaskState.WAITING
         if upstream:
             for i in upstream:
                 self._rows[i].has_dependents = True
@@ -328,7 +333,25 @@ class MemoryTaskStore:
         upstream = [t.id for t in claim.items if t.has_dependents and t.id in settled]
         if upstream:
             await self.release_dependents(upstream, 1000)
+        ended = {
+            t.key for t, d in zip(claim.items, decisions, strict=True)
+            if t.key is not None and t.id in settled and d.verdict in (Verdict.DONE, Verdict.DEAD)
+        }  # fmt: skip
+        self._promote(ended)
         return Settled(settled, len(claim.ids) - len(settled))
+
+    def _promote(self, keys: set[str]) -> int:
+        """The next waiting task of each key with no live task (tasks_sql.py PROMOTE_KEYS)."""
+        moved = 0
+        for key in sorted(keys):
+            rows = [r for r in self.tasks.rows() if r.key == key]
+            if any(r.live for r in rows):
+                continue
+            waiting = [r for r in rows
+                       if r.status is TaskState.WAITING and r.after_failure is None]  # fmt: skip
+            if waiting:
+                waiting[0].status, moved = TaskState.PENDING, moved + 1
+        return moved
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
         written = 0
@@ -341,11 +364,16 @@ class MemoryTaskStore:
     async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
         chosen = set(ids) if ids is not None else None
         moved = 0
+        if ids is None:  # the sweep: keys whose next task nobody promoted too
+            moved += self._promote({
+                r.key for r in self.tasks.rows()
+                if r.key is not None and r.status is TaskState.WAITING and r.after_failure is None
+            })  # fmt: skip
         for row in self.tasks.rows():
             if moved >= limit:
                 break
             upstream = self.tasks.upstream.get(row.id, [])
-            if row.status is not TaskState.WAITING or (
+            if row.status is not TaskState.WAITING or row.after_failure is None or (
                 chosen is not None and not chosen.intersection(upstream)
             ):
                 continue

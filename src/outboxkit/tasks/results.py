@@ -42,7 +42,7 @@ class TaskResult:
     """One task as its enqueuer sees it.
 
     ``status``: queued (due), scheduled (not yet due), waiting (for its upstream tasks,
-    ``after=``), running, done, failed or cancelled.
+    ``after=``, or its key's turn), running, done, failed or cancelled.
     ``value``: the handler's return value as JSON (dicts, lists, numbers, strings), when its
     handler keeps results. ``error``: the last failure (also of a task that was retried and
     is queued again). ``progress``: the last ``ctx.progress()`` the task reported.

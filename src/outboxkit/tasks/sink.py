@@ -19,7 +19,6 @@ import traceback
 import uuid
 from collections.abc import Sequence
 
-from outboxkit import tracing
 from outboxkit._redact import redact
 from outboxkit.queue.decide import Outcome, Reschedule
 from outboxkit.queue.tasks import ClaimedTask, TaskStore, UndecodablePayload
@@ -28,6 +27,7 @@ from outboxkit.tasks.outcomes import SUCCESS, Fail, Retry, Snooze, TaskOutcome
 from outboxkit.tasks.progress import ProgressWriter
 from outboxkit.tasks.registry import Tasks
 from outboxkit.tasks.results import ResultError, encode_result
+from outboxkit.tracing import task_outcome, task_span, task_span_wanted
 from outboxkit.write.outbox import Outbox
 
 #: A stored traceback keeps its last lines, up to this many characters.
@@ -73,7 +73,7 @@ class HandlerSink:
         #: ctx.progress() values, written together every so often.
         self.progress = ProgressWriter(store)
         #: A span per task run (OpenTelemetry with an SDK configured, checked at start).
-        self._traced = tracing.task_span_wanted()
+        self._traced = task_span_wanted()
 
     def close(self) -> None:
         """Stop the threads (a sync handler past its timeout finishes on its own)."""
@@ -161,9 +161,9 @@ class HandlerSink:
         attributes = {"outboxkit.task.id": task.id, "outboxkit.task.name": task.task_name,
                       "outboxkit.task.attempt": task.attempt, "messaging.system": "outboxkit",
                       "messaging.destination.name": task.queue}  # fmt: skip
-        with tracing.task_span(task.task_name, task.trace, attributes) as span:
+        with task_span(task.task_name, task.trace, attributes) as span:
             outcome = await self._run_task(token, task)
-            tracing.task_outcome(span, outcome.ok, getattr(outcome, "error", None))
+            task_outcome(span, outcome.ok, getattr(outcome, "error", None))
             return outcome
 
     async def _run_task(self, token: uuid.UUID, task: ClaimedTask) -> Outcome:

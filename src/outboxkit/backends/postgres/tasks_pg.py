@@ -266,17 +266,39 @@ class PgTaskStore(PgSession):
             and decisions.count(DONE) == len(decisions)
             and not any(t.completed or t.keep is not None or t.has_dependents for t in claim.items)
         ):
-            return await self._settle_done_grouped(claim)
-        settled = await self._settle(claim, decisions)
-        # Their dependents, in a statement of its own (after the settle's commit: of two
-        # upstream tasks finishing at once on two workers, the later release sees both).
-        upstream = [t.id for t in claim.items if t.has_dependents and t.id in set(settled.ids)]
-        if upstream:
-            try:
+            settled = await self._settle_done_grouped(claim)
+        else:
+            settled = await self._settle(claim, decisions)
+        # What waits for these tasks, each in a statement of its own (after the settle's
+        # commit: of two upstream tasks finishing at once on two workers, the later release
+        # sees both): their dependents, and the next task of each key they held.
+        done = set(settled.ids)
+        upstream = [t.id for t in claim.items if t.has_dependents and t.id in done]
+        keys = sorted({
+            t.key for t, d in zip(claim.items, decisions, strict=True)
+            if t.key is not None and t.id in done and d.verdict in (Verdict.DONE, Verdict.DEAD)
+        })  # fmt: skip
+        try:
+            if upstream:
                 await self.release_dependents(upstream, RELEASE_BATCH)
-            except StoreError as exc:  # settled all the same: the sweep releases them
-                log.debug("releasing the dependents of %s failed: %s", upstream, exc)
+            if keys:
+                await self._promote(keys)
+        except StoreError as exc:  # settled all the same: the sweep releases them
+            log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return settled
+
+    async def _promote(self, keys: Sequence[str]) -> int:
+        """The next waiting task of each of ``keys`` whose live task has just ended."""
+        params = {"keys": list(keys), "channel": self.sql.channel}
+        try:
+            conn = await self._connection("settle")
+            async with self._settle_lock:
+                rows = await self.within(
+                    conn, "promote", fetch_rows(conn.cursor(), self.sql.promote_keys, params)
+                )
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+        return len(rows)
 
     async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         # Tasks completed in their own transaction (ctx.transaction()) are settled already;
@@ -345,6 +367,11 @@ class PgTaskStore(PgSession):
                 rows = await self.within(
                     conn, "release", fetch_rows(conn.cursor(), self.sql.release_dependents, params)
                 )
+                if ids is None:  # the sweep: keys whose next task nobody promoted too
+                    sweep = {"limit": limit, "channel": self.sql.channel}
+                    rows += await self.within(
+                        conn, "release", fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
+                    )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
         return len(rows)

@@ -79,6 +79,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "deps": table_identifier(schema, deps_table_name(name)),
         "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
         "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
+        "index_key_waiting": sql.Identifier(f"{name}_key_waiting_idx"[:63]),
         "index_pending": sql.Identifier(f"{name}_claim_idx"[:63]),
         "index_unique": sql.Identifier(f"{name}_unique_idx"[:63]),
         "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
@@ -119,9 +120,23 @@ _VALUES = ", ".join(
 # outbox's KEY_LOCK, in the task table's namespace): the WHERE runs before the row takes its
 # id, so two transactions enqueueing one key get their ids in their commit order, and the
 # per-key serial claim runs them in that order.
+# A keyed task enqueued behind a live task of its key waits (status waiting, after_failure
+# NULL: for its key's turn, not for upstream tasks) outside the claim index: a key that
+# floods 50 000 tasks then costs the claim nothing (it walked and skipped each of them:
+# 64 ms a claim). Its key's head's settle makes the next one pending (PROMOTE_KEYS). The
+# check runs after the key's advisory lock, on the statement's snapshot: an enqueue that
+# raced its key's previous one inserts pending, and the claim's own per-key check keeps
+# the order then. A task with a unique_key stays pending (the unique index covers only
+# pending and running tasks).
+_KEY_STATUS = """CASE WHEN v.key IS NOT NULL AND v.unique_key IS NULL
+     AND (EXISTS (SELECT 1 FROM {table} AS h
+                  WHERE h.key = v.key AND h.status IN ({pending}, {running}))
+          OR EXISTS (SELECT 1 FROM {table} AS h
+                     WHERE h.key = v.key AND h.status = {waiting} AND h.after_failure IS NULL))
+     THEN {waiting} ELSE {pending} END"""
 _INSERT = f"""
-INSERT INTO {{table}} ({_COLUMNS})
-SELECT v.* FROM (VALUES ({_VALUES})) AS v({_COLUMNS})
+INSERT INTO {{table}} ({_COLUMNS}, status)
+SELECT v.*, {_KEY_STATUS} FROM (VALUES ({_VALUES})) AS v({_COLUMNS})
 WHERE v.key IS NULL
    OR (SELECT pg_advisory_xact_lock({_LOCK_NAMESPACE}, hashtext(v.key))) IS NOT NULL
 ON CONFLICT (unique_key) WHERE status IN ({{pending}}, {{running}}) AND unique_key IS NOT NULL
@@ -475,6 +490,45 @@ SELECT id, status,
        CASE WHEN status = {cancelled} THEN pg_notify(%(results)s, id::text) END
 FROM moved
 """
+# The next waiting task of each given key becomes pending once its key has no live task
+# (after a settle that ended a keyed task: a statement of its own, so it sees that commit).
+PROMOTE_KEYS = """
+UPDATE {table} AS t SET status = {pending}
+FROM (SELECT k, (SELECT min(w.id) FROM {table} AS w
+                 WHERE w.key = k AND w.status = {waiting} AND w.after_failure IS NULL) AS next
+      FROM unnest(%(keys)s::text[]) AS k) AS n
+WHERE t.id = n.next AND t.status = {waiting}
+  AND NOT EXISTS (SELECT 1 FROM {table} AS e
+                  WHERE e.key = n.k AND e.status IN ({pending}, {running}))
+RETURNING t.id, pg_notify(%(channel)s, '')
+"""
+# The sweep's side of it: keys with waiting tasks and no live one (an enqueue that raced
+# its head's settle, a worker killed between a settle and its promotion, a head cancelled),
+# found by a skip scan of the keys (one probe a key, not one a task).
+SWEEP_KEYS = """
+WITH RECURSIVE keys(k) AS (
+    (SELECT key FROM {table}
+     WHERE status = {waiting} AND after_failure IS NULL AND key IS NOT NULL
+     ORDER BY key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.key FROM {table} AS w
+            WHERE w.status = {waiting} AND w.after_failure IS NULL AND w.key > keys.k
+            ORDER BY w.key LIMIT 1)
+    FROM keys WHERE keys.k IS NOT NULL
+), stuck AS (
+    SELECT k FROM keys
+    WHERE k IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {table} AS e
+                      WHERE e.key = keys.k AND e.status IN ({pending}, {running}))
+    LIMIT %(limit)s
+)
+UPDATE {table} AS t SET status = {pending}
+FROM (SELECT (SELECT min(w.id) FROM {table} AS w
+              WHERE w.key = stuck.k AND w.status = {waiting} AND w.after_failure IS NULL)
+             AS next FROM stuck) AS n
+WHERE t.id = n.next AND t.status = {waiting}
+RETURNING t.id, pg_notify(%(channel)s, '')
+"""
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
 READ_DEPENDENCIES = """
@@ -791,6 +845,8 @@ class TaskStatements:
         self.release_dependents = RELEASE_DEPENDENTS.format(**slots)
         self.read_dependencies = READ_DEPENDENCIES.format(**slots)
         self.prune_edges = PRUNE_EDGES.format(**slots)
+        self.promote_keys = PROMOTE_KEYS.format(**slots)
+        self.sweep_keys = SWEEP_KEYS.format(**slots)
         self.release = RELEASE.format(**slots)
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)
