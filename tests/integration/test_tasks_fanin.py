@@ -239,7 +239,7 @@ def test_a_key_flooding_the_queue_costs_the_claim_nothing(tasks_dsn: str) -> Non
     with psycopg.connect(tasks_dsn) as conn, conn.transaction():
         for _ in range(20):
             tasks.enqueue(conn, "job", key="quiet")
-    _rows, walk_before, total_before = _claim_probe(tasks_dsn)
+    _rows, walk_before, _total = _claim_probe(tasks_dsn)
     with psycopg.connect(tasks_dsn) as conn, conn.transaction():
         for _ in range(3000):  # one tenant floods its key
             tasks.enqueue(conn, "job", key="flood")

@@ -373,8 +373,10 @@ class MemoryTaskStore:
             if moved >= limit:
                 break
             upstream = self.tasks.upstream.get(row.id, [])
-            if row.status is not TaskState.WAITING or row.after_failure is None or (
-                chosen is not None and not chosen.intersection(upstream)
+            if (
+                row.status is not TaskState.WAITING
+                or row.after_failure is None
+                or (chosen is not None and not chosen.intersection(upstream))
             ):
                 continue
             states = [u.status if (u := self.tasks.row(i)) else TaskState.DONE for i in upstream]
