@@ -1,0 +1,218 @@
+"""``outboxkit relay`` at the steady rates production runs: CPU per event and commit → broker.
+
+Issue 42, item 1. Writer processes commit one event per transaction at a paced rate (split
+over ``--writers`` processes, each on its own schedule, no catch-up bursts), each event
+stamped with the wall-clock time just before its COMMIT. One ``outboxkit relay`` process,
+as users start it (its defaults), publishes to an embedded Kafka (Tansu); a consumer in
+this process reads the topic and records receive time - stamp (commit → broker → consumer,
+so a slight overstatement of commit → broker). Over the measured window (the writers' run,
+until the consumer has every event) it reads:
+
+* the relay process's CPU (psutil: user + system, every thread);
+* the CPU of the relay's own PostgreSQL backends (found by application name in
+  pg_stat_activity; the writers' backends are not counted), i.e. the claim and settle;
+
+each divided by the events. ``--drain`` adds the same relay draining a preloaded backlog of
+as many events as the highest rate's run, for "the cost per event when draining".
+``--variant NAME=SRC`` runs the relay from another src tree too (an A/B, interleaved).
+
+    cd bench && PYTHONPATH=../src:. python relay_steady.py --dsn postgresql://... \\
+        --rates 50 500 5000 --seconds 10 --drain --variant before=/tmp/base/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from _common import ensure_topic, kafka_broker, make_event, save, server_facts
+
+from outboxkit import Outbox, migrate
+from outboxkit.testing import spawn_relay
+
+TOPIC = "bench.steady"
+STAMP = "x-bench-commit-stamp"
+
+
+def writer(dsn: str, rate: float, seconds: float, start: float) -> None:
+    """One event per transaction at ``rate``/s from wall time ``start`` (no catch-up)."""
+    outbox = Outbox()
+    total = int(rate * seconds)
+    with psycopg.connect(dsn) as conn:
+        for i in range(total):
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            with conn.transaction():
+                event = make_event(i, topic=TOPIC, headers={STAMP: repr(time.time())})
+                outbox.put(conn, event)
+
+
+class Consumer(threading.Thread):
+    """Reads the topic from its end; receive time - commit stamp per event."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(daemon=True)
+        from confluent_kafka import Consumer as KafkaConsumer
+
+        self.consumer = KafkaConsumer({
+            "bootstrap.servers": bootstrap, "group.id": f"steady-{time.time_ns()}",
+            "auto.offset.reset": "latest", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 2, "fetch.min.bytes": 1,  # (its default waits 500 ms)
+        })  # fmt: skip
+        self.consumer.subscribe([TOPIC])
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+        self.assigned = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.05)
+            if not self.assigned.is_set() and self.consumer.assignment():
+                self.assigned.set()
+            if message is None or message.error():
+                continue
+            now = time.time()
+            for name, value in message.headers() or []:
+                if name.endswith(STAMP) and value:
+                    self.latencies.append(now - float(value.decode()))
+        self.consumer.close()
+
+
+def backend_cpu(dsn: str, pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def relay_backends(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outboxkit-relay%%'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def one_run(
+    dsn: str, bootstrap: str, src: str | None, rate: float | None, seconds: float, backlog: int
+) -> dict[str, Any]:
+    """One life of the relay: at ``rate`` for ``seconds``, or (rate None) draining ``backlog``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+    consumer = Consumer(bootstrap)
+    consumer.start()
+    if not consumer.assigned.wait(30):
+        raise RuntimeError("the consumer got no partition")
+    log = Path(tempfile.gettempdir()) / "outboxkit-bench-steady.log"
+    relay = spawn_relay(dsn, f"kafka://{bootstrap}", log, log_level=None,
+                        env={"PYTHONPATH": src} if src else None)  # fmt: skip
+    proc = psutil.Process(relay.pid)
+    deadline = time.monotonic() + 30
+    pids: list[int] = []
+    while len(pids) < 2 and time.monotonic() < deadline:  # its claim and settle connections
+        time.sleep(0.2)
+        pids = relay_backends(dsn)
+    expected = backlog if rate is None else int(rate * seconds)
+    time.sleep(1.0)  # idle: its start-up is over
+    relay_before = sum(proc.cpu_times()[:2])
+    pg_before = backend_cpu(dsn, pids)
+    started = time.time()
+    if rate is None:  # the backlog, committed at once while it waits (stamps: not the point)
+        outbox = Outbox()
+        with psycopg.connect(dsn) as conn, conn.transaction():
+            for start in range(0, backlog, 5000):
+                events = [make_event(i, topic=TOPIC, headers={STAMP: repr(time.time())})
+                          for i in range(start, min(backlog, start + 5000))]  # fmt: skip
+                outbox.put_many(conn, events)
+    writers: list[multiprocessing.Process] = []
+    if rate is not None:
+        count = max(1, min(8, int(rate // 400) + 1))
+        begin = time.time() + 0.5
+        for _ in range(count):
+            w = multiprocessing.Process(target=writer, args=(dsn, rate / count, seconds, begin))
+            w.start()
+            writers.append(w)
+        expected = count * int(rate / count * seconds)
+    deadline = time.monotonic() + seconds + 120
+    while len(consumer.latencies) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    window = time.time() - started
+    relay_after = sum(proc.cpu_times()[:2])
+    pg_after = backend_cpu(dsn, pids)
+    for w in writers:
+        w.join()
+    relay.send_signal(signal.SIGTERM)
+    relay.wait(30)
+    consumer.stop.set()
+    consumer.join(10)
+    got = consumer.latencies
+    if len(got) < expected:
+        raise RuntimeError(f"{len(got)} of {expected} events reached the broker")
+    ms = sorted(x * 1000 for x in got)
+    return {
+        "rate": rate, "events": expected, "window_s": window,
+        "relay_cpu_us_per_event": (relay_after - relay_before) * 1e6 / expected,
+        "db_cpu_us_per_event": (pg_after - pg_before) * 1e6 / expected,
+        "p50_ms": statistics.median(ms) if rate is not None else None,
+        "p99_ms": ms[int(len(ms) * 0.99) - 1] if rate is not None else None,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--rates", type=float, nargs="*", default=[50, 500, 5000])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--drain", action="store_true", help="also drain a preloaded backlog")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=SRC")
+    ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
+    args = ap.parse_args()
+    migrate(args.dsn)
+    variants: dict[str, str | None] = {"cli": None}
+    for spec in args.variant:
+        name, _, src = spec.partition("=")
+        variants[name] = str(Path(src).resolve())
+    backlog = int(max(args.rates) * args.seconds)
+    cases: list[float | None] = [*args.rates, *([None] if args.drain else [])]
+    results: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    with kafka_broker(args.kafka) as bootstrap:
+        ensure_topic(bootstrap, TOPIC)
+        for round_no in range(1, args.rounds + 1):
+            for rate in cases:
+                for name, src in variants.items():
+                    row = one_run(args.dsn, bootstrap, src, rate, args.seconds, backlog)
+                    results.setdefault((name, rate), []).append(row)
+                    what = "drain" if rate is None else f"{rate:g}/s"
+                    late = "" if rate is None else (
+                        f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms")  # fmt: skip
+                    print(f"round {round_no} {name:8s} {what:>7s}: relay"
+                          f" {row['relay_cpu_us_per_event']:6.1f} µs/event, its database"
+                          f" {row['db_cpu_us_per_event']:6.1f} µs/event{late}", flush=True)  # fmt: skip
+    summary = []
+    for (name, rate), rows in results.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in
+               ("relay_cpu_us_per_event", "db_cpu_us_per_event")}  # fmt: skip
+        if rate is not None:
+            med |= {k: statistics.median(r[k] for r in rows) for k in ("p50_ms", "p99_ms")}
+        summary.append({"variant": name, "rate": rate, **med, "runs": rows})
+    save("relay_steady", {"server": server_facts(args.dsn), "seconds": args.seconds,
+                          "results": summary})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
