@@ -200,9 +200,10 @@ def main() -> None:
                     what = "drain" if rate is None else f"{rate:g}/s"
                     late = "" if rate is None else (
                         f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms")  # fmt: skip
-                    print(f"round {round_no} {name:8s} {what:>7s}: relay"
-                          f" {row['relay_cpu_us_per_event']:6.1f} µs/event, its database"
-                          f" {row['db_cpu_us_per_event']:6.1f} µs/event{late}", flush=True)  # fmt: skip
+                    relay_us, db_us = row["relay_cpu_us_per_event"], row["db_cpu_us_per_event"]
+                    print(f"round {round_no} {name:8s} {what:>7s}: relay {relay_us:6.1f}"
+                          f" µs/event, its database {db_us:6.1f} µs/event{late}",
+                          flush=True)  # fmt: skip
     summary = []
     for (name, rate), rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in
