@@ -44,6 +44,9 @@ class MariaDBBackend(Backend):
         " pooler= and direct_dsn= need PostgreSQL",
         "partition_by": "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the"
         " inbox only: --tasks and --partition-by need PostgreSQL",
+        "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
+        " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
+        " leave notify unset, or False",
     }
 
     def admin(self) -> Admin:
