@@ -263,11 +263,11 @@ def wrong_backend(exc: BaseException, storage: str) -> ConfigurationError | None
     if storage == "wal":
         return ConfigurationError(
             "Outbox(storage='wal') writes PostgreSQL's WAL (pg_logical_emit_message), which"
-            " MariaDB/MySQL does not have: use Outbox(storage='mariadb') on this connection"
+            " MariaDB/MySQL does not have: use Outbox() on this connection"
         )
     return ConfigurationError(
-        "Outbox() writes PostgreSQL's outbox table, but this connection is MariaDB/MySQL's:"
-        " use Outbox(storage='mariadb')"
+        "Outbox() took this connection for PostgreSQL's, but it is MariaDB/MySQL's (a driver"
+        " outboxkit does not recognise): use Outbox(storage='mariadb') for it"
     )
 
 

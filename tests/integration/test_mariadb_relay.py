@@ -84,7 +84,7 @@ async def test_relay_publishes_committed_events_to_nats_once_each_and_never_roll
     url = _database(mariadb_server)
     tag = uuid.uuid4().hex[:8]
     stream = f"MARIADB_{tag.upper()}"
-    outbox = Outbox(storage="mariadb")
+    outbox = Outbox(table="outbox")  # the README's own line: the connection picks MariaDB's
     conn = pymysql.connect(**connect_args(url))
     committed: list[str] = []
     try:

@@ -21,7 +21,14 @@ from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import ConfigurationError, NotInTransactionError, StoreUnavailable
 from outboxkit.publishers.base import OutboundMessage
 from tests.support.mariadb import MariaDB
-from tests.support.mariadb_drivers import ASYNC, SYNC, Driver, database, driver_module
+from tests.support.mariadb_drivers import (
+    ASYNC,
+    SYNC,
+    Driver,
+    database,
+    driver_module,
+    outbox_topics,
+)
 
 
 @pytest.fixture
@@ -35,13 +42,7 @@ def _connect(url: str, **options: Any) -> Any:
 
 
 def _topics(url: str) -> list[str]:
-    conn = _connect(url, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT topic FROM outbox ORDER BY id")
-            return [r[0] for r in cur.fetchall()]
-    finally:
-        conn.close()
+    return outbox_topics(url)
 
 
 def _event(topic: str, **extra: Any) -> Event:
@@ -93,7 +94,7 @@ def test_what_mariadb_cannot_do_is_refused_at_construction_in_one_line() -> None
 def test_every_sync_driver_writes_with_the_transaction_and_not_without(
     url: str, driver: Driver
 ) -> None:
-    outbox, args = Outbox(storage="mariadb"), connect_args(url)
+    outbox, args = Outbox(), connect_args(url)  # the connection picks MariaDB's table
     with driver.transaction(args, url) as conn:
         outbox.put(conn, _event("one"))
         outbox.put_many(conn, [_event("two"), _event("three", key="k")])
@@ -103,7 +104,7 @@ def test_every_sync_driver_writes_with_the_transaction_and_not_without(
             raise RuntimeError("business failure")
     with driver.transaction(args, url) as conn:  # bad input: refused, the transaction intact
         with pytest.raises(InvalidEventError, match="max_payload_bytes=10"):
-            Outbox(storage="mariadb", max_payload_bytes=10).put(
+            Outbox(max_payload_bytes=10).put(
                 conn, Event(topic="t", event_type="x", payload=b"x" * 11)
             )
         with pytest.raises(InvalidEventError, match="expected an outboxkit.Event"):
@@ -116,7 +117,7 @@ def test_every_sync_driver_writes_with_the_transaction_and_not_without(
 async def test_every_async_driver_writes_with_the_transaction_and_not_without(
     url: str, driver: Driver
 ) -> None:
-    outbox, args = Outbox(storage="mariadb"), connect_args(url)
+    outbox, args = Outbox(), connect_args(url)  # the connection picks MariaDB's table
     payload = bytes(range(256))  # every byte value survives the driver's quoting
     async with driver.transaction(args, url) as conn:
         await outbox.aput(conn, Event(topic="one", event_type="x", payload=payload))
@@ -215,8 +216,9 @@ def test_an_outbox_for_the_other_database_is_refused_in_one_line(url: str, db_ds
 
     conn = _connect(url)
     try:
-        with pytest.raises(ConfigurationError, match=r"use Outbox\(storage='mariadb'\)"):
-            Outbox().put(conn, _event("pg.table"))
+        with pytest.raises(ConfigurationError, match="no LISTEN/NOTIFY") as refused:
+            Outbox(notify=True).put(conn, _event("notify"))  # said by MariaDB's backend
+        assert "\n" not in str(refused.value)
         with pytest.raises(ConfigurationError, match="pg_logical_emit_message"):
             Outbox(storage="wal").put(conn, _event("wal"))
         with pytest.raises(TableNotFoundError, match="outboxkit migrate"):
@@ -238,6 +240,19 @@ def test_an_outbox_for_the_other_database_is_refused_in_one_line(url: str, db_ds
     finally:
         conn.close()
     assert _topics(url) == []
+
+
+def test_the_default_outbox_writes_mariadbs_table_without_a_storage_setting(url: str) -> None:
+    outbox = Outbox()  # README's Outbox(table="outbox"): no storage=, no notify=
+    conn = _connect(url)
+    try:
+        outbox.put(conn, _event("default.put"))
+        outbox.put_many(conn, [_event("default.many")])
+        conn.commit()
+    finally:
+        conn.close()
+    assert _topics(url) == ["default.put", "default.many"]
+    assert outbox.notify is True  # PostgreSQL's NOTIFY stays on; MariaDB's writes send none
 
 
 def test_a_written_event_is_claimed_with_its_fields_and_times_in_utc(url: str) -> None:
@@ -345,7 +360,7 @@ async def test_sqlalchemy_defer_writes_with_the_commit_and_not_after_a_rollback(
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
     from sqlalchemy.orm import Session
 
-    outbox = Outbox(storage="mariadb")
+    outbox = Outbox()  # the session's dialect picks MariaDB's table
     engine = sa.create_engine(url.replace("mysql://", "mysql+pymysql://"))
     aengine = create_async_engine(url.replace("mysql://", "mysql+asyncmy://"))
     try:

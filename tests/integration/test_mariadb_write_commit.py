@@ -314,7 +314,7 @@ def test_the_naive_multi_statement_hides_a_failed_commit_and_transaction_raises_
     committed, and the rows are gone when the connection ends. ``transaction()`` reads every
     result and raises."""
     outbox = Outbox(storage="mariadb")
-    insert, params = outbox._storage.one(_event("naive"))
+    insert, params = outbox._writer_of(None).storage.one(_event("naive"))  # fixed: MariaDB's
     conn = _connect_sync("pymysql", _args(url))
     try:
         cur = conn.cursor()

@@ -140,3 +140,18 @@ def database(server: Any, prefix: str, *migrations: Callable[[str], Any]) -> Ite
             cur.execute(f"DROP DATABASE {name}")
     finally:
         admin.close()
+
+
+def outbox_topics(url: str, table: str = "outbox") -> list[str]:
+    """The topics of ``table``'s rows on the database of ``url``, in id order."""
+    import pymysql
+
+    from outboxkit.backends.mariadb.sql import connect_args
+
+    conn = pymysql.connect(**connect_args(url), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT topic FROM {table} ORDER BY id")
+            return [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from outboxkit import Event, Outbox, limits
+from outboxkit.backends import backend_for
 from outboxkit.errors import ConfigurationError, InvalidEventError
 from outboxkit.publishers.base import OutboundMessage
 from outboxkit.publishers.nats import NatsPublisher, _subject_problem
@@ -159,7 +160,9 @@ def test_put_many_refuses_more_than_ten_thousand_events_without_reading_them_all
     with pytest.raises(InvalidEventError, match="more than 10000 events"):
         Outbox()._attached("SELECT 1", (), [_event()] * (limits.MAX_BATCH_EVENTS + 1))
     # Exactly the limit is one batch.
-    assert Outbox()._params_many([_event()] * limits.MAX_BATCH_EVENTS) is not None
+    outbox = Outbox()
+    storage = outbox._writer_for(backend_for("postgresql://")).storage
+    assert storage.many([_event()] * limits.MAX_BATCH_EVENTS, outbox._check) is not None
 
 
 # -- publishers: rows written around Event() ---------------------------------------------

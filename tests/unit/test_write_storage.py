@@ -8,6 +8,7 @@ import datetime as dt
 from typing import Any
 
 from outboxkit import Event, Outbox
+from outboxkit.backends import backend_for
 from outboxkit.write.storage import OIDS, BinaryRow, CommitStatement
 from outboxkit.write.table import TableStorage
 from outboxkit.write.wal import WalStorage
@@ -19,9 +20,14 @@ def _event(key: str | None = None, **kwargs: Any) -> Event:
     return Event(topic="orders", event_type="order.placed", payload={}, key=key, **kwargs)
 
 
+def _storage(outbox: Outbox) -> Any:
+    """The storage ``outbox`` writes PostgreSQL's connections with."""
+    return outbox._writer_for(backend_for("postgresql://")).storage
+
+
 def _pipeline(outbox: Outbox, events: list[Event]) -> list[tuple[CommitStatement, BinaryRow]]:
     """What transaction()'s COMMIT would carry for ``events``, before the COMMIT."""
-    storage = outbox._storage
+    storage = _storage(outbox)
     sent: list[tuple[CommitStatement, BinaryRow]] = []
     storage.commit_inserts([storage.encode(e) for e in events], lambda s, p: sent.append((s, p)))
     return sent
@@ -31,8 +37,12 @@ def _statements(outbox: Outbox) -> list[str]:
     """The SQL of every write path for two events (put, put_many, execute_with, commit)."""
     events = [_event("a"), _event("b")]
     return [
-        outbox._storage.one(events[0])[0].text,
-        *(prepared[0].text for prepared in [outbox._params_many(events)] if prepared),
+        _storage(outbox).one(events[0])[0].text,
+        *(
+            prepared[0].text
+            for prepared in [_storage(outbox).many(events, outbox._check)]
+            if prepared
+        ),
         outbox._attached("SELECT 1", (), events)[0],
         *(statement.key[0].decode() for statement, _ in _pipeline(outbox, events)),
     ]
@@ -40,7 +50,7 @@ def _statements(outbox: Outbox) -> list[str]:
 
 def test_every_path_of_a_wal_outbox_emits_messages_and_writes_no_row() -> None:
     outbox = Outbox(storage="wal", notify=True)
-    assert isinstance(outbox._storage, WalStorage)
+    assert isinstance(_storage(outbox), WalStorage)
     statements = _statements(outbox)
     assert len(statements) == 5
     for sql in statements:
@@ -50,7 +60,7 @@ def test_every_path_of_a_wal_outbox_emits_messages_and_writes_no_row() -> None:
 
 def test_every_path_of_a_table_outbox_writes_rows_and_emits_no_message() -> None:
     for outbox in (Outbox(), Outbox(ordered=True)):
-        assert isinstance(outbox._storage, TableStorage)
+        assert isinstance(_storage(outbox), TableStorage)
         statements = _statements(outbox)
         assert len(statements) == 5
         for sql in statements:

@@ -40,15 +40,18 @@ def backend_for(dsn: str) -> Backend:
 def backend_of(conn: Any) -> Backend:
     """The backend of an open connection: a MariaDB/MySQL driver's connection, or a
     SQLAlchemy connection, engine or session on a MySQL/MariaDB dialect, is MariaDB's;
-    any other is PostgreSQL's. Cheap: by type, cached."""
+    any other is PostgreSQL's. Cheap (every ``Outbox.put`` asks it): by type, cached."""
     kind = _KINDS.get(type(conn)) or _kind(type(conn))
-    if kind == "mysql" or (kind == "sqlalchemy" and _dialect(conn) in _MYSQL_DIALECTS):
-        from outboxkit.backends.mariadb.backend import MARIADB
+    if kind == "sqlalchemy":
+        kind = "mysql" if _dialect(conn) in _MYSQL_DIALECTS else "other"
+    backend = _BY_KIND.get(kind)
+    if backend is None:
+        backend = _BY_KIND[kind] = backend_for("mysql://" if kind == "mysql" else "postgresql://")
+    return backend
 
-        return MARIADB
-    from outboxkit.backends.postgres.backend import POSTGRES
 
-    return POSTGRES
+#: The backend of each connection kind, once looked up.
+_BY_KIND: dict[str, Backend] = {}
 
 
 def _kind(conn_type: type) -> str:

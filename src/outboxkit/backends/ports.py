@@ -23,8 +23,9 @@ from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmin"]
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
-#: time partitions of the outbox table.
-Feature = Literal["tasks", "cdc", "pooler", "partition_by"]
+#: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
+#: versioned SQL.
+Feature = Literal["tasks", "cdc", "pooler", "partition_by", "notify", "alembic"]
 #: The tables ``outboxkit migrate`` creates.
 MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
+from outboxkit.backends import Backend, backend_for, backend_of
 from outboxkit.backends.postgres.postgres import numbered
 from outboxkit.drivers import (
     AsyncConnection,
@@ -48,7 +49,7 @@ from outboxkit.write.mariadb_commit import (
     unsupported,
 )
 from outboxkit.write.mariadb_table import MariaDBTableStorage
-from outboxkit.write.storage import PipelinedStorage, Prepared, Storage
+from outboxkit.write.storage import PipelinedStorage, Storage
 from outboxkit.write.table import TableStorage
 from outboxkit.write.wal import WalStorage
 
@@ -100,6 +101,43 @@ class _SchemaErrors:
                 raise wrong from exc
 
 
+class _Writer:
+    """What one database's writes of an ``Outbox`` use: its storage and its errors."""
+
+    __slots__ = ("errors", "storage")
+
+    def __init__(self, storage: Storage, kind: str) -> None:
+        self.storage = storage
+        self.errors = _SchemaErrors(storage.table, with_callers_sql=False, storage=kind)
+
+
+def _pg_table(table: str, notify: bool, ordered: bool) -> Storage:
+    return TableStorage(table, notify=notify, ordered=ordered)
+
+
+def _mariadb_table(table: str, notify: bool, ordered: bool) -> Storage:
+    return MariaDBTableStorage(table, ordered=ordered)  # no NOTIFY: in-process wake-ups
+
+
+#: ``storage="table"``'s storage per backend (``Backend.name``), built at the first write
+#: through a connection of that database. They live here, not in ``backends/``: the
+#: layers put ``write`` above ``backends`` and ``drivers`` (which the storages use).
+_TABLES: dict[str, Callable[[str, bool, bool], Storage]] = {
+    "postgresql": _pg_table,
+    "mariadb": _mariadb_table,
+}
+
+
+#: execute_with()'s database (a CTE in front of the caller's statement).
+_POSTGRES = backend_for("postgresql://")
+
+
+def _pipelined(storage: Storage) -> PipelinedStorage:
+    """``storage`` as ``transaction()``'s pipeline asks it (PostgreSQL's table and WAL)."""
+    assert isinstance(storage, (TableStorage, WalStorage))
+    return storage
+
+
 class Outbox:
     """Writes events into one outbox table, atomically with the caller's transaction.
 
@@ -134,6 +172,13 @@ class Outbox:
     datetimes, UUIDs, dataclasses, enums, ``Decimal`` (as a string) and pydantic models;
     a value neither knows fails the write with its path (``payload.items[2].price``).
 
+    The default ``storage="table"`` writes a row of the outbox table of the database of
+    the connection it is given: PostgreSQL's (psycopg, asyncpg, SQLAlchemy on them) or
+    MariaDB/MySQL's (PyMySQL, mysqlclient, aiomysql, asyncmy, SQLAlchemy on them; no NOTIFY
+    there: an idle relay of this process is woken instead). One ``Outbox`` may write both
+    in one process; each database's storage is chosen at its first write and kept.
+    ``storage="mariadb"`` fixes MariaDB/MySQL's whatever the connection.
+
     ``storage="wal"`` writes no row: each event becomes one transactional logical
     message (``pg_logical_emit_message``, prefix ``outboxkit:<table>``) carrying it in a
     binary envelope (``outboxkit.write.wal_envelope``), for the CDC relay (``Relay(...,
@@ -156,9 +201,10 @@ class Outbox:
     ) -> None:
         if storage not in ("table", "wal", "mariadb"):
             raise ConfigurationError(
-                f"storage must be 'table' (a row per event, any relay), 'wal' (a logical"
-                f" message per event, for the CDC relay) or 'mariadb' (a row of a MariaDB/MySQL"
-                f" outbox), got {storage!r}"
+                f"storage must be 'table' (a row per event in the outbox table of the"
+                f" connection's database, any relay), 'wal' (a logical message per event, for"
+                f" PostgreSQL's CDC relay) or 'mariadb' (a row of a MariaDB/MySQL outbox,"
+                f" whatever the connection), got {storage!r}"
             )
         if storage == "wal" and ordered:
             raise ConfigurationError(
@@ -170,37 +216,31 @@ class Outbox:
                 "Outbox(storage='mariadb') cannot take notify=True: MariaDB/MySQL has no"
                 " LISTEN/NOTIFY (its relay polls; see --poll-interval)"
             )
-        if notify is None:  # a polling relay sleeps between polls; the CDC stream does not
-            notify = storage == "table"
         if max_payload_bytes <= 0:
             raise ValueError("max_payload_bytes must be positive")
         if not 0 < max_key_bytes <= MAX_KEY_BYTES:
             raise ValueError(f"max_key_bytes must be between 1 and {MAX_KEY_BYTES}")
         self.table = table
-        self.notify = notify
+        #: Whether a write sends a NOTIFY (PostgreSQL's table: unless notify=False; the WAL
+        #: and MariaDB/MySQL, which has none: no).
+        self.notify = (storage == "table") if notify is None else notify
+        self._notify_asked = notify
         self.ordered = ordered
         self.max_payload_bytes = max_payload_bytes
         self.max_key_bytes = max_key_bytes
         self.storage = storage
         #: Turns payload values JSON lacks (your own types) into JSON ones, as orjson's.
         self.default = default
-        # Chosen once: every write path below asks it for its statements and parameters.
-        # PostgreSQL's storages also feed transaction()'s pipeline; MariaDB's has its own.
-        self._pipelined: PipelinedStorage | None = None
-        self._mariadb: MariaDBTableStorage | None = None
-        self._storage: Storage
-        if storage == "mariadb":  # (no NOTIFY there: notify=False)
-            self._storage = self._mariadb = MariaDBTableStorage(table, ordered=ordered)
-        else:
-            pg = (
-                WalStorage(table, notify=notify)
-                if storage == "wal"
-                else TableStorage(table, notify=notify, ordered=ordered)
-            )
-            self._storage = self._pipelined = pg
-        if storage == "mariadb":
+        # storage="table" follows the connection: its database's writer is built at the first
+        # write through a connection of that kind and kept (one per backend, _writer_of).
+        # "wal" and "mariadb" are fixed here.
+        self._writers: dict[Backend, _Writer] = {}
+        self._fixed: _Writer | None = None
+        if storage == "wal":
+            self._fixed = _Writer(WalStorage(table, notify=self.notify), "wal")
+        elif storage == "mariadb":
             self.notify = False
-        self._errors = _SchemaErrors(table, with_callers_sql=False, storage=storage)
+            self._fixed = _Writer(MariaDBTableStorage(table, ordered=ordered), "mariadb")
         self._attached_errors = _SchemaErrors(table, with_callers_sql=True)
         # One reusable psycopg cursor per Outbox and API, for the connection it last
         # wrote through (see CursorCache).
@@ -212,6 +252,28 @@ class Outbox:
         wal = f", storage={self.storage!r}" if self.storage != "table" else ""
         return f"Outbox(table={self.table!r}, notify={self.notify}{ordered}{wal})"
 
+    def _writer_of(self, conn: Any) -> _Writer:
+        """The writer for ``conn``'s database (``storage="table"``: its backend's table)."""
+        fixed = self._fixed
+        if fixed is not None:
+            return fixed
+        writer = self._writers.get(backend_of(conn))
+        return writer if writer is not None else self._writer_for(backend_of(conn))
+
+    def _writer_for(self, backend: Backend) -> _Writer:
+        """The writer for ``backend``'s database, built at its first use and kept."""
+        writer = self._fixed or self._writers.get(backend)
+        if writer is None:
+            writer = self._writers[backend] = self._new_writer(backend)
+        return writer
+
+    def _new_writer(self, backend: Backend) -> _Writer:
+        if not backend.can("notify"):
+            if self._notify_asked:
+                backend.refuse("notify")
+            return _Writer(_TABLES[backend.name](self.table, False, self.ordered), backend.name)
+        return _Writer(_TABLES[backend.name](self.table, self.notify, self.ordered), "table")
+
     # -- validation and parameters --------------------------------------------
 
     def _check(self, event: object) -> Event:
@@ -222,23 +284,22 @@ class Outbox:
         event.check_size(self.max_payload_bytes, self.max_key_bytes)
         return event
 
-    def _params_many(self, events: Iterable[Event]) -> Prepared | None:
-        return self._storage.many(events, self._check)
-
     # -- sync -----------------------------------------------------------------
 
     def put(self, conn: SyncConnection, event: Event) -> None:
         """Append ``event`` in ``conn``'s open transaction (psycopg or SQLAlchemy)."""
-        stmt, params = self._storage.one(self._check(event))
-        with self._errors:
+        writer = self._writer_of(conn)
+        stmt, params = writer.storage.one(self._check(event))
+        with writer.errors:
             sync_adapter(conn, _WRITE).execute(conn, stmt, params, self._sync_cursor)
 
     def put_many(self, conn: SyncConnection, events: Iterable[Event]) -> None:
         """Append ``events`` (at most 10 000) in one statement and one round trip."""
-        prepared = self._params_many(events)
+        writer = self._writer_of(conn)
+        prepared = writer.storage.many(events, self._check)
         if prepared is None:
             return
-        with self._errors:
+        with writer.errors:
             sync_adapter(conn, _WRITE).execute(conn, *prepared, self._sync_cursor)
 
     # -- events written with the COMMIT ------------------------------------------
@@ -262,19 +323,18 @@ class Outbox:
                 conn.execute("INSERT INTO orders ...")
                 tx.put(Event(topic="orders", event_type="order.placed", payload=...))
 
-        ``Outbox(storage="mariadb")``: a PyMySQL or mysqlclient connection, instead of your
-        own BEGIN/``commit()``; the INSERT and the COMMIT travel as one multi-statement
-        query where the connection allows it (``write.mariadb_commit``), and an idle relay
-        of this process is woken once it returned.
+        On MariaDB/MySQL: a PyMySQL or mysqlclient connection, instead of your own
+        BEGIN/``commit()``; the INSERT and the COMMIT travel as one multi-statement query
+        where the connection allows it (``write.mariadb_commit``), and an idle relay of this
+        process is woken once it returned.
         """
-        if self.storage == "mariadb":
+        storage = self._writer_of(conn).storage
+        if isinstance(storage, MariaDBTableStorage):
             adapter = raw_sync_adapter(conn)
             if not isinstance(adapter, DBAPISync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "transaction", "PyMySQL or mysqlclient")
-            assert self._mariadb is not None
-            return MariaDBTransaction(self._mariadb, self._check, conn, adapter)
-        assert self._pipelined is not None
-        return OutboxTransaction(self._pipelined, self._check, conn)
+            return MariaDBTransaction(storage, self._check, conn, adapter)
+        return OutboxTransaction(_pipelined(storage), self._check, conn)
 
     @overload
     def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncOutboxTransaction: ...
@@ -285,14 +345,13 @@ class Outbox:
     def atransaction(self, conn: Any) -> AsyncOutboxTransaction | AsyncMariaDBTransaction:
         """:meth:`transaction` for psycopg ``AsyncConnection`` (aiomysql or asyncmy on
         MariaDB): ``async with``."""
-        if self.storage == "mariadb":
+        storage = self._writer_of(conn).storage
+        if isinstance(storage, MariaDBTableStorage):
             adapter = raw_async_adapter(conn)
             if not isinstance(adapter, DBAPIAsync) or adapter.backend != "mariadb":
                 raise unsupported(conn, "atransaction", "aiomysql or asyncmy")
-            assert self._mariadb is not None
-            return AsyncMariaDBTransaction(self._mariadb, self._check, conn, adapter)
-        assert self._pipelined is not None
-        return AsyncOutboxTransaction(self._pipelined, self._check, conn)
+            return AsyncMariaDBTransaction(storage, self._check, conn, adapter)
+        return AsyncOutboxTransaction(_pipelined(storage), self._check, conn)
 
     # -- events queued in a SQLAlchemy session, written with its COMMIT -----------
 
@@ -420,7 +479,8 @@ class Outbox:
                 "execute_with takes positional %s parameters (a sequence), not a mapping:"
                 " the events' parameters are positional too"
             )
-        attached = self._storage.attached(events, self._check)
+        # execute_with's connections (psycopg, asyncpg) are PostgreSQL's: its CTE is too.
+        attached = self._writer_for(_POSTGRES).storage.attached(events, self._check)
         if attached is None:
             return query, list(params)
         cte, event_params = attached
@@ -430,16 +490,18 @@ class Outbox:
 
     async def aput(self, conn: AsyncConnection, event: Event) -> None:
         """Async :meth:`put`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
-        stmt, params = self._storage.one(self._check(event))
-        with self._errors:
+        writer = self._writer_of(conn)
+        stmt, params = writer.storage.one(self._check(event))
+        with writer.errors:
             await async_adapter(conn, _WRITE).execute(conn, stmt, params, self._async_cursor)
 
     async def aput_many(self, conn: AsyncConnection, events: Iterable[Event]) -> None:
         """Async :meth:`put_many`."""
-        prepared = self._params_many(events)
+        writer = self._writer_of(conn)
+        prepared = writer.storage.many(events, self._check)
         if prepared is None:
             return
-        with self._errors:
+        with writer.errors:
             await async_adapter(conn, _WRITE).execute(conn, *prepared, self._async_cursor)
 
 

@@ -142,3 +142,39 @@ def test_include_object_skips_the_tables_and_what_is_on_them() -> None:
     assert not hooks.include_name("outbox_partitions", "table", {"schema_name": "shop"})
     assert not hooks.include_name("outboxkit_schema_versions", "table", {"schema_name": "shop"})
     assert hooks.include_name("outbox", "table", {"schema_name": None})
+
+
+def test_a_mariadb_connection_is_refused_in_one_line_naming_outboxkit_migrate(
+    mariadb_server: Any,
+) -> None:
+    """The helper's versions are PostgreSQL's SQL: on MariaDB its backend says so, before
+    any statement runs."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from sqlalchemy import create_engine
+
+    from outboxkit.contrib import alembic as outboxkit_alembic
+    from outboxkit.errors import ConfigurationError
+    from tests.support.mariadb_drivers import database
+
+    with database(mariadb_server, "alembic") as url:
+        engine = create_engine(url.replace("mysql://", "mysql+pymysql://", 1))
+        try:
+            with engine.begin() as conn:
+                op = Operations(MigrationContext.configure(conn))
+                for call in (
+                    lambda: outboxkit_alembic.upgrade(op, to_version=1),
+                    lambda: outboxkit_alembic.downgrade(op, from_version=1),
+                ):
+                    with pytest.raises(ConfigurationError, match="outboxkit migrate") as refused:
+                        call()
+                    assert "\n" not in str(refused.value)
+                assert sa_tables(conn) == []
+        finally:
+            engine.dispose()
+
+
+def sa_tables(conn: Any) -> list[str]:
+    from sqlalchemy import inspect
+
+    return list(inspect(conn).get_table_names())

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outboxkit import NotInTransactionError, Outbox
+from outboxkit import NotInTransactionError
 from outboxkit.contrib.celery import asend_task, send_task
 from outboxkit.wire import celery as wire
 from tests.support.celery_worker import ROOT, celery_env, celery_worker, wait_for_runs
@@ -121,9 +121,8 @@ def test_a_task_written_on_mariadb_runs_on_a_celery_worker(
         conn = pymysql.connect(**connect_args(mariadb_url))
         try:
             conn.begin()
-            task_id = send_task(
-                conn, "outboxkit_test.record", (11,), queue=queue, outbox=Outbox(storage="mariadb")
-            )
+            # the default outbox: it follows the connection to MariaDB's table
+            task_id = send_task(conn, "outboxkit_test.record", (11,), queue=queue)
             conn.commit()
         finally:
             conn.close()

@@ -31,6 +31,7 @@ from typing import Any
 from alembic.operations import Operations
 from sqlalchemy import text
 
+from outboxkit.backends import backend_of
 from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
 from outboxkit.backends.postgres.migrations import Kind
 from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, VERSIONS_TABLE, parse_table
@@ -48,6 +49,13 @@ def latest(kind: Kind = "outbox") -> int:
     return versions(kind)[-1]
 
 
+def _refuse_other_databases(op: Operations) -> None:
+    """The versions are PostgreSQL's SQL: a database whose backend lacks them says so."""
+    bind = op.get_context().bind
+    if bind is not None:  # offline (--sql): the caller picked the dialect
+        backend_of(bind).refuse("alembic")
+
+
 def _execute(op: Operations, statement: str) -> None:
     # text() would read ":name" as a bind parameter (also inside comments): escape them.
     op.execute(text(statement.replace(":", r"\:")))
@@ -62,6 +70,7 @@ def upgrade(
     kind: Kind = "outbox",
 ) -> None:
     """Apply ``kind``'s versions ``from_version + 1`` to ``to_version`` to ``table``."""
+    _refuse_other_databases(op)
     known = versions(kind)
     if not 0 <= from_version < to_version <= known[-1]:
         raise ValueError(
@@ -82,6 +91,7 @@ def downgrade(
     kind: Kind = "outbox",
 ) -> None:
     """Undo ``kind``'s versions ``from_version`` down to ``to_version + 1`` (0: drop it)."""
+    _refuse_other_databases(op)
     known = versions(kind)
     if not 0 <= to_version < from_version <= known[-1]:
         raise ValueError(

@@ -111,7 +111,7 @@ def send_task(
     """Write Celery task ``name`` in ``conn``'s open transaction; return its task id.
 
     ``conn`` is any connection the outbox write takes (psycopg, SQLAlchemy, psycopg2,
-    the MariaDB drivers with ``Outbox(storage="mariadb")``), inside a transaction: a
+    PyMySQL, mysqlclient: the outbox follows the connection's database), inside a transaction: a
     rollback takes the task with it. ``AsyncResult(task_id)`` follows it once a worker
     runs it.
     """

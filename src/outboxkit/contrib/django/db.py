@@ -9,6 +9,9 @@ from psycopg.conninfo import make_conninfo
 
 from outboxkit.errors import ConfigurationError, NotInTransactionError
 
+#: Django's database vendors outboxkit writes through: the outbox follows the connection.
+_VENDORS = ("postgresql", "mysql")
+
 
 def atomic_connection(using: str | None, action: str) -> Any:
     """Django's connection ``using`` (default: ``default``), inside ``transaction.atomic()``.
@@ -19,10 +22,10 @@ def atomic_connection(using: str | None, action: str) -> Any:
     """
     alias = using or DEFAULT_DB_ALIAS
     conn = connections[alias]
-    if conn.vendor != "postgresql":
+    if conn.vendor not in _VENDORS:
         raise ConfigurationError(
             f"database {alias!r} uses the {conn.vendor} backend; outboxkit needs PostgreSQL"
-            " (django.db.backends.postgresql)"
+            " (django.db.backends.postgresql) or MariaDB/MySQL (django.db.backends.mysql)"
         )
     if not conn.in_atomic_block:
         where = "" if alias == DEFAULT_DB_ALIAS else f"using={alias!r}"
