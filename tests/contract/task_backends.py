@@ -113,10 +113,14 @@ async def claim(
     alone: bool = False,
     max_attempts: int = 3,
     token: uuid.UUID | None = None,
+    name: str | None = None,
+    concurrency: int | None = None,
+    skip: tuple[str, ...] = (),
 ) -> TaskClaimed:
     """One claim statement, as the core's claim policies issue it."""
+    what = TaskClaim(queue, alone=alone, name=name, concurrency=concurrency, skip=skip)
     return await store.claim_tasks(
-        TaskClaim(queue, alone=alone), limit=limit, lease=lease, token=token or uuid.uuid4(),
+        what, limit=limit, lease=lease, token=token or uuid.uuid4(),
         owner="contract", max_attempts=max_attempts,
     )  # fmt: skip
 

@@ -223,9 +223,18 @@ class MemoryTaskStore:
         max_attempts: int,
     ) -> TaskClaimed:
         now = self.tasks.clock()
+        if what.concurrency is not None:  # a limited name: its running tasks are its slots
+            running = sum(
+                1 for r in self.tasks.rows()
+                if r.task_name == what.name and r.status is TaskState.RUNNING
+                and r.available_at > now
+            )  # fmt: skip
+            limit = max(0, min(limit, what.concurrency - running))
         seen = []
         for row in self.tasks.rows():
             if not self._claimable(row, what.queue, now):
+                continue
+            if row.task_name in what.skip or what.name not in (None, row.task_name):
                 continue
             running = row.status is TaskState.RUNNING
             if what.alone and row.lapses + running < SUSPECT_LAPSES:
@@ -432,8 +441,9 @@ class MemoryTaskStore:
         held = 0
         for task_id in claim.ids:
             row = self._held(task_id, claim.token)
-            if row is not None and row.status is TaskState.RUNNING:
-                row.available_at = self.tasks.clock() + lease
+            now = self.tasks.clock()
+            if row is not None and row.status is TaskState.RUNNING and row.available_at > now:
+                row.available_at = now + lease  # (a lapsed lease stays lapsed)
                 held += 1
         return held
 

@@ -83,6 +83,8 @@ class TaskType:
     events: str | None = None
     #: Seconds a finished task is kept with its return value (``keep_result``); None: not.
     keep: float | None = None
+    #: At most this many of its tasks run at once across every worker (None: no limit).
+    concurrency: int | None = None
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -138,6 +140,7 @@ class Tasks:
         timeout: float | None = None,
         events: str | None = None,
         keep_result: bool | float | dt.timedelta = False,
+        concurrency: int | None = None,
     ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -155,8 +158,14 @@ class Tasks:
         ``keep_result``: store the handler's return value (JSON) with its fenced completion
         and keep the finished task for ``Tasks(keep_results_for=)`` (True) or this long;
         read it with :meth:`result` / :meth:`wait`.
+        ``concurrency``: at most this many of its tasks run at once across every worker,
+        enforced by the claim in the database (docs/tasks.md "Concurrency limits").
         """
         _check_text("task name", name)
+        if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
+            raise ValueError(
+                f"concurrency of task {name!r} must be at least 1, got {concurrency!r}"
+            )
         keep: float | None = None
         if keep_result is True:
             keep = self.keep_results_for
@@ -195,6 +204,7 @@ class Tasks:
                 timeout=timeout,
                 events=events,
                 keep=keep,
+                concurrency=concurrency,
             )
             return TaskFunction(self, name, fn)
 
