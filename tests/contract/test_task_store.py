@@ -484,3 +484,23 @@ async def test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit(
     stores = [b.store() for _ in range(6)]
     got = await asyncio.gather(*(claim(s, name="lim", concurrency=3) for s in stores))
     assert sum(len(g.claim.ids) for g in got if g.claim is not None) == 3
+
+
+async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    ids = [await b.enqueue("paced") for _ in range(20)]
+    one, two = b.store(), b.store()  # two workers share one bucket
+    first = (await claim(one, name="paced", rate=2.0, burst=3)).claim
+    assert first is not None and len(first.ids) == 3  # the burst
+    assert (await claim(two, name="paced", rate=2.0, burst=3)).claim is None  # no token left
+    waiting = await b.row(ids[-1])
+    assert waiting is not None and (waiting.status, waiting.attempts) == ("pending", 0)
+    await b.advance(1)
+    second = (await claim(two, name="paced", rate=2.0, burst=3)).claim
+    assert second is not None and len(second.ids) == 2  # one second at 2/s
+    assert (await claim(one, name="paced", rate=2.0, burst=3)).claim is None
+    await b.advance(60)
+    third = (await claim(one, name="paced", rate=2.0, burst=3)).claim
+    assert third is not None and len(third.ids) == 3  # refilled up to the burst, no more

@@ -158,6 +158,22 @@ class RevivesLapsedLeases(MemoryTaskStore):
         return await super().extend_leases(claim, lease)
 
 
+class WorkerLocalBucket(MemoryTaskStore):
+    """The naive rate limit: each worker keeps its own token bucket (three workers start
+    three times the rate)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bucket: dict[str, tuple[float, float]] = {}
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        shared, self.tasks.buckets = self.tasks.buckets, self.bucket
+        try:
+            return await super().claim_tasks(what, **kwargs)
+        finally:
+            self.tasks.buckets = shared
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -201,6 +217,10 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         WorkerLocalLimit,
         scenarios.test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit,
+    ),
+    (
+        WorkerLocalBucket,
+        scenarios.test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting,
     ),
     (
         RevivesLapsedLeases,

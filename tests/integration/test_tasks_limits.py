@@ -3,6 +3,7 @@ SIGSTOPped past its lease, never more than the limit running (docs/tasks.md)."""
 
 from __future__ import annotations
 
+import bisect
 import signal
 import time
 
@@ -88,3 +89,35 @@ def test_three_workers_never_run_more_than_the_limit_through_a_kill_and_a_freeze
     assert len(counted) >= 300 - 2 * LIMIT
     assert max_overlap(counted) <= LIMIT
     assert max_overlap(counted) == LIMIT  # the limit is used, not undershot to 1
+
+
+def test_three_workers_start_a_rate_limited_name_at_its_rate_plus_the_burst(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(LIMITED_DDL)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(600):
+            tasks.enqueue(conn, "paced")
+    workers = [spawn_worker(tasks_dsn, "--concurrency", "50") for _ in range(3)]
+    try:
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=40)
+    finally:
+        stop_workers(*workers)
+    with psycopg.connect(tasks_dsn) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started)::float8, attempt FROM limited_runs ORDER BY 1"
+        ).fetchall()
+    starts = [s for s, _ in rows]
+    assert len(starts) == 600 and {a for _, a in rows} == {1}  # waiting spent no attempt
+    assert len({pid for pid in _pids(tasks_dsn)}) == 3  # every worker started some
+    # at most 50 starts in any one-second window, plus the burst (a tenth: 5)
+    busiest = max(bisect.bisect_left(starts, s + 1.0) - i for i, s in enumerate(starts))
+    assert busiest <= 55, busiest
+    took = starts[-1] - starts[0]
+    assert 10.5 <= took <= 14.0, took  # (600 - 5) / 50 = 11.9 s: not 1, not 60
+
+
+def _pids(dsn: str) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT DISTINCT pid FROM limited_runs")]

@@ -174,3 +174,16 @@ async def limited(payload: dict[str, float], ctx: TaskContext) -> None:
         await conn.execute(
             "UPDATE limited_runs SET ended = clock_timestamp() WHERE id = %s", (row[0],)
         )
+
+
+@tasks.handler("paced", rate="50/s")
+async def paced(payload: None, ctx: TaskContext) -> None:
+    """At most 50 starts a second across every worker (+ the burst of 5): records its start
+    by the database's clock."""
+    async with await psycopg.AsyncConnection.connect(
+        os.environ["OUTBOXKIT_DSN"], autocommit=True
+    ) as conn:
+        await conn.execute(
+            "INSERT INTO limited_runs (task_id, attempt, pid) VALUES (%s, %s, %s)",
+            (ctx.id, ctx.attempt, os.getpid()),
+        )

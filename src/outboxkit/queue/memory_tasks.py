@@ -98,6 +98,8 @@ class MemoryTasks:
         self._next_id = 1
         #: Dependency edges: a task's upstream task ids.
         self.upstream: dict[int, list[int]] = {}
+        #: Rate-limited names' token buckets: name -> (tokens, as of this clock reading).
+        self.buckets: dict[str, tuple[float, float]] = {}
 
     def enqueue(
         self,
@@ -230,6 +232,11 @@ class MemoryTaskStore:
                 and r.available_at > now
             )  # fmt: skip
             limit = max(0, min(limit, what.concurrency - running))
+        tokens = 0.0
+        if what.rate is not None and what.name is not None:  # a token per task started
+            tokens, at = self.tasks.buckets.get(what.name, (float(what.burst), now))
+            tokens = min(float(what.burst), tokens + (now - at) * what.rate)
+            limit = max(0, min(limit, int(tokens)))
         seen = []
         for row in self.tasks.rows():
             if not self._claimable(row, what.queue, now):
@@ -264,6 +271,8 @@ class MemoryTaskStore:
             row.status, row.available_at = TaskState.RUNNING, now + lease
             row.claim_token, row.claimed_by = token, owner
             live.append(self._claimed(row))
+        if what.rate is not None and what.name is not None:
+            self.tasks.buckets[what.name] = (tokens - len(live), now)
         if not live and not dead:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in

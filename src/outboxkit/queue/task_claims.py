@@ -12,6 +12,8 @@ backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It dec
   of its own, which the store caps by its running tasks across every worker (never a count
   of this worker's: three workers would run 3 N); the queue's other claim skips it. A
   queue's claims take turns as the queues do, so a busy name starves no limited one;
+* rate limits (``rate="50/s"``): likewise a claim of its own, capped by the name's token
+  bucket in the store;
 * suspects run alone: when a claim passed over a suspect (a task whose worker died twice
   while it ran beside others), this worker stops claiming, lets its running tasks finish,
   then claims the suspect alone and claims nothing else until it settles. A process-killing
@@ -23,6 +25,7 @@ proven on every backend by the task-store contract suite.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +41,7 @@ class TaskClaims:
 
     ``queue_limits``: at most N tasks of a queue at once (the other queues go on).
     ``concurrency``: task name -> at most N of its tasks running across every worker.
+    ``rates``: task name -> (starts per second, burst) across every worker.
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class TaskClaims:
         queues: Sequence[str],
         queue_limits: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
+        rates: Mapping[str, tuple[float, int]] | None = None,
     ) -> None:
         self.store = store
         self.queues = list(queues)
@@ -58,19 +63,19 @@ class TaskClaims:
         self._next_queue = 0
         # One claim value per queue, built once (a claim statement per free slot or so).
         # Each queue's claims: its unlimited names, then each limited name on its own.
-        limited = dict(sorted((concurrency or {}).items()))
-        if any(n < 1 for n in limited.values()):
-            raise ValueError(f"concurrency limits must be at least 1: {limited}")
-        skip = tuple(limited)
-        self._claims = [
-            TaskClaim(q, skip=skip) if name is None else TaskClaim(q, name=name, concurrency=n)
+        caps, paces = dict(concurrency or {}), dict(rates or {})
+        if any(n < 1 for n in caps.values()):
+            raise ValueError(f"concurrency limits must be at least 1: {caps}")
+        if any(not r > 0 or b < 1 for r, b in paces.values()):
+            raise ValueError(f"rates must be > 0 with a burst of at least 1: {paces}")
+        skip = tuple(sorted(caps.keys() | paces.keys()))
+        self._claims = [TaskClaim(q, skip=skip) for q in self.queues] + [
+            TaskClaim(q, name=name, concurrency=caps.get(name), rate=paces.get(name, (None, 1))[0],
+                      burst=paces.get(name, (None, 1))[1])
             for q in self.queues
-            for name, n in [(None, 0), *limited.items()]
-        ]
-        self._alone_claims = [
-            TaskClaim(c.queue, alone=True, name=c.name, concurrency=c.concurrency, skip=c.skip)
-            for c in self._claims
-        ]
+            for name in skip
+        ]  # fmt: skip
+        self._alone_claims = [dataclasses.replace(c, alone=True) for c in self._claims]
         self._held: dict[int, str] = {}  # every task id this worker holds -> its queue
         self._held_count: Counter[str] = Counter()
         self._passed = False  # a claim passed (a queue at its limit, draining, alone)
@@ -132,6 +137,8 @@ class TaskClaims:
                 return self._took(i, got.claim)
             if what.concurrency is not None:
                 self._passed = True  # a full limit frees when one of its tasks settles
+            if what.rate is not None:
+                self._passed = True  # (a poll later the bucket has refilled)
         return None
 
     def _in_turn(self) -> Sequence[int]:

@@ -220,6 +220,7 @@ class Worker:
             concurrency={
                 t.name: t.concurrency for t in tasks.types.values() if t.concurrency is not None
             },
+            rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

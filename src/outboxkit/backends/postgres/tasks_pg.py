@@ -220,6 +220,8 @@ class PgTaskStore(PgSession):
             "names": self.names,
             "name": what.name,
             "concurrency": what.concurrency,
+            "rate": what.rate,
+            "burst": what.burst,
             "skip": list(what.skip),
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
@@ -227,7 +229,7 @@ class PgTaskStore(PgSession):
             conn = await self._connection("claim")
             claiming = (
                 fetch_rows(conn.cursor(), self.sql.claim, params)
-                if self.on_settle is None and what.concurrency is None
+                if self.on_settle is None and what.name is None
                 else self._claim_with_events(conn, params)
             )
             records = await self.within(conn, "claim", claiming)
@@ -254,8 +256,10 @@ class PgTaskStore(PgSession):
         A limited name's claim takes its name's lock first, by a statement of its own: the
         claim's snapshot then sees every claim of the name committed before (CLAIM)."""
         async with conn.transaction():
-            if params["concurrency"] is not None:
+            if params["name"] is not None:
                 await conn.execute(self.sql.claim_limit_lock, (params["name"],))
+            if params["rate"] is not None:
+                await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
             records = await fetch_rows(conn.cursor(), self.sql.claim, params)
             dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
             if dead and self.on_settle is not None:
