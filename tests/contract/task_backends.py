@@ -113,10 +113,18 @@ async def claim(
     alone: bool = False,
     max_attempts: int = 3,
     token: uuid.UUID | None = None,
+    name: str | None = None,
+    concurrency: int | None = None,
+    skip: tuple[str, ...] = (),
+    rate: float | None = None,
+    burst: int = 1,
 ) -> TaskClaimed:
     """One claim statement, as the core's claim policies issue it."""
+    what = TaskClaim(
+        queue, alone=alone, name=name, concurrency=concurrency, skip=skip, rate=rate, burst=burst
+    )
     return await store.claim_tasks(
-        TaskClaim(queue, alone=alone), limit=limit, lease=lease, token=token or uuid.uuid4(),
+        what, limit=limit, lease=lease, token=token or uuid.uuid4(),
         owner="contract", max_attempts=max_attempts,
     )  # fmt: skip
 
@@ -231,4 +239,7 @@ class PostgresTaskBackend(TaskBackend):
                 f"UPDATE {TABLE} SET available_at = available_at - make_interval(secs => %s),"
                 f" keep_until = keep_until - make_interval(secs => %s)",
                 (seconds, seconds),
+            )
+            await conn.execute(  # rate limits' buckets refill by the same clock
+                f"UPDATE {TABLE}_limits SET at = at - make_interval(secs => %s)", (seconds,)
             )

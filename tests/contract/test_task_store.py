@@ -445,3 +445,62 @@ async def test_a_keys_later_tasks_wait_out_of_the_claim_and_its_heads_end_promot
     row = await b.row(later[2])
     assert row is not None and row.status == "waiting"
     assert await store.release_dependents(None, 10) == 0  # its head is live: nothing to do
+
+
+async def test_a_limited_name_runs_at_most_its_limit_and_only_a_lapse_or_its_own_settle_frees_one(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    limited = [await b.enqueue("lim", priority=5) for _ in range(2)]  # claimed first
+    free = [await b.enqueue("free") for _ in range(2)]
+    one, two = b.store(), b.store()  # two workers
+    first = (await claim(one, name="lim", concurrency=2, lease=5)).claim
+    assert first is not None and first.ids == limited
+    later = [await b.enqueue("lim") for _ in range(2)]
+    assert (await claim(two, name="lim", concurrency=2)).claim is None  # full, whoever asks
+    rest = (await claim(two, skip=("lim",))).claim  # the queue's other claim skips "lim"
+    assert rest is not None and rest.ids == free
+    await b.advance(6)  # `one` froze past its lease: its slots free by the clock
+    assert await one.extend_leases(first, 30) == 0  # a lapsed lease is never revived
+    second = (await claim(two, name="lim", concurrency=2, limit=1)).claim
+    assert second is not None and len(second.ids) == 1
+    retaken = (await claim(two, name="lim", concurrency=2)).claim  # one slot left
+    assert retaken is not None and len(retaken.ids) == 1
+    # the zombie's settles are fenced: they never free a slot `second` or `retaken` holds
+    await one.settle(first, [DONE, DONE])
+    assert (await claim(one, name="lim", concurrency=2)).claim is None
+    await two.settle(second, [DONE])  # a holder's own settle frees its slot
+    third = (await claim(one, name="lim", concurrency=2)).claim
+    assert third is not None and len(third.ids) == 1
+    assert sorted(second.ids + retaken.ids) == limited and third.ids[0] in later
+
+
+async def test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    for _ in range(30):
+        await b.enqueue("lim")
+    stores = [b.store() for _ in range(6)]
+    got = await asyncio.gather(*(claim(s, name="lim", concurrency=3) for s in stores))
+    assert sum(len(g.claim.ids) for g in got if g.claim is not None) == 3
+
+
+async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    ids = [await b.enqueue("paced") for _ in range(20)]
+    one, two = b.store(), b.store()  # two workers share one bucket
+    first = (await claim(one, name="paced", rate=2.0, burst=3)).claim
+    assert first is not None and len(first.ids) == 3  # the burst
+    assert (await claim(two, name="paced", rate=2.0, burst=3)).claim is None  # no token left
+    waiting = await b.row(ids[-1])
+    assert waiting is not None and (waiting.status, waiting.attempts) == ("pending", 0)
+    await b.advance(1)
+    second = (await claim(two, name="paced", rate=2.0, burst=3)).claim
+    assert second is not None and len(second.ids) == 2  # one second at 2/s
+    assert (await claim(one, name="paced", rate=2.0, burst=3)).claim is None
+    await b.advance(60)
+    third = (await claim(one, name="paced", rate=2.0, burst=3)).claim
+    assert third is not None and len(third.ids) == 3  # refilled up to the burst, no more

@@ -126,6 +126,54 @@ class ReleasesAtTheFirstUpstream(MemoryTaskStore):
         return moved + await super().release_dependents(ids, limit)
 
 
+class WorkerLocalLimit(MemoryTaskStore):
+    """The naive concurrency limit: each worker counts only the tasks it claimed itself (a
+    per-worker semaphore): three workers run three times the limit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mine: set[uuid.UUID] = set()
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        if what.concurrency is None:
+            return await super().claim_tasks(what, **kwargs)
+        now = self.tasks.clock()
+        held = sum(
+            1 for r in self.tasks.rows()
+            if r.claim_token in self.mine and r.status is TaskState.RUNNING and r.available_at > now
+        )  # fmt: skip
+        kwargs["limit"] = max(0, min(kwargs["limit"], what.concurrency - held))
+        self.mine.add(kwargs["token"])
+        return await super().claim_tasks(TaskClaim(what.queue, what.alone, what.name), **kwargs)
+
+
+class RevivesLapsedLeases(MemoryTaskStore):
+    """A heartbeat that extends a lapsed lease (its slot may be another task's by then)."""
+
+    async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
+        for task_id in claim.ids:
+            row = self._held(task_id, claim.token)
+            if row is not None:
+                row.available_at = self.tasks.clock() + 1
+        return await super().extend_leases(claim, lease)
+
+
+class WorkerLocalBucket(MemoryTaskStore):
+    """The naive rate limit: each worker keeps its own token bucket (three workers start
+    three times the rate)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bucket: dict[str, tuple[float, float]] = {}
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        shared, self.tasks.buckets = self.tasks.buckets, self.bucket
+        try:
+            return await super().claim_tasks(what, **kwargs)
+        finally:
+            self.tasks.buckets = shared
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -161,6 +209,26 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         UnfencedProgressAndResults,
         scenarios.test_a_kept_result_and_progress_are_written_fenced_and_purged_after_their_time,
+    ),
+    (
+        WorkerLocalLimit,
+        scenarios.test_a_limited_name_runs_at_most_its_limit_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        WorkerLocalLimit,
+        scenarios.test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit,
+    ),
+    (
+        WorkerLocalBucket,
+        scenarios.test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting,
+    ),
+    (
+        RevivesLapsedLeases,
+        scenarios.test_a_limited_name_runs_at_most_its_limit_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        NoFencing,
+        scenarios.test_a_limited_name_runs_at_most_its_limit_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
 ]
 

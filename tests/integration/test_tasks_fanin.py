@@ -188,7 +188,8 @@ def _claim_probe(dsn: str) -> tuple[int, int, int]:
     sql = TaskStatements(TABLE)
     params = {"queue": "default", "alone": False, "limit": 10, "lease": 30.0,
               "token": uuid.uuid4(), "owner": "probe", "max_attempts": 5,
-              "names": None}  # fmt: skip
+              "names": None, "name": None, "concurrency": None, "rate": None,
+              "burst": 1, "skip": []}  # fmt: skip
     with psycopg.connect(dsn) as conn:
         plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim, params)
         row = plan.fetchone()

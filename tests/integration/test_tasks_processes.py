@@ -39,6 +39,18 @@ def spawn_worker(dsn: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE)
 
 
+def stop_workers(*workers: subprocess.Popen[bytes] | None) -> None:
+    """Thaw (a SIGSTOPped one) and stop each worker still running; kill one that hangs."""
+    for worker in workers:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGCONT)
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+
 def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -470,14 +482,7 @@ def test_a_frozen_workers_result_and_progress_never_land_over_the_live_attempts(
         time.sleep(1.5)  # the zombie's late progress and settle, had they landed
         result = tasks.result(tasks_dsn, task_id)  # type: ignore[assignment]
     finally:
-        for worker in (first, second):
-            if worker is not None and worker.poll() is None:
-                worker.send_signal(signal.SIGCONT)
-                worker.send_signal(signal.SIGTERM)
-                try:
-                    worker.wait(15)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
+        stop_workers(first, second)
     assert result is not None and result.status == "done"
     assert result.value == {"attempt": 2}
     assert result.progress == {"attempt": 2, "final": 1}

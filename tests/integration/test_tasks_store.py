@@ -60,7 +60,7 @@ def test_migrate_tasks_creates_then_finds_nothing_to_do_and_the_cli_does_the_sam
     first = migrate_tasks(empty_db_dsn, table="jobs")
     assert first.action is MigrationAction.CREATED
     assert migrate_tasks(empty_db_dsn, table="jobs").action is MigrationAction.UNCHANGED
-    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 6
+    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 8
     result = CliRunner().invoke(main, ["migrate", "--tasks", "--dsn", empty_db_dsn])
     assert result.exit_code == 0, result.output
     assert "created task table 'outboxkit_tasks'" in result.output
@@ -203,7 +203,8 @@ def test_the_claim_walks_the_claim_index_past_a_large_history(tasks_dsn: str) ->
         sql = TaskStatements(TABLE)
         params = {"limit": 10, "lease": 30.0, "token": uuid.uuid4(), "owner": "t",
                   "max_attempts": 5, "queue": "default", "names": ["new"],
-                  "alone": False}  # fmt: skip
+                  "alone": False, "name": None, "concurrency": None, "rate": None, "burst": 1,
+                  "skip": []}  # fmt: skip
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.claim, params))
     assert "outboxkit_tasks_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
@@ -216,7 +217,7 @@ def test_the_task_migration_files_applied_by_another_tool_equal_migrate_tasks(
 
     _schemas(empty_db_dsn, "fresh", "files")
     migrate_tasks(empty_db_dsn, table="fresh.jobs")
-    _apply(empty_db_dsn, "files.jobs", "tasks", through=6)
+    _apply(empty_db_dsn, "files.jobs", "tasks", through=8)
     _diff(empty_db_dsn, "fresh", "files")
     again = migrate_tasks(empty_db_dsn, table="files.jobs")
     assert again.action is MigrationAction.UNCHANGED

@@ -150,3 +150,40 @@ def zombie_result(payload: None, ctx: TaskContext) -> dict[str, int]:
     time.sleep(3 if ctx.attempt == 1 else 1.5)
     ctx.progress({"attempt": ctx.attempt, "final": 1})
     return {"attempt": ctx.attempt}
+
+
+LIMITED_DDL = (
+    "CREATE TABLE IF NOT EXISTS limited_runs (id bigserial PRIMARY KEY, task_id bigint,"
+    " attempt int, pid int, started timestamptz DEFAULT clock_timestamp(), ended timestamptz)"
+)
+
+
+@tasks.handler("limited", concurrency=4)
+async def limited(payload: dict[str, float], ctx: TaskContext) -> None:
+    """At most 4 at once across every worker: records its start and end by the database's
+    clock (the test counts the overlap), sleeping between them."""
+    dsn = os.environ["OUTBOXKIT_DSN"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO limited_runs (task_id, attempt, pid) VALUES (%s, %s, %s) RETURNING id",
+            (ctx.id, ctx.attempt, os.getpid()),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await asyncio.sleep(payload["seconds"])
+        await conn.execute(
+            "UPDATE limited_runs SET ended = clock_timestamp() WHERE id = %s", (row[0],)
+        )
+
+
+@tasks.handler("paced", rate="50/s")
+async def paced(payload: None, ctx: TaskContext) -> None:
+    """At most 50 starts a second across every worker (+ the burst of 5): records its start
+    by the database's clock."""
+    async with await psycopg.AsyncConnection.connect(
+        os.environ["OUTBOXKIT_DSN"], autocommit=True
+    ) as conn:
+        await conn.execute(
+            "INSERT INTO limited_runs (task_id, attempt, pid) VALUES (%s, %s, %s)",
+            (ctx.id, ctx.attempt, os.getpid()),
+        )

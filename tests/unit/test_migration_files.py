@@ -30,6 +30,8 @@ RELEASED = {
     "tasks/0004_results.sql": "e6e4f41ddece4484",
     "tasks/0005_dependencies.sql": "ebfd52a129a9f477",
     "tasks/0006_traces.sql": "320a9d990e44987c",
+    "tasks/0007_limits.sql": "43752cb00078baf8",
+    "tasks/0008_rates.sql": "8b4209d7240429f5",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

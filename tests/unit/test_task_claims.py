@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from outboxkit.queue.memory import ManualClock
 from outboxkit.queue.memory_tasks import MemoryTasks, MemoryTaskStore
 from outboxkit.queue.store import DONE, Claim
@@ -83,3 +85,34 @@ async def test_a_suspect_waits_for_the_worker_to_drain_then_runs_alone() -> None
     await claims.settle(alone, [DONE])
     rest = await _claim(claims)
     assert rest is not None and rest.ids == [healthy[2]]
+
+
+async def test_limited_names_take_turns_with_the_rest_of_their_queue_and_keep_their_caps() -> None:
+    tasks = MemoryTasks(clock=ManualClock(100.0))
+    for _ in range(5):
+        tasks.enqueue("free")
+        tasks.enqueue("capped")
+        tasks.enqueue("paced")
+    claims, _ = _claims(tasks, concurrency={"capped": 2}, rates={"paced": (1.0, 1)})
+    served = []
+    for _ in range(6):
+        c = await _claim(claims, limit=10)
+        served.append([] if c is None else [t.task_name for t in c.items])
+    # the queue's claim (free names only), then each limited name on its own, in turn
+    assert served[:3] == [["free"] * 5, ["capped"] * 2, ["paced"]]
+    assert served[3:] == [[], [], []]  # free drained, capped full, paced out of tokens
+
+
+def test_handler_limits_are_checked_where_they_are_declared() -> None:
+    from outboxkit.tasks import Tasks
+    from outboxkit.tasks.registry import parse_rate
+
+    assert parse_rate("t", "50/s") == (50.0, 5)
+    assert parse_rate("t", "120/min") == (2.0, 12)
+    assert parse_rate("t", "3/h") == (3 / 3600, 1)
+    tasks = Tasks()
+    for bad in ("50", "50/day", "0/s", "x/s"):
+        with pytest.raises(ValueError, match="rate of task 't'"):
+            tasks.handler("t", rate=bad)
+    with pytest.raises(ValueError, match="concurrency of task 't' must be at least 1"):
+        tasks.handler("t", concurrency=0)

@@ -98,6 +98,8 @@ class MemoryTasks:
         self._next_id = 1
         #: Dependency edges: a task's upstream task ids.
         self.upstream: dict[int, list[int]] = {}
+        #: Rate-limited names' token buckets: name -> (tokens, as of this clock reading).
+        self.buckets: dict[str, tuple[float, float]] = {}
 
     def enqueue(
         self,
@@ -223,9 +225,23 @@ class MemoryTaskStore:
         max_attempts: int,
     ) -> TaskClaimed:
         now = self.tasks.clock()
+        if what.concurrency is not None:  # a limited name: its running tasks are its slots
+            running = sum(
+                1 for r in self.tasks.rows()
+                if r.task_name == what.name and r.status is TaskState.RUNNING
+                and r.available_at > now
+            )  # fmt: skip
+            limit = max(0, min(limit, what.concurrency - running))
+        tokens = 0.0
+        if what.rate is not None and what.name is not None:  # a token per task started
+            tokens, at = self.tasks.buckets.get(what.name, (float(what.burst), now))
+            tokens = min(float(what.burst), tokens + (now - at) * what.rate)
+            limit = max(0, min(limit, int(tokens)))
         seen = []
         for row in self.tasks.rows():
             if not self._claimable(row, what.queue, now):
+                continue
+            if row.task_name in what.skip or what.name not in (None, row.task_name):
                 continue
             running = row.status is TaskState.RUNNING
             if what.alone and row.lapses + running < SUSPECT_LAPSES:
@@ -255,6 +271,8 @@ class MemoryTaskStore:
             row.status, row.available_at = TaskState.RUNNING, now + lease
             row.claim_token, row.claimed_by = token, owner
             live.append(self._claimed(row))
+        if what.rate is not None and what.name is not None:
+            self.tasks.buckets[what.name] = (tokens - len(live), now)
         if not live and not dead:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
@@ -432,8 +450,9 @@ class MemoryTaskStore:
         held = 0
         for task_id in claim.ids:
             row = self._held(task_id, claim.token)
-            if row is not None and row.status is TaskState.RUNNING:
-                row.available_at = self.tasks.clock() + lease
+            now = self.tasks.clock()
+            if row is not None and row.status is TaskState.RUNNING and row.available_at > now:
+                row.available_at = now + lease  # (a lapsed lease stays lapsed)
                 held += 1
         return held
 

@@ -8,6 +8,12 @@ backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It dec
   not starve the others (a claim that finds one queue empty tries the next);
 * per-queue limits (``--queue name=N``): at most N tasks of a queue held by this worker at
   once, counted from claim to settle or release;
+* concurrency limits (``@tasks.handler(name, concurrency=N)``): a limited name has claims
+  of its own, which the store caps by its running tasks across every worker (never a count
+  of this worker's: three workers would run 3 N); the queue's other claim skips it. A
+  queue's claims take turns as the queues do, so a busy name starves no limited one;
+* rate limits (``rate="50/s"``): likewise a claim of its own, capped by the name's token
+  bucket in the store;
 * suspects run alone: when a claim passed over a suspect (a task whose worker died twice
   while it ran beside others), this worker stops claiming, lets its running tasks finish,
   then claims the suspect alone and claims nothing else until it settles. A process-killing
@@ -19,6 +25,7 @@ proven on every backend by the task-store contract suite.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +40,8 @@ class TaskClaims:
     """The claim loop's queue store in task mode: ``store`` plus the worker's claim policies.
 
     ``queue_limits``: at most N tasks of a queue at once (the other queues go on).
+    ``concurrency``: task name -> at most N of its tasks running across every worker.
+    ``rates``: task name -> (starts per second, burst) across every worker.
     """
 
     def __init__(
@@ -41,6 +50,8 @@ class TaskClaims:
         *,
         queues: Sequence[str],
         queue_limits: Mapping[str, int] | None = None,
+        concurrency: Mapping[str, int] | None = None,
+        rates: Mapping[str, tuple[float, int]] | None = None,
     ) -> None:
         self.store = store
         self.queues = list(queues)
@@ -51,8 +62,20 @@ class TaskClaims:
         self.on_free: Callable[[], None] | None = None
         self._next_queue = 0
         # One claim value per queue, built once (a claim statement per free slot or so).
-        self._claims = {q: TaskClaim(q) for q in self.queues}
-        self._alone_claims = {q: TaskClaim(q, alone=True) for q in self.queues}
+        # Each queue's claims: its unlimited names, then each limited name on its own.
+        caps, paces = dict(concurrency or {}), dict(rates or {})
+        if any(n < 1 for n in caps.values()):
+            raise ValueError(f"concurrency limits must be at least 1: {caps}")
+        if any(not r > 0 or b < 1 for r, b in paces.values()):
+            raise ValueError(f"rates must be > 0 with a burst of at least 1: {paces}")
+        skip = tuple(sorted(caps.keys() | paces.keys()))
+        self._claims = [TaskClaim(q, skip=skip) for q in self.queues] + [
+            TaskClaim(q, name=name, concurrency=caps.get(name), rate=paces.get(name, (None, 1))[0],
+                      burst=paces.get(name, (None, 1))[1])
+            for q in self.queues
+            for name in skip
+        ]  # fmt: skip
+        self._alone_claims = [dataclasses.replace(c, alone=True) for c in self._claims]
         self._held: dict[int, str] = {}  # every task id this worker holds -> its queue
         self._held_count: Counter[str] = Counter()
         self._passed = False  # a claim passed (a queue at its limit, draining, alone)
@@ -82,26 +105,28 @@ class TaskClaims:
         store = self.store
         if self._suspects:  # nothing running here: run one suspect alone
             self._suspects = False
-            for queue in self._in_turn():
+            for i in self._in_turn():
+                queue = self._claims[i].queue
                 if self._room(queue, 1) < 1:
                     continue
                 got = await store.claim_tasks(
-                    self._alone_claims[queue], limit=1, lease=lease, token=token, owner=owner,
+                    self._alone_claims[i], limit=1, lease=lease, token=token, owner=owner,
                     max_attempts=max_attempts,
                 )  # fmt: skip
                 if got.claim is not None and got.claim.ids:
                     self._alone = got.claim.ids[0]
                     self.claimed_alone += 1
-                    return self._took(queue, got.claim)
+                    return self._took(i, got.claim)
                 if got.claim is not None:
                     return got.claim  # only dead-lettered ones: reported
-        for queue in self._in_turn():
-            take = self._room(queue, limit)
+        for i in self._in_turn():
+            what = self._claims[i]
+            take = self._room(what.queue, limit)
             if take < 1:
                 self._passed = True
                 continue
             got = await store.claim_tasks(
-                self._claims[queue], limit=take, lease=lease, token=token, owner=owner,
+                what, limit=take, lease=lease, token=token, owner=owner,
                 max_attempts=max_attempts,
             )  # fmt: skip
             if got.suspects:
@@ -109,24 +134,26 @@ class TaskClaims:
                 if not self._held and (got.claim is None or not got.claim.ids):
                     self.wake_later()  # idle already: claim the suspect at once
             if got.claim is not None:
-                return self._took(queue, got.claim)
+                return self._took(i, got.claim)
+            if what.concurrency is not None:
+                self._passed = True  # a full limit frees when one of its tasks settles
+            if what.rate is not None:
+                self._passed = True  # (a poll later the bucket has refilled)
         return None
 
-    def _in_turn(self) -> Sequence[str]:
-        """The queues starting after the one served last (one busy queue starves none)."""
-        queues = self.queues
-        if len(queues) == 1:
-            return queues
-        n, start = len(queues), self._next_queue
-        return [queues[(start + i) % n] for i in range(n)]
+    def _in_turn(self) -> Sequence[int]:
+        """The claims (a queue's, a limited name's) starting after the one served last: one
+        busy queue or name starves none."""
+        n, start = len(self._claims), self._next_queue
+        return [(start + i) % n for i in range(n)]
 
     def _room(self, queue: str, limit: int) -> int:
         cap = self.queue_limits.get(queue)
         return limit if cap is None else min(limit, cap - self._held_count[queue])
 
-    def _took(self, queue: str, claim: Claim[ClaimedTask]) -> Claim[ClaimedTask]:
-        if len(self.queues) > 1:
-            self._next_queue = (self.queues.index(queue) + 1) % len(self.queues)
+    def _took(self, i: int, claim: Claim[ClaimedTask]) -> Claim[ClaimedTask]:
+        queue = self._claims[i].queue
+        self._next_queue = (i + 1) % len(self._claims)
         held = self._held
         for task_id in claim.ids:
             held[task_id] = queue

@@ -9,6 +9,10 @@ statement. The rules every backend keeps, beside the queue store's (``queue/stor
 
 * a task is claimable when it is pending and due, or running with its lease run out (its
   worker died or froze); a keyed task only while no earlier task of its key is live;
+* a limited name (:attr:`TaskClaim.concurrency`) never has more tasks running with an
+  unlapsed lease than its limit, whatever claims race; a lapsed lease is never extended;
+* a rate-limited name (:attr:`TaskClaim.rate`) starts no more tasks than its bucket holds
+  tokens; a task it holds back stays pending (no attempt spent);
 * every claim is a new attempt (``attempt`` numbers one per claim), but a lapsed task's
   death is charged against max_attempts only when its claim ran it **alone**: a worker
   whose process dies takes every task it ran with it, and only the one that killed it
@@ -109,10 +113,23 @@ class TaskClaim:
     claims alone (nothing else running, nothing claimed until it settles), so a death while
     it runs is charged to it. A claim that is not alone never takes a suspect and reports
     that it passed one (:attr:`TaskClaimed.suspects`).
+    ``name`` and ``concurrency``: a limited task name's claim: only tasks of ``name``, and
+    at most ``concurrency`` of them running at once across every worker, counted by the
+    store from its running tasks whose lease has not lapsed (their claims serialize on the
+    name, so two never fill one slot). ``skip``: task names this claim never takes (the
+    limited ones, claimed by their own claims).
+    ``rate`` and ``burst``: a rate-limited name's claim: starts of ``name`` across every
+    worker at most ``rate`` per second, from a token bucket in the store (refilled by its
+    clock, holding at most ``burst`` tokens); a claim takes one token per task.
     """
 
     queue: str
     alone: bool = False
+    name: str | None = None
+    concurrency: int | None = None
+    skip: tuple[str, ...] = ()
+    rate: float | None = None
+    burst: int = 1
 
 
 @dataclass(slots=True)

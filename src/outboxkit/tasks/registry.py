@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import inspect
+import math
 import os
 import re
 import struct
@@ -83,10 +84,33 @@ class TaskType:
     events: str | None = None
     #: Seconds a finished task is kept with its return value (``keep_result``); None: not.
     keep: float | None = None
+    #: At most this many of its tasks run at once across every worker (None: no limit).
+    concurrency: int | None = None
+    #: (starts per second, burst) across every worker (``rate="50/s"``); None: no limit.
+    rate: tuple[float, int] | None = None
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
         return _build(self.model, payload) if self.model is not None else payload
+
+
+_RATE_UNITS = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def parse_rate(name: str, rate: str) -> tuple[float, int]:
+    """``"50/s"`` -> (50.0 starts per second, burst 5): the burst is a tenth of a window's
+    starts, at least 1 (a claim polls every so often: a bucket of one token would idle)."""
+    count, _sep, unit = rate.strip().partition("/")
+    try:
+        n = float(count)
+        seconds = _RATE_UNITS[unit.strip().lower()]
+    except (ValueError, KeyError):
+        raise ValueError(
+            f"rate of task {name!r} must read like '50/s', '100/min' or '10/h', got {rate!r}"
+        ) from None
+    if not n > 0:
+        raise ValueError(f"rate of task {name!r} must be above 0, got {rate!r}")
+    return n / seconds, max(1, math.ceil(n / 10))
 
 
 class Tasks:
@@ -138,6 +162,8 @@ class Tasks:
         timeout: float | None = None,
         events: str | None = None,
         keep_result: bool | float | dt.timedelta = False,
+        concurrency: int | None = None,
+        rate: str | None = None,
     ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -155,8 +181,18 @@ class Tasks:
         ``keep_result``: store the handler's return value (JSON) with its fenced completion
         and keep the finished task for ``Tasks(keep_results_for=)`` (True) or this long;
         read it with :meth:`result` / :meth:`wait`.
+        ``concurrency``: at most this many of its tasks run at once across every worker,
+        enforced by the claim in the database (docs/tasks.md "Concurrency limits").
+        ``rate``: ``"R/s"``, ``"R/min"`` or ``"R/h"``: at most R starts in any such window
+        across every worker, plus a burst of a tenth of R (at least 1); a task held back
+        waits, spending no attempt (docs/tasks.md "Rate limits").
         """
+        pace = None if rate is None else parse_rate(name, rate)
         _check_text("task name", name)
+        if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
+            raise ValueError(
+                f"concurrency of task {name!r} must be at least 1, got {concurrency!r}"
+            )
         keep: float | None = None
         if keep_result is True:
             keep = self.keep_results_for
@@ -195,6 +231,8 @@ class Tasks:
                 timeout=timeout,
                 events=events,
                 keep=keep,
+                concurrency=concurrency,
+                rate=pace,
             )
             return TaskFunction(self, name, fn)
 

@@ -213,7 +213,15 @@ class Worker:
             names=list(tasks.types),
         )
         #: The claim policies (queues in turn, limits, suspects alone) over the store.
-        self.claims = TaskClaims(self.store, queues=queues, queue_limits=queue_limits)
+        self.claims = TaskClaims(
+            self.store,
+            queues=queues,
+            queue_limits=queue_limits,
+            concurrency={
+                t.name: t.concurrency for t in tasks.types.values() if t.concurrency is not None
+            },
+            rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
+        )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id
         )

@@ -218,13 +218,18 @@ class PgTaskStore(PgSession):
             "owner": owner,
             "max_attempts": max_attempts,  # for tasks enqueued without their own
             "names": self.names,
+            "name": what.name,
+            "concurrency": what.concurrency,
+            "rate": what.rate,
+            "burst": what.burst,
+            "skip": list(what.skip),
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
             conn = await self._connection("claim")
             claiming = (
                 fetch_rows(conn.cursor(), self.sql.claim, params)
-                if self.on_settle is None
+                if self.on_settle is None and what.name is None
                 else self._claim_with_events(conn, params)
             )
             records = await self.within(conn, "claim", claiming)
@@ -247,12 +252,17 @@ class PgTaskStore(PgSession):
         self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]
     ) -> list[Any]:
         """The claim and the lifecycle events of what its crash-loop guard dead-lettered, in
-        one transaction (the dead letters and their events commit together or not at all)."""
-        assert self.on_settle is not None
+        one transaction (the dead letters and their events commit together or not at all).
+        A limited name's claim takes its name's lock first, by a statement of its own: the
+        claim's snapshot then sees every claim of the name committed before (CLAIM)."""
         async with conn.transaction():
+            if params["name"] is not None:
+                await conn.execute(self.sql.claim_limit_lock, (params["name"],))
+            if params["rate"] is not None:
+                await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
             records = await fetch_rows(conn.cursor(), self.sql.claim, params)
             dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
-            if dead:
+            if dead and self.on_settle is not None:
                 for task, _error in dead:
                     task.error_type = "CrashLoop"
                 extra = self.on_settle([(t, Decision(Verdict.DEAD, error=e)) for t, e in dead])

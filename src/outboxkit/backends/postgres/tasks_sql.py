@@ -68,6 +68,11 @@ def queues_table_name(name: str) -> str:
     return f"{name}_queues"[:63]
 
 
+def limits_table_name(name: str) -> str:
+    """The table of a task table's rate-limit buckets: its name with ``_limits``."""
+    return f"{name}_limits"[:63]
+
+
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
     """The placeholders of the task table's migration files
     (backends/postgres/migrations/tasks/)."""
@@ -77,6 +82,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "schedules": table_identifier(schema, SCHEDULES_TABLE),
         "queues": table_identifier(schema, queues_table_name(name)),
         "deps": table_identifier(schema, deps_table_name(name)),
+        "limits": table_identifier(schema, limits_table_name(name)),
         "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
         "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
         "index_key_waiting": sql.Identifier(f"{name}_key_waiting_idx"[:63]),
@@ -85,6 +91,9 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "index_key": sql.Identifier(f"{name}_key_idx"[:63]),
         "index_failed": sql.Identifier(f"{name}_failed_idx"[:63]),
         "index_kept": sql.Identifier(f"{name}_kept_idx"[:63]),
+        "index_running": sql.Identifier(f"{name}_running_idx"[:63]),
+        # (DROP INDEX names it in the table's schema)
+        "index_running_in_schema": table_identifier(schema, f"{name}_running_idx"[:63]),
         **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
     }
 
@@ -193,12 +202,29 @@ _NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT 
 # death is its own. A claim that is not alone passes over suspects and says so (a row
 # with a NULL id): the worker drains and runs them alone (queue/tasks.py).
 #
+# Concurrency limits (`@tasks.handler(name, concurrency=N)`): the running tasks of a
+# limited name ARE its slots. A claim of a limited name (`name`, `concurrency`) takes at most
+# N minus its running tasks whose lease has not lapsed, counted on the running index
+# (0007_limits.sql); every other claim skips the limited names (`skip`). Claims of one
+# limited name serialize on CLAIM_LIMIT_LOCK, taken by a statement of its own in the claim's
+# transaction, so the count's snapshot (the claim statement's, taken after the lock) sees
+# every claim of that name that committed before: two workers never both fill the last
+# slot. Nothing else needs the lock: a settle only empties a slot (fenced by the claim
+# token: a zombie's settle of a task claimed again since changes nothing), and a lapsed
+# lease stops counting by the clock alone (a SIGKILLed worker's slots free then), while
+# EXTEND never revives a lapsed lease (the slot may be taken by then). A full limit makes
+# the claim's LIMIT 0: it reads nothing of the tasks waiting behind it.
+#
 # The crash-loop guard (as the outbox's): a claimable task whose charged attempts
 # (attempts - spared) reached max_attempts was never settled by the worker that held it
 # last (each one died running it). The claim dead-letters it with an error that says so
 # and returns it with that error last.
 CLAIM = """
-WITH seen AS MATERIALIZED (
+WITH bucket AS MATERIALIZED (
+    SELECT least(%(burst)s::float8,
+                 b.tokens + extract(epoch FROM now() - b.at)::float8 * %(rate)s::float8) AS tokens
+    FROM {limits} AS b WHERE b.task_name = %(name)s::text AND %(rate)s::float8 IS NOT NULL
+), seen AS MATERIALIZED (
     SELECT t.id, t.attempts - t.spared AS charged,
            coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts,
            t.status = {running} AND t.lapses < {suspect} AS ambiguous,
@@ -208,6 +234,8 @@ WITH seen AS MATERIALIZED (
     WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
       AND t.queue = %(queue)s
       AND (%(names)s::text[] IS NULL OR t.task_name = ANY(%(names)s::text[]))
+      AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)
+      AND NOT t.task_name = ANY(%(skip)s::text[])
       AND (t.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} AS e
           WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
@@ -215,7 +243,14 @@ WITH seen AS MATERIALIZED (
            OR t.lapses + CASE WHEN t.status = {running} THEN 1 ELSE 0 END >= {suspect})
       AND NOT EXISTS (SELECT 1 FROM {queues} AS q WHERE q.queue = %(queue)s AND q.paused)
     ORDER BY t.priority DESC, t.available_at, t.id
-    LIMIT %(limit)s
+    LIMIT greatest(0, least(
+        %(limit)s::int4,
+        CASE WHEN %(concurrency)s::int4 IS NOT NULL THEN %(concurrency)s::int4 - (
+            SELECT count(*) FROM {table} AS r
+            WHERE r.task_name = %(name)s::text AND r.status = {running}
+              AND r.available_at > now())::int4 END,
+        CASE WHEN %(rate)s::float8 IS NOT NULL
+             THEN coalesce(floor((SELECT tokens FROM bucket))::int4, 0) END))
     FOR UPDATE OF t SKIP LOCKED
 ), batch AS (
     SELECT * FROM seen WHERE (lapses >= {suspect}) = %(alone)s
@@ -244,6 +279,10 @@ WITH seen AS MATERIALIZED (
       AND {no_flush_wait}
     RETURNING o.id, o.task_name, o.queue, o.payload, o.attempts, o.max_attempts, o.key,
               o.priority, o.created_at, o.spared, o.has_dependents, o.trace, NULL::text
+), spent AS (
+    UPDATE {limits} AS s
+    SET tokens = (SELECT tokens FROM bucket) - (SELECT count(*) FROM claimed), at = now()
+    WHERE s.task_name = %(name)s::text AND %(rate)s::float8 IS NOT NULL
 )
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
 UNION ALL
@@ -554,11 +593,24 @@ SET status = {pending}, available_at = now(), claim_token = NULL,
     attempts = greatest(attempts - 1, 0)
 WHERE id = ANY(%s) AND claim_token = %s AND {no_flush_wait}
 """
-# The heartbeat: a running task's lease pushed to now + lease, by the database's clock.
+# The heartbeat: a running task's lease pushed to now + lease, by the database's clock. A
+# lapsed lease stays lapsed (the task is claimable, and its concurrency slot may be filled
+# by another task already): a late heartbeat never makes two tasks hold one slot.
 EXTEND = """
 UPDATE {table}
 SET available_at = now() + make_interval(secs => %s)
-WHERE id = ANY(%s) AND claim_token = %s AND status = {running} AND {no_flush_wait}
+WHERE id = ANY(%s) AND claim_token = %s AND status = {running} AND available_at > now()
+  AND {no_flush_wait}
+"""
+# The claims of one limited task name, one at a time (see CLAIM): a transaction-scoped lock
+# in the bigint key space (the per-key enqueue lock uses the two-int4 one).
+CLAIM_LIMIT_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended({table_literal} || '/limit/' || %s, 0))"
+)
+# A rate-limited name's bucket, made full at its first claim (after CLAIM_LIMIT_LOCK).
+CLAIM_BUCKET = """
+INSERT INTO {limits} (task_name, tokens, at) VALUES (%s, %s, now())
+ON CONFLICT (task_name) DO NOTHING
 """
 HASTEN = """
 UPDATE {table}
@@ -587,7 +639,8 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 # fails here, naming what is missing, instead of at the first claim).
 CHECK_COLUMNS = """
 SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure, trace,
-       (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0)
+       (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),
+       (SELECT 1 FROM {limits} LIMIT 0)
 FROM {table} LIMIT 0
 """
 
@@ -814,6 +867,7 @@ class TaskStatements:
             "schedules": self.schedules,
             "queues": self.queues_table,
             "deps": self.deps_table,
+            "limits": quote_table(schema, limits_table_name(name)),
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
@@ -825,6 +879,8 @@ class TaskStatements:
         self.enqueue_dollar = numbered(self.enqueue)
         self.enqueue_with_commit = numbered(ENQUEUE_WITH_COMMIT.format(**slots))
         self.claim = CLAIM.format(**slots)
+        self.claim_limit_lock = CLAIM_LIMIT_LOCK.format(**slots)
+        self.claim_bucket = CLAIM_BUCKET.format(**slots)
         self.fail_unhandled = FAIL_UNHANDLED.format(**slots)
         self.settle_done_delete = SETTLE_DONE_DELETE.format(**slots)
         self.settle_done_keep = SETTLE_DONE_KEEP.format(**slots)

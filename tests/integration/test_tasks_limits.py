@@ -1,0 +1,123 @@
+"""Concurrency limits across worker processes: `outboxkit worker` x 3, one SIGKILLed and one
+SIGSTOPped past its lease, never more than the limit running (docs/tasks.md)."""
+
+from __future__ import annotations
+
+import bisect
+import signal
+import time
+
+import psycopg
+
+from tests.integration.test_tasks_processes import (
+    spawn_worker,
+    stop_workers,
+    tasks_dsn,
+    wait_for,
+)
+from tests.support.tasks_app import LIMITED_DDL, tasks
+
+LIMIT = 4  # tests/support/tasks_app.py: @tasks.handler("limited", concurrency=4)
+__all__ = ["tasks_dsn"]  # (the fixture)
+
+
+def _count(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def _now(dsn: str) -> float:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end before a start at the same instant)."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    most = running = 0
+    for _at, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_three_workers_never_run_more_than_the_limit_through_a_kill_and_a_freeze(
+    tasks_dsn: str,
+) -> None:
+    limits_dsn = tasks_dsn
+    with psycopg.connect(limits_dsn, autocommit=True) as conn:
+        conn.execute(LIMITED_DDL)
+    with psycopg.connect(limits_dsn) as conn, conn.transaction():
+        for _ in range(300):
+            tasks.enqueue(conn, "limited", {"seconds": 0.05})
+    args = ("--concurrency", "50", "--lease", "1")
+    workers = [spawn_worker(limits_dsn, *args) for _ in range(3)]
+    killed, frozen, _steady = workers
+    started = "SELECT count(*) FROM limited_runs"
+    try:
+        wait_for(lambda: _count(limits_dsn, started) >= 60, timeout=30)
+        killed.send_signal(signal.SIGKILL)  # its slots free when its leases lapse
+        killed.wait(10)
+        wait_for(lambda: _count(limits_dsn, started) >= 120, timeout=30)
+        frozen.send_signal(signal.SIGSTOP)  # no heartbeat: its leases lapse while it sleeps
+        stopped_at = _now(limits_dsn)
+        time.sleep(2.5)
+        frozen.send_signal(signal.SIGCONT)  # its zombie settles are fenced: no slot freed
+        wait_for(
+            lambda: _count(limits_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=60
+        )
+    finally:
+        stop_workers(*workers)
+    with psycopg.connect(limits_dsn) as conn:
+        rows = conn.execute(
+            "SELECT task_id, pid, extract(epoch FROM started)::float8,"
+            " extract(epoch FROM ended)::float8 FROM limited_runs"
+        ).fetchall()
+    assert len({task_id for task_id, *_ in rows}) == 300  # every task ran
+    # A SIGKILLed run never ended (its slot held until the lease lapsed: not counted, only
+    # fewer). A run frozen by SIGSTOP across its lease is a zombie: its handler resumes and
+    # finishes while its slot is another task's (no lease can stop a frozen process
+    # waking), so it is left out; every other run held its slot from claim to settle.
+    pid = frozen.pid
+    zombies = [r for r in rows if r[1] == pid and r[2] < stopped_at and r[3] is not None
+               and r[3] > stopped_at + 1]  # fmt: skip
+    assert len(zombies) <= LIMIT
+    counted = [(s, e) for _id, p, s, e in rows if e is not None and (_id, p, s, e) not in zombies]
+    assert len(counted) >= 300 - 2 * LIMIT
+    assert max_overlap(counted) <= LIMIT
+    assert max_overlap(counted) == LIMIT  # the limit is used, not undershot to 1
+
+
+def test_three_workers_start_a_rate_limited_name_at_its_rate_plus_the_burst(
+    tasks_dsn: str,
+) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(LIMITED_DDL)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for _ in range(600):
+            tasks.enqueue(conn, "paced")
+    workers = [spawn_worker(tasks_dsn, "--concurrency", "50") for _ in range(3)]
+    try:
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=40)
+    finally:
+        stop_workers(*workers)
+    with psycopg.connect(tasks_dsn) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started)::float8, attempt FROM limited_runs ORDER BY 1"
+        ).fetchall()
+    starts = [s for s, _ in rows]
+    assert len(starts) == 600 and {a for _, a in rows} == {1}  # waiting spent no attempt
+    assert len({pid for pid in _pids(tasks_dsn)}) == 3  # every worker started some
+    # at most 50 starts in any one-second window, plus the burst (a tenth: 5)
+    busiest = max(bisect.bisect_left(starts, s + 1.0) - i for i, s in enumerate(starts))
+    assert busiest <= 55, busiest
+    took = starts[-1] - starts[0]
+    assert 10.5 <= took <= 14.0, took  # (600 - 5) / 50 = 11.9 s: not 1, not 60
+
+
+def _pids(dsn: str) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT DISTINCT pid FROM limited_runs")]
