@@ -217,7 +217,11 @@ class PgTaskStore(PgSession):
             "token": token,
             "owner": owner,
             "max_attempts": max_attempts,  # for tasks enqueued without their own
-            "names": self.names,
+            # The queue's ordinary claim takes the names this worker has handlers for but
+            # the limited ones (their own claims take those): a plain list, well planned.
+            "names": self.names
+            if not what.skip or self.names is None
+            else [n for n in self.names if n not in what.skip],
             "name": what.name,
             "concurrency": what.concurrency,
             "rate": what.rate,
@@ -228,7 +232,7 @@ class PgTaskStore(PgSession):
         try:
             conn = await self._connection("claim")
             claiming = (
-                fetch_rows(conn.cursor(), self.sql.claim, params)
+                fetch_rows(conn.cursor(), self._claim_statement(params), params)
                 if self.on_settle is None and what.name is None
                 else self._claim_with_events(conn, params)
             )
@@ -248,6 +252,15 @@ class PgTaskStore(PgSession):
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
         return TaskClaimed(claim, suspects)
 
+    def _claim_statement(self, params: dict[str, Any]) -> str:
+        """The claim for these parameters: a limited name's, one skipping the limited names
+        (a store claiming any name), or the plain one."""
+        if params["name"] is not None:
+            return self.sql.claim_limited
+        if params["skip"] and params["names"] is None:
+            return self.sql.claim_skipping
+        return self.sql.claim
+
     async def _claim_with_events(
         self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]
     ) -> list[Any]:
@@ -260,7 +273,8 @@ class PgTaskStore(PgSession):
                 await conn.execute(self.sql.claim_limit_lock, (params["name"],))
             if params["rate"] is not None:
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
-            records = await fetch_rows(conn.cursor(), self.sql.claim, params)
+            claim = self._claim_statement(params)
+            records = await fetch_rows(conn.cursor(), claim, params)
             dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
             if dead and self.on_settle is not None:
                 for task, _error in dead:

@@ -827,6 +827,36 @@ DELETE FROM {table} WHERE id = ANY(%s) AND status IN ({failed}, {cancelled}) RET
 """
 
 
+def unlimited_claim(claim: str, *, skip: bool = True) -> str:
+    """CLAIM for the claims of no limited name: the bucket, the limited LIMIT and the spend
+    left out, and without ``skip`` the filter of limited names too (the worker passes the
+    names it claims instead). Planned once per connection (generic plans), those made
+    PostgreSQL give up the index walk: 26 ms a claim of 16 against 0.3 ms."""
+    cuts = (
+        (
+            "WITH bucket AS MATERIALIZED (",
+            "), seen AS MATERIALIZED (",
+            "WITH seen AS MATERIALIZED (",
+        ),
+        (
+            "    LIMIT greatest(0, least(",
+            "    FOR UPDATE OF t SKIP LOCKED",
+            "    LIMIT %(limit)s\n",
+        ),
+        ("), spent AS (", ")\nSELECT * FROM claimed", ""),
+    )
+    for start, end, keep in cuts:
+        i = claim.index(start)
+        j = claim.index(end, i)
+        claim = claim[:i] + keep + claim[j + (len(end) if end.startswith("), seen") else 0) :]
+    claim = claim.replace(
+        "      AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)\n", ""
+    )
+    if not skip:
+        claim = claim.replace("      AND NOT t.task_name = ANY(%(skip)s::text[])\n", "")
+    return claim
+
+
 def positional(statement: str) -> tuple[str, tuple[str, ...]]:
     """A statement with ``%(name)s`` parameters as ``%s`` ones, and the names in their order
     (the driver adapters take a sequence; a name may repeat)."""
@@ -878,7 +908,11 @@ class TaskStatements:
         self.enqueue = ENQUEUE.format(**slots)
         self.enqueue_dollar = numbered(self.enqueue)
         self.enqueue_with_commit = numbered(ENQUEUE_WITH_COMMIT.format(**slots))
-        self.claim = CLAIM.format(**slots)
+        #: A limited name's claim (CLAIM), and every other one (CLAIM without the limits:
+        #: its LIMIT a plain parameter, so the generic plan walks the claim index and stops).
+        self.claim_limited = CLAIM.format(**slots)
+        self.claim_skipping = unlimited_claim(CLAIM).format(**slots)
+        self.claim = unlimited_claim(CLAIM, skip=False).format(**slots)
         self.claim_limit_lock = CLAIM_LIMIT_LOCK.format(**slots)
         self.claim_bucket = CLAIM_BUCKET.format(**slots)
         self.fail_unhandled = FAIL_UNHANDLED.format(**slots)
