@@ -270,6 +270,9 @@ class PgTaskStore(PgSession):
         claim's snapshot then sees every claim of the name committed before (CLAIM)."""
         async with conn.transaction():
             if params["name"] is not None:
+                # Planned with its values: a generic plan of the limited claim (its LIMIT an
+                # expression) gave up the index walk, 26.8 ms a claim against 1.7 ms.
+                await conn.execute(self.sql.custom_plans)
                 await conn.execute(self.sql.claim_limit_lock, (params["name"],))
             if params["rate"] is not None:
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))

@@ -911,6 +911,7 @@ class TaskStatements:
         #: A limited name's claim (CLAIM), and every other one (CLAIM without the limits:
         #: its LIMIT a plain parameter, so the generic plan walks the claim index and stops).
         self.claim_limited = CLAIM.format(**slots)
+        self.custom_plans = "SET LOCAL plan_cache_mode = force_custom_plan"
         self.claim_skipping = unlimited_claim(CLAIM).format(**slots)
         self.claim = unlimited_claim(CLAIM, skip=False).format(**slots)
         self.claim_limit_lock = CLAIM_LIMIT_LOCK.format(**slots)
