@@ -69,16 +69,20 @@ class Consumer(threading.Thread):
             "auto.offset.reset": "latest", "enable.auto.commit": False,
             "fetch.wait.max.ms": 2, "fetch.min.bytes": 1,  # (its default waits 500 ms)
         })  # fmt: skip
-        self.consumer.subscribe([TOPIC])
+        # From the partition's end as it is now (a subscription's "latest" is resolved at
+        # its first fetch, and the first events of a run could fall before it).
+        from confluent_kafka import TopicPartition
+
+        _low, high = self.consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)
+        self.consumer.assign([TopicPartition(TOPIC, 0, high)])
         self.latencies: list[float] = []
         self.stop = threading.Event()
         self.assigned = threading.Event()
+        self.assigned.set()
 
     def run(self) -> None:
         while not self.stop.is_set():
             message = self.consumer.poll(0.05)
-            if not self.assigned.is_set() and self.consumer.assignment():
-                self.assigned.set()
             if message is None or message.error():
                 continue
             now = time.time()
