@@ -68,3 +68,29 @@ def test_framework_tasks_run_in_the_callers_transaction(
     error = failed.errors[-1]
     assert error.exception_class_path.endswith("django_framework_tasks.ReportFailed")
     assert "the report failed" in error.traceback
+
+
+def test_queue_priority_and_run_after_are_the_tasks_and_bad_args_are_refused(
+    django_dsn: str, django_configured: None
+) -> None:
+    import datetime as dt
+
+    import psycopg
+    from django.db import transaction
+    from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError
+
+    from tests.integration.contrib import django_framework_tasks as jobs
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        result = jobs.add.using(queue_name="reports", priority=7, run_after=later).enqueue(1, 2)
+    with psycopg.connect(django_dsn) as conn:
+        row = conn.execute(
+            "SELECT queue, priority, available_at FROM outboxkit_tasks WHERE id = %s",
+            (int(result.id),),
+        ).fetchone()
+    assert row == ("reports", 7, later)
+    assert jobs.add.get_result(result.id).status == TaskResultStatus.READY  # scheduled
+    with pytest.raises(InvalidTaskError, match="not JSON"):
+        jobs.add.enqueue(object(), 1)
