@@ -62,3 +62,9 @@ OUTBOXKIT = {
     "TABLE": os.environ.get("OUTBOXKIT_TEST_DJANGO_TABLE", "outbox"),
     "INBOX_TABLE": os.environ.get("OUTBOXKIT_TEST_DJANGO_INBOX_TABLE", "processed_events"),
 }
+TASKS = {
+    "default": {
+        "BACKEND": "outboxkit.contrib.django.tasks_backend.OutboxkitBackend",
+        "QUEUES": ["default", "reports"],
+    }
+}

@@ -21,3 +21,16 @@ class OutboxkitConfig(AppConfig):
         # process too, whose views enqueue by name (only the worker command imported
         # them, and a view's enqueue then found no handler: an HTTP 500).
         autodiscover_modules("tasks")
+        _register_tasks_backend()
+
+
+def _register_tasks_backend() -> None:
+    """Register ``django.task`` where ``settings.TASKS`` names our backend: the worker runs
+    Django's ``@task`` functions although nothing there builds the backend."""
+    from django.conf import settings
+
+    backends = getattr(settings, "TASKS", None) or {}
+    if any("outboxkit" in str(b.get("BACKEND", "")) for b in backends.values()):
+        from outboxkit.contrib.django import tasks_backend
+
+        tasks_backend._register()

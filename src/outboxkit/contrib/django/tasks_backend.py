@@ -1,0 +1,214 @@
+"""A backend for Django's Tasks framework (``django.tasks``, or the ``django-tasks`` backport).
+
+Named ``tasks_backend``, not ``tasks``: the app's ``ready()`` imports every installed app's
+``tasks`` module (where handlers register), so a ``tasks`` module here would import the
+framework in every project using the app, whether or not it has it installed.
+
+Every ``@task`` runs through one task-mode handler, ``django.task``, which imports the task by
+its path: ``manage.py outboxkit_worker`` runs them with the project's settings. The enqueue is
+a row in the caller's ``atomic()`` block (rolled back: never runs; no ``on_commit``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+try:  # Django >= 6.0
+    from django.tasks import TaskContext, TaskResult, TaskResultStatus  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.base import TaskError  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.exceptions import (  # type: ignore[import-not-found,unused-ignore]
+        InvalidTaskError,
+        TaskResultDoesNotExist,
+    )
+except ImportError:  # Django 5.2 with the backport
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus  # type: ignore[import-not-found,unused-ignore,no-redef]
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found,unused-ignore,no-redef]
+    from django_tasks.base import TaskError  # type: ignore[import-not-found,unused-ignore,no-redef]
+    from django_tasks.exceptions import (  # type: ignore[import-not-found,unused-ignore,no-redef]
+        InvalidTaskError,
+        TaskResultDoesNotExist,
+    )
+
+from outboxkit.contrib.django import tasks as _tasks
+from outboxkit.tasks.context import TaskContext as _OutboxkitContext
+from outboxkit.tasks.results import TaskResult as _OutboxkitResult
+
+#: The task-mode handler that runs every Django ``@task``.
+HANDLER = "django.task"
+
+_STATUS = {
+    "queued": "READY",
+    "scheduled": "READY",
+    "waiting": "READY",
+    "running": "RUNNING",
+    "done": "SUCCESSFUL",
+    "failed": "FAILED",
+    "cancelled": "FAILED",
+}
+
+
+def _run(payload: dict[str, Any], ctx: _OutboxkitContext) -> Any:
+    """Import the ``@task`` by its path and call it (async ones through ``Task.call``)."""
+    task = import_string(payload["path"])
+    args, kwargs = payload["args"], payload["kwargs"]
+    if task.takes_context:
+        result = _pending(
+            task, str(ctx.id), args, kwargs, attempts=ctx.attempt, alias=payload["backend"]
+        )
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
+    """Django's Tasks framework backend on task mode::
+
+        TASKS = {"default": {"BACKEND": "outboxkit.contrib.django.tasks_backend.OutboxkitBackend"}}
+
+
+    ``OPTIONS``: ``{"DATABASE": alias}`` (default ``"default"``). Priority is task mode's
+    (higher first); ``run_after`` is the task's ``run_at``; ``queue_name`` its queue.
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str = self.options.get("DATABASE", "default")
+        _register()
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        self.validate_task(task)
+        args, kwargs = list(args), dict(kwargs)
+        try:
+            json.dumps([args, kwargs])
+        except (TypeError, ValueError) as exc:
+            raise InvalidTaskError(
+                f"the arguments of task {task.module_path!r} are not JSON: {exc}"
+                " (pass ids, strings and numbers; the task runs in another process)"
+            ) from None
+        payload = {"path": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
+        # Django's framework has no retries: one attempt, a failure is final.
+        options: dict[str, Any] = {
+            "priority": task.priority,
+            "queue": task.queue_name,
+            "max_attempts": 1,
+        }
+        if task.run_after is not None:
+            options["run_at"] = task.run_after
+        # Inside atomic(): a row of the caller's transaction. Outside: its own block, at once.
+        with transaction.atomic(using=self.database):
+            conn = connections[self.database]
+            conn.ensure_connection()
+            with conn.wrap_database_errors:
+                task_id = _tasks.tasks.enqueue(conn.connection, HANDLER, payload, **options)
+        result = _pending(task, str(task_id), args, kwargs, attempts=0, alias=self.alias)
+        object.__setattr__(result, "enqueued_at", timezone.now())
+        return result
+
+    def get_result(self, result_id: str) -> Any:
+        try:
+            task_id = int(result_id)
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        conn = connections[self.database]
+        conn.ensure_connection()
+        with conn.wrap_database_errors:
+            found = _tasks.tasks.result(conn.connection, task_id)
+        if found is None or found.name != HANDLER:
+            raise TaskResultDoesNotExist(result_id)
+        return self._to_django(found)
+
+    def _to_django(self, found: _OutboxkitResult) -> Any:
+        from outboxkit.contrib.django import tasks as _t
+
+        conn = connections[self.database]
+        with conn.wrap_database_errors, conn.connection.cursor() as cur:
+            cur.execute(
+                f"SELECT payload FROM {_quote(_t.tasks.table)} WHERE id = %s",
+                (found.id,),
+            )
+            row = cur.fetchone()
+        payload = row[0] if row else {}
+        if isinstance(payload, str | bytes):
+            payload = json.loads(payload)
+        task = import_string(payload["path"])
+        result = _pending(
+            task,
+            str(found.id),
+            payload["args"],
+            payload["kwargs"],
+            attempts=found.attempts,
+            alias=self.alias,
+        )
+        object.__setattr__(result, "status", TaskResultStatus[_STATUS[found.status]])
+        object.__setattr__(result, "enqueued_at", found.enqueued_at)
+        object.__setattr__(result, "started_at", found.started_at)
+        object.__setattr__(result, "last_attempted_at", found.started_at)
+        object.__setattr__(result, "finished_at", found.finished_at)
+        if found.status == "done":
+            value = found.value
+            if isinstance(value, str):  # Django's connections load jsonb as text
+                value = json.loads(value)
+            object.__setattr__(result, "_return_value", value)
+        if found.error is not None and found.status in ("failed", "cancelled"):
+            result.errors.append(
+                TaskError(
+                    exception_class_path=_class_path(found.error.type, found.error.traceback),
+                    traceback=found.error.traceback or found.error.message or "",
+                )
+            )
+        return result
+
+
+def _pending(
+    task: Any, result_id: str, args: Any, kwargs: Any, *, attempts: int, alias: str
+) -> Any:
+    return TaskResult(
+        task=task,
+        id=result_id,
+        status=TaskResultStatus.READY,
+        enqueued_at=None,
+        started_at=None,
+        last_attempted_at=None,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=[],
+        worker_ids=["outboxkit"] * attempts,
+    )
+
+
+def _class_path(error_type: str | None, traceback: str | None) -> str:
+    """The exception's ``module.Class``: the traceback's last line names it in full."""
+    if traceback:
+        last = traceback.strip().splitlines()[-1]
+        name = last.split(":", 1)[0].strip()
+        if name and " " not in name:
+            return name if "." in name else f"builtins.{name}"
+    name = error_type or "Exception"
+    return name if "." in name else f"builtins.{name}"
+
+
+def _quote(table: str) -> str:
+    return ".".join('"' + p.replace('"', '""') + '"' for p in table.split("."))
+
+
+_registered = False
+
+
+def _register() -> None:
+    """Register ``django.task`` once (the worker imports this module through ``ready()``)."""
+    global _registered
+    if not _registered:
+        _tasks.handler(HANDLER, keep_result=True)(_run)
+        _registered = True
