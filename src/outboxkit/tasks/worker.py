@@ -339,41 +339,48 @@ class Worker:
     async def _purge_results(self) -> None:
         """Now and then, delete the finished tasks kept for their results past their time
         (``keep_result``), a batch per statement (whichever worker runs first does it)."""
-        stopping = self._loop.stopping
-        delay = RESULTS_PURGE_EVERY
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
-            if stopping.is_set():
-                return
-            try:
-                purged = await self.store.purge_kept(RESULTS_PURGE_BATCH)
-            except StoreError as exc:
-                log.debug("the purge of kept results failed: %s", exc)
-                delay = RESULTS_PURGE_EVERY
-            else:
-                delay = 0.0 if purged >= RESULTS_PURGE_BATCH else RESULTS_PURGE_EVERY
+        await self._sweep(
+            RESULTS_PURGE_EVERY, lambda: self.store.purge_kept(RESULTS_PURGE_BATCH),
+            "the purge of kept results",
+        )  # fmt: skip
 
     async def _release_dependents(self) -> None:
         """Every second, decide waiting tasks whose upstream tasks finished without their
         settle releasing them (an enqueue that raced the completion, a worker that died
         between the two statements, a failed or cancelled upstream task)."""
+        await self._sweep(
+            RELEASE_SWEEP_EVERY, lambda: self.store.release_dependents(None, RESULTS_PURGE_BATCH),
+            "the release of waiting tasks", wake=True,
+        )  # fmt: skip
+
+    async def _sweep(
+        self,
+        every: float,
+        step: Callable[[], Coroutine[Any, Any, int]],
+        what: str,
+        *,
+        wake: bool = False,
+    ) -> None:
+        """Run ``step`` (one batch, how many rows it changed) every ``every`` seconds until
+        the worker stops, at once again after a full batch; a failure is logged at debug
+        (the next sweep retries) and never stops the worker. ``wake``: claim at once after
+        a sweep that changed rows (tasks became claimable)."""
         stopping = self._loop.stopping
-        delay = RELEASE_SWEEP_EVERY
+        delay = every
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), delay)
             if stopping.is_set():
                 return
             try:
-                moved = await self.store.release_dependents(None, RESULTS_PURGE_BATCH)
+                changed = await step()
             except StoreError as exc:
-                log.debug("the release of waiting tasks failed: %s", exc)
-                delay = RELEASE_SWEEP_EVERY
+                log.debug("%s failed: %s", what, exc)
+                delay = every
             else:
-                if moved:
+                if wake and changed:
                     self._loop.wake()
-                delay = 0.0 if moved >= RESULTS_PURGE_BATCH else RELEASE_SWEEP_EVERY
+                delay = 0.0 if changed >= RESULTS_PURGE_BATCH else every
 
     def not_ready_reason(self) -> str | None:
         """Why this worker cannot do its work now (``/readyz``), or None."""
