@@ -12,7 +12,7 @@ DEV_STAMP  := $(VENV)/.installed-dev
 # release of a test dependency cannot turn a fresh clone's `make test` red overnight.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks clean install upgrade-deps wheel-check
+.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks clean install upgrade-deps wheel-check docs docs-build api-snapshot
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -74,10 +74,24 @@ upgrade-deps:
 	@git --no-pager diff --stat -- $(CONSTRAINTS) || true
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples docs/hooks.py
+	$(BIN)/ruff format --check src tests bench examples docs/hooks.py
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml): `make docs` builds it strictly (a broken link or anchor, a
+# missing reference, an undocumented public name or a migration file the schema page lacks
+# fails) and serves it at http://127.0.0.1:8000; `make docs-build` only builds it (CI).
+docs: docs-build
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
+docs-build: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The public API as released (tests/unit/data/public_api.txt): run at a release, after the
+# CHANGELOG's section for it is written (docs/reference/api-policy.md).
+api-snapshot: $(DEV_STAMP)
+	$(BIN)/python -m tests.support.public_api --write
 
 # The wheel on its own (.ci/wheel_check.py): builds the sdist and the wheel, checks them
 # (contents, metadata, twine check --strict), installs the wheel into a virtual environment

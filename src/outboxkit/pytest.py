@@ -675,6 +675,7 @@ class MemoryOutbox:
         self.committed: list[Event] = []
 
     def transaction(self) -> MemoryTransaction:
+        """A fake transaction: its events commit at a clean exit, vanish on an exception."""
         return MemoryTransaction(self)
 
     def _tx(self, tx: object) -> MemoryTransaction:
@@ -692,16 +693,20 @@ class MemoryOutbox:
         return tx
 
     def put(self, tx: object, event: Event) -> None:
+        """Checks the event and queues it in ``tx`` (refused outside an open one)."""
         self._tx(tx).pending.append(self._outbox._check(event))
 
     def put_many(self, tx: object, events: Iterable[Event]) -> None:
+        """Checks the events and queues them in ``tx`` (refused outside an open one)."""
         target = self._tx(tx)
         target.pending.extend(self._outbox._check(e) for e in events)
 
     async def aput(self, tx: object, event: Event) -> None:
+        """The async twin of :meth:`put`."""
         self.put(tx, event)
 
     async def aput_many(self, tx: object, events: Iterable[Event]) -> None:
+        """The async twin of :meth:`put_many`."""
         self.put_many(tx, events)
 
     def outbound(self) -> list[OutboundMessage]:

@@ -1,4 +1,8 @@
-"""The README runs as written: every ```python block, and the NATS relay command line.
+"""The README and the guide pages it leads to run as written: every ```python block, and
+the NATS relay command line.
+
+The pages are read in the order a new user follows them (JOURNEY: the README, then the
+site's guides that hold the README's former sections), and run top to bottom in that order.
 
 Each block runs as its own program (a file, a subprocess), reading the database from
 OUTBOXKIT_DSN (a MariaDB one from OUTBOXKIT_MARIADB_URL: the tests' private server, started
@@ -35,7 +39,22 @@ from tests.support.servers import consume_nats
 # Drives the CPUs itself (many processes, real faults): run alone under xdist.
 pytestmark = pytest.mark.exclusive
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# The README, then the documentation site's guide pages whose snippets run here, in the
+# order a reader meets them (docs/install.md has shell lines only).
+JOURNEY = [
+    "README.md",
+    "docs/install.md",
+    "docs/writing.md",
+    "docs/relaying.md",
+    "docs/ordering.md",
+    "docs/wal.md",
+    "docs/inbox.md",
+    "docs/frameworks.md",
+    "docs/pgbouncer.md",
+    "docs/kubernetes.md",
+]
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
 NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")
 SERVICE_MARK = "signal.SIGTERM"  # a block that runs until it is told to stop
@@ -48,17 +67,24 @@ class Block:
     lang: str
     code: str
     not_runnable: str | None
+    page: str = "README.md"
 
     @property
     def is_service(self) -> bool:
         return SERVICE_MARK in self.code
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of the README, dedented, with the reason it may not run (if given)."""
+def journey_blocks() -> list[Block]:
+    """Every fenced block of the JOURNEY's pages, in reading order."""
+    return [b for page in JOURNEY for b in readme_blocks((ROOT / page).read_text(), page)]
+
+
+def readme_blocks(text: str | None = None, page: str = "README.md") -> list[Block]:
+    """Every fenced block of a page (the README by default), dedented, with the reason it may
+    not run (if given)."""
     lines = (text if text is not None else README.read_text()).splitlines()
     blocks: list[Block] = []
     i = 0
@@ -75,19 +101,20 @@ def readme_blocks(text: str | None = None) -> list[Block]:
         code = textwrap.dedent("\n".join(body))
         previous = next((ln for ln in reversed(lines[:start]) if ln.strip()), "")
         marker = NOT_RUNNABLE.match(previous)
-        blocks.append(Block(start + 1, opening["lang"], code + "\n", marker and marker["reason"]))
+        reason = marker and marker["reason"]
+        blocks.append(Block(start + 1, opening["lang"], code + "\n", reason, page))
         i += 1
     return blocks
 
 
-PYTHON_BLOCKS = [b for b in readme_blocks() if b.lang == "python"]
+PYTHON_BLOCKS = [b for b in journey_blocks() if b.lang == "python"]
 RUNNABLE = [b for b in PYTHON_BLOCKS if b.not_runnable is None]
 
 
 def test_every_block_says_what_it_is() -> None:
     """No bare fences: a reader (and this test) must know which blocks are Python programs."""
-    bare = [str(b) for b in readme_blocks() if not b.lang]
-    assert not bare, f"README code blocks without a language (```sh, ```sql, ```text): {bare}"
+    bare = [str(b) for b in journey_blocks() if not b.lang]
+    assert not bare, f"code blocks without a language (```sh, ```sql, ```text): {bare}"
 
 
 def test_python_blocks_are_programs() -> None:
@@ -172,7 +199,7 @@ def test_readme_nats_relay_command_works_on_a_fresh_server(
     """
     line = next(
         ln.split("#")[0]
-        for b in readme_blocks()
+        for b in journey_blocks()
         if b.lang == "sh"
         for ln in b.code.splitlines()
         if ln.startswith("outboxkit relay --broker") and "nats://" in ln
@@ -376,9 +403,10 @@ class _Program:
 
     def __init__(self, block: Block, directory: Path, env: dict[str, str]) -> None:
         self.block = block
-        path = directory / f"readme_line_{block.line}.py"
+        stem = f"{Path(block.page).stem.lower().replace('-', '_')}_line_{block.line}"
+        path = directory / f"{stem}.py"
         path.write_text(block.code)
-        self.log = directory / f"readme_line_{block.line}.log"
+        self.log = directory / f"{stem}.log"
         self.proc = subprocess.Popen(
             [sys.executable, str(path)],
             cwd=directory,

@@ -197,7 +197,7 @@ def test_failed_show_names_states_from_the_enum() -> None:
     assert _status_name(7) == "7"
 
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[2] / "docs" / "relaying.md"  # the relay option table
 # README's relay option table -> the Relay parameters its default column states.
 README_ROWS = {
     "--synchronous-commit": ["synchronous_commit"],
@@ -232,7 +232,7 @@ def test_readme_states_the_relay_defaults_the_library_has(
 
 def _readme_row(option: str) -> str:
     rows = [line for line in README.read_text().splitlines() if line.startswith(f"| `{option}` |")]
-    assert len(rows) == 1, f"README has no row for {option}"
+    assert len(rows) == 1, f"docs/relaying.md has no row for {option}"
     return rows[0].split("|")[2].strip()
 
 

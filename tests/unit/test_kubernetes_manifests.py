@@ -196,7 +196,7 @@ def test_the_secret_the_docs_create_is_the_one_the_deployment_reads() -> None:
         for e in _container()["env"]
         if "valueFrom" in e
     }
-    for path in (OPERATIONS, ROOT / "README.md", K8S / "kustomization.yaml"):
+    for path in (OPERATIONS, ROOT / "docs" / "kubernetes.md", K8S / "kustomization.yaml"):
         source = path.read_text()
         command = re.search(r"create secret generic (\S+)((?:[\s\\#]*--from-literal=\S+)+)", source)
         assert command is not None, f"no `kubectl create secret generic` snippet in {path.name}"

@@ -215,6 +215,7 @@ class MemoryPublisher:
         """Nothing to connect to."""
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        """Takes each message into the broker (or fails it as planned with ``fail``)."""
         return [self.broker._take(self.binding, m) for m in messages]
 
     async def close(self) -> None:

@@ -58,6 +58,7 @@ class Route:
         return cls(field, pattern, destination)
 
     def matches(self, message: OutboundMessage) -> bool:
+        """Whether the message's event or aggregate type matches this route's pattern."""
         value = getattr(message, self.field)
         return value is not None and fnmatch.fnmatchcase(value, self.pattern)
 
@@ -82,22 +83,27 @@ class RoutingPublisher:
         return f"RoutingPublisher({self.inner!r}, routes={[str(r) for r in self.routes]!r})"
 
     def destination(self, message: OutboundMessage) -> str:
+        """The topic the message goes to: the first matching route's, else its own."""
         for route in self.routes:
             if route.matches(message):
                 return route.destination
         return message.topic
 
     def route(self, message: OutboundMessage) -> OutboundMessage:
+        """The message with its topic rewritten by :meth:`destination`."""
         topic = self.destination(message)
         return message if topic == message.topic else dataclasses.replace(message, topic=topic)
 
     async def start(self) -> None:
+        """Starts the wrapped publisher."""
         await self.inner.start()
 
     async def publish_batch(self, messages: Sequence[OutboundMessage]) -> list[PublishResult]:
+        """Publishes the routed messages through the wrapped publisher."""
         return await self.inner.publish_batch([self.route(m) for m in messages])
 
     async def close(self) -> None:
+        """Closes the wrapped publisher."""
         await self.inner.close()
 
 

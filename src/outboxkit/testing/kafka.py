@@ -101,5 +101,6 @@ class EmbeddedKafka(ServerProcess):
         self._signal_and_wait(signal.SIGTERM, timeout)
 
     def close(self) -> None:
+        """Kills the broker and removes its log directory."""
         self.kill()  # nothing to flush, and no clients to be polite to any more
         remove_owned_dir(self._log_dir)

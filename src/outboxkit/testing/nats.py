@@ -108,5 +108,6 @@ class EmbeddedNats(ServerProcess):
         self.start()
 
     def close(self) -> None:
+        """Stops the server and removes its store directory."""
         self.stop(timeout=10.0)
         remove_owned_dir(self.store_dir)

@@ -458,5 +458,6 @@ class EmbeddedPostgres(ServerProcess):
         self.start()
 
     def close(self) -> None:
+        """Stops the server (fast shutdown) and removes its data directory."""
         self.stop("fast", timeout=30.0)
         remove_owned_dir(self.data_dir)

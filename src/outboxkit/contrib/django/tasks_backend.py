@@ -86,6 +86,7 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         _register()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Writes the task in the caller's ``atomic()`` block (at once in autocommit)."""
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
         try:
@@ -115,6 +116,7 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return result
 
     def get_result(self, result_id: str) -> Any:
+        """The task's status, return value or error, read from task mode's stored result."""
         try:
             task_id = int(result_id)
         except ValueError:
