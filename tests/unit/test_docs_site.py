@@ -6,12 +6,14 @@ there (docs/hooks.py)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import yaml
 
 from tests.support import public_api
+from tests.support.doc_blocks import readme_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -51,3 +53,14 @@ def test_the_api_page_documents_each_public_module() -> None:
     page = (ROOT / "docs" / "reference" / "api.md").read_text()
     documented = re.findall(r"^::: (\S+)$", page, flags=re.M)
     assert documented == list(public_api.PUBLIC_MODULES)
+
+
+def test_every_python_snippet_of_the_site_compiles() -> None:
+    """The journey's snippets run (tests/integration/test_readme.py); the other pages' are
+    fragments of a project (a Django view, a handler), but each must at least be Python."""
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        name = page.relative_to(ROOT).as_posix()
+        for block in readme_blocks(page.read_text(), name):
+            if block.lang == "python":
+                flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+                compile(block.code, str(block), "exec", flags)
