@@ -8,6 +8,7 @@ back due once the target is back, stop claiming while the store refuses its sett
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -218,3 +219,47 @@ def test_linger_waits_double_unless_capped() -> None:
     assert linger_waits(0.03) == pytest.approx((0.002, 0.004, 0.008, 0.016))
     assert linger_waits(0.01, longest=0.002) == pytest.approx((0.002,) * 5)
     assert linger_waits(0.0) == ()
+
+
+def _gathering_loop(gather: float, linger: float = 0.03) -> ClaimLoop[_Item, PublishResult]:
+    loop = _loop(_Store([]), _Sink(lambda item: PublishResult.success()))
+    loop.options = dataclasses.replace(loop.options, linger=linger, gather=gather)
+    loop._linger_waits = linger_waits(linger)
+    return loop
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "wait"),
+    [
+        (0.0, 0.002),  # a quiet table: the linger's first look, nothing held back
+        (150.0, 0.002),  # fewer than 2 items a window: no wait would batch anything
+        (500.0, 0.010),  # a steady 500/s: the whole window, about 5 items a claim
+        (5000.0, 0.0064),  # 5 000/s: until about 32 items are due
+        (100_000.0, 0.002),  # a flood: never below the linger's first look
+    ],
+)
+def test_the_first_look_after_work_waits_for_more_only_while_items_arrive(
+    arrivals: float, wait: float
+) -> None:
+    loop = _gathering_loop(0.01)
+    loop._arrivals = arrivals
+    assert loop._gathering() == pytest.approx(wait)
+    off = _gathering_loop(0.0)  # the task worker's: off
+    off._arrivals = arrivals
+    assert off._gathering() == pytest.approx(0.002)
+
+
+async def test_the_arrival_rate_is_learned_from_the_claims() -> None:
+    """Claims that each find items a few ms apart raise the estimate; empty ones lower it."""
+    loop = _gathering_loop(0.01)
+    loop.options = dataclasses.replace(loop.options, batch_size=2)  # each claim finds 2
+    store = loop.store = _Store([f"e{i}" for i in range(16)])  # type: ignore[assignment]
+    for _ in range(8):
+        await loop._claim()
+        await asyncio.sleep(0.004)
+    assert loop._arrivals > 200  # ~2 items every ~4 ms
+    assert not store.pending
+    for _ in range(8):
+        await loop._claim()
+        await asyncio.sleep(0.004)
+    assert loop._arrivals < 30
