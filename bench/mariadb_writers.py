@@ -286,14 +286,15 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def summarise(windows: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     by = {m: [w for w in windows if w["mode"] == m] for m in MODES}
-    ratios = {
-        m: statistics.median(
+    per_round = {
+        m: [
             next(w["tps"] for w in by[m] if w["round"] == r)
             / next(w["tps"] for w in by["none"] if w["round"] == r)
             for r in range(rounds)
-        )
+        ]
         for m in MODES
     }
+    ratios = {m: statistics.median(per_round[m]) for m in MODES}
 
     def total(m: str, key: str) -> int:
         return sum(int(w.get(key, 0)) for w in by[m])
@@ -307,6 +308,7 @@ def summarise(windows: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
                     w["machine_cpu_us_per_tx"] for w in by[m]
                 ),
                 "ratio_to_none": ratios[m],
+                "ratios_per_round": per_round[m],
                 "committed": total(m, "committed"),
                 "innodb_deadlocks": total(m, "Innodb_deadlocks"),
                 "innodb_row_lock_waits": total(m, "Innodb_row_lock_waits"),
