@@ -32,6 +32,7 @@ from outboxkit.errors import (
     StoreUnavailable,
     TableNotFoundError,
     TaskNotFound,
+    TransactionConflictError,
     UndecodableRow,
     WalEnvelopeError,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "StoreUnavailable",
     "TableNotFoundError",
     "TaskNotFound",
+    "TransactionConflictError",
     "UndecodableRow",
     "WalEnvelopeError",
     "__version__",

@@ -33,6 +33,19 @@ class TableNotFoundError(SchemaError):
     """The outbox (or inbox) table does not exist in the database: it needs ``migrate``."""
 
 
+class TransactionConflictError(OutboxkitError):
+    """MariaDB/MySQL gave up the transaction an outbox write ran in: a deadlock (1213) or a
+    lock wait timeout (1205). The business rows went with it, so outboxkit cannot retry it
+    alone: run the whole transaction again from its start (docs/mariadb.md, "Many writers").
+
+    ``errno`` is the server's error number; the driver's error is ``__cause__``.
+    """
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
 class MissingExtraError(OutboxkitError, ModuleNotFoundError):
     """A broker or driver needs a client library that is not installed.
 
@@ -231,6 +244,13 @@ def write_denied(exc: BaseException) -> bool:
 #: The modules of the MariaDB/MySQL drivers' exceptions (their ``args[0]`` is the error number).
 _MYSQL_DRIVERS = ("pymysql", "MySQLdb", "aiomysql", "asyncmy")
 _MYSQL_NO_SUCH_TABLE = 1146  # ER_NO_SUCH_TABLE
+_MYSQL_DEADLOCK = 1213  # ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back
+_MYSQL_LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT: the statement only, by default
+#: The loop a caller retries a MariaDB transaction with (in every conflict's message).
+RETRY_PATTERN = (
+    "for attempt in range(3): try: with outbox.transaction(conn) as tx: …; break"
+    " except TransactionConflictError: continue"
+)
 
 
 def mysql_errno(exc: BaseException) -> int | None:
@@ -241,6 +261,33 @@ def mysql_errno(exc: BaseException) -> int | None:
             if isinstance(code, int):
                 return code
     return None
+
+
+def transaction_conflict(
+    exc: BaseException, *, rolled_back: bool
+) -> TransactionConflictError | None:
+    """outboxkit's error for a MariaDB/MySQL deadlock or lock wait timeout on a write, else None.
+
+    ``rolled_back``: outboxkit rolled the transaction back (``Outbox.transaction()``); else
+    (``put``) a lock wait timeout undid the statement only and the caller must roll back.
+    """
+    errno = mysql_errno(exc)
+    if errno == _MYSQL_DEADLOCK:
+        what = "a deadlock (error 1213): the server rolled the whole transaction back"
+    elif errno == _MYSQL_LOCK_WAIT_TIMEOUT:
+        what = "a lock wait timeout (error 1205, innodb_lock_wait_timeout): " + (
+            "outboxkit rolled the whole transaction back"
+            if rolled_back
+            else "the server undid this statement only; roll the transaction back"
+        )
+    else:
+        return None
+    return TransactionConflictError(
+        f"the outbox write's transaction lost to another one, {what}, business rows and"
+        " events alike; nothing of it is committed. Run the whole transaction again from"
+        f" its start (as: {RETRY_PATTERN}); outboxkit cannot replay your statements",
+        errno,
+    )
 
 
 def wrong_backend(exc: BaseException, storage: str) -> ConfigurationError | None:

@@ -44,8 +44,10 @@ class MariaDB(ServerProcess):
     _name = "mariadbd"
     _start_timeout = 30.0
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """``options``: more server options (``--max-allowed-packet=1M``)."""
         super().__init__()
+        self._extra = list(options)
         self.binary = _find(MARIADBD_CANDIDATES, "mariadbd")
         self._install_db = _find(INSTALL_DB_CANDIDATES, "mariadb-install-db")
         self.port = free_port()
@@ -79,6 +81,7 @@ class MariaDB(ServerProcess):
             "--max-connections=500",
             "--character-set-server=utf8mb4",
             "--collation-server=utf8mb4_bin",
+            *self._extra,
         ]
 
     def _log_path(self) -> Path:

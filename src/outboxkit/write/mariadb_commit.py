@@ -7,7 +7,12 @@ multi-statement query (``INSERT …;\\nCOMMIT``), one round trip. The server run
 after a failed statement, so a failed INSERT never reaches the COMMIT: outboxkit rolls back
 and raises the error. If the block raises, nothing is sent and the transaction is rolled
 back. A failed COMMIT (a deadlock, a lost connection) raises; after a lost connection the
-outcome is unknown, as for any COMMIT.
+outcome is unknown, as for any COMMIT. A deadlock or a lock wait timeout raises
+``TransactionConflictError``: the whole transaction is gone, the caller runs it again.
+
+Events too many for the server's ``max_allowed_packet`` go as several INSERTs, the last
+with the COMMIT; one too large for any is refused before anything is sent
+(``write.mariadb_packet``).
 
 The one round trip needs a connection opened with ``CLIENT.MULTI_STATEMENTS``: mysqlclient,
 aiomysql and asyncmy always ask for it; PyMySQL only when told
@@ -28,9 +33,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from outboxkit.backends.mariadb import wakeup
 from outboxkit.drivers import Statement, type_name
 from outboxkit.drivers.dbapi_adapter import DBAPIAsync, DBAPISync
-from outboxkit.errors import NotInTransactionError, outbox_table_missing
+from outboxkit.errors import NotInTransactionError, outbox_table_missing, transaction_conflict
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS
+from outboxkit.write import mariadb_packet as packet
 from outboxkit.write.mariadb_table import MariaDBTableStorage, due
 from outboxkit.write.storage import Check, encode_batch
 
@@ -38,6 +44,8 @@ log = logging.getLogger("outboxkit.write")
 _A = TypeVar("_A", DBAPISync, DBAPIAsync)
 #: Driver connection types already warned about (no CLIENT.MULTI_STATEMENTS).
 _WARNED: set[type] = set()
+#: A bound of an INSERT's text besides its values (the ordered one, with a few keys).
+_FIXED_BOUND = 4096
 
 
 class MySQLConnection(Protocol):
@@ -59,17 +67,40 @@ class BaseMariaDBTransaction(Generic[_A]):
         self._adapter: _A = adapter
         self.connection = conn
         self._rows: list[tuple[Any, ...]] = []
+        self._bound = 0  # an upper bound of the rows' quoted values (mariadb_packet)
         self._active = False
 
     def put(self, event: Event) -> None:
         """Queue ``event``: checked now, written with the COMMIT."""
         self._require_active()
-        self._rows.append(self._storage.row(self._check(event)))
+        self._queue([self._storage.row(self._check(event))])
 
     def put_many(self, events: Iterable[Event]) -> None:
         """Queue several events, at most 10 000 per call (all checked before any is queued)."""
         self._require_active()
-        self._rows.extend(encode_batch(events, self._check, self._storage.row))
+        self._queue(encode_batch(events, self._check, self._storage.row))
+
+    def _queue(self, rows: list[tuple[Any, ...]]) -> None:
+        bounds = [packet.quick_size(row) for row in rows]
+        if max(bounds, default=0) > packet.ASK_ABOVE - _FIXED_BOUND:
+            self._refuse_oversized(rows)
+        self._rows.extend(rows)
+        self._bound += sum(bounds)
+
+    def _refuse_oversized(self, rows: list[tuple[Any, ...]]) -> None:
+        """Refuse, before it is queued, a row no INSERT can carry under the limit (when the
+        limit can be known here: the sync shell asks, the async one only if known)."""
+        limit = self._limit_now()
+        if limit is None:
+            return  # refused at the end of the block, before anything is sent
+        fixed, per_row = self._storage.shape(len(self._storage.slots(rows)))
+        for i, row in enumerate(rows):
+            size = fixed + per_row + packet.exact_size(row)
+            if size > limit - packet.SLACK:
+                raise packet.too_large(len(self._rows) + i, row, size, limit)
+
+    def _limit_now(self) -> int | None:
+        return packet.known(self.connection)
 
     def _require_active(self) -> None:
         if not self._active:
@@ -77,14 +108,43 @@ class BaseMariaDBTransaction(Generic[_A]):
                 "this outbox transaction is not open: put() belongs inside its `with` block"
             )
 
-    def _statement(self) -> tuple[Statement, list[Any]] | None:
-        """The INSERTs of the queued rows as one text (a batch's worth per INSERT)."""
-        if not self._rows:
-            return None
+    def _may_exceed(self) -> bool:
+        """Whether the queued rows' INSERTs may outgrow a small limit (then it is asked)."""
+        return self._bound + _FIXED_BOUND * (1 + len(self._rows) // MAX_BATCH_EVENTS) > (
+            packet.ASK_ABOVE
+        )
+
+    def _statements(self, limit: int | None) -> list[tuple[Statement, list[Any]]]:
+        """The queries of the queued rows' INSERTs, the last to go with the COMMIT: one
+        (a batch's worth per INSERT) unless ``limit`` (the server's max_allowed_packet)
+        needs several; an event too large for any is refused here, before any is sent."""
+        rows = self._rows
+        if not rows:
+            return []
+        if limit is None:
+            return [self._joined(rows)]
+        slots = self._storage.slots(rows)
+        fixed, per_row = self._storage.shape(len(slots))
+        one = self._bound + fixed * (1 + len(rows) // MAX_BATCH_EVENTS) + per_row * len(rows)
+        if one <= limit - packet.SLACK:
+            return [self._joined(rows)]
+        sizes = [packet.exact_size(row) for row in rows]
+        try:
+            ranges = packet.chunks(sizes, fixed, per_row, limit, MAX_BATCH_EVENTS)
+        except packet._RowTooLarge as big:
+            raise packet.too_large(big.position, rows[big.position], big.size, limit) from None
+        if len(ranges) == 1:
+            return [self._joined(rows)]
+        # Ordered mode: every INSERT locks all of the transaction's keys, in one order, so
+        # two split transactions never take them in crossed orders (no deadlock between them).
+        return [self._storage.insert(rows[a:b], slots or None) for a, b in ranges]
+
+    def _joined(self, rows: list[tuple[Any, ...]]) -> tuple[Statement, list[Any]]:
+        """The INSERTs of ``rows`` as one text (a batch's worth per INSERT)."""
         texts: list[str] = []
         params: list[Any] = []
-        for start in range(0, len(self._rows), MAX_BATCH_EVENTS):
-            stmt, values = self._storage.insert(self._rows[start : start + MAX_BATCH_EVENTS])
+        for start in range(0, len(rows), MAX_BATCH_EVENTS):
+            stmt, values = self._storage.insert(rows[start : start + MAX_BATCH_EVENTS])
             texts.append(stmt.text)
             params.extend(values)
         text = ";\n".join(texts)
@@ -107,11 +167,15 @@ class BaseMariaDBTransaction(Generic[_A]):
             )
 
     def _failed(self, exc: BaseException) -> BaseException:
-        """The error to raise for a failed commit: outboxkit's for a missing table."""
+        """The error to raise for a failed commit: outboxkit's for a missing table, a
+        deadlock or a lock wait timeout (the caller runs the whole transaction again)."""
         if isinstance(exc, Exception):
             missing = outbox_table_missing(exc, self._storage.table, rolled_back=True)
             if missing is not None:
                 return missing
+            conflict = transaction_conflict(exc, rolled_back=True)
+            if conflict is not None:
+                return conflict
         return exc
 
     def _woke(self) -> None:
@@ -121,6 +185,9 @@ class BaseMariaDBTransaction(Generic[_A]):
 
 class MariaDBTransaction(BaseMariaDBTransaction[DBAPISync]):
     """``with outbox.transaction(conn) as tx``: PyMySQL or mysqlclient."""
+
+    def _limit_now(self) -> int | None:
+        return packet.ask(self.connection)
 
     def __enter__(self) -> MariaDBTransaction:
         if self._adapter.needs_begin(self.connection):
@@ -134,15 +201,18 @@ class MariaDBTransaction(BaseMariaDBTransaction[DBAPISync]):
     ) -> None:
         self._active = False
         if exc is not None:
-            self._rows = []
+            self._rows, self._bound = [], 0
             self._roll_back()  # the block raised: roll back, without hiding its exception
             return
-        statement = self._statement()
         try:
-            if statement is None:
-                self.connection.commit()
+            limit = packet.ask(self.connection) if self._may_exceed() else None
+            statements = self._statements(limit)
+            for stmt, params in statements[:-1]:  # over max_allowed_packet: several INSERTs
+                self._adapter.run(self.connection, stmt, params, None)
+            if statements:
+                self._adapter.commit_with(self.connection, *statements[-1])
             else:
-                self._adapter.commit_with(self.connection, *statement)
+                self.connection.commit()
         except BaseException as failed:
             self._roll_back()
             error = self._failed(failed)
@@ -151,6 +221,7 @@ class MariaDBTransaction(BaseMariaDBTransaction[DBAPISync]):
             raise error from failed
         self._woke()
         self._rows = []
+        self._bound = 0
 
     def _roll_back(self) -> None:
         with contextlib.suppress(Exception):  # a lost connection rolled back already
@@ -171,15 +242,18 @@ class AsyncMariaDBTransaction(BaseMariaDBTransaction[DBAPIAsync]):
     ) -> None:
         self._active = False
         if exc is not None:
-            self._rows = []
+            self._rows, self._bound = [], 0
             await self._roll_back()
             return
-        statement = self._statement()
         try:
-            if statement is None:
-                await self.connection.commit()
+            limit = await packet.aask(self.connection) if self._may_exceed() else None
+            statements = self._statements(limit)
+            for stmt, params in statements[:-1]:
+                await self._adapter.run(self.connection, stmt, params, None)
+            if statements:
+                await self._adapter.commit_with(self.connection, *statements[-1])
             else:
-                await self._adapter.commit_with(self.connection, *statement)
+                await self.connection.commit()
         except BaseException as failed:
             await self._roll_back()
             error = self._failed(failed)
@@ -188,6 +262,7 @@ class AsyncMariaDBTransaction(BaseMariaDBTransaction[DBAPIAsync]):
             raise error from failed
         self._woke()
         self._rows = []
+        self._bound = 0
 
     async def _roll_back(self) -> None:
         with contextlib.suppress(Exception):

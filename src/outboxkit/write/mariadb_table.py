@@ -48,6 +48,10 @@ def _row(event: Event) -> tuple[Any, ...]:
     )
 
 
+#: How many values a row has (each a ``%s`` of the INSERT's text).
+_VALUES = 11
+
+
 def due(rows: list[tuple[Any, ...]]) -> bool:
     """Whether any row is due now (its ``available_at`` unset or past): only those wake."""
     now: dt.datetime | None = None
@@ -83,11 +87,32 @@ class MariaDBTableStorage:
         text = self.sql.insert_columns + ", ".join([self.sql.insert_row] * count)
         return Statement(text, text)
 
-    def _locking(self, rows: list[tuple[Any, ...]]) -> Prepared:
-        """Ordered mode: the INSERT that locks the rows' keys before they take their ids."""
-        slots = sorted({key_slot(row[2]) for row in rows if row[2] is not None})
+    def _locking(self, rows: list[tuple[Any, ...]], slots: list[int] | None = None) -> Prepared:
+        """Ordered mode: the INSERT that locks the rows' keys before they take their ids
+        (``slots``: those of a whole transaction whose rows are split over several)."""
+        if slots is None:
+            slots = self.slots(rows)
         text = insert_ordered(self.table, len(rows), len(slots))
         return Statement(text, text), [*slots, *(value for row in rows for value in row)]
+
+    def slots(self, rows: list[tuple[Any, ...]]) -> list[int]:
+        """Ordered mode: the key lock rows ``rows`` take, in order (none otherwise)."""
+        if not self.ordered:
+            return []
+        return sorted({key_slot(row[2]) for row in rows if row[2] is not None})
+
+    def shape(self, slots: int) -> tuple[int, int]:
+        """(fixed, per row): an INSERT's bytes besides its values' (write/mariadb_packet.py),
+        for ``slots`` key locks; an upper bound."""
+        placeholders = _VALUES
+        if not slots:
+            row = len(self.sql.insert_row) - 2 * placeholders
+            return len(self.sql.insert_columns) - 2, row + 2  # rows joined by ", "
+        one = len(insert_ordered(self.table, 1, slots))
+        two = len(insert_ordered(self.table, 2, slots))
+        row = two - one - 2 * placeholders
+        # A slot's "%s" is at most 5 digits; a row's order number at most 6 more than "1".
+        return one - 2 * placeholders + 3 * slots - row, row + 6
 
     def one(self, event: Event) -> Prepared:
         row = _row(event)
@@ -108,10 +133,11 @@ class MariaDBTableStorage:
         if wakeup.has_relays() and due(rows):
             wakeup.writing(self.table)
 
-    def insert(self, rows: list[tuple[Any, ...]]) -> Prepared:
-        """The one INSERT of ``rows`` (at least one, at most a batch's worth)."""
-        if self.ordered and any(row[2] is not None for row in rows):
-            return self._locking(rows)
+    def insert(self, rows: list[tuple[Any, ...]], slots: list[int] | None = None) -> Prepared:
+        """The one INSERT of ``rows`` (at least one, at most a batch's worth); ``slots``:
+        ordered mode's key locks to take (all of a transaction's, when split)."""
+        if self.ordered and (slots or any(row[2] is not None for row in rows)):
+            return self._locking(rows, slots)
         # One multi-row INSERT: one statement and one round trip whatever the count.
         stmt = self._one if len(rows) == 1 else self._statement(len(rows))
         return stmt, [value for row in rows for value in row]

@@ -36,6 +36,7 @@ from outboxkit.errors import (
     ConfigurationError,
     InvalidEventError,
     outbox_table_missing,
+    transaction_conflict,
     wrong_backend,
 )
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
@@ -72,7 +73,8 @@ _WRITE = Use(
 
 class _SchemaErrors:
     """Every write path's one translation of the driver's error for a missing (or not
-    yet migrated) outbox table into outboxkit's, which says what to do.
+    yet migrated) outbox table, or a MariaDB deadlock or lock wait timeout, into
+    outboxkit's, which says what to do.
 
     ``with_callers_sql``: the statement also ran the caller's SQL (``execute_with``), so
     only an error naming the outbox table counts. Stateless: one per outbox, shared by
@@ -99,6 +101,9 @@ class _SchemaErrors:
             wrong = wrong_backend(exc, self.storage)
             if wrong is not None:
                 raise wrong from exc
+            conflict = transaction_conflict(exc, rolled_back=False)  # MariaDB's 1213, 1205
+            if conflict is not None:
+                raise conflict from exc
 
 
 class _Writer:

@@ -165,6 +165,9 @@ RECORD_VERSION = (
     f"INSERT IGNORE INTO {VERSIONS_TABLE} (kind, table_name, version) VALUES (%s, %s, %s)"
 )
 #: Serialises concurrent `outboxkit migrate` runs (a session lock, released at once after).
+#: ``Outbox.transaction()``: the longest query this session's server takes (read-only in
+#: a session, so read once per connection: write/mariadb_packet.py).
+MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 MIGRATE_LOCK = "SELECT GET_LOCK('outboxkit_migrate', 60)"
 MIGRATE_UNLOCK = "SELECT RELEASE_LOCK('outboxkit_migrate')"
 
