@@ -21,6 +21,7 @@ def _run_worker(django_dsn: str, tmp_path: Path, results: list[Any]) -> None:
     env |= {
         "DJANGO_SETTINGS_MODULE": "tests.integration.contrib.django_settings",
         "OUTBOXKIT_TEST_DJANGO_DSN": django_dsn,
+        "OUTBOXKIT_TEST_SIGNALS_LOG": str(tmp_path / "signals.log"),
     }
     log = tmp_path / "worker.log"
     argv = [sys.executable, "-m", "django", "outboxkit_worker", "--retention", "keep",
@@ -68,6 +69,8 @@ def test_framework_tasks_run_in_the_callers_transaction(
     error = failed.errors[-1]
     assert error.exception_class_path.endswith("django_framework_tasks.ReportFailed")
     assert "the report failed" in error.traceback
+    seen = (tmp_path / "signals.log").read_text().splitlines()  # the backport's signals too
+    assert f"started {added.id} RUNNING" in seen and f"finished {failed.id} FAILED" in seen
 
 
 def test_queue_priority_and_run_after_are_the_tasks_and_bad_args_are_refused(
