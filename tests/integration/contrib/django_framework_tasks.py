@@ -54,3 +54,14 @@ if os.environ.get("OUTBOXKIT_TEST_SIGNALS_LOG"):
     _started, _finished = _log("started"), _log("finished")
     task_started.connect(_started)
     task_finished.connect(_finished)
+
+
+@task()  # type: ignore[misc]
+def create_group(name: str) -> dict[str, Any]:
+    """A task that writes through the worker's own Django connection (the ORM); says which
+    driver that connection is on."""
+    from django.contrib.auth.models import Group
+    from django.db import connection
+
+    group = Group.objects.create(name=name)
+    return {"id": group.id, "driver": type(connection.connection).__module__}

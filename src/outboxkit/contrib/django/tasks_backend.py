@@ -17,6 +17,7 @@ import traceback
 from importlib.util import find_spec
 from typing import Any
 
+import psycopg
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -42,6 +43,7 @@ else:  # Django 5.2 with the backport
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[import-not-found,unused-ignore,no-redef]
 
 from outboxkit.contrib.django import tasks as _tasks
+from outboxkit.contrib.django.db import dsn_for
 from outboxkit.tasks.context import TaskContext as _OutboxkitContext
 from outboxkit.tasks.results import TaskResult as _OutboxkitResult
 
@@ -166,8 +168,13 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             raise TaskResultDoesNotExist(result_id) from None
         conn = connections[self.database]
         conn.ensure_connection()
+        # Task mode's reads take a psycopg 3 connection or a DSN: on Django's psycopg2
+        # backend the read opens a connection of its own (it sees only committed tasks).
+        source = conn.connection
+        if not isinstance(source, psycopg.Connection):
+            source = dsn_for(self.database)
         with conn.wrap_database_errors:
-            found = _tasks.tasks.result(conn.connection, task_id)
+            found = _tasks.tasks.result(source, task_id)
         if found is None or found.name != HANDLER:
             raise TaskResultDoesNotExist(result_id)
         return self._to_django(found)
