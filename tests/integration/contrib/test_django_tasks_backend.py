@@ -60,6 +60,11 @@ def test_framework_tasks_run_in_the_callers_transaction(
         jobs.add.get_result(lost.id)
     with transaction.atomic():
         added = jobs.add.enqueue(2, 3)
+        with pytest.raises(RuntimeError), transaction.atomic():  # a savepoint rolled back
+            inner = jobs.add.enqueue(7, 7)
+            raise RuntimeError("the inner block failed")
+    with pytest.raises(TaskResultDoesNotExist):
+        jobs.add.get_result(inner.id)
     outside = jobs.add_async.enqueue(4, 5)  # autocommit: enqueued at once
     ctx = jobs.attempt.enqueue()
     failed = jobs.fail.enqueue()

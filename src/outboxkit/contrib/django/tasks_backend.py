@@ -150,7 +150,9 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         if task.run_after is not None:
             options["run_at"] = task.run_after
         # Inside atomic(): a row of the caller's transaction. Outside: its own block, at once.
-        with transaction.atomic(using=self.database):
+        # savepoint=False: in a block, no SAVEPOINT round trips around the INSERT (a failed
+        # INSERT fails the block, as any failed statement of it would).
+        with transaction.atomic(using=self.database, savepoint=False):
             conn = connections[self.database]
             conn.ensure_connection()
             with conn.wrap_database_errors:
