@@ -60,9 +60,9 @@ CONTENDERS: dict[str, tuple[list[str], str, str, dict[str, str]]] = {
         [*_OUR_WORKER, "--concurrency", "1"], *_OURS, {}
     ),
     # No-op tasks settle one round trip each at --batch-size 1 (the profile: ~30 % of the
-    # worker in the settle, 4 % in the task); settled 100 together:
-    "outboxkit outboxkit_worker --batch-size 100": (
-        [*_OUR_WORKER, "--batch-size", "100"], *_OURS, {}
+    # worker in the settle, 4 % in the task); settled 100 together (a batch <= --concurrency):
+    "outboxkit outboxkit_worker --concurrency 100 --batch-size 100": (
+        [*_OUR_WORKER, "--concurrency", "100", "--batch-size", "100"], *_OURS, {}
     ),
 }  # fmt: skip
 
