@@ -16,14 +16,18 @@ import pytest
 pytest.importorskip("django_tasks")
 
 
-def _run_worker(django_dsn: str, tmp_path: Path, results: list[Any]) -> None:
+def _run_worker(
+    django_dsn: str, tmp_path: Path, results: list[Any], manage: str = "django"
+) -> None:
+    """``manage.py outboxkit_worker`` (``python -m manage``) until every result finished."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
     env |= {
         "DJANGO_SETTINGS_MODULE": "tests.integration.contrib.django_settings",
         "OUTBOXKIT_TEST_DJANGO_DSN": django_dsn,
+        "OUTBOXKIT_TEST_SIGNALS_LOG": str(tmp_path / "signals.log"),
     }
     log = tmp_path / "worker.log"
-    argv = [sys.executable, "-m", "django", "outboxkit_worker", "--retention", "keep",
+    argv = [sys.executable, "-m", manage, "outboxkit_worker", "--retention", "keep",
             "--poll-interval", "0.2"]  # fmt: skip
     with log.open("wb") as stdout:
         worker = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT)
@@ -56,6 +60,11 @@ def test_framework_tasks_run_in_the_callers_transaction(
         jobs.add.get_result(lost.id)
     with transaction.atomic():
         added = jobs.add.enqueue(2, 3)
+        with pytest.raises(RuntimeError), transaction.atomic():  # a savepoint rolled back
+            inner = jobs.add.enqueue(7, 7)
+            raise RuntimeError("the inner block failed")
+    with pytest.raises(TaskResultDoesNotExist):
+        jobs.add.get_result(inner.id)
     outside = jobs.add_async.enqueue(4, 5)  # autocommit: enqueued at once
     ctx = jobs.attempt.enqueue()
     failed = jobs.fail.enqueue()
@@ -68,6 +77,8 @@ def test_framework_tasks_run_in_the_callers_transaction(
     error = failed.errors[-1]
     assert error.exception_class_path.endswith("django_framework_tasks.ReportFailed")
     assert "the report failed" in error.traceback
+    seen = (tmp_path / "signals.log").read_text().splitlines()  # the backport's signals too
+    assert f"started {added.id} RUNNING" in seen and f"finished {failed.id} FAILED" in seen
 
 
 def test_queue_priority_and_run_after_are_the_tasks_and_bad_args_are_refused(
@@ -94,3 +105,46 @@ def test_queue_priority_and_run_after_are_the_tasks_and_bad_args_are_refused(
     assert jobs.add.get_result(result.id).status == TaskResultStatus.READY  # scheduled
     with pytest.raises(InvalidTaskError, match="not JSON"):
         jobs.add.enqueue(object(), 1)
+
+
+def test_a_project_on_djangos_psycopg2_backend_enqueues_in_its_transaction_and_runs_them(
+    django_dsn: str, django_configured: None, tmp_path: Path
+) -> None:
+    """DATABASES on psycopg2 (Django 5.2 takes either driver): the rolled-back enqueue never
+    runs, the committed one and the autocommit and ``aenqueue`` ones do, run by
+    ``manage.py outboxkit_worker`` on psycopg2 (its task writes through Django's ORM there)
+    and read back by ``get_result`` on psycopg2."""
+    import json
+
+    from django.contrib.auth.models import Group
+
+    from tests.integration.contrib import django_framework_tasks as jobs
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.integration.contrib.django_settings",
+           "OUTBOXKIT_TEST_DJANGO_DSN": django_dsn}  # fmt: skip
+
+    def scenario(*args: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.integration.contrib.django_psycopg2_tasks", *args],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen: dict[str, Any] = json.loads(done.stdout)
+        assert seen.pop("driver").startswith("psycopg2")
+        return seen
+
+    ids = scenario("enqueue")
+    backend = jobs.add.get_backend()
+    running = [backend.get_result(ids[k]) for k in ("committed", "autocommit", "async")]
+    _run_worker(
+        django_dsn, tmp_path, running, manage="tests.integration.contrib.django_psycopg2_manage"
+    )
+    seen = scenario("results", *ids.values())
+    group = Group.objects.get(name="committed")
+    assert seen == {
+        ids["rolled_back"]: "TaskResultDoesNotExist",
+        ids["committed"]: ["SUCCESSFUL", {"id": group.id, "driver": "psycopg2.extensions"}],
+        ids["autocommit"]: ["SUCCESSFUL", 5],
+        ids["async"]: ["SUCCESSFUL", 42],
+    }
+    assert not Group.objects.filter(name="rolled back").exists()

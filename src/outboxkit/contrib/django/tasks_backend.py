@@ -11,22 +11,28 @@ a row in the caller's ``atomic()`` block (rolled back: never runs; no ``on_commi
 
 from __future__ import annotations
 
+import datetime
 import json
+import traceback
+from importlib.util import find_spec
 from typing import Any
 
+import psycopg
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-try:  # Django >= 6.0
+# Django 6.0's own framework where it exists, else the backport: the same names, but for
+# InvalidTask (the backport's InvalidTaskError). Chosen by find_spec, not by an ImportError,
+# so a renamed name on Django 6 fails loudly instead of falling back to a missing backport.
+if find_spec("django.tasks") is not None:
     from django.tasks import TaskContext, TaskResult, TaskResultStatus  # type: ignore[import-not-found,unused-ignore]
     from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found,unused-ignore]
     from django.tasks.base import TaskError  # type: ignore[import-not-found,unused-ignore]
-    from django.tasks.exceptions import (  # type: ignore[import-not-found,unused-ignore]
-        InvalidTaskError,
-        TaskResultDoesNotExist,
-    )
-except ImportError:  # Django 5.2 with the backport
+    from django.tasks.exceptions import InvalidTask as InvalidTaskError  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[import-not-found,unused-ignore]
+else:  # Django 5.2 with the backport
     from django_tasks import TaskContext, TaskResult, TaskResultStatus  # type: ignore[import-not-found,unused-ignore,no-redef]
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[import-not-found,unused-ignore,no-redef]
     from django_tasks.base import TaskError  # type: ignore[import-not-found,unused-ignore,no-redef]
@@ -34,8 +40,10 @@ except ImportError:  # Django 5.2 with the backport
         InvalidTaskError,
         TaskResultDoesNotExist,
     )
+    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[import-not-found,unused-ignore,no-redef]
 
 from outboxkit.contrib.django import tasks as _tasks
+from outboxkit.contrib.django.db import dsn_for
 from outboxkit.tasks.context import TaskContext as _OutboxkitContext
 from outboxkit.tasks.results import TaskResult as _OutboxkitResult
 
@@ -54,15 +62,43 @@ _STATUS = {
 
 
 def _run(payload: dict[str, Any], ctx: _OutboxkitContext) -> Any:
-    """Import the ``@task`` by its path and call it (async ones through ``Task.call``)."""
-    task = import_string(payload["path"])
+    """Import the ``@task`` by its path and call it (async ones through ``Task.call``),
+    sending the framework's ``task_started`` and ``task_finished`` signals around it."""
+    task = _task(payload)
     args, kwargs = payload["args"], payload["kwargs"]
-    if task.takes_context:
-        result = _pending(
-            task, str(ctx.id), args, kwargs, attempts=ctx.attempt, alias=payload["backend"]
+    result = _pending(
+        task, str(ctx.id), args, kwargs, attempts=ctx.attempt, alias=payload["backend"]
+    )
+    started = timezone.now()
+    _set(result, status=TaskResultStatus.RUNNING, started_at=started, last_attempted_at=started)
+    task_started.send(sender=OutboxkitBackend, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    except Exception as exc:
+        # Sent inside the handler, as Django's backends do: its log receiver adds exc_info.
+        result.errors.append(
+            TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
         )
-        return task.call(TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
+        _set(result, status=TaskResultStatus.FAILED, finished_at=timezone.now())
+        task_finished.send(sender=OutboxkitBackend, task_result=result)
+        raise
+    _set(
+        result, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now(), _return_value=value
+    )
+    task_finished.send(sender=OutboxkitBackend, task_result=result)
+    return value
+
+
+def _set(result: Any, **fields: Any) -> None:
+    """TaskResult is a frozen dataclass: the framework's own backends set it this way."""
+    for name, value in fields.items():
+        object.__setattr__(result, name, value)
 
 
 class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
@@ -96,7 +132,16 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
                 f"the arguments of task {task.module_path!r} are not JSON: {exc}"
                 " (pass ids, strings and numbers; the task runs in another process)"
             ) from None
-        payload = {"path": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
+        payload = {
+            "path": task.module_path,
+            "args": args,
+            "kwargs": kwargs,
+            "backend": self.alias,
+            # What .using() changed, for the TaskResult.task the worker and get_result() build.
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "run_after": None if task.run_after is None else task.run_after.isoformat(),
+        }
         # Django's framework has no retries: one attempt, a failure is final.
         options: dict[str, Any] = {
             "priority": task.priority,
@@ -106,13 +151,17 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         if task.run_after is not None:
             options["run_at"] = task.run_after
         # Inside atomic(): a row of the caller's transaction. Outside: its own block, at once.
-        with transaction.atomic(using=self.database):
+        # savepoint=False: in a block, no SAVEPOINT round trips around the INSERT (a failed
+        # INSERT fails the block, as any failed statement of it would).
+        with transaction.atomic(using=self.database, savepoint=False):
             conn = connections[self.database]
             conn.ensure_connection()
             with conn.wrap_database_errors:
                 task_id = _tasks.tasks.enqueue(conn.connection, HANDLER, payload, **options)
         result = _pending(task, str(task_id), args, kwargs, attempts=0, alias=self.alias)
-        object.__setattr__(result, "enqueued_at", timezone.now())
+        _set(result, enqueued_at=timezone.now())
+        # Sent with the row written but maybe not committed (inside the caller's atomic()).
+        task_enqueued.send(sender=type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> Any:
@@ -123,8 +172,13 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             raise TaskResultDoesNotExist(result_id) from None
         conn = connections[self.database]
         conn.ensure_connection()
+        # Task mode's reads take a psycopg 3 connection or a DSN: on Django's psycopg2
+        # backend the read opens a connection of its own (it sees only committed tasks).
+        source = conn.connection
+        if not isinstance(source, psycopg.Connection):
+            source = dsn_for(self.database)
         with conn.wrap_database_errors:
-            found = _tasks.tasks.result(conn.connection, task_id)
+            found = _tasks.tasks.result(source, task_id)
         if found is None or found.name != HANDLER:
             raise TaskResultDoesNotExist(result_id)
         return self._to_django(found)
@@ -142,7 +196,7 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         payload = row[0] if row else {}
         if isinstance(payload, str | bytes):
             payload = json.loads(payload)
-        task = import_string(payload["path"])
+        task = _task(payload)
         result = _pending(
             task,
             str(found.id),
@@ -151,16 +205,19 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             attempts=found.attempts,
             alias=self.alias,
         )
-        object.__setattr__(result, "status", TaskResultStatus[_STATUS[found.status]])
-        object.__setattr__(result, "enqueued_at", found.enqueued_at)
-        object.__setattr__(result, "started_at", found.started_at)
-        object.__setattr__(result, "last_attempted_at", found.started_at)
-        object.__setattr__(result, "finished_at", found.finished_at)
+        _set(
+            result,
+            status=TaskResultStatus[_STATUS[found.status]],
+            enqueued_at=found.enqueued_at,
+            started_at=found.started_at,
+            last_attempted_at=found.started_at,
+            finished_at=found.finished_at,
+        )
         if found.status == "done":
             value = found.value
             if isinstance(value, str):  # Django's connections load jsonb as text
                 value = json.loads(value)
-            object.__setattr__(result, "_return_value", value)
+            _set(result, _return_value=value)
         if found.error is not None and found.status in ("failed", "cancelled"):
             result.errors.append(
                 TaskError(
@@ -169,6 +226,18 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
                 )
             )
         return result
+
+
+def _task(payload: dict[str, Any]) -> Any:
+    """The ``@task`` of ``payload["path"]`` with the queue, priority and run_after it was
+    enqueued with (a row written before they were recorded gets the decorator's)."""
+    task = import_string(payload["path"])
+    run_after = payload.get("run_after")
+    return task.using(
+        queue_name=payload.get("queue_name"),
+        priority=payload.get("priority"),
+        run_after=None if run_after is None else datetime.datetime.fromisoformat(run_after),
+    )
 
 
 def _pending(
