@@ -36,7 +36,8 @@ import psycopg
 from _common import save, server_facts
 
 from outboxkit.backends.postgres.tasks_pg import purge_finished
-from outboxkit.backends.postgres.tasks_sql import TaskStatements, TaskStatus
+from outboxkit.backends.postgres.tasks_sql import TaskStatements
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.tasks import Tasks, Worker, migrate_tasks
 
 TABLES = {"delete": "outboxkit_tasks", "keep": "outboxkit_tasks_keep"}

@@ -604,7 +604,7 @@ class TaskKit:
     def rows(self, table: str = "outboxkit_tasks") -> list[dict[str, Any]]:
         """Every task of ``table``, oldest first."""
         from outboxkit.backends.postgres.tasks_pg import list_tasks
-        from outboxkit.backends.postgres.tasks_sql import TaskStatus
+        from outboxkit.queue.tasks import TaskStatus
 
         rows = list_tasks(self.dsn, table, limit=1_000_000)
         for row in rows:
@@ -612,7 +612,7 @@ class TaskKit:
         return rows
 
     def _due(self, table: str) -> list[dict[str, Any]]:
-        from outboxkit.backends.postgres.tasks_sql import TaskStatus
+        from outboxkit.queue.tasks import TaskStatus
 
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.05)
         return [

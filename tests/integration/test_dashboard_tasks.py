@@ -19,9 +19,9 @@ import pytest
 from aiohttp import web
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
-from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import TableNotFoundError
 from outboxkit.ops.dashboard import Dashboard
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.tasks import TaskContext, Tasks, Worker
 from outboxkit.testing import free_port
 from tests.integration.test_dashboard import accepting_dialogs, chromium, served

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
-from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.ops.cli.app import main
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.tasks import Tasks
 
 TABLE = "outboxkit_tasks"

@@ -12,9 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.backends.postgres.tasks_pg import task_gauges
-from outboxkit.backends.postgres.tasks_sql import OTHER_TASKS, TaskStatus
 from outboxkit.ops.task_metrics import TaskMetrics
-from outboxkit.queue.tasks import ClaimedTask
+from outboxkit.queue.tasks import OTHER_TASKS, ClaimedTask, TaskStatus
 
 TABLE = "outboxkit_tasks"
 

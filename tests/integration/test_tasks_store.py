@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from outboxkit.backends.postgres.migrate import MigrationAction, migrate_tasks, schema_version
 from outboxkit.backends.postgres.tasks_pg import PgTaskStore
-from outboxkit.backends.postgres.tasks_sql import TaskStatements, TaskStatus
+from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.ops.cli.app import main
 from outboxkit.queue.store import DONE, Claim, Decision, Verdict
 from outboxkit.queue.task_claims import TaskClaims
+from outboxkit.queue.tasks import TaskStatus
 
 TABLE = "outboxkit_tasks"
 

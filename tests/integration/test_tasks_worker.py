@@ -17,8 +17,8 @@ import pydantic
 import pytest
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
-from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import NotInTransactionError
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.tasks import Fail, InvalidTaskError, Retry, Snooze, TaskContext, Tasks, Worker
 
 TABLE = "outboxkit_tasks"

@@ -237,7 +237,7 @@ def test_memory_urls_name_a_broker_shared_in_the_process() -> None:
 def test_run_pending_runs_enqueued_tasks_with_the_workers_retries(
     outboxkit_postgres: PostgresDatabase, outboxkit_tasks
 ) -> None:
-    from outboxkit.backends.postgres.tasks_sql import TaskStatus
+    from outboxkit.queue.tasks import TaskStatus
     from outboxkit.tasks import Tasks
 
     tasks = Tasks()

@@ -23,9 +23,8 @@ from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
 from outboxkit.backends.postgres.tasks_pg import queue_states, task_gauges
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS
 from outboxkit.ops._throttle import Throttled
-from outboxkit.queue.tasks import ClaimedTask
+from outboxkit.queue.tasks import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS, ClaimedTask
 
 _RUN_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 

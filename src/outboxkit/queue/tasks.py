@@ -36,11 +36,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Literal, Protocol
 
 from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
 
 __all__ = [
+    "DEFAULT_MAX_TASK_NAMES",
+    "DEFAULT_TASKS_TABLE",
+    "OTHER_TASKS",
     "SUSPECT_LAPSES",
     "ClaimedTask",
     "Retention",
@@ -48,9 +52,31 @@ __all__ = [
     "SettleHook",
     "TaskClaim",
     "TaskClaimed",
+    "TaskStatus",
     "TaskStore",
     "UndecodablePayload",
 ]
+
+#: The task table every API and command uses unless given another.
+DEFAULT_TASKS_TABLE = "outboxkit_tasks"
+#: Task names with gauges of their own by default; the others are summed as OTHER_TASKS.
+DEFAULT_MAX_TASK_NAMES = 100
+#: The name every task outside the named set is counted under (the outbox's "(other)").
+OTHER_TASKS = "(other)"
+
+
+class TaskStatus(IntEnum):
+    """A task's state, as every backend stores it in ``status``. A running task's
+    ``available_at`` is its lease."""
+
+    PENDING = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+    #: Waiting for its upstream tasks (``after=``) or its key's turn; never claimed.
+    WAITING = 5
+
 
 #: Ambiguous lapses in a row (the task's worker died while it ran beside others) after
 #: which a task runs only alone, so that its next death is known to be its own.

@@ -27,10 +27,11 @@ import psycopg
 
 from outboxkit.backends import backend_for, backend_of
 from outboxkit.backends.ports import TaskAdmin
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatements
+from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.function import Registrar, TaskFunction
 from outboxkit.tasks.results import TaskResult, result_from_row, unstorable

@@ -46,12 +46,12 @@ from outboxkit.backends.postgres.postgres import (
     schema_slots,
 )
 from outboxkit.backends.postgres.tasks_sql import (
-    DEFAULT_TASKS_TABLE,
     TaskStatements,
     tasks_migration_lock_key,
     tasks_slots,
 )
 from outboxkit.errors import SchemaError, repartition_refused, repartition_while_running
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 _NAME = r'"[^"]+"|\w+'
 _CREATED = re.compile(

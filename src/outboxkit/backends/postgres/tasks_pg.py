@@ -31,13 +31,7 @@ from outboxkit.backends.postgres._connection import (
     connect,
 )
 from outboxkit.backends.postgres._pg_session import PgSession, fetch_rows
-from outboxkit.backends.postgres.tasks_sql import (
-    DEFAULT_MAX_TASK_NAMES,
-    OTHER_TASKS,
-    TaskStatements,
-    TaskStatus,
-    done_arrays,
-)
+from outboxkit.backends.postgres.tasks_sql import TaskStatements, done_arrays
 from outboxkit.errors import SchemaError, TaskNotFound
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
@@ -51,11 +45,14 @@ from outboxkit.queue.store import (
     Verdict,
 )
 from outboxkit.queue.tasks import (
+    DEFAULT_MAX_TASK_NAMES,
+    OTHER_TASKS,
     ClaimedTask,
     Retention,
     SettleHook,
     TaskClaim,
     TaskClaimed,
+    TaskStatus,
     UndecodablePayload,
 )
 

@@ -12,7 +12,6 @@ import re
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
-from enum import IntEnum
 
 from psycopg import sql
 
@@ -28,24 +27,14 @@ from outboxkit.backends.postgres.postgres import (
     table_identifier,
     wake_lock_key,
 )
-from outboxkit.queue.tasks import SUSPECT_LAPSES
+from outboxkit.queue.tasks import (
+    DEFAULT_TASKS_TABLE,
+    SUSPECT_LAPSES,
+    TaskStatus,
+)
 
-#: The task table every API and command uses unless given another.
-DEFAULT_TASKS_TABLE = "outboxkit_tasks"
 #: Periodic tasks' slots, in the task table's schema.
 SCHEDULES_TABLE = "outboxkit_schedules"
-
-
-class TaskStatus(IntEnum):
-    """A task's state, as stored in ``status``. A running task's ``available_at`` is its lease."""
-
-    PENDING = 0
-    RUNNING = 1
-    DONE = 2
-    FAILED = 3
-    CANCELLED = 4
-    #: Waiting for its upstream tasks (``after=``); never claimed.
-    WAITING = 5
 
 
 _STATES = {
@@ -716,10 +705,6 @@ WHERE (s.schedule, s.slot) IN (
 
 # --- ops (`outboxkit tasks ...`) ---------------------------------------------------
 
-#: Task names with gauges of their own by default; the others are summed as OTHER_TASKS.
-DEFAULT_MAX_TASK_NAMES = 100
-#: The name every task outside the named set is counted under (the outbox's "(other)").
-OTHER_TASKS = "(other)"
 
 # The worker's metrics, per task name: queued (pending and due), scheduled (pending, not
 # yet due), running, failed, and the age of the oldest due pending task. The table holds

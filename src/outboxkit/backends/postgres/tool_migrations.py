@@ -27,10 +27,10 @@ from outboxkit.backends.postgres.postgres import (
     table_identifier,
 )
 from outboxkit.backends.postgres.tasks_sql import (
-    DEFAULT_TASKS_TABLE,
     tasks_migration_lock_key,
     tasks_slots,
 )
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 #: The kinds another tool applies: the plain outbox and task mode's table (versioned, as
 #: ``outboxkit migrate`` records them) and the inbox (no record).

@@ -23,11 +23,11 @@ from outboxkit.backends.postgres import admin as store_admin
 from outboxkit.backends.postgres import tasks_pg
 from outboxkit.backends.postgres.admin import EventRef
 from outboxkit.backends.postgres.postgres import Status
-from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.admin_actions import act_and_log
 from outboxkit.contrib.django.db import dsn_for
 from outboxkit.contrib.django.models import OutboxEvent, Task
+from outboxkit.queue.tasks import TaskStatus
 
 #: What the detail page shows of a payload (the rest is cut, and said to be).
 MAX_PAYLOAD_CHARS = 64 * 1024

@@ -17,10 +17,10 @@ from django.core.signals import setting_changed
 
 from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
 from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, parse_table
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE
 from outboxkit.errors import ConfigurationError
 from outboxkit.events import DEFAULT_MAX_PAYLOAD_BYTES
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 SETTING = "OUTBOXKIT"
 

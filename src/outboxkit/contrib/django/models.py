@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.db import models
 
 from outboxkit.backends.postgres.postgres import Status
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE, TaskStatus
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.operations import db_table
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE, TaskStatus
 
 STATUS_CHOICES = [(int(s), s.name.lower()) for s in Status]
 TASK_STATUS_CHOICES = [(int(s), s.name.lower()) for s in TaskStatus]

@@ -60,7 +60,7 @@ def tasks() -> None:
 
 
 def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
-    from outboxkit.backends.postgres.tasks_sql import TaskStatus
+    from outboxkit.queue.tasks import TaskStatus
 
     for row in rows:
         for column in ("last_error", "traceback_excerpt"):
@@ -113,7 +113,7 @@ def list_command(
 ) -> None:
     """Tasks, oldest first."""
     from outboxkit.backends.postgres.tasks_pg import list_tasks
-    from outboxkit.backends.postgres.tasks_sql import TaskStatus
+    from outboxkit.queue.tasks import TaskStatus
 
     state = None if status is None else TaskStatus[status.upper()]
     rows = run_guarded(
@@ -224,7 +224,7 @@ def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
 def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
     """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
     from outboxkit.backends.postgres.tasks_pg import list_tasks
-    from outboxkit.backends.postgres.tasks_sql import TaskStatus
+    from outboxkit.queue.tasks import TaskStatus
 
     rows = run_guarded(
         list_tasks, dsn, tasks_table, status=TaskStatus.FAILED, name=name, limit=limit
@@ -243,7 +243,7 @@ def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> Non
     For a person: one field a line and the traceback as its lines; --json for programs.
     """
     from outboxkit.backends.postgres.tasks_pg import show_task
-    from outboxkit.backends.postgres.tasks_sql import TaskStatus
+    from outboxkit.queue.tasks import TaskStatus
 
     row = run_guarded(show_task, dsn, tasks_table, task_id)
     if row is None:

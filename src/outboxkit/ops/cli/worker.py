@@ -15,7 +15,6 @@ from typing import Any
 import click
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_MAX_TASK_NAMES
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import (
     dsn_option,
@@ -26,6 +25,7 @@ from outboxkit.ops.cli.options import (
 )
 from outboxkit.ops.cli.output import fail
 from outboxkit.ops.logs import setup_logging
+from outboxkit.queue.tasks import DEFAULT_MAX_TASK_NAMES
 
 
 def load_app(spec: str) -> Any:

@@ -33,10 +33,10 @@ from aiohttp import web
 from outboxkit._redact import mask_headers, redact, remember_secrets
 from outboxkit.admin import Admin, admin_for
 from outboxkit.backends.postgres.postgres import parse_table
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, TopicStatus
 from outboxkit.ops._throttle import Throttled
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 log = logging.getLogger("outboxkit.dashboard")
 

@@ -16,7 +16,6 @@ from aiohttp import web
 
 from outboxkit._redact import redact
 from outboxkit.backends.postgres import tasks_pg
-from outboxkit.backends.postgres.tasks_sql import TaskStatus
 from outboxkit.errors import SchemaError
 from outboxkit.ops.dashboard import (
     STATIC,
@@ -28,6 +27,7 @@ from outboxkit.ops.dashboard import (
     _row_id,
     log,
 )
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.tasks.unsupported import missing
 
 #: The page's states: the stored status and, for pending tasks, whether they are due now.

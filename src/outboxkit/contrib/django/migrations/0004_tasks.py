@@ -3,10 +3,10 @@
 
 from django.db import migrations, models
 
-from outboxkit.backends.postgres.tasks_sql import DEFAULT_TASKS_TABLE
 from outboxkit.contrib.django import conf
 from outboxkit.contrib.django.models import TASK_STATUS_CHOICES
 from outboxkit.contrib.django.operations import db_table, schema_operations
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 
 class Migration(migrations.Migration):
