@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from outboxkit.queue.memory_tasks import MemoryTaskRow, MemoryTaskStore, TaskState
+from outboxkit.queue.memory_tasks import MemoryTaskRow, MemoryTaskStore
 from outboxkit.queue.store import Claim, Settled
-from outboxkit.queue.tasks import SUSPECT_LAPSES, ClaimedTask, TaskClaim, TaskClaimed
+from outboxkit.queue.tasks import SUSPECT_LAPSES, ClaimedTask, TaskClaim, TaskClaimed, TaskStatus
 from tests.contract import test_task_store as scenarios
 from tests.contract.task_backends import MemoryTaskBackend
 
@@ -32,7 +32,7 @@ class ChargesNeighbours(MemoryTaskStore):
     """The naive claim: every lapse is charged, whoever ran beside whom (the issue's bug)."""
 
     async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
-        lapsed = {r.id for r in self.tasks.rows() if r.status is TaskState.RUNNING}
+        lapsed = {r.id for r in self.tasks.rows() if r.status is TaskStatus.RUNNING}
         got = await super().claim_tasks(what, **kwargs)
         for task in got.claim.items if got.claim else []:
             row = self.tasks.row(task.id)
@@ -48,8 +48,8 @@ class NoKeySerial(MemoryTaskStore):
 
     async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
         for row in self.tasks.rows():
-            if row.status is TaskState.WAITING and row.after_failure is None:
-                row.status = TaskState.PENDING
+            if row.status is TaskStatus.WAITING and row.after_failure is None:
+                row.status = TaskStatus.PENDING
         return await super().claim_tasks(what, **kwargs)
 
     def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
@@ -118,11 +118,11 @@ class ReleasesAtTheFirstUpstream(MemoryTaskStore):
         moved = 0
         for row in self.tasks.rows():
             if (
-                row.status is TaskState.WAITING
+                row.status is TaskStatus.WAITING
                 and ids
                 and set(ids) & set(self.tasks.upstream.get(row.id, []))
             ):
-                row.status, moved = TaskState.PENDING, moved + 1
+                row.status, moved = TaskStatus.PENDING, moved + 1
         return moved + await super().release_dependents(ids, limit)
 
 
@@ -140,7 +140,9 @@ class WorkerLocalLimit(MemoryTaskStore):
         now = self.tasks.clock()
         held = sum(
             1 for r in self.tasks.rows()
-            if r.claim_token in self.mine and r.status is TaskState.RUNNING and r.available_at > now
+            if r.claim_token in self.mine
+            and r.status is TaskStatus.RUNNING
+            and r.available_at > now
         )  # fmt: skip
         kwargs["limit"] = max(0, min(kwargs["limit"], what.concurrency - held))
         self.mine.add(kwargs["token"])

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
-import enum
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -29,9 +28,10 @@ from outboxkit.queue.tasks import (
     Retention,
     TaskClaim,
     TaskClaimed,
+    TaskStatus,
 )
 
-__all__ = ["MemoryTaskRow", "MemoryTaskStore", "MemoryTasks", "TaskState"]
+__all__ = ["MemoryTaskRow", "MemoryTaskStore", "MemoryTasks"]
 
 #: The crash-loop guard's error (backends/postgres/tasks_sql.py CLAIM), word for word.
 _CRASH_LOOP = (
@@ -42,17 +42,6 @@ _UNHANDLED = (
     "no worker with a handler for task {name} claimed it within {grace} s of its due time:"
     " deploy a worker whose --app registers it, then `outboxkit tasks replay`"
 )
-
-
-class TaskState(enum.IntEnum):
-    """As PostgreSQL's ``status`` (backends/postgres/tasks_sql.py TaskStatus)."""
-
-    PENDING = 0
-    RUNNING = 1
-    DONE = 2
-    FAILED = 3
-    CANCELLED = 4
-    WAITING = 5
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,7 +57,7 @@ class MemoryTaskRow:
     max_attempts: int | None
     available_at: float
     created_at: dt.datetime
-    status: TaskState = TaskState.PENDING
+    status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     lapses: int = 0
     spared: int = 0
@@ -86,7 +75,7 @@ class MemoryTaskRow:
 
     @property
     def live(self) -> bool:
-        return self.status in (TaskState.PENDING, TaskState.RUNNING)
+        return self.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
 class MemoryTasks:
@@ -126,16 +115,17 @@ class MemoryTasks:
             self.clock() + delay, dt.datetime.now(dt.UTC),
         )  # fmt: skip
         if key is not None and any(
-            r.key == key and (r.live or (r.status is TaskState.WAITING and r.after_failure is None))
+            r.key == key
+            and (r.live or (r.status is TaskStatus.WAITING and r.after_failure is None))
             for r in self._rows.values()
         ):  # behind a live task of its key: waits for its turn (tasks_sql.py _KEY_STATUS)
-            row.status = TaskState.WAITING
+            row.status = TaskStatus.WAITING
         if upstream:
             for i in upstream:
                 self._rows[i].has_dependents = True
             row.after_failure = after_failure
-            if any(self._rows[i].status is not TaskState.DONE for i in upstream):
-                row.status = TaskState.WAITING
+            if any(self._rows[i].status is not TaskStatus.DONE for i in upstream):
+                row.status = TaskStatus.WAITING
             self.upstream[task_id] = upstream
         self._rows[task_id] = row
         return task_id
@@ -199,7 +189,7 @@ class MemoryTaskStore:
         now = self.tasks.clock()
         pending = sum(
             1 for r in self.tasks.rows()
-            if r.status is TaskState.PENDING and r.available_at <= now
+            if r.status is TaskStatus.PENDING and r.available_at <= now
         )  # fmt: skip
         return StoreInfo(pending, where="memory")
 
@@ -228,7 +218,7 @@ class MemoryTaskStore:
         if what.concurrency is not None:  # a limited name: its running tasks are its slots
             running = sum(
                 1 for r in self.tasks.rows()
-                if r.task_name == what.name and r.status is TaskState.RUNNING
+                if r.task_name == what.name and r.status is TaskStatus.RUNNING
                 and r.available_at > now
             )  # fmt: skip
             limit = max(0, min(limit, what.concurrency - running))
@@ -243,7 +233,7 @@ class MemoryTaskStore:
                 continue
             if row.task_name in what.skip or what.name not in (None, row.task_name):
                 continue
-            running = row.status is TaskState.RUNNING
+            running = row.status is TaskStatus.RUNNING
             if what.alone and row.lapses + running < SUSPECT_LAPSES:
                 continue
             seen.append(row)
@@ -253,7 +243,7 @@ class MemoryTaskStore:
         live: list[ClaimedTask] = []
         dead: list[tuple[ClaimedTask, str, str]] = []
         for row in seen:
-            ambiguous = row.status is TaskState.RUNNING and row.lapses < SUSPECT_LAPSES
+            ambiguous = row.status is TaskStatus.RUNNING and row.lapses < SUSPECT_LAPSES
             lapses = row.lapses + ambiguous
             if (lapses >= SUSPECT_LAPSES) != what.alone:
                 suspects = True
@@ -261,14 +251,14 @@ class MemoryTaskStore:
             cap = row.max_attempts if row.max_attempts is not None else max_attempts
             row.lapses = lapses
             if not ambiguous and row.attempts - row.spared >= cap:
-                row.status, row.claim_token, row.claimed_by = TaskState.FAILED, None, owner
+                row.status, row.claim_token, row.claimed_by = TaskStatus.FAILED, None, owner
                 row.finished_at, row.error_type = now, "CrashLoop"
                 row.last_error = _CRASH_LOOP.format(attempts=row.attempts)
                 dead.append((self._claimed(row), "crash_loop", row.last_error))
                 continue
             row.attempts += 1
             row.spared += ambiguous
-            row.status, row.available_at = TaskState.RUNNING, now + lease
+            row.status, row.available_at = TaskStatus.RUNNING, now + lease
             row.claim_token, row.claimed_by = token, owner
             live.append(self._claimed(row))
         if what.rate is not None and what.name is not None:
@@ -306,7 +296,7 @@ class MemoryTaskStore:
         if self.retention == "delete" and keep is None:
             self.tasks.delete(task_id)
         else:
-            row.status, row.claim_token = TaskState.DONE, None
+            row.status, row.claim_token = TaskStatus.DONE, None
             row.finished_at = self.tasks.clock()
             if keep is not None:
                 row.result, row.keep_until = result, row.finished_at + keep
@@ -319,7 +309,7 @@ class MemoryTaskStore:
             row = self.tasks.row(task.id)
             if (
                 task.completed and task.keep is not None and row is not None
-                and row.status is TaskState.DONE and row.attempts == task.attempt
+                and row.status is TaskStatus.DONE and row.attempts == task.attempt
                 and row.result is None
             ):  # fmt: skip
                 row.result = task.result
@@ -338,7 +328,7 @@ class MemoryTaskStore:
             if row is None:
                 continue
             task = task_of[task_id]
-            row.status = TaskState.FAILED if dead else TaskState.PENDING
+            row.status = TaskStatus.FAILED if dead else TaskStatus.PENDING
             row.available_at = now + delay
             row.last_error = error if error is not None else row.last_error
             row.error_type = task.error_type or row.error_type
@@ -366,16 +356,16 @@ class MemoryTaskStore:
             if any(r.live for r in rows):
                 continue
             waiting = [r for r in rows
-                       if r.status is TaskState.WAITING and r.after_failure is None]  # fmt: skip
+                       if r.status is TaskStatus.WAITING and r.after_failure is None]  # fmt: skip
             if waiting:
-                waiting[0].status, moved = TaskState.PENDING, moved + 1
+                waiting[0].status, moved = TaskStatus.PENDING, moved + 1
         return moved
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
         written = 0
         for task_id, token, value in updates:
             row = self._held(task_id, token)
-            if row is not None and row.status is TaskState.RUNNING:
+            if row is not None and row.status is TaskStatus.RUNNING:
                 row.progress, written = value, written + 1
         return written
 
@@ -385,32 +375,32 @@ class MemoryTaskStore:
         if ids is None:  # the sweep: keys whose next task nobody promoted too
             moved += self._promote({
                 r.key for r in self.tasks.rows()
-                if r.key is not None and r.status is TaskState.WAITING and r.after_failure is None
+                if r.key is not None and r.status is TaskStatus.WAITING and r.after_failure is None
             })  # fmt: skip
         for row in self.tasks.rows():
             if moved >= limit:
                 break
             upstream = self.tasks.upstream.get(row.id, [])
             if (
-                row.status is not TaskState.WAITING
+                row.status is not TaskStatus.WAITING
                 or row.after_failure is None
                 or (chosen is not None and not chosen.intersection(upstream))
             ):
                 continue
-            states = [u.status if (u := self.tasks.row(i)) else TaskState.DONE for i in upstream]
+            states = [u.status if (u := self.tasks.row(i)) else TaskStatus.DONE for i in upstream]
             bad = [i for i, s in zip(upstream, states, strict=True)
-                   if s in (TaskState.FAILED, TaskState.CANCELLED)]  # fmt: skip
-            live = [s for s in states
-                    if s in (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)]  # fmt: skip
+                   if s in (TaskStatus.FAILED, TaskStatus.CANCELLED)]  # fmt: skip
+            waiting = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
+            live = [s for s in states if s in waiting]
             if bad and row.after_failure == 0:
-                row.status, row.finished_at = TaskState.CANCELLED, self.tasks.clock()
+                row.status, row.finished_at = TaskStatus.CANCELLED, self.tasks.clock()
                 row.error_type = "UpstreamFailed"
                 row.last_error = (
                     f"upstream task {bad[0]} failed or was cancelled, so this task was"
                     ' cancelled (after_failure="cancel")'
                 )
             elif not live:
-                row.status = TaskState.PENDING
+                row.status = TaskStatus.PENDING
             else:
                 continue
             moved += 1
@@ -438,7 +428,7 @@ class MemoryTaskStore:
         gone = [
             r.id for r in self.tasks.rows()
             if r.keep_until is not None and r.keep_until < now
-            and r.status in (TaskState.DONE, TaskState.CANCELLED)
+            and r.status in (TaskStatus.DONE, TaskStatus.CANCELLED)
         ][:limit]  # fmt: skip
         for task_id in gone:
             self.tasks.delete(task_id)
@@ -451,7 +441,7 @@ class MemoryTaskStore:
         for task_id in claim.ids:
             row = self._held(task_id, claim.token)
             now = self.tasks.clock()
-            if row is not None and row.status is TaskState.RUNNING and row.available_at > now:
+            if row is not None and row.status is TaskStatus.RUNNING and row.available_at > now:
                 row.available_at = now + lease  # (a lapsed lease stays lapsed)
                 held += 1
         return held
@@ -461,7 +451,7 @@ class MemoryTaskStore:
         for task_id, task in zip(claim.ids, claim.items, strict=True):
             row = None if task.completed else self._held(task_id, claim.token)
             if row is not None:
-                row.status, row.available_at = TaskState.PENDING, self.tasks.clock()
+                row.status, row.available_at = TaskStatus.PENDING, self.tasks.clock()
                 row.claim_token, row.attempts = None, max(row.attempts - 1, 0)
                 released += 1
         return released
@@ -471,7 +461,7 @@ class MemoryTaskStore:
         for task_id in ids:
             row = self.tasks.row(task_id)
             if (
-                row is not None and row.status is TaskState.PENDING
+                row is not None and row.status is TaskStatus.PENDING
                 and row.claim_token is None and row.available_at > now
             ):  # fmt: skip
                 row.available_at, changed = now, changed + 1
@@ -483,11 +473,11 @@ class MemoryTaskStore:
             if len(failed) >= limit:
                 break
             if (
-                row.status is TaskState.PENDING and row.queue in self.queues
+                row.status is TaskStatus.PENDING and row.queue in self.queues
                 and row.available_at < now - grace
                 and row.task_name not in (self.names or ())
             ):  # fmt: skip
-                row.status, row.finished_at, row.claim_token = TaskState.FAILED, now, None
+                row.status, row.finished_at, row.claim_token = TaskStatus.FAILED, now, None
                 row.error_type = "UnknownTask"
                 row.last_error = _UNHANDLED.format(name=row.task_name, grace=grace)
                 failed.append(row.task_name)
