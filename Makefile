@@ -81,7 +81,7 @@ lint: $(DEV_STAMP)
 
 # The documentation site (mkdocs.yml): `make docs` builds it strictly (a broken link or anchor, a
 # missing reference, an undocumented public name or a migration file the schema page lacks
-# fails) and serves it at http://127.0.0.1:8000; `make docs-build` only builds it (CI).
+# fails) and serves it at http://127.0.0.1:8000/outboxkit/; `make docs-build` only builds it (CI).
 docs: docs-build
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
