@@ -6,7 +6,8 @@ a :class:`~outboxkit.queue.store.QueueStore` call, every item's fate a
 is this loop with a publisher sink; the task worker the same loop with a handler sink.
 
 What it keeps: ``max_in_flight`` claims in flight (the claim of batch N+1 overlaps the work
-of batch N); after work it looks again at 2, 4, 8 ... ms for ``linger`` seconds, then
+of batch N); after work it looks again at 2 ms (longer, up to ``gather``, while items
+arrive steadily: the gather window), 4, 8 ... ms for ``linger`` seconds, then
 closes the store's wake-up gate (writers wake it from then on) and waits for a wake-up or
 ``poll_interval``; a lease heartbeat for work running past a third of the lease; side tasks
 under supervision (the first one to fail stops the loop with its error); a drain on stop
