@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -166,7 +167,13 @@ def _notified(dsn: str, write: Callable[[], None], timeout: float = 3.0) -> bool
     is long only for a loaded machine (its absence is asserted with a shorter one)."""
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {channel_for('outbox')}")
-        listener.execute(Statements("outbox").try_wake_lock)  # waits for work, as a relay does
+        # Waits for work, as a relay does: holding the wake-up lock. The previous call's
+        # listener may still hold it for a moment after its connection closed (its server
+        # process ends a little later on a loaded machine): try again, as the relay does.
+        deadline = time.monotonic() + 10
+        while not listener.execute(Statements("outbox").try_wake_lock).fetchone()[0]:
+            assert time.monotonic() < deadline, "the wake-up lock stayed taken"
+            time.sleep(0.01)
         write()
         return any(True for _ in listener.notifies(timeout=timeout, stop_after=1))
 
