@@ -39,7 +39,7 @@ def _undocumented(public_api: Any) -> list[str]:
     missing: list[str] = []
     for module_name in public_api.PUBLIC_MODULES:
         module = importlib.import_module(module_name)
-        for name in public_api._exported(module):
+        for name in public_api.exported(module):
             obj = getattr(module, name)
             if not (inspect.isclass(obj) or inspect.isfunction(obj)):
                 continue

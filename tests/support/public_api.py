@@ -64,7 +64,7 @@ def _signature(obj: Any) -> str:
     return _ADDRESS.sub("", text)
 
 
-def _exported(module: Any) -> list[str]:
+def exported(module: Any) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is not None:
         return sorted(names)
@@ -138,7 +138,7 @@ def collect() -> dict[str, str]:
     api: dict[str, str] = {}
     for module_name in PUBLIC_MODULES:
         module = importlib.import_module(module_name)
-        for name in _exported(module):
+        for name in exported(module):
             if name == "__version__":
                 continue  # a value that changes at every release, not an interface
             for line in _name_lines(name, getattr(module, name)):
