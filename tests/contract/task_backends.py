@@ -80,15 +80,21 @@ class TaskBackend(abc.ABC):
         queues: Sequence[str] = ("default",),
         names: Sequence[str] | None = None,
         retention: Literal["delete", "keep"] = "delete",
+        per_key: dict[str, int] | None = None,
     ) -> TaskStore:
-        """A new worker's store on the table (closed after the test)."""
-        store = self._make_store(list(queues), names, retention)
+        """A new worker's store on the table (closed after the test); ``per_key``: its
+        names' ``concurrency_per_key``."""
+        store = self._make_store(list(queues), names, retention, per_key or {})
         self._stores.append(store)
         return store
 
     @abc.abstractmethod
     def _make_store(
-        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+        self,
+        queues: list[str],
+        names: Sequence[str] | None,
+        retention: Literal["delete", "keep"],
+        per_key: dict[str, int],
     ) -> TaskStore: ...
 
     @abc.abstractmethod
@@ -118,11 +124,13 @@ async def claim(
     skip: tuple[str, ...] = (),
     rate: float | None = None,
     burst: int = 1,
+    per_key: int = 1,
 ) -> TaskClaimed:
     """One claim statement, as the core's claim policies issue it."""
     what = TaskClaim(
-        queue, alone=alone, name=name, concurrency=concurrency, skip=skip, rate=rate, burst=burst
-    )
+        queue, alone=alone, name=name, concurrency=concurrency, skip=skip, rate=rate,
+        burst=burst, per_key=per_key,
+    )  # fmt: skip
     return await store.claim_tasks(
         what, limit=limit, lease=lease, token=token or uuid.uuid4(),
         owner="contract", max_attempts=max_attempts,
@@ -156,9 +164,15 @@ class MemoryTaskBackend(TaskBackend):
         )  # fmt: skip
 
     def _make_store(
-        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+        self,
+        queues: list[str],
+        names: Sequence[str] | None,
+        retention: Literal["delete", "keep"],
+        per_key: dict[str, int],
     ) -> TaskStore:
-        return self.store_class(self.tasks, queues=queues, names=names, retention=retention)  # type: ignore[no-any-return]
+        return self.store_class(  # type: ignore[no-any-return]
+            self.tasks, queues=queues, names=names, retention=retention, per_key=per_key
+        )
 
     async def row(self, task_id: int) -> TaskRow | None:
         r = self.tasks.row(task_id)
@@ -216,9 +230,15 @@ class PostgresTaskBackend(TaskBackend):
         return int(row[0])
 
     def _make_store(
-        self, queues: list[str], names: Sequence[str] | None, retention: Literal["delete", "keep"]
+        self,
+        queues: list[str],
+        names: Sequence[str] | None,
+        retention: Literal["delete", "keep"],
+        per_key: dict[str, int],
     ) -> TaskStore:
-        return PgTaskStore(self.dsn, TABLE, queues=queues, names=names, retention=retention)
+        return PgTaskStore(
+            self.dsn, TABLE, queues=queues, names=names, retention=retention, per_key=per_key
+        )
 
     async def row(self, task_id: int) -> TaskRow | None:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:

@@ -504,3 +504,48 @@ async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_
     await b.advance(60)
     third = (await claim(one, name="paced", rate=2.0, burst=3)).claim
     assert third is not None and len(third.ids) == 3  # refilled up to the burst, no more
+
+
+async def test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    per_key = {"fan": 2}
+    k1 = [await b.enqueue("fan", key="k1") for _ in range(4)]
+    k2 = await b.enqueue("fan", key="k2")
+    one, two = b.store(per_key=per_key), b.store(per_key=per_key)  # two workers
+    first = (await claim(one, name="fan", per_key=2, lease=5)).claim
+    assert first is not None and first.ids == [k1[0], k2]
+    # The claim made room for k1's second task, and only its second: the third waits.
+    assert [(await b.row(i)).status for i in k1[1:]] == ["pending", "waiting", "waiting"]  # type: ignore[union-attr]
+    second = (await claim(two, name="fan", per_key=2)).claim
+    assert second is not None and second.ids == [k1[1]]
+    assert (await claim(two, name="fan", per_key=2)).claim is None  # k1 full, whoever asks
+    await b.advance(6)  # `one` froze past its lease: its tasks are claimable again...
+    assert await one.extend_leases(first, 30) == 0  # (a lapsed lease is never revived)
+    retaken = (await claim(two, name="fan", per_key=2)).claim
+    # ... and each holds its place in its key: k1's third task still waits its turn.
+    assert retaken is not None and retaken.ids == [k1[0], k2]
+    assert (await one.settle(first, [DONE, DONE])).lost == 2  # the zombie frees nothing
+    assert (await claim(one, name="fan", per_key=2)).claim is None
+    assert [(await b.row(i)).status for i in k1[2:]] == ["waiting", "waiting"]  # type: ignore[union-attr]
+    await two.settle(retaken, [DONE, DONE])  # a holder's own settle frees its place
+    third = (await claim(one, name="fan", per_key=2)).claim
+    assert third is not None and third.ids == [k1[2]]
+    row = await b.row(k1[3])
+    assert row is not None and row.status == "waiting"
+
+
+async def test_racing_claims_of_a_key_never_run_more_than_its_per_key_limit(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    ids = [await b.enqueue("fan", key="k") for _ in range(30)]
+    stores = [b.store(per_key={"fan": 3}) for _ in range(6)]
+    # A task enqueued behind running ones of its key waits for the sweep (or the next
+    # settle or claim of the key) to make room: here the sweep promotes the next two.
+    assert await stores[0].release_dependents(None, 10) == 2
+    got = await asyncio.gather(*(claim(s, name="fan", per_key=3) for s in stores))
+    claimed = sorted(i for g in got if g.claim is not None for i in g.claim.ids)
+    assert claimed == ids[:3]
+    assert await stores[0].release_dependents(None, 10) == 0  # full: the sweep adds none

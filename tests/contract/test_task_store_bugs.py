@@ -8,7 +8,9 @@ through would prove nothing about a new backend.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,10 +54,10 @@ class NoKeySerial(MemoryTaskStore):
                 row.status = TaskStatus.PENDING
         return await super().claim_tasks(what, **kwargs)
 
-    def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
+    def _claimable(self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1) -> bool:
         key, row.key = row.key, None
         try:
-            return super()._claimable(row, queue, now)
+            return super()._claimable(row, queue, now, per_key)
         finally:
             row.key = key
 
@@ -176,6 +178,43 @@ class WorkerLocalBucket(MemoryTaskStore):
             self.tasks.buckets = shared
 
 
+class WorkerLocalKeyLimit(MemoryTaskStore):
+    """The naive per-key limit: every task of a key is claimable and each worker counts only
+    the tasks of a key it claimed itself (a semaphore per key in the worker): three workers
+    run three times the limit of a key."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mine: set[uuid.UUID] = set()
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        if what.per_key == 1:
+            return await super().claim_tasks(what, **kwargs)
+        rows, now = self.tasks.rows(), self.tasks.clock()
+        for row in rows:  # no key waits its turn
+            if row.status is TaskStatus.WAITING and row.after_failure is None:
+                row.status = TaskStatus.PENDING
+        held = Counter(
+            r.key for r in rows
+            if r.claim_token in self.mine and r.status is TaskStatus.RUNNING
+            and r.available_at > now
+        )  # fmt: skip
+        self.mine.add(kwargs["token"])
+        got = await super().claim_tasks(dataclasses.replace(what, per_key=len(rows) + 1), **kwargs)
+        if got.claim is None:
+            return got
+        kept = []
+        for task in got.claim.items:  # over this worker's own count: handed back
+            row = self.tasks.row(task.id)
+            if task.key is not None and held[task.key] >= what.per_key and row is not None:
+                row.status, row.claim_token, row.attempts = TaskStatus.PENDING, None, task.attempt - 1
+                continue
+            held[task.key] += 1
+            kept.append(task)
+        claim = Claim(got.claim.token, [t.id for t in kept], kept, got.claim.dead)
+        return TaskClaimed(claim if kept or claim.dead else None, got.suspects)
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -231,6 +270,26 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         NoFencing,
         scenarios.test_a_limited_name_runs_at_most_its_limit_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        WorkerLocalKeyLimit,
+        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        WorkerLocalKeyLimit,
+        scenarios.test_racing_claims_of_a_key_never_run_more_than_its_per_key_limit,
+    ),
+    (
+        NoKeySerial,
+        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        NoFencing,
+        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        RevivesLapsedLeases,
+        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
 ]
 

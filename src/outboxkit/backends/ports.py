@@ -148,6 +148,7 @@ class Backend(abc.ABC):
         pooler: Any,
         direct_dsn: str | None,
         names: list[str] | None,
+        per_key: dict[str, int] | None = None,
     ) -> TaskStore:
         """The task table as task mode's store (queue/tasks.py); a backend without one
         refuses through :attr:`cannot`."""

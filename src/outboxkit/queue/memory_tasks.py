@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -176,8 +176,11 @@ class MemoryTaskStore:
         queues: Sequence[str] = ("default",),
         names: Sequence[str] | None = None,
         retention: Retention = "delete",
+        per_key: Mapping[str, int] | None = None,
     ) -> None:
         self.tasks = tasks
+        #: Task name -> how many of its tasks of one key run at once (others: 1).
+        self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
         self.queues = list(queues)
         self.names = None if names is None else set(names)
         self.retention: Retention = retention
@@ -195,14 +198,14 @@ class MemoryTaskStore:
 
     # -- the claim (tasks_sql.py CLAIM) ----------------------------------------------------
 
-    def _claimable(self, row: MemoryTaskRow, queue: str, now: float) -> bool:
+    def _claimable(self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1) -> bool:
         if not row.live or row.available_at > now or row.queue != queue:
             return False
         if self.names is not None and row.task_name not in self.names:
             return False
-        return row.key is None or not any(
-            e.key == row.key and e.id < row.id and e.live for e in self.tasks.rows()
-        )
+        return row.key is None or sum(
+            1 for e in self.tasks.rows() if e.key == row.key and e.id < row.id and e.live
+        ) < per_key  # (its key's first `per_key` live tasks: tasks_sql.py _KEY_TURN)
 
     async def claim_tasks(
         self,
@@ -229,7 +232,7 @@ class MemoryTaskStore:
             limit = max(0, min(limit, int(tokens)))
         seen = []
         for row in self.tasks.rows():
-            if not self._claimable(row, what.queue, now):
+            if not self._claimable(row, what.queue, now, what.per_key):
                 continue
             if row.task_name in what.skip or what.name not in (None, row.task_name):
                 continue
@@ -263,6 +266,8 @@ class MemoryTaskStore:
             live.append(self._claimed(row))
         if what.rate is not None and what.name is not None:
             self.tasks.buckets[what.name] = (tokens - len(live), now)
+        if what.per_key > 1:  # room for the next ones of these keys now
+            self._promote({t.key for t in live if t.key is not None})
         if not live and not dead:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
@@ -348,17 +353,20 @@ class MemoryTaskStore:
         self._promote(ended)
         return Settled(settled, len(claim.ids) - len(settled))
 
-    def _promote(self, keys: set[str]) -> int:
-        """The next waiting task of each key with no live task (tasks_sql.py PROMOTE_KEYS)."""
+    def _promote(self, keys: set[str], *, sweep: bool = False) -> int:
+        """The next waiting tasks of each key while it has room (tasks_sql.py PROMOTE_KEYS;
+        ``sweep``: only keys whose first waiting task has room, as SWEEP_KEYS)."""
         moved = 0
         for key in sorted(keys):
             rows = [r for r in self.tasks.rows() if r.key == key]
-            if any(r.live for r in rows):
-                continue
+            live = sum(1 for r in rows if r.live)
             waiting = [r for r in rows
                        if r.status is TaskStatus.WAITING and r.after_failure is None]  # fmt: skip
-            if waiting:
-                waiting[0].status, moved = TaskStatus.PENDING, moved + 1
+            if sweep and waiting and live >= self.per_key.get(waiting[0].task_name, 1):
+                continue
+            for turn, row in enumerate(waiting, 1):
+                if live + turn <= self.per_key.get(row.task_name, 1):
+                    row.status, moved = TaskStatus.PENDING, moved + 1
         return moved
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
@@ -376,7 +384,7 @@ class MemoryTaskStore:
             moved += self._promote({
                 r.key for r in self.tasks.rows()
                 if r.key is not None and r.status is TaskStatus.WAITING and r.after_failure is None
-            })  # fmt: skip
+            }, sweep=True)  # fmt: skip
         for row in self.tasks.rows():
             if moved >= limit:
                 break

@@ -14,6 +14,9 @@ backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It dec
   queue's claims take turns as the queues do, so a busy name starves no limited one;
 * rate limits (``rate="50/s"``): likewise a claim of its own, capped by the name's token
   bucket in the store;
+* per-key limits (``concurrency_per_key=N``, N > 1): a claim of its own too, in which a keyed
+  task is claimable while fewer than N earlier tasks of its key are live (the store counts
+  them; every other claim takes only a key's head);
 * suspects run alone: when a claim passed over a suspect (a task whose worker died twice
   while it ran beside others), this worker stops claiming, lets its running tasks finish,
   then claims the suspect alone and claims nothing else until it settles. A process-killing
@@ -42,6 +45,8 @@ class TaskClaims:
     ``queue_limits``: at most N tasks of a queue at once (the other queues go on).
     ``concurrency``: task name -> at most N of its tasks running across every worker.
     ``rates``: task name -> (starts per second, burst) across every worker.
+    ``per_key``: task name -> at most N of its tasks of one key running across every worker
+    (1, any name not given: one at a time).
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class TaskClaims:
         queue_limits: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
         rates: Mapping[str, tuple[float, int]] | None = None,
+        per_key: Mapping[str, int] | None = None,
     ) -> None:
         self.store = store
         self.queues = list(queues)
@@ -64,14 +70,17 @@ class TaskClaims:
         # One claim value per queue, built once (a claim statement per free slot or so).
         # Each queue's claims: its unlimited names, then each limited name on its own.
         caps, paces = dict(concurrency or {}), dict(rates or {})
+        turns = {n: k for n, k in (per_key or {}).items() if k != 1}
         if any(n < 1 for n in caps.values()):
             raise ValueError(f"concurrency limits must be at least 1: {caps}")
+        if any(k < 1 for k in turns.values()):
+            raise ValueError(f"per-key limits must be at least 1: {turns}")
         if any(not r > 0 or b < 1 for r, b in paces.values()):
             raise ValueError(f"rates must be > 0 with a burst of at least 1: {paces}")
-        skip = tuple(sorted(caps.keys() | paces.keys()))
+        skip = tuple(sorted(caps.keys() | paces.keys() | turns.keys()))
         self._claims = [TaskClaim(q, skip=skip) for q in self.queues] + [
             TaskClaim(q, name=name, concurrency=caps.get(name), rate=paces.get(name, (None, 1))[0],
-                      burst=paces.get(name, (None, 1))[1])
+                      burst=paces.get(name, (None, 1))[1], per_key=turns.get(name, 1))
             for q in self.queues
             for name in skip
         ]  # fmt: skip
@@ -135,7 +144,7 @@ class TaskClaims:
                     self.wake_later()  # idle already: claim the suspect at once
             if got.claim is not None:
                 return self._took(i, got.claim)
-            if what.concurrency is not None:
+            if what.concurrency is not None or what.per_key > 1:
                 self._passed = True  # a full limit frees when one of its tasks settles
             if what.rate is not None:
                 self._passed = True  # (a poll later the bucket has refilled)

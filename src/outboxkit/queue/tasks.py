@@ -8,11 +8,15 @@ handed to the backend as a :class:`TaskClaim`; the backend only carries it out i
 statement. The rules every backend keeps, beside the queue store's (``queue/store.py``):
 
 * a task is claimable when it is pending and due, or running with its lease run out (its
-  worker died or froze); a keyed task only while no earlier task of its key is live;
+  worker died or froze); a keyed task only in its key's turn (below);
 * a limited name (:attr:`TaskClaim.concurrency`) never has more tasks running with an
   unlapsed lease than its limit, whatever claims race; a lapsed lease is never extended;
 * a rate-limited name (:attr:`TaskClaim.rate`) starts no more tasks than its bucket holds
   tokens; a task it holds back stays pending (no attempt spent);
+* a keyed task is claimable only while fewer than :attr:`TaskClaim.per_key` earlier tasks of
+  its key are live (1: its key's head alone): a key's first N live tasks run, in id order;
+  a keyed task enqueued behind a live one waits, and a settle or claim of a keyed task (and
+  the sweep) makes the next ones pending up to their name's ``per_key`` (the store's map);
 * every claim is a new attempt (``attempt`` numbers one per claim), but a lapsed task's
   death is charged against max_attempts only when its claim ran it **alone**: a worker
   whose process dies takes every task it ran with it, and only the one that killed it
@@ -147,6 +151,9 @@ class TaskClaim:
     ``rate`` and ``burst``: a rate-limited name's claim: starts of ``name`` across every
     worker at most ``rate`` per second, from a token bucket in the store (refilled by its
     clock, holding at most ``burst`` tokens); a claim takes one token per task.
+    ``per_key``: a keyed task of this claim runs only while fewer than this many earlier
+    tasks of its key are live (pending or running), so at most this many of a key run at
+    once, in id order (1: serial per key; more: the name's own claim).
     """
 
     queue: str
@@ -156,6 +163,7 @@ class TaskClaim:
     skip: tuple[str, ...] = ()
     rate: float | None = None
     burst: int = 1
+    per_key: int = 1
 
 
 @dataclass(slots=True)

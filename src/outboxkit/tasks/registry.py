@@ -89,6 +89,8 @@ class TaskType:
     concurrency: int | None = None
     #: (starts per second, burst) across every worker (``rate="50/s"``); None: no limit.
     rate: tuple[float, int] | None = None
+    #: At most this many of its tasks of one enqueue ``key`` run at once, in id order.
+    concurrency_per_key: int = 1
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -165,6 +167,7 @@ class Tasks:
         keep_result: bool | float | dt.timedelta = False,
         concurrency: int | None = None,
         rate: str | None = None,
+        concurrency_per_key: int = 1,
     ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -187,12 +190,24 @@ class Tasks:
         ``rate``: ``"R/s"``, ``"R/min"`` or ``"R/h"``: at most R starts in any such window
         across every worker, plus a burst of a tenth of R (at least 1); a task held back
         waits, spending no attempt (docs/tasks.md "Rate limits").
+        ``concurrency_per_key``: at most this many of its tasks of one enqueue ``key`` run at
+        once across every worker, a key's oldest first (1, the default: one at a time, in
+        id order), enforced by the claim in the database.
         """
         pace = None if rate is None else parse_rate(name, rate)
         _check_text("task name", name)
         if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
             raise ValueError(
                 f"concurrency of task {name!r} must be at least 1, got {concurrency!r}"
+            )
+        if (
+            not isinstance(concurrency_per_key, int)
+            or isinstance(concurrency_per_key, bool)
+            or not 1 <= concurrency_per_key <= _I16[1]
+        ):
+            raise ValueError(
+                f"concurrency_per_key of task {name!r} must be an int from 1 to {_I16[1]},"
+                f" got {concurrency_per_key!r}"
             )
         keep: float | None = None
         if keep_result is True:
@@ -234,6 +249,7 @@ class Tasks:
                 keep=keep,
                 concurrency=concurrency,
                 rate=pace,
+                concurrency_per_key=concurrency_per_key,
             )
             return TaskFunction(self, name, fn)
 

@@ -202,6 +202,11 @@ class Worker:
         self.worker_id = worker_id or default_owner_id()
         self.stats = WorkerStats()
         lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
+        per_key = {
+            t.name: t.concurrency_per_key
+            for t in tasks.types.values()
+            if t.concurrency_per_key > 1
+        }
         self.store = backend.task_store(
             dsn,
             tasks.table,
@@ -211,6 +216,7 @@ class Worker:
             pooler=pooler,
             direct_dsn=direct_dsn,
             names=list(tasks.types),
+            per_key=per_key,
         )
         #: The claim policies (queues in turn, limits, suspects alone) over the store.
         self.claims = TaskClaims(
@@ -221,6 +227,7 @@ class Worker:
                 t.name: t.concurrency for t in tasks.types.values() if t.concurrency is not None
             },
             rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
+            per_key=per_key,
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

@@ -105,12 +105,13 @@ class PostgresBackend(Backend):
         pooler: Any,
         direct_dsn: str | None,
         names: list[str] | None,
+        per_key: dict[str, int] | None = None,
     ) -> TaskStore:
         from outboxkit.backends.postgres.tasks_pg import PgTaskStore
 
         return PgTaskStore(
             dsn, table, queues=queues, retention=retention, on_settle=on_settle,
-            pooler=pooler, direct_dsn=direct_dsn, names=names,
+            pooler=pooler, direct_dsn=direct_dsn, names=names, per_key=per_key,
         )  # fmt: skip
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -92,7 +92,9 @@ class PgTaskStore(PgSession):
 
     ``queues``: the queues this worker serves; ``names``: the task names it has handlers
     for (it claims only those; None: any). ``retention="delete"`` (default) deletes a
-    finished task; ``"keep"`` marks it done.
+    finished task; ``"keep"`` marks it done. ``per_key``: task name -> its
+    ``concurrency_per_key`` above 1 (how many of a key's tasks its promotions make pending;
+    every other name's keys run one at a time).
     """
 
     def __init__(
@@ -107,8 +109,10 @@ class PgTaskStore(PgSession):
         pooler: PoolerMode | None = None,
         direct_dsn: str | None = None,
         names: Sequence[str] | None = None,
+        per_key: Mapping[str, int] | None = None,
     ) -> None:
         self.sql = TaskStatements(table)
+        self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
         #: The task names this worker has handlers for: it claims only those (None: any).
         self.names = None if names is None else sorted(names)
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
@@ -224,6 +228,7 @@ class PgTaskStore(PgSession):
             "rate": what.rate,
             "burst": what.burst,
             "skip": list(what.skip),
+            "per_key": what.per_key,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
@@ -242,6 +247,12 @@ class PgTaskStore(PgSession):
         rows = [r for r in records if r[0] is not None]
         if not rows:
             return TaskClaimed(None, suspects)
+        keys = sorted({r[6] for r in rows if r[6] is not None and r[-1] is None})
+        if what.per_key > 1 and keys:  # room for the next ones of these keys now
+            try:
+                await self._promote(keys)
+            except StoreError as exc:  # claimed all the same: the sweep promotes them
+                log.debug("promoting the next tasks of keys %s failed: %s", keys, exc)
         dead = [(_claimed(r), "crash_loop", r[-1]) for r in rows if r[-1]]
         # Highest priority first, then by id: the order a worker starts them in (a claim
         # may take more than its free slots: the rest wait their turn in this order).
@@ -270,6 +281,7 @@ class PgTaskStore(PgSession):
                 # Planned with its values: a generic plan of the limited claim (its LIMIT an
                 # expression) gave up the index walk, 26.8 ms a claim against 1.7 ms.
                 await conn.execute(self.sql.custom_plans)
+            if params["concurrency"] is not None or params["rate"] is not None:
                 await conn.execute(self.sql.claim_limit_lock, (params["name"],))
             if params["rate"] is not None:
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
@@ -311,9 +323,15 @@ class PgTaskStore(PgSession):
             log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return settled
 
+    def _turns(self) -> dict[str, Any]:
+        """The promotions' parameters: each name's tasks of one key at once (PROMOTE_KEYS)."""
+        names = sorted(self.per_key)
+        return {"per_key_names": names, "per_key": [self.per_key[n] for n in names],
+                "most": max(self.per_key.values(), default=1), "channel": self.sql.channel}  # fmt: skip
+
     async def _promote(self, keys: Sequence[str]) -> int:
-        """The next waiting task of each of ``keys`` whose live task has just ended."""
-        params = {"keys": list(keys), "channel": self.sql.channel}
+        """The next waiting tasks of each of ``keys``, up to their key's room."""
+        params = {"keys": list(keys), **self._turns()}
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
@@ -392,7 +410,7 @@ class PgTaskStore(PgSession):
                     conn, "release", fetch_rows(conn.cursor(), self.sql.release_dependents, params)
                 )
                 if ids is None:  # the sweep: keys whose next task nobody promoted too
-                    sweep = {"limit": limit, "channel": self.sql.channel}
+                    sweep = {"limit": limit, **self._turns()}
                     rows += await self.within(
                         conn, "release", fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
                     )

@@ -208,6 +208,24 @@ _NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT 
 # (attempts - spared) reached max_attempts was never settled by the worker that held it
 # last (each one died running it). The claim dead-letters it with an error that says so
 # and returns it with that error last.
+# A keyed task's turn: its key's head (no earlier live task of its key) in every claim but
+# that of a name with `concurrency_per_key=N`, whose keyed tasks run while fewer than N
+# earlier tasks of their key are live: a key's first N live tasks, in id order. No lock is
+# needed: a claim turns pending into running, both live, so no claim changes which tasks
+# are a key's first N; only a settle (or a cancel) takes one out, and a promotion
+# (PROMOTE_KEYS) adds the next ones with higher ids. A lapsed task stays live: it holds its
+# place until it is claimed again and settled (a SIGKILLed worker's slot frees with its
+# lease, for the task it held); a zombie's settle is fenced and frees nothing.
+_KEY_HEAD = """      AND (t.key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {table} AS e
+          WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
+"""
+_KEY_TURN = """      AND (t.key IS NULL OR (
+          SELECT count(*) FROM (SELECT 1 FROM {table} AS e
+                                WHERE e.key = t.key AND e.id < t.id
+                                  AND e.status IN ({pending}, {running})
+                                LIMIT %(per_key)s) AS e) < %(per_key)s)
+"""
 CLAIM = """
 WITH bucket AS MATERIALIZED (
     SELECT least(%(burst)s::float8,
@@ -225,10 +243,7 @@ WITH bucket AS MATERIALIZED (
       AND (%(names)s::text[] IS NULL OR t.task_name = ANY(%(names)s::text[]))
       AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)
       AND NOT t.task_name = ANY(%(skip)s::text[])
-      AND (t.key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {table} AS e
-          WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
-      AND (NOT %(alone)s
+{key_turn}      AND (NOT %(alone)s
            OR t.lapses + CASE WHEN t.status = {running} THEN 1 ELSE 0 END >= {suspect})
       AND NOT EXISTS (SELECT 1 FROM {queues} AS q WHERE q.queue = %(queue)s AND q.paused)
     ORDER BY t.priority DESC, t.available_at, t.id
@@ -277,7 +292,7 @@ SELECT * FROM claimed UNION ALL SELECT * FROM dead
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM seen WHERE (lapses >= {suspect}) <> %(alone)s)
-"""
+""".replace("{key_turn}", _KEY_TURN)
 # A worker claims only the task names it has handlers for (a rolling deploy's newer names
 # wait for the workers that have them). A due task that no worker claimed for `grace`
 # seconds has no worker anywhere: the workers that lack its name fail it, a batch at a time.
@@ -518,23 +533,41 @@ SELECT id, status,
        CASE WHEN status = {cancelled} THEN pg_notify(%(results)s, id::text) END
 FROM moved
 """
-# The next waiting task of each given key becomes pending once its key has no live task
-# (after a settle that ended a keyed task: a statement of its own, so it sees that commit).
-PROMOTE_KEYS = """
+# The next waiting tasks of each given key become pending while its key has room: a key's
+# live tasks plus a waiting task's turn among its key's waiting ones (1, 2, ...) at most its
+# name's `concurrency_per_key` (`per_key_names` / `per_key`, the worker's; 1 for any other
+# name: the next one once its key has no live task). Run after a settle that ended a keyed
+# task and after a claim of keyed tasks of a name with N > 1 (a statement of its own, so it
+# sees that commit). Two promotions of one key race for the same first waiting tasks (the
+# row lock, then `status = waiting` again): neither adds more than the room it saw.
+# `most`: the largest N, which bounds what each key's probes read.
+_PROMOTE = """
 UPDATE {table} AS t SET status = {pending}
-FROM (SELECT k, (SELECT min(w.id) FROM {table} AS w
-                 WHERE w.key = k AND w.status = {waiting} AND w.after_failure IS NULL) AS next
-      FROM unnest(%(keys)s::text[]) AS k) AS n
-WHERE t.id = n.next AND t.status = {waiting}
-  AND NOT EXISTS (SELECT 1 FROM {table} AS e
-                  WHERE e.key = n.k AND e.status IN ({pending}, {running}))
+FROM (
+    SELECT w.id FROM {keys} AS k(key)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS live FROM (SELECT 1 FROM {table} AS e
+                                      WHERE e.key = k.key AND e.status IN ({pending}, {running})
+                                      LIMIT %(most)s) AS e) AS l
+    CROSS JOIN LATERAL (
+        SELECT w.id, w.task_name, row_number() OVER (ORDER BY w.id) AS turn
+        FROM {table} AS w
+        WHERE w.key = k.key AND w.status = {waiting} AND w.after_failure IS NULL
+        ORDER BY w.id LIMIT %(most)s) AS w
+    WHERE l.live + w.turn <= coalesce(
+        (SELECT p.n FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[]) AS p(name, n)
+         WHERE p.name = w.task_name), 1)
+) AS n
+WHERE t.id = n.id AND t.status = {waiting}
 RETURNING t.id, pg_notify(%(channel)s, '')
 """
-# The sweep's side of it: keys with waiting tasks and no live one (an enqueue that raced
-# its head's settle, a worker killed between a settle and its promotion, a head cancelled),
-# found by a skip scan of the keys (one probe a key, not one a task).
-SWEEP_KEYS = """
-WITH RECURSIVE keys(k) AS (
+PROMOTE_KEYS = _PROMOTE.replace("{keys}", "unnest(%(keys)s::text[])")
+# The sweep's side of it: keys with waiting tasks and room (an enqueue that raced its
+# head's settle, a worker killed between a settle and its promotion, a head cancelled, a
+# task enqueued behind fewer than N running ones of its key), found by a skip scan of the
+# keys (one probe a key, not one a task).
+SWEEP_KEYS = (
+    """WITH RECURSIVE keys(k) AS (
     (SELECT key FROM {table}
      WHERE status = {waiting} AND after_failure IS NULL AND key IS NOT NULL
      ORDER BY key LIMIT 1)
@@ -546,17 +579,19 @@ WITH RECURSIVE keys(k) AS (
 ), stuck AS (
     SELECT k FROM keys
     WHERE k IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM {table} AS e
-                      WHERE e.key = keys.k AND e.status IN ({pending}, {running}))
+      AND (SELECT count(*) FROM (SELECT 1 FROM {table} AS e
+                                 WHERE e.key = keys.k AND e.status IN ({pending}, {running})
+                                 LIMIT %(most)s) AS e)
+          < coalesce((SELECT p.n
+                      FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[]) AS p(name, n)
+                      WHERE p.name = (SELECT w.task_name FROM {table} AS w
+                                      WHERE w.key = keys.k AND w.status = {waiting}
+                                        AND w.after_failure IS NULL
+                                      ORDER BY w.id LIMIT 1)), 1)
     LIMIT %(limit)s
+)"""
+    + _PROMOTE.replace("{keys}", "stuck")
 )
-UPDATE {table} AS t SET status = {pending}
-FROM (SELECT (SELECT min(w.id) FROM {table} AS w
-              WHERE w.key = stuck.k AND w.status = {waiting} AND w.after_failure IS NULL)
-             AS next FROM stuck) AS n
-WHERE t.id = n.next AND t.status = {waiting}
-RETURNING t.id, pg_notify(%(channel)s, '')
-"""
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
 READ_DEPENDENCIES = """
@@ -837,6 +872,7 @@ def unlimited_claim(claim: str, *, skip: bool = True) -> str:
     claim = claim.replace(
         "      AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)\n", ""
     )
+    claim = claim.replace(_KEY_TURN, _KEY_HEAD)  # every key serial: the plain anti-join
     if not skip:
         claim = claim.replace("      AND NOT t.task_name = ANY(%(skip)s::text[])\n", "")
     return claim
