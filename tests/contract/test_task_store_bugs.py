@@ -207,7 +207,11 @@ class WorkerLocalKeyLimit(MemoryTaskStore):
         for task in got.claim.items:  # over this worker's own count: handed back
             row = self.tasks.row(task.id)
             if task.key is not None and held[task.key] >= what.per_key and row is not None:
-                row.status, row.claim_token, row.attempts = TaskStatus.PENDING, None, task.attempt - 1
+                row.status, row.claim_token, row.attempts = (
+                    TaskStatus.PENDING,
+                    None,
+                    task.attempt - 1,
+                )
                 continue
             held[task.key] += 1
             kept.append(task)

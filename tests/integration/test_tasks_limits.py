@@ -1,5 +1,6 @@
 """Concurrency limits across worker processes: `outboxkit worker` x 3, one SIGKILLed and one
-SIGSTOPped past its lease, never more than the limit running (docs/tasks.md)."""
+SIGSTOPped past its lease, never more than the limit running, of a name or of one key
+(docs/tasks.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from tests.integration.test_tasks_processes import (
     tasks_dsn,
     wait_for,
 )
-from tests.support.tasks_app import LIMITED_DDL, tasks
+from tests.support.tasks_app import KEYED_DDL, LIMITED_DDL, tasks
 
 LIMIT = 4  # tests/support/tasks_app.py: @tasks.handler("limited", concurrency=4)
+PER_KEY = 2  # @tasks.handler("per_key", concurrency_per_key=2)
+KEYED_TASKS = 90  # of three keys, 0.1 s each
 __all__ = ["tasks_dsn"]  # (the fixture)
 # Three worker processes judged by their handlers' clocks: a starved worker's lease lapses
 # (a zombie by design) and skews the count, so these run with no test beside them.
@@ -125,3 +128,72 @@ def test_three_workers_start_a_rate_limited_name_at_its_rate_plus_the_burst(
 def _pids(dsn: str) -> list[int]:
     with psycopg.connect(dsn) as conn:
         return [r[0] for r in conn.execute("SELECT DISTINCT pid FROM limited_runs")]
+
+
+def _keyed_runs(
+    dsn: str, killed_pid: int | None, killed_at: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Each key's runs as (start, end) by the database's clock; a run of the SIGKILLed worker
+    that never ended ran until the kill."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT key, pid, extract(epoch FROM started)::float8,"
+            " extract(epoch FROM ended)::float8 FROM keyed_runs"
+        ).fetchall()
+    per_key: dict[str, list[tuple[float, float]]] = {}
+    for key, pid, start, end in rows:
+        if end is None:
+            assert pid == killed_pid, (key, pid, start)
+            end = killed_at
+        per_key.setdefault(key, []).append((start, end))
+    return per_key
+
+
+def _enqueue_keyed(dsn: str, name: str, keyed: bool) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(KEYED_DDL)
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for i in range(KEYED_TASKS):
+            key = f"tenant-{i % 3}"
+            if keyed:
+                tasks.enqueue(conn, name, {"seconds": 0.1}, key=key)
+            else:
+                tasks.enqueue(conn, name, {"seconds": 0.1, "key": key})
+
+
+def test_a_worker_local_per_key_limit_runs_three_times_it_across_three_workers(
+    tasks_dsn: str,
+) -> None:
+    """The naive way: a semaphore of 2 per key in each worker process."""
+    _enqueue_keyed(tasks_dsn, "naive_per_key", keyed=False)
+    workers = [spawn_worker(tasks_dsn, "--concurrency", "20") for _ in range(3)]
+    try:
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=30)
+    finally:
+        stop_workers(*workers)
+    runs = _keyed_runs(tasks_dsn, None, 0.0)
+    assert (
+        max(max_overlap(r) for r in runs.values()) > PER_KEY
+    )  # (6: 3 workers x 2, in the run of docs/tasks.md)
+
+
+def test_three_workers_never_run_more_than_the_per_key_limit_of_a_key_through_a_kill(
+    tasks_dsn: str,
+) -> None:
+    _enqueue_keyed(tasks_dsn, "per_key", keyed=True)
+    workers = [spawn_worker(tasks_dsn, "--concurrency", "20", "--lease", "2") for _ in range(3)]
+    killed = workers[0]
+    try:
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM keyed_runs") >= 30, timeout=30)
+        killed.send_signal(signal.SIGKILL)  # its places free when its leases lapse
+        killed.wait(10)
+        killed_at = _now(tasks_dsn)
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=60)
+    finally:
+        stop_workers(*workers)
+    runs = _keyed_runs(tasks_dsn, killed.pid, killed_at)
+    assert _count(tasks_dsn, "SELECT count(DISTINCT task_id) FROM keyed_runs") == KEYED_TASKS
+    assert sorted(runs) == ["tenant-0", "tenant-1", "tenant-2"]
+    overlaps = [max_overlap(r) for r in runs.values()]
+    assert max(overlaps) <= PER_KEY, overlaps
+    assert min(overlaps) == PER_KEY, overlaps  # the limit is used, not undershot to 1

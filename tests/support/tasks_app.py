@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import psycopg
 
@@ -187,3 +188,45 @@ async def paced(payload: None, ctx: TaskContext) -> None:
             "INSERT INTO limited_runs (task_id, attempt, pid) VALUES (%s, %s, %s)",
             (ctx.id, ctx.attempt, os.getpid()),
         )
+
+
+KEYED_DDL = (
+    "CREATE TABLE IF NOT EXISTS keyed_runs (id bigserial PRIMARY KEY, task_id bigint, key text,"
+    " pid int, started timestamptz DEFAULT clock_timestamp(), ended timestamptz)"
+)
+
+
+async def _run_keyed(ctx: TaskContext, key: str, seconds: float) -> None:
+    """Records the run's start and end by the database's clock (the test counts the overlap
+    per key), sleeping between them."""
+    dsn = os.environ["OUTBOXKIT_DSN"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO keyed_runs (task_id, key, pid) VALUES (%s, %s, %s) RETURNING id",
+            (ctx.id, key, os.getpid()),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await asyncio.sleep(seconds)
+        await conn.execute(
+            "UPDATE keyed_runs SET ended = clock_timestamp() WHERE id = %s", (row[0],)
+        )
+
+
+@tasks.handler("per_key", concurrency_per_key=2)
+async def per_key(payload: dict[str, float], ctx: TaskContext) -> None:
+    """At most 2 of one key at once across every worker (the claim in the database)."""
+    assert ctx.key is not None
+    await _run_keyed(ctx, ctx.key, payload["seconds"])
+
+
+_KEY_SLOTS: dict[str, asyncio.Semaphore] = {}
+
+
+@tasks.handler("naive_per_key")
+async def naive_per_key(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """The naive per-key limit: a semaphore of 2 per key in each worker process (the tasks
+    are enqueued without a key; the payload names it)."""
+    key = str(payload["key"])
+    async with _KEY_SLOTS.setdefault(key, asyncio.Semaphore(2)):
+        await _run_keyed(ctx, key, float(payload["seconds"]))

@@ -203,9 +203,11 @@ class MemoryTaskStore:
             return False
         if self.names is not None and row.task_name not in self.names:
             return False
-        return row.key is None or sum(
-            1 for e in self.tasks.rows() if e.key == row.key and e.id < row.id and e.live
-        ) < per_key  # (its key's first `per_key` live tasks: tasks_sql.py _KEY_TURN)
+        return (
+            row.key is None
+            or sum(1 for e in self.tasks.rows() if e.key == row.key and e.id < row.id and e.live)
+            < per_key
+        )  # (its key's first `per_key` live tasks: tasks_sql.py _KEY_TURN)
 
     async def claim_tasks(
         self,

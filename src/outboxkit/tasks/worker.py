@@ -203,9 +203,7 @@ class Worker:
         self.stats = WorkerStats()
         lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
         per_key = {
-            t.name: t.concurrency_per_key
-            for t in tasks.types.values()
-            if t.concurrency_per_key > 1
+            t.name: t.concurrency_per_key for t in tasks.types.values() if t.concurrency_per_key > 1
         }
         self.store = backend.task_store(
             dsn,

@@ -566,8 +566,7 @@ PROMOTE_KEYS = _PROMOTE.replace("{keys}", "unnest(%(keys)s::text[])")
 # head's settle, a worker killed between a settle and its promotion, a head cancelled, a
 # task enqueued behind fewer than N running ones of its key), found by a skip scan of the
 # keys (one probe a key, not one a task).
-SWEEP_KEYS = (
-    """WITH RECURSIVE keys(k) AS (
+SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
     (SELECT key FROM {table}
      WHERE status = {waiting} AND after_failure IS NULL AND key IS NOT NULL
      ORDER BY key LIMIT 1)
@@ -589,9 +588,7 @@ SWEEP_KEYS = (
                                         AND w.after_failure IS NULL
                                       ORDER BY w.id LIMIT 1)), 1)
     LIMIT %(limit)s
-)"""
-    + _PROMOTE.replace("{keys}", "stuck")
-)
+)""" + _PROMOTE.replace("{keys}", "stuck")
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
 READ_DEPENDENCIES = """
