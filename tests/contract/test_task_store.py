@@ -506,7 +506,7 @@ async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_
     assert third is not None and len(third.ids) == 3  # refilled up to the burst, no more
 
 
-async def test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one(
+async def test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one(
     task_backend: TaskBackend,
 ) -> None:
     b = task_backend

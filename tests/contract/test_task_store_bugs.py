@@ -277,7 +277,7 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     ),
     (
         WorkerLocalKeyLimit,
-        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+        scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
     (
         WorkerLocalKeyLimit,
@@ -285,15 +285,15 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     ),
     (
         NoKeySerial,
-        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+        scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
     (
         NoFencing,
-        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+        scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
     (
         RevivesLapsedLeases,
-        scenarios.test_a_key_runs_at_most_its_names_per_key_limit_oldest_first_and_only_a_lapse_or_its_own_settle_frees_one,
+        scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
 ]
 

@@ -326,8 +326,12 @@ class PgTaskStore(PgSession):
     def _turns(self) -> dict[str, Any]:
         """The promotions' parameters: each name's tasks of one key at once (PROMOTE_KEYS)."""
         names = sorted(self.per_key)
-        return {"per_key_names": names, "per_key": [self.per_key[n] for n in names],
-                "most": max(self.per_key.values(), default=1), "channel": self.sql.channel}  # fmt: skip
+        return {
+            "per_key_names": names,
+            "per_key": [self.per_key[n] for n in names],
+            "most": max(self.per_key.values(), default=1),
+            "channel": self.sql.channel,
+        }
 
     async def _promote(self, keys: Sequence[str]) -> int:
         """The next waiting tasks of each of ``keys``, up to their key's room."""
