@@ -125,11 +125,13 @@ async def claim(
     rate: float | None = None,
     burst: int = 1,
     per_key: int = 1,
+    key_rate: float | None = None,
+    key_burst: int = 1,
 ) -> TaskClaimed:
     """One claim statement, as the core's claim policies issue it."""
     what = TaskClaim(
         queue, alone=alone, name=name, concurrency=concurrency, skip=skip, rate=rate,
-        burst=burst, per_key=per_key,
+        burst=burst, per_key=per_key, key_rate=key_rate, key_burst=key_burst,
     )  # fmt: skip
     return await store.claim_tasks(
         what, limit=limit, lease=lease, token=token or uuid.uuid4(),
@@ -260,6 +262,7 @@ class PostgresTaskBackend(TaskBackend):
                 f" keep_until = keep_until - make_interval(secs => %s)",
                 (seconds, seconds),
             )
-            await conn.execute(  # rate limits' buckets refill by the same clock
-                f"UPDATE {TABLE}_limits SET at = at - make_interval(secs => %s)", (seconds,)
-            )
+            for buckets in (f"{TABLE}_limits", f"{TABLE}_key_rates"):
+                await conn.execute(  # rate limits' buckets refill by the same clock
+                    f"UPDATE {buckets} SET at = at - make_interval(secs => %s)", (seconds,)
+                )

@@ -12,7 +12,7 @@ import asyncio
 import uuid
 
 from outboxkit.queue.store import DONE, Decision, Verdict
-from outboxkit.queue.tasks import SUSPECT_LAPSES
+from outboxkit.queue.tasks import SUSPECT_LAPSES, TaskStore
 from tests.contract.task_backends import TaskBackend, claim
 
 
@@ -549,3 +549,28 @@ async def test_racing_claims_of_a_key_never_run_more_than_its_per_key_limit(
     claimed = sorted(i for g in got if g.claim is not None for i in g.claim.ids)
     assert claimed == ids[:3]
     assert await stores[0].release_dependents(None, 10) == 0  # full: the sweep adds none
+
+
+async def test_a_name_rate_limited_per_key_starts_each_keys_burst_then_its_rate_and_spends_no_attempt_waiting(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    a = [await b.enqueue("paced", key="a") for _ in range(5)]
+    bs = [await b.enqueue("paced", key="b") for _ in range(2)]
+    unkeyed = await b.enqueue("paced")
+    one, two = b.store(per_key={"paced": 5}), b.store(per_key={"paced": 5})  # one bucket a key
+    await one.release_dependents(None, 10)  # (the sweep: 5 of a key may be live at once)
+
+    async def paced(store: TaskStore) -> list[int] | None:
+        got = await claim(store, name="paced", per_key=5, key_rate=2.0, key_burst=2, lease=600)
+        return None if got.claim is None else sorted(got.claim.ids)
+
+    assert await paced(one) == sorted([*a[:2], *bs, unkeyed])  # each key's burst of 2
+    assert await paced(two) is None  # a's bucket is empty, whoever asks
+    waiting = await b.row(a[2])
+    assert waiting is not None and (waiting.status, waiting.attempts) == ("pending", 0)
+    await b.advance(0.5)
+    assert await paced(two) == [a[2]]  # half a second at 2/s
+    assert await paced(one) is None
+    await b.advance(60)
+    assert await paced(one) == a[3:]  # refilled up to the burst, no more

@@ -219,6 +219,33 @@ class WorkerLocalKeyLimit(MemoryTaskStore):
         return TaskClaimed(claim if kept or claim.dead else None, got.suspects)
 
 
+class WorkerLocalKeyBuckets(MemoryTaskStore):
+    """The naive per-key rate limit: each worker keeps its own bucket per key (three workers
+    start three times a key's rate)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buckets: dict[tuple[str, str], tuple[float, float]] = {}
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        shared, self.tasks.key_buckets = self.tasks.key_buckets, self.buckets
+        try:
+            return await super().claim_tasks(what, **kwargs)
+        finally:
+            self.tasks.key_buckets = shared
+
+
+class OneBucketForEveryKey(MemoryTaskStore):
+    """The per-key rate kept in the name's one bucket: one key's burst spends every other
+    key's tokens."""
+
+    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
+        if what.key_rate is not None:
+            what = dataclasses.replace(what, rate=what.key_rate, burst=what.key_burst,
+                                       key_rate=None)  # fmt: skip
+        return await super().claim_tasks(what, **kwargs)
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -294,6 +321,14 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         RevivesLapsedLeases,
         scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
+    ),
+    (
+        WorkerLocalKeyBuckets,
+        scenarios.test_a_name_rate_limited_per_key_starts_each_keys_burst_then_its_rate_and_spends_no_attempt_waiting,
+    ),
+    (
+        OneBucketForEveryKey,
+        scenarios.test_a_name_rate_limited_per_key_starts_each_keys_burst_then_its_rate_and_spends_no_attempt_waiting,
     ),
 ]
 

@@ -16,7 +16,8 @@ from outboxkit.queue.tasks import SUSPECT_LAPSES, ClaimedTask
 
 def _claims(tasks: MemoryTasks, **options: object) -> tuple[TaskClaims, list[str]]:
     queues = options.pop("queues", ["default"])
-    store = MemoryTaskStore(tasks, queues=queues)  # type: ignore[arg-type]
+    per_key = options.get("per_key")  # (the worker gives its store and its claims both)
+    store = MemoryTaskStore(tasks, queues=queues, per_key=per_key)  # type: ignore[arg-type]
     claims = TaskClaims(store, queues=queues, **options)  # type: ignore[arg-type]
     woken: list[str] = []
     claims.on_free = lambda: woken.append("wake")
@@ -116,3 +117,34 @@ def test_handler_limits_are_checked_where_they_are_declared() -> None:
             tasks.handler("t", rate=bad)
     with pytest.raises(ValueError, match="concurrency of task 't' must be at least 1"):
         tasks.handler("t", concurrency=0)
+
+
+def test_per_key_limits_are_checked_where_they_are_declared() -> None:
+    from outboxkit.tasks import Tasks
+
+    tasks = Tasks()
+    for bad in ("50", "50/day", "0/s", "x/s", "inf/s", 5):
+        with pytest.raises(ValueError, match="rate_per_key of task 't'"):
+            tasks.handler("t", rate_per_key=bad)  # type: ignore[arg-type]
+    for count in (0, -1, True, 2.5, "2", 40_000):
+        with pytest.raises(ValueError, match="concurrency_per_key of task 't' must be an int"):
+            tasks.handler("t", concurrency_per_key=count)  # type: ignore[arg-type]
+    tasks.handler("t", concurrency_per_key=3, rate_per_key="2/s")(lambda payload: None)
+    declared = tasks.types["t"]
+    assert (declared.concurrency_per_key, declared.rate_per_key) == (3, (2.0, 1))
+
+
+async def test_a_name_limited_per_key_has_a_claim_of_its_own_the_others_skip() -> None:
+    tasks = MemoryTasks(clock=ManualClock(100.0))
+    for i in range(4):
+        tasks.enqueue("fan", key="k")
+        tasks.enqueue("paced", key=f"k{i % 2}")
+    tasks.enqueue("free", key="k")  # (key k's fifth task: waits behind "fan"'s)
+    claims, _ = _claims(tasks, per_key={"fan": 2}, key_rates={"paced": (1.0, 1)})
+    served = []
+    for _ in range(4):
+        c = await _claim(claims, limit=10)
+        served.append([] if c is None else sorted(t.task_name for t in c.items))
+    # the queue's claim (nothing: the heads of k and k0/k1 are "fan" and "paced"), then
+    # "fan" (its first task; the claim makes room for its second), "paced" (one of each key)
+    assert served == [["fan"], ["paced", "paced"], ["fan"], []]

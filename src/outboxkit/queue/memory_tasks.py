@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,8 @@ class MemoryTasks:
         self.upstream: dict[int, list[int]] = {}
         #: Rate-limited names' token buckets: name -> (tokens, as of this clock reading).
         self.buckets: dict[str, tuple[float, float]] = {}
+        #: Names rate-limited per key: (name, key) -> (tokens, as of this clock reading).
+        self.key_buckets: dict[tuple[str, str], tuple[float, float]] = {}
 
     def enqueue(
         self,
@@ -232,6 +235,7 @@ class MemoryTaskStore:
             tokens, at = self.tasks.buckets.get(what.name, (float(what.burst), now))
             tokens = min(float(what.burst), tokens + (now - at) * what.rate)
             limit = max(0, min(limit, int(tokens)))
+        key_tokens: dict[str, float] = {}  # a key's bucket, refilled (rate_per_key)
         seen = []
         for row in self.tasks.rows():
             if not self._claimable(row, what.queue, now, what.per_key):
@@ -241,9 +245,22 @@ class MemoryTaskStore:
             running = row.status is TaskStatus.RUNNING
             if what.alone and row.lapses + running < SUSPECT_LAPSES:
                 continue
+            if what.key_rate is not None and what.name is not None and row.key is not None:
+                held, at = self.tasks.key_buckets.get((what.name, row.key), (what.key_burst, now))
+                key_tokens[row.key] = min(float(what.key_burst), held + (now - at) * what.key_rate)
+                if key_tokens[row.key] < 1:
+                    continue  # its key's bucket is empty: it waits, no attempt spent
             seen.append(row)
         seen.sort(key=lambda r: (-r.priority, r.available_at, r.id))
         seen = seen[:limit]
+        over: set[int] = set()  # beyond their key's tokens in this claim (oldest first)
+        turns: Counter[str] = Counter()
+        for row in sorted(seen, key=lambda r: r.id):
+            ambiguous = row.status is TaskStatus.RUNNING and row.lapses < SUSPECT_LAPSES
+            if row.key in key_tokens and (row.lapses + ambiguous >= SUSPECT_LAPSES) == what.alone:
+                turns[row.key] += 1
+                if turns[row.key] > int(key_tokens[row.key]):
+                    over.add(row.id)
         suspects = False
         live: list[ClaimedTask] = []
         dead: list[tuple[ClaimedTask, str, str]] = []
@@ -252,6 +269,8 @@ class MemoryTaskStore:
             lapses = row.lapses + ambiguous
             if (lapses >= SUSPECT_LAPSES) != what.alone:
                 suspects = True
+                continue
+            if row.id in over:
                 continue
             cap = row.max_attempts if row.max_attempts is not None else max_attempts
             row.lapses = lapses
@@ -268,6 +287,10 @@ class MemoryTaskStore:
             live.append(self._claimed(row))
         if what.rate is not None and what.name is not None:
             self.tasks.buckets[what.name] = (tokens - len(live), now)
+        if what.name is not None:
+            for key, started in Counter(t.key for t in live if t.key in key_tokens).items():
+                assert key is not None
+                self.tasks.key_buckets[what.name, key] = (key_tokens[key] - started, now)
         if what.per_key > 1:  # room for the next ones of these keys now
             self._promote({t.key for t in live if t.key is not None})
         if not live and not dead:

@@ -16,7 +16,8 @@ backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It dec
   bucket in the store;
 * per-key limits (``concurrency_per_key=N``, N > 1): a claim of its own too, in which a keyed
   task is claimable while fewer than N earlier tasks of its key are live (the store counts
-  them; every other claim takes only a key's head);
+  them; every other claim takes only a key's head); rate limits per key
+  (``rate_per_key="5/s"``): a claim of its own, capped by each key's token bucket;
 * suspects run alone: when a claim passed over a suspect (a task whose worker died twice
   while it ran beside others), this worker stops claiming, lets its running tasks finish,
   then claims the suspect alone and claims nothing else until it settles. A process-killing
@@ -47,6 +48,7 @@ class TaskClaims:
     ``rates``: task name -> (starts per second, burst) across every worker.
     ``per_key``: task name -> at most N of its tasks of one key running across every worker
     (1, any name not given: one at a time).
+    ``key_rates``: task name -> (starts per second, burst) of each of its keys.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TaskClaims:
         concurrency: Mapping[str, int] | None = None,
         rates: Mapping[str, tuple[float, int]] | None = None,
         per_key: Mapping[str, int] | None = None,
+        key_rates: Mapping[str, tuple[float, int]] | None = None,
     ) -> None:
         self.store = store
         self.queues = list(queues)
@@ -75,12 +78,17 @@ class TaskClaims:
             raise ValueError(f"concurrency limits must be at least 1: {caps}")
         if any(k < 1 for k in turns.values()):
             raise ValueError(f"per-key limits must be at least 1: {turns}")
-        if any(not r > 0 or b < 1 for r, b in paces.values()):
-            raise ValueError(f"rates must be > 0 with a burst of at least 1: {paces}")
-        skip = tuple(sorted(caps.keys() | paces.keys() | turns.keys()))
+        key_paces = dict(key_rates or {})
+        if any(not r > 0 or b < 1 for r, b in [*paces.values(), *key_paces.values()]):
+            raise ValueError(
+                f"rates must be > 0 with a burst of at least 1: {paces}, per key {key_paces}"
+            )
+        skip = tuple(sorted(caps.keys() | paces.keys() | turns.keys() | key_paces.keys()))
         self._claims = [TaskClaim(q, skip=skip) for q in self.queues] + [
             TaskClaim(q, name=name, concurrency=caps.get(name), rate=paces.get(name, (None, 1))[0],
-                      burst=paces.get(name, (None, 1))[1], per_key=turns.get(name, 1))
+                      burst=paces.get(name, (None, 1))[1], per_key=turns.get(name, 1),
+                      key_rate=key_paces.get(name, (None, 1))[0],
+                      key_burst=key_paces.get(name, (None, 1))[1])
             for q in self.queues
             for name in skip
         ]  # fmt: skip
@@ -146,7 +154,7 @@ class TaskClaims:
                 return self._took(i, got.claim)
             if what.concurrency is not None or what.per_key > 1:
                 self._passed = True  # a full limit frees when one of its tasks settles
-            if what.rate is not None:
+            if what.rate is not None or what.key_rate is not None:
                 self._passed = True  # (a poll later the bucket has refilled)
         return None
 

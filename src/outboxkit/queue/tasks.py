@@ -12,7 +12,8 @@ statement. The rules every backend keeps, beside the queue store's (``queue/stor
 * a limited name (:attr:`TaskClaim.concurrency`) never has more tasks running with an
   unlapsed lease than its limit, whatever claims race; a lapsed lease is never extended;
 * a rate-limited name (:attr:`TaskClaim.rate`) starts no more tasks than its bucket holds
-  tokens; a task it holds back stays pending (no attempt spent);
+  tokens; a task it holds back stays pending (no attempt spent); likewise a name
+  rate-limited per key (:attr:`TaskClaim.key_rate`), with a bucket per key;
 * a keyed task is claimable only while fewer than :attr:`TaskClaim.per_key` earlier tasks of
   its key are live (1: its key's head alone): a key's first N live tasks run, in id order;
   a keyed task enqueued behind a live one waits, and a settle or claim of a keyed task (and
@@ -154,6 +155,9 @@ class TaskClaim:
     ``per_key``: a keyed task of this claim runs only while fewer than this many earlier
     tasks of its key are live (pending or running), so at most this many of a key run at
     once, in id order (1: serial per key; more: the name's own claim).
+    ``key_rate`` and ``key_burst``: starts of ``name``'s tasks of one key at most
+    ``key_rate`` per second across every worker, from a token bucket per (name, key) in the
+    store; unkeyed tasks are not limited by it.
     """
 
     queue: str
@@ -164,6 +168,8 @@ class TaskClaim:
     rate: float | None = None
     burst: int = 1
     per_key: int = 1
+    key_rate: float | None = None
+    key_burst: int = 1
 
 
 @dataclass(slots=True)

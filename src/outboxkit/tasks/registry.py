@@ -91,6 +91,8 @@ class TaskType:
     rate: tuple[float, int] | None = None
     #: At most this many of its tasks of one enqueue ``key`` run at once, in id order.
     concurrency_per_key: int = 1
+    #: (starts per second, burst) per enqueue ``key`` (``rate_per_key="5/s"``); None: none.
+    rate_per_key: tuple[float, int] | None = None
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -100,19 +102,22 @@ class TaskType:
 _RATE_UNITS = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hour": 3600.0}
 
 
-def parse_rate(name: str, rate: str) -> tuple[float, int]:
+def parse_rate(name: str, rate: str, option: str = "rate") -> tuple[float, int]:
     """``"50/s"`` -> (50.0 starts per second, burst 5): the burst is a tenth of a window's
-    starts, at least 1 (a claim polls every so often: a bucket of one token would idle)."""
+    starts, at least 1 (a claim polls every so often: a bucket of one token would idle).
+    ``option`` names the argument in the error (``rate``, ``rate_per_key``)."""
+    if not isinstance(rate, str):
+        raise ValueError(f"{option} of task {name!r} must be a string like '50/s', got {rate!r}")
     count, _sep, unit = rate.strip().partition("/")
     try:
         n = float(count)
         seconds = _RATE_UNITS[unit.strip().lower()]
     except (ValueError, KeyError):
         raise ValueError(
-            f"rate of task {name!r} must read like '50/s', '100/min' or '10/h', got {rate!r}"
+            f"{option} of task {name!r} must read like '50/s', '100/min' or '10/h', got {rate!r}"
         ) from None
-    if not n > 0:
-        raise ValueError(f"rate of task {name!r} must be above 0, got {rate!r}")
+    if not n > 0 or not math.isfinite(n):
+        raise ValueError(f"{option} of task {name!r} must be above 0 and finite, got {rate!r}")
     return n / seconds, max(1, math.ceil(n / 10))
 
 
@@ -168,6 +173,7 @@ class Tasks:
         concurrency: int | None = None,
         rate: str | None = None,
         concurrency_per_key: int = 1,
+        rate_per_key: str | None = None,
     ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -193,8 +199,11 @@ class Tasks:
         ``concurrency_per_key``: at most this many of its tasks of one enqueue ``key`` run at
         once across every worker, a key's oldest first (1, the default: one at a time, in
         id order), enforced by the claim in the database.
+        ``rate_per_key``: as ``rate``, for each enqueue ``key`` of its tasks on its own (a
+        token bucket per key in the database; tasks without a key are not limited by it).
         """
         pace = None if rate is None else parse_rate(name, rate)
+        key_pace = None if rate_per_key is None else parse_rate(name, rate_per_key, "rate_per_key")
         _check_text("task name", name)
         if concurrency is not None and (isinstance(concurrency, bool) or concurrency < 1):
             raise ValueError(
@@ -250,6 +259,7 @@ class Tasks:
                 concurrency=concurrency,
                 rate=pace,
                 concurrency_per_key=concurrency_per_key,
+                rate_per_key=key_pace,
             )
             return TaskFunction(self, name, fn)
 

@@ -226,6 +226,9 @@ class Worker:
             },
             rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
             per_key=per_key,
+            key_rates={
+                t.name: t.rate_per_key for t in tasks.types.values() if t.rate_per_key is not None
+            },
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

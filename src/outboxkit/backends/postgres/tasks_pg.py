@@ -229,6 +229,8 @@ class PgTaskStore(PgSession):
             "burst": what.burst,
             "skip": list(what.skip),
             "per_key": what.per_key,
+            "key_rate": what.key_rate,
+            "key_burst": what.key_burst,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
@@ -281,7 +283,7 @@ class PgTaskStore(PgSession):
                 # Planned with its values: a generic plan of the limited claim (its LIMIT an
                 # expression) gave up the index walk, 26.8 ms a claim against 1.7 ms.
                 await conn.execute(self.sql.custom_plans)
-            if params["concurrency"] is not None or params["rate"] is not None:
+            if any(params[k] is not None for k in ("concurrency", "rate", "key_rate")):
                 await conn.execute(self.sql.claim_limit_lock, (params["name"],))
             if params["rate"] is not None:
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))

@@ -62,6 +62,11 @@ def limits_table_name(name: str) -> str:
     return f"{name}_limits"[:63]
 
 
+def key_rates_table_name(name: str) -> str:
+    """The table of a task table's per-key rate-limit buckets: its name with ``_key_rates``."""
+    return f"{name}_key_rates"[:63]
+
+
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
     """The placeholders of the task table's migration files
     (backends/postgres/migrations/tasks/)."""
@@ -72,6 +77,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "queues": table_identifier(schema, queues_table_name(name)),
         "deps": table_identifier(schema, deps_table_name(name)),
         "limits": table_identifier(schema, limits_table_name(name)),
+        "key_rates": table_identifier(schema, key_rates_table_name(name)),
         "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
         "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
         "index_key_waiting": sql.Identifier(f"{name}_key_waiting_idx"[:63]),
@@ -226,6 +232,48 @@ _KEY_TURN = """      AND (t.key IS NULL OR (
                                   AND e.status IN ({pending}, {running})
                                 LIMIT %(per_key)s) AS e) < %(per_key)s)
 """
+# Rate limits per key (`rate_per_key="5/s"`): a bucket per (name, key) in {key_rates},
+# refilled by the database's clock like the name's own (a key without a row: a full
+# bucket). The walk passes keyed tasks whose key's bucket holds no token (a primary-key
+# probe each: at most a key's first `concurrency_per_key` live tasks are pending, the rest
+# wait out of the claim index); the batch takes at most the floor of a key's tokens of its
+# tasks, oldest first, and the spend writes each key's bucket back. The name's claims
+# serialize on CLAIM_LIMIT_LOCK, so two workers never spend one token. Unkeyed tasks have
+# no key's bucket: the per-key rate leaves them be.
+_KEY_TOKENS = """coalesce(
+               (SELECT least(%(key_burst)s::float8,
+                             b.tokens + extract(epoch FROM now() - b.at)::float8
+                                        * %(key_rate)s::float8)
+                FROM {key_rates} AS b WHERE b.task_name = %(name)s::text AND b.key = t.key),
+               %(key_burst)s::float8)"""
+_KEY_RATE_SEEN = (
+    """,
+           t.key, CASE WHEN %(key_rate)s::float8 IS NOT NULL AND t.key IS NOT NULL
+                       THEN """
+    + _KEY_TOKENS
+    + """ END AS key_tokens"""
+)
+_KEY_RATE_WALK = (
+    """      AND (%(key_rate)s::float8 IS NULL OR t.key IS NULL OR """
+    + _KEY_TOKENS
+    + """ >= 1)
+"""
+)
+_BATCH = """    SELECT * FROM seen WHERE (lapses >= {suspect}) = %(alone)s
+"""
+_KEY_RATE_BATCH = """    SELECT * FROM (
+        SELECT s.*, row_number() OVER (PARTITION BY s.key ORDER BY s.id) AS turn
+        FROM seen AS s WHERE (s.lapses >= {suspect}) = %(alone)s) AS x
+    WHERE x.key_tokens IS NULL OR x.turn <= floor(x.key_tokens)
+"""
+_KEY_RATE_SPENT = """), key_spent AS (
+    INSERT INTO {key_rates} AS k (task_name, key, tokens, at)
+    SELECT %(name)s::text, s.key, min(s.key_tokens) - count(*), now()
+    FROM claimed AS c JOIN seen AS s ON s.id = c.id
+    WHERE s.key_tokens IS NOT NULL
+    GROUP BY s.key
+    ON CONFLICT (task_name, key) DO UPDATE SET tokens = EXCLUDED.tokens, at = EXCLUDED.at
+"""
 CLAIM = """
 WITH bucket AS MATERIALIZED (
     SELECT least(%(burst)s::float8,
@@ -236,14 +284,14 @@ WITH bucket AS MATERIALIZED (
            coalesce(t.max_attempts, %(max_attempts)s) AS max_attempts,
            t.status = {running} AND t.lapses < {suspect} AS ambiguous,
            t.lapses + CASE WHEN t.status = {running} AND t.lapses < {suspect} THEN 1 ELSE 0
-                      END AS lapses
+                      END AS lapses{key_rate_seen}
     FROM {table} AS t
     WHERE t.status IN ({pending}, {running}) AND t.available_at <= now()
       AND t.queue = %(queue)s
       AND (%(names)s::text[] IS NULL OR t.task_name = ANY(%(names)s::text[]))
       AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)
       AND NOT t.task_name = ANY(%(skip)s::text[])
-{key_turn}      AND (NOT %(alone)s
+{key_turn}{key_rate_walk}      AND (NOT %(alone)s
            OR t.lapses + CASE WHEN t.status = {running} THEN 1 ELSE 0 END >= {suspect})
       AND NOT EXISTS (SELECT 1 FROM {queues} AS q WHERE q.queue = %(queue)s AND q.paused)
     ORDER BY t.priority DESC, t.available_at, t.id
@@ -257,8 +305,7 @@ WITH bucket AS MATERIALIZED (
              THEN coalesce(floor((SELECT tokens FROM bucket))::int4, 0) END))
     FOR UPDATE OF t SKIP LOCKED
 ), batch AS (
-    SELECT * FROM seen WHERE (lapses >= {suspect}) = %(alone)s
-), dead AS (
+{key_rate_batch}), dead AS (
     UPDATE {table} AS d
     SET status = {failed}, claim_token = NULL, claimed_by = %(owner)s, finished_at = now(),
         error_type = 'CrashLoop',
@@ -287,12 +334,21 @@ WITH bucket AS MATERIALIZED (
     UPDATE {limits} AS s
     SET tokens = (SELECT tokens FROM bucket) - (SELECT count(*) FROM claimed), at = now()
     WHERE s.task_name = %(name)s::text AND %(rate)s::float8 IS NOT NULL
-)
+{key_rate_spent})
 SELECT * FROM claimed UNION ALL SELECT * FROM dead
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM seen WHERE (lapses >= {suspect}) <> %(alone)s)
-""".replace("{key_turn}", _KEY_TURN)
+"""
+_CLAIM_PARTS = {
+    "{key_turn}": (_KEY_TURN, _KEY_HEAD),
+    "{key_rate_seen}": (_KEY_RATE_SEEN, ""),
+    "{key_rate_walk}": (_KEY_RATE_WALK, ""),
+    "{key_rate_batch}": (_KEY_RATE_BATCH, _BATCH),
+    "{key_rate_spent}": (_KEY_RATE_SPENT, ""),
+}
+for _slot, (_limited, _plain) in _CLAIM_PARTS.items():
+    CLAIM = CLAIM.replace(_slot, _limited)
 # A worker claims only the task names it has handlers for (a rolling deploy's newer names
 # wait for the workers that have them). A due task that no worker claimed for `grace`
 # seconds has no worker anywhere: the workers that lack its name fail it, a batch at a time.
@@ -661,7 +717,7 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 CHECK_COLUMNS = """
 SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure, trace,
        (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),
-       (SELECT 1 FROM {limits} LIMIT 0)
+       (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {key_rates} LIMIT 0)
 FROM {table} LIMIT 0
 """
 
@@ -869,7 +925,8 @@ def unlimited_claim(claim: str, *, skip: bool = True) -> str:
     claim = claim.replace(
         "      AND (%(name)s::text IS NULL OR t.task_name = %(name)s::text)\n", ""
     )
-    claim = claim.replace(_KEY_TURN, _KEY_HEAD)  # every key serial: the plain anti-join
+    for limited, plain in _CLAIM_PARTS.values():  # every key serial, no key's bucket
+        claim = claim.replace(limited, plain)
     if not skip:
         claim = claim.replace("      AND NOT t.task_name = ANY(%(skip)s::text[])\n", "")
     return claim
@@ -916,6 +973,7 @@ class TaskStatements:
             "queues": self.queues_table,
             "deps": self.deps_table,
             "limits": quote_table(schema, limits_table_name(name)),
+            "key_rates": quote_table(schema, key_rates_table_name(name)),
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),

@@ -58,6 +58,7 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
         "ALTER TABLE {table} DROP COLUMN IF EXISTS lapses, DROP COLUMN IF EXISTS spared",
     ),
     ("tasks", 3): ("DROP TABLE IF EXISTS {queues}",),
+    ("tasks", 9): ("DROP TABLE IF EXISTS {key_rates}",),
     ("tasks", 8): ("DROP TABLE IF EXISTS {limits}",),
     ("tasks", 7): ("DROP INDEX IF EXISTS {index_running_in_schema}",),
     ("tasks", 6): ("ALTER TABLE {table} DROP COLUMN IF EXISTS trace",),
