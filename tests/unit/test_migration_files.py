@@ -32,6 +32,7 @@ RELEASED = {
     "tasks/0006_traces.sql": "320a9d990e44987c",
     "tasks/0007_limits.sql": "43752cb00078baf8",
     "tasks/0008_rates.sql": "8b4209d7240429f5",
+    "tasks/0009_key_rates.sql": "55fad04f3649c501",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

@@ -90,8 +90,9 @@ class MemoryTasks:
         self.upstream: dict[int, list[int]] = {}
         #: Rate-limited names' token buckets: name -> (tokens, as of this clock reading).
         self.buckets: dict[str, tuple[float, float]] = {}
-        #: Names rate-limited per key: (name, key) -> (tokens, as of this clock reading).
-        self.key_buckets: dict[tuple[str, str], tuple[float, float]] = {}
+        #: Names rate-limited per key: (name, key) -> (tokens, as of this clock reading,
+        #: rate, burst).
+        self.key_buckets: dict[tuple[str, str], tuple[float, float, float, float]] = {}
 
     def enqueue(
         self,
@@ -246,7 +247,8 @@ class MemoryTaskStore:
             if what.alone and row.lapses + running < SUSPECT_LAPSES:
                 continue
             if what.key_rate is not None and what.name is not None and row.key is not None:
-                held, at = self.tasks.key_buckets.get((what.name, row.key), (what.key_burst, now))
+                full = (what.key_burst, now, what.key_rate, what.key_burst)
+                held, at, _, _ = self.tasks.key_buckets.get((what.name, row.key), full)
                 key_tokens[row.key] = min(float(what.key_burst), held + (now - at) * what.key_rate)
                 if key_tokens[row.key] < 1:
                     continue  # its key's bucket is empty: it waits, no attempt spent
@@ -290,7 +292,12 @@ class MemoryTaskStore:
         if what.name is not None:
             for key, started in Counter(t.key for t in live if t.key in key_tokens).items():
                 assert key is not None
-                self.tasks.key_buckets[what.name, key] = (key_tokens[key] - started, now)
+                self.tasks.key_buckets[what.name, key] = (
+                    key_tokens[key] - started,
+                    now,
+                    what.key_rate or 0.0,
+                    float(what.key_burst),
+                )
         if what.per_key > 1:  # room for the next ones of these keys now
             self._promote({t.key for t in live if t.key is not None})
         if not live and not dead:
@@ -467,7 +474,12 @@ class MemoryTaskStore:
             self.tasks.delete(task_id)
         for task_id in [i for i in self.tasks.upstream if self.tasks.row(i) is None][:limit]:
             del self.tasks.upstream[task_id]
-        return len(gone)
+        buckets = self.tasks.key_buckets  # refilled: the same as no bucket (PRUNE_KEY_RATES)
+        full = [k for k, (tokens, at, rate, burst) in buckets.items()
+                if tokens + (now - at) * rate >= burst][:limit]  # fmt: skip
+        for bucket in full:
+            del buckets[bucket]
+        return max(len(gone), len(full))
 
     async def extend_leases(self, claim: Claim[ClaimedTask], lease: float) -> int:
         held = 0

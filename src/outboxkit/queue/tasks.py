@@ -250,7 +250,8 @@ class TaskStore(Protocol):
 
     async def purge_kept(self, limit: int) -> int:
         """Delete up to ``limit`` finished tasks kept for their results past their time (and
-        the dependency edges of tasks that are gone)."""
+        the dependency edges of tasks that are gone, and up to ``limit`` per-key buckets that
+        have refilled: the same as none); the most either deleted."""
         ...
 
     async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:

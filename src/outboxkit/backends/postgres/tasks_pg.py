@@ -31,7 +31,14 @@ from outboxkit.backends.postgres._connection import (
     connect,
 )
 from outboxkit.backends.postgres._pg_session import PgSession, fetch_rows
-from outboxkit.backends.postgres.tasks_sql import TaskStatements, done_arrays
+from outboxkit.backends.postgres.postgres import parse_table
+from outboxkit.backends.postgres.tasks_sql import (
+    TaskStatements,
+    done_arrays,
+    key_rates_table_name,
+    limits_table_name,
+    queues_table_name,
+)
 from outboxkit.errors import SchemaError, TaskNotFound
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
@@ -153,8 +160,9 @@ class PgTaskStore(PgSession):
         set_json_loads(_load_payload, conn)
 
     def _missing(self, exc: Exception | None = None) -> SchemaError:
-        newer = self.sql.queues_table.strip('"').rsplit('"."', 1)[-1]
-        if isinstance(exc, pg_errors.UndefinedColumn) or newer in str(exc):
+        _schema, name = parse_table(self.table)
+        newer = (queues_table_name(name), limits_table_name(name), key_rates_table_name(name))
+        if isinstance(exc, pg_errors.UndefinedColumn) or any(t in str(exc) for t in newer):
             return SchemaError(
                 f"task table {self.table!r} is older than this outboxkit (the server says:"
                 f" {str(exc).splitlines()[0]}): upgrade it with `outboxkit migrate --tasks"
@@ -404,7 +412,8 @@ class PgTaskStore(PgSession):
     async def purge_kept(self, limit: int) -> int:
         purged = await self._count(self.sql.purge_kept, (limit,), "purge of kept results")
         await self._count(self.sql.prune_edges, (limit,), "prune of dependency edges")
-        return purged
+        pruned = await self._count(self.sql.prune_key_rates, (limit,), "prune of key buckets")
+        return max(purged, pruned)
 
     async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
         params = {"ids": None if ids is None else list(ids), "limit": limit,

@@ -267,12 +267,14 @@ _KEY_RATE_BATCH = """    SELECT * FROM (
     WHERE x.key_tokens IS NULL OR x.turn <= floor(x.key_tokens)
 """
 _KEY_RATE_SPENT = """), key_spent AS (
-    INSERT INTO {key_rates} AS k (task_name, key, tokens, at)
-    SELECT %(name)s::text, s.key, min(s.key_tokens) - count(*), now()
+    INSERT INTO {key_rates} AS k (task_name, key, tokens, at, rate, burst)
+    SELECT %(name)s::text, s.key, min(s.key_tokens) - count(*), now(), %(key_rate)s::float8,
+           %(key_burst)s::float8
     FROM claimed AS c JOIN seen AS s ON s.id = c.id
     WHERE s.key_tokens IS NOT NULL
     GROUP BY s.key
-    ON CONFLICT (task_name, key) DO UPDATE SET tokens = EXCLUDED.tokens, at = EXCLUDED.at
+    ON CONFLICT (task_name, key) DO UPDATE
+    SET tokens = EXCLUDED.tokens, at = EXCLUDED.at, rate = EXCLUDED.rate, burst = EXCLUDED.burst
 """
 CLAIM = """
 WITH bucket AS MATERIALIZED (
@@ -488,6 +490,19 @@ DELETE FROM {table} WHERE id = ANY(ARRAY(
     SELECT id FROM {table}
     WHERE keep_until < now() AND status IN ({done}, {cancelled})
     LIMIT %s))
+"""
+
+# Per-key buckets that have refilled (a key not started for a while) are the same as no
+# row: deleted a batch at a time by the workers' maintenance, by each row's own rate and
+# burst. A claim that spends the bucket meanwhile rewrites the row, which then no longer
+# matches (the delete reads the row again once its lock is free).
+PRUNE_KEY_RATES = """
+DELETE FROM {key_rates} AS b
+WHERE (b.task_name, b.key) IN (
+    SELECT f.task_name, f.key FROM {key_rates} AS f
+    WHERE f.tokens + extract(epoch FROM now() - f.at)::float8 * f.rate >= f.burst
+    LIMIT %s)
+  AND b.tokens + extract(epoch FROM now() - b.at)::float8 * b.rate >= b.burst
 """
 
 # --- dependencies (enqueue(after=[...])) ---------------------------------------------
@@ -1007,6 +1022,7 @@ class TaskStatements:
         self.set_progress = SET_PROGRESS.format(**slots)
         self.read_result = READ_RESULT.format(**slots)
         self.purge_kept = PURGE_KEPT.format(**slots)
+        self.prune_key_rates = PRUNE_KEY_RATES.format(**slots)
         self.enqueue_after, self.enqueue_after_names = positional(ENQUEUE_AFTER.format(**slots))
         self.enqueue_after_dollar = numbered(self.enqueue_after)
         self.release_dependents = RELEASE_DEPENDENTS.format(**slots)
