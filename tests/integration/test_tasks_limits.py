@@ -22,6 +22,7 @@ from tests.support.tasks_app import KEYED_DDL, LIMITED_DDL, tasks
 LIMIT = 4  # tests/support/tasks_app.py: @tasks.handler("limited", concurrency=4)
 PER_KEY = 2  # @tasks.handler("per_key", concurrency_per_key=2)
 KEYED_TASKS = 90  # of three keys, 0.1 s each
+KEY_PACED = 40  # tasks of each of three keys: @tasks.handler("key_paced", rate_per_key="10/s")
 __all__ = ["tasks_dsn"]  # (the fixture)
 # Three worker processes judged by their handlers' clocks: a starved worker's lease lapses
 # (a zombie by design) and skews the count, so these run with no test beside them.
@@ -197,3 +198,28 @@ def test_three_workers_never_run_more_than_the_per_key_limit_of_a_key_through_a_
     overlaps = [max_overlap(r) for r in runs.values()]
     assert max(overlaps) <= PER_KEY, overlaps
     assert min(overlaps) == PER_KEY, overlaps  # the limit is used, not undershot to 1
+
+
+def test_three_workers_start_each_key_at_its_per_key_rate_plus_the_burst(tasks_dsn: str) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(KEYED_DDL)
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for i in range(3 * KEY_PACED):
+            tasks.enqueue(conn, "key_paced", key=f"tenant-{i % 3}")
+    workers = [spawn_worker(tasks_dsn, "--concurrency", "20") for _ in range(3)]
+    try:
+        wait_for(lambda: _count(tasks_dsn, "SELECT count(*) FROM outboxkit_tasks") == 0, timeout=30)
+    finally:
+        stop_workers(*workers)
+    with psycopg.connect(tasks_dsn) as conn:
+        rows = conn.execute(
+            "SELECT key, extract(epoch FROM started)::float8 FROM keyed_runs ORDER BY 2"
+        ).fetchall()
+    assert len(rows) == 3 * KEY_PACED  # each ran once: waiting spent no attempt
+    for key in ("tenant-0", "tenant-1", "tenant-2"):
+        starts = [s for k, s in rows if k == key]
+        # at most 10 starts of a key in any one-second window, plus the burst (1)
+        busiest = max(bisect.bisect_left(starts, s + 1.0) - i for i, s in enumerate(starts))
+        assert busiest <= 11, (key, busiest)
+        took = starts[-1] - starts[0]
+        assert 3.5 <= took <= 6.0, (key, took)  # (40 - 1) / 10 = 3.9 s: not at once

@@ -230,3 +230,10 @@ async def naive_per_key(payload: dict[str, Any], ctx: TaskContext) -> None:
     key = str(payload["key"])
     async with _KEY_SLOTS.setdefault(key, asyncio.Semaphore(2)):
         await _run_keyed(ctx, key, float(payload["seconds"]))
+
+
+@tasks.handler("key_paced", rate_per_key="10/s", concurrency_per_key=5)
+async def key_paced(payload: None, ctx: TaskContext) -> None:
+    """At most 10 starts a second of each key across every worker (+ the burst of 1)."""
+    assert ctx.key is not None
+    await _run_keyed(ctx, ctx.key, 0.0)
