@@ -151,7 +151,8 @@ class Backend(abc.ABC):
         per_key: dict[str, int] | None = None,
     ) -> TaskStore:
         """The task table as task mode's store (queue/tasks.py); a backend without one
-        refuses through :attr:`cannot`."""
+        refuses through :attr:`cannot`. ``per_key``: task name -> its ``concurrency_per_key``
+        (the promotions of its keys' waiting tasks)."""
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")
 
