@@ -163,19 +163,21 @@ class RevivesLapsedLeases(MemoryTaskStore):
 
 
 class WorkerLocalBucket(MemoryTaskStore):
-    """The naive rate limit: each worker keeps its own token bucket (three workers start
-    three times the rate)."""
+    """The naive rate limit: each worker keeps its own token buckets, the name's and each
+    key's (three workers start three times the rate)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bucket: dict[str, tuple[float, float]] = {}
+        self.key_buckets: dict[tuple[str, str], tuple[float, float, float, float]] = {}
 
     async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
-        shared, self.tasks.buckets = self.tasks.buckets, self.bucket
+        shared = self.tasks.buckets, self.tasks.key_buckets
+        self.tasks.buckets, self.tasks.key_buckets = self.bucket, self.key_buckets
         try:
             return await super().claim_tasks(what, **kwargs)
         finally:
-            self.tasks.buckets = shared
+            self.tasks.buckets, self.tasks.key_buckets = shared
 
 
 class WorkerLocalKeyLimit(MemoryTaskStore):
@@ -217,22 +219,6 @@ class WorkerLocalKeyLimit(MemoryTaskStore):
             kept.append(task)
         claim = Claim(got.claim.token, [t.id for t in kept], kept, got.claim.dead)
         return TaskClaimed(claim if kept or claim.dead else None, got.suspects)
-
-
-class WorkerLocalKeyBuckets(MemoryTaskStore):
-    """The naive per-key rate limit: each worker keeps its own bucket per key (three workers
-    start three times a key's rate)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.buckets: dict[tuple[str, str], tuple[float, float, float, float]] = {}
-
-    async def claim_tasks(self, what: TaskClaim, **kwargs: Any) -> TaskClaimed:
-        shared, self.tasks.key_buckets = self.tasks.key_buckets, self.buckets
-        try:
-            return await super().claim_tasks(what, **kwargs)
-        finally:
-            self.tasks.key_buckets = shared
 
 
 class OneBucketForEveryKey(MemoryTaskStore):
@@ -323,7 +309,7 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
         scenarios.test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_settle_frees_one,
     ),
     (
-        WorkerLocalKeyBuckets,
+        WorkerLocalBucket,
         scenarios.test_each_key_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting,
     ),
     (
