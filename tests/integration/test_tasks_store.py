@@ -291,3 +291,18 @@ def test_a_worker_on_a_table_nobody_vacuums_says_so_at_start(
     assert "grow without bound" in warning and f'VACUUM "{TABLE}"' in warning
     if server_vacuums:
         assert "autovacuum_enabled = false" in warning
+
+
+def test_a_store_on_a_table_before_version_9_says_to_migrate(tasks_dsn: str) -> None:
+    with psycopg.connect(tasks_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {TABLE}_key_rates")
+
+    async def start() -> None:
+        store = PgTaskStore(tasks_dsn, TABLE)
+        try:
+            await store.start()
+        finally:
+            await store.close()
+
+    with pytest.raises(Exception, match=r"older than this outboxkit.*outboxkit migrate --tasks"):
+        asyncio.run(start())
