@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -12,10 +13,12 @@ from rich.text import Text
 from outboxkit._redact import mask_headers, redact
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
+    DSN_HELP,
     MAX_INT8,
     LibraryOption,
     count_range,
     dsn_option,
+    dsn_option_of,
     given,
     in_range,
     inbox_option,
@@ -44,10 +47,17 @@ def _age(seconds: float | None) -> str:
 
 
 @click.command()
-@dsn_option
+@dsn_option_of(required=False, envvar=True, help_text=DSN_HELP + " Or --dsn-file.")
+@click.option(
+    "--dsn-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Each database of this file instead (the file of `relay --dsn-file`): its pending,"
+    " in-flight and failed counts and oldest pending age, or why it cannot be read.",
+)
 @table_option
 @json_option("One JSON object, for programs.")
-def status(dsn: str, table: str, as_json: bool) -> None:
+def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> None:
     """Pending, in-flight, failed and published counts, and the oldest pending age.
 
     With --json prints one object with the keys pending, in_flight, failed,
@@ -55,8 +65,22 @@ def status(dsn: str, table: str, as_json: bool) -> None:
     blocked_keys (ordered mode: keys stopped behind a dead-lettered head event, each
     with the head's id, event_id, topic, event_type, attempts, last_error, created_at
     and the count of events waiting behind it; empty on an unordered table).
+
+    With --dsn-file: one row per database; --json prints {"databases": [{name, line,
+    pending, in_flight, failed, oldest_pending_age_s, error}], "bad_lines": [{line,
+    error}]}. A database that cannot be read has its error (and null counts); the exit
+    code is then 1, as when a line is skipped.
     """
     from outboxkit.admin import admin_for
+
+    if dsn_file is not None:
+        if dsn is not None:
+            fail("--dsn (or OUTBOXKIT_DSN) and --dsn-file both name databases: give one", 2)
+        from outboxkit.ops.cli.fleet import fleet_status
+
+        sys.exit(fleet_status(dsn_file, table, as_json=as_json, age=_age))
+    if dsn is None:
+        fail("give --dsn (or OUTBOXKIT_DSN), or --dsn-file", 2)
 
     admin = admin_for(dsn)
     report = run_guarded(admin.status, dsn, table)

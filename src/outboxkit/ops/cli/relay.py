@@ -13,6 +13,7 @@ import click
 from outboxkit._redact import redact
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import (
+    DSN_HELP,
     MAX_INT4,
     METRICS,
     RELAY,
@@ -21,12 +22,13 @@ from outboxkit.ops.cli.options import (
     allow_host_option,
     batch_shape_help,
     count_range,
-    dsn_option,
+    dsn_option_of,
     given,
     in_range,
     log_format_option,
     metrics_options,
     pooler_options,
+    positive_seconds_range,
     seconds_range,
     table_option,
 )
@@ -35,7 +37,24 @@ from outboxkit.ops.logs import setup_logging
 
 
 @click.command()
-@dsn_option
+@dsn_option_of(required=False, envvar=True, help_text=DSN_HELP + " Or --dsn-file.")
+@click.option(
+    "--dsn-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Relay every database listed in this file, one process for all: a line is DSN or"
+    " NAME DSN, # starts a comment; passwords may come from PGPASSWORD or a passfile"
+    " instead. Read again on SIGHUP and every --reload-interval: databases added start,"
+    " removed ones stop. See docs/fleet.md.",
+)
+@click.option(
+    "--reload-interval",
+    callback=positive_seconds_range,
+    cls=LibraryOption,
+    default_from=("outboxkit.fleet.supervisor:Fleet", "reload_interval"),
+    type=float,
+    help="With --dsn-file: seconds between reads of the file (SIGHUP reads it at once).",
+)
 @click.option(
     "--broker",
     envvar="OUTBOXKIT_BROKER",
@@ -260,7 +279,9 @@ from outboxkit.ops.logs import setup_logging
     " the key's later events without it.",
 )
 def relay(
-    dsn: str,
+    dsn: str | None,
+    dsn_file: str | None,
+    reload_interval: float | None,
     broker: str,
     routes: tuple[str, ...],
     table: str,
@@ -283,6 +304,9 @@ def relay(
     SIGTERM a relay stops claiming, finishes its in-flight batch, hands back
     unpublished rows and exits 0.
 
+    With --dsn-file, one process relays every database the file lists, each with its own
+    claim loop, leases and metrics (labelled with the database's name).
+
     \b
     Example:
       OUTBOXKIT_DSN=postgresql://app:secret@db/shop \\
@@ -299,6 +323,28 @@ def relay(
     setup_logging(log_level, log_format)
     if with_dashboard and metrics_port is None:
         fail("--dashboard is served on the metrics port: give --metrics-port too", 2)
+    if dsn_file is not None:
+        _relay_fleet(
+            dsn,
+            dsn_file,
+            broker,
+            routes,
+            table,
+            reload_interval,
+            metrics_port,
+            metrics_host,
+            with_dashboard,
+            summary=given(interval=log_interval),
+            metrics=given(
+                gauge_interval=gauge_interval,
+                max_topics=metrics_max_topics,
+                topics=metrics_topics or None,
+            ),
+            relay_options=given(**relay_options),
+        )
+        return
+    if dsn is None:
+        fail("give --dsn (or OUTBOXKIT_DSN), or --dsn-file: the database(s) to relay", 2)
     try:
         from outboxkit.publishers.routing import with_routes
 
@@ -359,6 +405,74 @@ def relay(
             finally:
                 gauges.cancel()
                 await asyncio.gather(gauges, return_exceptions=True)
+
+    try:
+        asyncio.run(_main())
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+
+
+def _relay_fleet(
+    dsn: str | None,
+    dsn_file: str,
+    broker: str,
+    routes: tuple[str, ...],
+    table: str,
+    reload_interval: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    with_dashboard: bool,
+    *,
+    summary: dict[str, Any],
+    metrics: dict[str, Any],
+    relay_options: dict[str, Any],
+) -> None:
+    """``--dsn-file``: one Relay per database of the file (ops/cli/fleet.py, outboxkit.fleet)."""
+    from outboxkit.fleet.dsn_file import Database
+    from outboxkit.ops.cli.fleet import run_relay_fleet, tag_log_lines
+    from outboxkit.publishers import from_url
+    from outboxkit.publishers.routing import with_routes
+    from outboxkit.relay import Relay
+
+    if dsn is not None:
+        fail("--dsn (or OUTBOXKIT_DSN) and --dsn-file both name databases: give one of them", 2)
+    refused = {
+        "--dashboard": with_dashboard,
+        "--direct-dsn": relay_options.get("direct_dsn") is not None,
+        "--source cdc": relay_options.get("source") == "cdc",
+    }
+    for option, given_ in refused.items():
+        if given_:
+            fail(f"{option} serves one database: it cannot be used with --dsn-file", 2)
+    try:
+        with_routes(from_url(broker), routes)  # a bad broker URL or route fails here, once
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+    tag_log_lines()
+
+    def make(database: Database) -> tuple[Relay, Any]:
+        publisher = with_routes(from_url(broker), routes)  # (one client per database)
+        observer, relay_metrics = _relay_observer(
+            database.dsn,
+            table,
+            broker,
+            metrics_port,
+            summary=summary,
+            metrics={**metrics, "process_metrics": False},  # (the fleet's, once)
+        )
+        relay = Relay(database.dsn, publisher, table=table, observer=observer, **relay_options)
+        return relay, relay_metrics
+
+    async def _main() -> None:
+        _freeze_start_up_heap()
+        await run_relay_fleet(
+            dsn_file,
+            make,
+            broker=broker,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+            **given(reload_interval=reload_interval),
+        )
 
     try:
         asyncio.run(_main())
