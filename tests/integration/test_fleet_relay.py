@@ -171,12 +171,8 @@ async def test_one_relay_process_serves_every_database_of_its_file(
 
     # The naive way: the single-database relay given the wrong password's line exits
     # (a shell loop of relays, or one process relaying the lines in turn, stops there).
-    naive = subprocess.run(
-        [sys.executable, "-m", "outboxkit", "relay", "--broker", nats_server.url, "--dsn"]
-        + [f"postgresql://fleet_pw:{WRONG}@127.0.0.1:{port}/fleet"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    naive = _run_single_relay(
+        nats_server.url, f"postgresql://fleet_pw:{WRONG}@127.0.0.1:{port}/fleet"
     )
     assert naive.returncode == 2, naive.stderr
     assert "password authentication failed" in naive.stderr
@@ -189,8 +185,7 @@ async def test_one_relay_process_serves_every_database_of_its_file(
     env = {**os.environ, "PGPASSFILE": str(passfile)}
     env.pop("PGPASSWORD", None)
     writers = _Writers()
-    with log_path.open("ab") as out:
-        relay = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    relay = _start(cmd, log_path, env)
     try:
         for name in ("db0", "db1", "db2", "secured"):
             writers.start(serving[name], f"{root}.{name}")
@@ -230,7 +225,8 @@ async def test_one_relay_process_serves_every_database_of_its_file(
 
         status, body = _scrape(metrics_port, "/metrics")
         assert status == 200
-        assert re.search(rf'outboxkit_events_published_total{{database="db0",topic="{root}.db0"}}', body)
+        published_db0 = rf'outboxkit_events_published_total{{database="db0",topic="{root}.db0"}}'
+        assert re.search(published_db0, body), body[-2000:]
         assert 'outboxkit_fleet_database_up{database="wrongpw"} 0.0' in body, body[-2000:]
         assert 'outboxkit_fleet_database_up{database="db6"} 1.0' in body
         assert 'database="db5"' not in body, "a removed database's series leave with it"
@@ -274,6 +270,16 @@ async def test_one_relay_process_serves_every_database_of_its_file(
     assert len(committed) >= 7 * 40 + 4 * 20, len(committed)
 
 
+def _run_single_relay(broker: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "outboxkit", "relay", "--broker", broker, "--dsn", dsn]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def _start(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 def _list(ids: list[uuid.UUID]) -> str:
     return ",".join(f"'{i}'" for i in ids)
 
@@ -305,7 +311,5 @@ def test_status_lists_each_database_and_shows_the_unreachable_ones(
     table = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file)])
     assert table.exit_code == 1
     assert "shop" in table.output and "unreachable" in table.output, table.output
-    both = CliRunner().invoke(
-        main, ["status", "--dsn-file", str(dsn_file), "--dsn", databases[0]]
-    )
+    both = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--dsn", databases[0]])
     assert both.exit_code == 2 and "give one" in both.output
