@@ -45,7 +45,7 @@ from outboxkit.ops.logs import setup_logging
     help="Relay every database listed in this file, one process for all: a line is DSN or"
     " NAME DSN, # starts a comment; passwords may come from PGPASSWORD or a passfile"
     " instead. Read again on SIGHUP and every --reload-interval: databases added start,"
-    " removed ones stop. See docs/fleet.md.",
+    " removed ones stop (the fleet guide, linked below).",
 )
 @click.option(
     "--reload-interval",
@@ -313,9 +313,10 @@ def relay(
         outboxkit relay --broker kafka://kafka-1:9092,kafka-2:9092
 
     \b
-    Broker URLs and their options, and the operations guide:
+    Broker URLs and their options, the operations guide and the fleet's (--dsn-file):
       https://github.com/outboxkit/outboxkit/blob/main/docs/brokers.md
       https://github.com/outboxkit/outboxkit/blob/main/docs/operations.md
+      https://github.com/outboxkit/outboxkit/blob/main/docs/fleet.md
     """
     from outboxkit.publishers import from_url
     from outboxkit.relay import Relay
