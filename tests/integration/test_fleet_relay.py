@@ -313,3 +313,25 @@ def test_status_lists_each_database_and_shows_the_unreachable_ones(
     assert "shop" in table.output and "unreachable" in table.output, table.output
     both = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--dsn", databases[0]])
     assert both.exit_code == 2 and "give one" in both.output
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--dsn", "postgresql://db/x", "--dsn-file", "f"], "give one of them"),
+        ([], "give --dsn (or OUTBOXKIT_DSN), or --dsn-file"),
+        (["--dsn-file", "f", "--direct-dsn", "postgresql://db/x"], "--direct-dsn serves one"),
+        (["--dsn-file", "f", "--source", "cdc"], "--source cdc serves one"),
+        (["--dsn-file", "f", "--dashboard", "--metrics-port", "0"], "--dashboard serves one"),
+        (["--dsn-file", "missing.txt"], "cannot read the DSN file 'missing.txt'"),
+    ],
+)
+def test_relay_takes_one_database_or_a_file_of_them(
+    args: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OUTBOXKIT_DSN", raising=False)
+    (tmp_path / "f").write_text("")
+    result = CliRunner().invoke(main, ["relay", "--broker", "nats://127.0.0.1:1", *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.output, result.output

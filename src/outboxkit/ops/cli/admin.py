@@ -13,18 +13,18 @@ from rich.text import Text
 from outboxkit._redact import mask_headers, redact
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
-    DSN_HELP,
     MAX_INT8,
     LibraryOption,
     count_range,
     dsn_option,
-    dsn_option_of,
+    dsn_or_file_options,
     given,
     in_range,
     inbox_option,
     inbox_table_option,
     json_option,
     older_than_option,
+    one_of_dsn_or_file,
     parse_duration,
     table_option,
 )
@@ -47,13 +47,9 @@ def _age(seconds: float | None) -> str:
 
 
 @click.command()
-@dsn_option_of(required=False, envvar=True, help_text=DSN_HELP + " Or --dsn-file.")
-@click.option(
-    "--dsn-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Each database of this file instead (the file of `relay --dsn-file`): its pending,"
-    " in-flight and failed counts and oldest pending age, or why it cannot be read.",
+@dsn_or_file_options(
+    "Each database of this file instead (the file of `relay --dsn-file`): its pending,"
+    " in-flight and failed counts and oldest pending age, or why it cannot be read."
 )
 @table_option
 @json_option("One JSON object, for programs.")
@@ -73,14 +69,12 @@ def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> 
     """
     from outboxkit.admin import admin_for
 
+    one_of_dsn_or_file(dsn, dsn_file)
     if dsn_file is not None:
-        if dsn is not None:
-            fail("--dsn (or OUTBOXKIT_DSN) and --dsn-file both name databases: give one", 2)
         from outboxkit.ops.cli.fleet import fleet_status
 
         sys.exit(fleet_status(dsn_file, table, as_json=as_json, age=_age))
-    if dsn is None:
-        fail("give --dsn (or OUTBOXKIT_DSN), or --dsn-file", 2)
+    assert dsn is not None
 
     admin = admin_for(dsn)
     report = run_guarded(admin.status, dsn, table)

@@ -13,7 +13,6 @@ import click
 from outboxkit._redact import redact
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import (
-    DSN_HELP,
     MAX_INT4,
     METRICS,
     RELAY,
@@ -22,11 +21,12 @@ from outboxkit.ops.cli.options import (
     allow_host_option,
     batch_shape_help,
     count_range,
-    dsn_option_of,
+    dsn_or_file_options,
     given,
     in_range,
     log_format_option,
     metrics_options,
+    one_of_dsn_or_file,
     pooler_options,
     positive_seconds_range,
     seconds_range,
@@ -37,15 +37,11 @@ from outboxkit.ops.logs import setup_logging
 
 
 @click.command()
-@dsn_option_of(required=False, envvar=True, help_text=DSN_HELP + " Or --dsn-file.")
-@click.option(
-    "--dsn-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Relay every database listed in this file, one process for all: a line is DSN or"
+@dsn_or_file_options(
+    "Relay every database listed in this file, one process for all: a line is DSN or"
     " NAME DSN, # starts a comment; passwords may come from PGPASSWORD or a passfile"
     " instead. Read again on SIGHUP and every --reload-interval: databases added start,"
-    " removed ones stop (the fleet guide, linked below).",
+    " removed ones stop (the fleet guide, linked below)."
 )
 @click.option(
     "--reload-interval",
@@ -324,9 +320,9 @@ def relay(
     setup_logging(log_level, log_format)
     if with_dashboard and metrics_port is None:
         fail("--dashboard is served on the metrics port: give --metrics-port too", 2)
+    one_of_dsn_or_file(dsn, dsn_file)
     if dsn_file is not None:
         _relay_fleet(
-            dsn,
             dsn_file,
             broker,
             routes,
@@ -344,8 +340,7 @@ def relay(
             relay_options=given(**relay_options),
         )
         return
-    if dsn is None:
-        fail("give --dsn (or OUTBOXKIT_DSN), or --dsn-file: the database(s) to relay", 2)
+    assert dsn is not None
     try:
         from outboxkit.publishers.routing import with_routes
 
@@ -414,7 +409,6 @@ def relay(
 
 
 def _relay_fleet(
-    dsn: str | None,
     dsn_file: str,
     broker: str,
     routes: tuple[str, ...],
@@ -435,8 +429,6 @@ def _relay_fleet(
     from outboxkit.publishers.routing import with_routes
     from outboxkit.relay import Relay
 
-    if dsn is not None:
-        fail("--dsn (or OUTBOXKIT_DSN) and --dsn-file both name databases: give one of them", 2)
     refused = {
         "--dashboard": with_dashboard,
         "--direct-dsn": relay_options.get("direct_dsn") is not None,
