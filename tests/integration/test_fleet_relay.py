@@ -214,13 +214,19 @@ async def test_one_relay_process_serves_every_database_of_its_file(
         text = log_path.read_text()
         assert text.index("SIGHUP: reading") < text.index("database db6 (line 12)"), text[-2000:]
 
-        # A database removed from the file stops within --reload-interval, no signal.
+        # Found by --reload-interval, no signal: a database removed from the file stops,
+        # one whose DSN changed restarts on the new one.
         removed = serving.pop("db5")
         await wait_for(lambda: count(removed, "status = 0") == 0, what="db5 drained")
-        dsn_file.write_text("\n".join([*lines[:6], *lines[7:], f"db6 {added}"]) + "\n")
+        changed = f"db4 {databases[4]}?connect_timeout=9"
+        dsn_file.write_text("\n".join([*lines[:5], changed, *lines[7:], f"db6 {added}"]) + "\n")
         await wait_for(lambda: "database db5 left the file" in log_path.read_text(), timeout=10)
+        assert "database db4 (line 6) changed: restarting its relay" in log_path.read_text()
         await wait_for(lambda: not _connections(removed), what="db5's connections closed")
         write_events(removed, make_events(f"{root}.db5", 10))  # no longer relayed
+        after_change = make_events(f"{root}.db4", 10)
+        write_events(serving["db4"], after_change)  # relayed by db4's new relay
+        backlog[serving["db4"]] += [e.event_id for e in after_change]
         serving["db6"] = added
 
         status, body = _scrape(metrics_port, "/metrics")

@@ -88,45 +88,53 @@ class Member:
     async def run(self) -> None:
         where = self.database
         backend = backend_for(where.dsn)
+        unreachable = False  # the last try to connect failed
         while not self._stopping.is_set():
             try:
                 await backend.reach(where.dsn, application_name=PROBE_APPLICATION_NAME)
             except Exception as exc:  # whatever the driver raises: the database is down
+                unreachable = True
                 self._down(first_line(exc, with_type=True))
                 await self._pause()
                 continue
             if self._stopping.is_set():
                 break
-            if self.problem is not None:
+            if unreachable:
+                unreachable = False
+                self.problem = None
                 log.info(
                     "database %s (line %d) is reachable again: relaying", where.name, where.line
                 )
-                self.problem = None
             self.state = "running"
             started = time.monotonic()
+            failure: str | None = None
             try:
                 await self.service.run()
             except OutboxkitError as exc:
-                self._down(first_line(exc))
+                failure = first_line(exc)
             except Exception as exc:  # a bug of one database's service must not end the others
-                log.error(
-                    "database %s (line %d): its relay failed: %s",
-                    where.name,
-                    where.line,
-                    first_line(exc, with_type=True),
-                    exc_info=True,
-                )
-                self._down(first_line(exc, with_type=True), quiet=True)
+                failure = first_line(exc, with_type=True)
+                if failure != self.problem:
+                    log.error(
+                        "database %s (line %d): its relay failed: %s",
+                        where.name,
+                        where.line,
+                        failure,
+                        exc_info=True,
+                    )
             if time.monotonic() - started >= _HEALTHY_RUN:
-                self._backoff.reset()
+                self._backoff.reset()  # a failure after a good run is news: said again
+                self.problem = None
+            if failure is not None:
+                self._down(failure)
             if not self._stopping.is_set():
                 await self._pause()
         self.state = "stopped"
 
-    def _down(self, reason: str, *, quiet: bool = False) -> None:
+    def _down(self, reason: str) -> None:
         """Mark the database down; one log line per new cause, none per retry."""
         self.state = "down"
-        if reason != self.problem and not quiet:
+        if reason != self.problem:
             log.warning(
                 "database %s (line %d) is not relayed: %s; retrying with backoff",
                 self.database.name,

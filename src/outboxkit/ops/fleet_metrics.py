@@ -57,7 +57,7 @@ class FleetMetrics:
         for name in sorted(members):
             member = members[name]
             if member.state == "down":
-                problems.append(f"{name}: database unreachable")
+                problems.append(f"{name}: not relayed (unreachable or refused; see the log)")
                 continue
             metrics = self.databases.get(name)
             reason = metrics.not_ready_reason() if metrics is not None else None
