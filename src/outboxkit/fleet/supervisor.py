@@ -1,4 +1,5 @@
-"""The fleet: one service (a Relay) per database of the DSN file, each supervised on its own.
+"""The fleet: one service (a Relay, or a task Worker) per database of the DSN file, each
+supervised on its own.
 
 A database is tried (one connection, at once hung up) before its relay starts; one that
 cannot be reached or refuses the login is reported in one log line naming its line and
@@ -16,6 +17,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -38,6 +40,19 @@ PROBE_APPLICATION_NAME = "outboxkit-fleet:probe"
 _HEALTHY_RUN = 30.0
 
 State = Literal["starting", "running", "down", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """How the log names the service and its work: a relay relays, a worker serves."""
+
+    service: str = "relay"
+    done: str = "relayed"
+
+
+#: The words of ``outboxkit relay --dsn-file`` (the default) and ``outboxkit worker --dsn-file``.
+RELAY_WORDS = Words()
+WORKER_WORDS = Words("worker", "served")
 
 
 class Service(Protocol):
@@ -67,10 +82,17 @@ class Member:
     """One database of the fleet: tries it, runs its service, retries either with backoff."""
 
     def __init__(
-        self, database: Database, service: Service, *, retry_base: float, retry_cap: float
+        self,
+        database: Database,
+        service: Service,
+        *,
+        retry_base: float,
+        retry_cap: float,
+        words: Words = RELAY_WORDS,
     ) -> None:
         self.database = database
         self.service = service
+        self.words = words
         self.state: State = "starting"
         #: Why the database is down (one line, redacted), or None.
         self.problem: str | None = None
@@ -103,7 +125,10 @@ class Member:
                 unreachable = False
                 self.problem = None
                 log.info(
-                    "database %s (line %d) is reachable again: relaying", where.name, where.line
+                    "database %s (line %d) is reachable again: starting its %s",
+                    where.name,
+                    where.line,
+                    self.words.service,
                 )
             self.state = "running"
             started = time.monotonic()
@@ -116,9 +141,10 @@ class Member:
                 failure = first_line(exc, with_type=True)
                 if failure != self.problem:
                     log.error(
-                        "database %s (line %d): its relay failed: %s",
+                        "database %s (line %d): its %s failed: %s",
                         where.name,
                         where.line,
+                        self.words.service,
                         failure,
                         exc_info=True,
                     )
@@ -136,9 +162,10 @@ class Member:
         self.state = "down"
         if reason != self.problem:
             log.warning(
-                "database %s (line %d) is not relayed: %s; retrying with backoff",
+                "database %s (line %d) is not %s: %s; retrying with backoff",
                 self.database.name,
                 self.database.line,
+                self.words.done,
                 reason,
             )
         self.problem = reason
@@ -151,6 +178,7 @@ class Member:
 class Fleet:
     """Runs ``factory(database)`` for every database of the DSN file at ``path``.
 
+    ``words``: how the log names the service (a relay by default; :data:`WORKER_WORDS`).
     ``on_removed(member)``: called once a member's service has stopped for good (a database
     removed or changed, or the fleet stopping), e.g. to drop its metrics.
     """
@@ -164,8 +192,10 @@ class Fleet:
         retry_base: float = 1.0,
         retry_cap: float = 30.0,
         on_removed: Callable[[Member], None] | None = None,
+        words: Words = RELAY_WORDS,
     ) -> None:
         self.path = Path(path)
+        self.words = words
         self.factory = factory
         self.reload_interval = reload_interval
         self.retry_base = retry_base
@@ -203,7 +233,7 @@ class Fleet:
                     listed = read_dsn_file(self.path)
                 except OutboxkitError as exc:
                     if str(exc) != self._read_error:
-                        log.warning("%s; the databases relayed now go on", exc)
+                        log.warning("%s; the databases %s now go on", exc, self.words.done)
                     self._read_error = str(exc)
                     continue
                 self._read_error = None
@@ -224,10 +254,15 @@ class Fleet:
             database = wanted.get(name)
             if database is None:
                 if name not in kept:
-                    log.info("database %s left the file: stopping its relay", name)
+                    log.info("database %s left the file: stopping its %s", name, self.words.service)
                     self._retire(member)
             elif database.dsn != member.database.dsn:
-                log.info("database %s (line %d) changed: restarting its relay", name, database.line)
+                log.info(
+                    "database %s (line %d) changed: restarting its %s",
+                    name,
+                    database.line,
+                    self.words.service,
+                )
                 self._retire(member)
             else:
                 member.database = database  # (its line may have moved)
@@ -250,10 +285,20 @@ class Fleet:
             service = self.factory(database)
         except OutboxkitError as exc:
             log.warning(
-                "database %s (line %d) is not relayed: %s", database.name, database.line, exc
+                "database %s (line %d) is not %s: %s",
+                database.name,
+                database.line,
+                self.words.done,
+                exc,
             )
             return
-        member = Member(database, service, retry_base=self.retry_base, retry_cap=self.retry_cap)
+        member = Member(
+            database,
+            service,
+            retry_base=self.retry_base,
+            retry_cap=self.retry_cap,
+            words=self.words,
+        )
         self.members[database.name] = member
         context = contextvars.copy_context()
         context.run(current_database.set, database.name)
@@ -262,7 +307,12 @@ class Fleet:
         )
         self._tasks[member] = task
         task.add_done_callback(lambda _task: self._finished(member))
-        log.info("database %s (line %d): starting its relay", database.name, database.line)
+        log.info(
+            "database %s (line %d): starting its %s",
+            database.name,
+            database.line,
+            self.words.service,
+        )
 
     def _retire(self, member: Member) -> None:
         if self.members.get(member.database.name) is member:

@@ -19,6 +19,7 @@ from outboxkit._redact import redact
 from outboxkit._text import first_line
 from outboxkit.fleet.dsn_file import Database, read_dsn_file
 from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
+from outboxkit.ops.cli.options import given
 from outboxkit.ops.cli.output import console, err_console
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.relay import Relay
@@ -90,31 +91,32 @@ async def run_relay_fleet(
         if fleet_metrics is not None and isinstance(service, MeteredRelay) and service.metrics:
             fleet_metrics.remove(member.database.name, service.metrics)
 
-    interval = {} if reload_interval is None else {"reload_interval": reload_interval}
-    fleet = Fleet(path, factory, on_removed=removed, **interval)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, fleet.stop)
-
-    def reload() -> None:
-        log.info("SIGHUP: reading %s again", path)
-        fleet.reload()
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    log.info(
-        "relay fleet: the databases of %s to %s (read again on SIGHUP and every %gs)",
-        path,
-        redact(broker),
-        fleet.reload_interval,
-    )
+    fleet = Fleet(path, factory, on_removed=removed, **given(reload_interval=reload_interval))
+    describe = f"relay fleet: the databases of {path} to {redact(broker)}"
     if fleet_metrics is None or metrics_port is None:
-        await fleet.run()
+        await run_fleet(fleet, describe)
         return
     fleet_metrics.attach(fleet)
     async with serving(
         metrics_app(fleet_metrics), metrics_host, metrics_port, what="/metrics /healthz /readyz"
     ):
-        await fleet.run()
+        await run_fleet(fleet, describe)
+
+
+async def run_fleet(fleet: Fleet, describe: str) -> None:
+    """Run ``fleet`` until SIGTERM/SIGINT (each database's service stops gracefully);
+    SIGHUP reads its file again."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, fleet.stop)
+
+    def reload() -> None:
+        log.info("SIGHUP: reading %s again", fleet.path)
+        fleet.reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    log.info("%s (read again on SIGHUP and every %gs)", describe, fleet.reload_interval)
+    await fleet.run()
 
 
 # -- status --dsn-file -----------------------------------------------------------------

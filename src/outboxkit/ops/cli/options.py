@@ -187,6 +187,19 @@ def dsn_or_file_options(file_help: str) -> _Decorator:
     return lambda command: dsn(dsn_file(command))
 
 
+def reload_interval_option(who: str) -> _Decorator:
+    """``--reload-interval``: seconds between reads of ``--dsn-file`` (``who``: "relay"...)."""
+    return click.option(
+        "--reload-interval",
+        callback=positive_seconds_range,
+        cls=LibraryOption,
+        default_from=("outboxkit.fleet.supervisor:Fleet", "reload_interval"),
+        type=float,
+        help=f"With --dsn-file: seconds between reads of the file (SIGHUP reads it at once):"
+        f" a database added gets a {who}, a removed one's {who} stops.",
+    )
+
+
 def one_of_dsn_or_file(dsn: str | None, dsn_file: str | None) -> None:
     """ConfigurationError unless exactly one of ``--dsn`` and ``--dsn-file`` was given."""
     if dsn is not None and dsn_file is not None:

@@ -28,7 +28,7 @@ from outboxkit.ops.cli.options import (
     metrics_options,
     one_of_dsn_or_file,
     pooler_options,
-    positive_seconds_range,
+    reload_interval_option,
     seconds_range,
     table_option,
 )
@@ -43,14 +43,7 @@ from outboxkit.ops.logs import setup_logging
     " instead. Read again on SIGHUP and every --reload-interval: databases added start,"
     " removed ones stop (the fleet guide, linked below)."
 )
-@click.option(
-    "--reload-interval",
-    callback=positive_seconds_range,
-    cls=LibraryOption,
-    default_from=("outboxkit.fleet.supervisor:Fleet", "reload_interval"),
-    type=float,
-    help="With --dsn-file: seconds between reads of the file (SIGHUP reads it at once).",
-)
+@reload_interval_option("relay")
 @click.option(
     "--broker",
     envvar="OUTBOXKIT_BROKER",
