@@ -314,6 +314,12 @@ def relay(
     if with_dashboard and metrics_port is None:
         fail("--dashboard is served on the metrics port: give --metrics-port too", 2)
     one_of_dsn_or_file(dsn, dsn_file)
+    summary = given(interval=log_interval)
+    metrics_settings = given(
+        gauge_interval=gauge_interval,
+        max_topics=metrics_max_topics,
+        topics=metrics_topics or None,
+    )
     if dsn_file is not None:
         _relay_fleet(
             dsn_file,
@@ -324,12 +330,8 @@ def relay(
             metrics_port,
             metrics_host,
             with_dashboard,
-            summary=given(interval=log_interval),
-            metrics=given(
-                gauge_interval=gauge_interval,
-                max_topics=metrics_max_topics,
-                topics=metrics_topics or None,
-            ),
+            summary=summary,
+            metrics=metrics_settings,
             relay_options=given(**relay_options),
         )
         return
@@ -343,12 +345,8 @@ def relay(
             table,
             broker,
             metrics_port,
-            summary=given(interval=log_interval),
-            metrics=given(
-                gauge_interval=gauge_interval,
-                max_topics=metrics_max_topics,
-                topics=metrics_topics or None,
-            ),
+            summary=summary,
+            metrics=metrics_settings,
         )
         board_state = None
         if with_dashboard:
