@@ -112,3 +112,30 @@ async def test_a_service_that_fails_is_retried_with_one_log_line(
     assert len(warned) == 1, [r.getMessage() for r in warned]
     assert "database shop (line 2) is not relayed: table missing" in warned[0].getMessage()
     assert getattr(warned[0], "database", None) == "shop"  # (logged in the member's task)
+
+
+async def test_a_stop_does_not_wait_for_a_database_that_never_answers(
+    db_dsn: str, tmp_path: Path
+) -> None:
+    """A host that takes the connection and says nothing holds libpq for its connect
+    timeout (10 s); the fleet's SIGTERM cancels that try instead of waiting it out."""
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # (the kernel completes the handshake; nothing ever answers)
+        port = silent.getsockname()[1]
+        path = tmp_path / "databases"
+        path.write_text(f"shop {db_dsn}\nhung postgresql://postgres@127.0.0.1:{port}/x\n")
+        log: list[str] = []
+        fleet = Fleet(path, lambda d: _Recorder(d, log), reload_interval=3600)
+        task = asyncio.create_task(fleet.run())
+        await _running(fleet, {"shop"})
+        await asyncio.sleep(0.3)
+        assert fleet.members["hung"].state == "starting"
+        started = time.monotonic()
+        fleet.stop()
+        await asyncio.wait_for(task, 30)
+        assert time.monotonic() - started < 3.0
+    assert log == [f"run shop {db_dsn}", "stop shop"]

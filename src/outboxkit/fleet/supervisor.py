@@ -16,10 +16,10 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
@@ -113,14 +113,15 @@ class Member:
         unreachable = False  # the last try to connect failed
         while not self._stopping.is_set():
             try:
-                await backend.reach(where.dsn, application_name=PROBE_APPLICATION_NAME)
+                if not await self._until_stopped(
+                    backend.reach(where.dsn, application_name=PROBE_APPLICATION_NAME)
+                ):
+                    break
             except Exception as exc:  # whatever the driver raises: the database is down
                 unreachable = True
                 self._down(first_line(exc, with_type=True))
                 await self._pause()
                 continue
-            if self._stopping.is_set():
-                break
             if unreachable:
                 unreachable = False
                 self.problem = None
@@ -169,6 +170,24 @@ class Member:
                 reason,
             )
         self.problem = reason
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Await ``work`` unless :meth:`stop` comes first (then cancel it: a connect to a
+        host that does not answer must not hold back a SIGTERM); whether it finished."""
+        done = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not done.done():
+                done.cancel()
+                with contextlib.suppress(BaseException):
+                    await done
+        if done.cancelled():
+            return False
+        await done  # (its error, if any)
+        return not self._stopping.is_set()
 
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):
