@@ -32,7 +32,13 @@ from outboxkit import Outbox
 from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.cli.app import main
 from outboxkit.testing import EmbeddedPostgres, create_database, drop_database, free_port
-from tests.support.relaying import count, make_events, wait_for, write_events
+from tests.support.relaying import (
+    count,
+    make_events,
+    relay_connections,
+    wait_for,
+    write_events,
+)
 from tests.support.servers import consume_nats, ensure_stream, unique_name
 
 PASSWORD = "fleet-secret-pw-1"
@@ -115,17 +121,6 @@ class _Writers:
             thread.join(10)
 
 
-def _connections(dsn: str) -> dict[str, int]:
-    """The relay's connections to ``dsn``'s database, by application_name."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT application_name, count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay%'"
-            " GROUP BY 1"
-        ).fetchall()
-    return {name: int(n) for name, n in rows}
-
-
 def _scrape(port: int, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
@@ -204,7 +199,7 @@ async def test_one_relay_process_serves_every_database_of_its_file(
         per_database: dict[str, dict[str, int]] = {}
 
         def steady() -> bool:
-            per_database.update({name: _connections(dsn) for name, dsn in serving.items()})
+            per_database.update({name: relay_connections(dsn) for name, dsn in serving.items()})
             return all(held == expected for held in per_database.values())
 
         try:
@@ -232,7 +227,7 @@ async def test_one_relay_process_serves_every_database_of_its_file(
         dsn_file.write_text("\n".join([*lines[:5], changed, *lines[7:], f"db6 {added}"]) + "\n")
         await wait_for(lambda: "database db5 left the file" in log_path.read_text(), timeout=10)
         assert "database db4 (line 6) changed: restarting its relay" in log_path.read_text()
-        await wait_for(lambda: not _connections(removed), what="db5's connections closed")
+        await wait_for(lambda: not relay_connections(removed), what="db5's connections closed")
         write_events(removed, make_events(f"{root}.db5", 10))  # no longer relayed
         after_change = make_events(f"{root}.db4", 10)
         write_events(serving["db4"], after_change)  # relayed by db4's new relay

@@ -9,20 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-import psycopg
-
 from outboxkit.backends.postgres.queue_pg import PgQueueStore
 from outboxkit.publishers.base import OutboundMessage
-
-
-def _held(dsn: str) -> dict[str, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT application_name, count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay:%'"
-            " GROUP BY 1"
-        ).fetchall()
-    return {name: int(n) for name, n in rows}
+from tests.support.relaying import relay_connections
 
 
 async def test_settles_that_start_at_once_share_one_new_connection(db_dsn: str) -> None:
@@ -32,7 +21,8 @@ async def test_settles_that_start_at_once_share_one_new_connection(db_dsn: str) 
         claims = await asyncio.gather(*(store._connection("claim") for _ in range(4)))
         assert len({id(conn) for conn in settles}) == 1
         assert len({id(conn) for conn in claims}) == 1
-        assert _held(db_dsn) == {"outboxkit-relay:settle": 1, "outboxkit-relay:claim": 1}
+        held = relay_connections(db_dsn)
+        assert held == {"outboxkit-relay:settle": 1, "outboxkit-relay:claim": 1}
     finally:
         await store.close()
-    assert _held(db_dsn) == {}
+    assert relay_connections(db_dsn) == {}
