@@ -107,3 +107,14 @@ def make_events(topic: str, n: int, *, keys: int = 5) -> list[Event]:
         )
         for i in range(n)
     ]
+
+
+def relay_connections(dsn: str) -> dict[str, int]:
+    """The relay's connections to ``dsn``'s database now, by application_name."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'outboxkit-relay:%'"
+            " GROUP BY 1"
+        ).fetchall()
+    return {name: int(n) for name, n in rows}

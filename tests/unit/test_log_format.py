@@ -245,3 +245,23 @@ def test_a_database_outage_is_one_warning_reminders_and_one_info(
         ("INFO", "database back after 50s (100 failures)"),
     ]
     assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 98
+
+
+def test_a_fleet_line_names_its_database_in_text_and_in_json() -> None:
+    """outboxkit.fleet's DatabaseTag: a record logged inside a database's task says which."""
+    from outboxkit.fleet.supervisor import DatabaseTag, current_database
+
+    tag = DatabaseTag()
+    token = current_database.set("acme")
+    try:
+        record = _record("relay %s starting", "r1")
+        tag.filter(record)
+    finally:
+        current_database.reset(token)
+    outside = _record("relay fleet starting")
+    tag.filter(outside)
+    text = RedactingFormatter("%(name)s: %(message)s")
+    assert text.format(record) == "outboxkit.relay: [acme] relay r1 starting"
+    assert text.format(outside) == "outboxkit.relay: relay fleet starting"
+    assert json.loads(JsonFormatter().format(record))["database"] == "acme"
+    assert "database" not in json.loads(JsonFormatter().format(outside))

@@ -10,6 +10,7 @@ the task store, the admin functions, the migrator) or whether it can do somethin
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -102,6 +103,12 @@ class Backend(abc.ABC):
     def check_dsn(self, dsn: str) -> None:
         """A DSN this backend's driver cannot parse fails here, not at the first connection."""
         return None
+
+    async def reach(self, dsn: str, *, application_name: str) -> None:
+        """Connect once and hang up: the driver's error if the database cannot be reached or
+        refuses the login (a fleet tries a database so before it relays it)."""
+        conn = await asyncio.to_thread(self.admin().connect, dsn)
+        await asyncio.to_thread(conn.close)
 
     @abc.abstractmethod
     def admin(self) -> Admin:

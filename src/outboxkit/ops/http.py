@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -29,9 +29,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from outboxkit._redact import redact
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops._throttle import Throttled
-from outboxkit.ops.metrics import RelayMetrics
 
 log = logging.getLogger("outboxkit.http")
+
+
+class Scraped(Protocol):
+    """What /metrics and /readyz read: a relay's :class:`RelayMetrics`, or a fleet's."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    def not_ready_reason(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -366,7 +374,7 @@ class _Scrape:
     the relay for seconds (in-flight batches timed out and were published twice).
     """
 
-    def __init__(self, metrics: RelayMetrics, *, reuse_seconds: float = 1.0) -> None:
+    def __init__(self, metrics: Scraped, *, reuse_seconds: float = 1.0) -> None:
         self.metrics = metrics
         self.reuse_seconds = reuse_seconds
         self.renders = 0
@@ -423,9 +431,7 @@ def _render(registry: CollectorRegistry) -> bytes:
         gc.enable()
 
 
-def metrics_app(
-    metrics: RelayMetrics, *, dashboard: web.Application | None = None
-) -> web.Application:
+def metrics_app(metrics: Scraped, *, dashboard: web.Application | None = None) -> web.Application:
     """The aiohttp application serving one relay's metrics and health (and the dashboard)."""
     scraper = _Scrape(metrics)
 

@@ -73,13 +73,18 @@ def _json_escape(m: re.Match[str]) -> str:
 class RedactingFormatter(logging.Formatter):
     """The text format: secrets masked, one line per record, tracebacks indented.
 
-    The message (values included) is escaped onto one line; a traceback's lines follow it,
+    A fleet's record names its database first (``[name] message``). The message (values
+    included) is escaped onto one line; a traceback's lines follow it,
     each indented, so no value can start a line that reads like a record of its own.
     """
 
     def format(self, record: logging.LogRecord) -> str:
         msg, args, exc_text = record.msg, record.args, record.exc_text
-        record.msg, record.args = escape_controls(redact(record.getMessage())), None
+        message = record.getMessage()
+        database = getattr(record, "database", None)  # (a fleet's: outboxkit.fleet)
+        if database is not None:
+            message = f"[{database}] {message}"
+        record.msg, record.args = escape_controls(redact(message)), None
         try:
             text = super().format(record)
         finally:

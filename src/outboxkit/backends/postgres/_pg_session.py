@@ -106,6 +106,10 @@ class PgSession:
         self._settle_conn: psycopg.AsyncConnection[Any] | None = None
         self._gate_conn: psycopg.AsyncConnection[Any] | None = None
         self._direct_conn: psycopg.AsyncConnection[Any] | None = None
+        # One connect per role at a time: two settles at a relay's first batches both found
+        # no settle connection and both opened one; the first was dropped, open until
+        # collected (an extra server connection per store, seen counting a fleet's).
+        self._connecting = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_pooled = False
 
     # -- the pooler ---------------------------------------------------------------------
@@ -269,6 +273,13 @@ class PgSession:
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
+        async with self._connecting[role]:
+            conn = self._claim_conn if role == "claim" else self._settle_conn
+            if conn is not None and not conn.closed:
+                return conn  # (another caller connected while this one waited)
+            return await self._connect(role)
+
+    async def _connect(self, role: Role) -> psycopg.AsyncConnection[Any]:
         conn = await aconnect(
             self.dsn, application_name=f"{self.name}:{role}", pooler=self.pooler, libpq=TCP_OPTIONS
         )

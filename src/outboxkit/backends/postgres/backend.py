@@ -30,6 +30,12 @@ class PostgresBackend(Backend):
 
         check_dsn(split_pooler(dsn)[0])
 
+    async def reach(self, dsn: str, *, application_name: str) -> None:
+        from outboxkit.backends.postgres._connection import aconnect
+
+        conn = await aconnect(dsn, application_name=application_name)
+        await conn.close()
+
     def admin(self) -> Admin:
         import psycopg
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -16,12 +17,14 @@ from outboxkit.ops.cli.options import (
     LibraryOption,
     count_range,
     dsn_option,
+    dsn_or_file_options,
     given,
     in_range,
     inbox_option,
     inbox_table_option,
     json_option,
     older_than_option,
+    one_of_dsn_or_file,
     parse_duration,
     table_option,
 )
@@ -44,10 +47,13 @@ def _age(seconds: float | None) -> str:
 
 
 @click.command()
-@dsn_option
+@dsn_or_file_options(
+    "Each database of this file instead (the file of `relay --dsn-file`): its pending,"
+    " in-flight and failed counts and oldest pending age, or why it cannot be read."
+)
 @table_option
 @json_option("One JSON object, for programs.")
-def status(dsn: str, table: str, as_json: bool) -> None:
+def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> None:
     """Pending, in-flight, failed and published counts, and the oldest pending age.
 
     With --json prints one object with the keys pending, in_flight, failed,
@@ -55,8 +61,20 @@ def status(dsn: str, table: str, as_json: bool) -> None:
     blocked_keys (ordered mode: keys stopped behind a dead-lettered head event, each
     with the head's id, event_id, topic, event_type, attempts, last_error, created_at
     and the count of events waiting behind it; empty on an unordered table).
+
+    With --dsn-file: one row per database; --json prints {"databases": [{name, line,
+    pending, in_flight, failed, oldest_pending_age_s, error}], "bad_lines": [{line,
+    error}]}. A database that cannot be read has its error (and null counts); the exit
+    code is then 1, as when a line is skipped.
     """
     from outboxkit.admin import admin_for
+
+    one_of_dsn_or_file(dsn, dsn_file)
+    if dsn_file is not None:
+        from outboxkit.ops.cli.fleet import fleet_status
+
+        sys.exit(fleet_status(dsn_file, table, as_json=as_json, age=_age))
+    assert dsn is not None
 
     admin = admin_for(dsn)
     report = run_guarded(admin.status, dsn, table)

@@ -175,6 +175,41 @@ def dsn_option_of(
 
 dsn_option = dsn_option_of()
 
+
+def dsn_or_file_options(file_help: str) -> _Decorator:
+    """``--dsn`` (or ``OUTBOXKIT_DSN``), or ``--dsn-file`` (``dsn_file``): one database, or
+    every database of a file (outboxkit.fleet); the command refuses both or neither
+    (:func:`one_of_dsn_or_file`)."""
+    dsn = dsn_option_of(required=False, envvar=True, help_text=DSN_HELP + " Or --dsn-file.")
+    dsn_file = click.option(
+        "--dsn-file", type=click.Path(dir_okay=False), default=None, help=file_help
+    )
+    return lambda command: dsn(dsn_file(command))
+
+
+def reload_interval_option(who: str) -> _Decorator:
+    """``--reload-interval``: seconds between reads of ``--dsn-file`` (``who``: "relay"...)."""
+    return click.option(
+        "--reload-interval",
+        callback=positive_seconds_range,
+        cls=LibraryOption,
+        default_from=("outboxkit.fleet.supervisor:Fleet", "reload_interval"),
+        type=float,
+        help=f"With --dsn-file: seconds between reads of the file (SIGHUP reads it at once):"
+        f" a database added gets a {who}, a removed one's {who} stops.",
+    )
+
+
+def one_of_dsn_or_file(dsn: str | None, dsn_file: str | None) -> None:
+    """ConfigurationError unless exactly one of ``--dsn`` and ``--dsn-file`` was given."""
+    if dsn is not None and dsn_file is not None:
+        raise ConfigurationError(
+            "--dsn (or OUTBOXKIT_DSN) and --dsn-file both name databases: give one of them"
+        )
+    if dsn is None and dsn_file is None:
+        raise ConfigurationError("give --dsn (or OUTBOXKIT_DSN), or --dsn-file")
+
+
 _POOLERS = ["auto", "none", "session", "transaction", "transaction-prepared"]
 
 

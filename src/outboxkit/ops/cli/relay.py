@@ -21,12 +21,14 @@ from outboxkit.ops.cli.options import (
     allow_host_option,
     batch_shape_help,
     count_range,
-    dsn_option,
+    dsn_or_file_options,
     given,
     in_range,
     log_format_option,
     metrics_options,
+    one_of_dsn_or_file,
     pooler_options,
+    reload_interval_option,
     seconds_range,
     table_option,
 )
@@ -35,7 +37,13 @@ from outboxkit.ops.logs import setup_logging
 
 
 @click.command()
-@dsn_option
+@dsn_or_file_options(
+    "Relay every database listed in this file, one process for all: a line is DSN or"
+    " NAME DSN, # starts a comment; passwords may come from PGPASSWORD or a passfile"
+    " instead. Read again on SIGHUP and every --reload-interval: databases added start,"
+    " removed ones stop (the fleet guide, linked below)."
+)
+@reload_interval_option("relay")
 @click.option(
     "--broker",
     envvar="OUTBOXKIT_BROKER",
@@ -260,7 +268,9 @@ from outboxkit.ops.logs import setup_logging
     " the key's later events without it.",
 )
 def relay(
-    dsn: str,
+    dsn: str | None,
+    dsn_file: str | None,
+    reload_interval: float | None,
     broker: str,
     routes: tuple[str, ...],
     table: str,
@@ -283,15 +293,19 @@ def relay(
     SIGTERM a relay stops claiming, finishes its in-flight batch, hands back
     unpublished rows and exits 0.
 
+    With --dsn-file, one process relays every database the file lists, each with its own
+    claim loop, leases and metrics (labelled with the database's name).
+
     \b
     Example:
       OUTBOXKIT_DSN=postgresql://app:secret@db/shop \\
         outboxkit relay --broker kafka://kafka-1:9092,kafka-2:9092
 
     \b
-    Broker URLs and their options, and the operations guide:
+    Broker URLs and their options, the operations guide and the fleet's (--dsn-file):
       https://github.com/outboxkit/outboxkit/blob/main/docs/brokers.md
       https://github.com/outboxkit/outboxkit/blob/main/docs/operations.md
+      https://github.com/outboxkit/outboxkit/blob/main/docs/fleet.md
     """
     from outboxkit.publishers import from_url
     from outboxkit.relay import Relay
@@ -299,6 +313,29 @@ def relay(
     setup_logging(log_level, log_format)
     if with_dashboard and metrics_port is None:
         fail("--dashboard is served on the metrics port: give --metrics-port too", 2)
+    one_of_dsn_or_file(dsn, dsn_file)
+    summary = given(interval=log_interval)
+    metrics_settings = given(
+        gauge_interval=gauge_interval,
+        max_topics=metrics_max_topics,
+        topics=metrics_topics or None,
+    )
+    if dsn_file is not None:
+        _relay_fleet(
+            dsn_file,
+            broker,
+            routes,
+            table,
+            reload_interval,
+            metrics_port,
+            metrics_host,
+            with_dashboard,
+            summary=summary,
+            metrics=metrics_settings,
+            relay_options=given(**relay_options),
+        )
+        return
+    assert dsn is not None
     try:
         from outboxkit.publishers.routing import with_routes
 
@@ -308,12 +345,8 @@ def relay(
             table,
             broker,
             metrics_port,
-            summary=given(interval=log_interval),
-            metrics=given(
-                gauge_interval=gauge_interval,
-                max_topics=metrics_max_topics,
-                topics=metrics_topics or None,
-            ),
+            summary=summary,
+            metrics=metrics_settings,
         )
         board_state = None
         if with_dashboard:
@@ -359,6 +392,71 @@ def relay(
             finally:
                 gauges.cancel()
                 await asyncio.gather(gauges, return_exceptions=True)
+
+    try:
+        asyncio.run(_main())
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+
+
+def _relay_fleet(
+    dsn_file: str,
+    broker: str,
+    routes: tuple[str, ...],
+    table: str,
+    reload_interval: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    with_dashboard: bool,
+    *,
+    summary: dict[str, Any],
+    metrics: dict[str, Any],
+    relay_options: dict[str, Any],
+) -> None:
+    """``--dsn-file``: one Relay per database of the file (ops/cli/fleet.py, outboxkit.fleet)."""
+    from outboxkit.fleet.dsn_file import Database
+    from outboxkit.ops.cli.fleet import run_relay_fleet, tag_log_lines
+    from outboxkit.publishers import from_url
+    from outboxkit.publishers.routing import with_routes
+    from outboxkit.relay import Relay
+
+    refused = {
+        "--dashboard": with_dashboard,
+        "--direct-dsn": relay_options.get("direct_dsn") is not None,
+        "--source cdc": relay_options.get("source") == "cdc",
+    }
+    for option, given_ in refused.items():
+        if given_:
+            fail(f"{option} serves one database: it cannot be used with --dsn-file", 2)
+    try:
+        with_routes(from_url(broker), routes)  # a bad broker URL or route fails here, once
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+    tag_log_lines()
+
+    def make(database: Database) -> tuple[Relay, Any]:
+        publisher = with_routes(from_url(broker), routes)  # (one client per database)
+        observer, relay_metrics = _relay_observer(
+            database.dsn,
+            table,
+            broker,
+            metrics_port,
+            summary=summary,
+            metrics={**metrics, "process_metrics": False},  # (the fleet's, once)
+        )
+        relay = Relay(database.dsn, publisher, table=table, observer=observer, **relay_options)
+        return relay, relay_metrics
+
+    async def _main() -> None:
+        _freeze_start_up_heap()
+        await run_relay_fleet(
+            dsn_file,
+            make,
+            broker=broker,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+            **given(reload_interval=reload_interval),
+        )
 
     try:
         asyncio.run(_main())

@@ -17,11 +17,13 @@ import click
 from outboxkit._redact import redact
 from outboxkit.errors import OutboxkitError
 from outboxkit.ops.cli.options import (
-    dsn_option,
+    dsn_or_file_options,
     given,
     log_format_option,
     metrics_options,
+    one_of_dsn_or_file,
     pooler_options,
+    reload_interval_option,
 )
 from outboxkit.ops.cli.output import fail
 from outboxkit.ops.logs import setup_logging
@@ -70,7 +72,12 @@ def _freeze_start_up_heap() -> None:
 
 
 @click.command()
-@dsn_option
+@dsn_or_file_options(
+    "Work on every database listed in this file, one process for all (the file of"
+    " `relay --dsn-file`: a line is DSN or NAME DSN); each gets its own worker. Read again"
+    " on SIGHUP and every --reload-interval."
+)
+@reload_interval_option("worker")
 @click.option("--app", "app_spec", required=True, help="The Tasks object: module:attribute.")
 @click.option(
     "--concurrency",
@@ -159,7 +166,9 @@ def _freeze_start_up_heap() -> None:
 )
 @log_format_option("text for people, json for log collectors.")
 def worker(
-    dsn: str,
+    dsn: str | None,
+    dsn_file: str | None,
+    reload_interval: float | None,
     app_spec: str,
     concurrency: int | None,
     batch_size: int | None,
@@ -181,7 +190,8 @@ def worker(
     """Run task handlers straight from the task table (`outboxkit migrate --tasks` first).
 
     SIGTERM/SIGINT: stop taking tasks, let running handlers finish within
-    --shutdown-timeout, hand the rest back.
+    --shutdown-timeout, hand the rest back. With --dsn-file, one process works on every
+    database the file lists, a worker each.
 
     \b
     Example:
@@ -190,7 +200,8 @@ def worker(
     from outboxkit.tasks import Worker
     from outboxkit.tasks.unsupported import missing
 
-    reason = missing(dsn)  # before importing the app: one line, whatever the app does
+    one_of_dsn_or_file(dsn, dsn_file)
+    reason = None if dsn is None else missing(dsn)  # before importing the app: one line
     if reason is not None:
         fail(reason, 2)
     setup_logging(log_level, log_format)
@@ -222,6 +233,13 @@ def worker(
         options["queues"] = names
         if limits:
             options["queue_limits"] = limits
+    if dsn_file is not None:
+        for option, value in (("--metrics-port", metrics_port), ("--direct-dsn", direct_dsn)):
+            if value is not None:
+                fail(f"{option} cannot be used with --dsn-file (not yet for workers)", 2)
+        _worker_fleet(app, dsn_file, options, reload_interval, loop_name)
+        return
+    assert dsn is not None
     metrics = None
     if metrics_port is not None:
         from outboxkit.ops.task_metrics import TaskMetrics
@@ -253,11 +271,55 @@ def worker(
         _run_on(loop_name, _main())
     except OutboxkitError as exc:
         fail(str(exc), 2)
-    if engine.threads_running():  # (idle pool threads do not count: they end with the pool)
-        # A sync handler past its timeout or the grace period: its task was handed back;
-        # do not wait for the thread.
+    _exit_past_running_threads(engine)
+
+
+def _exit_past_running_threads(*engines: Any) -> None:
+    """Exit now if a sync handler still runs (past its timeout or the grace period: its
+    task was handed back): do not wait for the thread. Idle pool threads do not count."""
+    if any(engine.threads_running() for engine in engines):
         logging.getLogger("outboxkit.worker").warning(
             "exiting with a sync handler still running: its task was handed back"
         )
         logging.shutdown()
         os._exit(0)
+
+
+def _worker_fleet(
+    app: Any,
+    dsn_file: str,
+    options: dict[str, Any],
+    reload_interval: float | None,
+    loop_name: str,
+) -> None:
+    """``--dsn-file``: a Worker per database of the file (outboxkit.fleet), one process."""
+    import weakref
+
+    from outboxkit.errors import ConfigurationError
+    from outboxkit.fleet.dsn_file import Database
+    from outboxkit.fleet.supervisor import WORKER_WORDS, Fleet
+    from outboxkit.ops.cli.fleet import run_fleet, tag_log_lines
+    from outboxkit.tasks import Worker
+    from outboxkit.tasks.unsupported import missing
+
+    tag_log_lines()
+    workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+    def make(database: Database) -> Worker:
+        reason = missing(database.dsn)
+        if reason is not None:
+            raise ConfigurationError(reason)
+        try:
+            engine = Worker(app, database.dsn, **options)
+        except ValueError as exc:  # (an option out of range: said per database, once)
+            raise ConfigurationError(str(exc)) from None
+        workers.add(engine)
+        return engine
+
+    fleet = Fleet(dsn_file, make, words=WORKER_WORDS, **given(reload_interval=reload_interval))
+    _freeze_start_up_heap()
+    try:
+        _run_on(loop_name, run_fleet(fleet, f"worker fleet: the databases of {dsn_file}"))
+    except OutboxkitError as exc:
+        fail(str(exc), 2)
+    _exit_past_running_threads(*workers)

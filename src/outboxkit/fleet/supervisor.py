@@ -1,0 +1,348 @@
+"""The fleet: one service (a Relay, or a task Worker) per database of the DSN file, each
+supervised on its own.
+
+A database is tried (one connection, at once hung up) before its relay starts; one that
+cannot be reached or refuses the login is reported in one log line naming its line and
+name, and tried again with backoff, never holding back the others. The file is read again
+on :meth:`Fleet.reload` (SIGHUP) and every ``reload_interval`` seconds: a database added
+starts, one removed stops (its relay's graceful stop: in-flight batches finish or are
+handed back), one whose DSN changed is restarted; the others are left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from outboxkit._backoff import Backoff
+from outboxkit._text import first_line
+from outboxkit.backends import backend_for
+from outboxkit.errors import OutboxkitError
+from outboxkit.fleet.dsn_file import BadLine, Database, DsnFile, read_dsn_file
+
+log = logging.getLogger("outboxkit.fleet")
+
+#: The name of the database whose service is running (set in each member's task, so every
+#: line its relay logs can say which database it is about: :class:`DatabaseTag`).
+current_database: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "outboxkit_database", default=None
+)
+#: The application_name of the connection that tries a database before its relay starts.
+PROBE_APPLICATION_NAME = "outboxkit-fleet:probe"
+#: A service that ran this long before it failed starts its retries from the shortest delay.
+_HEALTHY_RUN = 30.0
+
+State = Literal["starting", "running", "down", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """How the log names the service and its work: a relay relays, a worker serves."""
+
+    service: str = "relay"
+    done: str = "relayed"
+
+
+#: The words of ``outboxkit relay --dsn-file`` (the default) and ``outboxkit worker --dsn-file``.
+RELAY_WORDS = Words()
+WORKER_WORDS = Words("worker", "served")
+
+
+class Service(Protocol):
+    """What the fleet runs for one database: a Relay (or a Relay with its metrics)."""
+
+    def stop(self) -> None: ...
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; raise for a fault (the fleet retries it with backoff)."""
+        ...
+
+
+Factory = Callable[[Database], Service]
+
+
+class DatabaseTag(logging.Filter):
+    """Adds ``database`` (the file's name) to every record logged inside a member's task."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = current_database.get()
+        if name is not None and not hasattr(record, "database"):
+            record.database = name
+        return True
+
+
+class Member:
+    """One database of the fleet: tries it, runs its service, retries either with backoff."""
+
+    def __init__(
+        self,
+        database: Database,
+        service: Service,
+        *,
+        retry_base: float,
+        retry_cap: float,
+        words: Words = RELAY_WORDS,
+    ) -> None:
+        self.database = database
+        self.service = service
+        self.words = words
+        self.state: State = "starting"
+        #: Why the database is down (one line, redacted), or None.
+        self.problem: str | None = None
+        self._stopping = asyncio.Event()
+        self._backoff = Backoff(base=retry_base, cap=retry_cap)
+
+    def __repr__(self) -> str:
+        return f"Member({self.database.name!r}, state={self.state!r})"
+
+    def stop(self) -> None:
+        """Stop the service gracefully (a relay finishes or hands back its batches)."""
+        self._stopping.set()
+        self.service.stop()
+
+    async def run(self) -> None:
+        where = self.database
+        backend = backend_for(where.dsn)
+        unreachable = False  # the last try to connect failed
+        while not self._stopping.is_set():
+            try:
+                if not await self._until_stopped(
+                    backend.reach(where.dsn, application_name=PROBE_APPLICATION_NAME)
+                ):
+                    break
+            except Exception as exc:  # whatever the driver raises: the database is down
+                unreachable = True
+                self._down(first_line(exc, with_type=True))
+                await self._pause()
+                continue
+            if unreachable:
+                unreachable = False
+                self.problem = None
+                log.info(
+                    "database %s (line %d) is reachable again: starting its %s",
+                    where.name,
+                    where.line,
+                    self.words.service,
+                )
+            self.state = "running"
+            started = time.monotonic()
+            failure: str | None = None
+            try:
+                await self.service.run()
+            except OutboxkitError as exc:
+                failure = first_line(exc)
+            except Exception as exc:  # a bug of one database's service must not end the others
+                failure = first_line(exc, with_type=True)
+                if failure != self.problem:
+                    log.error(
+                        "database %s (line %d): its %s failed: %s",
+                        where.name,
+                        where.line,
+                        self.words.service,
+                        failure,
+                        exc_info=True,
+                    )
+            if time.monotonic() - started >= _HEALTHY_RUN:
+                self._backoff.reset()  # a failure after a good run is news: said again
+                self.problem = None
+            if failure is not None:
+                self._down(failure)
+            if not self._stopping.is_set():
+                await self._pause()
+        self.state = "stopped"
+
+    def _down(self, reason: str) -> None:
+        """Mark the database down; one log line per new cause, none per retry."""
+        self.state = "down"
+        if reason != self.problem:
+            log.warning(
+                "database %s (line %d) is not %s: %s; retrying with backoff",
+                self.database.name,
+                self.database.line,
+                self.words.done,
+                reason,
+            )
+        self.problem = reason
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Await ``work`` unless :meth:`stop` comes first (then cancel it: a connect to a
+        host that does not answer must not hold back a SIGTERM); whether it finished."""
+        done = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not done.done():
+                done.cancel()
+                with contextlib.suppress(BaseException):
+                    await done
+        if done.cancelled():
+            return False
+        await done  # (its error, if any)
+        return not self._stopping.is_set()
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=self._backoff.next_delay())
+
+
+class Fleet:
+    """Runs ``factory(database)`` for every database of the DSN file at ``path``.
+
+    ``words``: how the log names the service (a relay by default; :data:`WORKER_WORDS`).
+    ``on_removed(member)``: called once a member's service has stopped for good (a database
+    removed or changed, or the fleet stopping), e.g. to drop its metrics.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        factory: Factory,
+        *,
+        reload_interval: float = 30.0,
+        retry_base: float = 1.0,
+        retry_cap: float = 30.0,
+        on_removed: Callable[[Member], None] | None = None,
+        words: Words = RELAY_WORDS,
+    ) -> None:
+        self.path = Path(path)
+        self.words = words
+        self.factory = factory
+        self.reload_interval = reload_interval
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.on_removed = on_removed
+        #: The databases served now, by name.
+        self.members: dict[str, Member] = {}
+        self._tasks: dict[Member, asyncio.Task[None]] = {}
+        self._reload = asyncio.Event()
+        self._stopping = False
+        self._reported: set[tuple[int, str]] = set()
+        self._read_error: str | None = None
+
+    def reload(self) -> None:
+        """Read the file again now (SIGHUP)."""
+        self._reload.set()
+
+    def stop(self) -> None:
+        """Stop every database's service gracefully, then return from :meth:`run`."""
+        self._stopping = True
+        self._reload.set()
+
+    async def run(self) -> None:
+        """Serve the file's databases until :meth:`stop`. ConfigurationError if the file
+        cannot be read at start; later a file that cannot be read keeps what runs."""
+        self.apply(read_dsn_file(self.path))
+        try:
+            while not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._reload.wait(), timeout=self.reload_interval)
+                self._reload.clear()
+                if self._stopping:
+                    break
+                try:
+                    listed = read_dsn_file(self.path)
+                except OutboxkitError as exc:
+                    if str(exc) != self._read_error:
+                        log.warning("%s; the databases %s now go on", exc, self.words.done)
+                    self._read_error = str(exc)
+                    continue
+                self._read_error = None
+                self.apply(listed)
+        finally:
+            for member in list(self.members.values()):
+                self._retire(member)
+            if self._tasks:
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def apply(self, listed: DsnFile) -> None:
+        """Start, stop and restart members so that they serve the databases ``listed``."""
+        self._report(listed.bad_lines)
+        wanted = {database.name: database for database in listed.databases}
+        # A line being edited (a name whose DSN does not parse yet) does not stop its database.
+        kept = {bad.name for bad in listed.bad_lines if bad.name is not None}
+        for name, member in list(self.members.items()):
+            database = wanted.get(name)
+            if database is None:
+                if name not in kept:
+                    log.info("database %s left the file: stopping its %s", name, self.words.service)
+                    self._retire(member)
+            elif database.dsn != member.database.dsn:
+                log.info(
+                    "database %s (line %d) changed: restarting its %s",
+                    name,
+                    database.line,
+                    self.words.service,
+                )
+                self._retire(member)
+            else:
+                member.database = database  # (its line may have moved)
+        for name, database in wanted.items():
+            if name not in self.members:
+                self._start(database)
+        if not listed.databases and not self.members:
+            log.warning("the DSN file %s lists no database", self.path)
+
+    def _report(self, bad_lines: tuple[BadLine, ...]) -> None:
+        """Log each bad line once (not at every reload while it stays as it is)."""
+        seen = {(bad.line, bad.reason) for bad in bad_lines}
+        for bad in bad_lines:
+            if (bad.line, bad.reason) not in self._reported:
+                log.warning("DSN file %s, %s; the line is skipped", self.path, bad)
+        self._reported = seen
+
+    def _start(self, database: Database) -> None:
+        try:
+            service = self.factory(database)
+        except OutboxkitError as exc:
+            log.warning(
+                "database %s (line %d) is not %s: %s",
+                database.name,
+                database.line,
+                self.words.done,
+                exc,
+            )
+            return
+        member = Member(
+            database,
+            service,
+            retry_base=self.retry_base,
+            retry_cap=self.retry_cap,
+            words=self.words,
+        )
+        self.members[database.name] = member
+        context = contextvars.copy_context()
+        context.run(current_database.set, database.name)
+        task = asyncio.create_task(
+            member.run(), name=f"outboxkit-fleet:{database.name}", context=context
+        )
+        self._tasks[member] = task
+        task.add_done_callback(lambda _task: self._finished(member))
+        log.info(
+            "database %s (line %d): starting its %s",
+            database.name,
+            database.line,
+            self.words.service,
+        )
+
+    def _retire(self, member: Member) -> None:
+        if self.members.get(member.database.name) is member:
+            del self.members[member.database.name]
+        member.stop()
+
+    def _finished(self, member: Member) -> None:
+        task = self._tasks.pop(member, None)
+        if task is not None and not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("database %s: its supervisor failed: %r", member.database.name, exc)
+        if self.members.get(member.database.name) is member:
+            del self.members[member.database.name]
+        if self.on_removed is not None:
+            self.on_removed(member)

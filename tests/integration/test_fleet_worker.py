@@ -1,0 +1,133 @@
+"""``outboxkit worker --dsn-file``: one worker process works on every database of its file.
+
+The same supervisor as ``relay --dsn-file`` (outboxkit.fleet): each database's tasks run in
+that database (their effect commits there, fenced), a database added at SIGHUP gets a
+worker, one with an unknown host is one log line and holds back no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.testing import create_database, drop_database
+from tests.support.relaying import wait_for
+from tests.support.servers import unique_name
+from tests.support.tasks_app import tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS_EACH = 20
+
+
+@pytest.fixture
+def task_databases(pg_server: Any) -> Iterator[list[str]]:
+    """Three fresh databases with the task table and an effects table."""
+    names = [unique_name("fleetw") for _ in range(3)]
+    dsns = []
+    for name in names:
+        create_database(pg_server.dsn, name)
+        dsn = pg_server.dsn_for(name)
+        migrate_tasks(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE effects (task_id bigint, attempt int)")
+        dsns.append(dsn)
+    try:
+        yield dsns
+    finally:
+        for name in names:
+            drop_database(pg_server.dsn, name)
+
+
+def _enqueue(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for _ in range(TASKS_EACH):
+            tasks.enqueue(conn, "effect", {"ms": 1})
+
+
+def _effects(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(DISTINCT task_id) FROM effects").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _spawn(dsn_file: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("OUTBOXKIT_DSN", None)
+    command = [sys.executable, "-m", "outboxkit", "worker", "--dsn-file", str(dsn_file)]
+    command += ["--app", "tests.support.tasks_app:tasks", "--poll-interval", "0.1"]
+    command += ["--reload-interval", "3600"]
+    with log_path.open("ab") as out:
+        return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_one_worker_process_works_on_every_database_of_its_file(
+    task_databases: list[str], tmp_path: Path
+) -> None:
+    first, second, added = task_databases
+    for dsn in task_databases:
+        _enqueue(dsn)
+    lines = [f"w0 {first}", f"w1 {second}", "ghost postgresql://postgres@no-such-host.invalid/x"]
+    dsn_file = tmp_path / "databases.txt"
+    dsn_file.write_text("\n".join(lines) + "\n")
+    log_path = tmp_path / "worker.log"
+    worker = _spawn(dsn_file, log_path)
+    try:
+        for dsn in (first, second):
+            await wait_for(lambda dsn=dsn: _effects(dsn) == TASKS_EACH, timeout=30)
+        assert _effects(added) == 0, "a database not in the file is not worked on"
+
+        dsn_file.write_text("\n".join([*lines, f"w2 {added}"]) + "\n")
+        worker.send_signal(signal.SIGHUP)
+        await wait_for(lambda: _effects(added) == TASKS_EACH, timeout=30, what="w2's tasks")
+        await asyncio.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(30)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert len(re.findall(r"database ghost \(line 3\) is not served", text)) == 1, text
+    assert "[w2] worker" in text, "a worker's own lines name its database"
+    for dsn in task_databases:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            left = conn.execute("SELECT count(*) FROM outboxkit_tasks").fetchone()
+            twice = conn.execute(
+                "SELECT count(*) FROM (SELECT task_id FROM effects GROUP BY 1"
+                " HAVING count(*) > 1) t"
+            ).fetchone()
+        assert left == (0,) and twice == (0,)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--dsn", "postgresql://db/x", "--dsn-file", "f"], "give one of them"),
+        (["--dsn-file", "f", "--metrics-port", "0"], "--metrics-port cannot be used"),
+        (["--dsn-file", "f", "--direct-dsn", "postgresql://db/x"], "--direct-dsn cannot be used"),
+    ],
+)
+def test_worker_takes_one_database_or_a_file_of_them(
+    args: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from outboxkit.ops.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OUTBOXKIT_DSN", raising=False)
+    monkeypatch.syspath_prepend(str(ROOT))
+    (tmp_path / "f").write_text("")
+    command = ["worker", "--app", "tests.support.tasks_app:tasks", *args]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    assert said in result.output, result.output
