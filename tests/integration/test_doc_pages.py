@@ -1,0 +1,203 @@
+"""The guide pages beyond the README's journey run as written (issue 39: the snippets in the
+site are the ones tests/ runs).
+
+Each page gets the setup its prose assumes and no more: a migrated database, the broker a
+snippet names, the order service docs/testing-your-code.md tests. A page whose snippets
+build on each other runs top to bottom; every run checks the effect the snippet promises
+(the event on the broker, the task's effect, the assertions of a test that pytest runs).
+Blocks the page says are fragments of a project (an ``INSTALLED_APPS`` line) are run where
+a page gives them the names they use (``conn``, ``dsn``), and carry ``<!-- not-runnable:
+why -->`` otherwise. docs/django.md runs in tests/integration/contrib/test_doc_django.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit import Event, Outbox, Relay, from_url, migrate_inbox
+from outboxkit.publishers.memory import MemoryBroker
+from outboxkit.pytest import MemoryOutbox
+from tests.support.doc_blocks import ROOT, Block, page_python_blocks
+from tests.support.doc_programs import Program, until
+from tests.support.local_brokers import rabbitmq_url, redis_url
+from tests.support.relaying import count, rows, running_relay, wait_for
+
+# The blocks each test below runs, by a line of their own: a new block fails
+# test_every_block_of_the_pages_is_run until a test runs it (or it is marked not-runnable).
+RUN = {
+    "docs/brokers.md": [
+        "# write_event.py",
+        "# read_rabbitmq.py",
+        "# receiver.py",
+        "# receiver_raw.py",
+        "RoutingPublisher(from_url(",
+        "inbox = Inbox()",
+        "# consume_orders.py",
+    ],
+    "docs/testing-your-code.md": [
+        'pytest_plugins = ["outboxkit.pytest"]',
+        "def test_place_order(",
+        "def test_wire_message(",
+        "async def invoice(conn, event):",
+        "def test_announce():",
+        "def test_receipt_retries(",
+    ],
+    "docs/celery.md": ["send_task(conn,", "# proj/tasks.py"],
+    "docs/operations.md": ["metrics = RelayMetrics(dsn)"],
+}
+
+
+def _block(page: str, marker: str) -> Block:
+    (block,) = [b for b in page_python_blocks(page) if marker in b.code]
+    assert block.not_runnable is None, f"{block} is run here: {block.not_runnable}"
+    return block
+
+
+def test_every_block_of_the_pages_is_run() -> None:
+    for page, markers in RUN.items():
+        runnable = [b for b in page_python_blocks(page) if b.not_runnable is None]
+        unrun = [str(b) for b in runnable if not any(m in b.code for m in markers)]
+        assert not unrun, f"blocks no test runs (run them, or say why with not-runnable): {unrun}"
+        for marker in markers:
+            _block(page, marker)
+
+
+def _env(dsn: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OUTBOXKIT_DSN": dsn, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _run(block: Block, directory: Path, env: dict[str, str]) -> str:
+    program = Program(block, directory, env)
+    program.wait_ok()
+    return program.output()
+
+
+def _relay(dsn: str, url: str) -> None:
+    """An embedded relay on ``url`` until the outbox holds nothing pending."""
+
+    async def drain() -> None:
+        async with running_relay(dsn, from_url(url)):
+            await wait_for(lambda: count(dsn, "status = 'pending'") == 0, what=f"a relay on {url}")
+
+    asyncio.run(drain())
+
+
+def _exec(block: Block, names: dict[str, Any]) -> dict[str, Any]:
+    """A fragment run with the names its page says the reader has (``conn``, ``dsn``)."""
+    namespace = dict(names)
+    exec(compile(block.code, str(block), "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+# -- docs/celery.md ---------------------------------------------------------------------------
+
+
+def test_celery_page(empty_db_dsn: str, tmp_path: Path) -> None:
+    """send_task writes Celery's task with the order; proj/tasks.py charges it once per id."""
+    output = _run(_block("docs/celery.md", "send_task(conn,"), tmp_path, _env(empty_db_dsn))
+    (row,) = rows(empty_db_dsn)
+    assert (row["topic"], row["event_type"]) == ("celery", "proj.tasks.charge")
+    assert output.strip() == f"order 1 committed with Celery task {row['event_id']}"
+
+    # The worker's module, imported as Celery imports it; its task run with that task id.
+    migrate_inbox(empty_db_dsn)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj/__init__.py").write_text("")
+    (tmp_path / "proj/tasks.py").write_text(_block("docs/celery.md", "# proj/tasks.py").code)
+    run = (
+        "from proj.tasks import charge\n"
+        f"first = charge.apply(args=(1,), task_id={str(row['event_id'])!r}).get()\n"
+        f"again = charge.apply(args=(1,), task_id={str(row['event_id'])!r}).get()\n"
+        "print(first, again)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run], cwd=tmp_path, env=_env(empty_db_dsn),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "None already done"
+    with psycopg.connect(empty_db_dsn) as conn:
+        charged = conn.execute("SELECT charged_at IS NOT NULL FROM orders WHERE id = 1").fetchone()
+    assert charged == (True,)
+
+
+# -- docs/operations.md -----------------------------------------------------------------------
+
+
+def test_operations_metrics_snippet(db_dsn: str) -> None:
+    """The embedded relay with its metrics endpoint publishes and counts what it published."""
+    block = _block("docs/operations.md", "metrics = RelayMetrics(dsn)")
+    broker = f"ops-doc-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_dsn) as conn, conn.transaction():
+        Outbox().put(conn, Event(topic="orders", event_type="order.placed", payload={"n": 1}))
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+
+    async def scenario() -> str:
+        namespace: dict[str, Any] = {"dsn": db_dsn, "publisher": from_url(f"memory://{broker}")}
+        snippet = asyncio.ensure_future(eval(compile(block.code, str(block), "exec", flags), namespace))  # noqa: S307
+        try:
+            await wait_for(lambda: len(MemoryBroker.named(broker).messages) == 1, what="the publish")
+
+            def scrape() -> str:
+                with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5) as r:
+                    return r.read().decode()
+
+            text = ""
+            for _ in range(50):
+                text = await asyncio.to_thread(scrape)
+                if 'outboxkit_events_published_total{topic="orders"} 1.0' in text:
+                    break
+                await asyncio.sleep(0.1)
+            return text
+        finally:
+            namespace["relay"].stop()
+            await asyncio.wait_for(snippet, timeout=30)
+            namespace["gauges"].cancel()
+
+    try:
+        metrics = asyncio.run(scenario())
+    finally:
+        MemoryBroker.forget(broker)
+    assert 'outboxkit_events_published_total{topic="orders"} 1.0' in metrics, metrics
+
+
+# -- docs/testing-your-code.md ---------------------------------------------------------------
+
+
+def test_testing_your_code_page(tmp_path: Path, pg_server: Any) -> None:
+    """The page's tests, in a project of their own run by pytest: every one passes."""
+    page = "docs/testing-your-code.md"
+    support = ROOT / "tests/support/doc_pages"
+    shutil.copy(support / "orders.py", tmp_path / "orders.py")
+    conftest = _block(page, "pytest_plugins").code
+    (tmp_path / "conftest.py").write_text(conftest + "\n" + (support / "conftest_tail.py").read_text())
+    header = "import asyncio\n\nimport orders\nfrom orders import announce, place_order, received_event\n\n"
+    tests = [m for m in RUN[page] if "pytest_plugins" not in m]
+    names = []
+    for i, marker in enumerate(tests):
+        code = _block(page, marker).code
+        tree = ast.parse(code).body
+        names += [n.name for n in tree if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        (tmp_path / f"test_page_{i}.py").write_text(header + code)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
+         "--outboxkit-dsn", pg_server.dsn, "-W", "error::pytest.PytestUnraisableExceptionWarning"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(names)} passed" in done.stdout, done.stdout
+    assert len(names) == 6, names
