@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import os
 import shutil
 import subprocess
@@ -28,8 +29,10 @@ import psycopg
 import pytest
 
 from outboxkit import Event, Outbox, Relay, from_url, migrate_inbox
+from outboxkit.backends.postgres.postgres import Status
 from outboxkit.publishers.memory import MemoryBroker
 from outboxkit.pytest import MemoryOutbox
+from outboxkit.testing import free_port, port_accepts
 from tests.support.doc_blocks import ROOT, Block, page_python_blocks
 from tests.support.doc_programs import Program, until
 from tests.support.local_brokers import rabbitmq_url, redis_url
@@ -90,7 +93,7 @@ def _relay(dsn: str, url: str) -> None:
 
     async def drain() -> None:
         async with running_relay(dsn, from_url(url)):
-            await wait_for(lambda: count(dsn, "status = 'pending'") == 0, what=f"a relay on {url}")
+            await wait_for(lambda: count(dsn, f"status = {Status.PENDING}") == 0, what=f"a relay on {url}")
 
     asyncio.run(drain())
 
@@ -201,3 +204,140 @@ def test_testing_your_code_page(tmp_path: Path, pg_server: Any) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{len(names)} passed" in done.stdout, done.stdout
     assert len(names) == 6, names
+
+
+# -- docs/brokers.md --------------------------------------------------------------------------
+
+
+def _newest(dsn: str) -> dict[str, Any]:
+    return rows(dsn)[-1]
+
+
+async def _drop_rabbitmq_objects(url: str) -> None:
+    """The exchange and queue read_rabbitmq.py declares, gone (a failed run leaves none)."""
+    import aio_pika
+
+    conn = await aio_pika.connect(url)
+    async with conn:
+        channel = await conn.channel()
+        await channel.queue_delete("orders")
+        await channel.exchange_delete("shop")
+
+
+def _drop_redis_stream() -> None:
+    import redis
+
+    with redis.Redis.from_url(redis_url()) as client:
+        client.delete("outbox:orders")
+
+
+def test_brokers_page_top_to_bottom(
+    db_dsn: str, empty_db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_event.py's event read back from RabbitMQ, both webhook receivers (a wrong secret
+    refused and dead-lettered first), the routing rules, the inbox twice, and billing's Redis
+    consumer invoicing the relayed event once."""
+    page = "docs/brokers.md"
+    env = _env(db_dsn)
+    monkeypatch.setenv("OUTBOXKIT_DSN", db_dsn)
+    write_event = _block(page, "# write_event.py")
+    _run(write_event, tmp_path, env)
+    event = _newest(db_dsn)
+    assert (event["topic"], event["key"], event["status"]) == ("orders", "customer-42", Status.PENDING)
+
+    # RabbitMQ: the queue bound first, then the relay, then Enter.
+    amqp = rabbitmq_url()
+    asyncio.run(_drop_rabbitmq_objects(amqp))
+    try:
+        reader = Program(_block(page, "# read_rabbitmq.py"), tmp_path, env)
+        until(lambda: "queue bound" in reader.output(), reader, "the queue to be bound")
+        _relay(db_dsn, f"{amqp}?exchange=shop")
+        reader.type("")
+        reader.wait_ok()
+    finally:
+        asyncio.run(_drop_rabbitmq_objects(amqp))
+    assert f"{event['event_id']} order.placed" in reader.output(), reader.output()
+    assert "'tenant': 'acme'" in reader.output() and '{"order_id":1001,"total":4200}' in reader.output()
+
+    # The webhook receivers: a relay with another secret is refused (401, dead-lettered),
+    # the receiver's own secret is accepted and the event printed.
+    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    monkeypatch.setenv("ORDERS_HOOK_SECRET", secret)
+    monkeypatch.setenv("WRONG_SECRET", "whsec_" + base64.b64encode(os.urandom(32)).decode())
+    for marker in ("# receiver.py", "# receiver_raw.py"):
+        port = free_port()
+        receiver_env = {**env, "ORDERS_HOOK_SECRET": secret, "PORT": str(port)}
+        receiver = Program(_block(page, marker), tmp_path, receiver_env)
+        try:
+            until(lambda: port_accepts(port), receiver, f"the receiver on port {port}")
+            hook = f"http://127.0.0.1:{port}/outbox/{{topic}}"
+            for secret_env in ("WRONG_SECRET", "ORDERS_HOOK_SECRET"):
+                _exec(write_event, {})  # the same snippet again, in-process (faster)
+                sent = _newest(db_dsn)
+                _relay(db_dsn, f"{hook}?secret_env={secret_env}")
+                after = rows(db_dsn, f"event_id = '{sent['event_id']}'")
+                if secret_env == "WRONG_SECRET":
+                    assert [r["status"] for r in after] == [Status.FAILED], after
+                    assert "HTTP 401" in after[0]["last_error"]
+                    assert str(sent["event_id"]) not in receiver.output()
+                else:
+                    assert after == [], after  # published (and deleted: the relay's retention)
+                    printed = f"order.placed {sent['event_id']}"
+                    assert printed in receiver.output(), receiver.output()
+        finally:
+            receiver.proc.terminate()
+            receiver.proc.wait(timeout=30)
+
+    # Routing: the rules of the page, as the embedded relay's publisher applies them.
+    routing = _exec(_block(page, "RoutingPublisher(from_url("), {"dsn": db_dsn})
+    assert isinstance(routing["relay"], Relay)
+    memory = MemoryOutbox()
+    with memory.transaction() as tx:
+        memory.put(tx, Event(topic="shop", event_type="order.placed", payload={}))
+        memory.put(tx, Event(topic="shop", event_type="customer.renamed", payload={},
+                             aggregate_type="customer"))
+        memory.put(tx, Event(topic="shop", event_type="stock.low", payload={}))
+    routed = [routing["publisher"].destination(m) for m in memory.outbound()]
+    assert routed == ["orders", "customers", "shop"]
+
+    # The inbox in the reader's own transaction: the same event twice, one invoice.
+    migrate_inbox(db_dsn)  # the page's `outboxkit migrate --inbox`
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE invoices (order_id int, total int)")
+        event_id = uuid.uuid4()
+        for _ in range(2):
+            _exec(_block(page, "inbox = Inbox()"), {"conn": conn, "event_id": event_id})
+        assert conn.execute("SELECT order_id, total FROM invoices").fetchall() == [(1001, 4200)]
+        assert conn.execute("SELECT consumer_name, event_id FROM processed_events").fetchall() == [
+            ("billing", event_id)
+        ]
+
+    # Billing's Redis consumer, running, invoices the event write_event.py wrote and the
+    # relay appended to outbox:orders, once.
+    redis_url()  # the machine's Redis, or a skip
+    _drop_redis_stream()
+    try:
+        consumer = Program(
+            _block(page, "# consume_orders.py"), tmp_path, {**env, "BILLING_DSN": empty_db_dsn}
+        )
+        until(lambda: "invoices" in _tables(empty_db_dsn), consumer, "billing's tables")
+        _exec(write_event, {})
+        sent = _newest(db_dsn)
+        _relay(db_dsn, "redis://127.0.0.1:6379/0?stream_prefix=outbox:")
+        printed = f"invoiced order 1001 (event {sent['event_id']})"
+        until(lambda: printed in consumer.output(), consumer, "the invoice")
+        consumer.stop()
+        consumer.wait_ok()
+    finally:
+        _drop_redis_stream()
+    with psycopg.connect(empty_db_dsn) as conn:
+        assert conn.execute("SELECT order_id, total FROM invoices").fetchall() == [(1001, 4200)]
+        assert conn.execute("SELECT event_id FROM processed_events").fetchall() == [
+            (sent["event_id"],)
+        ]
+
+
+def _tables(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {row[0] for row in found}
