@@ -5,9 +5,11 @@ Each page gets the setup its prose assumes and no more: a migrated database, the
 snippet names, the order service docs/testing-your-code.md tests. A page whose snippets
 build on each other runs top to bottom; every run checks the effect the snippet promises
 (the event on the broker, the task's effect, the assertions of a test that pytest runs).
-Blocks the page says are fragments of a project (an ``INSTALLED_APPS`` line) are run where
-a page gives them the names they use (``conn``, ``dsn``), and carry ``<!-- not-runnable:
-why -->`` otherwise. docs/django.md runs in tests/integration/contrib/test_doc_django.py.
+Fragments (a view's lines, an ``INSTALLED_APPS`` line, a relay built from ``dsn``) run
+with the names their page says the reader has (``conn``, ``Order``, ``dsn``) or inside the
+file they belong to (settings.py, an Alembic env.py); a block that cannot run carries
+``<!-- not-runnable: why -->``. docs/tasks.md and docs/mariadb.md are still only compiled
+(tests/unit/test_docs_site.py).
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ from outboxkit import Event, Outbox, Relay, from_url, migrate_inbox
 from outboxkit.backends.postgres.postgres import Status
 from outboxkit.publishers.memory import MemoryBroker
 from outboxkit.pytest import MemoryOutbox
+from outboxkit.queue.tasks import TaskStatus
 from outboxkit.testing import free_port, port_accepts
 from tests.support.doc_blocks import ROOT, Block, page_python_blocks
 from tests.support.doc_programs import Program, until
@@ -57,6 +63,18 @@ RUN = {
         "async def invoice(conn, event):",
         "def test_announce():",
         "def test_receipt_retries(",
+    ],
+    "docs/django.md": [
+        '"outboxkit.contrib.django"]',
+        "outbox.put(Event(",
+        "# shop/tasks.py",
+        "tasks.enqueue(",
+        "inbox.handle(",
+        "def upgrade():",
+        "context.configure(",
+        "TASKS = {",
+        "# reports/tasks.py",
+        "add.enqueue(2, 3)",
     ],
     "docs/celery.md": ["send_task(conn,", "# proj/tasks.py"],
     "docs/operations.md": ["metrics = RelayMetrics(dsn)"],
@@ -93,7 +111,9 @@ def _relay(dsn: str, url: str) -> None:
 
     async def drain() -> None:
         async with running_relay(dsn, from_url(url)):
-            await wait_for(lambda: count(dsn, f"status = {Status.PENDING}") == 0, what=f"a relay on {url}")
+            await wait_for(
+                lambda: count(dsn, f"status = {Status.PENDING}") == 0, what=f"a relay on {url}"
+            )
 
     asyncio.run(drain())
 
@@ -108,6 +128,7 @@ def _exec(block: Block, names: dict[str, Any]) -> dict[str, Any]:
 # -- docs/celery.md ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_celery_page(empty_db_dsn: str, tmp_path: Path) -> None:
     """send_task writes Celery's task with the order; proj/tasks.py charges it once per id."""
     output = _run(_block("docs/celery.md", "send_task(conn,"), tmp_path, _env(empty_db_dsn))
@@ -127,8 +148,12 @@ def test_celery_page(empty_db_dsn: str, tmp_path: Path) -> None:
         "print(first, again)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", run], cwd=tmp_path, env=_env(empty_db_dsn),
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", run],
+        cwd=tmp_path,
+        env=_env(empty_db_dsn),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "None already done"
@@ -140,6 +165,7 @@ def test_celery_page(empty_db_dsn: str, tmp_path: Path) -> None:
 # -- docs/operations.md -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_operations_metrics_snippet(db_dsn: str) -> None:
     """The embedded relay with its metrics endpoint publishes and counts what it published."""
     block = _block("docs/operations.md", "metrics = RelayMetrics(dsn)")
@@ -150,13 +176,16 @@ def test_operations_metrics_snippet(db_dsn: str) -> None:
 
     async def scenario() -> str:
         namespace: dict[str, Any] = {"dsn": db_dsn, "publisher": from_url(f"memory://{broker}")}
-        snippet = asyncio.ensure_future(eval(compile(block.code, str(block), "exec", flags), namespace))  # noqa: S307
+        program = compile(block.code, str(block), "exec", flags)
+        snippet = asyncio.ensure_future(eval(program, namespace))  # noqa: S307
         try:
-            await wait_for(lambda: len(MemoryBroker.named(broker).messages) == 1, what="the publish")
+            await wait_for(
+                lambda: len(MemoryBroker.named(broker).messages) == 1, what="the publish"
+            )
 
             def scrape() -> str:
                 with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5) as r:
-                    return r.read().decode()
+                    return str(r.read().decode())
 
             text = ""
             for _ in range(50):
@@ -180,26 +209,49 @@ def test_operations_metrics_snippet(db_dsn: str) -> None:
 # -- docs/testing-your-code.md ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_testing_your_code_page(tmp_path: Path, pg_server: Any) -> None:
     """The page's tests, in a project of their own run by pytest: every one passes."""
     page = "docs/testing-your-code.md"
     support = ROOT / "tests/support/doc_pages"
     shutil.copy(support / "orders.py", tmp_path / "orders.py")
     conftest = _block(page, "pytest_plugins").code
-    (tmp_path / "conftest.py").write_text(conftest + "\n" + (support / "conftest_tail.py").read_text())
-    header = "import asyncio\n\nimport orders\nfrom orders import announce, place_order, received_event\n\n"
+    (tmp_path / "conftest.py").write_text(
+        conftest + "\n" + (support / "conftest_tail.py").read_text()
+    )
+    header = (
+        "import asyncio\n\nimport orders\n"
+        "from orders import announce, place_order, received_event\n\n"
+    )
     tests = [m for m in RUN[page] if "pytest_plugins" not in m]
     names = []
     for i, marker in enumerate(tests):
         code = _block(page, marker).code
         tree = ast.parse(code).body
-        names += [n.name for n in tree if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        names += [
+            n.name for n in tree if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+        ]
         (tmp_path / f"test_page_{i}.py").write_text(header + code)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
-         "--outboxkit-dsn", pg_server.dsn, "-W", "error::pytest.PytestUnraisableExceptionWarning"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-p",
+            "no:xdist",
+            "--outboxkit-dsn",
+            pg_server.dsn,
+            "-W",
+            "error::pytest.PytestUnraisableExceptionWarning",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{len(names)} passed" in done.stdout, done.stdout
@@ -231,6 +283,7 @@ def _drop_redis_stream() -> None:
         client.delete("outbox:orders")
 
 
+@pytest.mark.slow
 def test_brokers_page_top_to_bottom(
     db_dsn: str, empty_db_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,7 +296,11 @@ def test_brokers_page_top_to_bottom(
     write_event = _block(page, "# write_event.py")
     _run(write_event, tmp_path, env)
     event = _newest(db_dsn)
-    assert (event["topic"], event["key"], event["status"]) == ("orders", "customer-42", Status.PENDING)
+    assert (event["topic"], event["key"], event["status"]) == (
+        "orders",
+        "customer-42",
+        Status.PENDING,
+    )
 
     # RabbitMQ: the queue bound first, then the relay, then Enter.
     amqp = rabbitmq_url()
@@ -257,7 +314,10 @@ def test_brokers_page_top_to_bottom(
     finally:
         asyncio.run(_drop_rabbitmq_objects(amqp))
     assert f"{event['event_id']} order.placed" in reader.output(), reader.output()
-    assert "'tenant': 'acme'" in reader.output() and '{"order_id":1001,"total":4200}' in reader.output()
+    assert (
+        "'tenant': 'acme'" in reader.output()
+        and '{"order_id":1001,"total":4200}' in reader.output()
+    )
 
     # The webhook receivers: a relay with another secret is refused (401, dead-lettered),
     # the receiver's own secret is accepted and the event printed.
@@ -269,7 +329,7 @@ def test_brokers_page_top_to_bottom(
         receiver_env = {**env, "ORDERS_HOOK_SECRET": secret, "PORT": str(port)}
         receiver = Program(_block(page, marker), tmp_path, receiver_env)
         try:
-            until(lambda: port_accepts(port), receiver, f"the receiver on port {port}")
+            until(partial(port_accepts, port), receiver, f"the receiver on port {port}")
             hook = f"http://127.0.0.1:{port}/outbox/{{topic}}"
             for secret_env in ("WRONG_SECRET", "ORDERS_HOOK_SECRET"):
                 _exec(write_event, {})  # the same snippet again, in-process (faster)
@@ -294,8 +354,12 @@ def test_brokers_page_top_to_bottom(
     memory = MemoryOutbox()
     with memory.transaction() as tx:
         memory.put(tx, Event(topic="shop", event_type="order.placed", payload={}))
-        memory.put(tx, Event(topic="shop", event_type="customer.renamed", payload={},
-                             aggregate_type="customer"))
+        memory.put(
+            tx,
+            Event(
+                topic="shop", event_type="customer.renamed", payload={}, aggregate_type="customer"
+            ),
+        )
         memory.put(tx, Event(topic="shop", event_type="stock.low", payload={}))
     routed = [routing["publisher"].destination(m) for m in memory.outbound()]
     assert routed == ["orders", "customers", "shop"]
@@ -341,3 +405,153 @@ def _tables(dsn: str) -> set[str]:
     with psycopg.connect(dsn) as conn:
         found = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         return {row[0] for row in found}
+
+
+# -- docs/django.md ---------------------------------------------------------------------------
+
+DJANGO_PAGE = "docs/django.md"
+DJANGO_BASE = """
+# The page's "...": this project's own apps.
+INSTALLED_APPS = ["django.contrib.contenttypes", "shop", "reports"] + [
+    app for app in INSTALLED_APPS if app is not ...
+]
+OUTBOXKIT = {**_FIRST_OUTBOXKIT, **OUTBOXKIT}
+SECRET_KEY = "doc-pages-only"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": %(name)r,
+                         "USER": %(user)r, "HOST": %(host)r, "PORT": %(port)r}}
+"""
+
+
+@pytest.mark.slow
+def test_django_page(empty_db_dsn: str, tmp_path: Path) -> None:
+    """A project built from the page's settings, app and view snippets: the view's event and
+    task row commit with the order, the inbox applies a redelivered event once, and
+    ``manage.py outboxkit_worker`` runs the framework task to SUCCESSFUL 5."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    support = ROOT / "tests/support/doc_pages"
+    params = conninfo_to_dict(empty_db_dsn)
+    database = {k: str(params.get(k, "")) for k in ("user", "host", "port")}
+    settings = (
+        _block(DJANGO_PAGE, '"outboxkit.contrib.django"]').code
+        + "_FIRST_OUTBOXKIT = OUTBOXKIT\n"
+        + _block(DJANGO_PAGE, "TASKS = {").code
+        + DJANGO_BASE % {"name": params["dbname"], **database}
+    )
+    (tmp_path / "settings.py").write_text(settings)
+    for app, tasks_block in (("shop", "# shop/tasks.py"), ("reports", "# reports/tasks.py")):
+        (tmp_path / app).mkdir()
+        (tmp_path / app / "__init__.py").write_text("")
+        (tmp_path / app / "tasks.py").write_text(_block(DJANGO_PAGE, tasks_block).code)
+    shutil.copy(support / "django_models.py", tmp_path / "shop/models.py")
+    (tmp_path / "reports/models.py").write_text("")
+    view_blocks = [
+        _block(DJANGO_PAGE, m)
+        for m in ("outbox.put(Event(", "tasks.enqueue(", "inbox.handle(", "add.enqueue(2, 3)")
+    ]
+    (tmp_path / "blocks.json").write_text(json.dumps([[str(b), b.code] for b in view_blocks]))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, f"{argv}:\n{done.stdout}{done.stderr}"
+        return done.stdout
+
+    run("-m", "django", "migrate", "--run-syncdb", "--verbosity", "0")
+    written = json.loads(run(str(support / "django_run.py"), "write", "blocks.json"))
+    assert written["status"] == "READY"
+    with psycopg.connect(empty_db_dsn) as conn:
+        assert conn.execute("SELECT id, total FROM shop_order ORDER BY id").fetchall() == [
+            (1, 4200),
+            (2, 4200),
+        ]
+        (event,) = conn.execute("SELECT event_type, key, payload FROM outbox").fetchall()
+        assert event[:2] == ("order.placed", "1") and b'"order_id":1' in bytes(event[2]).replace(
+            b" ", b""
+        )
+        receipt = conn.execute(
+            "SELECT payload, available_at - created_at > interval '9 seconds' FROM outboxkit_tasks"
+            " WHERE task_name = 'receipt.send'"
+        ).fetchall()
+        assert receipt == [({"order_id": 2}, True)], receipt
+        assert conn.execute("SELECT order_id, total FROM shop_invoice").fetchall() == [(1, 4200)]
+        assert conn.execute("SELECT consumer_name FROM processed_events").fetchall() == [
+            ("billing",)
+        ]
+
+    argv = [sys.executable, "-m", "django", "outboxkit_worker", "--poll-interval", "0.2"]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while _task_status(empty_db_dsn, written["id"]) != TaskStatus.DONE:
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    assert json.loads(run(str(support / "django_run.py"), "result", written["id"])) == {
+        "status": "SUCCESSFUL",
+        "value": 5,
+    }
+
+
+def _task_status(dsn: str, task_id: str) -> int | None:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT status FROM outboxkit_tasks WHERE id::text = %s", (task_id,))
+        found = row.fetchone()
+    return None if found is None else int(found[0])
+
+
+ALEMBIC_ENV = """
+from alembic import context
+from sqlalchemy import MetaData, create_engine
+
+target_metadata = MetaData()
+engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+with engine.connect() as connection:
+{configure}
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+
+
+@pytest.mark.slow
+def test_django_page_alembic(empty_db_dsn: str, tmp_path: Path) -> None:
+    """The page's revision upgrades to the outbox and inbox tables, its env.py hook keeps
+    `alembic check` from seeing them as drift, and the downgrade drops them."""
+    from alembic import command
+    from alembic.config import Config
+
+    configure = _block(DJANGO_PAGE, "context.configure(").code
+    (tmp_path / "env.py").write_text(
+        ALEMBIC_ENV.format(configure=textwrap.indent(configure, "    "))
+    )
+    (tmp_path / "script.py.mako").write_text("")
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "versions/0001_outbox.py").write_text(_block(DJANGO_PAGE, "def upgrade():").code)
+    config = Config()
+    config.set_main_option("script_location", str(tmp_path))
+    url = empty_db_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+
+    def tables() -> tuple[Any, ...]:
+        with psycopg.connect(empty_db_dsn) as conn:
+            found = conn.execute("SELECT to_regclass('outbox'), to_regclass('processed_events')")
+            return tuple(str(t) if t else None for t in found.fetchone() or ())
+
+    command.upgrade(config, "head")
+    assert tables() == ("outbox", "processed_events")
+    command.check(config)  # no drift: the hook leaves outboxkit's tables out of autogenerate
+    command.downgrade(config, "base")
+    assert tables() == (None, None)

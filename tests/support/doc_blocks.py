@@ -1,8 +1,8 @@
 """The fenced code blocks of the README and the documentation pages, as programs.
 
-tests/integration/test_readme.py runs the JOURNEY's Python blocks, tests/integration/test_doc_pages.py
-(and contrib/test_doc_django.py) those of the PAGES; tests/unit/test_docs_site.py compiles every
-page's.
+tests/integration/test_readme.py runs the JOURNEY's Python blocks,
+tests/integration/test_doc_pages.py those of the PAGES; tests/unit/test_docs_site.py compiles
+every page's.
 """
 
 from __future__ import annotations

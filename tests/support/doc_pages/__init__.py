@@ -1,1 +1,1 @@
-"""What docs/testing-your-code.md's snippets assume of "your code" (tests/integration/test_doc_pages.py)."""
+"""What the guide pages' snippets assume of the reader's project (test_doc_pages.py)."""

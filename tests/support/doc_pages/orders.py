@@ -40,15 +40,17 @@ def place_order(target: Any, customer: str, total_cents: int) -> int:
             (customer, total_cents),
         ).fetchone()
         payload = {"order_id": order_id, "customer": customer, "total_cents": total_cents}
-        outbox.put(target, Event(topic="orders", event_type="order.placed", key=customer,
-                                 payload=payload))
+        outbox.put(
+            target, Event(topic="orders", event_type="order.placed", key=customer, payload=payload)
+        )
         tasks.enqueue(target, "receipt.send", {"order_id": order_id})
     return int(order_id)
 
 
 def announce(writer: Any, tx: Any, order_id: int) -> None:
-    writer.put(tx, Event(topic="orders", event_type="order.announced",
-                         payload={"order_id": order_id}))
+    writer.put(
+        tx, Event(topic="orders", event_type="order.announced", payload={"order_id": order_id})
+    )
 
 
 @tasks.handler("receipt.send", retry=[0, 5], max_attempts=3)
