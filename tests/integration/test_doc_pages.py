@@ -232,23 +232,14 @@ def test_testing_your_code_page(tmp_path: Path, pg_server: Any) -> None:
             n.name for n in tree if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
         ]
         (tmp_path / f"test_page_{i}.py").write_text(header + code)
+    # The reader's own pytest run: none of this suite's options (PYTEST_ADDOPTS) or plugins.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    argv = ["-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:asyncio"]
+    argv += ["-q", "-W", "error"]  # a warning of the kit fails the page
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-p",
-            "no:xdist",
-            "--outboxkit-dsn",
-            pg_server.dsn,
-            "-W",
-            "error::pytest.PytestUnraisableExceptionWarning",
-        ],
+        [sys.executable, *argv, "--outboxkit-dsn", pg_server.dsn],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**env, "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True,
         text=True,
         timeout=120,
