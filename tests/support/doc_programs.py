@@ -51,6 +51,12 @@ class Program:
             pytest.fail(f"{self.block} exited by itself ({self.proc.returncode}):\n{self.output()}")
         self.proc.send_signal(signal.SIGTERM)
 
+    def close(self) -> None:
+        """Killed if still running (a test that failed midway leaves no process behind)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
     def wait_ok(self) -> None:
         try:
             code = self.proc.wait(timeout=60)
