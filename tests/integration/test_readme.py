@@ -32,6 +32,7 @@ import pytest
 
 from outboxkit import Event, Outbox
 from tests.support.doc_blocks import README, Block, journey_blocks, readme_blocks
+from tests.support.doc_programs import Program, until
 from tests.support.mariadb_drivers import database
 from tests.support.relaying import count, rows
 from tests.support.servers import consume_nats
@@ -79,7 +80,7 @@ def test_block_runs_alone(
 ) -> None:
     """Pasted alone into a file, on a database without any table, the block runs."""
     env = _env(empty_db_dsn, kafka_broker, _mariadb(request, [block]))
-    program = _Program(block, tmp_path, env)
+    program = Program(block, tmp_path, env)
     if block.is_service:
         time.sleep(3)  # it must come up and keep running until told to stop
         program.stop()
@@ -94,9 +95,9 @@ def test_readme_top_to_bottom(
     env = _env(empty_db_dsn, kafka_broker, _mariadb(request, RUNNABLE))
     invoices: set[tuple[int, int]] = set()
     for block in RUNNABLE:
-        program = _Program(block, tmp_path, env)
+        program = Program(block, tmp_path, env)
         if "Relay(" in block.code:
-            _until(lambda: count(empty_db_dsn) == 0, program, "the relay to publish every event")
+            until(lambda: count(empty_db_dsn) == 0, program, "the relay to publish every event")
             program.stop()
         elif "Consumer(" in block.code:
             ordered = _query(empty_db_dsn, "SELECT id, total FROM orders")
@@ -109,7 +110,7 @@ def test_readme_top_to_bottom(
                     return False
                 return invoices >= ordered
 
-            _until(invoiced, program, f"invoices for the orders {sorted(ordered)}")
+            until(invoiced, program, f"invoices for the orders {sorted(ordered)}")
             program.stop()
         program.wait_ok()
         # Each snippet says what it did; the relay shows its start and first batch.
@@ -331,52 +332,6 @@ def _mariadb(request: pytest.FixtureRequest, blocks: list[Block]) -> str | None:
     if not any(MARIADB_ENV in b.code for b in blocks):
         return None
     return str(request.getfixturevalue("mariadb_url"))
-
-
-class _Program:
-    """One README block written to a file and started as `python file.py`."""
-
-    def __init__(self, block: Block, directory: Path, env: dict[str, str]) -> None:
-        self.block = block
-        stem = f"{Path(block.page).stem.lower().replace('-', '_')}_line_{block.line}"
-        path = directory / f"{stem}.py"
-        path.write_text(block.code)
-        self.log = directory / f"{stem}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(path)],
-            cwd=directory,
-            env=env,
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            pytest.fail(f"{self.block} exited by itself ({self.proc.returncode}):\n{self.output()}")
-        self.proc.send_signal(signal.SIGTERM)
-
-    def wait_ok(self) -> None:
-        try:
-            code = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            pytest.fail(f"{self.block} did not finish within 60 s:\n{self.output()}")
-        assert code == 0, f"{self.block} exited with {code}:\n{self.output()}"
-        assert "Traceback" not in self.output(), f"{self.block}:\n{self.output()}"
-
-
-def _until(condition: Callable[[], bool], program: _Program, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not condition():
-        if program.proc.poll() is not None:
-            pytest.fail(f"{program.block} exited ({program.proc.returncode}):\n{program.output()}")
-        if time.monotonic() > deadline:
-            program.proc.kill()
-            pytest.fail(f"{program.block}: timed out waiting for {what}:\n{program.output()}")
-        time.sleep(0.2)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:

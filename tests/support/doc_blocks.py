@@ -1,7 +1,8 @@
 """The fenced code blocks of the README and the documentation pages, as programs.
 
-tests/integration/test_readme.py runs the JOURNEY's Python blocks; tests/unit/test_docs_site.py
-compiles every page's.
+tests/integration/test_readme.py runs the JOURNEY's Python blocks,
+tests/integration/test_doc_pages.py those of the PAGES; tests/unit/test_docs_site.py compiles
+every page's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ JOURNEY = [
     "docs/pgbouncer.md",
     "docs/kubernetes.md",
 ]
+# Guide pages outside the journey whose snippets run, each with the setup its prose assumes.
+PAGES = [
+    "docs/brokers.md",
+    "docs/testing-your-code.md",
+    "docs/django.md",
+    "docs/celery.md",
+    "docs/operations.md",
+]
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
 NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")
 SERVICE_MARK = "signal.SIGTERM"  # a block that runs until it is told to stop
@@ -51,6 +60,11 @@ class Block:
 def journey_blocks() -> list[Block]:
     """Every fenced block of the JOURNEY's pages, in reading order."""
     return [b for page in JOURNEY for b in readme_blocks((ROOT / page).read_text(), page)]
+
+
+def page_python_blocks(page: str) -> list[Block]:
+    """The ```python blocks of one page (a path from the repository's root)."""
+    return [b for b in readme_blocks((ROOT / page).read_text(), page) if b.lang == "python"]
 
 
 def readme_blocks(text: str | None = None, page: str = "README.md") -> list[Block]:

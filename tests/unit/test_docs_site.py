@@ -56,8 +56,8 @@ def test_the_api_page_documents_each_public_module() -> None:
 
 
 def test_every_python_snippet_of_the_site_compiles() -> None:
-    """The journey's snippets run (tests/integration/test_readme.py); the other pages' are
-    fragments of a project (a Django view, a handler), but each must at least be Python."""
+    """The journey's snippets run (tests/integration/test_readme.py), and those of the PAGES
+    (tests/integration/test_doc_pages.py); every other page's must at least be Python."""
     for page in sorted((ROOT / "docs").rglob("*.md")):
         name = page.relative_to(ROOT).as_posix()
         for block in readme_blocks(page.read_text(), name):
