@@ -24,8 +24,8 @@ __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmi
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL.
-Feature = Literal["tasks", "cdc", "pooler", "partition_by", "notify", "alembic"]
+#: versioned SQL, task lifecycle events written by the settle (``events=``).
+Feature = Literal["tasks", "cdc", "pooler", "partition_by", "notify", "alembic", "task_events"]
 #: The tables ``outboxkit migrate`` creates.
 MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
 
