@@ -1,8 +1,9 @@
 """``Tasks.enqueue`` on a MariaDB/MySQL connection: the caller's transaction, its driver.
 
 The registry checks and encodes a task once (tasks/registry.py); this runs its statements
-(backends/mariadb/tasks_sql.py) through the write side's driver adapters (PyMySQL, mysqlclient, aiomysql,
-asyncmy, SQLAlchemy), so it commits or rolls back with the caller's change. A plain enqueue
+(backends/mariadb/tasks_sql.py) through the write side's driver adapters (PyMySQL,
+mysqlclient, aiomysql, asyncmy, SQLAlchemy), so it commits or rolls back with the caller's
+change. A plain enqueue
 is one ``INSERT … RETURNING id``; with ``after=`` MariaDB has no writing CTE, so it is four
 statements (mark the upstream tasks, read which exist, insert, insert the edges). No NOTIFY:
 an enqueue of a task due now wakes this process's waiting worker (wakeup.writing).

@@ -2,8 +2,9 @@
 
 An enqueue runs the statements of the connection's database (its backend's: one statement,
 backends/postgres/tasks_sql.py ``ENQUEUE``, on PostgreSQL; tasks/enqueue_mariadb.py on
-MariaDB/MySQL) through the write side's driver adapters, so it refuses what ``Outbox.put`` refuses (autocommit, pools, sessions
-without a transaction) and commits or rolls back with the caller's change, outbox events included.
+MariaDB/MySQL) through the write side's driver adapters, so it refuses what ``Outbox.put``
+refuses (autocommit, pools, sessions without a transaction) and commits or rolls back with
+the caller's change, outbox events included.
 ``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
 ``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied."""
 
@@ -29,7 +30,7 @@ import psycopg
 from outboxkit.backends import Backend, backend_for, backend_of
 from outboxkit.backends.ports import TaskAdmin
 from outboxkit.backends.postgres.tasks_sql import TaskStatements
-from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
+from outboxkit.drivers import Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE

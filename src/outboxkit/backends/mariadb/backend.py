@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind
+from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind, TaskAdmin
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
-from outboxkit.queue.tasks import Retention, SettleHook, TaskStore
+from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 #: Why the WAL side refuses a mysql:// URL.
 NO_WAL = (
@@ -42,6 +42,11 @@ class MariaDBBackend(Backend):
         " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
         " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
         " ctx.outbox.put() inside ctx.transaction()",
+        "task_admin": "task mode's reads and switches (`outboxkit tasks …`, the dashboard's"
+        " Tasks page, the worker's --metrics-port task gauges, Tasks.result(), wait(), pause()"
+        " and resume()) read PostgreSQL's task table only, not MariaDB/MySQL's yet: the worker"
+        " and enqueue do work on MariaDB/MySQL; read its task table with SQL meanwhile"
+        ' (docs/mariadb.md, "Task mode")',
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
@@ -112,6 +117,17 @@ class MariaDBBackend(Backend):
             self.refuse("task_events")
         return MariaDBTaskStore(dsn, table, queues=queues, retention=retention, names=names)
 
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
+        from outboxkit.backends.mariadb.schedules import MariaDBSchedules
+
+        if pooler:
+            self.refuse("pooler")
+        return MariaDBSchedules(dsn, table)
+
+    def task_admin(self) -> TaskAdmin:
+        self.refuse("task_admin")
+        raise AssertionError("refused above")
+
     def migrate(
         self,
         dsn: str,
@@ -128,7 +144,7 @@ class MariaDBBackend(Backend):
         options: dict[str, Any] = {"repartition": True} if repartition else {}
         if partitions is not None:
             options["partitions"] = partitions
-        return mariadb.migrate(dsn, table=table, kind=kind, **options)  # type: ignore[arg-type]
+        return mariadb.migrate(dsn, table=table, kind=kind, **options)
 
     def ddl(
         self,
@@ -144,7 +160,7 @@ class MariaDBBackend(Backend):
 
         self._refuse_kind(kind, partition_by)
         count = DEFAULT_PARTITIONS if partitions is None else partitions
-        return mariadb.ddl(kind, table, count, repartition=repartition)  # type: ignore[arg-type]
+        return mariadb.ddl(kind, table, count, repartition=repartition)
 
     def _refuse_kind(self, kind: MigrationKind, partition_by: str | None) -> None:
         if partition_by is not None:

@@ -278,8 +278,8 @@ class MariaDBTaskStore(MariaDBSession):
             for i in groups.done:
                 task = task_of[i]
                 if i in held and task.keep is not None:
-                    values = (task.result, micros(task.keep), task.progress, i, token)
-                    await cur.execute(sq.settle_done_result, values)
+                    kept = (task.result, micros(task.keep), task.progress, i, token)
+                    await cur.execute(sq.settle_done_result, kept)
             for i, is_dead, delay, error, refund in groups.failures():
                 if i not in held:
                     continue
