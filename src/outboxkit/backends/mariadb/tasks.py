@@ -33,8 +33,9 @@ from outboxkit.backends.mariadb.session import (
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
 from outboxkit.backends.mariadb.tasks_sql import TaskStatements
 from outboxkit.errors import SchemaError
+from outboxkit.queue.group_commit import GroupCommit
 from outboxkit.queue.settle import group_decisions
-from outboxkit.queue.store import Claim, Decision, Settled, StoreError, StoreInfo, Verdict
+from outboxkit.queue.store import DONE, Claim, Decision, Settled, StoreError, StoreInfo, Verdict
 from outboxkit.queue.tasks import (
     SUSPECT_LAPSES,
     ClaimedTask,
@@ -121,6 +122,8 @@ class MariaDBTaskStore(MariaDBSession):
         self.name = name
         self._complete = self.sql.complete_keep if retention == "keep" else self.sql.complete_delete
         self._gate = wakeup.Gate(table)
+        #: Plain completions arriving while a group is written go together in the next.
+        self._grouped: GroupCommit[tuple[list[int], str]] = GroupCommit(self._settle_done)
 
     def __repr__(self) -> str:
         return f"MariaDBTaskStore(table={self.table!r}, queues={self.queues!r})"
@@ -254,6 +257,35 @@ class MariaDBTaskStore(MariaDBSession):
     # -- settle ---------------------------------------------------------------------------
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
+        if decisions.count(DONE) == len(decisions) and not any(
+            t.completed or t.keep is not None or t.has_dependents or t.key is not None
+            for t in claim.items
+        ):
+            changed = await self._grouped.add((claim.ids, str(claim.token)))
+            kept = [i for i in claim.ids if i in changed]
+            return Settled(kept, len(claim.ids) - len(kept))
+        return await self._settle(claim, decisions)
+
+    async def _settle_done(self, group: list[tuple[list[int], str]]) -> set[int]:
+        """Plain completions of several claims in one transaction, each fenced by its own
+        claim's token: the rows locked and their tokens compared, the matching ones done."""
+        wanted = {(i, token) for ids, token in group for i in ids}
+        ids = sorted({i for i, _token in wanted})
+        keep = self.retention == "keep"
+        stmt = self.sql.locked_done_keep if keep else self.sql.locked_done_delete
+
+        async def run(cur: Any) -> set[int]:
+            await cur.execute("BEGIN")
+            await cur.execute(with_ids(self.sql.fenced_tokens, len(ids)), ids)
+            held = sorted(r[0] for r in await cur.fetchall() if (r[0], r[1]) in wanted)
+            if held:
+                await cur.execute(with_ids(stmt, len(held)), held)
+            await cur.execute("COMMIT")
+            return set(held)
+
+        return await self._run("settle", run)  # type: ignore[no-any-return]
+
+    async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         sq = self.sql
         token = str(claim.token)
         left = [k for k, t in enumerate(claim.items) if not t.completed]

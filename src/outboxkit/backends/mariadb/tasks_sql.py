@@ -186,11 +186,19 @@ class TaskStatements:
             " worker whose --app registers it, then `outboxkit tasks replay`') WHERE id {ids}"
         )
         # -- settles, each fenced by the claim token -------------------------------------
+        self.fenced_tokens = f"SELECT id, claim_token FROM {by_id} WHERE id {{ids}} FOR UPDATE"
         self.fenced_ids = f"SELECT id FROM {by_id} WHERE id {{ids}} AND claim_token = %s FOR UPDATE"
         self.settle_done_delete = f"DELETE {t} FROM {by_id} WHERE id {{ids}} AND claim_token = %s"
         self.settle_done_keep = (
             f"UPDATE {by_id} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL"
             " WHERE id {ids} AND claim_token = %s"
+        )
+        # Grouped completions of several claims: the rows locked (fenced_tokens) and
+        # matched to their claims' tokens in this transaction first.
+        self.locked_done_delete = f"DELETE {t} FROM {by_id} WHERE id {{ids}}"
+        self.locked_done_keep = (
+            f"UPDATE {by_id} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL"
+            " WHERE id {ids}"
         )
         self.settle_done_result = (
             f"UPDATE {t} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL,"

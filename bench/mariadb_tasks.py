@@ -1,0 +1,116 @@
+"""Task mode on MariaDB beside PostgreSQL: no-op tasks drained by one in-process ``Worker``.
+
+N no-op tasks loaded server-side (one ``INSERT … SELECT``), then drained by a Worker
+(concurrency 100, one task per claim's slot: the default), first task started to last
+finished, MariaDB (the tests' private ``mariadbd`` with durable commits, bench/mariadb.py's
+``DurableMariaDB``) and PostgreSQL (``--dsn``) taking turns, ``--rounds`` each; medians.
+
+    python bench/mariadb_tasks.py --dsn postgresql://postgres@127.0.0.1:5432/bench [--tasks 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pymysql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.mariadb import DurableMariaDB  # noqa: E402
+from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate  # noqa: E402
+from outboxkit.backends.mariadb.sql import connect_args  # noqa: E402
+from outboxkit.tasks import Tasks, Worker, migrate_tasks  # noqa: E402
+
+
+def fill_mariadb(url: str, count: int) -> None:
+    conn = pymysql.connect(**connect_args(url), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE outboxkit_tasks")
+            cur.execute(
+                "INSERT INTO outboxkit_tasks (task_name, payload) SELECT 'noop', 'null'"
+                f" FROM seq_1_to_{count}"
+            )
+    finally:
+        conn.close()
+
+
+def fill_postgres(dsn: str, count: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE outboxkit_tasks")
+        conn.execute(
+            "INSERT INTO outboxkit_tasks (task_name) SELECT 'noop' FROM generate_series(1, %s)",
+            (count,),
+        )
+        conn.execute("VACUUM ANALYZE outboxkit_tasks")
+
+
+def drain(dsn: str, count: int, concurrency: int) -> float:
+    """Tasks per second, first start to last finish."""
+    tasks = Tasks()
+    done = 0
+    started = 0.0
+    finished = asyncio.Event()
+
+    @tasks.handler("noop")
+    async def noop(payload: None) -> None:
+        nonlocal done, started
+        if done == 0:
+            started = time.perf_counter()
+        done += 1
+        if done == count:
+            finished.set()
+
+    async def run() -> float:
+        worker = Worker(tasks, dsn, concurrency=concurrency, poll_interval=0.05)
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(finished.wait(), timeout=600)
+        seconds = time.perf_counter() - started
+        worker.stop()
+        await running
+        return count / seconds
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dsn", required=True, help="PostgreSQL, for the side-by-side figure")
+    ap.add_argument("--tasks", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=100)
+    args = ap.parse_args()
+    server = DurableMariaDB(1)
+    server.start()
+    try:
+        admin = pymysql.connect(**server.connect_args(), autocommit=True)
+        with admin.cursor() as cur:
+            cur.execute("CREATE DATABASE bench_tasks")
+        admin.close()
+        url = server.url_for("bench_tasks")
+        mariadb_migrate(url, kind="tasks", table="outboxkit_tasks")
+        migrate_tasks(args.dsn)
+        rates: dict[str, list[float]] = {"MariaDB": [], "PostgreSQL": []}
+        for _ in range(args.rounds):
+            fill_mariadb(url, args.tasks)
+            rates["MariaDB"].append(drain(url, args.tasks, args.concurrency))
+            fill_postgres(args.dsn, args.tasks)
+            rates["PostgreSQL"].append(drain(args.dsn, args.tasks, args.concurrency))
+        for name, values in rates.items():
+            print(
+                f"{name}: {statistics.median(values):,.0f} tasks/s (median of {args.rounds};"
+                f" {', '.join(f'{v:,.0f}' for v in values)}), {args.tasks} no-op tasks,"
+                f" concurrency {args.concurrency}"
+            )
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
