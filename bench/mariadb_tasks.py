@@ -13,19 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pymysql
+from mariadb import DurableMariaDB  # bench/mariadb.py (the tests' private server, durable)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.mariadb import DurableMariaDB  # noqa: E402
-from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate  # noqa: E402
-from outboxkit.backends.mariadb.sql import connect_args  # noqa: E402
-from outboxkit.tasks import Tasks, Worker, migrate_tasks  # noqa: E402
+from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
+from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.tasks import Tasks, Worker, migrate_tasks
 
 
 def fill_mariadb(url: str, count: int) -> None:

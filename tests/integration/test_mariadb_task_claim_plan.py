@@ -57,7 +57,8 @@ def _whole_claim(url: str, conn: Any) -> tuple[int, int]:
             if warm.claim is not None:
                 await store.release(warm.claim)
             before = _global_reads(conn)
-            got = await store.claim_tasks(what, limit=BATCH, lease=60, token=uuid.uuid4(), **options)
+            token = uuid.uuid4()
+            got = await store.claim_tasks(what, limit=BATCH, lease=60, token=token, **options)
             read = _global_reads(conn) - before
             if got.claim is not None:
                 await store.release(got.claim)

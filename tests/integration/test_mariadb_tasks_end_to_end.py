@@ -119,9 +119,12 @@ def test_every_committed_task_lands_once_and_no_rolled_back_one_runs_across_a_si
     try:
         # every held task is inside its transaction, its effect written and not committed
         wait_for(lambda: len(mariadb_execute(tasks_url, "SELECT 1 FROM task_runs")) >= 4 + 18)
-        wait_for(lambda: {
-            r[0] for r in mariadb_execute(tasks_url, "SELECT task_id FROM task_runs")
-        } >= {r[0] for r in mariadb_execute(tasks_url, "SELECT id FROM outboxkit_tasks")})
+        wait_for(
+            lambda: (
+                {r[0] for r in mariadb_execute(tasks_url, "SELECT task_id FROM task_runs")}
+                >= {r[0] for r in mariadb_execute(tasks_url, "SELECT id FROM outboxkit_tasks")}
+            )
+        )
         enqueue(tasks_url, "effect", quick[18:], commit=True)  # while it runs
         kill(first)
         second = spawn_worker(tasks_url, "--concurrency", "8")
