@@ -10,7 +10,6 @@ process wake it (``wakeup``).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import uuid
@@ -19,14 +18,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 
-from outboxkit.backends.mariadb import sql, wakeup
+from outboxkit.backends.mariadb import sql
 from outboxkit.backends.mariadb.ordered_sql import (
     SCAN_FACTOR,
     OrderedStatements,
     expand,
     scan_query,
 )
-from outboxkit.backends.mariadb.session import NO_INDEX, NO_TABLE, MariaDBSession, micros
+from outboxkit.backends.mariadb.session import NO_INDEX, NO_TABLE, GatedSession, micros
 from outboxkit.backends.mariadb.sql import Statements, with_ids
 from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.queue.settle import group_decisions
@@ -68,7 +67,7 @@ def _looped_error(attempts: int, token: str | None, last: str | None, limit: int
     return text if last is None else f"{text}. Last error: {last[:1000]}"
 
 
-class MariaDBQueueStore(MariaDBSession, Generic[T]):
+class MariaDBQueueStore(GatedSession, Generic[T]):
     """An outbox table on MariaDB/MySQL as a queue store; ``make_item`` builds an item from a
     claimed row's columns after the id (``OutboundMessage`` for the outbox).
 
@@ -87,7 +86,7 @@ class MariaDBQueueStore(MariaDBSession, Generic[T]):
         ordered: bool = False,
         name: str = "outboxkit-relay",
     ) -> None:
-        super().__init__(dsn)
+        super().__init__(dsn, table)
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
@@ -100,7 +99,6 @@ class MariaDBQueueStore(MariaDBSession, Generic[T]):
         #: Ordered mode's partition count P, read at the first ordered claim (it chooses the
         #: scan's plan; P changes only with every relay stopped: migrate --repartition).
         self._partition_total: int | None = None
-        self._gate = wakeup.Gate(table)
 
     def __repr__(self) -> str:
         return f"MariaDBQueueStore(table={self.table!r})"
@@ -359,32 +357,3 @@ class MariaDBQueueStore(MariaDBSession, Generic[T]):
         if not ids:
             return 0
         return await self._fenced(with_ids(self.sql.hasten_handed_back, len(ids)), tuple(ids))
-
-    # -- wake-ups: writers of this process only (backends/mariadb/wakeup.py) ---------------
-
-    async def close_gate(self) -> bool:
-        return self._gate.close()
-
-    async def open_gate(self) -> None:
-        self._gate.open()
-
-    @property
-    def gate_closed(self) -> bool:
-        return self._gate.closed
-
-    @property
-    def can_listen(self) -> bool:
-        return True  # no NOTIFY: outboxkit's writers in this process wake the relay
-
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Be woken by this process's writers of the table until cancelled."""
-        self._gate.listen(wake)
-        try:
-            wake()  # (as after LISTEN) what was committed before is claimed now
-            await asyncio.Event().wait()
-        finally:
-            self._gate.stop_listening()
-
-    async def close(self) -> None:
-        self._gate.open()
-        self._close_connections()

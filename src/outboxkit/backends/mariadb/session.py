@@ -1,6 +1,7 @@
 """The MariaDB stores' connections: one aiomysql connection per role, errors as the core's.
 
-Shared by the outbox's queue store (queue.py) and task mode's (tasks.py): each role (claim,
+Shared by the outbox's queue store (queue.py), task mode's (tasks.py) and the periodic
+slots (schedules.py); the two stores are woken through :class:`GatedSession`. Each role (claim,
 settle) has its own autocommit connection in READ COMMITTED (MariaDB's default REPEATABLE
 READ would let a claim's snapshot miss rows committed after it) with ``CLIENT.FOUND_ROWS``
 (an UPDATE's row count is the rows it matched, as on PostgreSQL), used one statement or one
@@ -13,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.mariadb import sql
+from outboxkit.backends.mariadb import sql, wakeup
 from outboxkit.errors import ConfigurationError
 from outboxkit.queue.store import (
     StoreDenied,
@@ -117,3 +118,39 @@ class MariaDBSession:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+
+
+class GatedSession(MariaDBSession):
+    """A store woken by outboxkit's writers of its table in this process (wakeup.py): no
+    NOTIFY on MariaDB, so the claim loop's wake-up gate is the in-process one."""
+
+    def __init__(self, dsn: str, table: str) -> None:
+        super().__init__(dsn)
+        self._gate = wakeup.Gate(table)
+
+    async def close_gate(self) -> bool:
+        return self._gate.close()
+
+    async def open_gate(self) -> None:
+        self._gate.open()
+
+    @property
+    def gate_closed(self) -> bool:
+        return self._gate.closed
+
+    @property
+    def can_listen(self) -> bool:
+        return True  # no NOTIFY: outboxkit's writers in this process wake the loop
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Be woken by this process's writers of the table until cancelled."""
+        self._gate.listen(wake)
+        try:
+            wake()  # (as after LISTEN) what was committed before is claimed now
+            await asyncio.Event().wait()
+        finally:
+            self._gate.stop_listening()
+
+    async def close(self) -> None:
+        self._gate.open()
+        self._close_connections()

@@ -10,13 +10,12 @@ through outboxkit in its own process wake it (wakeup.py, as the outbox's relay).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -27,7 +26,7 @@ from outboxkit.backends.mariadb.session import (
     NO_COLUMN,
     NO_INDEX,
     NO_TABLE,
-    MariaDBSession,
+    GatedSession,
     micros,
 )
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
@@ -93,7 +92,7 @@ def result_row(names: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
     return found
 
 
-class MariaDBTaskStore(MariaDBSession):
+class MariaDBTaskStore(GatedSession):
     """A MariaDB task table as task mode's store (the port of queue/tasks.py).
 
     ``queues``: the queues this worker serves; ``names``: the task names it has handlers
@@ -113,7 +112,7 @@ class MariaDBTaskStore(MariaDBSession):
         name: str = "outboxkit-worker",
         names: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(dsn)
+        super().__init__(dsn, table)
         self.table = table
         self.sql = TaskStatements(table)
         self.queues = list(queues)
@@ -121,7 +120,6 @@ class MariaDBTaskStore(MariaDBSession):
         self.retention: Retention = retention
         self.name = name
         self._complete = self.sql.complete_keep if retention == "keep" else self.sql.complete_delete
-        self._gate = wakeup.Gate(table)
         #: Plain completions arriving while a group is written go together in the next.
         self._grouped: GroupCommit[tuple[list[int], str]] = GroupCommit(self._settle_done)
 
@@ -537,30 +535,3 @@ class MariaDBTaskStore(MariaDBSession):
     def _gate_wake(self) -> None:
         """Tasks became pending (promoted, released): this process's waiting worker claims."""
         wakeup.committed(self.table)
-
-    async def close_gate(self) -> bool:
-        return self._gate.close()
-
-    async def open_gate(self) -> None:
-        self._gate.open()
-
-    @property
-    def gate_closed(self) -> bool:
-        return self._gate.closed
-
-    @property
-    def can_listen(self) -> bool:
-        return True  # no NOTIFY: outboxkit's enqueues in this process wake the worker
-
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Be woken by this process's enqueues of the table until cancelled."""
-        self._gate.listen(wake)
-        try:
-            wake()
-            await asyncio.Event().wait()
-        finally:
-            self._gate.stop_listening()
-
-    async def close(self) -> None:
-        self._gate.open()
-        self._close_connections()
