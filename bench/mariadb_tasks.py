@@ -2,8 +2,9 @@
 
 N no-op tasks loaded server-side (one ``INSERT … SELECT``), then drained by a Worker
 (concurrency 100, one task per claim's slot: the default), first task started to last
-finished, MariaDB (the tests' private ``mariadbd`` with durable commits, bench/mariadb.py's
-``DurableMariaDB``) and PostgreSQL (``--dsn``) taking turns, ``--rounds`` each; medians.
+finished (bench/tasks_throughput.py's ``drain``), MariaDB (the tests' private ``mariadbd``
+with durable commits, bench/mariadb.py's ``DurableMariaDB``) and PostgreSQL (``--dsn``)
+taking turns, ``--rounds`` each; medians.
 
     python bench/mariadb_tasks.py --dsn postgresql://postgres@127.0.0.1:5432/bench [--tasks 5000]
 """
@@ -11,17 +12,15 @@ finished, MariaDB (the tests' private ``mariadbd`` with durable commits, bench/m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
-import time
 
-import psycopg
 import pymysql
 from mariadb import DurableMariaDB  # bench/mariadb.py (the tests' private server, durable)
+from tasks_throughput import drain, fill
 
 from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
 from outboxkit.backends.mariadb.sql import connect_args
-from outboxkit.tasks import Tasks, Worker, migrate_tasks
+from outboxkit.tasks import migrate_tasks
 
 
 def fill_mariadb(url: str, count: int) -> None:
@@ -35,44 +34,6 @@ def fill_mariadb(url: str, count: int) -> None:
             )
     finally:
         conn.close()
-
-
-def fill_postgres(dsn: str, count: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE outboxkit_tasks")
-        conn.execute(
-            "INSERT INTO outboxkit_tasks (task_name) SELECT 'noop' FROM generate_series(1, %s)",
-            (count,),
-        )
-        conn.execute("VACUUM ANALYZE outboxkit_tasks")
-
-
-def drain(dsn: str, count: int, concurrency: int) -> float:
-    """Tasks per second, first start to last finish."""
-    tasks = Tasks()
-    done = 0
-    started = 0.0
-    finished = asyncio.Event()
-
-    @tasks.handler("noop")
-    async def noop(payload: None) -> None:
-        nonlocal done, started
-        if done == 0:
-            started = time.perf_counter()
-        done += 1
-        if done == count:
-            finished.set()
-
-    async def run() -> float:
-        worker = Worker(tasks, dsn, concurrency=concurrency, poll_interval=0.05)
-        running = asyncio.create_task(worker.run())
-        await asyncio.wait_for(finished.wait(), timeout=600)
-        seconds = time.perf_counter() - started
-        worker.stop()
-        await running
-        return count / seconds
-
-    return asyncio.run(run())
 
 
 def main() -> None:
@@ -94,10 +55,8 @@ def main() -> None:
         migrate_tasks(args.dsn)
         rates: dict[str, list[float]] = {"MariaDB": [], "PostgreSQL": []}
         for _ in range(args.rounds):
-            fill_mariadb(url, args.tasks)
-            rates["MariaDB"].append(drain(url, args.tasks, args.concurrency))
-            fill_postgres(args.dsn, args.tasks)
-            rates["PostgreSQL"].append(drain(args.dsn, args.tasks, args.concurrency))
+            rates["MariaDB"].append(drain(url, args.tasks, args.concurrency, 1, fill_mariadb))
+            rates["PostgreSQL"].append(drain(args.dsn, args.tasks, args.concurrency, 1, fill))
         for name, values in rates.items():
             print(
                 f"{name}: {statistics.median(values):,.0f} tasks/s (median of {args.rounds};"
