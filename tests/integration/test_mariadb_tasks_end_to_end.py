@@ -140,3 +140,30 @@ def test_every_committed_task_lands_once_and_no_rolled_back_one_runs_across_a_si
     # and all, was rolled back by the fenced completion, and the effects above are still once)
     assert max(attempt for _id, attempt in runs) >= 2  # the killed runs ran again
     assert len({task_id for task_id, _attempt in runs}) == 40  # no rolled-back task ran
+
+
+def test_a_zombie_attempts_effect_is_rolled_back_with_its_fenced_completion(
+    tasks_url: str,
+) -> None:
+    """A worker frozen (SIGSTOP) inside the handler's transaction past its lease: another
+    worker runs the task again and completes it; thawed, the zombie's completion matches no
+    row, so its transaction (its effect with it) rolls back."""
+    enqueue(tasks_url, "effect", [{"n": 7, "hold": 3}], commit=True)
+    zombie = spawn_worker(tasks_url)
+    try:
+        wait_for(lambda: len(mariadb_execute(tasks_url, "SELECT 1 FROM task_runs")) == 1)
+        zombie.send_signal(signal.SIGSTOP)
+        other = spawn_worker(tasks_url)
+        try:
+            wait_for(lambda: effects(tasks_url) == [7])  # attempt 2, after the lease
+            zombie.send_signal(signal.SIGCONT)
+            time.sleep(4)  # the zombie's hold ends, its completion fails, it rolls back
+        finally:
+            stop(other)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        stop(zombie)
+    assert effects(tasks_url) == [7]
+    attempts = sorted(r[0] for r in mariadb_execute(tasks_url, "SELECT attempt FROM task_runs"))
+    assert attempts == [1, 2]
+    assert not mariadb_execute(tasks_url, "SELECT id FROM outboxkit_tasks")
