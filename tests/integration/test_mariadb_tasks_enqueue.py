@@ -132,3 +132,39 @@ def test_a_keys_ids_follow_its_commit_order_and_later_tasks_wait_their_turn(url:
         second.close()
     assert a is not None and got[0] is not None and got[0] > a
     assert [r[2] for r in _rows(url)] == [0, 5]  # the second waits for its key's turn
+
+
+async def test_an_enqueue_in_the_workers_process_wakes_it_without_notify(url: str) -> None:
+    """No LISTEN/NOTIFY on MariaDB: a worker polling every 30 s runs a task enqueued (and
+    committed) in its own process within a second (backends/mariadb/wakeup.py)."""
+    import asyncio
+
+    from outboxkit.tasks import Worker
+
+    local = Tasks()
+    ran = asyncio.Event()
+
+    @local.handler("ping")
+    async def ping(payload: None) -> None:
+        ran.set()
+
+    worker = Worker(local, url, poll_interval=30.0)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(1.0)  # started, found nothing, waiting on its gate
+
+        def enqueue() -> None:
+            conn = _begin(url)
+            try:
+                local.enqueue(conn, "ping")
+                conn.commit()
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(enqueue)
+        started = time.monotonic()
+        await asyncio.wait_for(ran.wait(), timeout=5)
+        assert time.monotonic() - started < 1.5
+    finally:
+        worker.stop()
+        await running
