@@ -135,6 +135,13 @@ class TaskStatements:
         self.insert_edges = f"INSERT INTO {deps} (task_id, after_id) VALUES "
         # -- the claim (one short READ COMMITTED transaction) ----------------------------
         self.queue_paused = f"SELECT paused FROM {queues} WHERE queue = %s"
+        # `Tasks.pause()` / `resume()`: the row before (locked), then the new state.
+        self.queue_paused_locked = self.queue_paused + " FOR UPDATE"
+        self.set_queue_paused = (
+            f"INSERT INTO {queues} (queue, paused, changed_at, changed_by)"
+            f" VALUES (%s, %s, {NOW}, %s) ON DUPLICATE KEY UPDATE paused = %s,"
+            f" changed_at = {NOW}, changed_by = %s"
+        )
         # A limited name's claims serialize on its row (FOR UPDATE, to COMMIT); under READ
         # COMMITTED each later statement then sees every claim of the name committed before.
         # (ON DUPLICATE KEY UPDATE: an exclusive lock at once; INSERT IGNORE's shared lock
