@@ -168,3 +168,25 @@ async def test_an_enqueue_in_the_workers_process_wakes_it_without_notify(url: st
     finally:
         worker.stop()
         await running
+
+
+def test_after_an_unknown_task_is_refused_and_after_a_live_one_waits(url: str) -> None:
+    from outboxkit.tasks.errors import InvalidTaskError
+
+    conn = _begin(url)
+    try:
+        up = tasks.enqueue(conn, "mail.send", {"n": 1})
+        assert up is not None
+        with pytest.raises(InvalidTaskError, match="do not exist"):
+            tasks.enqueue(conn, "mail.send", {"n": 2}, after=[up, 999_999])
+        conn.rollback()
+        conn.begin()
+        up = tasks.enqueue(conn, "mail.send", {"n": 1})
+        assert up is not None
+        down = tasks.enqueue(conn, "mail.send", {"n": 2}, after=[up])
+        conn.commit()
+    finally:
+        conn.close()
+    assert [(r[0], r[2]) for r in _rows(url)] == [(up, 0), (down, 5)]
+    edges = mariadb_execute(url, "SELECT task_id, after_id FROM outboxkit_tasks_deps")
+    assert edges == [(down, up)]

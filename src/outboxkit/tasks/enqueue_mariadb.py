@@ -22,13 +22,6 @@ from outboxkit.drivers import AsyncAdapter, Statement, SyncAdapter
 from outboxkit.queue.tasks import TaskStatus
 
 
-class NoUpstreamTask(LookupError):
-    """``after=`` names tasks that are not in the table (the registry says it in words)."""
-
-    def __init__(self, missing: Sequence[int]) -> None:
-        super().__init__(f"outboxkit: no upstream task {', '.join(map(str, missing))}")
-
-
 def _stmt(text: str) -> Statement:
     return Statement(text, text)
 
@@ -110,7 +103,7 @@ class MariaDBTaskEnqueue:
 
     @staticmethod
     def _status(ids: Sequence[int], states: Any) -> int:
-        """Pending if every upstream task is done, else waiting; NoUpstreamTask if one is
+        """Pending if every upstream task is done, else waiting; LookupError if one is
         not in the table (``states``: ``upstream_present``'s "id:status,…")."""
         found = {}
         text = states.decode() if isinstance(states, bytes) else states or ""
@@ -118,7 +111,7 @@ class MariaDBTaskEnqueue:
             task_id, status = pair.split(":")
             found[int(task_id)] = int(status)
         missing = sorted(set(ids) - found.keys())
-        if missing:
-            raise NoUpstreamTask(missing)
+        if missing:  # (the registry says it in words: _upstream_refusal)
+            raise LookupError(f"outboxkit: no upstream task {', '.join(map(str, missing))}")
         done = all(s == TaskStatus.DONE for s in found.values())
         return PENDING if done else WAITING
