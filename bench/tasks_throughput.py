@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -34,7 +35,15 @@ def fill(dsn: str, count: int) -> None:
         conn.execute("VACUUM ANALYZE outboxkit_tasks")
 
 
-def drain(dsn: str, count: int, concurrency: int, batch_size: int) -> float:
+def drain(
+    dsn: str,
+    count: int,
+    concurrency: int,
+    batch_size: int,
+    load: Callable[[str, int], None] = fill,
+) -> float:
+    """Tasks per second, first started to last finished, of ``count`` no-op tasks ``load``
+    put in the table (PostgreSQL's ``fill`` by default; bench/mariadb_tasks.py gives its own)."""
     tasks = Tasks()
     done = 0
     started = 0.0
@@ -49,7 +58,7 @@ def drain(dsn: str, count: int, concurrency: int, batch_size: int) -> float:
         if done == count:
             finished.set()
 
-    fill(dsn, count)
+    load(dsn, count)
 
     async def main() -> float:
         worker = Worker(tasks, dsn, concurrency=concurrency, batch_size=batch_size)

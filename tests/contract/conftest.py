@@ -8,7 +8,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.contract.backends import Backend, MariaDBBackend, MemoryBackend, PostgresBackend
-from tests.contract.task_backends import MemoryTaskBackend, PostgresTaskBackend, TaskBackend
+from tests.contract.task_backends import (
+    MariaDBTaskBackend,
+    MemoryTaskBackend,
+    PostgresTaskBackend,
+    TaskBackend,
+)
 
 BACKENDS = ["memory", "postgres", "mariadb"]
 
@@ -42,15 +47,16 @@ async def ordered_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backe
         yield b
 
 
-#: The task-store contract (test_task_store.py) runs on these; MariaDB joins when task mode
-#: reaches it (issue 40).
-TASK_BACKENDS = ["memory", "postgres"]
+#: The task-store contract (test_task_store.py) runs on these.
+TASK_BACKENDS = ["memory", "postgres", "mariadb"]
 
 
 @pytest.fixture(params=TASK_BACKENDS)
 async def task_backend(request: pytest.FixtureRequest) -> AsyncIterator[TaskBackend]:
-    if request.param == "postgres":
-        backend: TaskBackend = PostgresTaskBackend(request.getfixturevalue("db_dsn"))
+    if request.param == "mariadb":
+        backend: TaskBackend = MariaDBTaskBackend(request.getfixturevalue("mariadb_server"))
+    elif request.param == "postgres":
+        backend = PostgresTaskBackend(request.getfixturevalue("db_dsn"))
     else:
         backend = MemoryTaskBackend()
     try:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from outboxkit.backends.ports import Feature
 from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.backends.postgres.tasks_pg import PgTaskStore
 from outboxkit.backends.postgres.tasks_sql import TaskStatements
@@ -58,6 +59,10 @@ class TaskBackend(abc.ABC):
 
     def __init__(self) -> None:
         self._stores: list[TaskStore] = []
+
+    def lacks(self, feature: Feature) -> str | None:
+        """Why this backend cannot do ``feature`` (its Backend's ``cannot``); None: it can."""
+        return None
 
     @abc.abstractmethod
     async def enqueue(
@@ -266,3 +271,104 @@ class PostgresTaskBackend(TaskBackend):
                 await conn.execute(  # rate limits' buckets refill by the same clock
                     f"UPDATE {buckets} SET at = at - make_interval(secs => %s)", (seconds,)
                 )
+
+
+class MariaDBTaskBackend(TaskBackend):
+    """A task table in a database of its own on the private mariadbd; tasks enqueued by
+    ``Tasks.enqueue``'s MariaDB statements (tasks/enqueue_mariadb.py), through PyMySQL."""
+
+    name = "mariadb"
+
+    def __init__(self, server: Any) -> None:
+        import pymysql
+
+        from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
+        from outboxkit.drivers import sync_adapter
+        from outboxkit.drivers.base import Use
+        from outboxkit.tasks.enqueue_mariadb import MariaDBTaskEnqueue
+
+        super().__init__()
+        self.database = f"contract_{uuid.uuid4().hex[:12]}"
+        self.admin = pymysql.connect(**server.connect_args(), autocommit=True)
+        with self.admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {self.database}")
+        self.url = server.url_for(self.database)
+        mariadb_migrate(self.url, table=TABLE, kind="tasks")
+        self.conn = pymysql.connect(**server.connect_args(self.database), autocommit=False)
+        self.enqueuer = MariaDBTaskEnqueue(TABLE)
+        self.adapter = sync_adapter(self.conn, Use("enqueue", "enqueue", "enqueue()", "-"))
+
+    async def enqueue(
+        self,
+        name: str = "job",
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        max_attempts: int | None = None,
+        delay: float = 0.0,
+        after: Sequence[int] = (),
+        after_failure: int = 0,
+    ) -> int:
+        params = [name, queue, "{}", priority, key, None, max_attempts, None, delay, None]
+        task_id = self.enqueuer.enqueue(
+            self.adapter, self.conn, params, sorted(set(after)), after_failure
+        )
+        self.conn.commit()
+        assert task_id is not None
+        return int(task_id)
+
+    def lacks(self, feature: Feature) -> str | None:
+        from outboxkit.backends.mariadb.backend import MariaDBBackend
+
+        return MariaDBBackend.cannot.get(feature)
+
+    def _make_store(
+        self,
+        queues: list[str],
+        names: Sequence[str] | None,
+        retention: Literal["delete", "keep"],
+        per_key: dict[str, int],
+    ) -> TaskStore:
+        from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
+
+        return MariaDBTaskStore(self.url, TABLE, queues=queues, names=names, retention=retention)
+
+    async def row(self, task_id: int) -> TaskRow | None:
+        self.conn.commit()  # (a fresh snapshot)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT status, attempts, lapses, spared, available_at <= UTC_TIMESTAMP(6),"
+                " claim_token, last_error, error_type, result, progress, keep_until IS NOT NULL"
+                f" FROM {TABLE} WHERE id = %s",
+                (task_id,),
+            )
+            r = cur.fetchone()
+        if r is None:
+            return None
+        token = None if r[5] is None else uuid.UUID(r[5])
+        result = None if r[8] is None else json.loads(r[8])
+        progress = None if r[9] is None else json.loads(r[9])
+        return TaskRow(
+            _STATUS[int(r[0])], r[1], r[2], r[3], bool(r[4]), token, r[6], r[7], result,
+            progress, bool(r[10]),
+        )  # fmt: skip
+
+    async def advance(self, seconds: float) -> None:
+        shift = "INTERVAL %s MICROSECOND"
+        micros = round(seconds * 1e6)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {TABLE} SET available_at = available_at - {shift},"
+                f" keep_until = keep_until - {shift}",
+                (micros, micros),
+            )
+            cur.execute(f"UPDATE {TABLE}_limits SET at = at - {shift}", (micros,))
+        self.conn.commit()
+
+    async def close(self) -> None:
+        await super().close()
+        self.conn.close()
+        with self.admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {self.database}")
+        self.admin.close()

@@ -11,9 +11,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
+from outboxkit.backends.ports import Feature
 from outboxkit.queue.store import DONE, Decision, Verdict
 from outboxkit.queue.tasks import SUSPECT_LAPSES, TaskStore
 from tests.contract.task_backends import TaskBackend, claim
+
+
+def _needs(b: TaskBackend, feature: Feature) -> None:
+    """Skip on a backend that refuses ``feature`` (its worker says so at start, in a line)."""
+    if (reason := b.lacks(feature)) is not None:
+        pytest.skip(f"{b.name} refuses it: {reason}")
 
 
 async def test_a_claim_takes_due_tasks_by_priority_then_due_time_and_counts_an_attempt(
@@ -510,6 +519,7 @@ async def test_a_key_runs_its_first_n_live_tasks_and_only_a_lapse_or_its_own_set
     task_backend: TaskBackend,
 ) -> None:
     b = task_backend
+    _needs(b, "task_key_limits")
     per_key = {"fan": 2}
     k1 = [await b.enqueue("fan", key="k1") for _ in range(4)]
     k2 = await b.enqueue("fan", key="k2")
@@ -540,6 +550,7 @@ async def test_racing_claims_of_a_key_never_run_more_than_its_per_key_limit(
     task_backend: TaskBackend,
 ) -> None:
     b = task_backend
+    _needs(b, "task_key_limits")
     ids = [await b.enqueue("fan", key="k") for _ in range(30)]
     stores = [b.store(per_key={"fan": 3}) for _ in range(6)]
     # A task enqueued behind running ones of its key waits for the sweep (or the next
@@ -555,6 +566,7 @@ async def test_each_key_starts_its_burst_then_its_rate_and_spends_no_attempt_wai
     task_backend: TaskBackend,
 ) -> None:
     b = task_backend
+    _needs(b, "task_key_limits")
     a = [await b.enqueue("paced", key="a") for _ in range(5)]
     bs = [await b.enqueue("paced", key="b") for _ in range(2)]
     unkeyed = await b.enqueue("paced")

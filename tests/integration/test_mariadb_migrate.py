@@ -75,10 +75,29 @@ def test_migrate_inbox_makes_the_pair_a_dedup_key(mariadb_url: str) -> None:
         conn.close()
 
 
-def test_migrate_refuses_what_mariadb_has_not_in_one_line(mariadb_url: str) -> None:
+def test_migrate_tasks_creates_the_task_table_and_its_side_tables_once(mariadb_url: str) -> None:
     result = cli("migrate", "--tasks", "--dsn", mariadb_url)
-    assert result.exit_code == 2
-    assert "task mode is not available on MariaDB/MySQL yet" in result.output
+    assert result.exit_code == 0, result.output
+    assert "migrated to schema version 1" in result.output
+    again = cli("migrate", "--tasks", "--dsn", mariadb_url)
+    assert again.exit_code == 0 and "up to date" in again.output, again.output
+    conn = pymysql.connect(**_args(mariadb_url), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW TABLES")
+            tables = {r[0] for r in cur.fetchall()}
+            cur.execute("SELECT COUNT(*) FROM outboxkit_tasks_key_locks")
+            (locks,) = cur.fetchone()
+    finally:
+        conn.close()
+    assert {"outboxkit_tasks", "outboxkit_tasks_queues", "outboxkit_tasks_deps",
+            "outboxkit_tasks_limits", "outboxkit_schedules"} <= tables  # fmt: skip
+    assert locks == 65536
+    printed = cli("migrate", "--tasks", "--print-sql", "--dsn", mariadb_url)
+    assert printed.exit_code == 0 and "live_queue" in printed.output, printed.output
+
+
+def test_migrate_refuses_what_mariadb_has_not_in_one_line(mariadb_url: str) -> None:
     bad = cli("migrate", "--table", "out;box", "--dsn", mariadb_url)
     assert bad.exit_code == 2
     assert "not a plain MariaDB identifier" in bad.output

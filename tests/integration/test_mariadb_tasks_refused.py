@@ -1,64 +1,65 @@
-"""Task mode on MariaDB/MySQL is refused at every entry point, in one line naming what is
-missing, before anything is written or started (issue 23: "through the same backend
-interface, or refused with a clear message naming what is missing")."""
+"""What task mode does not do on MariaDB/MySQL yet is refused where it starts, in one line
+naming what is missing, before anything is written or started: the task commands and the
+worker's task gauges (``task_admin``), lifecycle events written by the settle
+(``task_events``), limits per key (``task_key_limits``: a claim that ignored them would run
+a key's tasks past its limit). The worker and enqueue themselves run
+(test_mariadb_tasks_end_to_end.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pymysql
 import pytest
 from click.testing import CliRunner
 
-from outboxkit.backends.mariadb.backend import NO_TASKS as MISSING
-from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.backends.mariadb.backend import MARIADB
 from outboxkit.errors import ConfigurationError
 from outboxkit.ops.cli import main
 from outboxkit.tasks import Tasks, Worker
 from tests.support.mariadb import MariaDB
-from tests.support.mariadb_ops import mariadb_execute, new_database
+
+ADMIN = MARIADB.cannot["task_admin"]
 
 tasks = Tasks()
 
 
-@tasks.handler("report.generate")
+@tasks.handler("report.generate", events="task-events")
 def generate(payload: Any) -> None:
-    """A handler that must never run on MariaDB."""
+    """A handler whose lifecycle events the MariaDB worker does not write."""
 
 
-def test_enqueue_through_a_pymysql_connection_is_refused_and_writes_nothing(
+def test_a_worker_of_handlers_with_lifecycle_events_is_refused_in_one_line(
     mariadb_server: MariaDB,
 ) -> None:
-    url = new_database(mariadb_server)
-    conn = pymysql.connect(**connect_args(url))
-    try:
-        conn.begin()
-        mariadb_execute(url, "CREATE TABLE marker (n INT)")
-        with conn.cursor() as cur:
-            cur.execute("INSERT INTO marker VALUES (1)")
-        # Naively, PostgreSQL's ENQUEUE would reach MariaDB and fail with a syntax error
-        # about `ON CONFLICT` or `$1` - a message that names nothing the user can do.
-        with pytest.raises(ConfigurationError) as refused:
-            tasks.enqueue(conn, "report.generate", {"n": 1})
-        assert str(refused.value) == MISSING
-        conn.commit()  # the caller's own transaction is untouched and still commits
-    finally:
-        conn.close()
-    assert mariadb_execute(url, "SELECT n FROM marker") == [(1,)]
-    tables = {r[0] for r in mariadb_execute(url, "SHOW TABLES")}
-    assert "outboxkit_tasks" not in tables
+    with pytest.raises(ConfigurationError) as refused:
+        Worker(tasks, mariadb_server.url_for("shop"))
+    assert str(refused.value) == MARIADB.cannot["task_events"]
 
 
-def test_the_worker_and_every_task_command_refuse_a_mysql_url_in_one_line(
+@pytest.mark.parametrize(
+    "limit", [{"concurrency_per_key": 2}, {"rate_per_key": "5/s"}], ids=["concurrency", "rate"]
+)
+def test_a_worker_of_handlers_with_limits_per_key_is_refused_in_one_line(
+    mariadb_server: MariaDB, limit: dict[str, Any]
+) -> None:
+    keyed = Tasks()
+
+    @keyed.handler("sms.send", **limit)
+    def send(payload: Any) -> None:
+        """A handler whose per-key limit MariaDB's claim does not keep."""
+
+    with pytest.raises(ConfigurationError) as refused:
+        Worker(keyed, mariadb_server.url_for("shop"))
+    assert str(refused.value) == MARIADB.cannot["task_key_limits"]
+
+
+def test_every_task_command_and_the_workers_task_gauges_refuse_a_mysql_url_in_one_line(
     mariadb_server: MariaDB,
 ) -> None:
     url = mariadb_server.url_for("shop")
-    with pytest.raises(ConfigurationError, match="task mode is not available on MariaDB"):
-        Worker(tasks, url)
     runner = CliRunner()
     commands = [
-        ["worker", "--app", "tests.support.tasks_app:tasks"],
-        ["migrate", "--tasks"],
+        ["worker", "--app", "tests.support.tasks_app:tasks", "--metrics-port", "0"],
         ["tasks", "list"],
         ["tasks", "failed"],
         ["tasks", "replay", "--all"],
@@ -67,4 +68,5 @@ def test_the_worker_and_every_task_command_refuse_a_mysql_url_in_one_line(
     for args in commands:
         result = runner.invoke(main, [*args, "--dsn", url])
         assert result.exit_code == 2, (args, result.output)
-        assert result.output == f"error: {MISSING}\n", (args, result.output)
+        assert result.output == f"error: {ADMIN}\n", (args, result.output)
+    assert "\n" not in ADMIN

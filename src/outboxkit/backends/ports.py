@@ -25,8 +25,19 @@ __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmi
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL.
-Feature = Literal["tasks", "cdc", "pooler", "partition_by", "notify", "alembic"]
+#: versioned SQL, task lifecycle events written by the settle (``events=``), the task
+#: commands (`outboxkit tasks …`, the dashboard's Tasks page, the worker's task gauges).
+Feature = Literal[
+    "tasks",
+    "cdc",
+    "pooler",
+    "partition_by",
+    "notify",
+    "alembic",
+    "task_events",
+    "task_admin",
+    "task_key_limits",
+]
 #: The tables ``outboxkit migrate`` creates.
 MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
 

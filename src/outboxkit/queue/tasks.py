@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Literal, Protocol
 
+from outboxkit.errors import TaskNotFound
 from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
 
 __all__ = [
@@ -60,6 +61,9 @@ __all__ = [
     "TaskStatus",
     "TaskStore",
     "UndecodablePayload",
+    "task_finished",
+    "task_gone",
+    "task_late",
 ]
 
 #: The task table every API and command uses unless given another.
@@ -330,3 +334,32 @@ class TaskStore(Protocol):
     async def listen(self, wake: Callable[[], None]) -> None: ...
 
     async def close(self) -> None: ...
+
+
+# -- what Tasks.wait() says, on every backend ------------------------------------------------
+
+
+def task_gone(task_id: int) -> TaskNotFound:
+    """The task is not in the table (a wait's or a result's answer)."""
+    return TaskNotFound(
+        f"no task {task_id} in the table: never enqueued (or not committed yet), finished and"
+        " deleted (its handler keeps no result: give it keep_result=True to wait on it), or"
+        " discarded"
+    )
+
+
+def task_late(task_id: int, timeout: float, row: dict[str, Any]) -> TimeoutError:
+    """A wait ran out: the task's last state (a ``READ_RESULT`` row) in words."""
+    code = TaskStatus(int(row["status"]))
+    status = code.name.lower()
+    if code is TaskStatus.PENDING:
+        status = "scheduled" if row["later"] else "queued"
+    return TimeoutError(
+        f"task {task_id} ({row['task_name']}) did not finish within {timeout:g} s: it is"
+        f" {status} after {row['attempts']} attempt(s)"
+    )
+
+
+def task_finished(row: dict[str, Any]) -> bool:
+    """Whether a ``READ_RESULT`` row is a finished task (done, failed or cancelled)."""
+    return int(row["status"]) in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)

@@ -18,6 +18,7 @@ import psycopg
 
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
+from outboxkit.queue.store import StoreError
 from outboxkit.queue.tasks import Schedules
 from outboxkit.tasks.schedule import MAX_CATCH_UP, Periodic
 
@@ -75,7 +76,7 @@ async def run_periodic(
                 since[p.schedule] = now
             backoff.reset()
             delay = tick
-        except psycopg.Error as exc:
+        except (psycopg.Error, StoreError) as exc:
             delay = backoff.next_delay()
             log.warning("periodic tasks: %s; retrying in %.1fs", first_line(exc), delay)
             await schedules.close()

@@ -1,8 +1,10 @@
 """``Tasks``: the registry of handlers and the enqueue, inside the caller's transaction.
 
-An enqueue is one statement (backends/postgres/tasks_sql.py ``ENQUEUE``) run through the write
-side's driver adapters, so it refuses what ``Outbox.put`` refuses (autocommit, pools, sessions
-without a transaction) and commits or rolls back with the caller's change, outbox events included.
+An enqueue runs the statements of the connection's database (its backend's: one statement,
+backends/postgres/tasks_sql.py ``ENQUEUE``, on PostgreSQL; tasks/enqueue_mariadb.py on
+MariaDB/MySQL) through the write side's driver adapters, so it refuses what ``Outbox.put``
+refuses (autocommit, pools, sessions without a transaction) and commits or rolls back with
+the caller's change, outbox events included.
 ``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
 ``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied."""
 
@@ -25,18 +27,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 import psycopg
 
-from outboxkit.backends import backend_for, backend_of
+from outboxkit.backends import Backend, backend_for, backend_of
 from outboxkit.backends.ports import TaskAdmin
 from outboxkit.backends.postgres.tasks_sql import TaskStatements
-from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
+from outboxkit.drivers import Use, async_adapter, sync_adapter, type_name
 from outboxkit.errors import InvalidEventError, NotInTransactionError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
+from outboxkit.tasks.enqueue_mariadb import MariaDBTaskEnqueue
+from outboxkit.tasks.enqueue_pg import PgTaskEnqueue
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.function import Registrar, TaskFunction
 from outboxkit.tasks.results import TaskResult, result_from_row, unstorable
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
-from outboxkit.tasks.unsupported import refuse_connection
 from outboxkit.tracing import capture
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
 from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
@@ -65,6 +68,13 @@ _I32_MAX = 2**31 - 1
 MAX_KEY_BYTES = DEFAULT_MAX_KEY_BYTES
 
 Handler = Callable[..., Any]
+TaskEnqueue = PgTaskEnqueue | MariaDBTaskEnqueue
+#: Each database's enqueue, by ``Backend.name``: here, not in backends/, as the outbox's
+#: storages live in write/ (the layers put tasks above the backends and the drivers).
+_ENQUEUERS: dict[str, Callable[[str], TaskEnqueue]] = {
+    "postgresql": PgTaskEnqueue,
+    "mariadb": MariaDBTaskEnqueue,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +159,8 @@ class Tasks:
         #: Periodic schedules by name, and their payloads encoded once (JSON text).
         self.schedules: dict[str, Periodic] = {}
         self.periodic_payloads: dict[str, str] = {}
-        self._statement = Statement(self.sql.enqueue, self.sql.enqueue_dollar)
-        self._after_statement = Statement(self.sql.enqueue_after, self.sql.enqueue_after_dollar)
+        #: Each database's enqueue (its backend's), built at its first connection.
+        self._enqueuers: dict[Backend, TaskEnqueue] = {}
         self._storage = _TaskStorage(self)
 
     def __repr__(self) -> str:
@@ -339,15 +349,15 @@ class Tasks:
         all if it rolls back). ``delay`` or ``run_at``: not before then. ``key``: tasks of
         one key run one at a time, in enqueue order. Higher ``priority`` runs first.
         """
-        refuse_connection(conn)
+        enqueuer = self._enqueuer(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         adapter = sync_adapter(conn, _ENQUEUE)
         if after:
-            stmt, values = self._after(params, after, after_failure)
+            upstream, failure = self._after(params, after, after_failure)
             with _upstream_refusal():
-                return _task_id(adapter.fetch_value(conn, stmt, values))
-        return _task_id(adapter.fetch_value(conn, self._statement, params))
+                return _task_id(enqueuer.enqueue(adapter, conn, params, upstream, failure))
+        return _task_id(enqueuer.enqueue(adapter, conn, params))
 
     async def aenqueue(
         self,
@@ -366,20 +376,30 @@ class Tasks:
         after_failure: AfterFailure = "cancel",
     ) -> int | None:
         """Async :meth:`enqueue`: psycopg ``AsyncConnection``, asyncpg, SQLAlchemy async."""
-        refuse_connection(conn)
+        enqueuer = self._enqueuer(conn)
         params = self._params(name, payload, delay, run_at, unique_key, priority, queue, key,
                               max_attempts)  # fmt: skip
         adapter = async_adapter(conn, _ENQUEUE)
         if after:
-            stmt, values = self._after(params, after, after_failure)
+            upstream, failure = self._after(params, after, after_failure)
             with _upstream_refusal():
-                return _task_id(await adapter.fetch_value(conn, stmt, values))
-        return _task_id(await adapter.fetch_value(conn, self._statement, params))
+                return _task_id(await enqueuer.aenqueue(adapter, conn, params, upstream, failure))
+        return _task_id(await enqueuer.aenqueue(adapter, conn, params))
+
+    def _enqueuer(self, conn: Any) -> TaskEnqueue:
+        """The enqueue of ``conn``'s database (its backend's), built at its first use and
+        kept: one ``Tasks`` serves connections of every database in one process."""
+        backend = backend_of(conn)
+        enqueuer = self._enqueuers.get(backend)
+        if enqueuer is None:
+            backend.refuse("tasks")
+            enqueuer = self._enqueuers[backend] = _ENQUEUERS[backend.name](self.table)
+        return enqueuer
 
     def _after(
         self, params: list[Any], after: Sequence[int], after_failure: str
-    ) -> tuple[Statement, list[Any]]:
-        """The enqueue with upstream tasks (``ENQUEUE_AFTER``) and its parameters."""
+    ) -> tuple[list[int], int]:
+        """The upstream task ids, checked, and what a failed one does (0: cancel, 1: run)."""
         if after_failure not in ("cancel", "run"):
             raise InvalidTaskError(
                 f"after_failure must be 'cancel' or 'run', got {after_failure!r}"
@@ -399,12 +419,7 @@ class Tasks:
                 f"after lists {len(upstream)} tasks, over the {MAX_UPSTREAM} limit: chain a"
                 " task that waits for a batch of them"
             )
-        names = ("task_name", "queue", "payload", "priority", "key", "unique_key",
-                 "max_attempts", "run_at", "delay", "trace", "channel")  # fmt: skip
-        named = dict(zip(names, params, strict=True))
-        named.update(after=upstream, after_failure=0 if after_failure == "cancel" else 1)
-        values = [named[n] for n in self.sql.enqueue_after_names]
-        return self._after_statement, values
+        return upstream, 0 if after_failure == "cancel" else 1
 
     # -- results --------------------------------------------------------------------
 
@@ -484,8 +499,8 @@ class Tasks:
         key: str | None,
         max_attempts: int | None,
     ) -> list[Any]:
-        """The enqueue's parameters (backends/postgres/tasks_sql.py ``ENQUEUE_COLUMNS`` order),
-        checked."""
+        """The enqueue's parameters (``ENQUEUE_COLUMNS`` order, available_at as a run-at time
+        and a delay), checked; each database's enqueue runs them (tasks/enqueue_*.py)."""
         task_type = self.types.get(name)
         if task_type is None:
             known = ", ".join(sorted(self.types)) or "none"
@@ -515,7 +530,7 @@ class Tasks:
         _check_key("unique_key", unique_key)
         at, seconds = _run_at(delay, run_at)
         return [name, queue, document, priority, key, unique_key, max_attempts, at, seconds,
-                _trace(), self.sql.channel]  # fmt: skip
+                _trace()]  # fmt: skip
 
 
 # -- tasks sent with the COMMIT --------------------------------------------------------

@@ -205,6 +205,11 @@ class Worker:
         per_key = {
             t.name: t.concurrency_per_key for t in tasks.types.values() if t.concurrency_per_key > 1
         }
+        key_rates = {
+            t.name: t.rate_per_key for t in tasks.types.values() if t.rate_per_key is not None
+        }
+        if per_key or key_rates:
+            backend.refuse("task_key_limits")  # (a backend whose claim cannot keep them)
         self.store = backend.task_store(
             dsn,
             tasks.table,
@@ -226,9 +231,7 @@ class Worker:
             },
             rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
             per_key=per_key,
-            key_rates={
-                t.name: t.rate_per_key for t in tasks.types.values() if t.rate_per_key is not None
-            },
+            key_rates=key_rates,
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

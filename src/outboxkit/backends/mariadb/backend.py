@@ -1,5 +1,6 @@
 """MariaDB/MySQL's :class:`~outboxkit.backends.ports.Backend`: the outbox (ordered or not),
-the inbox and their admin; what it cannot do yet is said here, once, for every entry point.
+the inbox, task mode and their admin; what it cannot do yet is said here, once, for every
+entry point.
 """
 
 from __future__ import annotations
@@ -7,20 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind
+from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind, TaskAdmin
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
-from outboxkit.queue.tasks import Retention
+from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
-#: What task mode on MariaDB/MySQL lacks, said once for every entry point (enqueue, the
-#: Worker, `outboxkit worker`, `outboxkit tasks …`, `outboxkit migrate --tasks`, the dashboard).
-NO_TASKS = (
-    "task mode is not available on MariaDB/MySQL yet: it needs a MariaDB task store"
-    " (the tasks table and its migration, the claim with per-key heads and unique_key,"
-    " settles and ctx.transaction() fenced by the claim token), which outboxkit does not"
-    " have; run task mode on PostgreSQL (the outbox, the inbox and the relay do work on"
-    " MariaDB/MySQL)"
-)
 #: Why the WAL side refuses a mysql:// URL.
 NO_WAL = (
     "the WAL relay (outboxkit cdc, relay --source cdc, Outbox(storage='wal')) streams"
@@ -38,15 +30,27 @@ class MariaDBBackend(Backend):
     name = "mariadb"
     label = "MariaDB/MySQL"
     cannot: dict[Feature, str] = {
-        "tasks": NO_TASKS,
         "cdc": NO_WAL,
         "pooler": "on MariaDB/MySQL the relay polls the outbox table only: the WAL source,"
         " pooler= and direct_dsn= need PostgreSQL",
-        "partition_by": "on MariaDB/MySQL, migrate creates the outbox (--ordered too) and the"
-        " inbox only: --tasks and --partition-by need PostgreSQL",
+        "partition_by": "on MariaDB/MySQL, migrate creates the outbox (--ordered too), the"
+        " inbox and the task table: --partition-by needs PostgreSQL",
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
+        "task_events": "task lifecycle events (@tasks.handler(..., events=topic)) are written"
+        " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
+        " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
+        " ctx.outbox.put() inside ctx.transaction()",
+        "task_admin": "task mode's reads and switches (`outboxkit tasks …`, the dashboard's"
+        " Tasks page, the worker's --metrics-port task gauges, Tasks.result(), wait(), pause()"
+        " and resume()) read PostgreSQL's task table only, not MariaDB/MySQL's yet: the worker"
+        " and enqueue do work on MariaDB/MySQL; read its task table with SQL meanwhile"
+        ' (docs/mariadb.md, "Task mode")',
+        "task_key_limits": "limits per key (@tasks.handler(..., concurrency_per_key=N) with"
+        " N > 1, rate_per_key=) are kept by PostgreSQL's claim only, not MariaDB/MySQL's yet:"
+        " leave them unset on MariaDB/MySQL (keyed tasks still run one at a time per key),"
+        " or use concurrency= and rate= per task name",
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
@@ -97,6 +101,48 @@ class MariaDBBackend(Backend):
             self.refuse("pooler")
         return PartitionLeases(MariaDBLeaseTable(dsn, table, relay_id, lease), relay_id, lease)
 
+    def task_store(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        queues: list[str],
+        retention: Retention,
+        on_settle: SettleHook | None,
+        pooler: Any,
+        direct_dsn: str | None,
+        names: list[str] | None,
+        per_key: dict[str, int] | None = None,
+    ) -> TaskStore:
+        from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
+
+        if per_key:
+            self.refuse("task_key_limits")
+
+        if pooler or direct_dsn:
+            self.refuse("pooler")
+        if on_settle is not None:
+            self.refuse("task_events")
+        return MariaDBTaskStore(dsn, table, queues=queues, retention=retention, names=names)
+
+    def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
+        from outboxkit.backends.mariadb.schedules import MariaDBSchedules
+
+        if pooler:
+            self.refuse("pooler")
+        return MariaDBSchedules(dsn, table)
+
+    def task_admin(self) -> TaskAdmin:
+        from outboxkit.backends.mariadb import task_admin
+
+        return TaskAdmin(
+            read_result=task_admin.read_result,
+            wait_result=task_admin.wait_result,
+            await_result=task_admin.await_result,
+            pause_queue=task_admin.pause_queue,
+            resume_queue=task_admin.resume_queue,
+        )
+
     def migrate(
         self,
         dsn: str,
@@ -113,7 +159,7 @@ class MariaDBBackend(Backend):
         options: dict[str, Any] = {"repartition": True} if repartition else {}
         if partitions is not None:
             options["partitions"] = partitions
-        return mariadb.migrate(dsn, table=table, kind=kind, **options)  # type: ignore[arg-type]
+        return mariadb.migrate(dsn, table=table, kind=kind, **options)
 
     def ddl(
         self,
@@ -129,11 +175,9 @@ class MariaDBBackend(Backend):
 
         self._refuse_kind(kind, partition_by)
         count = DEFAULT_PARTITIONS if partitions is None else partitions
-        return mariadb.ddl(kind, table, count, repartition=repartition)  # type: ignore[arg-type]
+        return mariadb.ddl(kind, table, count, repartition=repartition)
 
     def _refuse_kind(self, kind: MigrationKind, partition_by: str | None) -> None:
-        if kind == "tasks":
-            self.refuse("tasks")
         if partition_by is not None:
             self.refuse("partition_by")
 

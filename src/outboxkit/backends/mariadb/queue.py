@@ -1,10 +1,8 @@
 """MariaDB's implementation of the queue store (outboxkit.queue.store.QueueStore), on aiomysql.
 
-Two connections, one for claims and one for settles, each in READ COMMITTED (MariaDB's
-default REPEATABLE READ would let a claim's snapshot miss rows committed after it) and
-``CLIENT.FOUND_ROWS`` (an UPDATE's row count is the rows it matched, as on PostgreSQL).
-The claim is a short transaction: lock a batch with ``FOR UPDATE SKIP LOCKED``, lease it,
-read it back, commit. No transaction is held while the sink works.
+Two connections, one for claims and one for settles (session.py: READ COMMITTED,
+``CLIENT.FOUND_ROWS``). The claim is a short transaction: lock a batch with ``FOR UPDATE
+SKIP LOCKED``, lease it, read it back, commit. No transaction is held while the sink works.
 
 No LISTEN/NOTIFY on MariaDB: the loop polls, and outboxkit's writers in the relay's own
 process wake it (``wakeup``).
@@ -12,7 +10,6 @@ process wake it (``wakeup``).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import uuid
@@ -21,13 +18,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 
-from outboxkit.backends.mariadb import sql, wakeup
+from outboxkit.backends.mariadb import sql
 from outboxkit.backends.mariadb.ordered_sql import (
     SCAN_FACTOR,
     OrderedStatements,
     expand,
     scan_query,
 )
+from outboxkit.backends.mariadb.session import NO_INDEX, NO_TABLE, GatedSession, micros
 from outboxkit.backends.mariadb.sql import Statements, with_ids
 from outboxkit.errors import ConfigurationError, SchemaError, table_missing
 from outboxkit.queue.settle import group_decisions
@@ -38,31 +36,17 @@ from outboxkit.queue.store import (
     Decision,
     HeadsOnly,
     Settled,
-    StoreDenied,
-    StoreError,
     StoreInfo,
-    StoreTimeout,
-    StoreUnavailable,
 )
 
 log = logging.getLogger("outboxkit.relay")
 T = TypeVar("T", bound=Attempted)
 Retention = Literal["delete", "keep"]
 PENDING_CAP = 100_000
-#: Server error codes, by what the core does about them.
-_LOST = {2003, 2006, 2013, 2055, 1053, 1927}  # no server, gone away, lost, shutdown, killed
-_TIMEOUT = {1205, 1213, 1969, 3024}  # lock wait timeout, deadlock, statement timeouts
-_DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
-_NO_TABLE = 1146
-_NO_INDEX = 1176  # a FORCE INDEX names an index the table lacks (a schema behind the code)
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else value.replace(tzinfo=dt.UTC)
-
-
-def _micros(seconds: float) -> int:
-    return max(0, round(seconds * 1_000_000))
 
 
 def _looped_error(attempts: int, token: str | None, last: str | None, limit: int) -> str:
@@ -83,7 +67,7 @@ def _looped_error(attempts: int, token: str | None, last: str | None, limit: int
     return text if last is None else f"{text}. Last error: {last[:1000]}"
 
 
-class MariaDBQueueStore(Generic[T]):
+class MariaDBQueueStore(GatedSession, Generic[T]):
     """An outbox table on MariaDB/MySQL as a queue store; ``make_item`` builds an item from a
     claimed row's columns after the id (``OutboundMessage`` for the outbox).
 
@@ -102,7 +86,7 @@ class MariaDBQueueStore(Generic[T]):
         ordered: bool = False,
         name: str = "outboxkit-relay",
     ) -> None:
-        self.dsn = dsn
+        super().__init__(dsn, table)
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
@@ -111,85 +95,25 @@ class MariaDBQueueStore(Generic[T]):
         self.ordered_sql = OrderedStatements(table) if ordered else None
         self.name = name
         self.sql = Statements(table)
-        self._args = sql.connect_args(dsn)
-        self._conns: dict[str, Any] = {}
-        self._locks = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_polling = False
         #: Ordered mode's partition count P, read at the first ordered claim (it chooses the
         #: scan's plan; P changes only with every relay stopped: migrate --repartition).
         self._partition_total: int | None = None
-        self._gate = wakeup.Gate(table)
 
     def __repr__(self) -> str:
         return f"MariaDBQueueStore(table={self.table!r})"
 
-    # -- connections and errors ---------------------------------------------------------
-
-    async def _connection(self, role: str) -> Any:
-        conn = self._conns.get(role)
-        if conn is not None and not conn.closed:
-            return conn
-        try:
-            import aiomysql
-            from pymysql.constants import CLIENT
-        except ImportError:
-            raise ConfigurationError(
-                "the relay on MariaDB/MySQL needs aiomysql and PyMySQL:"
-                " pip install 'outboxkit[mysql]'"
-            ) from None
-
-        args = dict(self._args)
-        args["db"] = args.pop("database")
-        conn = await aiomysql.connect(
-            **args, autocommit=True, client_flag=CLIENT.FOUND_ROWS, connect_timeout=10
-        )
-        async with conn.cursor() as cur:
-            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        self._conns[role] = conn
-        return conn
-
-    def _translate(self, role: str, exc: Exception) -> StoreError:
-        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        reason = str(exc.args[-1]) if exc.args else type(exc).__name__
-        if code is None or code in _LOST or code >= 2000:
-            conn = self._conns.pop(role, None)
-            if conn is not None:
-                conn.close()
-            return StoreUnavailable(f"lost the MariaDB connection: {reason}", cause=exc)
-        if code == _NO_TABLE:
-            raise table_missing(self.table, database=self._args["database"]) from None
-        if code == _NO_INDEX:
+    def _schema_error(self, code: int, reason: str) -> Exception | None:
+        if code == NO_TABLE:
+            return table_missing(self.table, database=self._args["database"])
+        if code == NO_INDEX:
             ordered = " --ordered" if self.ordered else ""
-            raise SchemaError(
+            return SchemaError(
                 f"outbox table {self.table!r} lacks an index this relay's claim reads"
                 f" ({reason}): upgrade its schema with `outboxkit migrate{ordered} --dsn …"
                 f" --table {self.table}`"
-            ) from None
-        if code in _TIMEOUT:
-            return StoreTimeout(f"MariaDB cancelled the statement: {reason}", cause=exc)
-        if code in _DENIED:
-            return StoreDenied(f"MariaDB refused the write: {reason}", cause=exc)
-        return StoreError(f"MariaDB: {reason}", cause=exc)
-
-    async def _run(self, role: str, work: Callable[[Any], Any]) -> Any:
-        """Run ``work(cursor)`` on ``role``'s connection, one at a time; errors translated.
-
-        A failed transaction is rolled back (a lost connection takes it with it).
-        """
-        import pymysql
-
-        async with self._locks[role]:
-            try:
-                conn = await self._connection(role)
-                async with conn.cursor() as cur:
-                    try:
-                        return await work(cur)
-                    except BaseException:
-                        if not conn.closed:
-                            await conn.rollback()
-                        raise
-            except (pymysql.err.MySQLError, OSError) as exc:
-                raise self._translate(role, exc) from exc
+            )
+        return None
 
     # -- start ----------------------------------------------------------------------------
 
@@ -251,7 +175,7 @@ class MariaDBQueueStore(Generic[T]):
         claim_token, last_error)."""
         o = self.ordered_sql
         assert o is not None
-        await cur.execute(o.my_partitions, (owner, _micros(policy.margin)))
+        await cur.execute(o.my_partitions, (owner, micros(policy.margin)))
         draining = set(policy.draining)
         parts = [r[0] for r in await cur.fetchall() if r[0] not in draining]
         keyed: list[tuple[Any, ...]] = []
@@ -340,7 +264,7 @@ class MariaDBQueueStore(Generic[T]):
         dead: list[tuple[T, str, str]] = []
         if live:
             await cur.execute(
-                with_ids(sq.claim_lease, len(live)), (_micros(lease), str(token), owner, *live)
+                with_ids(sq.claim_lease, len(live)), (micros(lease), str(token), owner, *live)
             )
             await cur.execute(with_ids(sq.claim_read, len(live)), live)
             records = list(await cur.fetchall())
@@ -400,7 +324,7 @@ class MariaDBQueueStore(Generic[T]):
                 stmt = sq.settle_published_keep if keep else sq.settle_published_delete
                 await cur.execute(with_ids(stmt, len(mine)), (*mine, token))
             failures = [
-                (sql.FAILED if dead else sql.PENDING, _micros(delay), error, int(refund), i, token)
+                (sql.FAILED if dead else sql.PENDING, micros(delay), error, int(refund), i, token)
                 for i, dead, delay, error, refund in groups.failures()
                 if i in held
             ]
@@ -422,7 +346,7 @@ class MariaDBQueueStore(Generic[T]):
     async def extend_leases(self, claim: Claim[T], lease: float) -> int:
         o = self.ordered_sql
         statement = with_ids((o or self.sql).extend_leases, len(claim.ids))
-        return await self._fenced(statement, (_micros(lease), *claim.ids, str(claim.token)))
+        return await self._fenced(statement, (micros(lease), *claim.ids, str(claim.token)))
 
     async def release(self, claim: Claim[T]) -> int:
         o = self.ordered_sql
@@ -433,34 +357,3 @@ class MariaDBQueueStore(Generic[T]):
         if not ids:
             return 0
         return await self._fenced(with_ids(self.sql.hasten_handed_back, len(ids)), tuple(ids))
-
-    # -- wake-ups: writers of this process only (backends/mariadb/wakeup.py) ---------------
-
-    async def close_gate(self) -> bool:
-        return self._gate.close()
-
-    async def open_gate(self) -> None:
-        self._gate.open()
-
-    @property
-    def gate_closed(self) -> bool:
-        return self._gate.closed
-
-    @property
-    def can_listen(self) -> bool:
-        return True  # no NOTIFY: outboxkit's writers in this process wake the relay
-
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Be woken by this process's writers of the table until cancelled."""
-        self._gate.listen(wake)
-        try:
-            wake()  # (as after LISTEN) what was committed before is claimed now
-            await asyncio.Event().wait()
-        finally:
-            self._gate.stop_listening()
-
-    async def close(self) -> None:
-        self._gate.open()
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from outboxkit.errors import ConfigurationError
 
-Kind = Literal["outbox", "inbox", "ordered"]
+Kind = Literal["outbox", "inbox", "ordered", "tasks"]
 SCHEMES = ("mysql", "mariadb")
 PENDING, PUBLISHED, FAILED = 0, 1, 2
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}$")
@@ -110,6 +110,10 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
     bare = table.split(".")[-1]
     if kind == "inbox":
         return {"table": quote(table), "index_processed_at": quote(f"{bare}_processed_at")}
+    if kind == "tasks":
+        from outboxkit.backends.mariadb.tasks_sql import tasks_slots
+
+        return tasks_slots(table)
     if kind == "ordered":
         return {
             "table": quote(table),
@@ -121,7 +125,7 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
             "index_pending_id": quote(f"{bare}_pending_id"[:64]),
             "index_key_status": quote(f"{bare}_key_status"[:64]),
             "partitions": str(check_partitions(partitions)),
-            "hex_digit": "(" + " UNION ALL ".join(f"SELECT {n} AS n" for n in range(16)) + ")",
+            "hex_digit": HEX_DIGIT,
         }
     return {
         "table": quote(table),
@@ -129,6 +133,10 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
         "index_published": quote(f"{bare}_published"),
         "pending": str(PENDING),
     }
+
+
+#: The 16 rows 0..15 the key-lock tables are filled from (65 536 rows: four of them joined).
+HEX_DIGIT = "(" + " UNION ALL ".join(f"SELECT {n} AS n" for n in range(16)) + ")"
 
 
 def sibling(table: str, suffix: str) -> str:

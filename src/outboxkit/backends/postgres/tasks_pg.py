@@ -39,7 +39,7 @@ from outboxkit.backends.postgres.tasks_sql import (
     limits_table_name,
     queues_table_name,
 )
-from outboxkit.errors import SchemaError, TaskNotFound
+from outboxkit.errors import SchemaError
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import (
     DONE,
@@ -61,6 +61,9 @@ from outboxkit.queue.tasks import (
     TaskClaimed,
     TaskStatus,
     UndecodablePayload,
+    task_finished,
+    task_gone,
+    task_late,
 )
 
 log = logging.getLogger("outboxkit.worker")
@@ -847,29 +850,6 @@ def read_result(source: _Source, table: str, task_id: int) -> dict[str, Any] | N
         return row
 
 
-def _gone(task_id: int) -> TaskNotFound:
-    return TaskNotFound(
-        f"no task {task_id} in the table: never enqueued (or not committed yet), finished and"
-        " deleted (its handler keeps no result: give it keep_result=True to wait on it), or"
-        " discarded"
-    )
-
-
-def _late(task_id: int, timeout: float, row: dict[str, Any]) -> TimeoutError:
-    code = TaskStatus(int(row["status"]))
-    status = code.name.lower()
-    if code is TaskStatus.PENDING:
-        status = "scheduled" if row["later"] else "queued"
-    return TimeoutError(
-        f"task {task_id} ({row['task_name']}) did not finish within {timeout:g} s: it is"
-        f" {status} after {row['attempts']} attempt(s)"
-    )
-
-
-def _finished(row: dict[str, Any]) -> bool:
-    return int(row["status"]) in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
-
-
 def wait_result(source: _Source, table: str, task_id: int, timeout: float) -> dict[str, Any]:
     """The task's row once finished: woken by its completion's notification (LISTEN), else
     looking again with backoff (behind a pooler); TimeoutError naming its last state."""
@@ -892,12 +872,12 @@ def wait_result(source: _Source, table: str, task_id: int, timeout: float) -> di
                         stmts.read_result, (task_id,)
                     ).fetchone()
                 if row is None:
-                    raise _gone(task_id)
-                if _finished(row):
+                    raise task_gone(task_id)
+                if task_finished(row):
                     return row
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise _late(task_id, timeout, row)
+                    raise task_late(task_id, timeout, row)
                 for note in conn.notifies(timeout=min(poll, left)):
                     if note.payload == wanted:
                         break
@@ -937,13 +917,13 @@ async def await_result(
                 await cur.execute(stmts.read_result, (task_id,))
                 row = await cur.fetchone()
             if row is None:
-                raise _gone(task_id)
-            if _finished(row):
+                raise task_gone(task_id)
+            if task_finished(row):
                 found: dict[str, Any] = row
                 return found
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _late(task_id, timeout, row)
+                raise task_late(task_id, timeout, row)
             async for note in conn.notifies(timeout=min(poll, left)):
                 if note.payload == wanted:
                     break

@@ -110,7 +110,7 @@ def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
     try:
         admin_for(dsn).live_status(dsn, table)
     except TableNotFoundError as no_outbox:
-        if missing(dsn):  # no task store there: the outbox is all it can show
+        if missing(dsn, "task_admin"):  # no task page there: the outbox is all it can show
             raise
         try:
             task_gauges(dsn, tasks_table)

@@ -28,13 +28,14 @@ tasks_table = tasks_table_option()
 
 
 def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
-    """--dsn, and a MariaDB/MySQL one refused at once in one line (no task store there)."""
+    """--dsn, and a database whose task table these commands cannot read refused at once in
+    one line (MariaDB/MySQL's, for now)."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
         from outboxkit.tasks.unsupported import missing
 
-        reason = missing(kwargs.get("dsn") or "")
+        reason = missing(kwargs.get("dsn") or "", "task_admin")
         if reason is not None:
             fail(reason, 2)
         remember_secrets(kwargs.get("dsn") or "")  # a handler's error may quote them

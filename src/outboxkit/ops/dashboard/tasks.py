@@ -110,7 +110,7 @@ def _filter(request: web.Request, name: str) -> str | None:
 def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
     """The Tasks page and its JSON API under /api/tasks."""
     table = dashboard.tasks_table
-    unsupported = missing(dashboard.dsn)  # (no task store on that database)
+    unsupported = missing(dashboard.dsn, "task_admin")  # (no task page on that database yet)
 
     async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(connection, table, ...)``; a missing table or a database error as JSON."""

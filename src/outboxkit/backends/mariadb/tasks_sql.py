@@ -1,0 +1,363 @@
+"""Every statement of task mode on MariaDB/MySQL, by name; table names through :func:`quote`.
+
+PostgreSQL's (backends/postgres/tasks_sql.py) under the same names, with MariaDB's means:
+no ``UPDATE … RETURNING`` and no CTEs that write, so a claim or a settle is a few statements
+in one short transaction (lock with ``FOR UPDATE SKIP LOCKED``, update those ids, read them
+back); no partial indexes, so the claim index and the unique index are on stored generated
+columns that are NULL for finished tasks (0001_tasks.sql); no arrays, so id lists are
+expanded into ``IN (%s, …)`` (``{ids}``); no advisory locks held to COMMIT, so a keyed
+enqueue locks a row of ``<table>_key_locks`` and a limited name's claims lock its row of
+``<table>_limits``. Times are ``UTC_TIMESTAMP(6)`` on UTC ``DATETIME(6)`` columns.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from outboxkit.backends.mariadb.sql import HEX_DIGIT, NOW, ids_in, quote, sibling
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE, SUSPECT_LAPSES, TaskStatus
+
+#: Periodic tasks' slots, beside the task table (PostgreSQL's name).
+SCHEDULES_TABLE = "outboxkit_schedules"
+PENDING, RUNNING, DONE = int(TaskStatus.PENDING), int(TaskStatus.RUNNING), int(TaskStatus.DONE)
+FAILED, CANCELLED = int(TaskStatus.FAILED), int(TaskStatus.CANCELLED)
+WAITING = int(TaskStatus.WAITING)
+_LIVE = f"({PENDING}, {RUNNING})"
+#: The crash-loop guard's error (PostgreSQL's words).
+CRASH_LOOP = (
+    "CONCAT('worker: claimed ', attempts, ' times without finishing (each worker died or hung"
+    " running it): dead-lettered unread; see `outboxkit tasks failed`, then replay or discard"
+    " it')"
+)
+#: A key's lock row (one of 65 536): the key's CRC32, as ordered mode's writes.
+KEY_SLOT = "CRC32(%s) & 65535"
+
+
+def _index(table: str, suffix: str) -> str:
+    return quote(f"{table.split('.')[-1]}_{suffix}"[:64])
+
+
+def tasks_slots(table: str) -> dict[str, str]:
+    """The placeholders of the task table's migration files (migrations/tasks/)."""
+    *database, _bare = table.split(".")
+    schedules = ".".join([*database, SCHEDULES_TABLE])
+    return {
+        "table": quote(table),
+        "schedules": quote(schedules),
+        "queues": quote(sibling(table, "queues")),
+        "deps": quote(sibling(table, "deps")),
+        "limits": quote(sibling(table, "limits")),
+        "key_locks": quote(sibling(table, "key_locks")),
+        "index_pending": _index(table, "claim"),
+        "index_unique": _index(table, "unique"),
+        "index_key": _index(table, "key"),
+        "index_running": _index(table, "running"),
+        "index_status": _index(table, "status"),
+        "index_kept": _index(table, "kept"),
+        "index_deps_after": _index(sibling(table, "deps"), "after"),
+        "pending": str(PENDING),
+        "running": str(RUNNING),
+        "failed": str(FAILED),
+        "waiting": str(WAITING),
+        "hex_digit": HEX_DIGIT,
+    }
+
+
+#: The columns an enqueue fills, in its parameters' order (the registry's ``_params``
+#: order: available_at takes two, a run-at time or a delay added to the database's clock).
+ENQUEUE_COLUMNS = (
+    "task_name", "queue", "payload", "priority", "`key`", "unique_key", "max_attempts",
+    "available_at", "trace",
+)  # fmt: skip
+_CLAIMED = (
+    "id, task_name, queue, payload, attempts, max_attempts, `key`, priority, created_at,"
+    " spared, has_dependents, trace, last_error"
+)
+_RESULT = (
+    f"task_name, status, available_at > {NOW} AS later, result, last_error, error_type,"
+    " traceback_excerpt, attempts, progress, created_at, started_at, finished_at"
+)
+_RESULT_OF_U = "u." + _RESULT.replace(", ", ", u.")
+
+
+class TaskStatements:
+    """Task mode's statements on one task table (names as PostgreSQL's TaskStatements)."""
+
+    def __init__(self, table: str = DEFAULT_TASKS_TABLE) -> None:
+        self.table = table
+        s = tasks_slots(table)
+        t, self.qualified = s["table"], s["table"]
+        deps, limits, queues = s["deps"], s["limits"], s["queues"]
+        self.schedules = s["schedules"]
+        by_id = f"{t} FORCE INDEX (PRIMARY)"
+        self._by_id = by_id
+        self._claim_index = s["index_pending"]
+        # -- enqueue (the caller's transaction) ------------------------------------------
+        # A keyed task first locks its key's row of key_locks (to COMMIT): the derived table
+        # is materialised before the row takes its AUTO_INCREMENT id, so one key's ids follow
+        # its commit order. Behind a live task of its key (or one waiting its turn) it waits
+        # (status waiting, after_failure NULL), out of the claim index, until its key's head
+        # ends (PROMOTE). A duplicate live unique_key inserts nothing (IGNORE: the unique
+        # index on live_unique waits for the transaction holding it, then skips or inserts).
+        # (Read under REPEATABLE READ, the key's live rows get shared locks to the caller's
+        # COMMIT: its head's settle waits for that COMMIT.)
+        values = ", ".join(
+            f"COALESCE(%s, {NOW} + INTERVAL %s MICROSECOND) AS available_at"
+            if c == "available_at"
+            else f"%s AS {c}"
+            for c in ENQUEUE_COLUMNS
+        )
+        columns = ", ".join(ENQUEUE_COLUMNS)
+        status = (
+            f"CASE WHEN v.`key` IS NOT NULL AND v.unique_key IS NULL AND EXISTS ("
+            f"SELECT 1 FROM {t} AS h FORCE INDEX ({s['index_key']}) WHERE h.`key` = v.`key`"
+            f" AND (h.status IN {_LIVE} OR (h.status = {WAITING} AND h.after_failure IS NULL)))"
+            f" THEN {WAITING} ELSE {PENDING} END"
+        )
+        self.enqueue = (
+            f"INSERT IGNORE INTO {t} ({columns}, status)"
+            f" SELECT v.*, {status}"
+            f" FROM (SELECT COUNT(*) AS n FROM {s['key_locks']} FORCE INDEX (PRIMARY)"
+            f" WHERE slot = {KEY_SLOT} FOR UPDATE) AS l, (SELECT {values}) AS v"
+            " RETURNING id"
+        )
+        # enqueue(after=[...]): the upstream tasks marked (their rows locked to COMMIT, so a
+        # worker completing one waits for this transaction) and read, then the task inserted
+        # waiting unless every one is done, then its edges.
+        self.mark_upstream = f"UPDATE {by_id} SET has_dependents = TRUE WHERE id {{ids}}"
+        self.upstream_present = (
+            f"SELECT GROUP_CONCAT(id, ':', status) FROM {by_id} WHERE id {{ids}}"
+        )
+        self.enqueue_after = (
+            f"INSERT INTO {t} ({columns}, status, after_failure)"
+            f" SELECT v.*, %s, %s FROM (SELECT {values}) AS v RETURNING id"
+        )
+        self.insert_edges = f"INSERT INTO {deps} (task_id, after_id) VALUES "
+        # -- the claim (one short READ COMMITTED transaction) ----------------------------
+        self.queue_paused = f"SELECT paused FROM {queues} WHERE queue = %s"
+        # `Tasks.pause()` / `resume()`: the row before (locked), then the new state.
+        self.queue_paused_locked = self.queue_paused + " FOR UPDATE"
+        self.set_queue_paused = (
+            f"INSERT INTO {queues} (queue, paused, changed_at, changed_by)"
+            f" VALUES (%s, %s, {NOW}, %s) ON DUPLICATE KEY UPDATE paused = %s,"
+            f" changed_at = {NOW}, changed_by = %s"
+        )
+        # A limited name's claims serialize on its row (FOR UPDATE, to COMMIT); under READ
+        # COMMITTED each later statement then sees every claim of the name committed before.
+        # (ON DUPLICATE KEY UPDATE: an exclusive lock at once; INSERT IGNORE's shared lock
+        # on the existing row, then FOR UPDATE, deadlocked two racing claims)
+        self.limit_row = (
+            f"INSERT INTO {limits} (task_name, tokens, at) VALUES (%s, %s, {NOW})"
+            " ON DUPLICATE KEY UPDATE task_name = task_name"
+        )
+        self.limit_lock = (
+            f"SELECT tokens, TIMESTAMPDIFF(MICROSECOND, at, {NOW}) / 1e6 FROM {limits}"
+            " WHERE task_name = %s FOR UPDATE"
+        )
+        self.limit_spend = f"UPDATE {limits} SET tokens = %s, at = {NOW} WHERE task_name = %s"
+        self.running_count = (
+            f"SELECT COUNT(*) FROM {t} FORCE INDEX ({s['index_running']})"
+            f" WHERE task_name = %s AND status = {RUNNING} AND available_at > {NOW}"
+        )
+        # Of the locked rows, a keyed one is claimable only while no earlier task of its key
+        # is live (a plain read, after the lock: PostgreSQL's NOT EXISTS in the claim).
+        self.key_heads = (
+            f"SELECT `key`, MIN(id) FROM {t} FORCE INDEX ({s['index_key']})"
+            f" WHERE `key` {{keys}} AND status IN {_LIVE} GROUP BY `key`"
+        )
+        # The lease in available_at, a new attempt, a fresh token. Assignments run left to
+        # right on MariaDB: spared and lapses read the row's status before it is set.
+        ambiguous = f"(status = {RUNNING} AND lapses < {SUSPECT_LAPSES})"
+        self.claim_lease = (
+            f"UPDATE {by_id} SET spared = spared + {ambiguous}, lapses = lapses + {ambiguous},"
+            f" attempts = attempts + 1, status = {RUNNING},"
+            f" available_at = {NOW} + INTERVAL %s MICROSECOND, claim_token = %s,"
+            f" claimed_by = %s, started_at = {NOW} WHERE id {{ids}}"
+        )
+        self.claim_dead = (
+            f"UPDATE {by_id} SET status = {FAILED}, claim_token = NULL, claimed_by = %s,"
+            f" finished_at = {NOW}, error_type = 'CrashLoop', last_error = {CRASH_LOOP}"
+            " WHERE id {ids}"
+        )
+        self.claim_read = f"SELECT {_CLAIMED} FROM {by_id} WHERE id {{ids}}"
+        self.fail_unhandled_lock = (
+            f"SELECT id, task_name FROM {t} FORCE INDEX ({self._claim_index})"
+            f" WHERE live_queue {{queues}} AND status = {PENDING}"
+            f" AND available_at < {NOW} - INTERVAL %s MICROSECOND {{names}}"
+            " LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        self.fail_unhandled = (
+            f"UPDATE {by_id} SET status = {FAILED}, finished_at = {NOW}, claim_token = NULL,"
+            " error_type = 'UnknownTask', last_error = CONCAT('no worker with a handler for"
+            " task ', task_name, ' claimed it within ', %s, ' s of its due time: deploy a"
+            " worker whose --app registers it, then `outboxkit tasks replay`') WHERE id {ids}"
+        )
+        # -- settles, each fenced by the claim token -------------------------------------
+        self.fenced_tokens = f"SELECT id, claim_token FROM {by_id} WHERE id {{ids}} FOR UPDATE"
+        self.fenced_ids = f"SELECT id FROM {by_id} WHERE id {{ids}} AND claim_token = %s FOR UPDATE"
+        self.settle_done_delete = f"DELETE {t} FROM {by_id} WHERE id {{ids}} AND claim_token = %s"
+        self.settle_done_keep = (
+            f"UPDATE {by_id} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL"
+            " WHERE id {ids} AND claim_token = %s"
+        )
+        # Grouped completions of several claims: the rows locked (fenced_tokens) and
+        # matched to their claims' tokens in this transaction first.
+        self.locked_done_delete = f"DELETE {t} FROM {by_id} WHERE id {{ids}}"
+        self.locked_done_keep = (
+            f"UPDATE {by_id} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL"
+            " WHERE id {ids}"
+        )
+        self.settle_done_result = (
+            f"UPDATE {t} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL,"
+            f" result = %s, keep_until = {NOW} + INTERVAL %s MICROSECOND,"
+            " progress = COALESCE(%s, progress) WHERE id = %s AND claim_token = %s"
+        )
+        # A retry, dead letter or hand-back (its own delay, error and refund): a hand-back
+        # keeps its lapses (it did not run), any outcome clears them.
+        self.settle_failure = (
+            f"UPDATE {t} SET lapses = IF(%s = 1, lapses, 0), attempts = GREATEST(attempts - %s, 0),"
+            f" status = %s, available_at = {NOW} + INTERVAL %s MICROSECOND,"
+            " last_error = COALESCE(%s, last_error), error_type = COALESCE(%s, error_type),"
+            " traceback_excerpt = COALESCE(%s, traceback_excerpt), claim_token = NULL,"
+            f" finished_at = IF(%s = {FAILED}, {NOW}, NULL) WHERE id = %s AND claim_token = %s"
+        )
+        # The value of a task completed in ctx.transaction(), once its handler returned:
+        # fenced by the attempt that completed it (no other attempt runs a done task).
+        self.set_result = (
+            f"UPDATE {t} SET result = %s WHERE id = %s AND attempts = %s AND status = {DONE}"
+            " AND result IS NULL"
+        )
+        self.set_progress = (
+            f"UPDATE {t} SET progress = %s WHERE id = %s AND claim_token = %s"
+            f" AND status = {RUNNING}"
+        )
+        # ctx.transaction(): its last statement, fenced; no row: the lease was lost.
+        self.complete_delete = f"DELETE FROM {t} WHERE id = %s AND claim_token = %s"
+        self.complete_keep = (
+            f"UPDATE {t} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL"
+            " WHERE id = %s AND claim_token = %s"
+        )
+        self.complete_kept = (
+            f"UPDATE {t} SET status = {DONE}, finished_at = {NOW}, claim_token = NULL,"
+            f" keep_until = {NOW} + INTERVAL %s MICROSECOND, progress = COALESCE(%s, progress)"
+            " WHERE id = %s AND claim_token = %s"
+        )
+        # The heartbeat never revives a lapsed lease (its slot may be another task's now).
+        self.extend = (
+            f"UPDATE {by_id} SET available_at = {NOW} + INTERVAL %s MICROSECOND"
+            f" WHERE id {{ids}} AND claim_token = %s AND status = {RUNNING}"
+            f" AND available_at > {NOW}"
+        )
+        self.release = (
+            f"UPDATE {by_id} SET status = {PENDING}, available_at = {NOW}, claim_token = NULL,"
+            " attempts = GREATEST(attempts - 1, 0) WHERE id {ids} AND claim_token = %s"
+        )
+        self.hasten = (
+            f"UPDATE {by_id} SET available_at = {NOW} WHERE id {{ids}} AND status = {PENDING}"
+            f" AND claim_token IS NULL AND available_at > {NOW}"
+        )
+        # -- kept results, dependents, keys ----------------------------------------------
+        self.purge_kept = (
+            f"DELETE FROM {t} WHERE keep_until < {NOW} AND status IN ({DONE}, {CANCELLED}) LIMIT %s"
+        )
+        self.gone_edges = (
+            f"SELECT DISTINCT d.task_id FROM {deps} AS d LEFT JOIN {t} AS t ON t.id = d.task_id"
+            " WHERE t.id IS NULL LIMIT %s"
+        )
+        self.prune_edges = f"DELETE FROM {deps} WHERE task_id {{ids}}"
+        waiting = f"{t} FORCE INDEX ({s['index_status']})"
+        # Waiting dependents, locked in id order (a concurrent release waits, then reads
+        # them anew): of the given upstream tasks, or any (the sweep).
+        self.dependents_of = (
+            f"SELECT id FROM {waiting} WHERE status = {WAITING} AND after_failure IS NOT NULL"
+            f" AND id IN (SELECT task_id FROM {deps} WHERE after_id {{ids}})"
+            " ORDER BY id LIMIT %s FOR UPDATE"
+        )
+        self.any_dependents = (
+            f"SELECT id FROM {waiting} WHERE status = {WAITING} AND after_failure IS NOT NULL"
+            " ORDER BY id LIMIT %s FOR UPDATE"
+        )
+        self.dependents_state = (
+            f"SELECT d.task_id, t.after_failure,"
+            f" COALESCE(SUM(u.status IN ({PENDING}, {RUNNING}, {WAITING})), 0),"
+            f" MIN(IF(u.status IN ({FAILED}, {CANCELLED}), d.after_id, NULL))"
+            f" FROM {deps} AS d JOIN {t} AS t ON t.id = d.task_id"
+            f" LEFT JOIN {t} AS u ON u.id = d.after_id WHERE d.task_id {{ids}}"
+            " GROUP BY d.task_id, t.after_failure"
+        )
+        self.release_pending = (
+            f"UPDATE {by_id} SET status = {PENDING} WHERE id {{ids}} AND status = {WAITING}"
+        )
+        self.release_cancelled = (
+            f"UPDATE {t} SET status = {CANCELLED}, finished_at = {NOW},"
+            " error_type = 'UpstreamFailed', last_error = CONCAT('upstream task ', %s,"
+            " ' failed or was cancelled, so this task was cancelled (after_failure=\"cancel\")')"
+            f" WHERE id = %s AND status = {WAITING}"
+        )
+        keyed = f"{t} FORCE INDEX ({s['index_key']})"
+        self.key_next = (
+            f"SELECT MIN(id) FROM {keyed} WHERE `key` = %s AND status = {WAITING}"
+            " AND after_failure IS NULL"
+        )
+        self.key_live = f"SELECT 1 FROM {keyed} WHERE `key` = %s AND status IN {_LIVE} LIMIT 1"
+        self.promote = f"UPDATE {t} SET status = {PENDING} WHERE id = %s AND status = {WAITING}"
+        # (a scan of the waiting tasks' index: a key flooded with waiting tasks is read whole)
+        self.waiting_keys = (
+            f"SELECT DISTINCT `key` FROM {waiting} WHERE status = {WAITING}"
+            " AND after_failure IS NULL AND `key` IS NOT NULL LIMIT %s"
+        )
+        self.read_dependencies = (
+            f"SELECT d.after_id, u.id, {_RESULT_OF_U} FROM {deps} AS d"
+            f" LEFT JOIN {t} AS u ON u.id = d.after_id WHERE d.task_id = %s ORDER BY d.after_id"
+        )
+        self.read_result = f"SELECT id, {_RESULT} FROM {t} WHERE id = %s"
+        # -- start-up --------------------------------------------------------------------
+        self.count_pending = (
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE status = {PENDING} LIMIT %s) AS p"
+        )
+        self.check_columns = (
+            "SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure,"
+            f" trace, live_queue, live_unique FROM {t} LIMIT 0"
+        )
+        self.check_tables = (
+            f"SELECT (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),"
+            f" (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {s['key_locks']} LIMIT 0)"
+        )
+        # -- periodic tasks --------------------------------------------------------------
+        sched = self.schedules
+        self.insert_slot = f"INSERT IGNORE INTO {sched} (schedule, slot) VALUES (%s, %s)"
+        self.enqueue_periodic = (
+            f"INSERT INTO {t} (task_name, queue, payload, priority) VALUES (%s, %s, %s, %s)"
+            " RETURNING id"
+        )
+        self.set_slot_task = f"UPDATE {sched} SET task_id = %s WHERE schedule = %s AND slot = %s"
+        self.last_slot = f"SELECT MAX(slot), {NOW} FROM {sched} WHERE schedule = %s"
+        self.database_now = f"SELECT {NOW}"
+        self.prune_slots = (
+            f"DELETE s FROM {sched} AS s JOIN (SELECT o.schedule, o.slot FROM {sched} AS o"
+            f" WHERE o.slot < {NOW} - INTERVAL %s MICROSECOND AND o.slot < (SELECT MAX(m.slot)"
+            f" FROM {sched} AS m WHERE m.schedule = o.schedule) LIMIT %s) AS x"
+            " ON s.schedule = x.schedule AND s.slot = x.slot"
+        )
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (few shapes per store, kept with it)
+    def claim_lock(self, names: int | None, skip: int, name: bool, alone: bool) -> str:
+        """Lock a batch of the queue's claimable tasks, skipping those another claim holds
+        (parameters: queue, [names], [name], [skip], limit): due pending tasks and running
+        ones whose lease ran out, highest priority first, in the claim index's order.
+        ``alone``: suspects only (their next lapse makes SUSPECT_LAPSES)."""
+        where = [f"live_queue = %s AND available_at <= {NOW}"]
+        if names is not None:
+            where.append(f"task_name {ids_in(names)}" if names else "FALSE")
+        if name:
+            where.append("task_name = %s")
+        if skip:
+            where.append(f"task_name NOT {ids_in(skip)}")
+        if alone:
+            where.append(f"lapses + (status = {RUNNING}) >= {SUSPECT_LAPSES}")
+        return (
+            f"SELECT id, status, attempts, spared, lapses, max_attempts, `key`"
+            f" FROM {self.qualified} FORCE INDEX ({self._claim_index})"
+            f" WHERE {' AND '.join(where)} ORDER BY priority DESC, available_at, id"
+            " LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
