@@ -128,7 +128,8 @@ class Watch:
 
     def wait(self, timeout: float) -> bool:
         ok = self._done.wait(timeout)
-        self._consumer.close()
+        if ok:  # (closing it under the consuming thread hangs librdkafka: left to exit)
+            self._consumer.close()
         return ok
 
 

@@ -2,9 +2,12 @@
 
 * pgqueuer as the outbox: the events are jobs, a handler produces each to Kafka
   and returns only after the broker's ack (so the job is done only when delivered);
-  run at a few batch sizes, the best is kept.
+  run at a few batch sizes and with one or five queue managers, the best is kept.
 * faststream-outbox (its ``OutboxBroker`` subscriber, tuned: 32 workers, fetches of
-  500), the handler producing each row to Kafka and returning after the ack.
+  500, deletes flushed 100 at a time), two ways: as its README relays to Kafka
+  (FastStream's own Kafka publisher stacked on the subscriber), and a handler producing each
+  row through confluent-kafka and returning after the ack; the better of the two per round
+  is its best.
 * a hand-written polling relay (``naive_relay.py``), at a few batch sizes.
 * outboxkit's relay on the same events, for the ratio: in-process (``Relay`` in a bare
   script) and as users run it, ``outboxkit relay`` (the CLI process, its defaults).
@@ -128,16 +131,19 @@ async def _pgq_load(dsn: str, n: int) -> None:
         await conn.close()
 
 
-async def _pgq_drain(dsn: str, bootstrap: str, n: int, batch_size: int) -> dict[str, Any]:
+async def _pgq_drain(
+    dsn: str, bootstrap: str, n: int, batch_size: int, managers: int = 1
+) -> dict[str, Any]:
+    """pgqueuer's drain: ``managers`` QueueManagers in this process, each on its own asyncpg
+    connection (one as ``pgq run`` starts; several as its own drain benchmark,
+    ``tools/benchmark.py --dequeue 5``, runs), sharing one producer."""
     from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
     from pgqueuer.types import QueueExecutionMode
 
     producer = AsyncProducer(bootstrap)
-    conn = await asyncpg.connect(**_asyncpg_args(dsn))
-    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    conns = [await asyncpg.connect(**_asyncpg_args(dsn)) for _ in range(managers)]
     done = 0
 
-    @qm.entrypoint("publish")
     async def publish(job: Job) -> None:
         nonlocal done
         headers = job.headers or {}
@@ -150,23 +156,40 @@ async def _pgq_drain(dsn: str, bootstrap: str, n: int, batch_size: int) -> dict[
         )
         done += 1
 
+    qms = [QueueManager(Queries(AsyncpgDriver(conn))) for conn in conns]
+    for qm in qms:
+        qm.entrypoint("publish")(publish)
     t0 = time.perf_counter()
     try:
-        await qm.run(
-            batch_size=batch_size,
-            mode=QueueExecutionMode.drain,
-            dequeue_timeout=__import__("datetime").timedelta(seconds=0.5),
+        await asyncio.gather(
+            *(
+                qm.run(
+                    batch_size=batch_size,
+                    mode=QueueExecutionMode.drain,
+                    dequeue_timeout=__import__("datetime").timedelta(seconds=0.5),
+                )
+                for qm in qms
+            )
         )
         elapsed = time.perf_counter() - t0
     finally:
         producer.close()
-        await conn.close()
-    return {"events": done, "seconds": elapsed, "rate": done / elapsed, "batch_size": batch_size}
+        for conn in conns:
+            await conn.close()
+    return {
+        "events": done,
+        "seconds": elapsed,
+        "rate": done / elapsed,
+        "batch_size": batch_size,
+        "managers": managers,
+    }
 
 
-def pgqueuer_run(dsn: str, bootstrap: str, n: int, batch_size: int) -> dict[str, Any]:
+def pgqueuer_run(
+    dsn: str, bootstrap: str, n: int, batch_size: int, managers: int = 1
+) -> dict[str, Any]:
     asyncio.run(_pgq_load(dsn, n))
-    result = asyncio.run(_pgq_drain(dsn, bootstrap, n, batch_size))
+    result = asyncio.run(_pgq_drain(dsn, bootstrap, n, batch_size, managers))
     with psycopg.connect(dsn, autocommit=True) as conn:
         left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
     result["left_in_queue"] = left[0] if left else None
@@ -277,9 +300,93 @@ async def _fs_drain(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
     }
 
 
+async def _fs_drain_publisher(dsn: str, bootstrap: str, n: int, client: str) -> dict[str, Any]:
+    """As faststream-outbox's README relays to Kafka: FastStream's own Kafka publisher stacked
+    on the ``OutboxBroker`` subscriber (``@publisher`` over ``@subscriber``); the handler returns
+    the message, FastStream publishes it and awaits the broker's ack, then the row is deleted.
+
+    ``client``: ``"aiokafka"`` (``faststream.kafka``, the README's) or ``"confluent"``
+    (``faststream.confluent``: confluent-kafka, the client outboxkit's relay uses).
+    Key and idempotency header forwarded, as the relay forwards them.
+    """
+    import sqlalchemy as sa
+    from faststream_outbox import OutboxBroker, make_outbox_table
+    from faststream_outbox.annotations import OutboxMessage
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    metadata = sa.MetaData()
+    table = make_outbox_table(metadata, table_name=FS_TABLE)
+    engine = create_async_engine(_sqlalchemy_url(dsn), pool_size=FS_WORKERS + 4, max_overflow=8)
+    broker = OutboxBroker(engine, outbox_table=table, logger=None)
+    if client == "aiokafka":
+        from faststream.kafka import KafkaBroker, KafkaResponse
+    else:
+        from faststream.confluent import KafkaBroker, KafkaResponse  # type: ignore[assignment]
+    kafka = KafkaBroker(bootstrap, logger=None)
+    to_kafka = kafka.publisher(FS_TOPIC)
+
+    @to_kafka
+    @broker.subscriber(
+        FS_QUEUE,
+        max_workers=FS_WORKERS,
+        fetch_batch_size=FS_FETCH,
+        terminal_flush_batch_size=FS_FLUSH,
+        min_fetch_interval=0.01,
+        max_fetch_interval=0.1,
+    )
+    async def relay(msg: OutboxMessage) -> KafkaResponse:
+        headers = msg.headers or {}
+        key = headers.get("key")
+        return KafkaResponse(
+            msg.body,
+            key=str(key).encode() if key else None,
+            headers={"idempotency-key": str(headers.get("event_id", ""))},
+        )
+
+    # Done when its table is empty: a row is deleted only after its publish was acked (the
+    # deletes flushed 100 at a time, the last ones when the fetch finds nothing). A broker
+    # middleware would not see these publishes: they run under the outbox broker's.
+    left = sa.select(sa.func.count()).select_from(table)
+    await kafka.connect()
+    t0 = time.perf_counter()
+    await broker.start()
+    try:
+        while True:
+            await asyncio.sleep(0.02)
+            async with engine.connect() as conn:
+                if not (await conn.execute(left)).scalar():
+                    break
+        elapsed = time.perf_counter() - t0
+    finally:
+        await broker.stop()
+        await kafka.stop()
+        await engine.dispose()
+    return {
+        "events": n,
+        "seconds": elapsed,
+        "rate": n / elapsed,
+        "max_workers": FS_WORKERS,
+        "fetch_batch_size": FS_FETCH,
+        "terminal_flush_batch_size": FS_FLUSH,
+        "publisher": f"FastStream's KafkaBroker.publisher ({client}), as its README relays",
+    }
+
+
 def faststream_run(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
+    """The hand-made producer awaited per message (the round-3 contender, kept to compare)."""
     _fs_load(dsn, n)
     result = asyncio.run(_fs_drain(dsn, bootstrap, n))
+    return _fs_left(dsn, result)
+
+
+def faststream_publisher_run(dsn: str, bootstrap: str, n: int, client: str) -> dict[str, Any]:
+    """faststream-outbox as its users run it: FastStream's own Kafka publisher."""
+    _fs_load(dsn, n)
+    result = asyncio.run(_fs_drain_publisher(dsn, bootstrap, n, client))
+    return _fs_left(dsn, result)
+
+
+def _fs_left(dsn: str, result: dict[str, Any]) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         left = conn.execute(f"SELECT count(*) FROM {FS_TABLE}").fetchone()
     result["left_in_table"] = left[0] if left else None
@@ -310,20 +417,35 @@ def watched(
     return result
 
 
+def pgq_name(batch: int, managers: int) -> str:
+    return f"pgqueuer_{batch}" if managers == 1 else f"pgqueuer_{batch}x{managers}"
+
+
 def contenders(
-    dsn: str, bootstrap: str, n: int, pgq_batches: list[int], naive_batches: list[int]
+    dsn: str,
+    bootstrap: str,
+    n: int,
+    pgq: list[tuple[int, int]],
+    naive_batches: list[int],
+    faststream: list[str],
 ) -> dict[str, Callable[[], dict[str, Any]]]:
     own = OwnCpu(bootstrap, dsn)
     out: dict[str, Callable[[], dict[str, Any]]] = {
         "outboxkit_cli": lambda: run_child("cli", dsn, bootstrap, n, n, own),
         "outboxkit_inproc": lambda: run_child("inproc", dsn, bootstrap, n, n, own),
-        "faststream_outbox": functools.partial(
-            watched, bootstrap, FS_TOPIC, n, faststream_run, dsn, bootstrap, n
-        ),
     }
-    for b in pgq_batches:
-        out[f"pgqueuer_{b}"] = functools.partial(
-            watched, bootstrap, PGQ_TOPIC, n, pgqueuer_run, dsn, bootstrap, n, b
+    for way in faststream:
+        if way == "producer":
+            run: Callable[..., dict[str, Any]] = functools.partial(
+                faststream_run, dsn, bootstrap, n
+            )
+        else:
+            client = way.removeprefix("publisher-")
+            run = functools.partial(faststream_publisher_run, dsn, bootstrap, n, client)
+        out[f"faststream_{way}"] = functools.partial(watched, bootstrap, FS_TOPIC, n, run)
+    for b, m in pgq:
+        out[pgq_name(b, m)] = functools.partial(
+            watched, bootstrap, PGQ_TOPIC, n, pgqueuer_run, dsn, bootstrap, n, b, m
         )
     for b in naive_batches:
         out[f"naive_{b}"] = functools.partial(
@@ -340,14 +462,25 @@ def main() -> None:
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka to use (default: Tansu)")
     ap.add_argument("--quick", action="store_true", help="20 000 events, one round")
     ap.add_argument(
-        "--pgq-batches",
-        default="300,1000",
-        help="pgqueuer batch sizes (10 is its default; 1000 was its best in every earlier run)",
+        "--pgq",
+        default="300,1000,1000x5",
+        help="pgqueuer configurations, BATCH or BATCHxMANAGERS (10 is its default batch; one"
+        " manager is how `pgq run` starts, five how its own drain benchmark runs; 1000 was its"
+        " best batch in every earlier run)",
+    )
+    ap.add_argument(
+        "--faststream",
+        default="publisher-aiokafka,producer",
+        help="faststream-outbox's ways to Kafka: 'publisher-aiokafka' (FastStream's own Kafka"
+        " publisher stacked on the subscriber, as its README relays), 'publisher-confluent'"
+        " (the same through faststream.confluent), 'producer' (a handler awaiting a"
+        " confluent-kafka producer, the round-3 contender)",
     )
     args = ap.parse_args()
     n = 20_000 if args.quick else args.events
     rounds = 1 if args.quick else args.rounds
-    pgq_batches = [int(b) for b in args.pgq_batches.split(",")]
+    pgq = [(int(b), int(m or 1)) for b, _x, m in (c.partition("x") for c in args.pgq.split(","))]
+    faststream = [w for w in args.faststream.split(",") if w]
     naive_batches = [1000]
 
     payload_bytes = prepare(args.dsn, n)
@@ -362,7 +495,7 @@ def main() -> None:
     with kafka_broker(args.kafka) as bootstrap:
         for topic in (TOPIC, PGQ_TOPIC, NAIVE_TOPIC, FS_TOPIC):
             ensure_topic(bootstrap, topic)
-        todo = contenders(args.dsn, bootstrap, n, pgq_batches, naive_batches)
+        todo = contenders(args.dsn, bootstrap, n, pgq, naive_batches, faststream)
         names = list(todo)
         for i in range(rounds):
             k = i % len(names)
@@ -373,14 +506,13 @@ def main() -> None:
                 print(f"round {i + 1} {name:20s} {fmt_rate(r['rate']):>12}", flush=True)
     results["runs"] = runs
     rate = {name: [r["rate"] for r in rs] for name, rs in runs.items()}
-    pgq = [max(rate[f"pgqueuer_{b}"][i] for b in pgq_batches) for i in range(rounds)]
+    # Each peer at its best in each round: the best of its configurations that round.
+    pgq_best = [max(rate[pgq_name(b, m)][i] for b, m in pgq) for i in range(rounds)]
+    fs_best = [max(rate[f"faststream_{w}"][i] for w in faststream) for i in range(rounds)]
     results["summary"] = {name: statistics.median(v) for name, v in rate.items()}
     ratios: dict[str, Any] = {}
     for ours in ("outboxkit_cli", "outboxkit_inproc"):
-        for other, theirs in (
-            ("pgqueuer_best", pgq),
-            ("faststream_outbox", rate["faststream_outbox"]),
-        ):
+        for other, theirs in (("pgqueuer_best", pgq_best), ("faststream_best", fs_best)):
             per_round = [a / b for a, b in zip(rate[ours], theirs, strict=True)]
             ratios[f"{ours}_vs_{other}"] = {
                 "per_round": [round(x, 2) for x in per_round],
@@ -389,7 +521,9 @@ def main() -> None:
     results["ratios"] = ratios
     # The shape bench/plots.py reads (medians over the rounds).
     summary = results["summary"]
-    results["pgqueuer"] = [{"batch_size": b, "rate": summary[f"pgqueuer_{b}"]} for b in pgq_batches]
+    results["pgqueuer"] = [
+        {"batch_size": b, "managers": m, "rate": summary[pgq_name(b, m)]} for b, m in pgq
+    ]
     results["naive"] = [{"batch_size": b, "rate": summary[f"naive_{b}"]} for b in naive_batches]
     print(f"\nalternatives, {n} events to Kafka, {rounds} interleaved rounds (median events/s)")
     for name, v in results["summary"].items():
