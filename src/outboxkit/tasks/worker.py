@@ -205,6 +205,7 @@ class Worker:
         per_key = {
             t.name: t.concurrency_per_key for t in tasks.types.values() if t.concurrency_per_key > 1
         }
+        fair = sorted(t.name for t in tasks.types.values() if t.fair)
         self.store = backend.task_store(
             dsn,
             tasks.table,
@@ -215,6 +216,7 @@ class Worker:
             direct_dsn=direct_dsn,
             names=list(tasks.types),
             per_key=per_key,
+            fair=fair,
         )
         #: The claim policies (queues in turn, limits, suspects alone) over the store.
         self.claims = TaskClaims(
@@ -229,6 +231,7 @@ class Worker:
             key_rates={
                 t.name: t.rate_per_key for t in tasks.types.values() if t.rate_per_key is not None
             },
+            fair=fair,
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

@@ -53,6 +53,7 @@ from outboxkit.queue.store import (
 )
 from outboxkit.queue.tasks import (
     DEFAULT_MAX_TASK_NAMES,
+    FAIR_SHARE,
     OTHER_TASKS,
     ClaimedTask,
     Retention,
@@ -101,7 +102,9 @@ class PgTaskStore(PgSession):
     for (it claims only those; None: any). ``retention="delete"`` (default) deletes a
     finished task; ``"keep"`` marks it done. ``per_key``: task name -> its
     ``concurrency_per_key`` above 1 (how many of a key's tasks its promotions make pending;
-    every other name's keys run one at a time).
+    every other name's keys run one at a time). ``fair``: the task names with
+    ``fair=True``: at most ``fair_share`` of a key pending at once, each promoted behind the
+    tasks already due; how many run is not limited.
     """
 
     def __init__(
@@ -117,9 +120,12 @@ class PgTaskStore(PgSession):
         direct_dsn: str | None = None,
         names: Sequence[str] | None = None,
         per_key: Mapping[str, int] | None = None,
+        fair: Sequence[str] = (),
+        fair_share: int = FAIR_SHARE,
     ) -> None:
         self.sql = TaskStatements(table)
         self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
+        self.fair, self.fair_share = sorted(fair), fair_share
         #: The task names this worker has handlers for: it claims only those (None: any).
         self.names = None if names is None else sorted(names)
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
@@ -239,6 +245,7 @@ class PgTaskStore(PgSession):
             "per_key": what.per_key,
             "key_rate": what.key_rate,
             "key_burst": what.key_burst,
+            "fair": what.fair is not None,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
@@ -258,7 +265,7 @@ class PgTaskStore(PgSession):
         if not rows:
             return TaskClaimed(None, suspects)
         keys = sorted({r[6] for r in rows if r[6] is not None and r[-1] is None})
-        if what.per_key > 1 and keys:  # room for the next ones of these keys now
+        if (what.per_key > 1 or what.fair is not None) and keys:  # room for the next ones now
             try:
                 await self._promote(keys)
             except StoreError as exc:  # claimed all the same: the sweep promotes them
@@ -339,7 +346,9 @@ class PgTaskStore(PgSession):
         return {
             "per_key_names": names,
             "per_key": [self.per_key[n] for n in names],
-            "most": max(self.per_key.values(), default=1),
+            "fair_names": self.fair,
+            "fair_share": self.fair_share,
+            "most": max([*self.per_key.values(), self.fair_share if self.fair else 1]),
             "channel": self.sql.channel,
         }
 
