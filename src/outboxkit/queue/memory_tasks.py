@@ -416,8 +416,8 @@ class MemoryTaskStore:
             for turn, row in enumerate(waiting, 1):
                 if room(row, turn):
                     row.status, moved = TaskStatus.PENDING, moved + 1
-                    if row.task_name in self.fair:  # behind every task already due
-                        row.available_at = max(row.available_at, now)
+                    if row.task_name in self.fair and (pending or turn > 1):
+                        row.available_at = max(row.available_at, now)  # behind those due
         return moved
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:

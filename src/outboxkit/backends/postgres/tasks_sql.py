@@ -617,15 +617,17 @@ FROM moved
 # `most`: the largest N, which bounds what each key's probes read.
 # A fair name's (`fair_names`) room is `fair_share` minus its key's *pending* tasks (the
 # running ones do not count), and a task it promotes goes behind every task already due
-# (available_at moved to now): the claim, ordered by time, then sees at most `fair_share`
-# of a key ahead of any task enqueued before the promotion. The pending count reads the
+# (available_at moved to now) unless it is its key's only pending one (its key's turn: it
+# keeps its place, so a key that enqueues one task at a time is not sent to the back each
+# time): the claim, ordered by time, then sees at most `fair_share` of a key ahead of any
+# task due before the promotion, one of them older. The pending count reads the
 # key's live rows (running ones too: at most the workers' slots and prefetch), only when
 # the worker has fair names.
 _PROMOTE = """
 UPDATE {table} AS t SET status = {pending},
-    available_at = CASE WHEN n.fair THEN greatest(t.available_at, now()) ELSE t.available_at END
+    available_at = CASE WHEN n.behind THEN greatest(t.available_at, now()) ELSE t.available_at END
 FROM (
-    SELECT w.id, w.fair FROM {keys} AS k(key)
+    SELECT w.id, w.fair AND (q.pending > 0 OR w.turn > 1) AS behind FROM {keys} AS k(key)
     CROSS JOIN LATERAL (
         SELECT count(*) AS live FROM (SELECT 1 FROM {table} AS e
                                       WHERE e.key = k.key AND e.status IN ({pending}, {running})
