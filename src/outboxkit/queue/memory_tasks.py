@@ -306,12 +306,14 @@ class MemoryTaskStore:
                     what.key_rate or 0.0,
                     float(what.key_burst),
                 )
+        more = False
         if what.per_key > 1 or what.fair is not None:  # room for the next ones of these keys
-            self._promote({t.key for t in live if t.key is not None})
+            promoted = self._promote({t.key for t in live if t.key is not None})
+            more = promoted > 0 and what.fair is not None
         if not live and not dead:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
-        return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects)
+        return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects, more)
 
     @staticmethod
     def _claimed(row: MemoryTaskRow) -> ClaimedTask:

@@ -160,6 +160,8 @@ class TaskClaims:
                 self._suspects = True
                 if not self._held and (got.claim is None or not got.claim.ids):
                     self.wake_later()  # idle already: claim the suspect at once
+            if got.more:  # a fair key's next ones: claim again now, not after a linger
+                self.wake_later()
             if got.claim is not None:
                 return self._took(i, got.claim)
             if what.concurrency is not None or what.per_key > 1:

@@ -188,11 +188,13 @@ class TaskClaim:
 
 @dataclass(slots=True)
 class TaskClaimed:
-    """A claim's result: the claim (None: nothing claimed nor dead-lettered), and whether
-    the statement passed over suspects, which wait for a worker to run them alone."""
+    """A claim's result: the claim (None: nothing claimed nor dead-lettered), whether
+    the statement passed over suspects, which wait for a worker to run them alone, and
+    whether it made more tasks claimable (a fair key's next ones: claim again at once)."""
 
     claim: Claim[ClaimedTask] | None
     suspects: bool = False
+    more: bool = False
 
 
 #: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and

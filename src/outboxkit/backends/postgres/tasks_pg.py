@@ -126,6 +126,11 @@ class PgTaskStore(PgSession):
         self.sql = TaskStatements(table)
         self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
         self.fair, self.fair_share = sorted(fair), fair_share
+        # A fair name's keys whose next tasks this worker's last claim of them made pending:
+        # its claims keep them fed, so their settles skip the promotion (a statement per
+        # settle: it halved a flooding key's drain). A hint, never a count: the sweep
+        # promotes whatever it misses, and other keys' settles promote as before.
+        self._fed: set[str] = set()
         #: The task names this worker has handlers for: it claims only those (None: any).
         self.names = None if names is None else sorted(names)
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
@@ -265,9 +270,12 @@ class PgTaskStore(PgSession):
         if not rows:
             return TaskClaimed(None, suspects)
         keys = sorted({r[6] for r in rows if r[6] is not None and r[-1] is None})
+        more = False
         if (what.per_key > 1 or what.fair is not None) and keys:  # room for the next ones now
             try:
-                await self._promote(keys)
+                promoted = await self._promote(keys)
+                if what.fair is not None:
+                    more, self._fed = bool(promoted), promoted
             except StoreError as exc:  # claimed all the same: the sweep promotes them
                 log.debug("promoting the next tasks of keys %s failed: %s", keys, exc)
         dead = [(_claimed(r), "crash_loop", r[-1]) for r in rows if r[-1]]
@@ -275,7 +283,7 @@ class PgTaskStore(PgSession):
         # may take more than its free slots: the rest wait their turn in this order).
         live = sorted((r for r in rows if r[-1] is None), key=lambda r: (-int(r[7]), int(r[0])))
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
-        return TaskClaimed(claim, suspects)
+        return TaskClaimed(claim, suspects, more)
 
     def _claim_statement(self, params: dict[str, Any]) -> str:
         """The claim for these parameters: a limited name's, one skipping the limited names
@@ -330,6 +338,7 @@ class PgTaskStore(PgSession):
         keys = sorted({
             t.key for t, d in zip(claim.items, decisions, strict=True)
             if t.key is not None and t.id in done and d.verdict in (Verdict.DONE, Verdict.DEAD)
+            and not (t.key in self._fed and t.task_name in self.fair)
         })  # fmt: skip
         try:
             if upstream:
@@ -352,8 +361,9 @@ class PgTaskStore(PgSession):
             "channel": self.sql.channel,
         }
 
-    async def _promote(self, keys: Sequence[str]) -> int:
-        """The next waiting tasks of each of ``keys``, up to their key's room."""
+    async def _promote(self, keys: Sequence[str]) -> set[str]:
+        """The next waiting tasks of each of ``keys``, up to their key's room; the keys that
+        had some."""
         params = {"keys": list(keys), **self._turns()}
         try:
             conn = await self._connection("settle")
@@ -363,7 +373,7 @@ class PgTaskStore(PgSession):
                 )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        return len(rows)
+        return {str(r[1]) for r in rows}
 
     async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         # Tasks completed in their own transaction (ctx.transaction()) are settled already;

@@ -650,7 +650,7 @@ FROM (
                     WHERE p.name = w.task_name), 1) END
 ) AS n
 WHERE t.id = n.id AND t.status = {waiting}
-RETURNING t.id, pg_notify(%(channel)s, '')
+RETURNING t.id, t.key, pg_notify(%(channel)s, '')
 """
 PROMOTE_KEYS = _PROMOTE.replace("{keys}", "unnest(%(keys)s::text[])")
 # The sweep's side of it: keys with waiting tasks and room (an enqueue that raced its
