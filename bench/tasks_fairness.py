@@ -51,20 +51,18 @@ def _count(conn: psycopg.Connection[Any], name: str) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def run(dsn: str, label: str, name: str, flood: int, flood_key: str | None, light: int) -> dict[str, Any]:
+def run(
+    dsn: str, label: str, name: str, flood: int, flood_key: str | None, light: int
+) -> dict[str, Any]:
+    """One run: the flood, the worker, the light key's tasks; its waits and the drain."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outboxkit_tasks")
         conn.execute("DELETE FROM bench_light_waits WHERE run = %s", (label,))
     with psycopg.connect(dsn) as conn, conn.transaction():
         for _ in range(flood):
             tasks.enqueue(conn, name, {}, key=flood_key)
-    env = {
-        **os.environ,
-        "OKB_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join(
-            [str(HERE), *(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-        ),
-    }
+    path = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "OKB_DSN": dsn, "PYTHONPATH": os.pathsep.join([str(HERE), *path])}
     argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn, "--app", "tasks_app:tasks",
             "--log-level", "WARNING"]  # fmt: skip
     with tempfile.TemporaryFile() as log:
@@ -79,7 +77,8 @@ def run(dsn: str, label: str, name: str, flood: int, flood_key: str | None, ligh
                 while (flood and _count(conn, name) == flood) or (  # its first claim
                     not flood and conn.execute(ready).fetchone() == (0,)
                 ):
-                    assert worker.poll() is None and time.monotonic() < deadline, "no claim"
+                    assert worker.poll() is None, "the worker ended"
+                    assert time.monotonic() < deadline, "no claim"
                     time.sleep(0.005)
                 time.sleep(0.0 if flood else 0.5)  # (started: its LISTEN and first poll)
                 began, drained, sent = time.perf_counter(), None, 0
@@ -137,9 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     migrate_tasks(args.dsn)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS bench_light_waits (run text, wait float8)"
-        )
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_light_waits (run text, wait float8)")
     results = [
         run(args.dsn, "empty", "fairness.fair", 0, None, args.light),
         run(args.dsn, "fair", "fairness.fair", args.flood, "flood", args.light),

@@ -246,8 +246,8 @@ WAITS_DDL = (
 
 
 async def _run_flood_or_light(payload: dict[str, Any], ctx: TaskContext) -> None:
-    """A flood's task sleeps ``seconds``; a light key's (``at``: the database's clock just before its enqueue's commit)
-    records its wait, from that commit to this start."""
+    """A flood's task sleeps ``seconds``; a light key's (``at``: the database's clock just
+    before its enqueue's commit) records its wait, from that commit to this start."""
     if payload.get("at") is None:
         await asyncio.sleep(float(payload["seconds"]))
         return
