@@ -43,6 +43,23 @@ from outboxkit.queue.tasks import FAIR_SHARE, ClaimedTask, TaskClaim, TaskStore
 __all__ = ["TaskClaims"]
 
 
+def _keys_in_turn(claim: Claim[ClaimedTask]) -> None:
+    """A fair claim's tasks in the order the worker starts them: by priority, then each
+    key's first, each key's second, ... (in id order within a turn), so another key's task
+    claimed behind a flood's share starts among the first, not after the whole share."""
+    turn: Counter[str | None] = Counter()
+    ranked = []
+    for task in claim.items:  # (the store's order: priority, then id)
+        ranked.append(
+            ((-task.priority, turn[task.key] if task.key is not None else 0, task.id), task)
+        )
+        if task.key is not None:
+            turn[task.key] += 1
+    ranked.sort(key=lambda pair: pair[0])
+    claim.items = [task for _, task in ranked]
+    claim.ids = [task.id for task in claim.items]
+
+
 class TaskClaims:
     """The claim loop's queue store in task mode: ``store`` plus the worker's claim policies.
 
@@ -163,6 +180,8 @@ class TaskClaims:
             if got.more:  # a fair key's next ones: claim again now, not after a linger
                 self.wake_later()
             if got.claim is not None:
+                if what.fair is not None:
+                    _keys_in_turn(got.claim)
                 return self._took(i, got.claim)
             if what.concurrency is not None or what.per_key > 1:
                 self._passed = True  # a full limit frees when one of its tasks settles
