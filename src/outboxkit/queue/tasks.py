@@ -21,8 +21,9 @@ statement. The rules every backend keeps, beside the queue store's (``queue/stor
 * a keyed task of a fair name (:attr:`TaskClaim.fair`, the store's ``fair`` map) is
   claimable whatever runs of its key, but at most :data:`FAIR_SHARE` of a key are pending
   at once: the rest wait, and a promotion makes the next ones pending behind every task
-  already due (its ``available_at`` moved to the promotion's clock), so a claim ordered by
-  time sees at most that many of any one key ahead of another key's task;
+  already due (its ``available_at`` moved to the promotion's clock; its key's only pending
+  one keeps its place), so a claim ordered by time sees at most that many of any one key
+  ahead of another key's task;
 * every claim is a new attempt (``attempt`` numbers one per claim), but a lapsed task's
   death is charged against max_attempts only when its claim ran it **alone**: a worker
   whose process dies takes every task it ran with it, and only the one that killed it
