@@ -54,7 +54,6 @@ def test_a_flood_of_one_key_holds_a_fair_queues_other_key_back_by_about_one_clai
 ) -> None:
     unfair = light_waits(tasks_dsn, "unfair", flood_key=None)
     fair = light_waits(tasks_dsn, "fair", flood_key="flood")
-    print(f"light key's waits, s: unfair {unfair}, fair {fair}")
     # Without fair=: each light task waits behind the rest of the 3 000 (~1.5 s of them).
     assert unfair[0] > 1.0, unfair
     # With it: behind at most FAIR_SHARE of the flood and a claim round (a worker's claim
