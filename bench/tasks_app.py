@@ -57,6 +57,38 @@ async def noop(payload: None) -> None:
     span.end()
 
 
+_WAITS: Any = None  # bench/tasks_fairness.py: the light key's waits, one connection
+
+
+async def _flood_or_light(payload: Any, ctx: Any) -> None:
+    """A flood's task does nothing; a light key's (``at``: the database's clock just before
+    its enqueue's COMMIT) records its wait, from then to this start, by the same clock."""
+    global _WAITS
+    if not payload:
+        return
+    import psycopg
+
+    if _WAITS is None:
+        _WAITS = await psycopg.AsyncConnection.connect(os.environ["OKB_DSN"], autocommit=True)
+    await _WAITS.execute(
+        "INSERT INTO bench_light_waits (run, wait) VALUES"
+        " (%s, extract(epoch FROM clock_timestamp())::float8 - %s)",
+        (payload["run"], float(payload["at"])),
+    )
+
+
+@tasks.handler("fairness.fair", fair=True)
+async def fairness_fair(payload: Any, ctx: Any) -> None:
+    """bench/tasks_fairness.py: a fair name's flood and light key."""
+    await _flood_or_light(payload, ctx)
+
+
+@tasks.handler("fairness.plain")
+async def fairness_plain(payload: Any, ctx: Any) -> None:
+    """bench/tasks_fairness.py: the same without fair= (the flood without a key, or serial)."""
+    await _flood_or_light(payload, ctx)
+
+
 async def _pgq_noop(job: Any) -> None:
     span.start()
     span.end()

@@ -86,10 +86,13 @@ class TaskBackend(abc.ABC):
         names: Sequence[str] | None = None,
         retention: Literal["delete", "keep"] = "delete",
         per_key: dict[str, int] | None = None,
+        fair: Sequence[str] = (),
+        fair_share: int = 3,
     ) -> TaskStore:
         """A new worker's store on the table (closed after the test); ``per_key``: its
-        names' ``concurrency_per_key``."""
-        store = self._make_store(list(queues), names, retention, per_key or {})
+        names' ``concurrency_per_key``; ``fair``: its names with ``fair=True``, each key's
+        ``fair_share`` pending at once."""
+        store = self._make_store(list(queues), names, retention, per_key or {}, fair, fair_share)
         self._stores.append(store)
         return store
 
@@ -100,6 +103,8 @@ class TaskBackend(abc.ABC):
         names: Sequence[str] | None,
         retention: Literal["delete", "keep"],
         per_key: dict[str, int],
+        fair: Sequence[str] = (),
+        fair_share: int = 3,
     ) -> TaskStore: ...
 
     @abc.abstractmethod
@@ -132,11 +137,12 @@ async def claim(
     per_key: int = 1,
     key_rate: float | None = None,
     key_burst: int = 1,
+    fair: int | None = None,
 ) -> TaskClaimed:
     """One claim statement, as the core's claim policies issue it."""
     what = TaskClaim(
         queue, alone=alone, name=name, concurrency=concurrency, skip=skip, rate=rate,
-        burst=burst, per_key=per_key, key_rate=key_rate, key_burst=key_burst,
+        burst=burst, per_key=per_key, key_rate=key_rate, key_burst=key_burst, fair=fair,
     )  # fmt: skip
     return await store.claim_tasks(
         what, limit=limit, lease=lease, token=token or uuid.uuid4(),
@@ -176,10 +182,13 @@ class MemoryTaskBackend(TaskBackend):
         names: Sequence[str] | None,
         retention: Literal["delete", "keep"],
         per_key: dict[str, int],
+        fair: Sequence[str] = (),
+        fair_share: int = 3,
     ) -> TaskStore:
         return self.store_class(  # type: ignore[no-any-return]
-            self.tasks, queues=queues, names=names, retention=retention, per_key=per_key
-        )
+            self.tasks, queues=queues, names=names, retention=retention, per_key=per_key,
+            fair=fair, fair_share=fair_share,
+        )  # fmt: skip
 
     async def row(self, task_id: int) -> TaskRow | None:
         r = self.tasks.row(task_id)
@@ -242,10 +251,13 @@ class PostgresTaskBackend(TaskBackend):
         names: Sequence[str] | None,
         retention: Literal["delete", "keep"],
         per_key: dict[str, int],
+        fair: Sequence[str] = (),
+        fair_share: int = 3,
     ) -> TaskStore:
         return PgTaskStore(
-            self.dsn, TABLE, queues=queues, names=names, retention=retention, per_key=per_key
-        )
+            self.dsn, TABLE, queues=queues, names=names, retention=retention, per_key=per_key,
+            fair=fair, fair_share=fair_share,
+        )  # fmt: skip
 
     async def row(self, task_id: int) -> TaskRow | None:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -329,6 +341,8 @@ class MariaDBTaskBackend(TaskBackend):
         names: Sequence[str] | None,
         retention: Literal["delete", "keep"],
         per_key: dict[str, int],
+        fair: Sequence[str] = (),
+        fair_share: int = 3,
     ) -> TaskStore:
         from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
 

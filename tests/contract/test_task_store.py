@@ -589,3 +589,45 @@ async def test_each_key_starts_its_burst_then_its_rate_and_spends_no_attempt_wai
     await b.advance(60)  # refilled buckets are the same as none: the maintenance drops them
     assert await one.purge_kept(10) == 2
     assert await one.purge_kept(10) == 0
+
+
+async def test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    _needs(b, "task_key_limits")
+    flood = [await b.enqueue("fan", key="flood") for _ in range(10)]
+    store = b.store(fair=["fan"], fair_share=3)  # a key's 3 pending at once, however many run
+
+    async def statuses() -> list[str]:
+        return [(await b.row(i)).status for i in flood]  # type: ignore[union-attr]
+
+    first = (await claim(store, name="fan", fair=3, limit=1)).claim
+    assert first is not None and first.ids == [flood[0]]
+    assert await statuses() == ["running"] + ["pending"] * 3 + ["waiting"] * 6
+    more = (await claim(store, name="fan", fair=3, limit=2)).claim
+    assert more is not None and more.ids == flood[1:3]  # 3 of the key running: not a limit
+    assert await statuses() == ["running"] * 3 + ["pending"] * 3 + ["waiting"] * 4
+    light = await b.enqueue("fan", key="light")
+    await b.advance(1)  # (the promotions below happen later than the light key's enqueue)
+    order = []
+    for _ in range(5):  # a worker with one free slot at a time
+        got = (await claim(store, name="fan", fair=3, limit=1)).claim
+        assert got is not None
+        order += got.ids
+        pending = [s for s in await statuses() if s == "pending"]
+        assert len(pending) <= 3
+    # The flood's 3 pending when the light key enqueued, then the light key's task: the
+    # flood's next ones were made pending after it, behind it.
+    assert order == [*flood[3:6], light, flood[6]]
+    # A fair key's tasks enqueued behind a running one of it wait; the sweep makes them
+    # pending up to the share (a serial key would wait for the running one's settle).
+    late = await b.enqueue("fan", key="late")
+    got = (await claim(store, name="fan", fair=3, limit=1)).claim
+    assert got is not None and got.ids == [flood[7]]
+    while got is not None and late not in got.ids:
+        got = (await claim(store, name="fan", fair=3, limit=1)).claim
+    behind = [await b.enqueue("fan", key="late") for _ in range(4)]
+    assert [(await b.row(i)).status for i in behind] == ["waiting"] * 4  # type: ignore[union-attr]
+    assert await store.release_dependents(None, 10) == 3
+    assert [(await b.row(i)).status for i in behind] == ["pending"] * 3 + ["waiting"]  # type: ignore[union-attr]

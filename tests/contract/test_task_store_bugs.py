@@ -54,10 +54,12 @@ class NoKeySerial(MemoryTaskStore):
                 row.status = TaskStatus.PENDING
         return await super().claim_tasks(what, **kwargs)
 
-    def _claimable(self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1) -> bool:
+    def _claimable(
+        self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1, fair: bool = False
+    ) -> bool:
         key, row.key = row.key, None
         try:
-            return super()._claimable(row, queue, now, per_key)
+            return super()._claimable(row, queue, now, per_key, fair)
         finally:
             row.key = key
 
@@ -232,6 +234,26 @@ class OneBucketForEveryKey(MemoryTaskStore):
         return await super().claim_tasks(what, **kwargs)
 
 
+class FairInIdOrder(MemoryTaskStore):
+    """A fair key's promoted tasks keep their place (enqueue time, id): a key that flooded
+    is always first, and another key's task waits behind the whole flood."""
+
+    def _promote(self, keys: set[str], *, sweep: bool = False) -> int:
+        due = {r.id: r.available_at for r in self.tasks.rows()}
+        moved = super()._promote(keys, sweep=sweep)
+        for row in self.tasks.rows():
+            row.available_at = due.get(row.id, row.available_at)
+        return moved
+
+
+class FairKeyAllPending(MemoryTaskStore):
+    """Every waiting task of a fair key made pending at once (no share): the flood fills
+    every claim ahead of the other keys' tasks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "fair_share": 1_000_000})
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -315,6 +337,14 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         OneBucketForEveryKey,
         scenarios.test_each_key_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting,
+    ),
+    (
+        FairInIdOrder,
+        scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
+    ),
+    (
+        FairKeyAllPending,
+        scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
     ),
 ]
 

@@ -37,7 +37,9 @@ def test_a_worker_of_handlers_with_lifecycle_events_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize(
-    "limit", [{"concurrency_per_key": 2}, {"rate_per_key": "5/s"}], ids=["concurrency", "rate"]
+    "limit",
+    [{"concurrency_per_key": 2}, {"rate_per_key": "5/s"}, {"fair": True}],
+    ids=["concurrency", "rate", "fair"],
 )
 def test_a_worker_of_handlers_with_limits_per_key_is_refused_in_one_line(
     mariadb_server: MariaDB, limit: dict[str, Any]

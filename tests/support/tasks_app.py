@@ -237,3 +237,36 @@ async def key_paced(payload: None, ctx: TaskContext) -> None:
     """At most 10 starts a second of each key across every worker (+ the burst of 1)."""
     assert ctx.key is not None
     await _run_keyed(ctx, ctx.key, 0.0)
+
+
+WAITS_DDL = (
+    "CREATE TABLE IF NOT EXISTS light_waits (task_id bigint, task_name text,"
+    " wait float8, at timestamptz DEFAULT clock_timestamp())"
+)
+
+
+async def _run_flood_or_light(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """A flood's task sleeps ``seconds``; a light key's (``at``: the database's clock just
+    before its enqueue's commit) records its wait, from that commit to this start."""
+    if payload.get("at") is None:
+        await asyncio.sleep(float(payload["seconds"]))
+        return
+    dsn = os.environ["OUTBOXKIT_DSN"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO light_waits (task_id, task_name, wait) VALUES"
+            " (%s, %s, extract(epoch FROM clock_timestamp())::float8 - %s)",
+            (ctx.id, ctx.name, float(payload["at"])),
+        )
+
+
+@tasks.handler("fair", fair=True)
+async def fair(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Each key served in turn: a flooding key holds another back by about one claim."""
+    await _run_flood_or_light(payload, ctx)
+
+
+@tasks.handler("unfair")
+async def unfair(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """The same without fair= (the flood enqueued without a key: a queue in id order)."""
+    await _run_flood_or_light(payload, ctx)

@@ -148,3 +148,32 @@ async def test_a_name_limited_per_key_has_a_claim_of_its_own_the_others_skip() -
     # the queue's claim (nothing: the heads of k and k0/k1 are "fan" and "paced"), then
     # "fan" (its first task; the claim makes room for its second), "paced" (one of each key)
     assert served == [["fan"], ["paced", "paced"], ["fan"], []]
+
+
+def test_fair_is_checked_where_it_is_declared() -> None:
+    from outboxkit.tasks import Tasks
+
+    tasks = Tasks()
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="fair of task 't' takes True or False"):
+            tasks.handler("t", fair=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="without concurrency_per_key"):
+        tasks.handler("t", fair=True, concurrency_per_key=2)
+    tasks.handler("t", fair=True)(lambda payload: None)
+    assert tasks.types["t"].fair
+
+
+async def test_a_fair_claim_starts_each_keys_first_task_then_each_keys_second() -> None:
+    tasks = MemoryTasks(clock=ManualClock(100.0))
+    flood = [tasks.enqueue("fan", key="flood") for _ in range(4)]
+    store = MemoryTaskStore(tasks, fair=["fan"], fair_share=3)
+    claims = TaskClaims(store, queues=["default"], fair=["fan"])
+    woken: list[str] = []
+    claims.on_free = lambda: woken.append("wake")
+    first = await _claim(claims, limit=1)
+    assert first is not None and first.ids == [flood[0]]
+    assert woken == ["wake"]  # its next ones are pending: claim again at once, no linger
+    light = tasks.enqueue("fan", key="light")
+    second = await _claim(claims, limit=10)
+    # each key's first task, then the flood's next ones (by id within a turn)
+    assert second is not None and second.ids == [flood[1], light, flood[2], flood[3]]

@@ -167,10 +167,11 @@ class Backend(abc.ABC):
         direct_dsn: str | None,
         names: list[str] | None,
         per_key: dict[str, int] | None = None,
+        fair: list[str] | None = None,
     ) -> TaskStore:
         """The task table as task mode's store (queue/tasks.py); a backend without one
         refuses through :attr:`cannot`. ``per_key``: task name -> its ``concurrency_per_key``
-        (the promotions of its keys' waiting tasks)."""
+        (the promotions of its keys' waiting tasks); ``fair``: the names with ``fair=True``."""
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")
 

@@ -24,6 +24,7 @@ import orjson
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo, Verdict
 from outboxkit.queue.tasks import (
+    FAIR_SHARE,
     SUSPECT_LAPSES,
     ClaimedTask,
     Retention,
@@ -181,10 +182,14 @@ class MemoryTaskStore:
         names: Sequence[str] | None = None,
         retention: Retention = "delete",
         per_key: Mapping[str, int] | None = None,
+        fair: Sequence[str] = (),
+        fair_share: int = FAIR_SHARE,
     ) -> None:
         self.tasks = tasks
         #: Task name -> how many of its tasks of one key run at once (others: 1).
         self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
+        #: Names whose keys are served in turn: FAIR_SHARE of a key pending at once.
+        self.fair, self.fair_share = set(fair), fair_share
         self.queues = list(queues)
         self.names = None if names is None else set(names)
         self.retention: Retention = retention
@@ -202,13 +207,16 @@ class MemoryTaskStore:
 
     # -- the claim (tasks_sql.py CLAIM) ----------------------------------------------------
 
-    def _claimable(self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1) -> bool:
+    def _claimable(
+        self, row: MemoryTaskRow, queue: str, now: float, per_key: int = 1, fair: bool = False
+    ) -> bool:
         if not row.live or row.available_at > now or row.queue != queue:
             return False
         if self.names is not None and row.task_name not in self.names:
             return False
         return (
             row.key is None
+            or fair
             or sum(1 for e in self.tasks.rows() if e.key == row.key and e.id < row.id and e.live)
             < per_key
         )  # (its key's first `per_key` live tasks: tasks_sql.py _KEY_TURN)
@@ -239,7 +247,7 @@ class MemoryTaskStore:
         key_tokens: dict[str, float] = {}  # a key's bucket, refilled (rate_per_key)
         seen = []
         for row in self.tasks.rows():
-            if not self._claimable(row, what.queue, now, what.per_key):
+            if not self._claimable(row, what.queue, now, what.per_key, what.fair is not None):
                 continue
             if row.task_name in what.skip or what.name not in (None, row.task_name):
                 continue
@@ -298,12 +306,14 @@ class MemoryTaskStore:
                     what.key_rate or 0.0,
                     float(what.key_burst),
                 )
-        if what.per_key > 1:  # room for the next ones of these keys now
-            self._promote({t.key for t in live if t.key is not None})
+        more = False
+        if what.per_key > 1 or what.fair is not None:  # room for the next ones of these keys
+            promoted = self._promote({t.key for t in live if t.key is not None})
+            more = promoted > 0 and what.fair is not None
         if not live and not dead:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
-        return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects)
+        return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects, more)
 
     @staticmethod
     def _claimed(row: MemoryTaskRow) -> ClaimedTask:
@@ -388,17 +398,28 @@ class MemoryTaskStore:
     def _promote(self, keys: set[str], *, sweep: bool = False) -> int:
         """The next waiting tasks of each key while it has room (tasks_sql.py PROMOTE_KEYS;
         ``sweep``: only keys whose first waiting task has room, as SWEEP_KEYS)."""
-        moved = 0
+        moved, now = 0, self.tasks.clock()
         for key in sorted(keys):
             rows = [r for r in self.tasks.rows() if r.key == key]
             live = sum(1 for r in rows if r.live)
+            pending = sum(1 for r in rows if r.status is TaskStatus.PENDING)
             waiting = [r for r in rows
                        if r.status is TaskStatus.WAITING and r.after_failure is None]  # fmt: skip
-            if sweep and waiting and live >= self.per_key.get(waiting[0].task_name, 1):
+
+            def room(
+                row: MemoryTaskRow, turn: int, live: int = live, pending: int = pending
+            ) -> bool:
+                if row.task_name in self.fair:  # a fair name: its key's pending ones count
+                    return pending + turn <= self.fair_share
+                return live + turn <= self.per_key.get(row.task_name, 1)
+
+            if sweep and waiting and not room(waiting[0], 1):
                 continue
             for turn, row in enumerate(waiting, 1):
-                if live + turn <= self.per_key.get(row.task_name, 1):
+                if room(row, turn):
                     row.status, moved = TaskStatus.PENDING, moved + 1
+                    if row.task_name in self.fair and (pending or turn > 1):
+                        row.available_at = max(row.available_at, now)  # behind those due
         return moved
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:

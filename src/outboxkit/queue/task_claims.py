@@ -18,6 +18,9 @@ backend sees one :class:`~outboxkit.queue.tasks.TaskClaim` per statement. It dec
   task is claimable while fewer than N earlier tasks of its key are live (the store counts
   them; every other claim takes only a key's head); rate limits per key
   (``rate_per_key="5/s"``): a claim of its own, capped by each key's token bucket;
+* fair names (``fair=True``): a claim of its own too, which takes a key's tasks however
+  many of the key run; the store keeps at most FAIR_SHARE of a key pending, so no key
+  holds another's task back by more than that;
 * suspects run alone: when a claim passed over a suspect (a task whose worker died twice
   while it ran beside others), this worker stops claiming, lets its running tasks finish,
   then claims the suspect alone and claims nothing else until it settles. A process-killing
@@ -35,9 +38,26 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from outboxkit.queue.store import Claim, ClaimPolicy, Decision, Settled, StoreInfo
-from outboxkit.queue.tasks import ClaimedTask, TaskClaim, TaskStore
+from outboxkit.queue.tasks import FAIR_SHARE, ClaimedTask, TaskClaim, TaskStore
 
 __all__ = ["TaskClaims"]
+
+
+def _keys_in_turn(claim: Claim[ClaimedTask]) -> None:
+    """A fair claim's tasks in the order the worker starts them: by priority, then each
+    key's first, each key's second, ... (in id order within a turn), so another key's task
+    claimed behind a flood's share starts among the first, not after the whole share."""
+    turn: Counter[str | None] = Counter()
+    ranked = []
+    for task in claim.items:  # (the store's order: priority, then id)
+        ranked.append(
+            ((-task.priority, turn[task.key] if task.key is not None else 0, task.id), task)
+        )
+        if task.key is not None:
+            turn[task.key] += 1
+    ranked.sort(key=lambda pair: pair[0])
+    claim.items = [task for _, task in ranked]
+    claim.ids = [task.id for task in claim.items]
 
 
 class TaskClaims:
@@ -49,6 +69,7 @@ class TaskClaims:
     ``per_key``: task name -> at most N of its tasks of one key running across every worker
     (1, any name not given: one at a time).
     ``key_rates``: task name -> (starts per second, burst) of each of its keys.
+    ``fair``: the task names whose keys are served in turn (``fair=True``).
     """
 
     def __init__(
@@ -61,6 +82,7 @@ class TaskClaims:
         rates: Mapping[str, tuple[float, int]] | None = None,
         per_key: Mapping[str, int] | None = None,
         key_rates: Mapping[str, tuple[float, int]] | None = None,
+        fair: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.queues = list(queues)
@@ -83,12 +105,17 @@ class TaskClaims:
             raise ValueError(
                 f"rates must be > 0 with a burst of at least 1: {paces}, per key {key_paces}"
             )
-        skip = tuple(sorted(caps.keys() | paces.keys() | turns.keys() | key_paces.keys()))
+        if set(fair) & turns.keys():
+            raise ValueError(
+                f"a fair name has no per-key limit: {sorted(set(fair) & turns.keys())}"
+            )
+        skip = tuple(sorted(caps.keys() | paces.keys() | turns.keys() | key_paces.keys() | {*fair}))
         self._claims = [TaskClaim(q, skip=skip) for q in self.queues] + [
             TaskClaim(q, name=name, concurrency=caps.get(name), rate=paces.get(name, (None, 1))[0],
                       burst=paces.get(name, (None, 1))[1], per_key=turns.get(name, 1),
                       key_rate=key_paces.get(name, (None, 1))[0],
-                      key_burst=key_paces.get(name, (None, 1))[1])
+                      key_burst=key_paces.get(name, (None, 1))[1],
+                      fair=FAIR_SHARE if name in fair else None)
             for q in self.queues
             for name in skip
         ]  # fmt: skip
@@ -150,7 +177,11 @@ class TaskClaims:
                 self._suspects = True
                 if not self._held and (got.claim is None or not got.claim.ids):
                     self.wake_later()  # idle already: claim the suspect at once
+            if got.more:  # a fair key's next ones: claim again now, not after a linger
+                self.wake_later()
             if got.claim is not None:
+                if what.fair is not None:
+                    _keys_in_turn(got.claim)
                 return self._took(i, got.claim)
             if what.concurrency is not None or what.per_key > 1:
                 self._passed = True  # a full limit frees when one of its tasks settles

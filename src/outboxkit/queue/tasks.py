@@ -18,6 +18,12 @@ statement. The rules every backend keeps, beside the queue store's (``queue/stor
   its key are live (1: its key's head alone): a key's first N live tasks run, in id order;
   a keyed task enqueued behind a live one waits, and a settle or claim of a keyed task (and
   the sweep) makes the next ones pending up to their name's ``per_key`` (the store's map);
+* a keyed task of a fair name (:attr:`TaskClaim.fair`, the store's ``fair`` map) is
+  claimable whatever runs of its key, but at most :data:`FAIR_SHARE` of a key are pending
+  at once: the rest wait, and a promotion makes the next ones pending behind every task
+  already due (its ``available_at`` moved to the promotion's clock; its key's only pending
+  one keeps its place), so a claim ordered by time sees at most that many of any one key
+  ahead of another key's task;
 * every claim is a new attempt (``attempt`` numbers one per claim), but a lapsed task's
   death is charged against max_attempts only when its claim ran it **alone**: a worker
   whose process dies takes every task it ran with it, and only the one that killed it
@@ -50,6 +56,7 @@ from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo
 __all__ = [
     "DEFAULT_MAX_TASK_NAMES",
     "DEFAULT_TASKS_TABLE",
+    "FAIR_SHARE",
     "OTHER_TASKS",
     "SUSPECT_LAPSES",
     "ClaimedTask",
@@ -72,6 +79,10 @@ DEFAULT_TASKS_TABLE = "outboxkit_tasks"
 DEFAULT_MAX_TASK_NAMES = 100
 #: The name every task outside the named set is counted under (the outbox's "(other)").
 OTHER_TASKS = "(other)"
+#: A fair name's tasks of one key claimable at once (``fair=True``): another key's task
+#: waits behind at most this many of each key. About one claim of a worker at its defaults
+#: (10 slots and up to 100 prefetched), so a key alone still fills a whole claim.
+FAIR_SHARE = 100
 
 
 class TaskStatus(IntEnum):
@@ -162,6 +173,9 @@ class TaskClaim:
     ``key_rate`` and ``key_burst``: starts of ``name``'s tasks of one key at most
     ``key_rate`` per second across every worker, from a token bucket per (name, key) in the
     store; unkeyed tasks are not limited by it.
+    ``fair``: a fair name's claim (``fair=True``): its keyed tasks are claimable however
+    many of their key run, and the store keeps at most this many of a key pending, each
+    promoted one behind the tasks already due (no key holds another back by more than that).
     """
 
     queue: str
@@ -174,15 +188,18 @@ class TaskClaim:
     per_key: int = 1
     key_rate: float | None = None
     key_burst: int = 1
+    fair: int | None = None
 
 
 @dataclass(slots=True)
 class TaskClaimed:
-    """A claim's result: the claim (None: nothing claimed nor dead-lettered), and whether
-    the statement passed over suspects, which wait for a worker to run them alone."""
+    """A claim's result: the claim (None: nothing claimed nor dead-lettered), whether
+    the statement passed over suspects, which wait for a worker to run them alone, and
+    whether it made more tasks claimable (a fair key's next ones: claim again at once)."""
 
     claim: Claim[ClaimedTask] | None
     suspects: bool = False
+    more: bool = False
 
 
 #: Given the tasks a settle changed with their decisions, the statement (``%s`` style) and

@@ -103,6 +103,8 @@ class TaskType:
     concurrency_per_key: int = 1
     #: (starts per second, burst) per enqueue ``key`` (``rate_per_key="5/s"``); None: none.
     rate_per_key: tuple[float, int] | None = None
+    #: Its keys served in turn (``fair=True``): at most FAIR_SHARE of a key claimable at once.
+    fair: bool = False
 
     def decode(self, payload: Any) -> Any:
         """The stored JSON as the handler's declared type (a pydantic model or a dataclass)."""
@@ -184,6 +186,7 @@ class Tasks:
         rate: str | None = None,
         concurrency_per_key: int = 1,
         rate_per_key: str | None = None,
+        fair: bool = False,
     ) -> Registrar:
         """Register ``fn(payload)`` or ``fn(payload, ctx)``, sync or async, for ``name``.
 
@@ -211,6 +214,11 @@ class Tasks:
         id order), enforced by the claim in the database.
         ``rate_per_key``: as ``rate``, for each enqueue ``key`` of its tasks on its own (a
         token bucket per key in the database; tasks without a key are not limited by it).
+        ``fair``: its keys are served in turn: several tasks of a key run at once, but at
+        most :data:`~outboxkit.queue.tasks.FAIR_SHARE` of a key are claimable, each behind
+        the tasks due before it became claimable, so a key that floods holds another key's
+        task back by about one claim (docs/tasks.md "Fairness between keys"). Not with
+        ``concurrency_per_key``, which keeps a key's claimable tasks at N already.
         """
         pace = None if rate is None else parse_rate(name, rate)
         key_pace = None if rate_per_key is None else parse_rate(name, rate_per_key, "rate_per_key")
@@ -227,6 +235,11 @@ class Tasks:
             raise ValueError(
                 f"concurrency_per_key of task {name!r} must be an int from 1 to {_I16[1]},"
                 f" got {concurrency_per_key!r}"
+            )
+        if not isinstance(fair, bool) or (fair and concurrency_per_key != 1):
+            raise ValueError(
+                f"fair of task {name!r} takes True or False, without concurrency_per_key"
+                f" (a per-key limit keeps at most N of a key claimable already), got {fair!r}"
             )
         keep: float | None = None
         if keep_result is True:
@@ -270,6 +283,7 @@ class Tasks:
                 rate=pace,
                 concurrency_per_key=concurrency_per_key,
                 rate_per_key=key_pace,
+                fair=fair,
             )
             return TaskFunction(self, name, fn)
 

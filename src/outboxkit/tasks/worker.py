@@ -208,7 +208,8 @@ class Worker:
         key_rates = {
             t.name: t.rate_per_key for t in tasks.types.values() if t.rate_per_key is not None
         }
-        if per_key or key_rates:
+        fair = sorted(t.name for t in tasks.types.values() if t.fair)
+        if per_key or key_rates or fair:
             backend.refuse("task_key_limits")  # (a backend whose claim cannot keep them)
         self.store = backend.task_store(
             dsn,
@@ -220,6 +221,7 @@ class Worker:
             direct_dsn=direct_dsn,
             names=list(tasks.types),
             per_key=per_key,
+            fair=fair,
         )
         #: The claim policies (queues in turn, limits, suspects alone) over the store.
         self.claims = TaskClaims(
@@ -232,6 +234,7 @@ class Worker:
             rates={t.name: t.rate for t in tasks.types.values() if t.rate is not None},
             per_key=per_key,
             key_rates=key_rates,
+            fair=fair,
         )
         self.sink = HandlerSink(
             tasks, store=self.store, threads=concurrency, outbox=outbox, worker_id=self.worker_id

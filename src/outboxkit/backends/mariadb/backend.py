@@ -47,10 +47,11 @@ class MariaDBBackend(Backend):
         " and resume()) read PostgreSQL's task table only, not MariaDB/MySQL's yet: the worker"
         " and enqueue do work on MariaDB/MySQL; read its task table with SQL meanwhile"
         ' (docs/mariadb.md, "Task mode")',
-        "task_key_limits": "limits per key (@tasks.handler(..., concurrency_per_key=N) with"
-        " N > 1, rate_per_key=) are kept by PostgreSQL's claim only, not MariaDB/MySQL's yet:"
-        " leave them unset on MariaDB/MySQL (keyed tasks still run one at a time per key),"
-        " or use concurrency= and rate= per task name",
+        "task_key_limits": "limits and fairness per key (@tasks.handler(...,"
+        " concurrency_per_key=N) with N > 1, rate_per_key=, fair=True) are kept by"
+        " PostgreSQL's claim only, not MariaDB/MySQL's yet: leave them unset on MariaDB/MySQL"
+        " (keyed tasks still run one at a time per key), or use concurrency= and rate= per"
+        " task name",
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
@@ -113,10 +114,11 @@ class MariaDBBackend(Backend):
         direct_dsn: str | None,
         names: list[str] | None,
         per_key: dict[str, int] | None = None,
+        fair: list[str] | None = None,
     ) -> TaskStore:
         from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
 
-        if per_key:
+        if per_key or fair:
             self.refuse("task_key_limits")
 
         if pooler or direct_dsn:

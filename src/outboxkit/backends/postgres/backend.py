@@ -112,12 +112,14 @@ class PostgresBackend(Backend):
         direct_dsn: str | None,
         names: list[str] | None,
         per_key: dict[str, int] | None = None,
+        fair: list[str] | None = None,
     ) -> TaskStore:
         from outboxkit.backends.postgres.tasks_pg import PgTaskStore
 
         return PgTaskStore(
             dsn, table, queues=queues, retention=retention, on_settle=on_settle,
             pooler=pooler, direct_dsn=direct_dsn, names=names, per_key=per_key,
+            fair=fair or (),
         )  # fmt: skip
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:

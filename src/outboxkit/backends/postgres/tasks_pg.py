@@ -53,6 +53,7 @@ from outboxkit.queue.store import (
 )
 from outboxkit.queue.tasks import (
     DEFAULT_MAX_TASK_NAMES,
+    FAIR_SHARE,
     OTHER_TASKS,
     ClaimedTask,
     Retention,
@@ -104,7 +105,9 @@ class PgTaskStore(PgSession):
     for (it claims only those; None: any). ``retention="delete"`` (default) deletes a
     finished task; ``"keep"`` marks it done. ``per_key``: task name -> its
     ``concurrency_per_key`` above 1 (how many of a key's tasks its promotions make pending;
-    every other name's keys run one at a time).
+    every other name's keys run one at a time). ``fair``: the task names with
+    ``fair=True``: at most ``fair_share`` of a key pending at once, each promoted behind the
+    tasks already due; how many run is not limited.
     """
 
     def __init__(
@@ -120,9 +123,17 @@ class PgTaskStore(PgSession):
         direct_dsn: str | None = None,
         names: Sequence[str] | None = None,
         per_key: Mapping[str, int] | None = None,
+        fair: Sequence[str] = (),
+        fair_share: int = FAIR_SHARE,
     ) -> None:
         self.sql = TaskStatements(table)
         self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
+        self.fair, self.fair_share = sorted(fair), fair_share
+        # A fair name's keys whose next tasks this worker's last claim of them made pending:
+        # its claims keep them fed, so their settles skip the promotion (a statement per
+        # settle: it halved a flooding key's drain). A hint, never a count: the sweep
+        # promotes whatever it misses, and other keys' settles promote as before.
+        self._fed: set[str] = set()
         #: The task names this worker has handlers for: it claims only those (None: any).
         self.names = None if names is None else sorted(names)
         #: Behind a transaction pooler (``pooler``, or found by the connection factory)
@@ -242,6 +253,7 @@ class PgTaskStore(PgSession):
             "per_key": what.per_key,
             "key_rate": what.key_rate,
             "key_burst": what.key_burst,
+            "fair": what.fair is not None,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         try:
@@ -261,9 +273,12 @@ class PgTaskStore(PgSession):
         if not rows:
             return TaskClaimed(None, suspects)
         keys = sorted({r[6] for r in rows if r[6] is not None and r[-1] is None})
-        if what.per_key > 1 and keys:  # room for the next ones of these keys now
+        more = False
+        if (what.per_key > 1 or what.fair is not None) and keys:  # room for the next ones now
             try:
-                await self._promote(keys)
+                promoted = await self._promote(keys)
+                if what.fair is not None:
+                    more, self._fed = bool(promoted), promoted
             except StoreError as exc:  # claimed all the same: the sweep promotes them
                 log.debug("promoting the next tasks of keys %s failed: %s", keys, exc)
         dead = [(_claimed(r), "crash_loop", r[-1]) for r in rows if r[-1]]
@@ -271,7 +286,7 @@ class PgTaskStore(PgSession):
         # may take more than its free slots: the rest wait their turn in this order).
         live = sorted((r for r in rows if r[-1] is None), key=lambda r: (-int(r[7]), int(r[0])))
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
-        return TaskClaimed(claim, suspects)
+        return TaskClaimed(claim, suspects, more)
 
     def _claim_statement(self, params: dict[str, Any]) -> str:
         """The claim for these parameters: a limited name's, one skipping the limited names
@@ -326,6 +341,7 @@ class PgTaskStore(PgSession):
         keys = sorted({
             t.key for t, d in zip(claim.items, decisions, strict=True)
             if t.key is not None and t.id in done and d.verdict in (Verdict.DONE, Verdict.DEAD)
+            and not (t.key in self._fed and t.task_name in self.fair)
         })  # fmt: skip
         try:
             if upstream:
@@ -342,12 +358,15 @@ class PgTaskStore(PgSession):
         return {
             "per_key_names": names,
             "per_key": [self.per_key[n] for n in names],
-            "most": max(self.per_key.values(), default=1),
+            "fair_names": self.fair,
+            "fair_share": self.fair_share,
+            "most": max([*self.per_key.values(), self.fair_share if self.fair else 1]),
             "channel": self.sql.channel,
         }
 
-    async def _promote(self, keys: Sequence[str]) -> int:
-        """The next waiting tasks of each of ``keys``, up to their key's room."""
+    async def _promote(self, keys: Sequence[str]) -> set[str]:
+        """The next waiting tasks of each of ``keys``, up to their key's room; the keys that
+        had some."""
         params = {"keys": list(keys), **self._turns()}
         try:
             conn = await self._connection("settle")
@@ -357,7 +376,7 @@ class PgTaskStore(PgSession):
                 )
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        return len(rows)
+        return {str(r[1]) for r in rows}
 
     async def _settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
         # Tasks completed in their own transaction (ctx.transaction()) are settled already;

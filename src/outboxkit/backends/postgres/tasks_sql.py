@@ -222,11 +222,14 @@ _NO_FLUSH_WAIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT 
 # (PROMOTE_KEYS) adds the next ones with higher ids. A lapsed task stays live: it holds its
 # place until it is claimed again and settled (a SIGKILLed worker's slot frees with its
 # lease, for the task it held); a zombie's settle is fenced and frees nothing.
+# A fair name's claim (`fair`, `@tasks.handler(name, fair=True)`) takes any pending task of
+# the name: how many of a key run is not its business, how many of a key are pending is
+# the promotion's (at most FAIR_SHARE, each promoted behind the tasks already due).
 _KEY_HEAD = """      AND (t.key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {table} AS e
           WHERE e.key = t.key AND e.id < t.id AND e.status IN ({pending}, {running})))
 """
-_KEY_TURN = """      AND (t.key IS NULL OR (
+_KEY_TURN = """      AND (t.key IS NULL OR %(fair)s::bool OR (
           SELECT count(*) FROM (SELECT 1 FROM {table} AS e
                                 WHERE e.key = t.key AND e.id < t.id
                                   AND e.status IN ({pending}, {running})
@@ -612,31 +615,48 @@ FROM moved
 # sees that commit). Two promotions of one key race for the same first waiting tasks (the
 # row lock, then `status = waiting` again): neither adds more than the room it saw.
 # `most`: the largest N, which bounds what each key's probes read.
+# A fair name's (`fair_names`) room is `fair_share` minus its key's *pending* tasks (the
+# running ones do not count), and a task it promotes goes behind every task already due
+# (available_at moved to now) unless it is its key's only pending one (its key's turn: it
+# keeps its place, so a key that enqueues one task at a time is not sent to the back each
+# time): the claim, ordered by time, then sees at most `fair_share` of a key ahead of any
+# task due before the promotion, one of them older. The pending count reads the
+# key's live rows (running ones too: at most the workers' slots and prefetch), only when
+# the worker has fair names.
 _PROMOTE = """
-UPDATE {table} AS t SET status = {pending}
+UPDATE {table} AS t SET status = {pending},
+    available_at = CASE WHEN n.behind THEN greatest(t.available_at, now()) ELSE t.available_at END
 FROM (
-    SELECT w.id FROM {keys} AS k(key)
+    SELECT w.id, w.fair AND (q.pending > 0 OR w.turn > 1) AS behind FROM {keys} AS k(key)
     CROSS JOIN LATERAL (
         SELECT count(*) AS live FROM (SELECT 1 FROM {table} AS e
                                       WHERE e.key = k.key AND e.status IN ({pending}, {running})
                                       LIMIT %(most)s) AS e) AS l
     CROSS JOIN LATERAL (
-        SELECT w.id, w.task_name, row_number() OVER (ORDER BY w.id) AS turn
+        SELECT count(*) AS pending FROM (SELECT 1 FROM {table} AS e
+                                         WHERE e.key = k.key AND e.status = {pending}
+                                           AND cardinality(%(fair_names)s::text[]) > 0
+                                         LIMIT %(fair_share)s) AS e) AS q
+    CROSS JOIN LATERAL (
+        SELECT w.id, w.task_name, w.task_name = ANY(%(fair_names)s::text[]) AS fair,
+               row_number() OVER (ORDER BY w.id) AS turn
         FROM {table} AS w
         WHERE w.key = k.key AND w.status = {waiting} AND w.after_failure IS NULL
         ORDER BY w.id LIMIT %(most)s) AS w
-    WHERE l.live + w.turn <= coalesce(
-        (SELECT p.n FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[]) AS p(name, n)
-         WHERE p.name = w.task_name), 1)
+    WHERE CASE WHEN w.fair THEN q.pending + w.turn <= %(fair_share)s
+               ELSE l.live + w.turn <= coalesce(
+                   (SELECT p.n FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[])
+                                    AS p(name, n)
+                    WHERE p.name = w.task_name), 1) END
 ) AS n
 WHERE t.id = n.id AND t.status = {waiting}
-RETURNING t.id, pg_notify(%(channel)s, '')
+RETURNING t.id, t.key, pg_notify(%(channel)s, '')
 """
 PROMOTE_KEYS = _PROMOTE.replace("{keys}", "unnest(%(keys)s::text[])")
 # The sweep's side of it: keys with waiting tasks and room (an enqueue that raced its
 # head's settle, a worker killed between a settle and its promotion, a head cancelled, a
-# task enqueued behind fewer than N running ones of its key), found by a skip scan of the
-# keys (one probe a key, not one a task).
+# task enqueued behind fewer than N running ones of its key, a fair key whose pending ones
+# were claimed), found by a skip scan of the keys (one probe a key, not one a task).
 SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
     (SELECT key FROM {table}
      WHERE status = {waiting} AND after_failure IS NULL AND key IS NOT NULL
@@ -648,16 +668,22 @@ SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
     FROM keys WHERE keys.k IS NOT NULL
 ), stuck AS (
     SELECT k FROM keys
+    CROSS JOIN LATERAL (SELECT w.task_name AS name FROM {table} AS w
+                        WHERE w.key = keys.k AND w.status = {waiting}
+                          AND w.after_failure IS NULL
+                        ORDER BY w.id LIMIT 1) AS f
     WHERE k IS NOT NULL
-      AND (SELECT count(*) FROM (SELECT 1 FROM {table} AS e
-                                 WHERE e.key = keys.k AND e.status IN ({pending}, {running})
-                                 LIMIT %(most)s) AS e)
-          < coalesce((SELECT p.n
-                      FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[]) AS p(name, n)
-                      WHERE p.name = (SELECT w.task_name FROM {table} AS w
-                                      WHERE w.key = keys.k AND w.status = {waiting}
-                                        AND w.after_failure IS NULL
-                                      ORDER BY w.id LIMIT 1)), 1)
+      AND CASE WHEN f.name = ANY(%(fair_names)s::text[])
+          THEN (SELECT count(*) FROM (SELECT 1 FROM {table} AS e
+                                      WHERE e.key = keys.k AND e.status = {pending}
+                                      LIMIT %(fair_share)s) AS e) < %(fair_share)s
+          ELSE (SELECT count(*) FROM (SELECT 1 FROM {table} AS e
+                                      WHERE e.key = keys.k AND e.status IN ({pending}, {running})
+                                      LIMIT %(most)s) AS e)
+               < coalesce((SELECT p.n
+                           FROM unnest(%(per_key_names)s::text[], %(per_key)s::int4[])
+                                AS p(name, n)
+                           WHERE p.name = f.name), 1) END
     LIMIT %(limit)s
 )""" + _PROMOTE.replace("{keys}", "stuck")
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
