@@ -17,7 +17,6 @@ import inspect
 import math
 import os
 import re
-import struct
 import sys
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -29,20 +28,18 @@ import psycopg
 
 from outboxkit.backends import Backend, backend_for, backend_of
 from outboxkit.backends.ports import TaskAdmin
-from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.drivers import Use, async_adapter, sync_adapter, type_name
-from outboxkit.errors import InvalidEventError, NotInTransactionError
+from outboxkit.errors import InvalidEventError
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 from outboxkit.tasks.enqueue_mariadb import MariaDBTaskEnqueue
-from outboxkit.tasks.enqueue_pg import PgTaskEnqueue
+from outboxkit.tasks.enqueue_pg import PgTaskEnqueue, PgTaskStorage, pg_task_row
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.function import Registrar, TaskFunction
 from outboxkit.tasks.results import TaskResult, result_from_row, unstorable
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.tracing import capture
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
-from outboxkit.write.storage import BinaryRow, CommitStatement, Send, commit_statement
 
 if TYPE_CHECKING:
     from outboxkit.drivers import AsyncConnection, SyncConnection
@@ -156,14 +153,13 @@ class Tasks:
         #: How long ``keep_result=True`` keeps a finished task's result (seconds).
         self.keep_results_for = _seconds("keep_results_for", keep_results_for)
         self.notify = notify
-        self.sql = TaskStatements(table)
         self.types: dict[str, TaskType] = {}
         #: Periodic schedules by name, and their payloads encoded once (JSON text).
         self.schedules: dict[str, Periodic] = {}
         self.periodic_payloads: dict[str, str] = {}
         #: Each database's enqueue (its backend's), built at its first connection.
         self._enqueuers: dict[Backend, TaskEnqueue] = {}
-        self._storage = _TaskStorage(self)
+        self._storage = PgTaskStorage(table, notify=notify)
 
     def __repr__(self) -> str:
         return f"Tasks(table={self.table!r}, handlers={sorted(self.types)!r})"
@@ -550,56 +546,6 @@ class Tasks:
 # -- tasks sent with the COMMIT --------------------------------------------------------
 
 
-class _TaskStorage:
-    """What write/commit.py's pipeline asks of a storage, for task rows (one INSERT each)."""
-
-    def __init__(self, tasks: Tasks) -> None:
-        self.table = tasks.table
-        self.notify = tasks.notify
-        self._channel = tasks.sql.channel.encode()
-        # text, text, jsonb, int2, text, text, int4, timestamptz, float8, text, text
-        types = [25, 25, 3802, 21, 25, 25, 23, 1184, 701, 25, 25]
-        self._insert = commit_statement(tasks.sql.enqueue_with_commit, types, b"outboxkit_task")
-
-    def encode(self, event: object) -> BinaryRow:
-        raise NotInTransactionError(
-            "a task transaction queues tasks (tx.enqueue); write outbox events inside its block"
-            " with outbox.put(tx.connection, event)"
-        )
-
-    def commit_inserts(self, rows: list[BinaryRow], send: Send) -> None:
-        for row in rows:
-            send(self._insert, [*row, self._channel])
-
-    def prepared(self) -> list[CommitStatement]:
-        return [self._insert]
-
-
-def _binary(params: list[Any]) -> BinaryRow:
-    """An enqueue's parameters (without the channel) in PostgreSQL's binary formats."""
-    name, queue, document, priority, key, unique_key, max_attempts, at, seconds, trace = params[:10]
-    return [
-        name.encode(),
-        queue.encode(),
-        b"\x01" + document.encode(),
-        priority.to_bytes(2, "big", signed=True),
-        None if key is None else key.encode(),
-        None if unique_key is None else unique_key.encode(),
-        None if max_attempts is None else max_attempts.to_bytes(4, "big", signed=True),
-        None if at is None else _timestamptz(at),
-        struct.pack(">d", seconds),
-        None if trace is None else trace.encode(),
-    ]
-
-
-_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-
-
-def _timestamptz(value: dt.datetime) -> bytes:
-    micros = (value - _PG_EPOCH) // dt.timedelta(microseconds=1)
-    return int(micros).to_bytes(8, "big", signed=True)
-
-
 def _check_event(event: object) -> Any:
     raise InvalidEventError(
         "a task transaction takes tasks (tx.enqueue); write events with outbox.put() in it"
@@ -654,7 +600,7 @@ class TaskTransaction(OutboxTransaction):
         """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT.
         Its id is the handle's ``.id`` once the block has committed."""
         self._require_active()
-        self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+        self._rows.append(pg_task_row(_options(self._tasks, name, payload, options)))
         handle = EnqueuedTask()
         self._handles.append(handle)
         return handle
@@ -680,7 +626,7 @@ class AsyncTaskTransaction(AsyncOutboxTransaction):
 
     def enqueue(self, name: str, payload: Any = None, **options: Any) -> EnqueuedTask:
         self._require_active()
-        self._rows.append(_binary(_options(self._tasks, name, payload, options)))
+        self._rows.append(pg_task_row(_options(self._tasks, name, payload, options)))
         handle = EnqueuedTask()
         self._handles.append(handle)
         return handle
