@@ -8,8 +8,9 @@ build on each other runs top to bottom; every run checks the effect the snippet 
 Fragments (a view's lines, an ``INSTALLED_APPS`` line, a relay built from ``dsn``) run
 with the names their page says the reader has (``conn``, ``Order``, ``dsn``) or inside the
 file they belong to (settings.py, an Alembic env.py); a block that cannot run carries
-``<!-- not-runnable: why -->``. docs/tasks.md and docs/mariadb.md are still only compiled
-(tests/unit/test_docs_site.py).
+``<!-- not-runnable: why -->``. docs/tasks.md's handlers run in a ``Worker`` with the
+payload models the page assumes; docs/mariadb.md's snippets connect to the private
+mariadbd instead of the page's ``db`` host.
 """
 
 from __future__ import annotations
@@ -17,31 +18,39 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 
 from outboxkit import Event, Outbox, Relay, from_url, migrate_inbox
+from outboxkit.backends.mariadb.migrate import migrate as migrate_mariadb
+from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.backends.postgres.postgres import Status
 from outboxkit.publishers.memory import MemoryBroker
 from outboxkit.pytest import MemoryOutbox
 from outboxkit.queue.tasks import TaskStatus
+from outboxkit.tasks import InvalidTaskError, Tasks, Worker, migrate_tasks
 from outboxkit.testing import free_port, port_accepts
 from tests.support.doc_blocks import PAGES, ROOT, Block, page_python_blocks
 from tests.support.doc_programs import Program, until
 from tests.support.local_brokers import rabbitmq_url, redis_url
+from tests.support.mariadb_ops import mariadb_execute, new_database
 from tests.support.relaying import count, rows, running_relay, wait_for
 
 # The blocks each test below runs, by a line of their own: a new block fails
@@ -78,6 +87,19 @@ RUN = {
     ],
     "docs/celery.md": ["send_task(conn,", "# proj/tasks.py"],
     "docs/operations.md": ["metrics = RelayMetrics(dsn)"],
+    "docs/tasks.md": [
+        '@tasks.handler("report.generate", retry=',
+        "task_id = generate.enqueue(conn,",
+        '@tasks.handler("invoice.charge")',
+        "result = tasks.result(conn, task_id)",
+        "children = [resize.enqueue(",
+        "@tasks.periodic(",
+    ],
+    "docs/mariadb.md": [
+        "outbox.put(conn, Event(",
+        "except TransactionConflictError:",
+        '@tasks.handler("mail.send")',
+    ],
 }
 
 
@@ -550,3 +572,270 @@ def test_django_page_alembic(empty_db_dsn: str, tmp_path: Path) -> None:
     command.check(config)  # no drift: the hook leaves outboxkit's tables out of autogenerate
     command.downgrade(config, "base")
     assert tables() == (None, None)
+
+
+# -- docs/tasks.md ----------------------------------------------------------------------------
+
+TASKS_PAGE = "docs/tasks.md"
+# The names the page's snippets take from the reader's module: its payload models, and the
+# child task the fan-in's snippet enqueues (keeping its value for the callback).
+TASKS_PRELUDE = """
+from pydantic import BaseModel
+
+from outboxkit import Event
+from outboxkit.tasks import TaskContext, Tasks
+
+
+class Report(BaseModel):
+    report_id: int = 0
+
+
+class Summary(BaseModel):
+    pages: int
+
+
+class Mail(BaseModel):
+    to: str
+
+
+class Charge(BaseModel):
+    order_id: int
+    amount: int
+
+
+class Image(BaseModel):
+    path: str
+
+
+tasks = Tasks()
+
+
+@tasks.handler("image.resize", keep_result=True)
+def resize(image: Image) -> int:
+    return len(image.path)
+"""
+
+
+def _reader(**names: Any) -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(TASKS_PRELUDE, namespace)  # noqa: S102
+    return {**namespace, **names}
+
+
+@contextlib.contextmanager
+def _worker_thread(tasks: Tasks, dsn: str) -> Iterator[None]:
+    """A ``Worker`` of ``tasks`` on its own event loop and thread (a snippet may block its
+    own thread in ``tasks.wait``), finished tasks kept to be read back."""
+    worker = Worker(tasks, dsn, poll_interval=0.1, retention="keep")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(worker.run(),))
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(worker.stop)
+        thread.join(timeout=30)
+        loop.close()
+    assert not thread.is_alive()
+
+
+def _task_rows(dsn: str, name: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT status, attempts, last_error FROM outboxkit_tasks WHERE task_name = %s"
+            " ORDER BY id",
+            (name,),
+        )
+        return found.fetchall()
+
+
+def _until_done(dsn: str, name: str, n: int = 1) -> list[tuple[Any, ...]]:
+    """The tasks named ``name`` once at least ``n`` exist and all are done (none failed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = _task_rows(dsn, name)
+        if len(found) >= n and all(r[0] == TaskStatus.DONE for r in found):
+            return found
+        failed = [r for r in found if r[0] == TaskStatus.FAILED]
+        assert not failed and time.monotonic() < deadline, found
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_tasks_page(db_dsn: str) -> None:
+    """Each snippet's handler registered, its task enqueued in a PostgreSQL transaction and
+    run by a Worker: the generator done once, the typed enqueue's wrong payload refused
+    while its transaction goes on, the charge and its event committed with the completion,
+    the results read and waited for, the fan-in's callback after its children, and the
+    periodic task's missed slot run once."""
+    migrate_tasks(db_dsn)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    with psycopg.connect(db_dsn) as conn:
+        # Handlers and payloads: the handler's options taken, its task run.
+        first = _exec(_block(TASKS_PAGE, '@tasks.handler("report.generate", retry='), _reader())
+        options = first["tasks"].types["report.generate"]
+        assert (options.max_attempts, options.timeout) == (5, 120)
+        first["generate"].enqueue(conn, first["Report"](report_id=1))
+        conn.commit()
+        with _worker_thread(first["tasks"], db_dsn):
+            _until_done(db_dsn, "report.generate")
+
+        # The typed enqueue: the right payload enqueued, the wrong one refused at run time
+        # too, the transaction going on; then the results, read and waited for.
+        typed_block = _block(TASKS_PAGE, "task_id = generate.enqueue(conn,")
+        typed = _reader(conn=conn)
+        with pytest.raises(InvalidTaskError) as refused:
+            exec(compile(typed_block.code, str(typed_block), "exec"), typed)  # noqa: S102
+        tb, lines = refused.tb, []
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == str(typed_block):
+                lines.append(tb.tb_lineno)
+            tb = tb.tb_next
+        (raised,) = [typed_block.code.splitlines()[n - 1] for n in lines]
+        assert raised.startswith('generate.enqueue(conn, Mail(to="x"))'), raised
+        conn.commit()
+        results = _block(TASKS_PAGE, "result = tasks.result(conn, task_id)")
+        namespace = {**typed, "task_id": typed["task_id"], "dsn": db_dsn}
+        with _worker_thread(typed["tasks"], db_dsn):
+            program = compile(results.code, str(results), "exec", flags)
+            asyncio.run(eval(program, namespace))  # noqa: S307
+        conn.rollback()
+        assert (namespace["result"].status, namespace["result"].attempts) == ("done", 1)
+        assert namespace["result"].finished_at is not None
+
+        # Effects that happen once: the charge and its event commit with the completion.
+        conn.execute("CREATE TABLE charges (order_id int, amount int)")
+        conn.commit()
+        charging = _exec(_block(TASKS_PAGE, '@tasks.handler("invoice.charge")'), _reader())
+        charging["tasks"].enqueue(conn, "invoice.charge", {"order_id": 7, "amount": 4200})
+        conn.commit()
+        with _worker_thread(charging["tasks"], db_dsn):
+            _until_done(db_dsn, "invoice.charge")
+        assert conn.execute("SELECT order_id, amount FROM charges").fetchall() == [(7, 4200)]
+        conn.rollback()
+    (event,) = rows(db_dsn)
+    assert (event["topic"], event["event_type"]) == ("billing", "charged")
+
+    # Dependencies: two children and the callback in one transaction; the callback runs
+    # after both, reading their results.
+    fan_in = _reader(paths=["a.png", "b.png"])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        _exec(_block(TASKS_PAGE, "children = [resize.enqueue("), {**fan_in, "conn": conn})
+    with _worker_thread(fan_in["tasks"], db_dsn):
+        _until_done(db_dsn, "album.publish")
+    assert [r[0] for r in _task_rows(db_dsn, "image.resize")] == [TaskStatus.DONE] * 2
+    with psycopg.connect(db_dsn) as conn:
+        order = conn.execute(
+            "SELECT min(started_at) FILTER (WHERE task_name = 'album.publish')"
+            " >= max(finished_at) FILTER (WHERE task_name = 'image.resize') FROM outboxkit_tasks"
+        ).fetchone()
+    assert order == (True,)
+
+    # Periodic tasks: a schedule whose last slot was 20 minutes ago runs the latest missed
+    # slot once (catch_up="last").
+    periodic = _exec(_block(TASKS_PAGE, "@tasks.periodic("), _reader())
+    (schedule,) = periodic["tasks"].schedules
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outboxkit_schedules (schedule, slot) VALUES"
+            " (%s, date_bin('5 minutes', now(), 'epoch') - interval '20 minutes')",
+            (schedule,),
+        )
+    before = len(_task_rows(db_dsn, "report.generate"))
+    with _worker_thread(periodic["tasks"], db_dsn):
+        ran = len(_until_done(db_dsn, "report.generate", before + 1)) - before
+    with psycopg.connect(db_dsn) as conn:
+        slots = conn.execute(
+            "SELECT count(*) FROM outboxkit_schedules WHERE schedule = %s", (schedule,)
+        ).fetchone()
+    # One run per slot: the latest missed one (and the next, had a boundary just passed).
+    assert ran in (1, 2) and slots == (1 + ran,), (ran, slots)
+
+
+# -- docs/mariadb.md --------------------------------------------------------------------------
+
+MARIADB_PAGE = "docs/mariadb.md"
+# The page's connection to the reader's server, as this test's private mariadbd.
+PAGE_CONNECT = 'pymysql.connect(host="db", user="app", database="shop")'
+
+
+def _on_server(block: Block, url: str) -> Block:
+    """``block`` connecting to ``url``'s database instead of the page's ``db`` host."""
+    args = connect_args(url)
+    ours = "pymysql.connect(host={host!r}, port={port!r}, user={user!r}, database={database!r})"
+    assert block.code.count(PAGE_CONNECT) == 1, block
+    code = block.code.replace(PAGE_CONNECT, ours.format(**args))
+    return Block(block.line, block.lang, code, block.not_runnable, block.page)
+
+
+def _release_after_two_waits(url: str, blocker: Any) -> None:
+    """``blocker``'s locks released once a second transaction waits on them (the retry's)."""
+    query = "SELECT trx_id FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    waiting: set[Any] = set()
+    deadline = time.monotonic() + 20
+    while len(waiting) < 2 and time.monotonic() < deadline:
+        waiting |= {row[0] for row in mariadb_execute(url, query)}
+        time.sleep(0.02)
+    blocker.rollback()
+
+
+@pytest.mark.slow
+def test_mariadb_page(mariadb_server: Any) -> None:
+    """On the private mariadbd: the order and its event commit together, the retry loop
+    runs its transaction again after a lock wait timeout and commits the next order with its
+    event once, and the task enqueued with PyMySQL
+    is run by a Worker, its handler's row committed with the completion."""
+    url = new_database(mariadb_server)
+    migrate_mariadb(url, kind="tasks", table="outboxkit_tasks")
+    mariadb_execute(url, "CREATE TABLE orders (id INT PRIMARY KEY, total INT)")
+    mariadb_execute(url, "CREATE TABLE sent (to_addr VARCHAR(255))")
+
+    write = _exec(_on_server(_block(MARIADB_PAGE, "outbox.put(conn, Event("), url), {})
+    # The retry loop meets a real conflict first: another transaction's next-key lock on
+    # the outbox's end holds its INSERT past a 1 s lock wait (1205), then goes.
+    with write["conn"].cursor() as cur:
+        cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+    blocker = pymysql.connect(**connect_args(url))
+    with blocker.cursor() as cur:
+        cur.execute("SELECT id FROM outbox WHERE id > 0 FOR UPDATE")
+    release = threading.Thread(target=_release_after_two_waits, args=(url, blocker))
+    release.start()
+    try:
+        retry = _block(MARIADB_PAGE, "except TransactionConflictError:")
+        retried = _exec(retry, {**write, "order_id": 43, "total": 4200})
+    finally:
+        release.join(timeout=30)
+        blocker.close()
+        write["conn"].close()
+    assert retried["attempt"] == 1  # the first attempt's conflict, then the second's commit
+    assert mariadb_execute(url, "SELECT id, total FROM orders ORDER BY id") == [
+        (42, None),
+        (43, 4200),
+    ]
+    assert mariadb_execute(url, "SELECT event_type, payload FROM outbox ORDER BY id") == [
+        ("order.placed", b'{"id":42}'),
+        ("order.placed", b'{"id":43}'),
+    ]
+
+    enqueue = _exec(_on_server(_block(MARIADB_PAGE, '@tasks.handler("mail.send")'), url), {})
+    enqueue["conn"].close()
+    ((task_id,),) = mariadb_execute(url, "SELECT id FROM outboxkit_tasks")
+
+    async def work() -> None:
+        worker = Worker(enqueue["tasks"], url, poll_interval=0.1, retention="keep")
+        running = asyncio.create_task(worker.run())
+        try:
+            await wait_for(
+                lambda: (
+                    mariadb_execute(url, "SELECT status FROM outboxkit_tasks")
+                    == [(TaskStatus.DONE,)]
+                ),
+                what="the mail task done",
+            )
+        finally:
+            worker.stop()
+            await running
+
+    asyncio.run(work())
+    assert mariadb_execute(url, "SELECT to_addr FROM sent") == [("a@example.com",)]
+    assert mariadb_execute(url, "SELECT id, attempts FROM outboxkit_tasks") == [(task_id, 1)]

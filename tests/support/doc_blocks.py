@@ -35,6 +35,8 @@ PAGES = [
     "docs/django.md",
     "docs/celery.md",
     "docs/operations.md",
+    "docs/tasks.md",
+    "docs/mariadb.md",
 ]
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>\S*)\s*$")
 NOT_RUNNABLE = re.compile(r"^\s*<!--\s*not-runnable:\s*(?P<reason>.+?)\s*-->\s*$")
