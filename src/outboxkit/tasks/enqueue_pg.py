@@ -3,8 +3,8 @@
 ``ENQUEUE`` (or ``ENQUEUE_AFTER`` with upstream tasks) of backends/postgres/tasks_sql.py,
 run through the driver adapters; the statement itself wakes a waiting worker (NOTIFY). And
 ``Tasks.transaction()``'s enqueues, sent with the COMMIT in PostgreSQL's binary formats
-(:class:`PgTaskStorage`, :func:`pg_task_row`). Here, not in backends/, as the outbox's storages live in write/: the layers put tasks
-above the backends and the drivers it joins.
+(:class:`PgTaskStorage`, :func:`pg_task_row`). Here, not in backends/, as the outbox's
+storages live in write/: the layers put tasks above the backends and the drivers it joins.
 """
 
 from __future__ import annotations
