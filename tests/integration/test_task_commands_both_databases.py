@@ -1,7 +1,7 @@
-"""`outboxkit tasks …` on a mysql:// DSN, through the backend's TaskAdmin: real rows made by
-real enqueues and a real Worker (a failed task, a done one kept, pending ones), each
-command's effect read back from the table, its --json parsed; and the worker's task gauges
-read from the same table."""
+"""`outboxkit tasks …` on a mysql:// DSN and a postgresql:// one alike, through the backend's
+TaskAdmin: real rows made by real enqueues and a real Worker (failed tasks, a done one kept,
+pending ones), each command's effect read back from the table, its --json parsed (the same
+keys in the same order on both databases); and the worker's task gauges from the table."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pymysql
 import pytest
 from click.testing import CliRunner
 
-from outboxkit.backends.mariadb.migrate import migrate
+from outboxkit.backends import backend_for
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.ops.cli import main
 from outboxkit.ops.task_metrics import _TableGauges
 from outboxkit.tasks import Tasks, Worker
-from tests.support.mariadb import MariaDB
-from tests.support.mariadb_ops import mariadb_execute, new_database
+from tests.support.mariadb_ops import new_database
 
 tasks = Tasks()
 
@@ -35,17 +35,38 @@ async def boom(payload: dict[str, int]) -> None:
     raise ValueError(f"card {payload['n']} declined")
 
 
-@pytest.fixture
-def url(mariadb_server: MariaDB) -> Iterator[str]:
-    url = new_database(mariadb_server)
-    migrate(url, kind="tasks", table="outboxkit_tasks")
+#: The keys of `tasks list --json` and `tasks show --json`, in order, on either database.
+LISTED = ["id", "task_name", "queue", "status", "attempts", "priority", "key", "available_at",
+          "created_at", "error_type", "last_error", "claimed_by", "due"]  # fmt: skip
+SHOWN = ["id", "task_name", "queue", "priority", "key", "unique_key", "status", "attempts",
+         "max_attempts", "available_at", "claim_token", "claimed_by", "last_error",
+         "error_type", "traceback_excerpt", "created_at", "started_at", "finished_at",
+         "lapses", "spared", "result", "progress", "keep_until", "has_dependents",
+         "after_failure", "trace", "payload_json", "upstream", "downstream"]  # fmt: skip
+
+
+@pytest.fixture(params=["mariadb", "postgresql"])
+def url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A task table on the private mariadbd, and (the same commands' output) PostgreSQL's."""
+    if request.param == "postgresql":
+        url = str(request.getfixturevalue("db_dsn"))
+    else:
+        url = new_database(request.getfixturevalue("mariadb_server"))
+    backend_for(url).migrate(url, "tasks", "outboxkit_tasks")
     yield url
 
 
-def _enqueue(url: str, name: str, n: int, **options: Any) -> int:
+def _connect(url: str) -> Any:
+    if url.startswith("postgresql"):
+        return psycopg.connect(url)
     conn = pymysql.connect(**connect_args(url))
+    conn.begin()
+    return conn
+
+
+def _enqueue(url: str, name: str, n: int, **options: Any) -> int:
+    conn = _connect(url)
     try:
-        conn.begin()
         task_id = tasks.enqueue(conn, name, {"n": n}, **options)
         conn.commit()
     finally:
@@ -65,8 +86,14 @@ def _json(url: str, *args: str) -> list[dict[str, Any]]:
 
 
 def _states(url: str) -> dict[int, tuple[int, int]]:
-    rows = mariadb_execute(url, "SELECT id, status, attempts FROM outboxkit_tasks")
-    return {int(i): (int(s), int(a)) for i, s, a in rows}
+    """Each task's (status, attempts), read from the table."""
+    conn = _connect(url)
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT id, status, attempts FROM outboxkit_tasks")
+        return {int(i): (int(s), int(a)) for i, s, a in cur.fetchall()}
+    finally:
+        conn.close()
 
 
 async def _settle(url: str, ids: list[int]) -> None:
@@ -83,7 +110,9 @@ async def _settle(url: str, ids: list[int]) -> None:
         await running
 
 
-async def test_every_task_command_reads_and_acts_on_a_mariadb_task_table(url: str) -> None:
+async def test_every_task_command_reads_and_acts_on_the_task_table_alike_on_both_databases(
+    url: str,
+) -> None:
     done = _enqueue(url, "square", 3)
     keyed = _enqueue(url, "boom", 1, unique_key="order-1")
     failed = _enqueue(url, "boom", 2)
@@ -92,6 +121,7 @@ async def test_every_task_command_reads_and_acts_on_a_mariadb_task_table(url: st
     pending = _enqueue(url, "square", 5, queue="later")
 
     listed = {r["id"]: r for r in _json(url, "list")}
+    assert list(listed[done]) == LISTED
     assert {i: r["status"] for i, r in listed.items()} == {
         done: "done", keyed: "failed", failed: "failed", live: "pending", pending: "pending"
     }  # fmt: skip
@@ -103,6 +133,7 @@ async def test_every_task_command_reads_and_acts_on_a_mariadb_task_table(url: st
     assert "failed tasks" in table and "ValueError: card 2 declined" in table
 
     shown = json.loads(_run(url, "show", str(failed), "--json"))
+    assert list(shown) == SHOWN
     assert (shown["status"], shown["attempts"], shown["unique_key"]) == ("failed", 1, None)
     assert "card 2 declined" in shown["traceback_excerpt"] and "payload" not in shown
     assert json.loads(shown["payload_json"]) == {"n": 2} and shown["upstream"] == []
@@ -112,8 +143,10 @@ async def test_every_task_command_reads_and_acts_on_a_mariadb_task_table(url: st
         in CliRunner().invoke(main, ["tasks", "show", "999999", "--dsn", url]).output
     )
 
-    queues = {q["queue"]: q for q in _json(url, "queues")}
-    assert (queues["later"]["queued"], queues["later"]["paused"]) == (2, False)
+    assert _json(url, "queues") == [
+        {"queue": "later", "paused": False, "changed_at": None, "changed_by": None,
+         "queued": 2, "running": 0}
+    ]  # fmt: skip
     assert "paused queue later" in _run(url, "pause", "later")
     assert "was paused already" in _run(url, "pause", "later")
     assert {q["queue"]: q["paused"] for q in _json(url, "queues")}["later"] is True
@@ -136,7 +169,7 @@ async def test_every_task_command_reads_and_acts_on_a_mariadb_task_table(url: st
     assert set(_states(url)) == {live}
 
 
-async def test_the_workers_task_gauges_read_a_mariadb_task_table(url: str) -> None:
+async def test_the_workers_task_gauges_read_the_task_table_of_either_database(url: str) -> None:
     failed = _enqueue(url, "boom", 1)
     await _settle(url, [failed])
     _enqueue(url, "square", 2, queue="later")
