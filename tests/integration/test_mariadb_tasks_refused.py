@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import aiohttp
+import pytest
 
 from outboxkit.backends.mariadb.backend import MARIADB
 from outboxkit.errors import ConfigurationError
