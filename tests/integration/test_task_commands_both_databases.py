@@ -162,11 +162,13 @@ async def test_every_task_command_reads_and_acts_on_the_task_table_alike_on_both
 
     assert "cancelled 2 task(s)" in _run(url, "cancel", str(pending), str(failed), str(done))
     assert _states(url)[pending][0] == _states(url)[failed][0] == 4
+    assert "replayed 1 task(s)" in _run(url, "replay", str(pending))  # by id: back to pending
+    assert _states(url)[pending] == (0, 0)
     assert "discarded 1 task(s)" in _run(url, "discard", str(keyed), str(live))
     assert keyed not in _states(url) and live in _states(url)  # a live task is not discarded
     assert "purged 0 finished task(s)" in _run(url, "purge", "--older-than", "1h")
-    assert "purged 3 finished task(s)" in _run(url, "purge", "--older-than", "0s")
-    assert set(_states(url)) == {live}
+    assert "purged 2 finished task(s)" in _run(url, "purge", "--older-than", "0s")
+    assert set(_states(url)) == {live, pending}
 
 
 async def test_the_workers_task_gauges_read_the_task_table_of_either_database(url: str) -> None:

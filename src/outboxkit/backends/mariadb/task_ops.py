@@ -125,14 +125,6 @@ def replay_tasks_reporting(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def replay_tasks(
-    dsn: Any, table: str, ids: Sequence[int] = (), *, all_failed: bool = False,
-    name: str | None = None,
-) -> list[int]:  # fmt: skip
-    """Failed or cancelled tasks back to pending, attempts from zero; the ids replayed."""
-    return replay_tasks_reporting(dsn, table, ids, all_failed=all_failed, name=name)[0]
-
-
 def cancel_tasks(dsn: Any, table: str, ids: Sequence[int]) -> list[int]:
     """Pending, waiting or running tasks cancelled (a running one's completion becomes a
     no-op); the ids cancelled."""
