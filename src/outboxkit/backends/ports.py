@@ -25,8 +25,8 @@ __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmi
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL, task lifecycle events written by the settle (``events=``), the task
-#: commands (`outboxkit tasks …`, the dashboard's Tasks page, the worker's task gauges).
+#: versioned SQL, task lifecycle events written by the settle (``events=``), the
+#: dashboard's Tasks page (``task_admin``), limits per key.
 Feature = Literal[
     "tasks",
     "cdc",
@@ -70,8 +70,9 @@ class Admin:
 
 @dataclass(frozen=True, slots=True)
 class TaskAdmin:
-    """One backend's task-mode reads and switches, as ``Tasks`` asks them (each takes a URL
-    or an open connection, then the task table): results, waits, pausing a queue."""
+    """One backend's task-mode reads and switches, as ``Tasks`` and the task commands ask
+    them (each takes a URL or an open connection, then the task table): results, waits,
+    pausing a queue, listing, replaying, cancelling and purging tasks."""
 
     #: One task's state, value, error, progress and timings (a row), or None.
     read_result: Callable[..., dict[str, Any] | None]
@@ -81,6 +82,28 @@ class TaskAdmin:
     await_result: Callable[..., Any]
     pause_queue: Callable[..., bool]
     resume_queue: Callable[..., bool]
+    # -- `outboxkit tasks …` and the worker's task gauges: rows of the same keys and types
+    #: Tasks by id, of a state, name, queue, due-ness (``status=``, ``name=``...).
+    list_tasks: Callable[..., list[dict[str, Any]]]
+    #: Every column of one task, its payload as ``payload_json`` text and its edges, or None.
+    show_task: Callable[..., dict[str, Any] | None]
+    #: Failed or cancelled tasks run again: (ids replayed, [(id, unique_key) left failed]).
+    replay_tasks_reporting: Callable[..., tuple[list[int], list[tuple[int, str]]]]
+    cancel_tasks: Callable[..., list[int]]
+    discard_tasks: Callable[..., list[int]]
+    #: Each queue with live tasks or a pause record: paused, since, by, queued, running.
+    queue_states: Callable[..., list[dict[str, Any]]]
+    #: Finished tasks older than ``older_than`` seconds deleted in batches; how many.
+    purge_finished: Callable[..., int]
+    #: Per task name: queued, scheduled, running, failed, oldest queued age (s) or None.
+    task_gauges: Callable[..., list[tuple[Any, ...]]]
+
+
+#: The task commands' functions of :class:`TaskAdmin`, named alike in each backend's module.
+TASK_OPS = (
+    "list_tasks", "show_task", "replay_tasks_reporting", "cancel_tasks", "discard_tasks",
+    "queue_states", "purge_finished", "task_gauges",
+)  # fmt: skip
 
 
 class Migrated(Protocol):

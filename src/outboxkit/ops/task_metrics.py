@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres.tasks_pg import queue_states, task_gauges
+from outboxkit.backends import backend_for
 from outboxkit.ops._throttle import Throttled
 from outboxkit.queue.tasks import DEFAULT_MAX_TASK_NAMES, OTHER_TASKS, ClaimedTask
 
@@ -51,8 +51,9 @@ class _TableGauges(Collector):
 
     def read(self) -> _Read:
         """The table's gauges and its queues' states (blocking: run in a thread)."""
-        rows = task_gauges(self.dsn, self.table, max_names=self.max_names)
-        return rows, [(q["queue"], q["paused"]) for q in queue_states(self.dsn, self.table)]
+        ops = backend_for(self.dsn).task_admin()
+        rows = ops.task_gauges(self.dsn, self.table, max_names=self.max_names)
+        return rows, [(q["queue"], q["paused"]) for q in ops.queue_states(self.dsn, self.table)]
 
     def collect(self) -> Iterable[Metric]:
         names = ("queued", "scheduled", "running", "failed")

@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.ports import Admin, Backend, Feature, Migrated, MigrationKind, TaskAdmin
+from outboxkit.backends.ports import (
+    TASK_OPS,
+    Admin,
+    Backend,
+    Feature,
+    Migrated,
+    MigrationKind,
+    TaskAdmin,
+)
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -42,11 +50,9 @@ class MariaDBBackend(Backend):
         " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
         " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
         " ctx.outbox.put() inside ctx.transaction()",
-        "task_admin": "task mode's reads and switches (`outboxkit tasks …`, the dashboard's"
-        " Tasks page, the worker's --metrics-port task gauges, Tasks.result(), wait(), pause()"
-        " and resume()) read PostgreSQL's task table only, not MariaDB/MySQL's yet: the worker"
-        " and enqueue do work on MariaDB/MySQL; read its task table with SQL meanwhile"
-        ' (docs/mariadb.md, "Task mode")',
+        "task_admin": "the dashboard's Tasks page reads PostgreSQL's task table only, not"
+        " MariaDB/MySQL's yet: its Outbox page works; list and act on MariaDB/MySQL's tasks"
+        ' with `outboxkit tasks … --dsn mysql://…` meanwhile (docs/mariadb.md, "Task mode")',
         "task_key_limits": "limits and fairness per key (@tasks.handler(...,"
         " concurrency_per_key=N) with N > 1, rate_per_key=, fair=True) are kept by"
         " PostgreSQL's claim only, not MariaDB/MySQL's yet: leave them unset on MariaDB/MySQL"
@@ -135,7 +141,7 @@ class MariaDBBackend(Backend):
         return MariaDBSchedules(dsn, table)
 
     def task_admin(self) -> TaskAdmin:
-        from outboxkit.backends.mariadb import task_admin
+        from outboxkit.backends.mariadb import task_admin, task_ops
 
         return TaskAdmin(
             read_result=task_admin.read_result,
@@ -143,6 +149,7 @@ class MariaDBBackend(Backend):
             await_result=task_admin.await_result,
             pause_queue=task_admin.pause_queue,
             resume_queue=task_admin.resume_queue,
+            **{name: getattr(task_ops, name) for name in TASK_OPS},
         )
 
     def migrate(

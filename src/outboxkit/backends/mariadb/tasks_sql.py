@@ -340,6 +340,88 @@ class TaskStatements:
             " ON s.schedule = x.schedule AND s.slot = x.slot"
         )
 
+        # -- ops (`outboxkit tasks …`, the worker's task gauges): PostgreSQL's names -------
+        # `due`: a pending task is queued (due now) or scheduled (due later); a running
+        # one's available_at is its lease expiry. Each filter is `%s IS NULL OR …` (twice).
+        self.list_tasks = (
+            "SELECT id, task_name, queue, status, attempts, priority, `key`, available_at,"
+            " created_at, error_type, last_error, claimed_by, available_at <= "
+            f"{NOW} AS due FROM {t} WHERE (%s IS NULL OR status = %s)"
+            " AND (%s IS NULL OR task_name = %s) AND (%s IS NULL OR queue = %s)"
+            f" AND (%s IS NULL OR (available_at <= {NOW}) = %s) ORDER BY id LIMIT %s"
+        )
+        # Every column but the generated ones, in PostgreSQL's order; the payload as text.
+        self.show_task = (
+            "SELECT id, task_name, queue, payload, priority, `key`, unique_key, status,"
+            " attempts, max_attempts, available_at, claim_token, claimed_by, last_error,"
+            " error_type, traceback_excerpt, created_at, started_at, finished_at, lapses,"
+            " spared, result, progress, keep_until, has_dependents, after_failure, trace,"
+            f" payload AS payload_json FROM {t} WHERE id = %s"
+        )
+        self.upstream = f"SELECT after_id FROM {deps} WHERE task_id = %s ORDER BY 1"
+        self.downstream = f"SELECT task_id FROM {deps} WHERE after_id = %s ORDER BY 1 LIMIT 1000"
+        # Replay (one transaction): the failed or cancelled candidates locked, then those
+        # chosen (no unique_key; or none live with it and the newest candidate of it) set
+        # back to their first attempt; the rest reported. The live check reads the unique
+        # index locking (a concurrent enqueue of that key waits, or is seen).
+        self.replay_candidates = (
+            f"SELECT id, unique_key FROM {by_id} WHERE status IN ({FAILED}, {CANCELLED})"
+            " AND (%s OR id {ids}) AND (%s IS NULL OR task_name = %s) ORDER BY id FOR UPDATE"
+        )
+        self.unique_live = (
+            f"SELECT 1 FROM {t} WHERE live_unique = UNHEX(SHA2(%s, 256)) LOCK IN SHARE MODE"
+        )
+        self.replay = (
+            f"UPDATE {by_id} SET status = {PENDING}, attempts = 0, lapses = 0, spared = 0,"
+            f" available_at = {NOW}, claim_token = NULL, claimed_by = NULL, last_error = NULL,"
+            " error_type = NULL, traceback_excerpt = NULL, started_at = NULL,"
+            " finished_at = NULL WHERE id {ids}"
+        )
+        # Cancelling a running task clears its claim token: its completion changes nothing.
+        cancellable = f"({PENDING}, {RUNNING}, {WAITING})"
+        self.cancel_lock = (
+            f"SELECT id FROM {by_id} WHERE id {{ids}} AND status IN {cancellable}"
+            " ORDER BY id FOR UPDATE"
+        )
+        self.cancel = (
+            f"UPDATE {by_id} SET status = {CANCELLED}, finished_at = {NOW}, claim_token = NULL"
+            " WHERE id {ids}"
+        )
+        self.discard = (
+            f"DELETE FROM {t} WHERE id {{ids}} AND status IN ({FAILED}, {CANCELLED}) RETURNING id"
+        )
+        # Retention "keep": a batch of finished tasks at a time, each its own statement.
+        self.purge_finished = (
+            f"DELETE FROM {t} WHERE status IN ({DONE}, {CANCELLED})"
+            f" AND finished_at < {NOW} - INTERVAL %s MICROSECOND LIMIT %s"
+        )
+        # Every queue with live tasks or a pause row (no FULL JOIN: the union of names).
+        live = f"FROM {t} FORCE INDEX ({s['index_status']}) WHERE status IN {_LIVE}"
+        self.queue_states = (
+            "SELECT n.queue, COALESCE(p.paused, FALSE) AS paused, p.changed_at, p.changed_by,"
+            " COALESCE(c.queued, 0) AS queued, COALESCE(c.running, 0) AS running"
+            f" FROM (SELECT DISTINCT queue {live} UNION SELECT queue FROM {queues}) AS n"
+            f" LEFT JOIN (SELECT queue, SUM(status = {PENDING} AND available_at <= {NOW})"
+            f" AS queued, SUM(status = {RUNNING}) AS running {live} GROUP BY queue) AS c"
+            f" ON c.queue = n.queue LEFT JOIN {queues} AS p ON p.queue = n.queue ORDER BY 1"
+        )
+        # The worker's gauges per task name (PostgreSQL's TASK_GAUGES): the `max_names`
+        # names with the most tasks get a row each, the rest one row named `other`.
+        due, pending_due = f"available_at <= {NOW}", f"status = {PENDING} AND available_at"
+        self.task_gauges = (
+            "WITH per_name AS (SELECT task_name,"
+            f" SUM({pending_due} <= {NOW}) AS queued, SUM({pending_due} > {NOW}) AS scheduled,"
+            f" SUM(status = {RUNNING}) AS running, SUM(status = {FAILED}) AS failed,"
+            f" MIN(IF(status = {PENDING} AND {due}, available_at, NULL)) AS oldest_due,"
+            f" COUNT(*) AS tasks FROM {t} FORCE INDEX ({s['index_status']})"
+            f" WHERE status IN ({PENDING}, {RUNNING}, {FAILED}) GROUP BY task_name),"
+            " ranked AS (SELECT *, ROW_NUMBER() OVER (ORDER BY tasks DESC, task_name) AS"
+            " `rank` FROM per_name)"
+            " SELECT IF(`rank` <= %s, task_name, %s) AS name, SUM(queued), SUM(scheduled),"
+            " SUM(running), SUM(failed),"
+            f" TIMESTAMPDIFF(MICROSECOND, MIN(oldest_due), {NOW}) / 1e6 FROM ranked GROUP BY 1"
+        )
+
     @functools.lru_cache(maxsize=64)  # noqa: B019 (few shapes per store, kept with it)
     def claim_lock(self, names: int | None, skip: int, name: bool, alone: bool) -> str:
         """Lock a batch of the queue's claimable tasks, skipping those another claim holds

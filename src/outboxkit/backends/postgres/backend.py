@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from outboxkit.backends.ports import Admin, Backend, Migrated, MigrationKind, TaskAdmin
+from outboxkit.backends.ports import (
+    TASK_OPS,
+    Admin,
+    Backend,
+    Migrated,
+    MigrationKind,
+    TaskAdmin,
+)
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -136,6 +143,7 @@ class PostgresBackend(Backend):
             await_result=tasks_pg.await_result,
             pause_queue=tasks_pg.pause_queue,
             resume_queue=tasks_pg.resume_queue,
+            **{name: getattr(tasks_pg, name) for name in TASK_OPS},
         )
 
     def migrate(

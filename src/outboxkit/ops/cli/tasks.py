@@ -12,6 +12,7 @@ import click
 from rich.table import Table
 
 from outboxkit._redact import redact, remember_secrets
+from outboxkit.backends.ports import TaskAdmin
 from outboxkit.ops.cli.guard import run_guarded
 from outboxkit.ops.cli.options import (
     dsn_option,
@@ -28,14 +29,13 @@ tasks_table = tasks_table_option()
 
 
 def task_dsn_option(command: Callable[..., None]) -> Callable[..., None]:
-    """--dsn, and a database whose task table these commands cannot read refused at once in
-    one line (MariaDB/MySQL's, for now)."""
+    """--dsn, and a database without task mode refused at once in one line."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
         from outboxkit.tasks.unsupported import missing
 
-        reason = missing(kwargs.get("dsn") or "", "task_admin")
+        reason = missing(kwargs.get("dsn") or "")
         if reason is not None:
             fail(reason, 2)
         remember_secrets(kwargs.get("dsn") or "")  # a handler's error may quote them
@@ -53,6 +53,13 @@ task_limit = click.option(
     show_default=True,
     help="At most this many tasks.",
 )
+
+
+def _ops(dsn: str) -> TaskAdmin:
+    """The task table's functions of ``dsn``'s database (its backend's)."""
+    from outboxkit.backends import backend_for
+
+    return backend_for(dsn).task_admin()
 
 
 @click.group()
@@ -113,12 +120,11 @@ def list_command(
     as_json: bool,
 ) -> None:
     """Tasks, oldest first."""
-    from outboxkit.backends.postgres.tasks_pg import list_tasks
     from outboxkit.queue.tasks import TaskStatus
 
     state = None if status is None else TaskStatus[status.upper()]
     rows = run_guarded(
-        list_tasks, dsn, tasks_table, status=state, name=name, queue=queue, limit=limit
+        _ops(dsn).list_tasks, dsn, tasks_table, status=state, name=name, queue=queue, limit=limit
     )
     _print(rows, as_json, "tasks")
     if not as_json:
@@ -127,9 +133,8 @@ def list_command(
 
 def _say_paused(dsn: str, tasks_table: str, only: str | None) -> None:
     """One line per paused queue under a person's listing (no worker claims from it)."""
-    from outboxkit.backends.postgres.tasks_pg import queue_states
 
-    for q in run_guarded(queue_states, dsn, tasks_table):
+    for q in run_guarded(_ops(dsn).queue_states, dsn, tasks_table):
         if q["paused"] and only in (None, q["queue"]):
             console.print(
                 f"[yellow]queue {q['queue']} is paused[/] since"
@@ -159,9 +164,8 @@ def _who() -> str:
 @json_lines
 def queues_command(dsn: str, tasks_table: str, as_json: bool) -> None:
     """Each queue: paused or running, its queued and running tasks."""
-    from outboxkit.backends.postgres.tasks_pg import queue_states
 
-    rows = run_guarded(queue_states, dsn, tasks_table)
+    rows = run_guarded(_ops(dsn).queue_states, dsn, tasks_table)
     if as_json:
         for row in rows:
             click.echo(json.dumps({k: jsonable(v) for k, v in row.items()}))
@@ -194,9 +198,8 @@ def pause_command(dsn: str, tasks_table: str, queue: str) -> None:
     Workers stop at their next claim (running tasks finish); enqueue keeps working and the
     tasks wait. A worker started while the queue is paused does not claim from it either.
     """
-    from outboxkit.backends.postgres.tasks_pg import pause_queue
 
-    if run_guarded(pause_queue, dsn, tasks_table, queue, by=_who()):
+    if run_guarded(_ops(dsn).pause_queue, dsn, tasks_table, queue, by=_who()):
         ok(f"paused queue {queue}: no worker claims from it until `outboxkit tasks resume {queue}`")
     else:
         ok(f"queue {queue} was paused already")
@@ -208,9 +211,8 @@ def pause_command(dsn: str, tasks_table: str, queue: str) -> None:
 @click.argument("queue")
 def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
     """Let workers claim from QUEUE again (waiting workers are woken at once)."""
-    from outboxkit.backends.postgres.tasks_pg import resume_queue
 
-    if run_guarded(resume_queue, dsn, tasks_table, queue, by=_who()):
+    if run_guarded(_ops(dsn).resume_queue, dsn, tasks_table, queue, by=_who()):
         ok(f"resumed queue {queue}")
     else:
         ok(f"queue {queue} was not paused")
@@ -224,11 +226,10 @@ def resume_command(dsn: str, tasks_table: str, queue: str) -> None:
 @json_lines
 def failed_command(dsn: str, tasks_table: str, name: str | None, limit: int, as_json: bool) -> None:
     """Failed tasks (dead letters), with their error; `tasks show ID` for the traceback."""
-    from outboxkit.backends.postgres.tasks_pg import list_tasks
     from outboxkit.queue.tasks import TaskStatus
 
     rows = run_guarded(
-        list_tasks, dsn, tasks_table, status=TaskStatus.FAILED, name=name, limit=limit
+        _ops(dsn).list_tasks, dsn, tasks_table, status=TaskStatus.FAILED, name=name, limit=limit
     )
     _print(rows, as_json, "failed tasks")
 
@@ -243,10 +244,9 @@ def show_command(dsn: str, tasks_table: str, task_id: int, as_json: bool) -> Non
 
     For a person: one field a line and the traceback as its lines; --json for programs.
     """
-    from outboxkit.backends.postgres.tasks_pg import show_task
     from outboxkit.queue.tasks import TaskStatus
 
-    row = run_guarded(show_task, dsn, tasks_table, task_id)
+    row = run_guarded(_ops(dsn).show_task, dsn, tasks_table, task_id)
     if row is None:
         fail(f"no task {task_id} in {tasks_table!r}")
     row.pop("payload", None)
@@ -279,12 +279,16 @@ def replay_command(
     dsn: str, tasks_table: str, task_ids: tuple[int, ...], all_failed: bool, name: str | None
 ) -> None:
     """Run failed or cancelled tasks again, from their first attempt."""
-    from outboxkit.backends.postgres.tasks_pg import replay_tasks_reporting
 
     if not task_ids and not all_failed:
         fail("give task ids, or --all", 2)
     done, skipped = run_guarded(
-        replay_tasks_reporting, dsn, tasks_table, task_ids, all_failed=all_failed, name=name
+        _ops(dsn).replay_tasks_reporting,
+        dsn,
+        tasks_table,
+        task_ids,
+        all_failed=all_failed,
+        name=name,
     )
     ok(f"replayed {len(done)} task(s)")
     for task_id, key in skipped:
@@ -300,9 +304,8 @@ def replay_command(
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Cancel pending or running tasks (a running one's completion then changes nothing)."""
-    from outboxkit.backends.postgres.tasks_pg import cancel_tasks
 
-    done = run_guarded(cancel_tasks, dsn, tasks_table, task_ids)
+    done = run_guarded(_ops(dsn).cancel_tasks, dsn, tasks_table, task_ids)
     ok(f"cancelled {len(done)} task(s)")
 
 
@@ -312,9 +315,8 @@ def cancel_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> Non
 @click.argument("task_ids", type=int, nargs=-1, required=True)
 def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> None:
     """Delete failed or cancelled tasks for good."""
-    from outboxkit.backends.postgres.tasks_pg import discard_tasks
 
-    done = run_guarded(discard_tasks, dsn, tasks_table, task_ids)
+    done = run_guarded(_ops(dsn).discard_tasks, dsn, tasks_table, task_ids)
     ok(f"discarded {len(done)} task(s)")
 
 
@@ -331,8 +333,9 @@ def discard_command(dsn: str, tasks_table: str, task_ids: tuple[int, ...]) -> No
 )
 def purge_command(dsn: str, tasks_table: str, older_than: str, batch_size: int) -> None:
     """Delete done and cancelled tasks (worker --retention keep) in small batches."""
-    from outboxkit.backends.postgres.tasks_pg import purge_finished
 
     age = parse_duration(older_than).total_seconds()
-    count = run_guarded(purge_finished, dsn, tasks_table, older_than=age, batch_size=batch_size)
+    count = run_guarded(
+        _ops(dsn).purge_finished, dsn, tasks_table, older_than=age, batch_size=batch_size
+    )
     ok(f"purged {count} finished task(s)")

@@ -244,10 +244,6 @@ def worker(
     if metrics_port is not None:
         from outboxkit.ops.task_metrics import TaskMetrics
 
-        reason = missing(dsn, "task_admin")
-        if reason is not None:
-            fail(reason, 2)
-
         limit = {} if metrics_max_names is None else {"max_names": metrics_max_names}
         metrics = options["observer"] = TaskMetrics(dsn, app.table, **limit)
     try:
