@@ -204,6 +204,14 @@ FS_QUEUE = "publish"
 FS_WORKERS = 32  # tuned (issue 14): 32 worker loops, fetches of 500 rows
 FS_FETCH = 500
 FS_FLUSH = 100  # and its deletes batched 100 at a time (default 1: a commit per row)
+#: Its subscriber's options, tuned as above, in both ways to Kafka.
+FS_SUBSCRIBER: dict[str, Any] = {
+    "max_workers": FS_WORKERS,
+    "fetch_batch_size": FS_FETCH,
+    "terminal_flush_batch_size": FS_FLUSH,
+    "min_fetch_interval": 0.01,
+    "max_fetch_interval": 0.1,
+}
 
 
 def _sqlalchemy_url(dsn: str) -> str:
@@ -245,29 +253,27 @@ def _fs_load(dsn: str, n: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-async def _fs_drain(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
+def _fs_broker(dsn: str) -> tuple[Any, Any, Any]:
+    """faststream-outbox's table, its async engine and its ``OutboxBroker``."""
     import sqlalchemy as sa
     from faststream_outbox import OutboxBroker, make_outbox_table
-    from faststream_outbox.annotations import OutboxMessage
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    metadata = sa.MetaData()
-    table = make_outbox_table(metadata, table_name=FS_TABLE)
+    table = make_outbox_table(sa.MetaData(), table_name=FS_TABLE)
     # Room for its 32 workers' settles and the fetch loop.
     engine = create_async_engine(_sqlalchemy_url(dsn), pool_size=FS_WORKERS + 4, max_overflow=8)
     # No per-message log lines (its default logs every message at INFO).
-    broker = OutboxBroker(engine, outbox_table=table, logger=None)
+    return table, engine, OutboxBroker(engine, outbox_table=table, logger=None)
+
+
+async def _fs_drain(dsn: str, bootstrap: str, n: int) -> dict[str, Any]:
+    from faststream_outbox.annotations import OutboxMessage
+
+    _table, engine, broker = _fs_broker(dsn)
     producer = AsyncProducer(bootstrap)
     done = 0
 
-    @broker.subscriber(
-        FS_QUEUE,
-        max_workers=FS_WORKERS,
-        fetch_batch_size=FS_FETCH,
-        terminal_flush_batch_size=FS_FLUSH,
-        min_fetch_interval=0.01,
-        max_fetch_interval=0.1,
-    )
+    @broker.subscriber(FS_QUEUE, **FS_SUBSCRIBER)
     async def publish(msg: OutboxMessage) -> None:
         nonlocal done
         headers = msg.headers or {}
@@ -310,14 +316,9 @@ async def _fs_drain_publisher(dsn: str, bootstrap: str, n: int, client: str) -> 
     Key and idempotency header forwarded, as the relay forwards them.
     """
     import sqlalchemy as sa
-    from faststream_outbox import OutboxBroker, make_outbox_table
     from faststream_outbox.annotations import OutboxMessage
-    from sqlalchemy.ext.asyncio import create_async_engine
 
-    metadata = sa.MetaData()
-    table = make_outbox_table(metadata, table_name=FS_TABLE)
-    engine = create_async_engine(_sqlalchemy_url(dsn), pool_size=FS_WORKERS + 4, max_overflow=8)
-    broker = OutboxBroker(engine, outbox_table=table, logger=None)
+    table, engine, broker = _fs_broker(dsn)
     if client == "aiokafka":
         from faststream.kafka import KafkaBroker, KafkaResponse
     else:
@@ -326,14 +327,7 @@ async def _fs_drain_publisher(dsn: str, bootstrap: str, n: int, client: str) -> 
     to_kafka = kafka.publisher(FS_TOPIC)
 
     @to_kafka
-    @broker.subscriber(
-        FS_QUEUE,
-        max_workers=FS_WORKERS,
-        fetch_batch_size=FS_FETCH,
-        terminal_flush_batch_size=FS_FLUSH,
-        min_fetch_interval=0.01,
-        max_fetch_interval=0.1,
-    )
+    @broker.subscriber(FS_QUEUE, **FS_SUBSCRIBER)
     async def relay(msg: OutboxMessage) -> KafkaResponse:
         headers = msg.headers or {}
         key = headers.get("key")
