@@ -103,7 +103,7 @@ wheel-check: $(DEV_STAMP)
 
 # The long chaos run (docs/reliability.md): writers, 3 relays and NATS under random real
 # faults for CHAOS_SECONDS of writing, then the invariants checked from the broker's side.
-# `make test` runs a 30-second version. The report goes to bench/results/chaos.json.
+# `make test` runs a 22-second version. The report goes to bench/results/chaos.json.
 CHAOS_SECONDS ?= 300
 chaos: $(DEV_STAMP)
 	OUTBOXKIT_CHAOS_SECONDS=$(CHAOS_SECONDS) OUTBOXKIT_CHAOS_REPORT=bench/results/chaos.json \

@@ -1,6 +1,6 @@
 """The chaos run (tests/support/chaos.py): nothing lost, nothing phantom, no duplicate.
 
-The suite runs a short version (OUTBOXKIT_CHAOS_SECONDS, default 30 s of writing: with
+The suite runs a short version (OUTBOXKIT_CHAOS_SECONDS, default 22 s of writing: with
 seed 1 every fault kind has struck by about 21 s, 8 faults in all);
 ``make chaos`` runs a long one and writes its report to bench/results/chaos.json.
 """
@@ -17,7 +17,7 @@ from tests.support.chaos import FAULTS, ChaosRun
 # Drives the CPUs itself (many processes, real faults): run alone under xdist.
 pytestmark = pytest.mark.exclusive
 
-SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "30"))
+SECONDS = float(os.environ.get("OUTBOXKIT_CHAOS_SECONDS", "22"))
 REPORT = os.environ.get("OUTBOXKIT_CHAOS_REPORT")
 KEEP = os.environ.get("OUTBOXKIT_CHAOS_DIR")  # keep the logs there, for a person to read
 
