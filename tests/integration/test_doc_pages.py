@@ -50,6 +50,7 @@ from outboxkit.testing import free_port, port_accepts
 from tests.support.doc_blocks import PAGES, ROOT, Block, page_python_blocks
 from tests.support.doc_programs import Program, until
 from tests.support.local_brokers import rabbitmq_url, redis_url
+from tests.support.mariadb_drivers import driver_module
 from tests.support.mariadb_ops import mariadb_execute, new_database
 from tests.support.relaying import count, rows, running_relay, wait_for
 
@@ -84,6 +85,7 @@ RUN = {
         "TASKS = {",
         "# reports/tasks.py",
         "add.enqueue(2, 3)",
+        "django.db.backends.mysql",
     ],
     "docs/celery.md": ["send_task(conn,", "# proj/tasks.py"],
     "docs/operations.md": ["metrics = RelayMetrics(dsn)"],
@@ -520,6 +522,90 @@ def test_django_page(empty_db_dsn: str, tmp_path: Path) -> None:
         "status": "SUCCESSFUL",
         "value": 5,
     }
+
+
+# The page's MariaDB server, as this test's private mariadbd.
+PAGE_MYSQL = '"HOST": "db", "PORT": "3306",\n                         "USER": "app", "NAME": "shop"'
+DJANGO_MARIADB_BASE = """
+INSTALLED_APPS = ["reports"] + [app for app in INSTALLED_APPS if app is not ...]
+OUTBOXKIT = {**_FIRST_OUTBOXKIT, **OUTBOXKIT}
+SECRET_KEY = "doc-pages-only"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+"""
+# The page's view block, then its result read again once the worker ran it.
+DJANGO_MARIADB_RUN = """
+import json, sys, time
+import django
+django.setup()
+exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"))
+print(json.dumps({"id": str(result.id), "status": result.status.name}), flush=True)
+sys.stdin.readline()  # the worker ran it
+result.refresh()
+print(json.dumps({"status": result.status.name, "value": result.return_value}))
+"""
+
+
+@pytest.mark.slow
+def test_django_page_on_mariadb(mariadb_server: Any, tmp_path: Path) -> None:
+    """The page's Tasks framework snippets on its MariaDB ``DATABASES`` entry (the private
+    mariadbd): ``manage.py migrate`` makes the task table, the view's ``add.enqueue(2, 3)``
+    is committed with its block, ``manage.py outboxkit_worker`` runs it to SUCCESSFUL 5."""
+    driver_module("MySQLdb")  # Django's mysql backend (a failure under REQUIRE_SERVICES)
+    url = new_database(mariadb_server)
+    args = connect_args(url)
+    ours = '"HOST": {host!r}, "PORT": "{port}", "USER": {user!r}, "NAME": {database!r}'
+    mysql = _block(DJANGO_PAGE, "django.db.backends.mysql").code
+    assert mysql.count(PAGE_MYSQL) == 1, mysql
+    settings = (
+        _block(DJANGO_PAGE, '"outboxkit.contrib.django"]').code
+        + "_FIRST_OUTBOXKIT = OUTBOXKIT\n"
+        + _block(DJANGO_PAGE, "TASKS = {").code
+        + DJANGO_MARIADB_BASE
+        + mysql.replace(PAGE_MYSQL, ours.format(**args).replace("'", '"'))
+    )
+    (tmp_path / "settings.py").write_text(settings)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports/__init__.py").write_text("")
+    (tmp_path / "reports/tasks.py").write_text(_block(DJANGO_PAGE, "# reports/tasks.py").code)
+    view = _block(DJANGO_PAGE, "add.enqueue(2, 3)")
+    (tmp_path / "view.py").write_text(view.code)
+    (tmp_path / "run.py").write_text(DJANGO_MARIADB_RUN)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "settings", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}  # fmt: skip
+    migrate = [sys.executable, "-m", "django", "migrate", "--verbosity", "0"]
+    done = subprocess.run(
+        migrate, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    viewer = subprocess.Popen(
+        [sys.executable, "run.py", "view.py", str(view)],
+        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker = None
+    try:
+        assert viewer.stdout is not None and viewer.stdin is not None
+        written = json.loads(viewer.stdout.readline())
+        assert written["status"] == "READY"
+        log = tmp_path / "worker.log"
+        argv = [sys.executable, "-m", "django", "outboxkit_worker", "--poll-interval", "0.2"]
+        with log.open("wb") as out:
+            worker = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT)  # fmt: skip
+        deadline = time.monotonic() + 60
+        status = f"SELECT status FROM outboxkit_tasks WHERE id = {int(written['id'])}"
+        while mariadb_execute(url, status) != [(TaskStatus.DONE,)]:
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        viewer.stdin.write("\n")
+        viewer.stdin.flush()
+        assert json.loads(viewer.stdout.readline()) == {"status": "SUCCESSFUL", "value": 5}
+    finally:
+        viewer.kill()
+        viewer.wait(timeout=30)
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
 
 
 def _task_status(dsn: str, task_id: str) -> int | None:

@@ -21,7 +21,9 @@ from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
-__all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmin"]
+__all__ = [
+    "Admin", "Backend", "Feature", "Migrated", "MigrationKind", "Statement", "TaskAdmin",
+]  # fmt: skip
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
@@ -38,6 +40,8 @@ Feature = Literal[
     "task_admin",
     "task_key_limits",
 ]
+#: A statement a host tool runs: SQL alone, or SQL and its parameters.
+Statement = str | tuple[str, tuple[Any, ...]]
 #: The tables ``outboxkit migrate`` creates.
 MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
 
@@ -207,6 +211,16 @@ class Backend(abc.ABC):
         """Task mode's reads and switches (``Tasks.result``, ``wait``, ``pause``...)."""
         self.refuse("tasks")
         raise ConfigurationError(f"{self.label} has no task store")
+
+    def tool_migration(
+        self, kind: MigrationKind, table: str, version: int
+    ) -> tuple[list[Statement], list[Statement]]:
+        """The statements a host tool's migration (Django's ``outboxkit`` app) runs for schema
+        version ``version`` of ``kind`` in PostgreSQL's numbering, which those migrations
+        follow, and their reverse: ``outboxkit migrate``'s files, recorded as it records
+        them, so either tool finds the other's work done."""
+        self.refuse("alembic")
+        raise ConfigurationError(f"{self.label} has no versioned SQL for other tools")
 
     @abc.abstractmethod
     def migrate(

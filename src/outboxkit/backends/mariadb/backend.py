@@ -15,6 +15,7 @@ from outboxkit.backends.ports import (
     Feature,
     Migrated,
     MigrationKind,
+    Statement,
     TaskAdmin,
 )
 from outboxkit.queue.partition_leases import PartitionLeases
@@ -151,6 +152,13 @@ class MariaDBBackend(Backend):
             resume_queue=task_admin.resume_queue,
             **{name: getattr(task_ops, name) for name in TASK_OPS},
         )
+
+    def tool_migration(
+        self, kind: MigrationKind, table: str, version: int
+    ) -> tuple[list[Statement], list[Statement]]:
+        from outboxkit.backends.mariadb import tool_migrations
+
+        return tool_migrations.statements(kind, table, version)
 
     def migrate(
         self,

@@ -172,6 +172,7 @@ APPLIED_VERSIONS = f"SELECT version FROM {VERSIONS_TABLE} WHERE kind = %s AND ta
 RECORD_VERSION = (
     f"INSERT IGNORE INTO {VERSIONS_TABLE} (kind, table_name, version) VALUES (%s, %s, %s)"
 )
+FORGET_VERSIONS = f"DELETE FROM {VERSIONS_TABLE} WHERE kind = %s AND table_name = %s"
 #: Serialises concurrent `outboxkit migrate` runs (a session lock, released at once after).
 #: ``Outbox.transaction()``: the longest query this session's server takes (read-only in
 #: a session, so read once per connection: write/mariadb_packet.py).

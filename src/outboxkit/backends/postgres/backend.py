@@ -16,6 +16,7 @@ from outboxkit.backends.ports import (
     Backend,
     Migrated,
     MigrationKind,
+    Statement,
     TaskAdmin,
 )
 from outboxkit.queue.partition_leases import PartitionLeases
@@ -144,6 +145,19 @@ class PostgresBackend(Backend):
             pause_queue=tasks_pg.pause_queue,
             resume_queue=tasks_pg.resume_queue,
             **{name: getattr(tasks_pg, name) for name in TASK_OPS},
+        )
+
+    def tool_migration(
+        self, kind: MigrationKind, table: str, version: int
+    ) -> tuple[list[Statement], list[Statement]]:
+        from outboxkit.backends.postgres.tool_migrations import (
+            downgrade_statements,
+            upgrade_statements,
+        )
+
+        return (
+            list(upgrade_statements(table, kind=kind, version=version)),
+            list(downgrade_statements(table, kind=kind, version=version)),
         )
 
     def migrate(

@@ -9,6 +9,7 @@ and errors masked."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -19,8 +20,8 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from outboxkit._redact import MASK, mask_headers, redact
-from outboxkit.backends.postgres import admin as store_admin
-from outboxkit.backends.postgres import tasks_pg
+from outboxkit.backends import backend_for
+from outboxkit.backends.ports import TaskAdmin as TaskOps
 from outboxkit.backends.postgres.admin import EventRef
 from outboxkit.backends.postgres.postgres import Status
 from outboxkit.contrib.django import conf
@@ -191,8 +192,9 @@ class OutboxEventAdmin(_ReadOnlyAdmin):
         self._act(request, queryset, "discard")
 
     def _act(self, request: HttpRequest, queryset: QuerySet[Any], action: str) -> None:
-        store_act = store_admin.replay if action == "replay" else store_admin.discard
         dsn, table = dsn_for(queryset.db), conf.get().TABLE
+        ops = backend_for(dsn).admin()  # the database's: PostgreSQL's or MariaDB's
+        store_act = ops.replay if action == "replay" else ops.discard
         act_and_log(
             self,
             request,
@@ -222,17 +224,29 @@ class ErrorTypeFilter(_FailedValuesFilter):
     failed = int(TaskStatus.FAILED)
 
 
-_TASK_ACTIONS = {
-    # action: (store function, past tense, the states it acts on)
-    "replay": (tasks_pg.replay_tasks, "replayed", "failed or cancelled"),
-    "discard": (tasks_pg.discard_tasks, "discarded", "failed or cancelled"),
-    "cancel": (tasks_pg.cancel_tasks, "cancelled", "pending or running"),
+def _replay(ops: TaskOps, dsn: str, table: str, ids: list[int]) -> list[int]:
+    return ops.replay_tasks_reporting(dsn, table, ids)[0]
+
+
+def _discard(ops: TaskOps, dsn: str, table: str, ids: list[int]) -> list[int]:
+    return ops.discard_tasks(dsn, table, ids)
+
+
+def _cancel(ops: TaskOps, dsn: str, table: str, ids: list[int]) -> list[int]:
+    return ops.cancel_tasks(dsn, table, ids)
+
+
+_TASK_ACTIONS: dict[str, tuple[Callable[[TaskOps, str, str, list[int]], list[int]], str, str]] = {
+    # action: (the database's task function, past tense, the states it acts on)
+    "replay": (_replay, "replayed", "failed or cancelled"),
+    "discard": (_discard, "discarded", "failed or cancelled"),
+    "cancel": (_cancel, "cancelled", "pending or running"),
 }
 
 
 class TaskAdmin(_ReadOnlyAdmin):
     """Task mode's table: every task read-only; replay, discard and cancel go through
-    backends/postgres/tasks_pg.py (what ``outboxkit tasks replay / discard / cancel`` run),
+    the database's backend (what ``outboxkit tasks replay / discard / cancel`` run),
     logged."""
 
     list_display = ("id", "task_name", "queue", "status", "attempts", "error", "created_at")
@@ -302,13 +316,14 @@ class TaskAdmin(_ReadOnlyAdmin):
         table = conf.get().TASKS_TABLE
         assert table is not None  # the admin is registered only with a task table
         dsn = dsn_for(queryset.db)
+        ops = backend_for(dsn).task_admin()  # the database's: PostgreSQL's or MariaDB's
         # The statement picks the rows in the right state (a worker may settle one meanwhile).
         act_and_log(
             self,
             request,
             selected=len(selected),
             eligible=selected,
-            act=lambda ids: act(dsn, table, ids),
+            act=lambda ids: act(ops, dsn, table, ids),
             noun="task(s)",
             past=past,
             states=f"{states} tasks",

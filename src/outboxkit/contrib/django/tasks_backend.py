@@ -42,6 +42,8 @@ else:  # Django 5.2 with the backport
     )
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[import-not-found,unused-ignore,no-redef]
 
+from outboxkit.backends import backend_for, backend_of
+from outboxkit.backends.ports import TaskAdmin
 from outboxkit.contrib.django import tasks as _tasks
 from outboxkit.contrib.django.db import dsn_for
 from outboxkit.tasks.context import TaskContext as _OutboxkitContext
@@ -170,32 +172,31 @@ class OutboxkitBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             task_id = int(result_id)
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
+        source = self._source()
+        with connections[self.database].wrap_database_errors:
+            found = _tasks.tasks.result(source, task_id)
+            if found is None or found.name != HANDLER:
+                raise TaskResultDoesNotExist(result_id)
+            row = _admin(source).show_task(source, _tasks.tasks.table, task_id)
+        if row is None:  # deleted in between (its kept result expired)
+            raise TaskResultDoesNotExist(result_id)
+        return self._to_django(found, row)
+
+    def _source(self) -> Any:
+        """What task mode reads through: Django's psycopg 3 connection (in the caller's
+        transaction, if one is open); on another driver (psycopg2, mysqlclient) a DSN, a
+        connection of its own that sees committed tasks, each read afresh (a MariaDB
+        transaction's snapshot would hold ``refresh()`` back)."""
         conn = connections[self.database]
         conn.ensure_connection()
-        # Task mode's reads take a psycopg 3 connection or a DSN: on Django's psycopg2
-        # backend the read opens a connection of its own (it sees only committed tasks).
-        source = conn.connection
-        if not isinstance(source, psycopg.Connection):
-            source = dsn_for(self.database)
-        with conn.wrap_database_errors:
-            found = _tasks.tasks.result(source, task_id)
-        if found is None or found.name != HANDLER:
-            raise TaskResultDoesNotExist(result_id)
-        return self._to_django(found)
+        if isinstance(conn.connection, psycopg.Connection):
+            return conn.connection
+        return dsn_for(self.database)
 
-    def _to_django(self, found: _OutboxkitResult) -> Any:
-        from outboxkit.contrib.django import tasks as _t
-
-        conn = connections[self.database]
-        with conn.wrap_database_errors, conn.connection.cursor() as cur:
-            cur.execute(
-                f"SELECT payload FROM {_quote(_t.tasks.table)} WHERE id = %s",
-                (found.id,),
-            )
-            row = cur.fetchone()
-        payload = row[0] if row else {}
-        if isinstance(payload, str | bytes):
-            payload = json.loads(payload)
+    def _to_django(self, found: _OutboxkitResult, row: dict[str, Any]) -> Any:
+        """Django's TaskResult of task-mode result ``found``, its ``@task`` and arguments
+        read from the task's payload (``row``: the task's columns, as ``show_task`` reads)."""
+        payload = json.loads(row["payload_json"])
         task = _task(payload)
         result = _pending(
             task,
@@ -270,8 +271,9 @@ def _class_path(error_type: str | None, traceback: str | None) -> str:
     return name if "." in name else f"builtins.{name}"
 
 
-def _quote(table: str) -> str:
-    return ".".join('"' + p.replace('"', '""') + '"' for p in table.split("."))
+def _admin(source: Any) -> TaskAdmin:
+    """Task mode's reads on ``source``'s database (a DSN or a connection)."""
+    return (backend_for(source) if isinstance(source, str) else backend_of(source)).task_admin()
 
 
 _registered = False

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+
+from tests.support.django_worker import run_until_finished
 
 pytest.importorskip(
     "django.tasks", reason="Django 6's django.tasks: run in a 3.13 venv by test_django6_tasks.py"
@@ -37,20 +36,8 @@ def _worker(dsn: str, signals_log: Path, results: list[Any], tmp_path: Path) -> 
     log = tmp_path / "worker.log"
     argv = [sys.executable, "-m", "django", "outboxkit_worker", "--retention", "keep",
             "--poll-interval", "0.2"]  # fmt: skip
-    with log.open("wb") as stdout:
-        worker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and worker.poll() is None:
-            for r in results:
-                r.refresh()
-            if all(r.is_finished for r in results):
-                break
-            time.sleep(0.1)
-        assert all(r.is_finished for r in results), log.read_text()
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        code = worker.wait(timeout=30)
+    code = run_until_finished(argv, results, log, env=env, cwd=ROOT)
+    assert all(r.is_finished for r in results), log.read_text()
     assert code == 0, log.read_text()
     return log.read_text()
 
