@@ -12,7 +12,7 @@ DEV_STAMP  := $(VENV)/.installed-dev
 # release of a test dependency cannot turn a fresh clone's `make test` red overnight.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks clean install upgrade-deps wheel-check docs docs-build api-snapshot
+.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks chaos-celery clean install upgrade-deps wheel-check docs docs-build api-snapshot
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -133,6 +133,14 @@ CHAOS_TASKS_SECONDS ?= 120
 chaos-tasks: $(DEV_STAMP)
 	OUTBOXKIT_TASK_CHAOS_TASKS=$(CHAOS_TASKS) OUTBOXKIT_TASK_CHAOS_SECONDS=$(CHAOS_TASKS_SECONDS) \
 		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/test_tasks_chaos.py
+
+# The Celery bridge's full run (docs/celery.md): 500 `send_task` calls per broker, a quarter
+# rolled back, the relay SIGKILLed mid-batch, stock `celery worker` processes; `make test`
+# runs 200.
+CHAOS_CELERY_TASKS ?= 500
+chaos-celery: $(DEV_STAMP)
+	OUTBOXKIT_CELERY_TASKS=$(CHAOS_CELERY_TASKS) \
+		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/contrib/test_celery_bridge.py
 
 bench: $(DEV_STAMP)
 	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"
