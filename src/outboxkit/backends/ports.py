@@ -25,8 +25,7 @@ __all__ = ["Admin", "Backend", "Feature", "Migrated", "MigrationKind", "TaskAdmi
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL, task lifecycle events written by the settle (``events=``), the
-#: dashboard's Tasks page (``task_admin``), limits per key.
+#: versioned SQL, task lifecycle events written by the settle (``events=``), limits per key.
 Feature = Literal[
     "tasks",
     "cdc",
@@ -35,7 +34,6 @@ Feature = Literal[
     "notify",
     "alembic",
     "task_events",
-    "task_admin",
     "task_key_limits",
 ]
 #: The tables ``outboxkit migrate`` creates.
