@@ -49,4 +49,3 @@ def test_a_worker_of_handlers_with_limits_per_key_is_refused_in_one_line(
     with pytest.raises(ConfigurationError) as refused:
         Worker(keyed, mariadb_server.url_for("shop"))
     assert str(refused.value) == MARIADB.cannot["task_key_limits"]
-
