@@ -110,14 +110,14 @@ def _pg_statements(dsn: str) -> float:
 
 
 @contextmanager
-def _worker(url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _worker(url: str, log: Path, *options: str) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")},
         "OKB_LATENCY_LOG": str(log),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT / "src"), str(ROOT)]),
     }
     command = [sys.executable, "-m", "outboxkit", "worker", "--dsn", url,
-               "--app", "mariadb_tasks_latency:tasks"]  # fmt: skip
+               "--app", "mariadb_tasks_latency:tasks", *options]  # fmt: skip
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         yield proc
@@ -204,7 +204,8 @@ def run_one(
     enqueues = [enqueue for enqueue, _close in writers]
     enqueue = enqueues[0]
     try:
-        with _worker(url, log) as proc:
+        poll = [] if args.poll_interval is None else ["--poll-interval", str(args.poll_interval)]
+        with _worker(url, log, *poll) as proc:
             enqueue(-1)  # the worker is up and warm once this one ran
             _wait_for(log, {-1})
             time.sleep(2.0)  # past its linger: idle, polling (MariaDB) or listening
@@ -284,6 +285,9 @@ def main() -> None:
     ap.add_argument("--idle-seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument(
+        "--poll-interval", type=float, default=None, help="the workers' (default: the library's)"
+    )
+    ap.add_argument(
         "--flush", type=int, default=1, help="innodb_flush_log_at_trx_commit (1: durable)"
     )
     ap.add_argument("--name", default="mariadb_tasks_latency")
@@ -317,7 +321,8 @@ def main() -> None:
             "command": " ".join(["python", *sys.argv]),
             "machine": {**server_facts(args.dsn), "loadavg_end": os.getloadavg()},
             "mariadb": {"version": version, "innodb_flush_log_at_trx_commit": args.flush},
-            "worker": "outboxkit worker --dsn … --app mariadb_tasks_latency:tasks (defaults)",
+            "worker": "outboxkit worker --dsn … --app mariadb_tasks_latency:tasks"
+            + ("" if args.poll_interval is None else f" --poll-interval {args.poll_interval}"),
             "runs": rounds,
         },
     )

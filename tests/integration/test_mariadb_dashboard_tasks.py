@@ -11,10 +11,9 @@ files on both databases: test_dashboard_tasks.py drives them in Chromium against
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -26,8 +25,9 @@ from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import TableNotFoundError
 from outboxkit.ops.dashboard import Dashboard
 from outboxkit.queue.tasks import TaskStatus
-from outboxkit.tasks import TaskContext, Tasks, Worker
+from outboxkit.tasks import TaskContext, Tasks
 from tests.integration.test_dashboard import served
+from tests.integration.test_dashboard_tasks import running_worker
 from tests.support.mariadb import MariaDB
 from tests.support.mariadb_ops import mariadb_execute, new_database, own_database
 from tests.support.relaying import wait_for
@@ -64,17 +64,6 @@ def tasks_url(mariadb_server: MariaDB) -> Iterator[str]:
     yield url
 
 
-@contextlib.asynccontextmanager
-async def running_worker(url: str, queues: list[str]) -> AsyncIterator[Worker]:
-    worker = Worker(tasks, url, queues=queues, lease=2.0, poll_interval=0.05)
-    run = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await run
-
-
 def _enqueue(url: str, name: str, payload: Any, **options: Any) -> int:
     conn = pymysql.connect(**connect_args(url))
     try:
@@ -98,7 +87,7 @@ async def test_the_tasks_page_on_mariadb_lists_shows_and_acts_through_the_task_p
     url = tasks_url
     invoice = _enqueue(url, "invoice.charge", {"amount": 42})
     kept = _enqueue(url, "report", {"month": 11})
-    async with running_worker(url, ["default"]):
+    async with running_worker(tasks, url, ["default"]):
         await wait_for(
             lambda: (
                 _status(url, invoice) == TaskStatus.FAILED and _status(url, kept) == TaskStatus.DONE
@@ -167,7 +156,7 @@ async def test_the_tasks_page_on_mariadb_lists_shows_and_acts_through_the_task_p
         [mail] = [q for q in await get("/api/tasks/queues") if q["queue"] == "mail"]
         assert mail["paused"] is True and mail["queued"] == 2
         assert str(mail["changed_by"]).startswith("dashboard (")
-        async with running_worker(url, ["mail"]):
+        async with running_worker(tasks, url, ["mail"]):
             await asyncio.sleep(0.5)
             assert mails == [], "a paused queue's task ran"
             status, body = await post("/api/tasks/queues/mail/resume")
