@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
+from outboxkit.testing import free_port
 from tests.support.mariadb import MariaDB
 from tests.support.mariadb_ops import mariadb_execute, new_database
 from tests.support.mariadb_tasks_app import DDL, tasks
@@ -167,3 +169,46 @@ def test_a_zombie_attempts_effect_is_rolled_back_with_its_fenced_completion(
     attempts = sorted(r[0] for r in mariadb_execute(tasks_url, "SELECT attempt FROM task_runs"))
     assert attempts == [1, 2]
     assert not mariadb_execute(tasks_url, "SELECT id FROM outboxkit_tasks")
+
+
+def test_the_worker_process_serves_task_metrics_read_from_the_mariadb_table(
+    tasks_url: str,
+) -> None:
+    """`outboxkit worker --dsn mysql://… --metrics-port N` scraped over HTTP: the outcome and
+    run-time series of the tasks it ran, and the gauges it reads from the task table at each
+    scrape (scheduled, queued, a paused queue), as PostgreSQL's worker serves them."""
+    port = free_port()
+    enqueue(tasks_url, "effect", [{"n": 1}, {"n": 2}], commit=True)
+    conn = pymysql.connect(**connect_args(tasks_url))
+    try:
+        conn.begin()
+        tasks.enqueue(conn, "effect", {"n": 3}, delay=3600)
+        tasks.enqueue(conn, "effect", {"n": 4}, queue="reports")
+        conn.commit()
+    finally:
+        conn.close()
+    assert tasks.pause(tasks_url, "reports")
+    worker = spawn_worker(tasks_url, "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+
+    def scrape(path: str = "/metrics") -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    try:
+        wait_for(
+            lambda: 'outboxkit_tasks_finished_total{outcome="done",task="effect"} 2.0' in scrape()
+        )
+        body = scrape()
+        assert 'outboxkit_task_run_seconds_count{task="effect"} 2.0' in body
+        assert 'outboxkit_tasks_scheduled{task="effect"} 1.0' in body
+        assert 'outboxkit_tasks_queued{task="effect"} 1.0' in body  # the paused queue's
+        assert 'outboxkit_tasks_failed{task="effect"} 0.0' in body
+        assert 'outboxkit_task_queue_paused{queue="reports"} 1.0' in body
+        assert scrape("/healthz") != "" and scrape("/readyz") != ""
+    finally:
+        stop(worker)
+    assert worker.returncode == 0
+    assert effects(tasks_url) == [1, 2]

@@ -15,12 +15,11 @@ import pymysql
 import pytest
 from click.testing import CliRunner
 
-from outboxkit.backends import backend_for
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.ops.cli import main
 from outboxkit.ops.task_metrics import _TableGauges
 from outboxkit.tasks import Tasks, Worker
-from tests.support.mariadb_ops import new_database
+from tests.support.mariadb_ops import task_database
 
 tasks = Tasks()
 
@@ -48,12 +47,7 @@ SHOWN = ["id", "task_name", "queue", "priority", "key", "unique_key", "status", 
 @pytest.fixture(params=["mariadb", "postgresql"])
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
     """A task table on the private mariadbd, and (the same commands' output) PostgreSQL's."""
-    if request.param == "postgresql":
-        url = str(request.getfixturevalue("db_dsn"))
-    else:
-        url = new_database(request.getfixturevalue("mariadb_server"))
-    backend_for(url).migrate(url, "tasks", "outboxkit_tasks")
-    yield url
+    yield task_database(request)
 
 
 def _connect(url: str) -> Any:

@@ -1,16 +1,20 @@
-"""Periodic tasks: one run per slot across several workers, restarts included."""
+"""Periodic tasks: one run per slot across several workers, restarts included; the first two
+on PostgreSQL and on the private mariadbd alike (MariaDB's slot is an ``INSERT IGNORE`` in the
+transaction of the task it enqueues)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks import TaskContext, Tasks, Worker
+from tests.support.mariadb_ops import mariadb_execute, task_database
 
 
 @pytest.fixture
@@ -19,14 +23,26 @@ def tasks_dsn(db_dsn: str) -> Iterator[str]:
     yield db_dsn
 
 
-def slots(dsn: str) -> list[tuple[int, object]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(
-            "SELECT task_id, slot FROM outboxkit_schedules ORDER BY slot"
-        ).fetchall()
+@pytest.fixture(params=["postgresql", "mariadb"])
+def either_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A task table on PostgreSQL, or on the private mariadbd."""
+    yield task_database(request)
 
 
-def test_three_workers_run_each_slot_exactly_once(tasks_dsn: str) -> None:
+def _sql(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    if not dsn.startswith("postgresql"):
+        return mariadb_execute(dsn, statement)
+    with psycopg.connect(dsn) as conn:  # committed at the end of the block
+        cur = conn.execute(statement)
+        return cur.fetchall() if cur.description else []
+
+
+def slots(dsn: str) -> list[tuple[Any, ...]]:
+    return _sql(dsn, "SELECT task_id, slot FROM outboxkit_schedules ORDER BY slot")
+
+
+def test_three_workers_run_each_slot_exactly_once(either_dsn: str) -> None:
+    tasks_dsn = either_dsn
     tasks = Tasks()
     runs: list[int] = []
 
@@ -51,16 +67,22 @@ def test_three_workers_run_each_slot_exactly_once(tasks_dsn: str) -> None:
     assert sorted(runs) == sorted(task_id for task_id, _slot in recorded)  # once each
 
 
-def test_a_worker_restarted_inside_a_period_does_not_run_it_twice(tasks_dsn: str) -> None:
+def test_a_worker_restarted_inside_a_period_does_not_run_it_twice(either_dsn: str) -> None:
+    tasks_dsn = either_dsn
     tasks = Tasks()
     runs: list[int] = []
     tasks.periodic("0 * * * *", "hourly", catch_up="last")(lambda payload: runs.append(1))
     # The slot of this hour ran already (recorded), as if by a worker that was restarted.
-    with psycopg.connect(tasks_dsn) as conn:
-        conn.execute(
-            "INSERT INTO outboxkit_schedules (schedule, slot)"
-            " VALUES ('hourly 0 * * * *', date_trunc('hour', now()))"
-        )
+    this_hour = (
+        "date_trunc('hour', now())"
+        if tasks_dsn.startswith("postgresql")
+        else "DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%d %H:00:00')"
+    )
+    _sql(
+        tasks_dsn,
+        "INSERT INTO outboxkit_schedules (schedule, slot)"
+        f" VALUES ('hourly 0 * * * *', {this_hour})",
+    )
     for _ in range(2):
         worker = Worker(tasks, tasks_dsn, poll_interval=0.05, periodic_tick=0.1)
 

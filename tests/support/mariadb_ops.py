@@ -18,6 +18,20 @@ from tests.support.mariadb import MariaDB
 from tests.support.servers import unique_name
 
 
+def task_database(request: Any) -> str:
+    """A migrated task table for a test parametrized ``["postgresql", "mariadb"]``
+    (``request.param``): the ``db_dsn`` fixture's PostgreSQL, or a new database on the
+    private mariadbd; its URL."""
+    from outboxkit.backends import backend_for
+
+    if request.param == "postgresql":
+        url = str(request.getfixturevalue("db_dsn"))
+    else:
+        url = new_database(request.getfixturevalue("mariadb_server"))
+    backend_for(url).migrate(url, "tasks", "outboxkit_tasks")
+    return url
+
+
 def new_database(server: MariaDB, *, inbox: bool = False) -> str:
     """The URL of a new database on ``server`` with the outbox (and the inbox) migrated."""
     name = unique_name("ops")

@@ -27,8 +27,7 @@ __all__ = [
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL, task lifecycle events written by the settle (``events=``), the
-#: dashboard's Tasks page (``task_admin``), limits per key.
+#: versioned SQL, task lifecycle events written by the settle (``events=``), limits per key.
 Feature = Literal[
     "tasks",
     "cdc",
@@ -37,7 +36,6 @@ Feature = Literal[
     "notify",
     "alembic",
     "task_events",
-    "task_admin",
     "task_key_limits",
 ]
 #: A statement a host tool runs: SQL alone, or SQL and its parameters.

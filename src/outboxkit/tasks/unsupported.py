@@ -1,7 +1,7 @@
 """What task mode cannot do on a database: refused where it starts, in one line.
 
 The reason is the backend's own (``Backend.cannot["tasks"]``, or a part of task mode such as
-``"task_admin"``: backends/mariadb/backend.py), said once for every entry point (`outboxkit
+``"task_events"``: backends/mariadb/backend.py), said once for every entry point (`outboxkit
 worker`, `outboxkit tasks …`, the dashboard's Tasks page); this only asks the backend picked
 from a URL.
 """

@@ -51,9 +51,6 @@ class MariaDBBackend(Backend):
         " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
         " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
         " ctx.outbox.put() inside ctx.transaction()",
-        "task_admin": "the dashboard's Tasks page reads PostgreSQL's task table only, not"
-        " MariaDB/MySQL's yet: its Outbox page works; list and act on MariaDB/MySQL's tasks"
-        ' with `outboxkit tasks … --dsn mysql://…` meanwhile (docs/mariadb.md, "Task mode")',
         "task_key_limits": "limits and fairness per key (@tasks.handler(...,"
         " concurrency_per_key=N) with N > 1, rate_per_key=, fair=True) are kept by"
         " PostgreSQL's claim only, not MariaDB/MySQL's yet: leave them unset on MariaDB/MySQL"

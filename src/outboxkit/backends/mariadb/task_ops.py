@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from outboxkit.backends.mariadb.sql import with_ids
 from outboxkit.backends.mariadb.task_admin import _tasks
 from outboxkit.backends.mariadb.tasks import utc
@@ -28,7 +26,9 @@ _DUPLICATE = 1062
 
 
 def _rows(cur: Any) -> list[dict[str, Any]]:
-    """The cursor's rows as PostgreSQL's dict rows (aware times, bools, ints, JSON)."""
+    """The cursor's rows as PostgreSQL's dict rows (aware times, bools, ints); JSON columns
+    (payload, result, progress) stay text, as PostgreSQL's ``show_task`` gives them: a value
+    that does not load still shows."""
     names = [d[0] for d in cur.description]
     rows = []
     for found in cur.fetchall():
@@ -42,9 +42,6 @@ def _rows(cur: Any) -> list[dict[str, Any]]:
         for column in _COUNTS:
             if column in row:
                 row[column] = int(row[column])
-        for column in ("result", "progress"):
-            if row.get(column) is not None:
-                row[column] = orjson.loads(row[column])
         rows.append(row)
     return rows
 

@@ -103,17 +103,17 @@ def _check_tables(dsn: str, table: str, tasks_table: str) -> None:
     """Refuse a wrong DSN, or a database with neither table. A database used for task mode
     only has no outbox: the dashboard starts, and its outbox page says how to create one."""
     from outboxkit.admin import admin_for
-    from outboxkit.backends.postgres.tasks_pg import task_gauges
+    from outboxkit.backends import backend_for
     from outboxkit.errors import TableNotFoundError
     from outboxkit.tasks.unsupported import missing
 
     try:
         admin_for(dsn).live_status(dsn, table)
     except TableNotFoundError as no_outbox:
-        if missing(dsn, "task_admin"):  # no task page there: the outbox is all it can show
+        if missing(dsn):  # no task mode there: the outbox is all it can show
             raise
         try:
-            task_gauges(dsn, tasks_table)
+            backend_for(dsn).task_admin().task_gauges(dsn, tasks_table)
         except OutboxkitError:
             raise no_outbox from None
 

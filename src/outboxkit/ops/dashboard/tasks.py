@@ -1,8 +1,8 @@
 """The dashboard's Tasks page: task mode's table by state, one task's detail, and its actions.
 
-Every read and action is a function of backends/postgres/tasks_pg.py, the ones `outboxkit tasks list
-| show | replay | cancel | discard | queues | pause | resume` run, on the dashboard's kept
-connections: no SQL here."""
+Every read and action is a function of the database's TaskAdmin port (backends/ports.py), the
+ones `outboxkit tasks list | show | replay | cancel | discard | queues | pause | resume` run, on
+the dashboard's kept connections: no SQL here, and the same page on PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import psycopg
 from aiohttp import web
 
 from outboxkit._redact import redact
-from outboxkit.backends.postgres import tasks_pg
-from outboxkit.errors import SchemaError
+from outboxkit.backends import backend_for
+from outboxkit.backends.ports import TaskAdmin
+from outboxkit.errors import SchemaError, StoreError
 from outboxkit.ops.dashboard import (
     STATIC,
     Dashboard,
@@ -50,14 +51,17 @@ _HIDDEN = ("payload", "payload_json", "claim_token", "result", "progress")
 
 
 #: The same functions as `outboxkit tasks replay | cancel | discard`, and why one changes nothing.
-_ACTIONS: tuple[tuple[str, Callable[..., list[int]], str], ...] = (
-    ("replay", tasks_pg.replay_tasks,
+_ACTIONS: tuple[tuple[str, Callable[[TaskAdmin], Callable[..., list[int]]], str], ...] = (
+    ("replay", lambda ops: lambda *a: ops.replay_tasks_reporting(*a)[0],
      "is not failed or cancelled (any more, or at all): only those can be replayed"),
-    ("cancel", tasks_pg.cancel_tasks,
+    ("cancel", lambda ops: ops.cancel_tasks,
      "is not queued, scheduled or running (any more, or at all): nothing to cancel"),
-    ("discard", tasks_pg.discard_tasks,
+    ("discard", lambda ops: ops.discard_tasks,
      "is not failed or cancelled (any more, or at all): cancel it first to discard it"),
 )  # fmt: skip
+#: What a task function raises when the database fails a statement: PostgreSQL's driver error
+#: as it is, or a backend's StoreError (MariaDB's functions wrap PyMySQL's so).
+_DB_ERRORS = (psycopg.Error, StoreError)
 
 
 def _state(status: int, due: bool) -> str:
@@ -110,17 +114,21 @@ def _filter(request: web.Request, name: str) -> str | None:
 def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
     """The Tasks page and its JSON API under /api/tasks."""
     table = dashboard.tasks_table
-    unsupported = missing(dashboard.dsn, "task_admin")  # (no task page on that database yet)
+    unsupported = missing(dashboard.dsn)  # a database without task mode: the page says why
+    ops = None if unsupported else backend_for(dashboard.dsn).task_admin()
 
-    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(connection, table, ...)``; a missing table or a database error as JSON."""
-        if unsupported:
+    async def run(
+        pick: Callable[[TaskAdmin], Callable[..., Any]], *args: Any, **kwargs: Any
+    ) -> Any:
+        """The port's ``pick(port)(connection, table, ...)``; a database without task mode, a
+        missing table or a database error as JSON."""
+        if ops is None:
             raise _answer(web.HTTPNotFound, {"error": unsupported, "missing": True})
         try:
-            return await dashboard.connections.run(fn, table, *args, **kwargs)
+            return await dashboard.connections.run(pick(ops), table, *args, **kwargs)
         except SchemaError as exc:
             raise _answer(web.HTTPNotFound, {"error": str(exc), "missing": True}) from None
-        except psycopg.Error as exc:
+        except _DB_ERRORS as exc:
             raise _answer(web.HTTPServiceUnavailable, {"error": _db_error(exc)}) from None
 
     async def page(_request: web.Request) -> web.FileResponse:
@@ -128,13 +136,13 @@ def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
 
     async def overview(_request: web.Request) -> web.Response:
         base = {"table": table, "read_only": dashboard.admin_token is None}
-        if unsupported:
+        if ops is None:
             return _json({**base, "missing": unsupported})
         try:
-            gauges = await dashboard.connections.run(tasks_pg.task_gauges, table)
+            gauges = await dashboard.connections.run(ops.task_gauges, table)
         except SchemaError as exc:  # says `outboxkit migrate --tasks ...`
             return _json({**base, "missing": str(exc)})
-        except psycopg.Error as exc:
+        except _DB_ERRORS as exc:
             return _json({**base, "error": _db_error(exc)})
         names = [
             {"task_name": name, "queued": q, "scheduled": s, "running": r, "failed": f,
@@ -158,7 +166,7 @@ def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
             raise web.HTTPBadRequest(text=f"state is one of: {', '.join(STATES)}")
         status, due = STATES[state]
         rows = await run(
-            tasks_pg.list_tasks,
+            lambda port: port.list_tasks,
             status=status,
             due=due,
             name=_filter(request, "name"),
@@ -169,13 +177,13 @@ def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
 
     async def detail(request: web.Request) -> web.Response:
         task_id = _row_id(request, _ID_TEXT)
-        row = await run(tasks_pg.show_task, task_id)
+        row = await run(lambda port: port.show_task, task_id)
         if row is None:
             return _json({"error": f"no task {task_id} (finished and deleted, or discarded)"}, 404)
         return _json(_detail(row))
 
     def action(
-        verb: str, run_it: Callable[..., Any], refused: str
+        verb: str, run_it: Callable[[TaskAdmin], Callable[..., list[int]]], refused: str
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             task_id = _row_id(request, _ID_TEXT)
@@ -198,14 +206,15 @@ def add_task_routes(app: web.Application, dashboard: Dashboard) -> None:
         return handler
 
     async def queues(_request: web.Request) -> web.Response:
-        rows = await run(tasks_pg.queue_states)
+        rows = await run(lambda port: port.queue_states)
         return _json(
             [{**q, "changed_at": q["changed_at"].isoformat() if q["changed_at"] else None}
              for q in rows]
         )  # fmt: skip
 
     def queue_action(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        switch = tasks_pg.pause_queue if verb == "pause" else tasks_pg.resume_queue
+        def switch(port: TaskAdmin) -> Callable[..., bool]:
+            return port.pause_queue if verb == "pause" else port.resume_queue
 
         async def handler(request: web.Request) -> web.Response:
             queue = request.match_info["queue"]
