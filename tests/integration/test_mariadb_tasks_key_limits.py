@@ -21,13 +21,13 @@ from tests.integration.test_mariadb_tasks_end_to_end import (
     tasks_url,
     wait_for,
 )
-from tests.integration.test_tasks_limits import max_overlap
+from tests.integration.test_tasks_limits import assert_key_limit_kept, max_overlap
 from tests.support.mariadb_ops import mariadb_execute
 from tests.support.mariadb_tasks_app import tasks
 
 PER_KEY = 2  # tests/support/mariadb_tasks_app.py: @tasks.handler("per_key", concurrency_per_key=2)
-KEYED_TASKS = 24  # of three keys
-SECONDS = 0.3  # each
+KEYED_TASKS = 18  # of three keys
+SECONDS = 0.5  # each (long enough to overlap on a loaded machine)
 __all__ = ["tasks_url"]  # (the fixture)
 # Three worker processes judged by their handlers' clocks: a starved worker's lease lapses
 # (a zombie by design) and skews the count, so these run with no test beside them.
@@ -124,7 +124,7 @@ def test_three_workers_never_run_more_than_the_per_key_limit_of_a_key_through_a_
     killed: Any = None
     try:
         _enqueue_keyed(tasks_url, "per_key", keyed=True)
-        wait_for(lambda: _count(tasks_url, "SELECT COUNT(*) FROM keyed_runs") >= 8, timeout=30)
+        wait_for(lambda: _count(tasks_url, "SELECT COUNT(*) FROM keyed_runs") >= 6, timeout=30)
         # the worker that started a task last: its places free when its leases lapse
         last = _count(tasks_url, "SELECT pid FROM keyed_runs ORDER BY started DESC LIMIT 1")
         killed = next(w for w in workers if w.pid == last)
@@ -135,8 +135,5 @@ def test_three_workers_never_run_more_than_the_per_key_limit_of_a_key_through_a_
         for worker in workers:
             stop(worker)
     runs = _keyed_runs(tasks_url, killed.pid, killed_at)
-    assert _count(tasks_url, "SELECT COUNT(DISTINCT task_id) FROM keyed_runs") == KEYED_TASKS
-    assert sorted(runs) == ["tenant-0", "tenant-1", "tenant-2"]
-    overlaps = [max_overlap(r) for r in runs.values()]
-    assert max(overlaps) <= PER_KEY, overlaps
-    assert min(overlaps) == PER_KEY, overlaps  # the limit is used, not undershot to 1
+    ran = _count(tasks_url, "SELECT COUNT(DISTINCT task_id) FROM keyed_runs")
+    assert_key_limit_kept(runs, ran, KEYED_TASKS, PER_KEY)
