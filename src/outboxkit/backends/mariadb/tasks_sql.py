@@ -300,13 +300,7 @@ class TaskStatements:
             " ' failed or was cancelled, so this task was cancelled (after_failure=\"cancel\")')"
             f" WHERE id = %s AND status = {WAITING}"
         )
-        keyed = f"{t} FORCE INDEX ({s['index_key']})"
-        self.key_next = (
-            f"SELECT MIN(id) FROM {keyed} WHERE `key` = %s AND status = {WAITING}"
-            " AND after_failure IS NULL"
-        )
-        self.key_live = f"SELECT 1 FROM {keyed} WHERE `key` = %s AND status IN {_LIVE} LIMIT 1"
-        self.promote = f"UPDATE {t} SET status = {PENDING} WHERE id = %s AND status = {WAITING}"
+        # A key's promotion: _key_controls's key_waiting_lock, key_room, promote_ids.
         # (a scan of the waiting tasks' index: a key flooded with waiting tasks is read whole)
         self.waiting_keys = (
             f"SELECT DISTINCT `key` FROM {waiting} WHERE status = {WAITING}"
