@@ -346,7 +346,10 @@ class MariaDBTaskBackend(TaskBackend):
     ) -> TaskStore:
         from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
 
-        return MariaDBTaskStore(self.url, TABLE, queues=queues, names=names, retention=retention)
+        return MariaDBTaskStore(
+            self.url, TABLE, queues=queues, names=names, retention=retention, per_key=per_key,
+            fair=fair, fair_share=fair_share,
+        )  # fmt: skip
 
     async def row(self, task_id: int) -> TaskRow | None:
         self.conn.commit()  # (a fresh snapshot)
@@ -377,7 +380,8 @@ class MariaDBTaskBackend(TaskBackend):
                 f" keep_until = keep_until - {shift}",
                 (micros, micros),
             )
-            cur.execute(f"UPDATE {TABLE}_limits SET at = at - {shift}", (micros,))
+            for buckets in (f"{TABLE}_limits", f"{TABLE}_key_rates"):
+                cur.execute(f"UPDATE {buckets} SET at = at - {shift}", (micros,))
         self.conn.commit()
 
     async def close(self) -> None:

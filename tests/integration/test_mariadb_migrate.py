@@ -78,7 +78,7 @@ def test_migrate_inbox_makes_the_pair_a_dedup_key(mariadb_url: str) -> None:
 def test_migrate_tasks_creates_the_task_table_and_its_side_tables_once(mariadb_url: str) -> None:
     result = cli("migrate", "--tasks", "--dsn", mariadb_url)
     assert result.exit_code == 0, result.output
-    assert "migrated to schema version 1" in result.output
+    assert "migrated to schema version 2" in result.output
     again = cli("migrate", "--tasks", "--dsn", mariadb_url)
     assert again.exit_code == 0 and "up to date" in again.output, again.output
     conn = pymysql.connect(**_args(mariadb_url), autocommit=True)
@@ -91,7 +91,8 @@ def test_migrate_tasks_creates_the_task_table_and_its_side_tables_once(mariadb_u
     finally:
         conn.close()
     assert {"outboxkit_tasks", "outboxkit_tasks_queues", "outboxkit_tasks_deps",
-            "outboxkit_tasks_limits", "outboxkit_schedules"} <= tables  # fmt: skip
+            "outboxkit_tasks_limits", "outboxkit_tasks_key_rates",
+            "outboxkit_schedules"} <= tables  # fmt: skip
     assert locks == 65536
     printed = cli("migrate", "--tasks", "--print-sql", "--dsn", mariadb_url)
     assert printed.exit_code == 0 and "live_queue" in printed.output, printed.output

@@ -95,3 +95,36 @@ def test_the_task_claim_reads_o_batch_rows_past_history_and_at_a_backlog(plan_ur
         assert claimed == BATCH and whole <= 4 * BATCH, whole  # lock, lease, read back
     finally:
         conn.close()
+
+
+def _load_key(conn: Any, count: int, status: int, first: int, key: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {TABLE} (task_name, payload, status, `key`)"
+            f" SELECT 'job', '{{}}', {status}, %s FROM seq_{first}_to_{first + count - 1}",
+            (key,),
+        )
+
+
+def test_a_keys_promotion_locks_its_next_tasks_not_the_whole_flood(plan_url: str) -> None:
+    """concurrency_per_key=N: a promotion locks a key's first waiting tasks (FOR UPDATE, in
+    id order) on the key index and stops at N of them; on the status index it walks (and
+    locks) every earlier waiting task of the other keys first."""
+    migrate(plan_url, kind="tasks", table=TABLE)
+    sql = TaskStatements(TABLE)
+    naive = sql.key_waiting_lock.replace("`outboxkit_tasks_key`", "`outboxkit_tasks_status`")
+    conn = _connect(plan_url)
+    try:
+        _load_key(conn, N, 5, 1, "other")  # another key's, enqueued earlier
+        _load_key(conn, 1, 1, N + 1, "flood")  # its running head
+        _load_key(conn, N, 5, N + 2, "flood")  # waiting their turn
+        returned, naive_read = rows_read(conn, naive, ("flood", 3))
+        assert returned == 3 and naive_read >= N, naive_read
+        returned, read = rows_read(conn, sql.key_waiting_lock, ("flood", 3))
+        assert returned == 3 and read <= 4, read
+        returned, room = rows_read(conn, sql.key_room, ("flood", 3, "flood", 3))
+        assert room <= 8, room  # (two probes of the key index)
+        print(f"promotion of 3 of a key behind {N} waiting: naive {naive_read} rows, ours"
+              f" {read} (lock) + {room} (room)")  # fmt: skip
+    finally:
+        conn.close()

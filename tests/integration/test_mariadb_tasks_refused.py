@@ -1,9 +1,9 @@
 """What task mode does not do on MariaDB/MySQL yet is refused where it starts, in one line
 naming what is missing, before anything is written or started: lifecycle events written by
-the settle (``task_events``), limits per key (``task_key_limits``: a claim that ignored them
-would run a key's tasks past its limit). The worker, enqueue, the task commands and the
-dashboard's Tasks page themselves run (test_mariadb_tasks_end_to_end.py,
-test_task_commands_both_databases.py, test_mariadb_dashboard_tasks.py)."""
+the settle (``task_events``). The worker, enqueue, the task commands, the dashboard's Tasks
+page and the per-key controls run (test_mariadb_tasks_end_to_end.py,
+test_task_commands_both_databases.py, test_mariadb_dashboard_tasks.py,
+test_mariadb_tasks_key_limits.py)."""
 
 from __future__ import annotations
 
@@ -32,20 +32,3 @@ def test_a_worker_of_handlers_with_lifecycle_events_is_refused_in_one_line(
     assert str(refused.value) == MARIADB.cannot["task_events"]
 
 
-@pytest.mark.parametrize(
-    "limit",
-    [{"concurrency_per_key": 2}, {"rate_per_key": "5/s"}, {"fair": True}],
-    ids=["concurrency", "rate", "fair"],
-)
-def test_a_worker_of_handlers_with_limits_per_key_is_refused_in_one_line(
-    mariadb_server: MariaDB, limit: dict[str, Any]
-) -> None:
-    keyed = Tasks()
-
-    @keyed.handler("sms.send", **limit)
-    def send(payload: Any) -> None:
-        """A handler whose per-key limit MariaDB's claim does not keep."""
-
-    with pytest.raises(ConfigurationError) as refused:
-        Worker(keyed, mariadb_server.url_for("shop"))
-    assert str(refused.value) == MARIADB.cannot["task_key_limits"]

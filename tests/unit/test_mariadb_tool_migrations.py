@@ -37,3 +37,13 @@ def test_the_tasks_version_creates_records_and_reverses_its_tables() -> None:
     assert down[-1] == (sql.FORGET_VERSIONS, ("tasks", "jobs"))
     # PostgreSQL's later versions are folded into MariaDB's first: nothing to do here
     assert backend.tool_migration("tasks", "jobs", 2) == ([], [])
+
+
+def test_a_later_tasks_version_creates_its_table_and_forgets_only_its_own_record() -> None:
+    up, down = backend_for("mysql://").tool_migration("tasks", "jobs", 9)  # the key buckets
+    assert [s for s in up if isinstance(s, str) and "CREATE TABLE IF NOT EXISTS `" in s] == [
+        s for s in up if isinstance(s, str) and "jobs_key_rates" in s
+    ]
+    assert up[-1] == (sql.RECORD_VERSION, ("tasks", "jobs", 2))
+    assert down[0] == "DROP TABLE IF EXISTS `jobs_key_rates`"
+    assert down[-1] == (sql.FORGET_VERSION, ("tasks", "jobs", 2))  # version 1 stays

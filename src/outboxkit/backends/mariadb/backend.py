@@ -51,11 +51,6 @@ class MariaDBBackend(Backend):
         " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
         " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
         " ctx.outbox.put() inside ctx.transaction()",
-        "task_key_limits": "limits and fairness per key (@tasks.handler(...,"
-        " concurrency_per_key=N) with N > 1, rate_per_key=, fair=True) are kept by"
-        " PostgreSQL's claim only, not MariaDB/MySQL's yet: leave them unset on MariaDB/MySQL"
-        " (keyed tasks still run one at a time per key), or use concurrency= and rate= per"
-        " task name",
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
@@ -122,14 +117,14 @@ class MariaDBBackend(Backend):
     ) -> TaskStore:
         from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
 
-        if per_key or fair:
-            self.refuse("task_key_limits")
-
         if pooler or direct_dsn:
             self.refuse("pooler")
         if on_settle is not None:
             self.refuse("task_events")
-        return MariaDBTaskStore(dsn, table, queues=queues, retention=retention, names=names)
+        return MariaDBTaskStore(
+            dsn, table, queues=queues, retention=retention, names=names, per_key=per_key,
+            fair=fair or (),
+        )  # fmt: skip
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
         from outboxkit.backends.mariadb.schedules import MariaDBSchedules

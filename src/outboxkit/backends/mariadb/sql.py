@@ -173,6 +173,8 @@ RECORD_VERSION = (
     f"INSERT IGNORE INTO {VERSIONS_TABLE} (kind, table_name, version) VALUES (%s, %s, %s)"
 )
 FORGET_VERSIONS = f"DELETE FROM {VERSIONS_TABLE} WHERE kind = %s AND table_name = %s"
+#: One version's record, when a later file is reversed and the table stays.
+FORGET_VERSION = FORGET_VERSIONS + " AND version = %s"
 #: Serialises concurrent `outboxkit migrate` runs (a session lock, released at once after).
 #: ``Outbox.transaction()``: the longest query this session's server takes (read-only in
 #: a session, so read once per connection: write/mariadb_packet.py).

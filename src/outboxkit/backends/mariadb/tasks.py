@@ -15,7 +15,8 @@ import datetime as dt
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -30,12 +31,13 @@ from outboxkit.backends.mariadb.session import (
     micros,
 )
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
-from outboxkit.backends.mariadb.tasks_sql import TaskStatements
+from outboxkit.backends.mariadb.tasks_sql import TaskStatements, digests_in
 from outboxkit.errors import SchemaError
 from outboxkit.queue.group_commit import GroupCommit
 from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import DONE, Claim, Decision, Settled, StoreError, StoreInfo, Verdict
 from outboxkit.queue.tasks import (
+    FAIR_SHARE,
     SUSPECT_LAPSES,
     ClaimedTask,
     Retention,
@@ -97,7 +99,11 @@ class MariaDBTaskStore(GatedSession):
 
     ``queues``: the queues this worker serves; ``names``: the task names it has handlers
     for (it claims only those; None: any). ``retention="delete"`` (default) deletes a
-    finished task; ``"keep"`` marks it done.
+    finished task; ``"keep"`` marks it done. ``per_key``: task name -> its
+    ``concurrency_per_key`` above 1 (how many of a key's tasks its promotions make pending;
+    every other name's keys run one at a time). ``fair``: the task names with ``fair=True``:
+    at most ``fair_share`` of a key pending at once, each promoted behind the tasks already
+    due; how many run is not limited.
     """
 
     what = "the worker"
@@ -111,8 +117,13 @@ class MariaDBTaskStore(GatedSession):
         retention: Retention = "delete",
         name: str = "outboxkit-worker",
         names: Sequence[str] | None = None,
+        per_key: Mapping[str, int] | None = None,
+        fair: Sequence[str] = (),
+        fair_share: int = FAIR_SHARE,
     ) -> None:
         super().__init__(dsn, table)
+        self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
+        self.fair, self.fair_share = sorted(fair), fair_share
         self.table = table
         self.sql = TaskStatements(table)
         self.queues = list(queues)
@@ -165,7 +176,25 @@ class MariaDBTaskStore(GatedSession):
             await cur.execute("COMMIT")
             return found
 
-        return await self._run("claim", run)  # type: ignore[no-any-return]
+        found: TaskClaimed = await self._run("claim", run)
+        if (what.per_key > 1 or what.fair is not None) and found.claim is not None:
+            return await self._make_room(what, found)
+        return found
+
+    async def _make_room(self, what: TaskClaim, found: TaskClaimed) -> TaskClaimed:
+        """After a claim of a name with N > 1 or a fair one (its COMMIT seen): the next
+        waiting tasks of its keys, up to their room; a fair key's: claim again at once."""
+        assert found.claim is not None
+        keys = sorted({t.key for t in found.claim.items if t.key is not None})
+        if not keys:
+            return found
+        try:
+            promoted = await self._promote(keys)
+        except StoreError as exc:  # claimed all the same: the sweep promotes them
+            log.debug("promoting the next tasks of keys %s failed: %s", keys, exc)
+            return found
+        more = bool(promoted) and what.fair is not None
+        return TaskClaimed(found.claim, found.suspects, more)
 
     async def _claim(
         self,
@@ -183,7 +212,8 @@ class MariaDBTaskStore(GatedSession):
         if paused is not None and paused[0]:
             return TaskClaimed(None)
         tokens = 0.0
-        if what.name is not None and (what.concurrency is not None or what.rate is not None):
+        limited = (what.concurrency, what.rate, what.key_rate)
+        if what.name is not None and any(v is not None for v in limited):
             # The name's row, locked to COMMIT: its claims run one at a time (the count and
             # the bucket below see every claim of the name committed before this one).
             await cur.execute(sq.limit_row, (what.name, float(what.burst)))
@@ -202,15 +232,21 @@ class MariaDBTaskStore(GatedSession):
         if names is not None and what.skip:
             names = [n for n in names if n not in what.skip]
         skip = list(what.skip) if names is None else []
+        key_rated = what.key_rate is not None and what.name is not None
         statement = sq.claim_lock(
-            None if names is None else len(names), len(skip), what.name is not None, what.alone
-        )
+            None if names is None else len(names), len(skip), what.name is not None,
+            what.alone, key_rated,
+        )  # fmt: skip
         params: list[Any] = [what.queue, *(names or ())]
         if what.name is not None:
             params.append(what.name)
-        await cur.execute(statement, (*params, *skip, limit))
+        params.extend(skip)
+        if key_rated:
+            params.extend((float(what.key_burst), what.key_rate, what.name, float(what.key_burst)))
+        await cur.execute(statement, (*params, limit))
         locked = list(await cur.fetchall())
-        blocked = await self._behind_their_keys(cur, locked)
+        blocked = await self._behind_their_keys(cur, locked, what)
+        over, key_tokens = await self._over_their_keys_rate(cur, what, locked, blocked)
         suspects = False
         live: list[int] = []
         dead: list[int] = []
@@ -220,6 +256,8 @@ class MariaDBTaskStore(GatedSession):
             ambiguous = status == TaskStatus.RUNNING and lapses < SUSPECT_LAPSES
             if (lapses + ambiguous >= SUSPECT_LAPSES) != what.alone:
                 suspects = True
+                continue
+            if task_id in over:  # its key's bucket is spent: it waits, no attempt spent
                 continue
             if not ambiguous and attempts - spared >= (cap if cap is not None else max_attempts):
                 dead.append(task_id)
@@ -233,6 +271,8 @@ class MariaDBTaskStore(GatedSession):
             await cur.execute(with_ids(sq.claim_dead, len(dead)), (owner, *dead))
         if what.rate is not None and what.name is not None:
             await cur.execute(sq.limit_spend, (tokens - len(live), what.name))
+        if key_tokens:
+            await self._spend_key_tokens(cur, what, locked, live, key_tokens)
         if not live and not dead:
             return TaskClaimed(None, suspects)
         ids = live + dead
@@ -242,15 +282,64 @@ class MariaDBTaskStore(GatedSession):
         dead_letters = [(_claimed(rows[i]), "crash_loop", str(rows[i][-1])) for i in dead]
         return TaskClaimed(Claim(token, [t.id for t in claimed], claimed, dead_letters), suspects)
 
-    async def _behind_their_keys(self, cur: Any, locked: list[tuple[Any, ...]]) -> set[int]:
+    async def _behind_their_keys(
+        self, cur: Any, locked: list[tuple[Any, ...]], what: TaskClaim
+    ) -> set[int]:
         """The locked keyed tasks with an earlier live task of their key (read after the
-        lock, so a task another claim holds counts): not claimable yet."""
+        lock, so a task another claim holds counts): not claimable yet. A fair name's are
+        claimable whatever runs of their key; a name with N > 1 runs a key's first N."""
         keys = sorted({r[6] for r in locked if r[6] is not None})
-        if not keys:
+        if not keys or what.fair is not None:
             return set()
+        if what.per_key > 1:
+            statement = self.sql.key_turns.replace("{keys}", ids_in(len(keys)))
+            await cur.execute(statement, (*keys, what.per_key))
+            turn = {int(r[0]) for r in await cur.fetchall()}
+            return {r[0] for r in locked if r[6] is not None and r[0] not in turn}
         await cur.execute(self.sql.key_heads.replace("{keys}", ids_in(len(keys))), keys)
         head = {k: int(i) for k, i in await cur.fetchall()}
         return {r[0] for r in locked if r[6] is not None and head.get(r[6], r[0]) < r[0]}
+
+    async def _over_their_keys_rate(
+        self, cur: Any, what: TaskClaim, locked: list[tuple[Any, ...]], blocked: set[int]
+    ) -> tuple[set[int], dict[str, float]]:
+        """rate_per_key: each key's bucket (refilled) and the locked tasks beyond its tokens,
+        oldest first, of those this claim would take (PostgreSQL's _KEY_RATE_BATCH)."""
+        if what.key_rate is None or what.name is None:
+            return set(), {}
+        rows = [r for r in locked if r[6] is not None and r[0] not in blocked]
+        keys = sorted({r[6] for r in rows})
+        if not keys:
+            return set(), {}
+        statement = self.sql.key_buckets.replace("{digests}", digests_in(len(keys)))
+        await cur.execute(statement, (float(what.key_burst), what.key_rate, what.name, *keys))
+        tokens = {k: float(what.key_burst) for k in keys}
+        tokens.update({str(k): float(v) for k, v in await cur.fetchall()})
+        over: set[int] = set()
+        turns: Counter[str] = Counter()
+        for task_id, status, _a, _s, lapses, _cap, key in sorted(rows):
+            ambiguous = status == TaskStatus.RUNNING and lapses < SUSPECT_LAPSES
+            if (lapses + ambiguous >= SUSPECT_LAPSES) == what.alone:
+                turns[key] += 1
+                if turns[key] > math.floor(tokens[key]):
+                    over.add(task_id)
+        return over, tokens
+
+    async def _spend_key_tokens(
+        self,
+        cur: Any,
+        what: TaskClaim,
+        locked: list[tuple[Any, ...]],
+        live: list[int],
+        tokens: dict[str, float],
+    ) -> None:
+        """Each key's bucket less the tasks this claim started of it (under the name's row
+        lock: two claims never spend one token)."""
+        key_of = {r[0]: r[6] for r in locked}
+        started = Counter(key_of[i] for i in live if key_of[i] in tokens)
+        for key, count in sorted(started.items()):
+            values = (what.name, key, key, tokens[key] - count, what.key_rate, what.key_burst)
+            await cur.execute(self.sql.key_spend, values)
 
     # -- settle ---------------------------------------------------------------------------
 
@@ -340,20 +429,27 @@ class MariaDBTaskStore(GatedSession):
         return Settled(settled, len(claim.ids) - len(settled))
 
     async def _promote(self, keys: Sequence[str]) -> int:
-        """The next waiting task of each key with no live task becomes pending."""
+        """The next waiting tasks of each key, up to its room: a key's live tasks plus a
+        waiting one's turn at most its name's ``concurrency_per_key`` (1: the next one once
+        the key has no live task); a fair name's, its key's pending ones plus its turn at
+        most ``fair_share`` (PostgreSQL's PROMOTE_KEYS, a transaction a key)."""
         sq = self.sql
+        most = max([*self.per_key.values(), self.fair_share if self.fair else 1])
 
         async def run(cur: Any) -> int:
             moved = 0
             for key in keys:
                 await cur.execute("BEGIN")
-                await cur.execute(sq.key_next, (key,))
-                (next_id,) = await cur.fetchone()
-                if next_id is not None:
-                    await cur.execute(sq.key_live, (key,))
-                    if await cur.fetchone() is None:
-                        await cur.execute(sq.promote, (next_id,))
-                        moved += cur.rowcount
+                await cur.execute(sq.key_waiting_lock, (key, most))
+                waiting = [(int(i), str(n)) for i, n in await cur.fetchall()]
+                if waiting:
+                    await cur.execute(sq.key_room, (key, most, key, self.fair_share))
+                    live, pending = (int(n) for n in await cur.fetchone())
+                    plain, behind = self._turns(waiting, live, pending)
+                    for statement, ids in ((sq.promote_ids, plain), (sq.promote_behind, behind)):
+                        if ids:
+                            await cur.execute(with_ids(statement, len(ids)), ids)
+                            moved += cur.rowcount
                 await cur.execute("COMMIT")
             return moved
 
@@ -361,6 +457,21 @@ class MariaDBTaskStore(GatedSession):
         if moved:
             self._gate_wake()
         return moved
+
+    def _turns(
+        self, waiting: list[tuple[int, str]], live: int, pending: int
+    ) -> tuple[list[int], list[int]]:
+        """Of a key's first waiting tasks (id order), those with room: made pending where
+        they are, and (a fair name's but its key's only pending one) behind those due."""
+        plain: list[int] = []
+        behind: list[int] = []
+        for turn, (task_id, name) in enumerate(waiting, 1):
+            if name in self.fair:
+                if pending + turn <= self.fair_share:
+                    (behind if pending or turn > 1 else plain).append(task_id)
+            elif live + turn <= self.per_key.get(name, 1):
+                plain.append(task_id)
+        return plain, behind
 
     async def progress(self, updates: Sequence[tuple[int, uuid.UUID, str]]) -> int:
         async def run(cur: Any) -> int:
@@ -380,7 +491,8 @@ class MariaDBTaskStore(GatedSession):
             gone = [r[0] for r in await cur.fetchall()]
             if gone:
                 await cur.execute(with_ids(self.sql.prune_edges, len(gone)), gone)
-            return purged
+            await cur.execute(self.sql.prune_key_rates, (limit,))
+            return max(purged, int(cur.rowcount))
 
         return await self._run("settle", run)  # type: ignore[no-any-return]
 

@@ -37,6 +37,11 @@ def _index(table: str, suffix: str) -> str:
     return quote(f"{table.split('.')[-1]}_{suffix}"[:64])
 
 
+def digests_in(count: int) -> str:
+    """``IN (…)`` of ``count`` keys' digests (the key buckets' primary key)."""
+    return "IN (" + ", ".join(["UNHEX(SHA2(%s, 256))"] * count) + ")"
+
+
 def tasks_slots(table: str) -> dict[str, str]:
     """The placeholders of the task table's migration files (migrations/tasks/)."""
     *database, _bare = table.split(".")
@@ -48,6 +53,7 @@ def tasks_slots(table: str) -> dict[str, str]:
         "deps": quote(sibling(table, "deps")),
         "limits": quote(sibling(table, "limits")),
         "key_locks": quote(sibling(table, "key_locks")),
+        "key_rates": quote(sibling(table, "key_rates")),
         "index_pending": _index(table, "claim"),
         "index_unique": _index(table, "unique"),
         "index_key": _index(table, "key"),
@@ -294,13 +300,7 @@ class TaskStatements:
             " ' failed or was cancelled, so this task was cancelled (after_failure=\"cancel\")')"
             f" WHERE id = %s AND status = {WAITING}"
         )
-        keyed = f"{t} FORCE INDEX ({s['index_key']})"
-        self.key_next = (
-            f"SELECT MIN(id) FROM {keyed} WHERE `key` = %s AND status = {WAITING}"
-            " AND after_failure IS NULL"
-        )
-        self.key_live = f"SELECT 1 FROM {keyed} WHERE `key` = %s AND status IN {_LIVE} LIMIT 1"
-        self.promote = f"UPDATE {t} SET status = {PENDING} WHERE id = %s AND status = {WAITING}"
+        # A key's promotion: _key_controls's key_waiting_lock, key_room, promote_ids.
         # (a scan of the waiting tasks' index: a key flooded with waiting tasks is read whole)
         self.waiting_keys = (
             f"SELECT DISTINCT `key` FROM {waiting} WHERE status = {WAITING}"
@@ -321,7 +321,8 @@ class TaskStatements:
         )
         self.check_tables = (
             f"SELECT (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),"
-            f" (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {s['key_locks']} LIMIT 0)"
+            f" (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {s['key_locks']} LIMIT 0),"
+            f" (SELECT 1 FROM {s['key_rates']} LIMIT 0)"
         )
         # -- periodic tasks --------------------------------------------------------------
         sched = self.schedules
@@ -330,6 +331,7 @@ class TaskStatements:
             f"INSERT INTO {t} (task_name, queue, payload, priority) VALUES (%s, %s, %s, %s)"
             " RETURNING id"
         )
+        self._key_controls(s)
         self.set_slot_task = f"UPDATE {sched} SET task_id = %s WHERE schedule = %s AND slot = %s"
         self.last_slot = f"SELECT MAX(slot), {NOW} FROM {sched} WHERE schedule = %s"
         self.database_now = f"SELECT {NOW}"
@@ -422,12 +424,80 @@ class TaskStatements:
             f" TIMESTAMPDIFF(MICROSECOND, MIN(oldest_due), {NOW}) / 1e6 FROM ranked GROUP BY 1"
         )
 
+    def _key_controls(self, s: dict[str, str]) -> None:
+        """The per-key controls' statements (``concurrency_per_key=N``, ``rate_per_key=``,
+        ``fair=True``): PostgreSQL's _KEY_TURN, key buckets and PROMOTE_KEYS, in steps."""
+        t, by_id, rates = s["table"], self._by_id, s["key_rates"]
+        keyed = f"{t} FORCE INDEX ({s['index_key']})"
+        # A keyed task of a name with N > 1 is claimable while it is among its key's first N
+        # live tasks (fewer than N earlier ones live): read after the claim's lock, so a task
+        # another claim holds counts. No lock is needed: a claim turns pending into running,
+        # both live; only a settle takes a task out and a promotion adds later ids.
+        self.key_turns = (
+            f"SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY `key` ORDER BY id)"
+            f" AS turn FROM {keyed} WHERE `key` {{keys}} AND status IN {_LIVE}) AS x"
+            " WHERE turn <= %s"
+        )
+        # A key's bucket (rate_per_key): refilled by the database's clock at the claim's
+        # rate up to its burst; a key without a row has a full one. The row is found by the
+        # key's digest (the primary key: a key is longer than an index key may be).
+        refilled = (
+            "LEAST(%s, b.tokens + TIMESTAMPDIFF(MICROSECOND, b.at, {now}) / 1e6 * %s)"
+        ).replace("{now}", NOW)
+        self._key_has_token = (
+            f"(`key` IS NULL OR COALESCE((SELECT {refilled} FROM {rates} AS b"
+            f" WHERE b.task_name = %s AND b.key_digest = UNHEX(SHA2({t}.`key`, 256))), %s) >= 1)"
+        )
+        self.key_buckets = (
+            f"SELECT b.`key`, {refilled} FROM {rates} AS b WHERE b.task_name = %s"
+            " AND b.key_digest {digests}"
+        )
+        # The spend (under the name's row lock, as the name's own bucket): each key's tokens
+        # less the tasks this claim started of it, as of now, with the claim's rate and burst
+        # (the prune reads them).
+        self.key_spend = (
+            f"INSERT INTO {rates} (task_name, key_digest, `key`, tokens, at, rate, burst)"
+            f" VALUES (%s, UNHEX(SHA2(%s, 256)), %s, %s, {NOW}, %s, %s)"
+            " ON DUPLICATE KEY UPDATE tokens = VALUES(tokens), at = VALUES(at),"
+            " rate = VALUES(rate), burst = VALUES(burst)"
+        )
+        # Refilled buckets are the same as none: the maintenance deletes a batch of them.
+        self.prune_key_rates = (
+            f"DELETE FROM {rates} WHERE tokens + TIMESTAMPDIFF(MICROSECOND, at, {NOW}) / 1e6"
+            " * rate >= burst LIMIT %s"
+        )
+        # A key's promotion, one transaction: its first waiting tasks locked in id order (a
+        # concurrent promotion of the key waits here, then reads them anew: none promoted
+        # twice), then its live and pending tasks counted (after the lock, so that promotion's
+        # commit is seen: neither adds more than the room it saw), then the chosen ones made
+        # pending. A fair name's go behind every task already due (available_at moved to now)
+        # unless it is its key's only pending one.
+        self.key_waiting_lock = (
+            f"SELECT id, task_name FROM {keyed} WHERE `key` = %s AND status = {WAITING}"
+            " AND after_failure IS NULL ORDER BY id LIMIT %s FOR UPDATE"
+        )
+        self.key_room = (
+            f"SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {keyed} WHERE `key` = %s"
+            f" AND status IN {_LIVE} LIMIT %s) AS l), (SELECT COUNT(*) FROM (SELECT 1"
+            f" FROM {keyed} WHERE `key` = %s AND status = {PENDING} LIMIT %s) AS p)"
+        )
+        self.promote_ids = (
+            f"UPDATE {by_id} SET status = {PENDING} WHERE id {{ids}} AND status = {WAITING}"
+        )
+        self.promote_behind = (
+            f"UPDATE {by_id} SET status = {PENDING}, available_at = GREATEST(available_at, {NOW})"
+            f" WHERE id {{ids}} AND status = {WAITING}"
+        )
+
     @functools.lru_cache(maxsize=64)  # noqa: B019 (few shapes per store, kept with it)
-    def claim_lock(self, names: int | None, skip: int, name: bool, alone: bool) -> str:
+    def claim_lock(
+        self, names: int | None, skip: int, name: bool, alone: bool, key_rate: bool = False
+    ) -> str:
         """Lock a batch of the queue's claimable tasks, skipping those another claim holds
-        (parameters: queue, [names], [name], [skip], limit): due pending tasks and running
-        ones whose lease ran out, highest priority first, in the claim index's order.
-        ``alone``: suspects only (their next lapse makes SUSPECT_LAPSES)."""
+        (parameters: queue, [names], [name], [skip], [key_burst, key_rate, name, key_burst],
+        limit): due pending tasks and running ones whose lease ran out, highest priority
+        first, in the claim index's order. ``alone``: suspects only (their next lapse makes
+        SUSPECT_LAPSES); ``key_rate``: passing keyed tasks whose key's bucket is empty."""
         where = [f"live_queue = %s AND available_at <= {NOW}"]
         if names is not None:
             where.append(f"task_name {ids_in(names)}" if names else "FALSE")
@@ -437,6 +507,8 @@ class TaskStatements:
             where.append(f"task_name NOT {ids_in(skip)}")
         if alone:
             where.append(f"lapses + (status = {RUNNING}) >= {SUSPECT_LAPSES}")
+        if key_rate:
+            where.append(self._key_has_token)
         return (
             f"SELECT id, status, attempts, spared, lapses, max_attempts, `key`"
             f" FROM {self.qualified} FORCE INDEX ({self._claim_index})"

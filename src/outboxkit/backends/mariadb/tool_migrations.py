@@ -19,7 +19,7 @@ from outboxkit.backends.ports import Statement
 PG_VERSION: dict[sql.Kind, dict[int, int]] = {
     "outbox": {1: 1},
     "inbox": {1: 1},
-    "tasks": {1: 1},
+    "tasks": {1: 1, 2: 9},
 }
 
 _CREATED = re.compile(r"^CREATE TABLE IF NOT EXISTS (\S+)", re.IGNORECASE | re.MULTILINE)
@@ -42,9 +42,16 @@ def statements(kind: sql.Kind, table: str, version: int) -> tuple[list[Statement
             if found:
                 created.append(found.group(1))
         up.append((sql.RECORD_VERSION, (kind, table, migration.version)))
+    # Reversing the first file drops the table: every record of it goes. A later file's
+    # reverse drops what it created and forgets its own version only.
+    forget: list[Statement] = (
+        [(sql.FORGET_VERSIONS, (kind, table))]
+        if any(m.version == 1 for m in files)
+        else [(sql.FORGET_VERSION, (kind, table, m.version)) for m in files]
+    )
     down: list[Statement] = [
         *(f"DROP TABLE IF EXISTS {name}" for name in reversed(created)),
         sql.CREATE_VERSIONS,  # the record table may be gone (a database rebuilt by hand)
-        (sql.FORGET_VERSIONS, (kind, table)),
+        *forget,
     ]
     return up, down
