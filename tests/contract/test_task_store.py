@@ -495,6 +495,48 @@ async def test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit(
     assert sum(len(g.claim.ids) for g in got if g.claim is not None) == 3
 
 
+async def test_tasks_behind_a_full_limit_wait_parked_and_come_back_by_priority_then_due_time(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    first = [await b.enqueue("lim", priority=7) for _ in range(2)]
+    worker, other = b.store(), b.store()
+    held = (await claim(worker, name="lim", concurrency=2, lease=5)).claim
+    assert held is not None and held.ids == first  # the limit is full
+    low = [await b.enqueue("lim") for _ in range(3)]
+    high = await b.enqueue("lim", priority=5)
+    later = await b.enqueue("lim", priority=9, delay=20)
+    free = await b.enqueue("free")
+
+    async def parked(*ids: int) -> list[bool]:
+        return [(r := await b.row(i)) is not None and r.status == "waiting" for i in ids]
+
+    await worker.release_dependents(None, 100)  # the sweep keeps the name's best 2 pending
+    if b.parks:
+        assert await parked(high, *low, later) == [False, False, True, True, True]
+    rest = (await claim(other, skip=("lim",))).claim  # the queue's other claim
+    assert rest is not None and rest.ids == [free]
+    assert (await claim(other, name="lim", concurrency=2)).claim is None
+    await b.advance(6)  # `worker` froze past its lease: its places free by the clock
+    again = (await claim(other, name="lim", concurrency=2)).claim
+    assert again is not None and again.ids == first
+    await worker.settle(held, [DONE, DONE])  # the zombie's settle is fenced: frees nothing
+    assert (await claim(worker, name="lim", concurrency=2)).claim is None
+    await other.settle(again, [DONE, DONE])  # the holders' own settle frees two places
+    nxt = (await claim(worker, name="lim", concurrency=2)).claim
+    assert nxt is not None and nxt.ids == [high, low[0]]  # by priority, then due time
+    await b.advance(20)  # `later` comes due while parked: the sweep promotes it
+    await worker.release_dependents(None, 100)
+    if b.parks:
+        assert await parked(later, low[1], low[2]) == [False, False, True]
+    await worker.settle(nxt, [DONE, DONE])
+    last = (await claim(other, name="lim", concurrency=2)).claim
+    assert last is not None and last.ids == [later, low[1]]
+    await other.settle(last, [DONE, DONE])
+    tail = (await claim(other, name="lim", concurrency=2)).claim
+    assert tail is not None and tail.ids == [low[2]]
+
+
 async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting(
     task_backend: TaskBackend,
 ) -> None:

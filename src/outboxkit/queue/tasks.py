@@ -83,6 +83,10 @@ OTHER_TASKS = "(other)"
 #: waits behind at most this many of each key. About one claim of a worker at its defaults
 #: (10 slots and up to 100 prefetched), so a key alone still fills a whole claim.
 FAIR_SHARE = 100
+#: The workers' sweep parks up to this many times its batch of the tasks behind a full
+#: concurrency limit at once (a flood of 100 000 parked in about 2 s on PostgreSQL: 10 000
+#: a statement took 0.2 s, each sorting the name's pending tasks).
+PARK_BATCH = 10
 
 
 class TaskStatus(IntEnum):

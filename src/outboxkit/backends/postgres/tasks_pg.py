@@ -55,6 +55,7 @@ from outboxkit.queue.tasks import (
     DEFAULT_MAX_TASK_NAMES,
     FAIR_SHARE,
     OTHER_TASKS,
+    PARK_BATCH,
     ClaimedTask,
     Retention,
     SettleHook,
@@ -162,6 +163,10 @@ class PgTaskStore(PgSession):
         # Completions waiting to be settled together (_settle_done_grouped).
         self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
         self._flushing = False
+        #: (name, queue) -> its concurrency limit, and the names claimed without one, as
+        #: this worker's claims said: the sweep parks and promotes their tasks (PARK_NAME).
+        self.limits: dict[tuple[str, str], int] = {}
+        self.unlimited: set[str] = set()
 
     # Its claim and settles are planned once per connection (the claim's plan does not
     # depend on its parameters: the claim index in order, stopped at the limit).
@@ -256,6 +261,7 @@ class PgTaskStore(PgSession):
             "fair": what.fair is not None,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
+        self._learn(what)
         try:
             conn = await self._connection("claim")
             claiming = (
@@ -315,6 +321,10 @@ class PgTaskStore(PgSession):
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
             claim = self._claim_statement(params)
             records = await fetch_rows(conn.cursor(), claim, params)
+            taken = sum(1 for r in records if r[0] is not None)
+            if params["concurrency"] is not None and taken:  # the next parked ones, under
+                promote = {"name": params["name"], "queue": params["queue"], "count": taken}
+                await conn.execute(self.sql.promote_name, promote)  # the name's lock
             dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
             if dead and self.on_settle is not None:
                 for task, _error in dead:
@@ -351,6 +361,38 @@ class PgTaskStore(PgSession):
         except StoreError as exc:  # settled all the same: the sweep releases them
             log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return settled
+
+    def _learn(self, what: TaskClaim) -> None:
+        """Which names this worker claims with a concurrency limit, and which without."""
+        if what.name is not None and what.concurrency is not None:
+            self.limits[what.name, what.queue] = what.concurrency
+            self.unlimited.discard(what.name)
+        elif what.name is not None:
+            self.unlimited.add(what.name)
+        elif self.names is not None:
+            self.unlimited |= set(self.names) - set(what.skip)
+
+    async def _park(self, conn: psycopg.AsyncConnection[Any], limit: int) -> int:
+        """The sweep's side of the tasks parked behind a full limit: each limited name's
+        first N due parked tasks promoted, then its pending unkeyed tasks beyond the first N
+        parked (PARK_BATCH times ``limit`` a statement, besides the N it may have just
+        promoted: each sorts the name's pending tasks); parked tasks of a name claimed
+        without a limit promoted. How many it moved for good (a full batch: ``limit``, so
+        the sweep runs again at once)."""
+        moved = 0
+        for (name, queue), keep in sorted(self.limits.items()):
+            batch = PARK_BATCH * limit + keep
+            params = {"name": name, "queue": queue, "keep": keep, "count": keep,
+                      "limit": batch}  # fmt: skip
+            async with conn.transaction():  # (one of the name's claims at a time)
+                await conn.execute(self.sql.claim_limit_lock, (name,))
+                await conn.execute(self.sql.promote_name, params)
+                cur = await conn.execute(self.sql.park_name, params)
+            moved += limit if cur.rowcount >= batch else 0
+        if self.unlimited:
+            names = {"names": sorted(self.unlimited), "limit": limit}
+            moved += (await conn.execute(self.sql.unpark_names, names)).rowcount
+        return moved
 
     def _turns(self) -> dict[str, Any]:
         """The promotions' parameters: each name's tasks of one key at once (PROMOTE_KEYS)."""
@@ -451,9 +493,10 @@ class PgTaskStore(PgSession):
                     rows += await self.within(
                         conn, "release", fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
                     )
+                    parked = await self.within(conn, "release", self._park(conn, limit))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        return len(rows)
+        return len(rows) + (parked if ids is None else 0)
 
     def dependencies(self, conn: psycopg.Connection[Any], task_id: int) -> list[dict[str, Any]]:
         with conn.cursor(row_factory=dict_row) as cur:

@@ -89,6 +89,8 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "index_running": sql.Identifier(f"{name}_running_idx"[:63]),
         # (DROP INDEX names it in the table's schema)
         "index_running_in_schema": table_identifier(schema, f"{name}_running_idx"[:63]),
+        "index_parked": sql.Identifier(f"{name}_parked_idx"[:63]),
+        "index_parked_in_schema": table_identifier(schema, f"{name}_parked_idx"[:63]),
         **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
     }
 
@@ -686,6 +688,64 @@ SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
                            WHERE p.name = f.name), 1) END
     LIMIT %(limit)s
 )""" + _PROMOTE.replace("{keys}", "stuck")
+# Tasks behind a full concurrency limit wait out of the claim index (task table version 10).
+# A worker with a limited name's handler keeps `keep` (the name's N) of its unkeyed tasks
+# pending in a queue, the first ones in the claim's order with those due first, and parks
+# the rest: status waiting, key and after_failure NULL (keyed tasks wait by their keys, a
+# dependent by its upstream tasks, a unique_key's task stays pending: the unique index
+# covers live states only). The claim then walks N of the name, not 100 000. A claim of
+# the name that took c tasks promotes the c first parked ones that are due, in its own
+# transaction under the name's lock (so the N pending are always the best N: the claim
+# takes at most N minus the running ones); the sweep promotes the first N due and parks
+# again whatever is beyond N (a parked task come due, a retry, an enqueue since). A lapse
+# or a settle changes no parked task: a SIGKILLed worker's tasks stay running (claimable
+# at their lease's end, in the claim index), a zombie's settle is fenced. Nothing here
+# decides how many run: the claim's count of the running ones does. Parked tasks of a
+# name whose handler has no limit any more are promoted by the sweep (UNPARK_NAMES).
+_PARKED = """status = {waiting} AND key IS NULL AND after_failure IS NULL"""
+PARK_NAME = """
+UPDATE {table} AS t SET status = {waiting}
+WHERE t.id = ANY(ARRAY(
+    SELECT p.id FROM {table} AS p
+    WHERE p.status = {pending} AND p.queue = %(queue)s AND p.task_name = %(name)s
+      AND p.key IS NULL AND p.unique_key IS NULL AND p.after_failure IS NULL
+    ORDER BY p.available_at > now(), p.priority DESC, p.available_at, p.id
+    OFFSET %(keep)s LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+  AND t.status = {pending}
+"""
+PROMOTE_NAME = (
+    """
+UPDATE {table} AS t SET status = {pending}
+WHERE t.id = ANY(ARRAY(
+    SELECT w.id FROM {table} AS w
+    WHERE w."""
+    + _PARKED
+    + """ AND w.task_name = %(name)s AND w.queue = %(queue)s
+      AND w.available_at <= now()
+    ORDER BY w.priority DESC, w.available_at, w.id
+    LIMIT %(count)s
+    FOR UPDATE SKIP LOCKED))
+  AND t."""
+    + _PARKED
+    + """
+"""
+)
+UNPARK_NAMES = (
+    """
+UPDATE {table} AS t SET status = {pending}
+WHERE t.id = ANY(ARRAY(
+    SELECT w.id FROM {table} AS w
+    WHERE w."""
+    + _PARKED
+    + """ AND w.task_name = ANY(%(names)s::text[])
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+  AND t."""
+    + _PARKED
+    + """
+"""
+)
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
 READ_DEPENDENCIES = """
@@ -788,9 +848,11 @@ SELECT (SELECT paused FROM before), pg_notify(%(channel)s, '')
 QUEUE_STATES = """
 WITH counts AS (
     SELECT queue,
-           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status <> {running} AND available_at <= now()) AS queued,
            count(*) FILTER (WHERE status = {running}) AS running
-    FROM {table} WHERE status IN ({pending}, {running})
+    FROM {table}
+    WHERE status IN ({pending}, {running})
+       OR (status = {waiting} AND key IS NULL AND after_failure IS NULL)  -- (parked)
     GROUP BY queue
 )
 SELECT coalesce(c.queue, q.queue) AS queue, coalesce(q.paused, false) AS paused,
@@ -844,15 +906,18 @@ WHERE (s.schedule, s.slot) IN (
 TASK_GAUGES = """
 WITH per_name AS (
     SELECT task_name,
-           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
-           count(*) FILTER (WHERE status = {pending} AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status <> {running} AND status <> {failed}
+                              AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status <> {running} AND status <> {failed}
+                              AND available_at > now()) AS scheduled,
            count(*) FILTER (WHERE status = {running}) AS running,
            count(*) FILTER (WHERE status = {failed}) AS failed,
-           min(available_at) FILTER (WHERE status = {pending} AND available_at <= now())
-               AS oldest_due,
+           min(available_at) FILTER (WHERE status <> {running} AND status <> {failed}
+                                       AND available_at <= now()) AS oldest_due,
            count(*) AS tasks
     FROM {table}
     WHERE status IN ({pending}, {running}, {failed})
+       OR (status = {waiting} AND key IS NULL AND after_failure IS NULL)  -- (parked)
     GROUP BY task_name
 ), ranked AS (
     SELECT *, row_number() OVER (ORDER BY tasks DESC, task_name) AS rank FROM per_name
@@ -1056,6 +1121,9 @@ class TaskStatements:
         self.prune_edges = PRUNE_EDGES.format(**slots)
         self.promote_keys = PROMOTE_KEYS.format(**slots)
         self.sweep_keys = SWEEP_KEYS.format(**slots)
+        self.park_name = PARK_NAME.format(**slots)
+        self.promote_name = PROMOTE_NAME.format(**slots)
+        self.unpark_names = UNPARK_NAMES.format(**slots)
         self.release = RELEASE.format(**slots)
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)
