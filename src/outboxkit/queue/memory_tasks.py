@@ -28,6 +28,7 @@ from outboxkit.queue.tasks import (
     PARK_BATCH,
     SUSPECT_LAPSES,
     ClaimedTask,
+    LimitsSeen,
     Retention,
     TaskClaim,
     TaskClaimed,
@@ -194,10 +195,8 @@ class MemoryTaskStore:
         self.queues = list(queues)
         self.names = None if names is None else set(names)
         self.retention: Retention = retention
-        #: (name, queue) -> its concurrency limit, and the names claimed without one, as
-        #: this worker's claims said (whose parked tasks it promotes and parks: _park).
-        self.limits: dict[tuple[str, str], int] = {}
-        self.unlimited: set[str] = set()
+        #: The names its claims limit and those they do not (the sweep's parking).
+        self.limits_seen = LimitsSeen()
 
     def __repr__(self) -> str:
         return f"MemoryTaskStore(queues={self.queues!r})"
@@ -237,7 +236,7 @@ class MemoryTaskStore:
         max_attempts: int,
     ) -> TaskClaimed:
         now = self.tasks.clock()
-        self._learn(what)
+        self.limits_seen.learn(what, self.names)
         if what.concurrency is not None:  # a limited name: its running tasks are its slots
             running = sum(
                 1 for r in self.tasks.rows()
@@ -325,16 +324,6 @@ class MemoryTaskStore:
 
     # -- tasks parked behind a full concurrency limit (tasks_sql.py PARK_NAME) ------------
 
-    def _learn(self, what: TaskClaim) -> None:
-        """Which names this worker claims with a concurrency limit, and which without."""
-        if what.name is not None and what.concurrency is not None:
-            self.limits[what.name, what.queue] = what.concurrency
-            self.unlimited.discard(what.name)
-        elif what.name is not None:
-            self.unlimited.add(what.name)
-        elif self.names is not None:
-            self.unlimited |= self.names - set(what.skip)
-
     @staticmethod
     def parked(row: MemoryTaskRow) -> bool:
         """Waiting behind its name's full limit: no key, no upstream tasks."""
@@ -361,7 +350,7 @@ class MemoryTaskStore:
         name claimed without a limit promoted. How many it moved for good (a full batch:
         ``limit``)."""
         now, moved = self.tasks.clock(), 0
-        for (name, queue), keep in sorted(self.limits.items()):
+        for (name, queue), keep in sorted(self.limits_seen.limits.items()):
             self._promote_parked(name, queue, keep)
             pending = sorted(
                 (r for r in self.tasks.rows()
@@ -376,7 +365,7 @@ class MemoryTaskStore:
         for row in self.tasks.rows():
             if moved >= limit:
                 break
-            if self.parked(row) and row.task_name in self.unlimited:
+            if self.parked(row) and row.task_name in self.limits_seen.unlimited:
                 row.status, moved = TaskStatus.PENDING, moved + 1
         return moved
 

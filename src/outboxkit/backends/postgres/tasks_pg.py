@@ -57,6 +57,7 @@ from outboxkit.queue.tasks import (
     OTHER_TASKS,
     PARK_BATCH,
     ClaimedTask,
+    LimitsSeen,
     Retention,
     SettleHook,
     TaskClaim,
@@ -163,10 +164,8 @@ class PgTaskStore(PgSession):
         # Completions waiting to be settled together (_settle_done_grouped).
         self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
         self._flushing = False
-        #: (name, queue) -> its concurrency limit, and the names claimed without one, as
-        #: this worker's claims said: the sweep parks and promotes their tasks (PARK_NAME).
-        self.limits: dict[tuple[str, str], int] = {}
-        self.unlimited: set[str] = set()
+        #: The names its claims limit and those they do not (the sweep's parking).
+        self.limits_seen = LimitsSeen()
 
     # Its claim and settles are planned once per connection (the claim's plan does not
     # depend on its parameters: the claim index in order, stopped at the limit).
@@ -261,7 +260,7 @@ class PgTaskStore(PgSession):
             "fair": what.fair is not None,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
-        self._learn(what)
+        self.limits_seen.learn(what, self.names)
         try:
             conn = await self._connection("claim")
             claiming = (
@@ -362,16 +361,6 @@ class PgTaskStore(PgSession):
             log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return settled
 
-    def _learn(self, what: TaskClaim) -> None:
-        """Which names this worker claims with a concurrency limit, and which without."""
-        if what.name is not None and what.concurrency is not None:
-            self.limits[what.name, what.queue] = what.concurrency
-            self.unlimited.discard(what.name)
-        elif what.name is not None:
-            self.unlimited.add(what.name)
-        elif self.names is not None:
-            self.unlimited |= set(self.names) - set(what.skip)
-
     async def _park(self, conn: psycopg.AsyncConnection[Any], limit: int) -> int:
         """The sweep's side of the tasks parked behind a full limit: each limited name's
         first N due parked tasks promoted, then its pending unkeyed tasks beyond the first N
@@ -380,7 +369,7 @@ class PgTaskStore(PgSession):
         without a limit promoted. How many it moved for good (a full batch: ``limit``, so
         the sweep runs again at once)."""
         moved = 0
-        for (name, queue), keep in sorted(self.limits.items()):
+        for (name, queue), keep in sorted(self.limits_seen.limits.items()):
             batch = PARK_BATCH * limit + keep
             params = {"name": name, "queue": queue, "keep": keep, "count": keep,
                       "limit": batch}  # fmt: skip
@@ -389,8 +378,8 @@ class PgTaskStore(PgSession):
                 await conn.execute(self.sql.promote_name, params)
                 cur = await conn.execute(self.sql.park_name, params)
             moved += limit if cur.rowcount >= batch else 0
-        if self.unlimited:
-            names = {"names": sorted(self.unlimited), "limit": limit}
+        if self.limits_seen.unlimited:
+            names = {"names": sorted(self.limits_seen.unlimited), "limit": limit}
             moved += (await conn.execute(self.sql.unpark_names, names)).rowcount
         return moved
 

@@ -702,7 +702,7 @@ SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
 # at their lease's end, in the claim index), a zombie's settle is fenced. Nothing here
 # decides how many run: the claim's count of the running ones does. Parked tasks of a
 # name whose handler has no limit any more are promoted by the sweep (UNPARK_NAMES).
-_PARKED = """status = {waiting} AND key IS NULL AND after_failure IS NULL"""
+_PARKED = "{a}.status = {{waiting}} AND {a}.key IS NULL AND {a}.after_failure IS NULL"
 PARK_NAME = """
 UPDATE {table} AS t SET status = {waiting}
 WHERE t.id = ANY(ARRAY(
@@ -714,37 +714,28 @@ WHERE t.id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED))
   AND t.status = {pending}
 """
-PROMOTE_NAME = (
-    """
-UPDATE {table} AS t SET status = {pending}
+_UNPARK = """
+UPDATE {{table}} AS t SET status = {{pending}}
 WHERE t.id = ANY(ARRAY(
-    SELECT w.id FROM {table} AS w
-    WHERE w."""
-    + _PARKED
-    + """ AND w.task_name = %(name)s AND w.queue = %(queue)s
+    SELECT w.id FROM {{table}} AS w
+    WHERE {parked_w} AND {which}
+    LIMIT %({count})s
+    FOR UPDATE SKIP LOCKED))
+  AND {parked_t}
+"""
+PROMOTE_NAME = _UNPARK.format(
+    parked_w=_PARKED.format(a="w"),
+    parked_t=_PARKED.format(a="t"),
+    which="""w.task_name = %(name)s AND w.queue = %(queue)s
       AND w.available_at <= now()
-    ORDER BY w.priority DESC, w.available_at, w.id
-    LIMIT %(count)s
-    FOR UPDATE SKIP LOCKED))
-  AND t."""
-    + _PARKED
-    + """
-"""
+    ORDER BY w.priority DESC, w.available_at, w.id""",
+    count="count",
 )
-UNPARK_NAMES = (
-    """
-UPDATE {table} AS t SET status = {pending}
-WHERE t.id = ANY(ARRAY(
-    SELECT w.id FROM {table} AS w
-    WHERE w."""
-    + _PARKED
-    + """ AND w.task_name = ANY(%(names)s::text[])
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED))
-  AND t."""
-    + _PARKED
-    + """
-"""
+UNPARK_NAMES = _UNPARK.format(
+    parked_w=_PARKED.format(a="w"),
+    parked_t=_PARKED.format(a="t"),
+    which="w.task_name = ANY(%(names)s::text[])",
+    count="limit",
 )
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
