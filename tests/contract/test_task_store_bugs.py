@@ -287,6 +287,15 @@ class ParkedForGood(MemoryTaskStore):
         return 0
 
 
+class FairUnknownToTheEnqueue(MemoryTaskStore):
+    """Never tells the table its fair names: a fair key's task enqueued while its key has a
+    live task waits for a promotion, and a key that enqueues faster than a claim round
+    queues behind itself."""
+
+    def _tell_fair(self) -> None:
+        pass
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -377,6 +386,10 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     ),
     (
         FairKeyAllPending,
+        scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
+    ),
+    (
+        FairUnknownToTheEnqueue,
         scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
     ),
     (

@@ -61,7 +61,7 @@ def test_migrate_tasks_creates_then_finds_nothing_to_do_and_the_cli_does_the_sam
     first = migrate_tasks(empty_db_dsn, table="jobs")
     assert first.action is MigrationAction.CREATED
     assert migrate_tasks(empty_db_dsn, table="jobs").action is MigrationAction.UNCHANGED
-    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 10
+    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 11
     result = CliRunner().invoke(main, ["migrate", "--tasks", "--dsn", empty_db_dsn])
     assert result.exit_code == 0, result.output
     assert "created task table 'outboxkit_tasks'" in result.output
@@ -218,7 +218,7 @@ def test_the_task_migration_files_applied_by_another_tool_equal_migrate_tasks(
 
     _schemas(empty_db_dsn, "fresh", "files")
     migrate_tasks(empty_db_dsn, table="fresh.jobs")
-    _apply(empty_db_dsn, "files.jobs", "tasks", through=10)
+    _apply(empty_db_dsn, "files.jobs", "tasks", through=11)
     _diff(empty_db_dsn, "fresh", "files")
     again = migrate_tasks(empty_db_dsn, table="files.jobs")
     assert again.action is MigrationAction.UNCHANGED

@@ -96,6 +96,8 @@ class MemoryTasks:
         #: Names rate-limited per key: (name, key) -> (tokens, as of this clock reading,
         #: rate, burst).
         self.key_buckets: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        #: The fair names and their share, as the workers told them (tasks_sql.py TELL_FAIR).
+        self.fair_shares: dict[str, int] = {}
 
     def enqueue(
         self,
@@ -121,12 +123,14 @@ class MemoryTasks:
             task_id, task_name, queue, payload, priority, key, max_attempts,
             self.clock() + delay, dt.datetime.now(dt.UTC),
         )  # fmt: skip
-        if key is not None and any(
-            r.key == key
-            and (r.live or (r.status is TaskStatus.WAITING and r.after_failure is None))
-            for r in self._rows.values()
-        ):  # behind a live task of its key: waits for its turn (tasks_sql.py _KEY_STATUS)
-            row.status = TaskStatus.WAITING
+        if key is not None:  # behind a task of its key: waits for its turn (_KEY_STATUS)
+            mine = [r for r in self._rows.values() if r.key == key]
+            share = self.fair_shares.get(task_name)
+            if any(r.status is TaskStatus.WAITING and r.after_failure is None for r in mine) or (
+                any(r.live for r in mine)
+                and (share is None or sum(r.status is TaskStatus.PENDING for r in mine) >= share)
+            ):  # (a fair name's: pending at once while its key has room and none waits)
+                row.status = TaskStatus.WAITING
         if upstream:
             for i in upstream:
                 self._rows[i].has_dependents = True
@@ -237,6 +241,7 @@ class MemoryTaskStore:
     ) -> TaskClaimed:
         now = self.tasks.clock()
         self.limits_seen.learn(what, self.names)
+        self._tell_fair()
         if what.concurrency is not None:  # a limited name: its running tasks are its slots
             running = sum(
                 1 for r in self.tasks.rows()
@@ -321,6 +326,15 @@ class MemoryTaskStore:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
         return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects, more)
+
+    def _tell_fair(self) -> None:
+        """Its fair names and share for the enqueue, the names it handles without fair=
+        forgotten (TELL_FAIR; a dict write, so at every claim)."""
+        for name in self.names or ():
+            if name not in self.fair:
+                self.tasks.fair_shares.pop(name, None)
+        for name in self.fair:
+            self.tasks.fair_shares[name] = self.fair_share
 
     # -- tasks parked behind a full concurrency limit (tasks_sql.py PARK_NAME) ------------
 

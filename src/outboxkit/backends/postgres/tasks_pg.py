@@ -35,6 +35,7 @@ from outboxkit.backends.postgres.postgres import parse_table
 from outboxkit.backends.postgres.tasks_sql import (
     TaskStatements,
     done_arrays,
+    fair_table_name,
     key_rates_table_name,
     limits_table_name,
     queues_table_name,
@@ -166,6 +167,8 @@ class PgTaskStore(PgSession):
         self._flushing = False
         #: The names its claims limit and those they do not (the sweep's parking).
         self.limits_seen = LimitsSeen()
+        #: Its fair names are in the table's {fair} rows (TELL_FAIR, at its first claim).
+        self._told_fair = not self.fair and not self.names
 
     # Its claim and settles are planned once per connection (the claim's plan does not
     # depend on its parameters: the claim index in order, stopped at the limit).
@@ -179,7 +182,8 @@ class PgTaskStore(PgSession):
 
     def _missing(self, exc: Exception | None = None) -> SchemaError:
         _schema, name = parse_table(self.table)
-        newer = (queues_table_name(name), limits_table_name(name), key_rates_table_name(name))
+        newer = (queues_table_name(name), limits_table_name(name), key_rates_table_name(name),
+                 fair_table_name(name))  # fmt: skip
         if isinstance(exc, pg_errors.UndefinedColumn) or any(t in str(exc) for t in newer):
             return SchemaError(
                 f"task table {self.table!r} is older than this outboxkit (the server says:"
@@ -263,6 +267,9 @@ class PgTaskStore(PgSession):
         self.limits_seen.learn(what, self.names)
         try:
             conn = await self._connection("claim")
+            if not self._told_fair:
+                await self.within(conn, "claim", conn.execute(self.sql.tell_fair, self._fairness()))
+                self._told_fair = True
             claiming = (
                 fetch_rows(conn.cursor(), self._claim_statement(params), params)
                 if self.on_settle is None and what.name is None
@@ -382,6 +389,12 @@ class PgTaskStore(PgSession):
             names = {"names": sorted(self.limits_seen.unlimited), "limit": limit}
             moved += (await conn.execute(self.sql.unpark_names, names)).rowcount
         return moved
+
+    def _fairness(self) -> dict[str, Any]:
+        """TELL_FAIR's parameters: this worker's fair names, its share, the names it handles
+        without fair=."""
+        plain = sorted(set(self.names or ()) - set(self.fair))
+        return {"fair": self.fair, "share": self.fair_share, "plain": plain}
 
     def _turns(self) -> dict[str, Any]:
         """The promotions' parameters: each name's tasks of one key at once (PROMOTE_KEYS)."""

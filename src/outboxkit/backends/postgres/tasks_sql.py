@@ -67,6 +67,11 @@ def key_rates_table_name(name: str) -> str:
     return f"{name}_key_rates"[:63]
 
 
+def fair_table_name(name: str) -> str:
+    """The table of a task table's fair task names: its name with ``_fair``."""
+    return f"{name}_fair"[:63]
+
+
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
     """The placeholders of the task table's migration files
     (backends/postgres/migrations/tasks/)."""
@@ -78,6 +83,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "deps": table_identifier(schema, deps_table_name(name)),
         "limits": table_identifier(schema, limits_table_name(name)),
         "key_rates": table_identifier(schema, key_rates_table_name(name)),
+        "fair": table_identifier(schema, fair_table_name(name)),
         "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
         "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
         "index_key_waiting": sql.Identifier(f"{name}_key_waiting_idx"[:63]),
@@ -134,11 +140,22 @@ _VALUES = ", ".join(
 # raced its key's previous one inserts pending, and the claim's own per-key check keeps
 # the order then. A task with a unique_key stays pending (the unique index covers only
 # pending and running tasks).
+# A fair name's task (a row in {fair}, kept by the workers) is pending at once while no
+# task of its key waits (its key's order) and fewer than the name's share of its key are
+# pending: what a promotion would do, without waiting for one (a key that enqueued faster
+# than a claim round queued behind its own tasks). Its available_at is now: behind the
+# tasks already due, as a promotion puts it.
 _KEY_STATUS = """CASE WHEN v.key IS NOT NULL AND v.unique_key IS NULL
      AND (EXISTS (SELECT 1 FROM {table} AS h
-                  WHERE h.key = v.key AND h.status IN ({pending}, {running}))
-          OR EXISTS (SELECT 1 FROM {table} AS h
-                     WHERE h.key = v.key AND h.status = {waiting} AND h.after_failure IS NULL))
+                  WHERE h.key = v.key AND h.status = {waiting} AND h.after_failure IS NULL)
+          OR (EXISTS (SELECT 1 FROM {table} AS h
+                      WHERE h.key = v.key AND h.status IN ({pending}, {running}))
+              AND coalesce((SELECT f.share > (SELECT count(*) FROM (
+                                SELECT 1 FROM {table} AS h
+                                WHERE h.key = v.key AND h.status = {pending}
+                                LIMIT f.share) AS h)
+                            FROM {fair} AS f WHERE f.task_name = v.task_name), false)
+                  IS NOT TRUE))
      THEN {waiting} ELSE {pending} END"""
 _INSERT = f"""
 INSERT INTO {{table}} ({_COLUMNS}, status)
@@ -809,8 +826,20 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 CHECK_COLUMNS = """
 SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure, trace,
        (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),
-       (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {key_rates} LIMIT 0)
+       (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {key_rates} LIMIT 0),
+       (SELECT 1 FROM {fair} LIMIT 0)
 FROM {table} LIMIT 0
+"""
+
+# A worker's fair names and their share, written at its first claim; the names it handles
+# without fair= deleted (a deploy that took fair= away: its enqueues wait for promotions again).
+TELL_FAIR = """
+WITH gone AS (
+    DELETE FROM {fair} WHERE task_name = ANY(%(plain)s::text[])
+)
+INSERT INTO {fair} (task_name, share) SELECT n, %(share)s FROM unnest(%(fair)s::text[]) AS n
+ON CONFLICT (task_name) DO UPDATE SET share = EXCLUDED.share, at = now()
+WHERE {fair}.share <> EXCLUDED.share
 """
 
 # --- paused queues ---------------------------------------------------------------------
@@ -1071,6 +1100,7 @@ class TaskStatements:
             "deps": self.deps_table,
             "limits": quote_table(schema, limits_table_name(name)),
             "key_rates": quote_table(schema, key_rates_table_name(name)),
+            "fair": quote_table(schema, fair_table_name(name)),
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
@@ -1122,6 +1152,7 @@ class TaskStatements:
         self.autovacuum_off = AUTOVACUUM_OFF.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
         self.check_columns = CHECK_COLUMNS.format(**slots)
+        self.tell_fair = TELL_FAIR.format(**slots)
         self.pause_queue = PAUSE_QUEUE.format(**slots)
         self.resume_queue = RESUME_QUEUE.format(**slots)
         self.queue_states = QUEUE_STATES.format(**slots)
