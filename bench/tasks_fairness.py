@@ -13,7 +13,11 @@ table, polled every 20 ms). Runs, in one invocation:
 * ``unfair``: the same without fair=, the flood enqueued without a key (a queue in id
   order: the light key waits behind the whole flood);
 * ``serial``: a keyed flood without fair= (serial per key, the default), ``--serial-flood``
-  tasks: how fast one key drains one at a time.
+  tasks: how fast one key drains one at a time;
+* ``burst`` and ``burst, as before``: no flood, the light key (fair) enqueues one task every
+  ``--burst-every`` seconds, faster than a claim round; the second with the worker's fair
+  names deleted from ``<table>_fair`` once it claims (each such task then waits for a
+  promotion whenever one of its key is live, as before task table version 11).
 
     PYTHONPATH=src:. python bench/tasks_fairness.py --dsn postgresql://postgres@localhost/postgres
 """
@@ -52,9 +56,18 @@ def _count(conn: psycopg.Connection[Any], name: str) -> int:
 
 
 def run(
-    dsn: str, label: str, name: str, flood: int, flood_key: str | None, light: int
+    dsn: str,
+    label: str,
+    name: str,
+    flood: int,
+    flood_key: str | None,
+    light: int,
+    every: float = 0.1,
+    forget_fair: bool = False,
 ) -> dict[str, Any]:
-    """One run: the flood, the worker, the light key's tasks; its waits and the drain."""
+    """One run: the flood, the worker, the light key's tasks one every ``every`` seconds;
+    its waits and the drain. ``forget_fair``: the worker's fair names deleted from the
+    table once it claims (the enqueue then works as before task table version 11)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE outboxkit_tasks")
         conn.execute("DELETE FROM bench_light_waits WHERE run = %s", (label,))
@@ -81,6 +94,8 @@ def run(
                     assert time.monotonic() < deadline, "no claim"
                     time.sleep(0.005)
                 time.sleep(0.0 if flood else 0.5)  # (started: its LISTEN and first poll)
+                if forget_fair:
+                    conn.execute("DELETE FROM outboxkit_tasks_fair")
                 began, drained, sent = time.perf_counter(), None, 0
                 next_at = began
                 while drained is None or sent < light:
@@ -93,7 +108,7 @@ def run(
                             assert row is not None
                             tasks.enqueue(conn, name, {"run": label, "at": row[0]}, key="light")
                         sent += 1
-                        next_at += 0.1
+                        next_at += every
                     if drained is None and _count(conn, name) == 0:
                         drained = time.perf_counter() - began
                     time.sleep(min(0.02, max(0.0, next_at - time.perf_counter())))
@@ -132,6 +147,10 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=50_000)
     parser.add_argument("--serial-flood", type=int, default=2_000)
     parser.add_argument("--light", type=int, default=100, help="at least this many light tasks")
+    parser.add_argument(
+        "--burst-every", type=float, default=0.005,
+        help="the bursting key's runs: one task every this many seconds, no flood",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(HERE / "results" / "tasks_fairness.json"))
     args = parser.parse_args()
     migrate_tasks(args.dsn)
@@ -142,6 +161,19 @@ def main() -> None:
         run(args.dsn, "fair", "fairness.fair", args.flood, "flood", args.light),
         run(args.dsn, "unfair", "fairness.plain", args.flood, None, args.light),
         run(args.dsn, "serial", "fairness.plain", args.serial_flood, "flood", 10),
+        # A fair key that enqueues faster than a claim round: pending at once while its
+        # key has room (version 11), and as before (each waiting for a promotion).
+        run(args.dsn, "burst", "fairness.fair", 0, None, args.light, args.burst_every),
+        run(
+            args.dsn,
+            "burst, as before",
+            "fairness.fair",
+            0,
+            None,
+            args.light,
+            args.burst_every,
+            forget_fair=True,
+        ),
     ]
     empty = results[0]
     for r in results[1:]:
@@ -151,7 +183,8 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
         "fair_share": FAIR_SHARE,
         "command": "PYTHONPATH=src:. python bench/tasks_fairness.py --dsn ... "
-        f"--flood {args.flood} --serial-flood {args.serial_flood} --light {args.light}",
+        f"--flood {args.flood} --serial-flood {args.serial_flood} --light {args.light}"
+        f" --burst-every {args.burst_every}",
         "results": results,
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -56,6 +56,10 @@ class TaskBackend(abc.ABC):
     """One backend's task table and the stores (workers) claiming from it."""
 
     name: str
+    #: Its store parks the tasks behind a full concurrency limit out of the claim's way
+    #: (status waiting): an optimisation only, so a store that does not still keeps the
+    #: limit and the order, and the contract reads the states only where it parks.
+    parks = True
 
     def __init__(self) -> None:
         self._stores: list[TaskStore] = []
@@ -290,6 +294,7 @@ class MariaDBTaskBackend(TaskBackend):
     ``Tasks.enqueue``'s MariaDB statements (tasks/enqueue_mariadb.py), through PyMySQL."""
 
     name = "mariadb"
+    parks = False
 
     def __init__(self, server: Any) -> None:
         import pymysql

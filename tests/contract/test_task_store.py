@@ -495,6 +495,48 @@ async def test_racing_claims_of_a_limited_name_never_fill_more_than_its_limit(
     assert sum(len(g.claim.ids) for g in got if g.claim is not None) == 3
 
 
+async def test_tasks_behind_a_full_limit_wait_parked_and_come_back_by_priority_then_due_time(
+    task_backend: TaskBackend,
+) -> None:
+    b = task_backend
+    first = [await b.enqueue("lim", priority=7) for _ in range(2)]
+    worker, other = b.store(), b.store()
+    held = (await claim(worker, name="lim", concurrency=2, lease=5)).claim
+    assert held is not None and held.ids == first  # the limit is full
+    low = [await b.enqueue("lim") for _ in range(3)]
+    high = await b.enqueue("lim", priority=5)
+    later = await b.enqueue("lim", priority=9, delay=20)
+    free = await b.enqueue("free")
+
+    async def parked(*ids: int) -> list[bool]:
+        return [(r := await b.row(i)) is not None and r.status == "waiting" for i in ids]
+
+    await worker.release_dependents(None, 100)  # the sweep keeps the name's best 2 pending
+    if b.parks:
+        assert await parked(high, *low, later) == [False, False, True, True, True]
+    rest = (await claim(other, skip=("lim",))).claim  # the queue's other claim
+    assert rest is not None and rest.ids == [free]
+    assert (await claim(other, name="lim", concurrency=2)).claim is None
+    await b.advance(6)  # `worker` froze past its lease: its places free by the clock
+    again = (await claim(other, name="lim", concurrency=2)).claim
+    assert again is not None and again.ids == first
+    await worker.settle(held, [DONE, DONE])  # the zombie's settle is fenced: frees nothing
+    assert (await claim(worker, name="lim", concurrency=2)).claim is None
+    await other.settle(again, [DONE, DONE])  # the holders' own settle frees two places
+    nxt = (await claim(worker, name="lim", concurrency=2)).claim
+    assert nxt is not None and nxt.ids == [high, low[0]]  # by priority, then due time
+    await b.advance(20)  # `later` comes due while parked: the sweep promotes it
+    await worker.release_dependents(None, 100)
+    if b.parks:
+        assert await parked(later, low[1], low[2]) == [False, False, True]
+    await worker.settle(nxt, [DONE, DONE])
+    last = (await claim(other, name="lim", concurrency=2)).claim
+    assert last is not None and last.ids == [later, low[1]]
+    await other.settle(last, [DONE, DONE])
+    tail = (await claim(other, name="lim", concurrency=2)).claim
+    assert tail is not None and tail.ids == [low[2]]
+
+
 async def test_a_rate_limited_name_starts_its_burst_then_its_rate_and_spends_no_attempt_waiting(
     task_backend: TaskBackend,
 ) -> None:
@@ -620,14 +662,13 @@ async def test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_beh
     # The flood's 3 pending when the light key enqueued, then the light key's task: the
     # flood's next ones were made pending after it, behind it.
     assert order == [*flood[3:6], light, flood[6]]
-    # A fair key's tasks enqueued behind a running one of it wait; the sweep makes them
-    # pending up to the share (a serial key would wait for the running one's settle).
+    # A fair key's tasks enqueued behind a running one of it are pending at once up to the
+    # share (the workers told the table its fair names), the rest wait for a promotion.
     late = await b.enqueue("fan", key="late")
     got = (await claim(store, name="fan", fair=3, limit=1)).claim
     assert got is not None and got.ids == [flood[7]]
     while got is not None and late not in got.ids:
         got = (await claim(store, name="fan", fair=3, limit=1)).claim
     behind = [await b.enqueue("fan", key="late") for _ in range(4)]
-    assert [(await b.row(i)).status for i in behind] == ["waiting"] * 4  # type: ignore[union-attr]
-    assert await store.release_dependents(None, 10) == 3
     assert [(await b.row(i)).status for i in behind] == ["pending"] * 3 + ["waiting"]  # type: ignore[union-attr]
+    assert await store.release_dependents(None, 10) == 0  # nothing for the sweep

@@ -254,6 +254,48 @@ class FairKeyAllPending(MemoryTaskStore):
         super().__init__(*args, **{**kwargs, "fair_share": 1_000_000})
 
 
+class ParksInIdOrder(MemoryTaskStore):
+    """Tasks behind a full limit parked and promoted by id, priority and due time
+    forgotten: a later task of higher priority waits behind every earlier one."""
+
+    def _promote_parked(self, name: str, queue: str, count: int) -> int:
+        due = {r.id: (r.priority, r.available_at) for r in self.tasks.rows()}
+        for row in self.tasks.rows():
+            row.priority, row.available_at = 0, 0.0  # (the sweep's sort sees ids alone)
+        try:
+            return super()._promote_parked(name, queue, count)
+        finally:
+            for row in self.tasks.rows():
+                row.priority, row.available_at = due[row.id]
+
+    def _park(self, limit: int) -> int:
+        due = {r.id: (r.priority, r.available_at) for r in self.tasks.rows()}
+        for row in self.tasks.rows():
+            row.priority, row.available_at = 0, 0.0
+        try:
+            return super()._park(limit)
+        finally:
+            for row in self.tasks.rows():
+                row.priority, row.available_at = due[row.id]
+
+
+class ParkedForGood(MemoryTaskStore):
+    """Parks the tasks behind a full limit and never promotes them: they wait forever
+    once the pending ones are claimed."""
+
+    def _promote_parked(self, name: str, queue: str, count: int) -> int:
+        return 0
+
+
+class FairUnknownToTheEnqueue(MemoryTaskStore):
+    """Never tells the table its fair names: a fair key's task enqueued while its key has a
+    live task waits for a promotion, and a key that enqueues faster than a claim round
+    queues behind itself."""
+
+    def _tell_fair(self) -> None:
+        pass
+
+
 Scenario = Callable[[Any], Awaitable[None]]
 BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (NoFencing, scenarios.test_a_stale_claim_settles_extends_and_releases_nothing),
@@ -345,6 +387,18 @@ BUGS: list[tuple[type[MemoryTaskStore], Scenario]] = [
     (
         FairKeyAllPending,
         scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
+    ),
+    (
+        FairUnknownToTheEnqueue,
+        scenarios.test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_behind_that_share,
+    ),
+    (
+        ParksInIdOrder,
+        scenarios.test_tasks_behind_a_full_limit_wait_parked_and_come_back_by_priority_then_due_time,
+    ),
+    (
+        ParkedForGood,
+        scenarios.test_tasks_behind_a_full_limit_wait_parked_and_come_back_by_priority_then_due_time,
     ),
 ]
 

@@ -57,6 +57,6 @@ def test_a_flood_of_one_key_holds_a_fair_queues_other_key_back_by_about_one_clai
     # Without fair=: each light task waits behind the rest of the 3 000 (~1.5 s of them).
     assert unfair[0] > 1.0, unfair
     # With it: behind at most FAIR_SHARE of the flood and a claim round (a worker's claim
-    # of 110 tasks of 5 ms: ~55 ms, under the light key's 100 ms between tasks; a key that
-    # enqueues faster than a claim round queues behind its own live tasks): well under 1 s.
+    # of 110 tasks of 5 ms: ~55 ms, under the light key's 100 ms between tasks; a light
+    # task enqueued while its previous one is live is pending at once): well under 1 s.
     assert fair[-1] < 1.0, fair

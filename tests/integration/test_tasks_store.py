@@ -61,7 +61,7 @@ def test_migrate_tasks_creates_then_finds_nothing_to_do_and_the_cli_does_the_sam
     first = migrate_tasks(empty_db_dsn, table="jobs")
     assert first.action is MigrationAction.CREATED
     assert migrate_tasks(empty_db_dsn, table="jobs").action is MigrationAction.UNCHANGED
-    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 9
+    assert schema_version(empty_db_dsn, table="jobs", kind="tasks") == 11
     result = CliRunner().invoke(main, ["migrate", "--tasks", "--dsn", empty_db_dsn])
     assert result.exit_code == 0, result.output
     assert "created task table 'outboxkit_tasks'" in result.output
@@ -218,7 +218,7 @@ def test_the_task_migration_files_applied_by_another_tool_equal_migrate_tasks(
 
     _schemas(empty_db_dsn, "fresh", "files")
     migrate_tasks(empty_db_dsn, table="fresh.jobs")
-    _apply(empty_db_dsn, "files.jobs", "tasks", through=9)
+    _apply(empty_db_dsn, "files.jobs", "tasks", through=11)
     _diff(empty_db_dsn, "fresh", "files")
     again = migrate_tasks(empty_db_dsn, table="files.jobs")
     assert again.action is MigrationAction.UNCHANGED
@@ -306,3 +306,36 @@ def test_a_store_on_a_table_before_version_9_says_to_migrate(tasks_dsn: str) -> 
 
     with pytest.raises(Exception, match=r"older than this outboxkit.*outboxkit migrate --tasks"):
         asyncio.run(start())
+
+
+async def test_a_flood_behind_a_full_limit_is_parked_in_batches_counted_as_queued_and_let_go_when_the_limit_goes(  # noqa: E501
+    tasks_dsn: str,
+) -> None:
+    from outboxkit.backends.postgres.tasks_pg import task_gauges
+
+    with psycopg.connect(tasks_dsn) as conn:  # (enqueued as the statement would: pending)
+        conn.execute(f"INSERT INTO {TABLE} (task_name) SELECT 'lim' FROM generate_series(1, 3000)")
+    limited = PgTaskStore(tasks_dsn, TABLE, names=["lim"])
+    claims = TaskClaims(limited, queues=["default"], concurrency={"lim": 2})
+    try:
+        got = await _claim(claims)
+        assert got is not None and len(got.ids) == 2  # the limit is full
+        sweeps = [await limited.release_dependents(None, 100) for _ in range(4)]
+        assert sweeps == [100, 100, 0, 0]  # 1 002 a statement while a full batch is left
+        with psycopg.connect(tasks_dsn) as conn:
+            states = dict(conn.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY 1"))
+        assert states == {TaskStatus.RUNNING: 2, TaskStatus.PENDING: 2, TaskStatus.WAITING: 2996}
+        gauges = {row[0]: row[1:4] for row in task_gauges(tasks_dsn, TABLE)}
+        assert gauges["lim"] == (2998, 0, 2)  # parked tasks are queued, for the metrics
+    finally:
+        await limited.close()
+    unlimited = PgTaskStore(tasks_dsn, TABLE, names=["lim"])  # a deploy without the limit
+    try:
+        await _claim(TaskClaims(unlimited, queues=["default"]), limit=1)
+        while await unlimited.release_dependents(None, 1000):
+            pass
+        with psycopg.connect(tasks_dsn) as conn:
+            left = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE status = %s", (5,))
+            assert left.fetchone() == (0,)
+    finally:
+        await unlimited.close()

@@ -33,6 +33,8 @@ RELEASED = {
     "tasks/0007_limits.sql": "43752cb00078baf8",
     "tasks/0008_rates.sql": "8b4209d7240429f5",
     "tasks/0009_key_rates.sql": "55fad04f3649c501",
+    "tasks/0010_parked.sql": "07913cd2d32aa7a1",
+    "tasks/0011_fair.sql": "6331da39f15f03c3",
 }
 _STATUS_LITERAL = re.compile(
     r"status\s*(=|<>|!=|IN)\s*\(?\s*\d|status\s+smallint NOT NULL DEFAULT\s+\d", re.IGNORECASE

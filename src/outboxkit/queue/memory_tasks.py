@@ -25,8 +25,10 @@ from outboxkit.queue.settle import group_decisions
 from outboxkit.queue.store import Claim, Decision, Settled, StoreInfo, Verdict
 from outboxkit.queue.tasks import (
     FAIR_SHARE,
+    PARK_BATCH,
     SUSPECT_LAPSES,
     ClaimedTask,
+    LimitsSeen,
     Retention,
     TaskClaim,
     TaskClaimed,
@@ -94,6 +96,8 @@ class MemoryTasks:
         #: Names rate-limited per key: (name, key) -> (tokens, as of this clock reading,
         #: rate, burst).
         self.key_buckets: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        #: The fair names and their share, as the workers told them (tasks_sql.py TELL_FAIR).
+        self.fair_shares: dict[str, int] = {}
 
     def enqueue(
         self,
@@ -119,12 +123,14 @@ class MemoryTasks:
             task_id, task_name, queue, payload, priority, key, max_attempts,
             self.clock() + delay, dt.datetime.now(dt.UTC),
         )  # fmt: skip
-        if key is not None and any(
-            r.key == key
-            and (r.live or (r.status is TaskStatus.WAITING and r.after_failure is None))
-            for r in self._rows.values()
-        ):  # behind a live task of its key: waits for its turn (tasks_sql.py _KEY_STATUS)
-            row.status = TaskStatus.WAITING
+        if key is not None:  # behind a task of its key: waits for its turn (_KEY_STATUS)
+            mine = [r for r in self._rows.values() if r.key == key]
+            share = self.fair_shares.get(task_name)
+            if any(r.status is TaskStatus.WAITING and r.after_failure is None for r in mine) or (
+                any(r.live for r in mine)
+                and (share is None or sum(r.status is TaskStatus.PENDING for r in mine) >= share)
+            ):  # (a fair name's: pending at once while its key has room and none waits)
+                row.status = TaskStatus.WAITING
         if upstream:
             for i in upstream:
                 self._rows[i].has_dependents = True
@@ -193,6 +199,8 @@ class MemoryTaskStore:
         self.queues = list(queues)
         self.names = None if names is None else set(names)
         self.retention: Retention = retention
+        #: The names its claims limit and those they do not (the sweep's parking).
+        self.limits_seen = LimitsSeen()
 
     def __repr__(self) -> str:
         return f"MemoryTaskStore(queues={self.queues!r})"
@@ -232,6 +240,8 @@ class MemoryTaskStore:
         max_attempts: int,
     ) -> TaskClaimed:
         now = self.tasks.clock()
+        self.limits_seen.learn(what, self.names)
+        self._tell_fair()
         if what.concurrency is not None:  # a limited name: its running tasks are its slots
             running = sum(
                 1 for r in self.tasks.rows()
@@ -306,6 +316,8 @@ class MemoryTaskStore:
                     what.key_rate or 0.0,
                     float(what.key_burst),
                 )
+        if what.concurrency is not None and what.name is not None and (live or dead):
+            self._promote_parked(what.name, what.queue, len(live) + len(dead))
         more = False
         if what.per_key > 1 or what.fair is not None:  # room for the next ones of these keys
             promoted = self._promote({t.key for t in live if t.key is not None})
@@ -314,6 +326,62 @@ class MemoryTaskStore:
             return TaskClaimed(None, suspects)
         live.sort(key=lambda t: (-t.priority, t.id))  # the order a worker starts them in
         return TaskClaimed(Claim(token, [t.id for t in live], live, dead), suspects, more)
+
+    def _tell_fair(self) -> None:
+        """Its fair names and share for the enqueue, the names it handles without fair=
+        forgotten (TELL_FAIR; a dict write, so at every claim)."""
+        for name in self.names or ():
+            if name not in self.fair:
+                self.tasks.fair_shares.pop(name, None)
+        for name in self.fair:
+            self.tasks.fair_shares[name] = self.fair_share
+
+    # -- tasks parked behind a full concurrency limit (tasks_sql.py PARK_NAME) ------------
+
+    @staticmethod
+    def parked(row: MemoryTaskRow) -> bool:
+        """Waiting behind its name's full limit: no key, no upstream tasks."""
+        return row.status is TaskStatus.WAITING and row.key is None and row.after_failure is None
+
+    def _promote_parked(self, name: str, queue: str, count: int) -> int:
+        """The first ``count`` parked tasks of ``name`` in ``queue`` that are due, in the
+        claim's order, pending again (PROMOTE_NAME)."""
+        now = self.tasks.clock()
+        due = sorted(
+            (r for r in self.tasks.rows()
+             if self.parked(r) and r.task_name == name and r.queue == queue
+             and r.available_at <= now),
+            key=lambda r: (-r.priority, r.available_at, r.id),
+        )[:count]  # fmt: skip
+        for row in due:
+            row.status = TaskStatus.PENDING
+        return len(due)
+
+    def _park(self, limit: int) -> int:
+        """The sweep's side: each limited name's first N due parked tasks promoted, then
+        its pending unkeyed tasks beyond the first N (due first) parked, PARK_BATCH times
+        ``limit`` at most; parked tasks of a
+        name claimed without a limit promoted. How many it moved for good (a full batch:
+        ``limit``)."""
+        now, moved = self.tasks.clock(), 0
+        for (name, queue), keep in sorted(self.limits_seen.limits.items()):
+            self._promote_parked(name, queue, keep)
+            pending = sorted(
+                (r for r in self.tasks.rows()
+                 if r.status is TaskStatus.PENDING and r.task_name == name and r.queue == queue
+                 and r.key is None and r.after_failure is None),
+                key=lambda r: (r.available_at > now, -r.priority, r.available_at, r.id),
+            )  # fmt: skip
+            batch = PARK_BATCH * limit + keep
+            for row in pending[keep : keep + batch]:
+                row.status = TaskStatus.WAITING
+            moved += limit if len(pending) >= keep + batch else 0
+        for row in self.tasks.rows():
+            if moved >= limit:
+                break
+            if self.parked(row) and row.task_name in self.limits_seen.unlimited:
+                row.status, moved = TaskStatus.PENDING, moved + 1
+        return moved
 
     @staticmethod
     def _claimed(row: MemoryTaskRow) -> ClaimedTask:
@@ -433,6 +501,8 @@ class MemoryTaskStore:
     async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
         chosen = set(ids) if ids is not None else None
         moved = 0
+        if ids is None:  # the sweep: tasks parked behind a limit, in and out
+            moved += self._park(limit)
         if ids is None:  # the sweep: keys whose next task nobody promoted too
             moved += self._promote({
                 r.key for r in self.tasks.rows()

@@ -35,6 +35,7 @@ from outboxkit.backends.postgres.postgres import parse_table
 from outboxkit.backends.postgres.tasks_sql import (
     TaskStatements,
     done_arrays,
+    fair_table_name,
     key_rates_table_name,
     limits_table_name,
     queues_table_name,
@@ -55,7 +56,9 @@ from outboxkit.queue.tasks import (
     DEFAULT_MAX_TASK_NAMES,
     FAIR_SHARE,
     OTHER_TASKS,
+    PARK_BATCH,
     ClaimedTask,
+    LimitsSeen,
     Retention,
     SettleHook,
     TaskClaim,
@@ -162,6 +165,10 @@ class PgTaskStore(PgSession):
         # Completions waiting to be settled together (_settle_done_grouped).
         self._done_queue: list[tuple[list[int], uuid.UUID, asyncio.Future[set[int]]]] = []
         self._flushing = False
+        #: The names its claims limit and those they do not (the sweep's parking).
+        self.limits_seen = LimitsSeen()
+        #: Its fair names are in the table's {fair} rows (TELL_FAIR, at its first claim).
+        self._told_fair = not self.fair and not self.names
 
     # Its claim and settles are planned once per connection (the claim's plan does not
     # depend on its parameters: the claim index in order, stopped at the limit).
@@ -175,7 +182,8 @@ class PgTaskStore(PgSession):
 
     def _missing(self, exc: Exception | None = None) -> SchemaError:
         _schema, name = parse_table(self.table)
-        newer = (queues_table_name(name), limits_table_name(name), key_rates_table_name(name))
+        newer = (queues_table_name(name), limits_table_name(name), key_rates_table_name(name),
+                 fair_table_name(name))  # fmt: skip
         if isinstance(exc, pg_errors.UndefinedColumn) or any(t in str(exc) for t in newer):
             return SchemaError(
                 f"task table {self.table!r} is older than this outboxkit (the server says:"
@@ -256,8 +264,12 @@ class PgTaskStore(PgSession):
             "fair": what.fair is not None,
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
+        self.limits_seen.learn(what, self.names)
         try:
             conn = await self._connection("claim")
+            if not self._told_fair:
+                await self.within(conn, "claim", conn.execute(self.sql.tell_fair, self._fairness()))
+                self._told_fair = True
             claiming = (
                 fetch_rows(conn.cursor(), self._claim_statement(params), params)
                 if self.on_settle is None and what.name is None
@@ -315,6 +327,10 @@ class PgTaskStore(PgSession):
                 await conn.execute(self.sql.claim_bucket, (params["name"], params["burst"]))
             claim = self._claim_statement(params)
             records = await fetch_rows(conn.cursor(), claim, params)
+            taken = sum(1 for r in records if r[0] is not None)
+            if params["concurrency"] is not None and taken:  # the next parked ones, under
+                promote = {"name": params["name"], "queue": params["queue"], "count": taken}
+                await conn.execute(self.sql.promote_name, promote)  # the name's lock
             dead = [(_claimed(r), r[-1]) for r in records if r[0] is not None and r[-1]]
             if dead and self.on_settle is not None:
                 for task, _error in dead:
@@ -351,6 +367,34 @@ class PgTaskStore(PgSession):
         except StoreError as exc:  # settled all the same: the sweep releases them
             log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return settled
+
+    async def _park(self, conn: psycopg.AsyncConnection[Any], limit: int) -> int:
+        """The sweep's side of the tasks parked behind a full limit: each limited name's
+        first N due parked tasks promoted, then its pending unkeyed tasks beyond the first N
+        parked (PARK_BATCH times ``limit`` a statement, besides the N it may have just
+        promoted: each sorts the name's pending tasks); parked tasks of a name claimed
+        without a limit promoted. How many it moved for good (a full batch: ``limit``, so
+        the sweep runs again at once)."""
+        moved = 0
+        for (name, queue), keep in sorted(self.limits_seen.limits.items()):
+            batch = PARK_BATCH * limit + keep
+            params = {"name": name, "queue": queue, "keep": keep, "count": keep,
+                      "limit": batch}  # fmt: skip
+            async with conn.transaction():  # (one of the name's claims at a time)
+                await conn.execute(self.sql.claim_limit_lock, (name,))
+                await conn.execute(self.sql.promote_name, params)
+                cur = await conn.execute(self.sql.park_name, params)
+            moved += limit if cur.rowcount >= batch else 0
+        if self.limits_seen.unlimited:
+            names = {"names": sorted(self.limits_seen.unlimited), "limit": limit}
+            moved += (await conn.execute(self.sql.unpark_names, names)).rowcount
+        return moved
+
+    def _fairness(self) -> dict[str, Any]:
+        """TELL_FAIR's parameters: this worker's fair names, its share, the names it handles
+        without fair=."""
+        plain = sorted(set(self.names or ()) - set(self.fair))
+        return {"fair": self.fair, "share": self.fair_share, "plain": plain}
 
     def _turns(self) -> dict[str, Any]:
         """The promotions' parameters: each name's tasks of one key at once (PROMOTE_KEYS)."""
@@ -451,9 +495,10 @@ class PgTaskStore(PgSession):
                     rows += await self.within(
                         conn, "release", fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
                     )
+                    parked = await self.within(conn, "release", self._park(conn, limit))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        return len(rows)
+        return len(rows) + (parked if ids is None else 0)
 
     def dependencies(self, conn: psycopg.Connection[Any], task_id: int) -> list[dict[str, Any]]:
         with conn.cursor(row_factory=dict_row) as cur:

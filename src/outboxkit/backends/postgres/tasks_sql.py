@@ -67,6 +67,11 @@ def key_rates_table_name(name: str) -> str:
     return f"{name}_key_rates"[:63]
 
 
+def fair_table_name(name: str) -> str:
+    """The table of a task table's fair task names: its name with ``_fair``."""
+    return f"{name}_fair"[:63]
+
+
 def tasks_slots(table: str) -> dict[str, sql.Composable]:
     """The placeholders of the task table's migration files
     (backends/postgres/migrations/tasks/)."""
@@ -78,6 +83,7 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "deps": table_identifier(schema, deps_table_name(name)),
         "limits": table_identifier(schema, limits_table_name(name)),
         "key_rates": table_identifier(schema, key_rates_table_name(name)),
+        "fair": table_identifier(schema, fair_table_name(name)),
         "index_deps_after": sql.Identifier(f"{deps_table_name(name)}_after_idx"[:63]),
         "index_waiting": sql.Identifier(f"{name}_waiting_idx"[:63]),
         "index_key_waiting": sql.Identifier(f"{name}_key_waiting_idx"[:63]),
@@ -89,6 +95,8 @@ def tasks_slots(table: str) -> dict[str, sql.Composable]:
         "index_running": sql.Identifier(f"{name}_running_idx"[:63]),
         # (DROP INDEX names it in the table's schema)
         "index_running_in_schema": table_identifier(schema, f"{name}_running_idx"[:63]),
+        "index_parked": sql.Identifier(f"{name}_parked_idx"[:63]),
+        "index_parked_in_schema": table_identifier(schema, f"{name}_parked_idx"[:63]),
         **{state: sql.Literal(int(value)) for state, value in _STATES.items()},
     }
 
@@ -132,11 +140,22 @@ _VALUES = ", ".join(
 # raced its key's previous one inserts pending, and the claim's own per-key check keeps
 # the order then. A task with a unique_key stays pending (the unique index covers only
 # pending and running tasks).
+# A fair name's task (a row in {fair}, kept by the workers) is pending at once while no
+# task of its key waits (its key's order) and fewer than the name's share of its key are
+# pending: what a promotion would do, without waiting for one (a key that enqueued faster
+# than a claim round queued behind its own tasks). Its available_at is now: behind the
+# tasks already due, as a promotion puts it.
 _KEY_STATUS = """CASE WHEN v.key IS NOT NULL AND v.unique_key IS NULL
      AND (EXISTS (SELECT 1 FROM {table} AS h
-                  WHERE h.key = v.key AND h.status IN ({pending}, {running}))
-          OR EXISTS (SELECT 1 FROM {table} AS h
-                     WHERE h.key = v.key AND h.status = {waiting} AND h.after_failure IS NULL))
+                  WHERE h.key = v.key AND h.status = {waiting} AND h.after_failure IS NULL)
+          OR (EXISTS (SELECT 1 FROM {table} AS h
+                      WHERE h.key = v.key AND h.status IN ({pending}, {running}))
+              AND coalesce((SELECT f.share > (SELECT count(*) FROM (
+                                SELECT 1 FROM {table} AS h
+                                WHERE h.key = v.key AND h.status = {pending}
+                                LIMIT f.share) AS h)
+                            FROM {fair} AS f WHERE f.task_name = v.task_name), false)
+                  IS NOT TRUE))
      THEN {waiting} ELSE {pending} END"""
 _INSERT = f"""
 INSERT INTO {{table}} ({_COLUMNS}, status)
@@ -686,6 +705,55 @@ SWEEP_KEYS = """WITH RECURSIVE keys(k) AS (
                            WHERE p.name = f.name), 1) END
     LIMIT %(limit)s
 )""" + _PROMOTE.replace("{keys}", "stuck")
+# Tasks behind a full concurrency limit wait out of the claim index (task table version 10).
+# A worker with a limited name's handler keeps `keep` (the name's N) of its unkeyed tasks
+# pending in a queue, the first ones in the claim's order with those due first, and parks
+# the rest: status waiting, key and after_failure NULL (keyed tasks wait by their keys, a
+# dependent by its upstream tasks, a unique_key's task stays pending: the unique index
+# covers live states only). The claim then walks N of the name, not 100 000. A claim of
+# the name that took c tasks promotes the c first parked ones that are due, in its own
+# transaction under the name's lock (so the N pending are always the best N: the claim
+# takes at most N minus the running ones); the sweep promotes the first N due and parks
+# again whatever is beyond N (a parked task come due, a retry, an enqueue since). A lapse
+# or a settle changes no parked task: a SIGKILLed worker's tasks stay running (claimable
+# at their lease's end, in the claim index), a zombie's settle is fenced. Nothing here
+# decides how many run: the claim's count of the running ones does. Parked tasks of a
+# name whose handler has no limit any more are promoted by the sweep (UNPARK_NAMES).
+_PARKED = "{a}.status = {{waiting}} AND {a}.key IS NULL AND {a}.after_failure IS NULL"
+PARK_NAME = """
+UPDATE {table} AS t SET status = {waiting}
+WHERE t.id = ANY(ARRAY(
+    SELECT p.id FROM {table} AS p
+    WHERE p.status = {pending} AND p.queue = %(queue)s AND p.task_name = %(name)s
+      AND p.key IS NULL AND p.unique_key IS NULL AND p.after_failure IS NULL
+    ORDER BY p.available_at > now(), p.priority DESC, p.available_at, p.id
+    OFFSET %(keep)s LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+  AND t.status = {pending}
+"""
+_UNPARK = """
+UPDATE {{table}} AS t SET status = {{pending}}
+WHERE t.id = ANY(ARRAY(
+    SELECT w.id FROM {{table}} AS w
+    WHERE {parked_w} AND {which}
+    LIMIT %({count})s
+    FOR UPDATE SKIP LOCKED))
+  AND {parked_t}
+"""
+PROMOTE_NAME = _UNPARK.format(
+    parked_w=_PARKED.format(a="w"),
+    parked_t=_PARKED.format(a="t"),
+    which="""w.task_name = %(name)s AND w.queue = %(queue)s
+      AND w.available_at <= now()
+    ORDER BY w.priority DESC, w.available_at, w.id""",
+    count="count",
+)
+UNPARK_NAMES = _UNPARK.format(
+    parked_w=_PARKED.format(a="w"),
+    parked_t=_PARKED.format(a="t"),
+    which="w.task_name = ANY(%(names)s::text[])",
+    count="limit",
+)
 # ctx.dependencies(): the upstream tasks of a task, as Tasks.result() reads one (a done
 # upstream task whose row was deleted comes back as its id alone).
 READ_DEPENDENCIES = """
@@ -758,8 +826,20 @@ TASK_STATE = "SELECT status, attempts, last_error FROM {table} WHERE id = %s"
 CHECK_COLUMNS = """
 SELECT lapses, spared, result, progress, keep_until, has_dependents, after_failure, trace,
        (SELECT 1 FROM {queues} LIMIT 0), (SELECT 1 FROM {deps} LIMIT 0),
-       (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {key_rates} LIMIT 0)
+       (SELECT 1 FROM {limits} LIMIT 0), (SELECT 1 FROM {key_rates} LIMIT 0),
+       (SELECT 1 FROM {fair} LIMIT 0)
 FROM {table} LIMIT 0
+"""
+
+# A worker's fair names and their share, written at its first claim; the names it handles
+# without fair= deleted (a deploy that took fair= away: its enqueues wait for promotions again).
+TELL_FAIR = """
+WITH gone AS (
+    DELETE FROM {fair} WHERE task_name = ANY(%(plain)s::text[])
+)
+INSERT INTO {fair} (task_name, share) SELECT n, %(share)s FROM unnest(%(fair)s::text[]) AS n
+ON CONFLICT (task_name) DO UPDATE SET share = EXCLUDED.share, at = now()
+WHERE {fair}.share <> EXCLUDED.share
 """
 
 # --- paused queues ---------------------------------------------------------------------
@@ -788,9 +868,11 @@ SELECT (SELECT paused FROM before), pg_notify(%(channel)s, '')
 QUEUE_STATES = """
 WITH counts AS (
     SELECT queue,
-           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status <> {running} AND available_at <= now()) AS queued,
            count(*) FILTER (WHERE status = {running}) AS running
-    FROM {table} WHERE status IN ({pending}, {running})
+    FROM {table}
+    WHERE status IN ({pending}, {running})
+       OR (status = {waiting} AND key IS NULL AND after_failure IS NULL)  -- (parked)
     GROUP BY queue
 )
 SELECT coalesce(c.queue, q.queue) AS queue, coalesce(q.paused, false) AS paused,
@@ -844,15 +926,18 @@ WHERE (s.schedule, s.slot) IN (
 TASK_GAUGES = """
 WITH per_name AS (
     SELECT task_name,
-           count(*) FILTER (WHERE status = {pending} AND available_at <= now()) AS queued,
-           count(*) FILTER (WHERE status = {pending} AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status <> {running} AND status <> {failed}
+                              AND available_at <= now()) AS queued,
+           count(*) FILTER (WHERE status <> {running} AND status <> {failed}
+                              AND available_at > now()) AS scheduled,
            count(*) FILTER (WHERE status = {running}) AS running,
            count(*) FILTER (WHERE status = {failed}) AS failed,
-           min(available_at) FILTER (WHERE status = {pending} AND available_at <= now())
-               AS oldest_due,
+           min(available_at) FILTER (WHERE status <> {running} AND status <> {failed}
+                                       AND available_at <= now()) AS oldest_due,
            count(*) AS tasks
     FROM {table}
     WHERE status IN ({pending}, {running}, {failed})
+       OR (status = {waiting} AND key IS NULL AND after_failure IS NULL)  -- (parked)
     GROUP BY task_name
 ), ranked AS (
     SELECT *, row_number() OVER (ORDER BY tasks DESC, task_name) AS rank FROM per_name
@@ -1015,6 +1100,7 @@ class TaskStatements:
             "deps": self.deps_table,
             "limits": quote_table(schema, limits_table_name(name)),
             "key_rates": quote_table(schema, key_rates_table_name(name)),
+            "fair": quote_table(schema, fair_table_name(name)),
             "table_literal": f"'{self.qualified}'",
             "no_flush_wait": _NO_FLUSH_WAIT,  # a validated name: no quote inside
             "wake_key": str(wake_lock_key(self.channel)),
@@ -1056,6 +1142,9 @@ class TaskStatements:
         self.prune_edges = PRUNE_EDGES.format(**slots)
         self.promote_keys = PROMOTE_KEYS.format(**slots)
         self.sweep_keys = SWEEP_KEYS.format(**slots)
+        self.park_name = PARK_NAME.format(**slots)
+        self.promote_name = PROMOTE_NAME.format(**slots)
+        self.unpark_names = UNPARK_NAMES.format(**slots)
         self.release = RELEASE.format(**slots)
         self.extend = EXTEND.format(**slots)
         self.hasten = HASTEN.format(**slots)
@@ -1063,6 +1152,7 @@ class TaskStatements:
         self.autovacuum_off = AUTOVACUUM_OFF.format(**slots)
         self.task_state = TASK_STATE.format(**slots)
         self.check_columns = CHECK_COLUMNS.format(**slots)
+        self.tell_fair = TELL_FAIR.format(**slots)
         self.pause_queue = PAUSE_QUEUE.format(**slots)
         self.resume_queue = RESUME_QUEUE.format(**slots)
         self.queue_states = QUEUE_STATES.format(**slots)

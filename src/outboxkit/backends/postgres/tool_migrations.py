@@ -58,6 +58,12 @@ DOWNGRADES: dict[tuple[Kind, int], tuple[str, ...]] = {
         "ALTER TABLE {table} DROP COLUMN IF EXISTS lapses, DROP COLUMN IF EXISTS spared",
     ),
     ("tasks", 3): ("DROP TABLE IF EXISTS {queues}",),
+    ("tasks", 11): ("DROP TABLE IF EXISTS {fair}",),
+    ("tasks", 10): (  # (an older worker never promotes a parked task)
+        "UPDATE {table} SET status = {pending}"
+        " WHERE status = {waiting} AND key IS NULL AND after_failure IS NULL",
+        "DROP INDEX IF EXISTS {index_parked_in_schema}",
+    ),
     ("tasks", 9): ("DROP TABLE IF EXISTS {key_rates}",),
     ("tasks", 8): ("DROP TABLE IF EXISTS {limits}",),
     ("tasks", 7): ("DROP INDEX IF EXISTS {index_running_in_schema}",),
