@@ -20,7 +20,9 @@ def state() -> dict[str, list[str]]:
         tables = sorted(r[0] for r in cur.fetchall())
         records: list[str] = []
         if "outboxkit_schema_versions" in tables:
-            cur.execute("SELECT CONCAT(kind, ':', table_name, ':', version) FROM outboxkit_schema_versions")
+            cur.execute(
+                "SELECT CONCAT(kind, ':', table_name, ':', version) FROM outboxkit_schema_versions"
+            )
             records = sorted(r[0] for r in cur.fetchall())
     return {"tables": [t for t in tables if t != "django_migrations"], "records": records}
 
