@@ -30,5 +30,3 @@ def test_a_worker_of_handlers_with_lifecycle_events_is_refused_in_one_line(
     with pytest.raises(ConfigurationError) as refused:
         Worker(tasks, mariadb_server.url_for("shop"))
     assert str(refused.value) == MARIADB.cannot["task_events"]
-
-
