@@ -14,10 +14,10 @@ import pymysql
 import pytest
 from pymysql.constants import CLIENT
 
-from outboxkit.tasks import Tasks
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import InvalidEventError
+from outboxkit.tasks import Tasks
 from outboxkit.tasks.enqueue_mariadb import MariaDBTaskStorage
 from tests.support.mariadb import MariaDB
 from tests.support.mariadb_drivers import database, driver_module
