@@ -665,6 +665,7 @@ class _MariaDBTaskRows(BaseMariaDBTransaction[Any]):
     #: Whether the connection takes several statements in one query (PyMySQL only when
     #: opened with CLIENT.MULTI_STATEMENTS): without, one statement per task.
     _multi = True
+    _what = "Tasks.transaction()"
 
     def enqueue(self, name: str, payload: Any = None, **options: Any) -> EnqueuedTask:
         """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT.

@@ -78,6 +78,9 @@ class RowStorage(Protocol):
 class BaseMariaDBTransaction(Generic[_A]):
     """The state and checks both shells share; the driver's adapter does the I/O."""
 
+    #: Who speaks in the warning (``Tasks.transaction()`` too).
+    _what = "Outbox.transaction()"
+
     def __init__(self, storage: RowStorage, check: Check, conn: Any, adapter: _A) -> None:
         self._storage = storage
         self._check = check
@@ -185,9 +188,10 @@ class BaseMariaDBTransaction(Generic[_A]):
         ):
             _WARNED.add(conn_type)
             log.warning(
-                "Outbox.transaction(): this %s was opened without CLIENT.MULTI_STATEMENTS,"
-                " so the events' INSERT and the COMMIT take two round trips; open it with"
+                "%s: this %s was opened without CLIENT.MULTI_STATEMENTS, so its statements"
+                " and the COMMIT take a round trip each; open it with"
                 " client_flag=CLIENT.MULTI_STATEMENTS (pymysql.constants.CLIENT) for one",
+                self._what,
                 adapter.label,
             )
 
