@@ -46,7 +46,7 @@ def events_url(mariadb_server: MariaDB) -> Iterator[str]:
     yield url
 
 
-def spawn_worker(url: str, topic: str) -> subprocess.Popen[bytes]:
+def spawn_worker(url: str, topic: str, lease: float) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "OUTBOXKIT_DSN": url,
@@ -55,7 +55,7 @@ def spawn_worker(url: str, topic: str) -> subprocess.Popen[bytes]:
     }
     command = [sys.executable, "-m", "outboxkit", "worker", "--dsn", url, "--app",
                "tests.support.mariadb_task_events_app:tasks", "--poll-interval", "0.05",
-               "--lease", "1.5", "--concurrency", "8"]  # fmt: skip
+               "--lease", str(lease), "--concurrency", "8"]  # fmt: skip
     return subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
 
 
@@ -69,6 +69,20 @@ def enqueue(url: str, jobs: list[tuple[str, dict[str, Any]]], *, commit: bool) -
     finally:
         conn.close()
     return [int(i) for i in ids if i is not None]
+
+
+def freeze(worker: subprocess.Popen[bytes], url: str) -> None:
+    """SIGSTOP ``worker`` outside its claim's transactions: frozen inside one, its row locks
+    (InnoDB's, of rows its claim read) would hide the task from every other worker's
+    ``SKIP LOCKED`` until its connection died. It is the database's only client now."""
+    for _ in range(500):
+        worker.send_signal(signal.SIGSTOP)
+        time.sleep(0.02)  # (a statement it sent just before lands)
+        if not mariadb_execute(url, "SELECT trx_id FROM information_schema.INNODB_TRX"):
+            return
+        worker.send_signal(signal.SIGCONT)
+        time.sleep(0.005)
+    raise AssertionError("the worker was inside a transaction at every try")
 
 
 def runs(url: str, task_id: int) -> list[int]:
@@ -116,17 +130,19 @@ def test_each_settle_publishes_its_events_once_and_rollbacks_and_zombies_none(
     tag = uuid.uuid4().hex[:8]
     topic, stream = f"{tag}.tasks", f"TASKS_{tag.upper()}"
     (slow,) = enqueue(url, [("ev.slow", {"hold": HOLD})], commit=True)
-    zombie = spawn_worker(url, topic)
+    zombie = spawn_worker(url, topic, lease=1.5)  # (its lease lapses soon once frozen)
     other = None
     try:
         wait_for(lambda: runs(url, slow) == [1])
         started = time.monotonic()
-        zombie.send_signal(signal.SIGSTOP)  # frozen holding `slow`: its lease runs out
+        freeze(zombie, url)  # frozen holding `slow`: its lease runs out
         committed = enqueue(url, [("ev.ok", {})] * 20 + [("ev.flaky", {})] * 3, commit=True)
         dead = enqueue(url, [("ev.dead", {})] * 2, commit=True)
         rolled_back = enqueue(url, [("ev.ok", {})] * 10 + [("ev.dead", {})] * 2, commit=False)
-        other = spawn_worker(url, topic)
-        wait_for(lambda: left(url) == 0)  # `slow` ran again by `other` and completed
+        # A long lease: no attempt of `other` lapses on a loaded machine (its settle would
+        # be turned away, rightly without an event, and the attempts below shift).
+        other = spawn_worker(url, topic, lease=15)
+        wait_for(lambda: left(url) == 0, timeout=60)  # `slow` ran again by `other`, completed
         zombie.send_signal(signal.SIGCONT)  # its hold ends: its settle, fenced off
         time.sleep(max(0.0, started + HOLD + 0.5 - time.monotonic()))
     finally:
