@@ -115,6 +115,10 @@ class MariaDBBackend(Backend):
 
         if pooler or direct_dsn:
             self.refuse("pooler")
+        return MariaDBTaskStore(
+            dsn, table, queues=queues, retention=retention, names=names, per_key=per_key,
+            fair=fair or (), on_settle=on_settle,
+        )  # fmt: skip
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:
         from outboxkit.backends.mariadb.schedules import MariaDBSchedules
