@@ -26,12 +26,15 @@ from outboxkit.backends.postgres.tasks_sql import TaskStatements
 from outboxkit.queue.memory import ManualClock
 from outboxkit.queue.memory_tasks import MemoryTasks, MemoryTaskStore
 from outboxkit.queue.tasks import TaskClaim, TaskClaimed, TaskStore
+from outboxkit.tasks import Tasks
 
 StatusName = Literal["pending", "running", "done", "failed", "cancelled", "waiting"]
 _STATUS: dict[int, StatusName] = {
     0: "pending", 1: "running", 2: "done", 3: "failed", 4: "cancelled", 5: "waiting",
 }  # fmt: skip
 TABLE = "contract_tasks"
+#: The outbox table lifecycle events go to (``TaskBackend.lifecycle_store``).
+OUTBOX = "contract_outbox"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,15 @@ class TaskBackend(abc.ABC):
     async def close(self) -> None:
         for store in self._stores:
             await store.close()
+
+    def lifecycle_store(self, tasks: Tasks) -> TaskStore | None:
+        """A store whose settles write ``tasks``' lifecycle events to :data:`OUTBOX`, as
+        the worker's (None: this backend's stores write no outbox)."""
+        return None
+
+    async def events(self) -> list[tuple[str, int]]:
+        """The lifecycle events in :data:`OUTBOX`, in id order: (event type, task id)."""
+        raise NotImplementedError
 
 
 async def claim(
@@ -288,6 +300,22 @@ class PostgresTaskBackend(TaskBackend):
                     f"UPDATE {buckets} SET at = at - make_interval(secs => %s)", (seconds,)
                 )
 
+    def lifecycle_store(self, tasks: Tasks) -> TaskStore | None:
+        from outboxkit.backends.postgres.migrate import migrate
+        from outboxkit.tasks.lifecycle import LifecycleEvents
+        from outboxkit.write.outbox import Outbox
+
+        migrate(self.dsn, table=OUTBOX)
+        hook = LifecycleEvents(tasks, Outbox(table=OUTBOX))
+        store = PgTaskStore(self.dsn, TABLE, on_settle=hook)
+        self._stores.append(store)
+        return store
+
+    async def events(self) -> list[tuple[str, int]]:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cur = await conn.execute(f"SELECT event_type, aggregate_id FROM {OUTBOX} ORDER BY id")
+            return [(t, int(i)) for t, i in await cur.fetchall()]
+
 
 class MariaDBTaskBackend(TaskBackend):
     """A task table in a database of its own on the private mariadbd; tasks enqueued by
@@ -388,6 +416,25 @@ class MariaDBTaskBackend(TaskBackend):
             for buckets in (f"{TABLE}_limits", f"{TABLE}_key_rates"):
                 cur.execute(f"UPDATE {buckets} SET at = at - {shift}", (micros,))
         self.conn.commit()
+
+    def lifecycle_store(self, tasks: Tasks) -> TaskStore | None:
+        from outboxkit.backends.mariadb.backend import MARIADB
+        from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
+        from outboxkit.backends.mariadb.tasks import MariaDBTaskStore
+        from outboxkit.tasks.lifecycle import LifecycleEvents
+        from outboxkit.write.outbox import Outbox
+
+        mariadb_migrate(self.url, table=OUTBOX, kind="outbox")
+        hook = LifecycleEvents(tasks, Outbox(table=OUTBOX), MARIADB)
+        store = MariaDBTaskStore(self.url, TABLE, on_settle=hook)
+        self._stores.append(store)
+        return store
+
+    async def events(self) -> list[tuple[str, int]]:
+        self.conn.commit()  # (a fresh snapshot)
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT event_type, aggregate_id FROM {OUTBOX} ORDER BY id")
+            return [(t, int(i)) for t, i in cur.fetchall()]
 
     async def close(self) -> None:
         await super().close()

@@ -4,7 +4,8 @@ and the COMMIT, as transaction() sent them before) is refused by the server and 
 connection; outboxkit splits it into several INSERTs, the last with the COMMIT, and every
 event commits, in order, through every driver (ordered mode too). An event whose INSERT
 alone is over the limit is refused before anything is sent, naming the limit and its size;
-one just under it goes through, so the size counted is no smaller than what is sent."""
+one just under it goes through, so the size counted is no smaller than what is sent.
+``Tasks.transaction()``'s enqueues are split and refused the same way."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from outboxkit import Event, InvalidEventError, Outbox
 from outboxkit.backends.mariadb.migrate import migrate
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.errors import EmbeddedServerUnavailable
+from outboxkit.tasks import InvalidTaskError, Tasks
+from outboxkit.tasks.enqueue_mariadb import MariaDBTaskStorage
 from outboxkit.write import mariadb_packet as packet
 from outboxkit.write.mariadb_table import MariaDBTableStorage
 from tests.support.mariadb import MariaDB
@@ -248,3 +251,107 @@ def test_an_event_just_under_the_limit_goes_through(url: str, driver: str) -> No
     finally:
         conn.close()
     assert [len(p) for _, p in _committed(url)] == [len(fits.payload), len(PAYLOAD)]
+
+
+# -- Tasks.transaction(): the enqueues, split as the events are ---------------------------------
+
+tasks = Tasks()
+tasks.handler("report")(lambda payload: None)
+#: A payload whose every character PyMySQL escapes: 40 KiB of JSON, 80 KiB quoted.
+QUOTES = "'" * 40_000
+
+
+@pytest.fixture(scope="module")
+def tasks_migrated(small_packet_server: MariaDB) -> Iterator[str]:
+    def schema(url: str) -> None:
+        migrate(url, kind="tasks", table="outboxkit_tasks")
+        _schema(url)
+
+    with database(small_packet_server, "pktt", schema) as url:
+        yield url
+
+
+@pytest.fixture
+def tasks_url(tasks_migrated: str) -> str:
+    for table in ("outboxkit_tasks", "orders"):
+        mariadb_execute(tasks_migrated, f"DELETE FROM {table}")
+    return tasks_migrated
+
+
+def _task_ids(url: str) -> list[int]:
+    return [r[0] for r in mariadb_execute(url, "SELECT id FROM outboxkit_tasks ORDER BY id")]
+
+
+def test_the_naive_single_query_of_many_enqueues_is_refused_by_the_server(
+    tasks_url: str,
+) -> None:
+    storage = MariaDBTaskStorage("outboxkit_tasks")
+    rows = [storage.row(tasks._params("report", QUOTES, None, None, None, 0, "default", None,
+                                      None)) for _ in range(EVENTS)]  # fmt: skip
+    stmt, params = storage.insert(rows)
+    conn = _connect("pymysql", tasks_url)
+    try:
+        with conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError):
+            cur.execute(stmt.text + ";\nCOMMIT", params)
+            while cur.nextset():
+                pass
+    finally:
+        conn.close()
+    assert _task_ids(tasks_url) == []
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "aiomysql"])
+def test_a_task_transaction_over_max_allowed_packet_is_split_and_commits_every_task(
+    tasks_url: str, driver: str
+) -> None:
+    with CountingProxy(connect_args(tasks_url)["port"]) as proxy:
+        if driver == "pymysql":
+            conn = _connect(driver, tasks_url, proxy.port)
+            try:
+                with tasks.transaction(conn) as tx:
+                    with conn.cursor() as cur:
+                        cur.execute("INSERT INTO orders (note) VALUES ('split')")
+                    handles = [tx.enqueue("report", QUOTES) for _ in range(EVENTS)]
+            finally:
+                conn.close()
+        else:
+
+            async def run() -> list[Any]:
+                args = {**connect_args(tasks_url), "port": proxy.port}
+                args["db"] = args.pop("database")
+                conn = await driver_module(driver).connect(**args)
+                try:
+                    async with tasks.atransaction(conn) as tx:
+                        async with conn.cursor() as cur:
+                            await cur.execute("INSERT INTO orders (note) VALUES ('split')")
+                        return [tx.enqueue("report", QUOTES) for _ in range(EVENTS)]
+                finally:
+                    conn.close()
+
+            handles = asyncio.run(run())
+        sent = proxy.queries
+    inserts = [q for q in sent if q.startswith(b"INSERT IGNORE INTO `outboxkit_tasks`")]
+    assert sent[-len(inserts) :] == inserts and len(inserts) >= 3
+    assert all(len(q) + 1 <= LIMIT for q in inserts)  # (+1: the command byte)
+    assert [q.endswith(b";\nCOMMIT") for q in inserts] == [False] * (len(inserts) - 1) + [True]
+    assert _orders(tasks_url) == ["split"]
+    assert [h.id for h in handles] == _task_ids(tasks_url) and len(handles) == EVENTS
+
+
+def test_a_task_too_large_for_any_insert_is_refused_at_enqueue_before_anything_is_sent(
+    tasks_url: str,
+) -> None:
+    with CountingProxy(connect_args(tasks_url)["port"]) as proxy:
+        conn = _connect("pymysql", tasks_url, proxy.port)
+        try:
+            with pytest.raises(InvalidTaskError, match=r"max_allowed_packet of 1048576 bytes"):
+                with tasks.transaction(conn) as tx:
+                    with conn.cursor() as cur:
+                        cur.execute("INSERT INTO orders (note) VALUES ('refused')")
+                    tx.enqueue("report", QUOTES)
+                    tx.enqueue("report", "'" * 600_000)  # 1.2 MB quoted: refused here
+        finally:
+            conn.close()
+        sent = proxy.queries
+    assert not any(q.startswith(b"INSERT IGNORE INTO `outboxkit_tasks`") for q in sent)
+    assert (_orders(tasks_url), _task_ids(tasks_url)) == ([], [])

@@ -14,7 +14,9 @@ the COMMIT as one multi-statement query, one round trip, where the connection wa
 with ``CLIENT.MULTI_STATEMENTS`` (mysqlclient, aiomysql and asyncmy always ask for it;
 PyMySQL only when told); without it, the INSERT and then the COMMIT. Every result is read:
 an error in any raises, and after one the server runs none of the statements after it, so
-a failed INSERT never reaches the COMMIT.
+a failed INSERT never reaches the COMMIT. It answers the first value of each result set
+(``Tasks.transaction()``'s ``INSERT … RETURNING id`` each give one: the new task's id, or
+none for a skipped duplicate), as ``run_all`` does for the statements sent before it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,29 @@ from typing import Any, ClassVar
 from outboxkit.drivers.base import AsyncAdapter, CursorCache, Statement, SyncAdapter, dbapi_params
 
 _COMMIT = ";\nCOMMIT"
+
+
+def _first_values(cur: Any) -> list[Any]:
+    """The first value of each of the cursor's result sets left (None for an empty one),
+    reading them all: an error in any statement raises here."""
+    values: list[Any] = []
+    while True:
+        if cur.description is not None:
+            rows = cur.fetchall()
+            values.append(rows[0][0] if rows else None)
+        if not cur.nextset():
+            return values
+
+
+async def _afirst_values(cur: Any) -> list[Any]:
+    """:func:`_first_values` for an async cursor."""
+    values: list[Any] = []
+    while True:
+        if cur.description is not None:
+            rows = await cur.fetchall()
+            values.append(rows[0][0] if rows else None)
+        if not await cur.nextset():
+            return values
 
 
 def _is_connection_class(conn_type: type, module: str, name: str) -> bool:
@@ -82,17 +107,25 @@ class DBAPISync(SyncAdapter):
         """Whether the connection takes several statements in one query."""
         return True
 
-    def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> None:
-        """Run ``stmt`` then COMMIT, in one round trip where the connection allows it."""
+    def run_all(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
+        """Run ``stmt`` (several statements, where the connection takes them): the first
+        value of each result set."""
+        with conn.cursor() as cur:
+            cur.execute(stmt.text, dbapi_params(params))
+            return _first_values(cur)
+
+    def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
+        """Run ``stmt`` then COMMIT, in one round trip where the connection allows it; the
+        first value of each of ``stmt``'s result sets."""
         values = dbapi_params(params)
         with conn.cursor() as cur:
             if not self.multi_statements(conn):
                 cur.execute(stmt.text, values)
+                found = _first_values(cur)
                 conn.commit()
-                return
+                return found
             cur.execute(stmt.text + _COMMIT, values)
-            while cur.nextset():  # the COMMIT's result: its error is raised here
-                pass
+            return _first_values(cur)  # (the COMMIT's error, if any, is raised here)
 
 
 class DBAPIAsync(AsyncAdapter):
@@ -142,10 +175,15 @@ class DBAPIAsync(AsyncAdapter):
     def needs_begin(self, conn: Any) -> bool:
         raise NotImplementedError
 
-    async def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> None:
+    async def run_all(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
+        """:meth:`DBAPISync.run_all`."""
+        async with conn.cursor() as cur:
+            await cur.execute(*self.query(conn, stmt, params))
+            return await _afirst_values(cur)
+
+    async def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
         """:meth:`DBAPISync.commit_with`: aiomysql and asyncmy always take several statements."""
         text = stmt.text + _COMMIT
         async with conn.cursor() as cur:
             await cur.execute(*self.query(conn, Statement(text, text), params))
-            while await cur.nextset():
-                pass
+            return await _afirst_values(cur)

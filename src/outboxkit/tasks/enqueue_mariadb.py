@@ -115,3 +115,44 @@ class MariaDBTaskEnqueue:
             raise LookupError(f"outboxkit: no upstream task {', '.join(map(str, missing))}")
         done = all(s == TaskStatus.DONE for s in found.values())
         return PENDING if done else WAITING
+
+
+# -- tasks sent with the COMMIT (Tasks.transaction()) ------------------------------------
+
+
+class MariaDBTaskStorage:
+    """What write/mariadb_commit.py's transaction asks of a storage, for task rows:
+    ``Tasks.transaction()``'s enqueues, each the plain enqueue's ``INSERT … RETURNING id``
+    (its key lock and its waiting-behind-the-key status are per row), joined into one
+    multi-statement query sent with the COMMIT, split under ``max_allowed_packet`` as the
+    outbox's INSERTs are."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self._text = TaskStatements(table).enqueue
+        #: Its ``%s`` (the key's lock slot, then the enqueue's values).
+        self._placeholders = self._text.count("%s")
+
+    @staticmethod
+    def row(params: Sequence[Any]) -> tuple[Any, ...]:
+        """An enqueue's parameters (the registry's) as the statement's values."""
+        values = _values(params)
+        return (values[4], *values)
+
+    @staticmethod
+    def slots(rows: list[tuple[Any, ...]]) -> list[int]:
+        return []  # (each enqueue locks its own key)
+
+    def shape(self, slots: int) -> tuple[int, int]:
+        """(fixed, per row): a query's bytes besides the values (write/mariadb_packet.py)."""
+        return 0, len(self._text) - 2 * self._placeholders + 2  # statements joined by ";\n"
+
+    def insert(self, rows: list[tuple[Any, ...]], slots: list[int] | None = None) -> Any:
+        """The enqueues of ``rows`` as one multi-statement text, each returning its id."""
+        text = ";\n".join([self._text] * len(rows))
+        return Statement(text, text), [value for row in rows for value in row]
+
+    @staticmethod
+    def due(rows: list[tuple[Any, ...]]) -> bool:
+        """Whether any task is due now (no run-at time, no delay): only those wake."""
+        return any(row[8] is None and row[9] <= 0 for row in rows)

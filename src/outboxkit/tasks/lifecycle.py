@@ -1,7 +1,7 @@
 """Task lifecycle as outbox events (opt-in per task type: ``@tasks.handler(..., events=topic)``).
 
 A completed, failed (to be retried) or dead-lettered attempt becomes an outbox event written
-in the same transaction as the task's state change: the settle's (backends/postgres/tasks_pg.py runs
+in the same transaction as the task's state change: the settle's (each backend's task store runs
 this hook inside it) or the handler's own ``ctx.transaction()``. Downstream systems learn of it
 through the relay, durably, exactly when the change committed."""
 
@@ -12,12 +12,13 @@ from typing import Any
 
 import orjson
 
+from outboxkit.backends import backend_for
+from outboxkit.backends.ports import Backend
 from outboxkit.events import Event
 from outboxkit.queue.store import Decision, Verdict
 from outboxkit.queue.tasks import ClaimedTask
 from outboxkit.tasks.registry import Tasks
 from outboxkit.write.outbox import Outbox
-from outboxkit.write.table import TableStorage
 
 _KINDS = {Verdict.DONE: "completed", Verdict.RETRY: "failed", Verdict.DEAD: "dead_lettered"}
 
@@ -48,11 +49,14 @@ def _checked(event: object) -> Event:
 
 
 class LifecycleEvents:
-    """The settle hook: the events of the settled tasks whose type opted in, as one INSERT."""
+    """The settle hook: the events of the settled tasks whose type opted in, as one INSERT
+    in the outbox table of the worker's database (``backend``'s: PostgreSQL's by default),
+    the statement ``outbox.put_many`` sends there."""
 
-    def __init__(self, tasks: Tasks, outbox: Outbox) -> None:
+    def __init__(self, tasks: Tasks, outbox: Outbox, backend: Backend | None = None) -> None:
         self.tasks = tasks
-        self.storage = TableStorage(outbox.table, notify=outbox.notify, ordered=outbox.ordered)
+        writer = outbox._writer_for(backend or backend_for("postgresql://"))
+        self.storage = writer.storage
 
     def wanted(self) -> bool:
         return any(t.events is not None for t in self.tasks.types.values())

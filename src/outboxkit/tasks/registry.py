@@ -6,7 +6,8 @@ MariaDB/MySQL) through the write side's driver adapters, so it refuses what ``Ou
 refuses (autocommit, pools, sessions without a transaction) and commits or rolls back with
 the caller's change, outbox events included.
 ``Tasks.transaction()`` sends the INSERTs with the COMMIT instead, through
-``Outbox.transaction()``'s pipeline (write/commit.py), reused, not copied."""
+``Outbox.transaction()``'s pipeline (write/commit.py; on MariaDB/MySQL write/mariadb_commit.py,
+its multi-statement query and its ``max_allowed_packet`` split), reused, not copied."""
 
 from __future__ import annotations
 
@@ -21,18 +22,21 @@ import sys
 import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import orjson
 import psycopg
 
 from outboxkit.backends import Backend, backend_for, backend_of
+from outboxkit.backends.mariadb import wakeup
 from outboxkit.backends.ports import TaskAdmin
-from outboxkit.drivers import Use, async_adapter, sync_adapter, type_name
-from outboxkit.errors import InvalidEventError
+from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
+from outboxkit.drivers.base import raw_async_adapter, raw_sync_adapter
+from outboxkit.drivers.dbapi_adapter import DBAPIAsync, DBAPISync
+from outboxkit.errors import InvalidEventError, transaction_conflict
 from outboxkit.limits import DEFAULT_MAX_KEY_BYTES
 from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
-from outboxkit.tasks.enqueue_mariadb import MariaDBTaskEnqueue
+from outboxkit.tasks.enqueue_mariadb import MariaDBTaskEnqueue, MariaDBTaskStorage
 from outboxkit.tasks.enqueue_pg import PgTaskEnqueue, PgTaskStorage, pg_task_row
 from outboxkit.tasks.errors import InvalidTaskError
 from outboxkit.tasks.function import Registrar, TaskFunction
@@ -40,6 +44,12 @@ from outboxkit.tasks.results import TaskResult, result_from_row, unstorable
 from outboxkit.tasks.schedule import CatchUp, Cron, Periodic
 from outboxkit.tracing import capture
 from outboxkit.write.commit import AsyncOutboxTransaction, OutboxTransaction
+from outboxkit.write.mariadb_commit import (
+    AsyncMariaDBTransaction,
+    BaseMariaDBTransaction,
+    MariaDBTransaction,
+    MySQLConnection,
+)
 
 if TYPE_CHECKING:
     from outboxkit.drivers import AsyncConnection, SyncConnection
@@ -160,6 +170,7 @@ class Tasks:
         #: Each database's enqueue (its backend's), built at its first connection.
         self._enqueuers: dict[Backend, TaskEnqueue] = {}
         self._storage = PgTaskStorage(table, notify=notify)
+        self._mariadb_storage = MariaDBTaskStorage(table)
 
     def __repr__(self) -> str:
         return f"Tasks(table={self.table!r}, handlers={sorted(self.types)!r})"
@@ -477,25 +488,33 @@ class Tasks:
         by = f"Tasks.resume ({_process()})"
         return _admin(conn).resume_queue(conn, self.table, queue, by=by)
 
-    def transaction(self, conn: psycopg.Connection[Any]) -> TaskTransaction:
+    @overload
+    def transaction(self, conn: psycopg.Connection[Any]) -> TaskTransaction: ...
+
+    @overload
+    def transaction(self, conn: MySQLConnection) -> MariaDBTaskTransaction: ...
+
+    def transaction(self, conn: Any) -> TaskTransaction | MariaDBTaskTransaction:
         """A transaction whose tasks are inserted with its COMMIT, in its round trip.
 
         Use it instead of ``with conn.transaction():``; ``tx.enqueue(...)`` validates and
         queues. (A duplicate ``unique_key`` is skipped without being reported here.)
+        On MariaDB/MySQL: a PyMySQL or mysqlclient connection, instead of your own
+        BEGIN/``commit()``; the enqueues and the COMMIT travel as one multi-statement query,
+        as ``Outbox.transaction()``'s events do (write/mariadb_commit.py).
         """
-        if not isinstance(conn, psycopg.Connection):
-            raise TypeError(
-                f"Tasks.transaction() needs a psycopg.Connection, got {type_name(conn)}"
-            )
-        return TaskTransaction(self, conn)
+        return _SYNC_TRANSACTIONS[backend_of(conn).name](self, conn)
 
-    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncTaskTransaction:
-        """:meth:`transaction` for psycopg ``AsyncConnection``: ``async with``."""
-        if not isinstance(conn, psycopg.AsyncConnection):
-            raise TypeError(
-                f"Tasks.atransaction() needs a psycopg.AsyncConnection, got {type_name(conn)}"
-            )
-        return AsyncTaskTransaction(self, conn)
+    @overload
+    def atransaction(self, conn: psycopg.AsyncConnection[Any]) -> AsyncTaskTransaction: ...
+
+    @overload
+    def atransaction(self, conn: MySQLConnection) -> AsyncMariaDBTaskTransaction: ...
+
+    def atransaction(self, conn: Any) -> AsyncTaskTransaction | AsyncMariaDBTaskTransaction:
+        """:meth:`transaction` for psycopg ``AsyncConnection`` (aiomysql or asyncmy on
+        MariaDB/MySQL): ``async with``."""
+        return _ASYNC_TRANSACTIONS[backend_of(conn).name](self, conn)
 
     def _params(
         self,
@@ -634,6 +653,135 @@ class AsyncTaskTransaction(AsyncOutboxTransaction):
     def _committed(self, values: list[bytes | None]) -> None:
         _assign(self._handles, values)
         self._handles = []
+
+
+class _MariaDBTaskRows(BaseMariaDBTransaction[Any]):
+    """What both MariaDB/MySQL task transactions change of the outbox's: task rows (one
+    ``INSERT … RETURNING id`` each) instead of events, their ids read back after the COMMIT,
+    and a task's refusal in a task's words."""
+
+    _tasks: Tasks
+    _handles: list[EnqueuedTask]
+    #: Whether the connection takes several statements in one query (PyMySQL only when
+    #: opened with CLIENT.MULTI_STATEMENTS): without, one statement per task.
+    _multi = True
+    _what = "Tasks.transaction()"
+
+    def enqueue(self, name: str, payload: Any = None, **options: Any) -> EnqueuedTask:
+        """Validate and queue a task (:meth:`Tasks.enqueue`'s options): sent with the COMMIT.
+        Its id is the handle's ``.id`` once the block has committed."""
+        self._require_active()
+        params = _options(self._tasks, name, payload, options)
+        self._queue([self._tasks._mariadb_storage.row(params)])
+        handle = EnqueuedTask()
+        self._handles.append(handle)
+        return handle
+
+    def _statements(self, limit: int | None) -> list[tuple[Statement, list[Any]]]:
+        statements = super()._statements(limit)  # (a task too large is refused here)
+        if self._multi or len(self._rows) < 2:
+            return statements
+        return [self._storage.insert([row]) for row in self._rows]
+
+    def _too_large(self, position: int, row: tuple[Any, ...], size: int, limit: int) -> Exception:
+        return InvalidTaskError(
+            f"task #{position + 1} of this transaction ({row[1]!r}) takes {size} bytes in its"
+            f" INSERT, more than the server's max_allowed_packet of {limit} bytes: nothing of"
+            " this transaction was sent. Raise max_allowed_packet (SET GLOBAL"
+            " max_allowed_packet = …, for new connections) or enqueue a reference to the"
+            " payload instead"
+        )
+
+    def _committed(self, values: list[Any]) -> None:
+        _assign(self._handles, values)
+        self._handles = []
+
+    def _woke(self) -> None:
+        storage = self._tasks._mariadb_storage
+        if self._rows and storage.due(self._rows):
+            wakeup.committed(storage.table)  # this process's waiting worker claims now
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        conflict = (
+            transaction_conflict(exc, rolled_back=True) if isinstance(exc, Exception) else None
+        )
+        return conflict if conflict is not None else exc
+
+
+class MariaDBTaskTransaction(_MariaDBTaskRows, MariaDBTransaction):
+    """``with tasks.transaction(conn) as tx`` on PyMySQL or mysqlclient."""
+
+    def __init__(self, tasks: Tasks, conn: Any, adapter: DBAPISync) -> None:
+        super().__init__(tasks._mariadb_storage, _check_event, conn, adapter)
+        self._tasks = tasks
+        self._handles = []
+        self._multi = adapter.multi_statements(conn)
+
+    def __enter__(self) -> MariaDBTaskTransaction:
+        super().__enter__()
+        return self
+
+
+class AsyncMariaDBTaskTransaction(_MariaDBTaskRows, AsyncMariaDBTransaction):
+    """:class:`MariaDBTaskTransaction` with ``async with``: aiomysql or asyncmy."""
+
+    def __init__(self, tasks: Tasks, conn: Any, adapter: DBAPIAsync) -> None:
+        super().__init__(tasks._mariadb_storage, _check_event, conn, adapter)
+        self._tasks = tasks
+        self._handles = []
+
+    async def __aenter__(self) -> AsyncMariaDBTaskTransaction:
+        await super().__aenter__()
+        return self
+
+
+def _pg_transaction(tasks: Tasks, conn: Any) -> TaskTransaction:
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(f"Tasks.transaction() needs a psycopg.Connection, got {type_name(conn)}")
+    return TaskTransaction(tasks, conn)
+
+
+def _pg_atransaction(tasks: Tasks, conn: Any) -> AsyncTaskTransaction:
+    if not isinstance(conn, psycopg.AsyncConnection):
+        raise TypeError(
+            f"Tasks.atransaction() needs a psycopg.AsyncConnection, got {type_name(conn)}"
+        )
+    return AsyncTaskTransaction(tasks, conn)
+
+
+def _no_mariadb_transaction(conn: Any, method: str, expected: str) -> TypeError:
+    return TypeError(
+        f"Tasks.{method}() on MariaDB/MySQL needs a {expected} connection, got"
+        f" {type_name(conn)}; elsewhere (SQLAlchemy) use tasks.enqueue() inside your own"
+        " transaction"
+    )
+
+
+def _mariadb_transaction(tasks: Tasks, conn: Any) -> MariaDBTaskTransaction:
+    adapter = raw_sync_adapter(conn)
+    if not isinstance(adapter, DBAPISync):
+        raise _no_mariadb_transaction(conn, "transaction", "PyMySQL or mysqlclient")
+    return MariaDBTaskTransaction(tasks, conn, adapter)
+
+
+def _mariadb_atransaction(tasks: Tasks, conn: Any) -> AsyncMariaDBTaskTransaction:
+    adapter = raw_async_adapter(conn)
+    if not isinstance(adapter, DBAPIAsync):
+        raise _no_mariadb_transaction(conn, "atransaction", "aiomysql or asyncmy")
+    return AsyncMariaDBTaskTransaction(tasks, conn, adapter)
+
+
+#: ``Tasks.transaction()`` / ``atransaction()`` of each database, by ``Backend.name``.
+_SYNC_TRANSACTIONS: dict[str, Callable[[Tasks, Any], TaskTransaction | MariaDBTaskTransaction]] = {
+    "postgresql": _pg_transaction,
+    "mariadb": _mariadb_transaction,
+}
+_ASYNC_TRANSACTIONS: dict[
+    str, Callable[[Tasks, Any], AsyncTaskTransaction | AsyncMariaDBTaskTransaction]
+] = {
+    "postgresql": _pg_atransaction,
+    "mariadb": _mariadb_atransaction,
+}
 
 
 def _options(tasks: Tasks, name: str, payload: Any, options: dict[str, Any]) -> list[Any]:

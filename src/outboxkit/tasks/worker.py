@@ -201,7 +201,7 @@ class Worker:
         self.tasks = tasks
         self.worker_id = worker_id or default_owner_id()
         self.stats = WorkerStats()
-        lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox())
+        lifecycle = LifecycleEvents(tasks, outbox if outbox is not None else Outbox(), backend)
         per_key = {
             t.name: t.concurrency_per_key for t in tasks.types.values() if t.concurrency_per_key > 1
         }

@@ -37,7 +37,7 @@ from outboxkit.errors import NotInTransactionError, outbox_table_missing, transa
 from outboxkit.events import Event
 from outboxkit.limits import MAX_BATCH_EVENTS
 from outboxkit.write import mariadb_packet as packet
-from outboxkit.write.mariadb_table import MariaDBTableStorage, due
+from outboxkit.write.mariadb_table import due
 from outboxkit.write.storage import Check, encode_batch
 
 log = logging.getLogger("outboxkit.write")
@@ -58,10 +58,30 @@ class MySQLConnection(Protocol):
     def begin(self) -> Any: ...
 
 
+class RowStorage(Protocol):
+    """What the shells ask of a storage: :class:`MariaDBTableStorage` (events), or task
+    rows (tasks/enqueue_mariadb.py, ``Tasks.transaction()``)."""
+
+    table: str
+
+    def row(self, value: Any) -> tuple[Any, ...]: ...
+
+    def slots(self, rows: list[tuple[Any, ...]]) -> list[int]: ...
+
+    def shape(self, slots: int) -> tuple[int, int]: ...
+
+    def insert(
+        self, rows: list[tuple[Any, ...]], slots: list[int] | None = None
+    ) -> tuple[Statement, list[Any]]: ...
+
+
 class BaseMariaDBTransaction(Generic[_A]):
     """The state and checks both shells share; the driver's adapter does the I/O."""
 
-    def __init__(self, storage: MariaDBTableStorage, check: Check, conn: Any, adapter: _A) -> None:
+    #: Who speaks in the warning (``Tasks.transaction()`` too).
+    _what = "Outbox.transaction()"
+
+    def __init__(self, storage: RowStorage, check: Check, conn: Any, adapter: _A) -> None:
         self._storage = storage
         self._check = check
         self._adapter: _A = adapter
@@ -97,10 +117,18 @@ class BaseMariaDBTransaction(Generic[_A]):
         for i, row in enumerate(rows):
             size = fixed + per_row + packet.exact_size(row)
             if size > limit - packet.SLACK:
-                raise packet.too_large(len(self._rows) + i, row, size, limit)
+                raise self._too_large(len(self._rows) + i, row, size, limit)
 
     def _limit_now(self) -> int | None:
         return packet.known(self.connection)
+
+    def _too_large(self, position: int, row: tuple[Any, ...], size: int, limit: int) -> Exception:
+        """The refusal of the row at ``position`` whose statement alone exceeds ``limit``."""
+        return packet.too_large(position, row, size, limit)
+
+    def _committed(self, values: list[Any]) -> None:
+        """After the COMMIT: the first value of each statement's result set, in order (an
+        outbox INSERT has none; ``Tasks.transaction()``'s give the new tasks' ids)."""
 
     def _require_active(self) -> None:
         if not self._active:
@@ -132,7 +160,7 @@ class BaseMariaDBTransaction(Generic[_A]):
         try:
             ranges = packet.chunks(sizes, fixed, per_row, limit, MAX_BATCH_EVENTS)
         except packet._RowTooLarge as big:
-            raise packet.too_large(big.position, rows[big.position], big.size, limit) from None
+            raise self._too_large(big.position, rows[big.position], big.size, limit) from None
         if len(ranges) == 1:
             return [self._joined(rows)]
         # Ordered mode: every INSERT locks all of the transaction's keys, in one order, so
@@ -160,9 +188,10 @@ class BaseMariaDBTransaction(Generic[_A]):
         ):
             _WARNED.add(conn_type)
             log.warning(
-                "Outbox.transaction(): this %s was opened without CLIENT.MULTI_STATEMENTS,"
-                " so the events' INSERT and the COMMIT take two round trips; open it with"
+                "%s: this %s was opened without CLIENT.MULTI_STATEMENTS, so its statements"
+                " and the COMMIT take a round trip each; open it with"
                 " client_flag=CLIENT.MULTI_STATEMENTS (pymysql.constants.CLIENT) for one",
+                self._what,
                 adapter.label,
             )
 
@@ -207,10 +236,11 @@ class MariaDBTransaction(BaseMariaDBTransaction[DBAPISync]):
         try:
             limit = packet.ask(self.connection) if self._may_exceed() else None
             statements = self._statements(limit)
+            values: list[Any] = []
             for stmt, params in statements[:-1]:  # over max_allowed_packet: several INSERTs
-                self._adapter.run(self.connection, stmt, params, None)
+                values += self._adapter.run_all(self.connection, stmt, params)
             if statements:
-                self._adapter.commit_with(self.connection, *statements[-1])
+                values += self._adapter.commit_with(self.connection, *statements[-1])
             else:
                 self.connection.commit()
         except BaseException as failed:
@@ -220,6 +250,7 @@ class MariaDBTransaction(BaseMariaDBTransaction[DBAPISync]):
                 raise
             raise error from failed
         self._woke()
+        self._committed(values)
         self._rows = []
         self._bound = 0
 
@@ -248,10 +279,11 @@ class AsyncMariaDBTransaction(BaseMariaDBTransaction[DBAPIAsync]):
         try:
             limit = await packet.aask(self.connection) if self._may_exceed() else None
             statements = self._statements(limit)
+            values: list[Any] = []
             for stmt, params in statements[:-1]:
-                await self._adapter.run(self.connection, stmt, params, None)
+                values += await self._adapter.run_all(self.connection, stmt, params)
             if statements:
-                await self._adapter.commit_with(self.connection, *statements[-1])
+                values += await self._adapter.commit_with(self.connection, *statements[-1])
             else:
                 await self.connection.commit()
         except BaseException as failed:
@@ -261,6 +293,7 @@ class AsyncMariaDBTransaction(BaseMariaDBTransaction[DBAPIAsync]):
                 raise
             raise error from failed
         self._woke()
+        self._committed(values)
         self._rows = []
         self._bound = 0
 

@@ -47,10 +47,6 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
-        "task_events": "task lifecycle events (@tasks.handler(..., events=topic)) are written"
-        " by the settle as PostgreSQL outbox rows, which the MariaDB/MySQL worker does not"
-        " write yet: leave events= unset on MariaDB/MySQL, or write an event yourself with"
-        " ctx.outbox.put() inside ctx.transaction()",
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
@@ -119,11 +115,9 @@ class MariaDBBackend(Backend):
 
         if pooler or direct_dsn:
             self.refuse("pooler")
-        if on_settle is not None:
-            self.refuse("task_events")
         return MariaDBTaskStore(
             dsn, table, queues=queues, retention=retention, names=names, per_key=per_key,
-            fair=fair or (),
+            fair=fair or (), on_settle=on_settle,
         )  # fmt: skip
 
     def schedules(self, dsn: str, table: str, *, pooler: Any) -> Schedules:

@@ -32,6 +32,8 @@ from outboxkit.backends.mariadb.session import (
 )
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
 from outboxkit.backends.mariadb.tasks_sql import TaskStatements, digests_in
+from outboxkit.drivers.aiomysql_adapter import AiomysqlAsync
+from outboxkit.drivers.base import Statement
 from outboxkit.errors import SchemaError
 from outboxkit.queue.group_commit import GroupCommit
 from outboxkit.queue.settle import group_decisions
@@ -41,6 +43,7 @@ from outboxkit.queue.tasks import (
     SUSPECT_LAPSES,
     ClaimedTask,
     Retention,
+    SettleHook,
     TaskClaim,
     TaskClaimed,
     TaskStatus,
@@ -94,6 +97,21 @@ def result_row(names: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
     return found
 
 
+async def _insert_events(cur: Any, insert: tuple[str, Sequence[Any]] | None) -> None:
+    """The lifecycle events' INSERT (the outbox's, tasks/lifecycle.py) on the store's
+    aiomysql cursor, its parameters quoted as the aiomysql adapter quotes an outbox write's
+    (the payload is bytes: drivers/aiomysql_adapter.py)."""
+    if insert is None:
+        return
+    text, params = insert
+    query, args = _AIOMYSQL.query(cur.connection, Statement(text, text), params)
+    await cur.execute(query, args)
+
+
+#: Quotes the events' values for the store's aiomysql connections.
+_AIOMYSQL = AiomysqlAsync()
+
+
 class MariaDBTaskStore(GatedSession):
     """A MariaDB task table as task mode's store (the port of queue/tasks.py).
 
@@ -104,6 +122,8 @@ class MariaDBTaskStore(GatedSession):
     every other name's keys run one at a time). ``fair``: the task names with ``fair=True``:
     at most ``fair_share`` of a key pending at once, each promoted behind the tasks already
     due; how many run is not limited.
+    ``on_settle``: the lifecycle events' INSERT (tasks/lifecycle.py), run in each settle's
+    transaction and in a claim's that dead-letters.
     """
 
     what = "the worker"
@@ -120,10 +140,13 @@ class MariaDBTaskStore(GatedSession):
         per_key: Mapping[str, int] | None = None,
         fair: Sequence[str] = (),
         fair_share: int = FAIR_SHARE,
+        on_settle: SettleHook | None = None,
     ) -> None:
         super().__init__(dsn, table)
         self.per_key = {n: k for n, k in (per_key or {}).items() if k > 1}
         self.fair, self.fair_share = sorted(fair), fair_share
+        #: Task lifecycle events: written in the settle's own transaction (_events).
+        self.on_settle = on_settle
         self.table = table
         self.sql = TaskStatements(table)
         self.queues = list(queues)
@@ -173,6 +196,7 @@ class MariaDBTaskStore(GatedSession):
         async def run(cur: Any) -> TaskClaimed:
             await cur.execute("BEGIN")
             found = await self._claim(cur, what, limit, lease, token, owner, max_attempts)
+            await self._dead_letter_events(cur, found)
             await cur.execute("COMMIT")
             return found
 
@@ -344,9 +368,13 @@ class MariaDBTaskStore(GatedSession):
     # -- settle ---------------------------------------------------------------------------
 
     async def settle(self, claim: Claim[ClaimedTask], decisions: Sequence[Decision]) -> Settled:
-        if decisions.count(DONE) == len(decisions) and not any(
-            t.completed or t.keep is not None or t.has_dependents or t.key is not None
-            for t in claim.items
+        if (
+            self.on_settle is None
+            and decisions.count(DONE) == len(decisions)
+            and not any(
+                t.completed or t.keep is not None or t.has_dependents or t.key is not None
+                for t in claim.items
+            )
         ):
             changed = await self._grouped.add((claim.ids, str(claim.token)))
             kept = [i for i in claim.ids if i in changed]
@@ -407,6 +435,7 @@ class MariaDBTaskStore(GatedSession):
                 values = (int(refund), int(refund), int(status), micros(delay), error,
                           task.error_type, task.traceback, int(status), i, token)  # fmt: skip
                 await cur.execute(sq.settle_failure, values)
+            await self._events(cur, claim, decisions, held)
             await cur.execute("COMMIT")
             return [i for i in claim.ids if i in held or task_of.get(i) is None]
 
@@ -427,6 +456,27 @@ class MariaDBTaskStore(GatedSession):
         except StoreError as exc:  # settled all the same: the sweep releases them
             log.debug("releasing what waits for %s failed: %s", claim.ids, exc)
         return Settled(settled, len(claim.ids) - len(settled))
+
+    async def _events(
+        self, cur: Any, claim: Claim[ClaimedTask], decisions: Sequence[Decision], held: set[int]
+    ) -> None:
+        """The lifecycle events of the tasks this settle changed (``held``: its fence let
+        them through), inserted before its COMMIT: both or neither, and none for a zombie."""
+        if self.on_settle is None:
+            return
+        pairs = [(task, decision) for task, decision in zip(claim.items, decisions, strict=True)
+                 if task.id in held]  # fmt: skip
+        await _insert_events(cur, self.on_settle(pairs) if pairs else None)
+
+    async def _dead_letter_events(self, cur: Any, found: TaskClaimed) -> None:
+        """The events of the tasks the crash-loop guard dead-lettered in this claim, in its
+        transaction (as PostgreSQL's claim writes them)."""
+        if self.on_settle is None or found.claim is None or not found.claim.dead:
+            return
+        for task, _reason, _error in found.claim.dead:
+            task.error_type = "CrashLoop"
+        dead = [(t, Decision(Verdict.DEAD, error=e)) for t, _r, e in found.claim.dead]
+        await _insert_events(cur, self.on_settle(dead))
 
     async def _promote(self, keys: Sequence[str]) -> int:
         """The next waiting tasks of each key, up to its room: a key's live tasks plus a
