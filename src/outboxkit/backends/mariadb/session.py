@@ -30,11 +30,28 @@ _DENIED = {1142, 1143, 1044, 1045, 1290, 1792}  # no privilege, read-only
 NO_TABLE = 1146
 NO_COLUMN = 1054
 NO_INDEX = 1176  # a FORCE INDEX names an index the table lacks (a schema behind the code)
+UNKNOWN_VARIABLE = 1193  # MySQL has no idle_transaction_timeout
+
+#: A store's transactions are a few statements sent back to back. A process frozen between
+#: two of them (SIGSTOP, a paused VM) would keep the rows it locked from every other worker's
+#: SKIP LOCKED for as long as the server keeps its connection (``wait_timeout``: 8 hours by
+#: default); MariaDB ends a transaction left idle this many seconds, connection and locks.
+IDLE_TRANSACTION_TIMEOUT = 30
 
 
 def micros(seconds: float) -> int:
     """Seconds as the whole microseconds of an ``INTERVAL … MICROSECOND``."""
     return max(0, round(seconds * 1_000_000))
+
+
+async def _limit_idle_transactions(cur: Any) -> None:
+    import pymysql
+
+    try:
+        await cur.execute(f"SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT}")
+    except pymysql.err.MySQLError as exc:
+        if not exc.args or exc.args[0] != UNKNOWN_VARIABLE:  # MySQL: no such guard; MariaDB 10.3+ has it
+            raise
 
 
 class MariaDBSession:
@@ -69,6 +86,7 @@ class MariaDBSession:
         )
         async with conn.cursor() as cur:
             await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            await _limit_idle_transactions(cur)
         self._conns[role] = conn
         return conn
 
