@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, OutboxStatus
+from outboxkit.maintenance.side_task import PartitionChore
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -173,6 +174,17 @@ class Backend(abc.ABC):
         refuses the login (a fleet tries a database so before it relays it)."""
         conn = await asyncio.to_thread(self.admin().connect, dsn)
         await asyncio.to_thread(conn.close)
+
+    def refusal(self, exc: BaseException) -> ConfigurationError | None:
+        """The one-line error when ``exc`` (a store error's cause at the relay's start) means
+        the database refuses the relay for good (a missing database or role, a bad
+        password), or None: an outage, which the claim loop retries."""
+        return None
+
+    def partition_chore(self, dsn: str, table: str) -> PartitionChore | None:
+        """The relay's time-partition maintenance of ``table`` (a side task that returns at
+        once on a plain table), or None where the database has no time partitions."""
+        return None
 
     @abc.abstractmethod
     def admin(self) -> Admin:
