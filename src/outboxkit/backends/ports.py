@@ -17,12 +17,14 @@ from typing import Any, Literal, Protocol
 
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, OutboxStatus
+from outboxkit.maintenance.side_task import PartitionChore
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 __all__ = [
-    "Admin", "Backend", "Feature", "Migrated", "MigrationKind", "Statement", "TaskAdmin",
+    "POOLER_MODES", "Admin", "Backend", "Feature", "Migrated", "MigrationKind", "PoolerMode",
+    "Statement", "TaskAdmin", "pooler_mode",
 ]  # fmt: skip
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
@@ -42,6 +44,33 @@ Feature = Literal[
 Statement = str | tuple[str, tuple[Any, ...]]
 #: The tables ``outboxkit migrate`` creates.
 MigrationKind = Literal["outbox", "ordered", "inbox", "tasks"]
+
+#: What may sit between outboxkit and the database (``?pooler=`` in a DSN, ``--pooler``,
+#: ``Relay(pooler=)``, ``Worker(pooler=)``): configuration, so here and not in one backend
+#: (PostgreSQL's reads it; MariaDB's refuses any but None through ``cannot["pooler"]``).
+#: ``auto`` finds out; ``none`` (PostgreSQL itself) and ``session`` (a session pooler) keep
+#: everything; ``transaction``: a transaction pooler that keeps no prepared statements
+#: (PgBouncer before 1.21, or ``max_prepared_statements = 0``); ``transaction-prepared``:
+#: one that keeps them (PgBouncer 1.21+ with ``max_prepared_statements`` set).
+PoolerMode = Literal["auto", "none", "session", "transaction", "transaction-prepared"]
+POOLER_MODES: tuple[PoolerMode, ...] = (
+    "auto",
+    "none",
+    "session",
+    "transaction",
+    "transaction-prepared",
+)
+
+
+def pooler_mode(mode: str) -> PoolerMode:
+    """``mode`` as a :data:`PoolerMode`, or ConfigurationError naming the known ones."""
+    for known in POOLER_MODES:
+        if mode == known:
+            return known
+    raise ConfigurationError(
+        f"pooler={mode!r} is not a pooler mode: use one of {', '.join(POOLER_MODES)}"
+        " (README, 'Behind PgBouncer')"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +174,17 @@ class Backend(abc.ABC):
         refuses the login (a fleet tries a database so before it relays it)."""
         conn = await asyncio.to_thread(self.admin().connect, dsn)
         await asyncio.to_thread(conn.close)
+
+    def refusal(self, exc: BaseException) -> ConfigurationError | None:
+        """The one-line error when ``exc`` (a store error's cause at the relay's start) means
+        the database refuses the relay for good (a missing database or role, a bad
+        password), or None: an outage, which the claim loop retries."""
+        return None
+
+    def partition_chore(self, dsn: str, table: str) -> PartitionChore | None:
+        """The relay's time-partition maintenance of ``table`` (a side task that returns at
+        once on a plain table), or None where the database has no time partitions."""
+        return None
 
     @abc.abstractmethod
     def admin(self) -> Admin:

@@ -32,12 +32,8 @@ import psycopg
 from outboxkit._backoff import Backoff
 from outboxkit._redact import remember_secrets
 from outboxkit._text import first_line
-from outboxkit.backends.postgres._connection import (
-    PoolerMode,
-    aconnect,
-    known_pooling,
-    split_pooler,
-)
+from outboxkit.backends.ports import PoolerMode
+from outboxkit.backends.postgres._connection import aconnect, known_pooling, split_pooler
 from outboxkit.cdc.cleanup import Cleanup
 from outboxkit.cdc.deadletter import DeadLetters
 from outboxkit.cdc.decode import is_pending, row_id, row_message

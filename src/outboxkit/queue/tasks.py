@@ -234,7 +234,8 @@ SettleHook = Callable[[Sequence[tuple[ClaimedTask, Decision]]], "tuple[str, Sequ
 
 class Schedules(Protocol):
     """Periodic tasks' slots (tasks/periodic.py): one run per (schedule, slot), by the
-    database's clock, whichever worker inserts it first."""
+    database's clock, whichever worker inserts it first. A failed call raises
+    :class:`~outboxkit.queue.store.StoreError` (the driver's error as its ``cause``)."""
 
     async def now(self) -> dt.datetime:
         """The database's clock (every worker reads the same one)."""

@@ -11,10 +11,7 @@ from typing import Literal, Protocol
 
 from outboxkit._redact import remember_secrets
 from outboxkit.backends import backend_for
-from outboxkit.backends.postgres._connection import (
-    PoolerMode,
-    pooler_mode,
-)
+from outboxkit.backends.ports import PoolerMode, pooler_mode
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import Publisher, batch_shape
 from outboxkit.queue.loop import default_owner_id

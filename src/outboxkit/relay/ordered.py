@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from outboxkit.backends import backend_for
-from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.ports import PoolerMode
 from outboxkit.errors import ConfigurationError
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.store import HeadsOnly

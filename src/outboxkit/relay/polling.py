@@ -17,8 +17,6 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from outboxkit._text import first_line
-from outboxkit.backends.postgres._connection import refusal
-from outboxkit.backends.postgres.partitions import PartitionChore
 from outboxkit.maintenance.side_task import partition_side_task
 from outboxkit.publishers.base import OutboundMessage, PublishResult
 from outboxkit.queue.decide import RetryPolicy
@@ -145,17 +143,15 @@ class PollingSource:
     def _side_tasks(self) -> list[_SideTask]:
         relay = self.relay
         tasks: list[_SideTask] = []
-        if relay.backend.can("partition_by"):  # (a database with time partitions)
-            # A partitioned outbox: partitions ahead, expired ones dropped (maintenance/
-            # side_task.py; returns at once on a plain table).
+        # A partitioned outbox: partitions ahead, expired ones dropped (maintenance/
+        # side_task.py; returns at once on a plain table). None: no time partitions there.
+        # (Its advisory lock is a session's: PostgreSQL itself when given.)
+        chore = relay.backend.partition_chore(relay.direct_dsn or relay.dsn, relay.table)
+        if chore is not None:
             tasks.append(
                 (
                     "outboxkit-relay:partitions",
-                    # (its advisory lock is a session's: PostgreSQL itself when given)
-                    lambda: partition_side_task(
-                        PartitionChore(relay.direct_dsn or relay.dsn, relay.table),
-                        self.loop.stopping,
-                    ),
+                    lambda: partition_side_task(chore, self.loop.stopping),
                 )
             )
         if self.ordered is not None:  # ordered mode's partition leases (queue/partition_leases.py)
@@ -193,7 +189,7 @@ class PollingSource:
             self.loop.deny(exc, "settles")
             return
         except StoreError as exc:
-            if (refused := refusal(exc.cause)) is not None:
+            if (refused := self.relay.backend.refusal(exc.cause)) is not None:
                 raise refused from None
             log.warning("database not reachable at start (%s); retrying", first_line(exc.cause))
             return

@@ -5,10 +5,10 @@ payload)`` in the caller's transaction; ``outboxkit worker --app module:tasks`` 
 (the queue core's claim loop with a handler sink). docs/tasks.md.
 """
 
-from outboxkit.backends.postgres.migrate import migrate_tasks
 from outboxkit.tasks.context import TaskContext
 from outboxkit.tasks.errors import InvalidTaskError, LeaseLost, TaskNotFound
 from outboxkit.tasks.function import TaskFunction
+from outboxkit.tasks.migrate import migrate_tasks
 from outboxkit.tasks.outcomes import Fail, Retry, Snooze
 from outboxkit.tasks.registry import EnqueuedTask, Tasks
 from outboxkit.tasks.results import ResultError, TaskError, TaskResult

@@ -14,8 +14,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-import psycopg
-
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.queue.store import StoreError
@@ -76,7 +74,7 @@ async def run_periodic(
                 since[p.schedule] = now
             backoff.reset()
             delay = tick
-        except (psycopg.Error, StoreError) as exc:
+        except StoreError as exc:  # (each backend's Schedules raises only these)
             delay = backoff.next_delay()
             log.warning("periodic tasks: %s; retrying in %.1fs", first_line(exc), delay)
             await schedules.close()

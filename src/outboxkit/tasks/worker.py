@@ -22,7 +22,7 @@ from outboxkit._backoff import Backoff
 from outboxkit._redact import redact, remember_secrets
 from outboxkit._text import first_line
 from outboxkit.backends import backend_for
-from outboxkit.backends.postgres._connection import PoolerMode
+from outboxkit.backends.ports import PoolerMode
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.loop import WORKER_WORDS, ClaimLoop, LoopOptions, default_owner_id
 from outboxkit.queue.store import Claim, StoreError

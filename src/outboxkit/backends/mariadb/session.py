@@ -50,7 +50,8 @@ async def _limit_idle_transactions(cur: Any) -> None:
     try:
         await cur.execute(f"SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT}")
     except pymysql.err.MySQLError as exc:
-        if not exc.args or exc.args[0] != UNKNOWN_VARIABLE:  # MySQL: no such guard; MariaDB 10.3+ has it
+        # MySQL has no such guard; MariaDB 10.3+ has it
+        if not exc.args or exc.args[0] != UNKNOWN_VARIABLE:
             raise
 
 

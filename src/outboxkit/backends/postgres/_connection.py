@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -30,6 +30,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.generators import execute
 
 from outboxkit._text import first_line
+
+# (re-exported: PoolerMode is configuration, named by Relay/Worker, so it lives in ports.py)
+from outboxkit.backends.ports import POOLER_MODES as POOLER_MODES
+from outboxkit.backends.ports import PoolerMode as PoolerMode
+from outboxkit.backends.ports import pooler_mode as pooler_mode
 from outboxkit.errors import ConfigurationError
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
@@ -39,21 +44,6 @@ Source = str | psycopg.Connection[Any]
 CONNECT_TIMEOUT = 10
 #: The admin commands' connections (status, replay, purge, migrate, partitions, inbox purge).
 ADMIN_APPLICATION_NAME = "outboxkit-admin"
-
-
-#: What may sit between outboxkit and PostgreSQL (``?pooler=`` in a DSN, ``--pooler``):
-#: ``auto`` finds out; ``none`` (PostgreSQL itself) and ``session`` (a session pooler) keep
-#: everything; ``transaction``: a transaction pooler that keeps no prepared statements
-#: (PgBouncer before 1.21, or ``max_prepared_statements = 0``); ``transaction-prepared``:
-#: one that keeps them (PgBouncer 1.21+ with ``max_prepared_statements`` set).
-PoolerMode = Literal["auto", "none", "session", "transaction", "transaction-prepared"]
-POOLER_MODES: tuple[PoolerMode, ...] = (
-    "auto",
-    "none",
-    "session",
-    "transaction",
-    "transaction-prepared",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +86,6 @@ def split_pooler(dsn: str) -> tuple[str, PoolerMode]:
         mode = match.group(1).strip("'")
         dsn = (dsn[: match.start()] + dsn[match.end() :]).strip()
     return dsn, pooler_mode(mode)
-
-
-def pooler_mode(mode: str) -> PoolerMode:
-    """``mode`` as a :data:`PoolerMode`, or ConfigurationError naming the known ones."""
-    for known in POOLER_MODES:
-        if mode == known:
-            return known
-    raise ConfigurationError(
-        f"pooler={mode!r} is not a pooler mode: use one of {', '.join(POOLER_MODES)}"
-        " (README, 'Behind PgBouncer')"
-    )
 
 
 def known_pooling(dsn: str, pooler: PoolerMode | None = None) -> Pooling | None:

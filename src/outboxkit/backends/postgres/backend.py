@@ -19,6 +19,8 @@ from outboxkit.backends.ports import (
     Statement,
     TaskAdmin,
 )
+from outboxkit.errors import ConfigurationError
+from outboxkit.maintenance.side_task import PartitionChore
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -37,6 +39,16 @@ class PostgresBackend(Backend):
         from outboxkit.backends.postgres._connection import check_dsn, split_pooler
 
         check_dsn(split_pooler(dsn)[0])
+
+    def refusal(self, exc: BaseException) -> ConfigurationError | None:
+        from outboxkit.backends.postgres._connection import refusal
+
+        return refusal(exc)
+
+    def partition_chore(self, dsn: str, table: str) -> PartitionChore:
+        from outboxkit.backends.postgres.partitions import PartitionChore as Chore
+
+        return Chore(dsn, table)
 
     async def reach(self, dsn: str, *, application_name: str) -> None:
         from outboxkit.backends.postgres._connection import aconnect

@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
+from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import (
     PoolerMode,
     aconnect,
@@ -683,6 +684,15 @@ class PgTaskStore(PgSession):
 # -- periodic tasks (the worker's side task, outboxkit.tasks.periodic) ---------------------
 
 
+@contextlib.contextmanager
+def _schedules_errors() -> Iterator[None]:
+    """psycopg's errors as the port's StoreError (the periodic loop knows no driver)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise StoreError(first_line(exc), cause=exc) from exc
+
+
 class PgSchedules:
     """The schedules table, as the periodic side task uses it (one connection, autocommit).
 
@@ -716,15 +726,17 @@ class PgSchedules:
 
     async def now(self) -> dt.datetime:
         """The database's clock (every worker reads the same one)."""
-        conn = await self._connection()
-        row = await (await conn.execute(self.sql.database_now)).fetchone()
+        with _schedules_errors():
+            conn = await self._connection()
+            row = await (await conn.execute(self.sql.database_now)).fetchone()
         assert row is not None
         return row[0]  # type: ignore[no-any-return]
 
     async def last_slot(self, schedule: str) -> tuple[dt.datetime | None, dt.datetime]:
         """The latest slot recorded for ``schedule`` (None: never ran), and the database's now."""
-        conn = await self._connection()
-        row = await (await conn.execute(self.sql.last_slot, (schedule,))).fetchone()
+        with _schedules_errors():
+            conn = await self._connection()
+            row = await (await conn.execute(self.sql.last_slot, (schedule,))).fetchone()
         assert row is not None
         return row[0], row[1]
 
@@ -732,21 +744,23 @@ class PgSchedules:
         self, schedule: str, slot: dt.datetime, name: str, queue: str, payload: str, priority: int
     ) -> int | None:
         """Insert the slot and its task in one transaction; the task id, None if taken."""
-        conn = await self._connection()
         params = {"schedule": schedule, "slot": slot, "name": name, "queue": queue,
                   "payload": payload, "priority": priority}  # fmt: skip
-        async with conn.transaction():
-            row = await (await conn.execute(self.sql.enqueue_periodic, params)).fetchone()
-            if row is None:
-                return None
-            await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
+        with _schedules_errors():
+            conn = await self._connection()
+            async with conn.transaction():
+                row = await (await conn.execute(self.sql.enqueue_periodic, params)).fetchone()
+                if row is None:
+                    return None
+                await conn.execute(self.sql.set_slot_task, (row[0], schedule, slot))
         return int(row[0])
 
     async def prune(self, keep: float, limit: int) -> int:
         """Delete up to ``limit`` slots older than ``keep`` seconds (each schedule's newest
         stays); the number deleted."""
-        conn = await self._connection()
-        cur = await conn.execute(self.sql.prune_slots, {"keep": keep, "limit": limit})
+        with _schedules_errors():
+            conn = await self._connection()
+            cur = await conn.execute(self.sql.prune_slots, {"keep": keep, "limit": limit})
         return cur.rowcount
 
     async def close(self) -> None:
