@@ -63,6 +63,10 @@ class TaskBackend(abc.ABC):
     #: (status waiting): an optimisation only, so a store that does not still keeps the
     #: limit and the order, and the contract reads the states only where it parks.
     parks = True
+    #: Its enqueue knows the fair names (the workers' row of ``<table>_fair``): a fair key's
+    #: task is pending at once while its key has room. Without it the task waits for the
+    #: next promotion (a claim or settle of its key, or the sweep), fair all the same.
+    fair_enqueue = True
 
     def __init__(self) -> None:
         self._stores: list[TaskStore] = []
@@ -323,6 +327,7 @@ class MariaDBTaskBackend(TaskBackend):
 
     name = "mariadb"
     parks = False
+    fair_enqueue = False
 
     def __init__(self, server: Any) -> None:
         import pymysql

@@ -662,6 +662,8 @@ async def test_a_fair_key_keeps_its_share_pending_and_a_later_key_is_claimed_beh
     # The flood's 3 pending when the light key enqueued, then the light key's task: the
     # flood's next ones were made pending after it, behind it.
     assert order == [*flood[3:6], light, flood[6]]
+    if not b.fair_enqueue:
+        return
     # A fair key's tasks enqueued behind a running one of it are pending at once up to the
     # share (the workers told the table its fair names), the rest wait for a promotion.
     late = await b.enqueue("fan", key="late")
