@@ -93,9 +93,7 @@ def _end(child: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.parametrize("naive", [True, False], ids=["naive", "outboxkit"])
-def test_a_frozen_sessions_locks_are_released_after_the_idle_timeout(
-    url: str, naive: bool
-) -> None:
+def test_a_frozen_sessions_locks_are_released_after_the_idle_timeout(url: str, naive: bool) -> None:
     child = _frozen_holder(url, naive=naive)
     try:
         assert _free_rows(url) == [2]  # frozen, holding row 1
