@@ -32,8 +32,6 @@ from outboxkit.backends.mariadb.session import (
 )
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
 from outboxkit.backends.mariadb.tasks_sql import TaskStatements, digests_in
-from outboxkit.drivers.aiomysql_adapter import AiomysqlAsync
-from outboxkit.drivers.base import Statement
 from outboxkit.errors import SchemaError
 from outboxkit.queue.group_commit import GroupCommit
 from outboxkit.queue.settle import group_decisions
@@ -99,17 +97,21 @@ def result_row(names: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
 
 async def _insert_events(cur: Any, insert: tuple[str, Sequence[Any]] | None) -> None:
     """The lifecycle events' INSERT (the outbox's, tasks/lifecycle.py) on the store's
-    aiomysql cursor, its parameters quoted as the aiomysql adapter quotes an outbox write's
-    (the payload is bytes: drivers/aiomysql_adapter.py)."""
+    aiomysql cursor. Its values are written into the query as literals: aiomysql 0.3's own
+    escaping fails on bytes (the payload) with PyMySQL 1.2. The drivers' aiomysql adapter
+    does the same for an outbox write; backends do not import drivers (the layers), and it
+    is three lines."""
     if insert is None:
         return
     text, params = insert
-    query, args = _AIOMYSQL.query(cur.connection, Statement(text, text), params)
-    await cur.execute(query, args)
+    conn = cur.connection
+    await cur.execute(text % tuple(_literal(conn, value) for value in params))
 
 
-#: Quotes the events' values for the store's aiomysql connections.
-_AIOMYSQL = AiomysqlAsync()
+def _literal(conn: Any, value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return f"_binary X'{value.hex()}'"
+    return str(conn.escape(str(value) if isinstance(value, uuid.UUID) else value))
 
 
 class MariaDBTaskStore(GatedSession):
