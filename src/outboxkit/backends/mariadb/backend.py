@@ -47,10 +47,6 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
-        "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
-        " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
-        " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
-        " --dsn mysql://… --print-sql` prints",
     }
 
     def admin(self) -> Admin:
