@@ -5,7 +5,8 @@ entry point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from outboxkit.backends.ports import (
@@ -15,6 +16,7 @@ from outboxkit.backends.ports import (
     Feature,
     Migrated,
     MigrationKind,
+    ScratchDatabases,
     Statement,
     TaskAdmin,
 )
@@ -30,8 +32,8 @@ NO_WAL = (
 )
 _OTHERS = ("blocked_keys", "stray_rows", "purge_inbox", "count_inbox_purgeable", "connect")
 _ADMIN_FUNCTIONS = (
-    "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
-    "live_status", "last_event_id", *_OTHERS, "usable",
+    "status", "list_failed", "get_event", "list_events", "replay", "discard", "purge",
+    "count_purgeable", "live_status", "last_event_id", *_OTHERS, "usable",
 )  # fmt: skip
 
 
@@ -48,6 +50,18 @@ class MariaDBBackend(Backend):
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
     }
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self, dsn: str) -> AsyncIterator[Any]:
+        from outboxkit.backends.mariadb.session import atransaction
+
+        async with atransaction(dsn) as conn:
+            yield conn
+
+    def scratch_databases(self) -> ScratchDatabases:
+        from outboxkit.backends.mariadb import databases
+
+        return databases
 
     def admin(self) -> Admin:
         from outboxkit.backends.mariadb import admin

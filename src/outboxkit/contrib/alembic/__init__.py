@@ -38,14 +38,15 @@ from sqlalchemy import text
 from outboxkit.backends import backend_for, backend_of
 from outboxkit.backends.ports import Backend, MigrationKind, Statement
 from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
+from outboxkit.backends.postgres.migrations import Kind
 from outboxkit.backends.postgres.postgres import DEFAULT_TABLE, VERSIONS_TABLE, parse_table
-from outboxkit.backends.postgres.tool_migrations import TOOL_KINDS, versions
+from outboxkit.backends.postgres.tool_migrations import versions
 from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 
 __all__ = ["OutboxTables", "downgrade", "include_name", "include_object", "latest", "upgrade"]
 
 
-def latest(kind: MigrationKind = "outbox") -> int:
+def latest(kind: Kind = "outbox") -> int:
     """The newest schema version of ``kind`` this outboxkit has."""
     return versions(kind)[-1]
 
@@ -58,10 +59,16 @@ def _backend(op: Operations) -> Backend:
     return backend_for(f"{context.dialect.name}://")
 
 
-def _checked(kind: MigrationKind, table: str | None, low: int, high: int) -> str:
-    """``table`` (or ``kind``'s default), once ``kind`` and the range ``low < high`` are ones
-    this outboxkit has: a wrong one fails before any statement."""
-    if kind not in TOOL_KINDS:
+#: The kinds another tool applies (ordered mode and time partitions are `migrate`'s only).
+_TOOL_KINDS: dict[str, MigrationKind] = {"outbox": "outbox", "inbox": "inbox", "tasks": "tasks"}
+
+
+def _checked(kind: Kind, table: str | None, low: int, high: int) -> tuple[MigrationKind, str]:
+    """``kind`` as the backends take it and ``table`` (or ``kind``'s default), once ``kind``
+    and the range ``low < high`` are ones this outboxkit has: a wrong one fails before any
+    statement."""
+    tool_kind = _TOOL_KINDS.get(kind)
+    if tool_kind is None:
         raise ValueError(
             f"kind {kind!r}: the Alembic helper applies 'outbox', 'inbox' or 'tasks'; ordered"
             " mode and time partitions come from `outboxkit migrate --ordered / --partition-by`"
@@ -72,9 +79,8 @@ def _checked(kind: MigrationKind, table: str | None, low: int, high: int) -> str
             f"{kind} versions run 1 to {known[-1]} in this outboxkit: got from/to versions"
             f" {low} and {high}"
         )
-    if table is not None:
-        return table
-    return {"inbox": DEFAULT_INBOX_TABLE, "tasks": DEFAULT_TASKS_TABLE}.get(kind, DEFAULT_TABLE)
+    default = {"inbox": DEFAULT_INBOX_TABLE, "tasks": DEFAULT_TASKS_TABLE}.get(kind, DEFAULT_TABLE)
+    return tool_kind, default if table is None else table
 
 
 def _execute(op: Operations, statement: Statement) -> None:
@@ -100,13 +106,13 @@ def upgrade(
     to_version: int,
     from_version: int = 0,
     table: str | None = None,
-    kind: MigrationKind = "outbox",
+    kind: Kind = "outbox",
 ) -> None:
     """Apply ``kind``'s versions ``from_version + 1`` to ``to_version`` to ``table``."""
-    name = _checked(kind, table, from_version, to_version)
+    tool_kind, name = _checked(kind, table, from_version, to_version)
     backend = _backend(op)
     for version in range(from_version + 1, to_version + 1):
-        for statement in backend.tool_migration(kind, name, version)[0]:
+        for statement in backend.tool_migration(tool_kind, name, version)[0]:
             _execute(op, statement)
 
 
@@ -116,13 +122,13 @@ def downgrade(
     from_version: int,
     to_version: int = 0,
     table: str | None = None,
-    kind: MigrationKind = "outbox",
+    kind: Kind = "outbox",
 ) -> None:
     """Undo ``kind``'s versions ``from_version`` down to ``to_version + 1`` (0: drop it)."""
-    name = _checked(kind, table, to_version, from_version)
+    tool_kind, name = _checked(kind, table, to_version, from_version)
     backend = _backend(op)
     for version in range(from_version, to_version, -1):
-        for statement in backend.tool_migration(kind, name, version)[1]:
+        for statement in backend.tool_migration(tool_kind, name, version)[1]:
             _execute(op, statement)
 
 
