@@ -242,6 +242,41 @@ def test_alembic_check_then_downgrade_on_mariadb_drops_the_tables_and_the_record
     assert _maria_schema(maria_url) == {"outboxkit_schema_versions": ANY, "records": []}
 
 
+def test_the_task_table_on_mariadb_up_to_the_latest_version_and_down_to_none(
+    mariadb_server: Any, maria_url: str
+) -> None:
+    """Task mode's MariaDB files come at the PostgreSQL versions they were written beside
+    (file 2, the key buckets, at version 9): up to ``latest("tasks")`` is what ``outboxkit
+    migrate --tasks`` makes, and down to 0 leaves nothing but the emptied record table."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from sqlalchemy import create_engine
+
+    from outboxkit.backends import backend_for
+    from outboxkit.contrib import alembic as outboxkit_alembic
+    from tests.support.mariadb_drivers import database
+
+    engine = create_engine(maria_url.replace("mysql://", "mysql+pymysql://", 1))
+    latest = outboxkit_alembic.latest("tasks")
+    try:
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            outboxkit_alembic.upgrade(op, kind="tasks", to_version=latest)
+        with database(mariadb_server, "alembic_tasks") as by_cli:
+            backend_for(by_cli).migrate(by_cli, "tasks", "outboxkit_tasks")
+            assert _maria_schema(maria_url) == _maria_schema(by_cli)
+        assert (
+            "up to date"
+            in backend_for(maria_url).migrate(maria_url, "tasks", "outboxkit_tasks").describe()
+        )
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            outboxkit_alembic.downgrade(op, kind="tasks", from_version=latest)
+        assert _maria_schema(maria_url) == {"outboxkit_schema_versions": ANY, "records": []}
+    finally:
+        engine.dispose()
+
+
 def test_offline_sql_on_mariadb_prints_mariadbs_statements_with_their_records(
     tmp_path: Path,
 ) -> None:

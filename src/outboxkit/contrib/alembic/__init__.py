@@ -16,7 +16,8 @@ Each version runs the statements ``outboxkit migrate`` runs on the migrated data
 keeps its version record as it does: either tool can run first, the other then has nothing
 to do. The database's backend says what they are: on PostgreSQL its versioned SQL files,
 behind ``migrate``'s lock (the record never lowered); on MariaDB/MySQL its migration files,
-which version 1 of each kind applies whole (the later versions have nothing to do there).
+each at the PostgreSQL version it was written beside (``tool_migrations.PG_VERSION``: the
+first at version 1; most later versions have nothing to do there).
 The versions are PostgreSQL's numbers on both, so one revision serves either database.
 Pin ``to_version`` in the revision; when outboxkit adds a schema version, a new revision
 applies it (``upgrade(op, from_version=2, to_version=3)``). ``latest(kind)`` says which
