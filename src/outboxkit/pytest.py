@@ -20,6 +20,11 @@ Fixtures (docs/testing-your-code.md has their scopes and cost):
 - ``outboxkit_tasks``: ``run_pending(tasks)`` runs enqueued tasks with the real worker.
 
 ``MemoryOutbox`` is the mode with no database at all, for unit tests.
+
+The fixtures are PostgreSQL's (``outboxkit_postgres`` clones a template database on an
+embedded or given PostgreSQL server). The classes behind them (``OutboxEvents``,
+``KitRelay``, ``InboxKit``, ``TaskKit``) take a DSN and follow it through its backend: on a
+``mysql://`` URL they read, relay, deliver and run on MariaDB/MySQL.
 """
 
 from __future__ import annotations
@@ -75,7 +80,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PostgresDatabase:
-    """This test's database: ``dsn`` (outbox, inbox and task tables migrated), ``admin_dsn``."""
+    """This test's database: ``dsn`` (outbox, inbox and task tables migrated), ``admin_dsn``.
+    PostgreSQL's: cloned from a template on an embedded or given PostgreSQL server (MariaDB
+    has no template databases; the helpers below take a ``mysql://`` URL of your own)."""
 
     dsn: str
     admin_dsn: str
@@ -185,6 +192,13 @@ class OutboxRow:
     last_error: str | None
 
 
+def _list_events(dsn: str, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table``, read by the backend of ``dsn`` (PostgreSQL's or MariaDB's)."""
+    from outboxkit.admin import admin_for
+
+    return admin_for(dsn).list_events(dsn, table)
+
+
 def _event_from_row(row: dict[str, Any]) -> Event:
     return Event(
         event_id=row["event_id"],
@@ -232,7 +246,8 @@ class OutboxEvents:
     """The events committed to the outbox table, read when asked (a rollback shows nothing).
 
     Iterating yields the decoded :class:`Event` objects in write order. Rows the relay
-    published stay visible: the kit's relay keeps them (``retention="keep"``).
+    published stay visible: the kit's relay keeps them (``retention="keep"``). ``dsn``:
+    PostgreSQL's or a ``mysql://`` URL (read by that database's admin functions).
     """
 
     def __init__(self, dsn: str, table: str = "outbox") -> None:
@@ -241,11 +256,9 @@ class OutboxEvents:
 
     def rows(self) -> list[OutboxRow]:
         """Every row with its status, attempts and last error."""
-        from outboxkit.backends.postgres.admin import list_events
-
         return [
             OutboxRow(_event_from_row(r), r["status"], r["attempts"], r["last_error"])
-            for r in list_events(self.dsn, self.table)
+            for r in _list_events(self.dsn, self.table)
         ]
 
     @property
@@ -335,7 +348,8 @@ class KitRelay:
     """The real relay run in-process against ``broker`` (a ``memory://`` broker).
 
     Retries come after milliseconds, not seconds (``retry_base``), so a test sees a retry
-    or a dead letter (``max_attempts``) at once; everything else is the production relay.
+    or a dead letter (``max_attempts``) at once; everything else is the production relay,
+    on the database ``dsn`` names (PostgreSQL or MariaDB/MySQL).
     """
 
     def __init__(
@@ -419,12 +433,10 @@ class KitRelay:
 
     def _due(self) -> list[OutboxRow]:
         """Pending rows the relay will take now or after a retry (not scheduled ones)."""
-        from outboxkit.backends.postgres.admin import list_events
-
         now = dt.datetime.now(dt.UTC)
         return [
             OutboxRow(_event_from_row(r), r["status"], r["attempts"], r["last_error"])
-            for r in list_events(self.dsn, self.table)
+            for r in _list_events(self.dsn, self.table)
             if r["status"] == "pending"
             and (r["attempts"] > 0 or r["available_at"] <= now + dt.timedelta(seconds=0.05))
         ]
@@ -467,27 +479,28 @@ class ConsumerCheck:
 
 class InboxKit:
     """Feeds events through a handler behind the inbox, in the consumer's own transaction,
-    as a consumer runner does: the inbox record and the handler's writes commit together."""
+    as a consumer runner does: the inbox record and the handler's writes commit together.
+    The transaction is the DSN's backend's (psycopg's, or aiomysql's on a ``mysql://`` URL)."""
 
     def __init__(self, dsn: str, consumer: str = "test-consumer") -> None:
         self.dsn = dsn
         self.consumer = consumer
 
     async def deliver(self, handler: KitHandler, event: ReceivedEvent) -> bool:
-        """One delivery; True if the handler ran (the event was new to this consumer)."""
-        import psycopg
-
+        """One delivery; True if the handler ran (the event was new to this consumer).
+        ``conn`` is the DSN's driver's: psycopg's ``AsyncConnection``, or aiomysql's on a
+        ``mysql://`` URL."""
+        from outboxkit.backends import backend_for
         from outboxkit.inbox import Inbox
 
         inbox = Inbox()
-        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
-            async with (
-                conn.transaction(),
-                inbox.ahandle(conn, self.consumer, event.event_id) as new,
-            ):
-                if new:
-                    await handler(conn, event)
-            return new
+        async with (
+            backend_for(self.dsn).atransaction(self.dsn) as conn,
+            inbox.ahandle(conn, self.consumer, event.event_id) as new,
+        ):
+            if new:
+                await handler(conn, event)
+        return new
 
     async def deliver_twice(self, handler: KitHandler, event: ReceivedEvent) -> ConsumerCheck:
         """Deliver ``event`` twice (a broker's redelivery); ``applied_once`` says the inbox
@@ -536,7 +549,8 @@ def outboxkit_inbox(outboxkit_postgres: PostgresDatabase) -> InboxKit:
 
 class TaskKit:
     """Runs enqueued tasks with the real ``Worker`` (its retries, timeouts and failures),
-    in-process, until none is due: a handler's test needs no worker process."""
+    in-process, until none is due: a handler's test needs no worker process. ``dsn``:
+    PostgreSQL's or a ``mysql://`` URL (its task table made by that backend's migrate)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
@@ -562,11 +576,11 @@ class TaskKit:
         timeout: float = 10.0,  # noqa: ASYNC109 - its expiry is reported with the tasks left
     ) -> list[dict[str, Any]]:
         """Async :meth:`run_pending`."""
-        from outboxkit.backends.postgres.migrate import migrate_tasks
+        from outboxkit.backends import backend_for
         from outboxkit.tasks import Worker
 
         if tasks.table not in self._migrated:
-            await asyncio.to_thread(migrate_tasks, self.dsn, table=tasks.table)
+            await asyncio.to_thread(backend_for(self.dsn).migrate, self.dsn, "tasks", tasks.table)
             self._migrated.add(tasks.table)
         worker = Worker(
             tasks,
@@ -603,10 +617,10 @@ class TaskKit:
 
     def rows(self, table: str = "outboxkit_tasks") -> list[dict[str, Any]]:
         """Every task of ``table``, oldest first."""
-        from outboxkit.backends.postgres.tasks_pg import list_tasks
+        from outboxkit.backends import backend_for
         from outboxkit.queue.tasks import TaskStatus
 
-        rows = list_tasks(self.dsn, table, limit=1_000_000)
+        rows = backend_for(self.dsn).task_admin().list_tasks(self.dsn, table, limit=1_000_000)
         for row in rows:
             row["status"] = TaskStatus(row["status"])
         return rows

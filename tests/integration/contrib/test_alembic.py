@@ -1,10 +1,14 @@
-"""outboxkit.contrib.alembic in a real Alembic environment (a temp dir) on real PostgreSQL."""
+"""outboxkit.contrib.alembic in a real Alembic environment (a temp dir) on real PostgreSQL and
+on the private MariaDB (PyMySQL): the same revision follows the database it is given."""
 
 from __future__ import annotations
 
+import io
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import psycopg
 import pytest
@@ -23,16 +27,22 @@ metadata = MetaData()
 Table("orders", metadata, Column("id", Integer, primary_key=True))
 
 HOOKS = context.config.attributes.get("hooks", True)
-engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
-with engine.connect() as connection:
-    context.configure(
-        connection=connection,
-        target_metadata=metadata,
-        include_name=outboxkit_alembic.include_name if HOOKS else None,
-    )
+URL = context.config.get_main_option("sqlalchemy.url")
+if context.is_offline_mode():
+    context.configure(url=URL, target_metadata=metadata, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
-engine.dispose()
+else:
+    engine = create_engine(URL)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            include_name=outboxkit_alembic.include_name if HOOKS else None,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
 """
 
 _REVISION = '''
@@ -71,6 +81,7 @@ def _config(tmp_path: Path, dsn: str, *, hooks: bool = True) -> Any:
     config = Config()
     config.set_main_option("script_location", str(tmp_path))
     url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    url = url.replace("mysql://", "mysql+pymysql://", 1)
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     config.attributes["hooks"] = hooks
     return config
@@ -144,34 +155,183 @@ def test_include_object_skips_the_tables_and_what_is_on_them() -> None:
     assert hooks.include_name("outbox", "table", {"schema_name": None})
 
 
-def test_a_mariadb_connection_is_refused_in_one_line_naming_outboxkit_migrate(
-    mariadb_server: Any,
+# On MariaDB (the private mariadbd, PyMySQL): the same revision, MariaDB's files.
+
+
+@pytest.fixture
+def maria_url(mariadb_server: Any) -> Iterator[str]:
+    from tests.support.mariadb_drivers import database, driver_module
+
+    driver_module("pymysql")
+    with database(mariadb_server, "alembic") as url:
+        yield url
+
+
+def _maria_schema(url: str) -> dict[str, Any]:
+    """Every table's CREATE TABLE and the version records (outboxkit migrate's and ours)."""
+    from tests.support.mariadb_ops import mariadb_execute
+
+    tables = sorted(r[0] for r in mariadb_execute(url, "SHOW TABLES"))
+    made = {t: mariadb_execute(url, f"SHOW CREATE TABLE `{t}`")[0][1] for t in tables}
+    if "outboxkit_schema_versions" in tables:
+        made["records"] = mariadb_execute(
+            url, "SELECT kind, table_name, version FROM outboxkit_schema_versions ORDER BY 1, 2"
+        )
+    made.pop("alembic_version", None)
+    return made
+
+
+def test_upgrade_on_mariadb_makes_what_outboxkit_migrate_makes_and_leaves_it_nothing_to_do(
+    tmp_path: Path, mariadb_server: Any, maria_url: str
 ) -> None:
-    """The helper's versions are PostgreSQL's SQL: on MariaDB its backend says so, before
-    any statement runs."""
+    """Before, the helper refused a MariaDB connection (its SQL was PostgreSQL's); now it
+    runs MariaDB's files and records them as `outboxkit migrate` does."""
+    from alembic import command
+
+    from outboxkit.backends import backend_for
+    from tests.support.mariadb_drivers import database
+
+    command.upgrade(_config(tmp_path, maria_url), "head")
+    backend = backend_for(maria_url)
+    with database(mariadb_server, "alembic_cli") as by_cli:
+        backend.migrate(by_cli, "outbox", "outbox")
+        backend.migrate(by_cli, "inbox", "processed_events")
+        assert _maria_schema(by_cli) == {
+            k: v for k, v in _maria_schema(maria_url).items() if k != "orders"
+        }
+    assert _maria_schema(maria_url)["records"] == [
+        ("inbox", "processed_events", 1),
+        ("outbox", "outbox", 1),
+    ]
+    for kind, table in (("outbox", "outbox"), ("inbox", "processed_events")):
+        assert "up to date" in backend.migrate(maria_url, kind, table).describe()  # type: ignore[arg-type]
+
+
+def test_upgrade_on_mariadb_after_outboxkit_migrate_changes_nothing(
+    tmp_path: Path, maria_url: str
+) -> None:
+    from alembic import command
+
+    from outboxkit.backends import backend_for
+
+    backend = backend_for(maria_url)
+    backend.migrate(maria_url, "outbox", "outbox")
+    backend.migrate(maria_url, "inbox", "processed_events")
+    before = _maria_schema(maria_url)
+    command.upgrade(_config(tmp_path, maria_url), "head")
+    after = _maria_schema(maria_url)
+    assert after.pop("orders")
+    assert after == before
+
+
+def test_alembic_check_then_downgrade_on_mariadb_drops_the_tables_and_the_records(
+    tmp_path: Path, maria_url: str
+) -> None:
+    """``include_name`` keeps ``alembic check`` off the tables on MariaDB too; ``downgrade``
+    runs MariaDB's reverse (tables dropped, record forgotten). One upgrade for both: MariaDB's
+    DDL is the slow part."""
+    from alembic import command
+    from alembic.util.exc import AutogenerateDiffsDetected
+
+    config = _config(tmp_path, maria_url)
+    command.upgrade(config, "head")
+    command.check(_config(tmp_path, maria_url))  # no diff: orders is in the metadata
+    with pytest.raises(AutogenerateDiffsDetected, match="outbox"):
+        command.check(_config(tmp_path, maria_url, hooks=False))  # what the hook prevents
+    command.downgrade(config, "base")
+    assert _maria_schema(maria_url) == {"outboxkit_schema_versions": ANY, "records": []}
+
+
+def test_the_task_table_on_mariadb_up_to_the_latest_version_and_down_to_none(
+    mariadb_server: Any, maria_url: str
+) -> None:
+    """Task mode's MariaDB files come at the PostgreSQL versions they were written beside
+    (file 2, the key buckets, at version 9): up to ``latest("tasks")`` is what ``outboxkit
+    migrate --tasks`` makes, and down to 0 leaves nothing but the emptied record table."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from sqlalchemy import create_engine
+
+    from outboxkit.backends import backend_for
+    from outboxkit.contrib import alembic as outboxkit_alembic
+    from tests.support.mariadb_drivers import database
+
+    engine = create_engine(maria_url.replace("mysql://", "mysql+pymysql://", 1))
+    latest = outboxkit_alembic.latest("tasks")
+    try:
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            outboxkit_alembic.upgrade(op, kind="tasks", to_version=latest)
+        with database(mariadb_server, "alembic_tasks") as by_cli:
+            backend_for(by_cli).migrate(by_cli, "tasks", "outboxkit_tasks")
+            assert _maria_schema(maria_url) == _maria_schema(by_cli)
+        assert (
+            "up to date"
+            in backend_for(maria_url).migrate(maria_url, "tasks", "outboxkit_tasks").describe()
+        )
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            outboxkit_alembic.downgrade(op, kind="tasks", from_version=latest)
+        assert _maria_schema(maria_url) == {"outboxkit_schema_versions": ANY, "records": []}
+    finally:
+        engine.dispose()
+
+
+def test_offline_sql_on_mariadb_prints_mariadbs_statements_with_their_records(
+    tmp_path: Path,
+) -> None:
+    """``alembic upgrade --sql`` has no connection: the dialect picks the backend, and the
+    record's parameters are printed as literals."""
+    from alembic import command
+
+    config = _config(tmp_path, "mysql://root@127.0.0.1:1/none")  # never connected
+    config.output_buffer = io.StringIO()
+    command.upgrade(config, "head", sql=True)
+    printed = config.output_buffer.getvalue()
+    assert "CREATE TABLE IF NOT EXISTS outbox" in printed
+    assert "INSERT IGNORE INTO outboxkit_schema_versions" in printed
+    assert "('outbox', 'outbox', 1)" in printed
+    assert "pg_advisory_xact_lock" not in printed
+
+
+def test_postgresqls_statements_fail_on_mariadb_which_is_why_the_backend_picks_them(
+    maria_url: str,
+) -> None:
+    """The naive helper (PostgreSQL's versioned SQL whatever the connection) fails at its
+    first statement on MariaDB; the backend's own statements are what the helper runs."""
+    import pymysql
+
+    from outboxkit.backends import backend_for
+    from tests.support.mariadb_ops import mariadb_execute
+
+    postgres_up = backend_for("postgresql://").tool_migration("outbox", "outbox", 1)[0]
+    with pytest.raises(pymysql.err.MySQLError):
+        for statement in postgres_up:
+            mariadb_execute(maria_url, statement if isinstance(statement, str) else statement[0])
+    mariadb_up = backend_for(maria_url).tool_migration("outbox", "outbox", 1)[0]
+    assert all("pg_" not in (s if isinstance(s, str) else s[0]) for s in mariadb_up)
+
+
+def test_a_kind_or_version_this_outboxkit_lacks_fails_before_any_statement(
+    maria_url: str,
+) -> None:
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
     from sqlalchemy import create_engine
 
     from outboxkit.contrib import alembic as outboxkit_alembic
-    from outboxkit.errors import ConfigurationError
-    from tests.support.mariadb_drivers import database
 
-    with database(mariadb_server, "alembic") as url:
-        engine = create_engine(url.replace("mysql://", "mysql+pymysql://", 1))
-        try:
-            with engine.begin() as conn:
-                op = Operations(MigrationContext.configure(conn))
-                for call in (
-                    lambda: outboxkit_alembic.upgrade(op, to_version=1),
-                    lambda: outboxkit_alembic.downgrade(op, from_version=1),
-                ):
-                    with pytest.raises(ConfigurationError, match="outboxkit migrate") as refused:
-                        call()
-                    assert "\n" not in str(refused.value)
-                assert sa_tables(conn) == []
-        finally:
-            engine.dispose()
+    engine = create_engine(maria_url.replace("mysql://", "mysql+pymysql://", 1))
+    try:
+        with engine.begin() as conn:
+            op = Operations(MigrationContext.configure(conn))
+            with pytest.raises(ValueError, match="ordered"):
+                outboxkit_alembic.upgrade(op, kind="ordered", to_version=1)
+            with pytest.raises(ValueError, match="versions run 1 to"):
+                outboxkit_alembic.upgrade(op, to_version=outboxkit_alembic.latest() + 1)
+            assert sa_tables(conn) == []
+    finally:
+        engine.dispose()
 
 
 def sa_tables(conn: Any) -> list[str]:

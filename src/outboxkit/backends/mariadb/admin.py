@@ -178,6 +178,16 @@ def get_event(dsn: Source, ref: str, table: str = "outbox") -> dict[str, Any] | 
     return rows[0]
 
 
+def list_events(dsn: Source, table: str = "outbox") -> list[dict[str, Any]]:
+    """Every event of the table with every column, in write order (the testing kit reads it)."""
+    with _outbox(dsn, table) as conn, conn.cursor() as cur:
+        cur.execute(AdminStatements(table).list_events)
+        rows = _fetch_dicts(cur)
+    for row in rows:
+        row["status"] = status_name(row["status"])
+    return rows
+
+
 def _row_ids(cur: Any, stmts: AdminStatements, refs: list[EventRef]) -> list[int]:
     """The row ids of ``refs``: row ids as given, event ids looked up (unknown ones dropped)."""
     ids = [ref for ref in refs if isinstance(ref, int)]

@@ -54,6 +54,8 @@ class AdminStatements:
         )
         self.show_event = f"SELECT {_EVENT_COLUMNS} FROM {t} WHERE id = %s"
         self.show_event_by_event_id = f"SELECT {_EVENT_COLUMNS} FROM {t} WHERE event_id = %s"
+        # The testing kit's `outbox_events`: every row, in write order.
+        self.list_events = f"SELECT {_EVENT_COLUMNS} FROM {t} ORDER BY id"
         self.row_id_by_event_id = f"SELECT id FROM {t} WHERE event_id = %s"
         replay = _REPLAY.format(t=t, pending=PENDING, failed=FAILED, now=NOW)
         # Replay: dead letters back in line with a fresh attempt budget.

@@ -5,7 +5,8 @@ entry point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from outboxkit.backends.ports import (
@@ -15,6 +16,7 @@ from outboxkit.backends.ports import (
     Feature,
     Migrated,
     MigrationKind,
+    ScratchDatabases,
     Statement,
     TaskAdmin,
 )
@@ -30,8 +32,8 @@ NO_WAL = (
 )
 _OTHERS = ("blocked_keys", "stray_rows", "purge_inbox", "count_inbox_purgeable", "connect")
 _ADMIN_FUNCTIONS = (
-    "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
-    "live_status", "last_event_id", *_OTHERS, "usable",
+    "status", "list_failed", "get_event", "list_events", "replay", "discard", "purge",
+    "count_purgeable", "live_status", "last_event_id", *_OTHERS, "usable",
 )  # fmt: skip
 
 
@@ -47,11 +49,19 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
-        "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
-        " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
-        " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"
-        " --dsn mysql://… --print-sql` prints",
     }
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self, dsn: str) -> AsyncIterator[Any]:
+        from outboxkit.backends.mariadb.session import atransaction
+
+        async with atransaction(dsn) as conn:
+            yield conn
+
+    def scratch_databases(self) -> ScratchDatabases:
+        from outboxkit.backends.mariadb import databases
+
+        return databases
 
     def admin(self) -> Admin:
         from outboxkit.backends.mariadb import admin

@@ -11,7 +11,8 @@ short transaction at a time; a server error becomes the StoreError the claim loo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from outboxkit.backends.mariadb import sql, wakeup
@@ -37,6 +38,31 @@ UNKNOWN_VARIABLE = 1193  # MySQL has no idle_transaction_timeout
 #: SKIP LOCKED for as long as the server keeps its connection (``wait_timeout``: 8 hours by
 #: default); MariaDB ends a transaction left idle this many seconds, connection and locks.
 IDLE_TRANSACTION_TIMEOUT = 30
+
+
+@contextlib.asynccontextmanager
+async def atransaction(dsn: str) -> AsyncIterator[Any]:
+    """A new aiomysql connection in a transaction: committed at the end of the block, rolled
+    back on an exception, closed after (``Backend.atransaction``)."""
+    try:
+        import aiomysql
+    except ImportError:
+        raise ConfigurationError(
+            "an async connection to MariaDB/MySQL needs aiomysql: pip install 'outboxkit[mysql]'"
+        ) from None
+    args = sql.connect_args(dsn)
+    args["db"] = args.pop("database")
+    conn = await aiomysql.connect(**args, autocommit=False, connect_timeout=10)
+    try:
+        await conn.begin()
+        try:
+            yield conn
+        except BaseException:
+            await conn.rollback()
+            raise
+        await conn.commit()
+    finally:
+        conn.close()
 
 
 def micros(seconds: float) -> int:

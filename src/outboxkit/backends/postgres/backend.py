@@ -7,7 +7,8 @@ load the claim loop's).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from outboxkit.backends.ports import (
@@ -16,6 +17,7 @@ from outboxkit.backends.ports import (
     Backend,
     Migrated,
     MigrationKind,
+    ScratchDatabases,
     Statement,
     TaskAdmin,
 )
@@ -26,8 +28,8 @@ from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 _ADMIN_FUNCTIONS = (
-    "status", "list_failed", "get_event", "replay", "discard", "purge", "count_purgeable",
-    "live_status", "last_event_id",
+    "status", "list_failed", "get_event", "list_events", "replay", "discard", "purge",
+    "count_purgeable", "live_status", "last_event_id",
 )  # fmt: skip
 
 
@@ -55,6 +57,19 @@ class PostgresBackend(Backend):
 
         conn = await aconnect(dsn, application_name=application_name)
         await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self, dsn: str) -> AsyncIterator[Any]:
+        from outboxkit.backends.postgres._connection import aconnect
+
+        conn = await aconnect(dsn, application_name="outboxkit-testing", autocommit=False)
+        async with conn, conn.transaction():
+            yield conn
+
+    def scratch_databases(self) -> ScratchDatabases:
+        from outboxkit.backends.postgres import databases
+
+        return databases
 
     def admin(self) -> Admin:
         import psycopg
