@@ -47,6 +47,9 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
+        "fleet_leases": "fleet processes divide PostgreSQL databases through a lease in each,"
+        " not MariaDB/MySQL ones yet: every fleet process serves every MariaDB/MySQL database"
+        " of its file (safe: claims never overlap; each process then connects to each)",
         "alembic": "outboxkit.contrib.alembic runs PostgreSQL's versioned SQL, and this"
         " Alembic connection is MariaDB/MySQL's: create its tables with `outboxkit migrate"
         " --dsn mysql://…` (--inbox, --ordered), or op.execute() the DDL `outboxkit migrate"

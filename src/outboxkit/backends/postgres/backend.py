@@ -19,6 +19,7 @@ from outboxkit.backends.ports import (
     Statement,
     TaskAdmin,
 )
+from outboxkit.queue.fleet_leases import DatabaseLease
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -43,6 +44,11 @@ class PostgresBackend(Backend):
 
         conn = await aconnect(dsn, application_name=application_name)
         await conn.close()
+
+    def fleet_lease(self, dsn: str, service: str, member: str, ttl: float) -> DatabaseLease:
+        from outboxkit.backends.postgres.fleet_sql import PgFleetLease
+
+        return PgFleetLease(dsn, service, member, ttl)
 
     def admin(self) -> Admin:
         import psycopg

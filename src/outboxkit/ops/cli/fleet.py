@@ -19,7 +19,6 @@ from outboxkit._redact import redact
 from outboxkit._text import first_line
 from outboxkit.fleet.dsn_file import Database, read_dsn_file
 from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
-from outboxkit.ops.cli.options import given
 from outboxkit.ops.cli.output import console, err_console
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.relay import Relay
@@ -69,11 +68,12 @@ async def run_relay_fleet(
     make: RelayMaker,
     *,
     broker: str,
-    reload_interval: float | None = None,
     metrics_host: str,
     metrics_port: int | None,
+    **fleet_options: Any,
 ) -> None:
-    """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it."""
+    """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it.
+    ``fleet_options``: :class:`Fleet`'s (``reload_interval``, ``lease``, ``service``)."""
     from outboxkit.ops.fleet_metrics import FleetMetrics
     from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
 
@@ -91,7 +91,7 @@ async def run_relay_fleet(
         if fleet_metrics is not None and isinstance(service, MeteredRelay) and service.metrics:
             fleet_metrics.remove(member.database.name, service.metrics)
 
-    fleet = Fleet(path, factory, on_removed=removed, **given(reload_interval=reload_interval))
+    fleet = Fleet(path, factory, on_removed=removed, **fleet_options)
     describe = f"relay fleet: the databases of {path} to {redact(broker)}"
     if fleet_metrics is None or metrics_port is None:
         await run_fleet(fleet, describe)
@@ -116,6 +116,13 @@ async def run_fleet(fleet: Fleet, describe: str) -> None:
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     log.info("%s (read again on SIGHUP and every %gs)", describe, fleet.reload_interval)
+    if fleet.lease is not None:
+        log.info(
+            "fleet member %s: databases divided with the other processes of this file"
+            " through a %gs lease in each",
+            fleet.member_id,
+            fleet.lease,
+        )
     await fleet.run()
 
 
