@@ -1,0 +1,211 @@
+"""Several ``outboxkit relay --dsn-file`` processes given one file divide its databases.
+
+Real relay processes over databases of the session's PostgreSQL, writers committing and
+rolling back in a few of them, NATS JetStream as the broker (its Nats-Msg-Id dedup is the
+broker dedup). Two processes share the file; one is SIGKILLed and a third joins; a database
+is added to the file and one removed. After each change every database is owned by exactly
+one live process (read from the lease table in each database), the processes hold an even
+share, and only the owner holds a claim connection to it. At the end what the broker stored
+is compared with what the databases committed: nothing lost, nothing rolled back published.
+
+``OUTBOXKIT_FLEET_CHAOS_DATABASES`` and ``OUTBOXKIT_FLEET_CHAOS_KILLS`` make it bigger
+(``make chaos-fleet``: 60 databases, two SIGKILLs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit.testing import create_database, drop_database
+from tests.support.relaying import Writers, count, relay_connections, wait_for
+from tests.support.servers import consume_nats, ensure_stream, unique_name
+
+pytestmark = pytest.mark.exclusive  # (a takeover is judged by the clock)
+
+DATABASES = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_DATABASES", "12"))
+KILLS = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_KILLS", "1"))
+#: The fleet lease of the processes (a round every third of it).
+LEASE = 3.0
+OWNER = (
+    "SELECT member FROM outboxkit_fleet"
+    " WHERE service = 'relay:outbox' AND owner AND expires_at > now()"
+)
+
+
+@pytest.fixture
+def databases(pg_server: Any, pg_template: str) -> Iterator[list[str]]:
+    """DATABASES + 1 fresh migrated databases (the last one is added to the file later)."""
+    names = [unique_name("fleetshare") for _ in range(DATABASES + 1)]
+    for name in names:
+        create_database(pg_server.dsn, name, template=pg_template)
+    try:
+        yield [pg_server.dsn_for(name) for name in names]
+    finally:
+        for name in names:
+            drop_database(pg_server.dsn, name)
+
+
+def _owner(dsn: str) -> str | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            row = conn.execute(OWNER).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+    return str(row[0]) if row else None
+
+
+def _pid(member: str | None) -> int | None:
+    return int(member.split(":")[-2]) if member else None
+
+
+class _Fleet:
+    """The relay processes of one file, started and killed by the test."""
+
+    def __init__(self, dsn_file: Path, broker: str, logs: Path) -> None:
+        self.dsn_file = dsn_file
+        self.broker = broker
+        self.logs = logs
+        self.live: dict[int, subprocess.Popen[bytes]] = {}
+        self.ended: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(self.dsn_file)]
+        cmd += ["--broker", self.broker, "--fleet-lease", str(LEASE), "--lease", "4"]
+        cmd += ["--poll-interval", "0.2", "--reload-interval", "600", "--log-level", "info"]
+        log = self.logs / f"relay-{len(self.live) + len(self.ended)}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.live[process.pid] = process
+        return process
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        self.ended.append(self.live.pop(process.pid))
+
+    def hup(self) -> None:
+        for process in self.live.values():
+            process.send_signal(signal.SIGHUP)
+
+    def stop(self) -> list[int | None]:
+        for process in self.live.values():
+            process.send_signal(signal.SIGTERM)
+        codes = []
+        for process in self.live.values():
+            try:
+                codes.append(process.wait(30))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes.append(None)
+        self.ended += self.live.values()
+        self.live.clear()
+        return codes
+
+    def log_tail(self) -> str:
+        return "\n".join(p.read_text()[-1500:] for p in sorted(self.logs.glob("relay-*.log")))
+
+
+async def _balanced(fleet: _Fleet, listed: list[str], timeout: float, what: str) -> float:
+    """Wait until every listed database is owned by one live process, each holding its
+    ceil(D/N) at most, and only the owner holding a claim connection; the seconds taken."""
+    started = time.monotonic()
+    last: dict[str, int | None] = {}
+
+    def settled() -> bool:
+        last.clear()
+        last.update({dsn: _pid(_owner(dsn)) for dsn in listed})
+        if any(pid not in fleet.live for pid in last.values()):
+            return False
+        share = math.ceil(len(listed) / len(fleet.live))
+        if max(Counter(last.values()).values()) > share:
+            return False
+        claims = [relay_connections(dsn).get("outboxkit-relay:claim", 0) for dsn in listed]
+        return all(n == 1 for n in claims)
+
+    try:
+        await wait_for(settled, timeout=timeout, interval=0.25, what=what)
+    except AssertionError:
+        owners = Counter(last.values())
+        raise AssertionError(f"{what}: owners {owners}\n{fleet.log_tail()}") from None
+    return time.monotonic() - started
+
+
+async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
+    databases: list[str], nats_server: Any, tmp_path: Path
+) -> None:
+    root = f"s{uuid.uuid4().hex[:8]}"
+    stream = root.upper()
+    await ensure_stream(nats_server.url, stream, [f"{root}.>"])
+    names = {dsn: f"db{i}" for i, dsn in enumerate(databases)}
+    listed = databases[:DATABASES]
+    dsn_file = tmp_path / "databases.txt"
+    dsn_file.write_text("".join(f"{names[dsn]} {dsn}\n" for dsn in listed))
+    fleet = _Fleet(dsn_file, nats_server.url, tmp_path)
+    writers = Writers()
+    taken_over: list[float] = []
+    try:
+        first = fleet.start()
+        fleet.start()
+        await _balanced(fleet, listed, 20, "two processes, an even share each")
+        # writers where the process about to be killed relays, and elsewhere
+        kept = listed[:-1]  # (the last one leaves the file later)
+        doomed = [dsn for dsn in kept if _pid(_owner(dsn)) == first.pid]
+        others = [dsn for dsn in kept if dsn not in doomed]
+        for dsn in doomed[:2] + others[:2]:
+            writers.start(dsn, f"{root}.{names[dsn]}")
+        await wait_for(lambda: len(writers.committed[doomed[0]]) > 50, timeout=10)
+
+        victim = first
+        for _ in range(KILLS):
+            fleet.kill(victim)  # its databases: taken over once its lease runs out
+            taken_over.append(await _balanced(fleet, listed, 4 * LEASE, "after a SIGKILL"))
+            victim = fleet.start()  # a process joins: the databases spread again
+            await _balanced(fleet, listed, 4 * LEASE, "after a process joined")
+
+        # a database added to the file, one removed: SIGHUP to every process
+        added, removed = databases[DATABASES], listed[-1]
+        listed = [*listed[:-1], added]
+        dsn_file.write_text("".join(f"{names[dsn]} {dsn}\n" for dsn in listed))
+        fleet.hup()
+        await _balanced(fleet, listed, 4 * LEASE, "after a database was added and one removed")
+        await wait_for(lambda: not relay_connections(removed), what="the removed one let go")
+        assert _owner(removed) is None
+        writers.start(added, f"{root}.{names[added]}")
+        await wait_for(lambda: len(writers.committed[added]) > 20, timeout=10)
+
+        writers.join()
+        for dsn in listed:
+            await wait_for(
+                lambda dsn=dsn: count(dsn, "status = 0") == 0, timeout=30, what=f"{dsn} drained"
+            )
+    finally:
+        writers.join()
+        codes = fleet.stop()
+    assert codes == [0] * len(codes), fleet.log_tail()
+    # a graceful stop hands its databases back at once (no lease left to run out)
+    assert all(_owner(dsn) is None for dsn in listed)
+    assert all(t <= LEASE + LEASE / 3 + 2.0 for t in taken_over), taken_over
+    print(f"fleet: {DATABASES} databases, takeovers after SIGKILL in {taken_over} s")
+
+    messages = await consume_nats(nats_server.url, stream, f"{root}.>", None, timeout=20)
+    published = [uuid.UUID(m.headers["Nats-Msg-Id"]) for m in messages]
+    committed = {i for ids in writers.committed.values() for i in ids}
+    lost = committed - set(published)
+    phantom = set(writers.rolled_back) & set(published)
+    assert not lost, f"{len(lost)} committed events never reached the broker"
+    assert not phantom, f"{len(phantom)} rolled-back events were published"
+    assert len(published) == len(set(published)), "published twice past the broker's dedup"
+    assert len(committed) > 200, len(committed)
