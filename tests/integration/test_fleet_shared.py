@@ -14,6 +14,7 @@ is compared with what the databases committed: nothing lost, nothing rolled back
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -28,17 +29,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
-from outboxkit.testing import create_database, drop_database
+from outboxkit.backends.postgres.migrate import migrate
+from outboxkit.ops.cli.app import main
+from outboxkit.testing import EmbeddedPostgres, create_database
 from tests.support.relaying import Writers, count, relay_connections, wait_for
-from tests.support.servers import consume_nats, ensure_stream, unique_name
+from tests.support.servers import consume_nats, ensure_stream
 
 pytestmark = pytest.mark.exclusive  # (a takeover is judged by the clock)
 
 DATABASES = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_DATABASES", "12"))
 KILLS = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_KILLS", "1"))
 #: The fleet lease of the processes (a round every third of it).
-LEASE = 3.0
+LEASE = 5.0 if DATABASES <= 12 else 8.0
 OWNER = (
     "SELECT member FROM outboxkit_fleet"
     " WHERE service = 'relay:outbox' AND owner AND expires_at > now()"
@@ -46,16 +50,21 @@ OWNER = (
 
 
 @pytest.fixture
-def databases(pg_server: Any, pg_template: str) -> Iterator[list[str]]:
-    """DATABASES + 1 fresh migrated databases (the last one is added to the file later)."""
-    names = [unique_name("fleetshare") for _ in range(DATABASES + 1)]
-    for name in names:
-        create_database(pg_server.dsn, name, template=pg_template)
+def databases() -> Iterator[list[str]]:
+    """DATABASES + 1 migrated databases (the last one is added to the file later), on a
+    private server: a relay holds connections to each, more than the shared one allows."""
+    server = EmbeddedPostgres(fsync=False, settings={"max_connections": str(8 * DATABASES + 50)})
+    server.start()
     try:
-        yield [pg_server.dsn_for(name) for name in names]
-    finally:
+        names = [f"db{i}" for i in range(DATABASES + 1)]
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE template_outbox")
+        migrate(server.dsn_for("template_outbox"), table="outbox")
         for name in names:
-            drop_database(pg_server.dsn, name)
+            create_database(server.dsn, name, template="template_outbox")
+        yield [server.dsn_for(name) for name in names]
+    finally:
+        server.close()
 
 
 def _owner(dsn: str) -> str | None:
@@ -160,6 +169,11 @@ async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
         first = fleet.start()
         fleet.start()
         await _balanced(fleet, listed, 20, "two processes, an even share each")
+        # `status --dsn-file` names each database's owner
+        shown = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--json"])
+        owners = {d["name"]: _pid(d["owner"]) for d in json.loads(shown.output)["databases"]}
+        assert owners == {names[dsn]: _pid(_owner(dsn)) for dsn in listed}, shown.output
+        assert set(owners.values()) == set(fleet.live)
         # writers where the process about to be killed relays, and elsewhere
         kept = listed[:-1]  # (the last one leaves the file later)
         doomed = [dsn for dsn in kept if _pid(_owner(dsn)) == first.pid]

@@ -189,6 +189,11 @@ class Backend(abc.ABC):
         self.refuse("fleet_leases")
         raise ConfigurationError(f"{self.label} keeps no fleet lease")
 
+    def fleet_owner(self, dsn: str, service: str) -> str | None:
+        """The fleet process serving ``service`` on this database (``status --dsn-file``):
+        None when none holds its lease, or this backend keeps none."""
+        return None
+
     def task_store(
         self,
         dsn: str,

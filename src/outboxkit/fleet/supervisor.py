@@ -43,6 +43,8 @@ current_database: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 PROBE_APPLICATION_NAME = "outboxkit-fleet:probe"
 #: How long a fleet process's lease on a database lasts without a check (seconds).
 DEFAULT_LEASE = 15.0
+#: Lease checks under way at once (each a short connection of its own).
+_CHECKS_AT_ONCE = 16
 #: A service that ran this long before it failed starts its retries from the shortest delay.
 _HEALTHY_RUN = 30.0
 
@@ -257,6 +259,7 @@ class Fleet:
         self._leases: dict[str, tuple[str, DatabaseLease]] = {}
         self._round = asyncio.Event()
         self._leaving: set[asyncio.Task[None]] = set()
+        self._checking = asyncio.Semaphore(_CHECKS_AT_ONCE)
         self._answered: set[str] = set()  # databases whose last lease check answered
         self._refused: dict[str, str] = {}  # name -> the DSN its factory refused
 
@@ -376,7 +379,8 @@ class Fleet:
             )
             held = self._leases[database.name] = (database.dsn, lease)
         try:
-            seen = await asyncio.wait_for(held[1].check(want), timeout=self.lease / 4)
+            async with self._checking:  # (a few connects at a time, not one per database)
+                seen = await asyncio.wait_for(held[1].check(want), timeout=self.lease / 3)
         except Exception as exc:  # whatever the driver raises: the database is down
             self._answered.discard(database.name)
             reason = first_line(exc, with_type=True) if str(exc) else "no answer in time"
@@ -428,7 +432,8 @@ class Fleet:
             if (member := self.members.get(name)) is not None:
                 self._retire(member)
         self.seen = frozenset({me}).union(*(s.members for s in sightings.values() if s))
-        aim = target(sum(1 for s in sightings.values() if s), self.seen)
+        # (a database that did not answer still counts: a slow check hands nothing over)
+        aim = target(len(sightings), self.seen)
         kept = sorted(self.owned - self._handing_back, key=lambda n: rank(me, n))
         if len(kept) > aim:
             for name in kept[aim:]:
@@ -511,5 +516,7 @@ class Fleet:
             log.error("database %s: its supervisor failed: %r", member.database.name, exc)
         if self.members.get(member.database.name) is member:
             del self.members[member.database.name]
+        if member.database.name in self._handing_back:
+            self._round.set()  # (hand its lease over now, not at the next round)
         if self.on_removed is not None:
             self.on_removed(member)

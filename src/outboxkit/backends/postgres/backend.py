@@ -50,6 +50,14 @@ class PostgresBackend(Backend):
 
         return PgFleetLease(dsn, service, member, ttl)
 
+    def fleet_owner(self, dsn: str, service: str) -> str | None:
+        from outboxkit.backends.postgres._connection import connect
+        from outboxkit.backends.postgres.fleet_sql import LEASE_APPLICATION_NAME, lease_owner
+
+        with connect(dsn, application_name=LEASE_APPLICATION_NAME) as conn:
+            held = lease_owner(conn, service)
+        return held[0] if held is not None and held[1] > 0 else None
+
     def admin(self) -> Admin:
         import psycopg
 

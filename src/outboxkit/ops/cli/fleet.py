@@ -17,6 +17,7 @@ from rich.text import Text
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
+from outboxkit.backends import backend_for
 from outboxkit.fleet.dsn_file import Database, read_dsn_file
 from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
 from outboxkit.ops.cli.output import console, err_console
@@ -153,8 +154,9 @@ def _read_status(database: Database, table: str) -> dict[str, Any]:
     shown: dict[str, Any] = {"name": database.name, "line": database.line}
     try:
         report = admin_for(database.dsn).status(database.dsn, table)
+        owner = backend_for(database.dsn).fleet_owner(database.dsn, f"relay:{table}")
     except Exception as exc:  # any driver's error: this database is shown as unreachable
-        keys = ("pending", "in_flight", "failed", "oldest_pending_age_s")
+        keys = ("pending", "in_flight", "failed", "oldest_pending_age_s", "owner")
         return {**shown, **dict.fromkeys(keys), "error": first_line(exc, with_type=True)}
     return {
         **shown,
@@ -162,6 +164,7 @@ def _read_status(database: Database, table: str) -> dict[str, Any]:
         "in_flight": report.in_flight,
         "failed": report.failed,
         "oldest_pending_age_s": report.oldest_pending_age_s,
+        "owner": owner,
         "error": None,
     }
 
@@ -170,14 +173,15 @@ def _print_table(
     path: str, table: str, readings: list[dict[str, Any]], age: Callable[[Any], str]
 ) -> None:
     tbl = Table(title=Text(f"{table} in the databases of {path}"), title_justify="left")
-    for col in ("database", "line", "pending", "in flight", "failed", "oldest pending"):
-        tbl.add_column(col, justify="left" if col == "database" else "right")
+    for col in ("database", "line", "pending", "in flight", "failed", "oldest pending", "owner"):
+        tbl.add_column(col, justify="left" if col in ("database", "owner") else "right")
     for r in readings:
         if r["error"]:
             tbl.add_row(
                 Text(r["name"]),
                 str(r["line"]),
                 Text(f"unreachable: {r['error']}", style="red"),
+                "-",
                 "-",
                 "-",
                 "-",
@@ -190,5 +194,6 @@ def _print_table(
             str(r["in_flight"]),
             Text(str(r["failed"]), style="red") if r["failed"] else "0",
             age(r["oldest_pending_age_s"]),
+            Text(r["owner"] or "-"),
         )
     console.print(tbl)
