@@ -45,6 +45,9 @@ PROBE_APPLICATION_NAME = "outboxkit-fleet:probe"
 DEFAULT_LEASE = 15.0
 #: Lease checks under way at once (each a short connection of its own).
 _CHECKS_AT_ONCE = 16
+#: Free databases taken at most per round: a process that joins (or takes over a dead
+#: one's share) starts their services a few at a time, its lease checks kept on time.
+_TAKEN_PER_ROUND = 8
 #: A service that ran this long before it failed starts its retries from the shortest delay.
 _HEALTHY_RUN = 30.0
 
@@ -454,7 +457,7 @@ class Fleet:
                     if s is not None and s.owner is None and n not in released
                 ),
                 key=lambda n: rank(me, n),
-            )[: aim - len(kept)]
+            )[: min(aim - len(kept), _TAKEN_PER_ROUND)]
             taken = await asyncio.gather(*(self._check(shared[n], True) for n in free))
             self.owned.update(n for n, s in zip(free, taken, strict=True) if s and s.owner == me)
         stopping = {member.database.name for member in self._tasks}
