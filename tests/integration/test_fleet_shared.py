@@ -33,9 +33,16 @@ from click.testing import CliRunner
 
 from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.cli.app import main
-from outboxkit.testing import EmbeddedPostgres, create_database
-from tests.support.relaying import Writers, count, relay_connections, wait_for
-from tests.support.servers import consume_nats, ensure_stream
+from outboxkit.testing import EmbeddedPostgres, create_database, drop_database
+from tests.support.relaying import (
+    Writers,
+    count,
+    make_events,
+    relay_connections,
+    wait_for,
+    write_events,
+)
+from tests.support.servers import consume_nats, ensure_stream, unique_name
 
 pytestmark = pytest.mark.exclusive  # (a takeover is judged by the clock)
 
@@ -80,6 +87,11 @@ def _pid(member: str | None) -> int | None:
     return int(member.split(":")[-2]) if member else None
 
 
+def _popen(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 class _Fleet:
     """The relay processes of one file, started and killed by the test."""
 
@@ -95,8 +107,7 @@ class _Fleet:
         cmd += ["--broker", self.broker, "--fleet-lease", str(LEASE), "--lease", "4"]
         cmd += ["--poll-interval", "0.2", "--reload-interval", "600", "--log-level", "info"]
         log = self.logs / f"relay-{len(self.live) + len(self.ended)}.log"
-        with log.open("ab") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        process = _popen(cmd, log, dict(os.environ))
         self.live[process.pid] = process
         return process
 
@@ -223,3 +234,39 @@ async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
     assert not phantom, f"{len(phantom)} rolled-back events were published"
     assert len(published) == len(set(published)), "published twice past the broker's dedup"
     assert len(committed) > 200, len(committed)
+
+
+async def test_an_idle_database_holds_no_settle_connection(
+    pg_server: Any, pg_template: str, nats_server: Any, tmp_path: Path
+) -> None:
+    """docs/fleet.md's count: a database with nothing to publish holds its claim and LISTEN
+    connections only; the settle connection its last batch opened closes once idle
+    (OUTBOXKIT_SETTLE_IDLE, 30 s by default; 1 s here)."""
+    names = [unique_name("fleetidle") for _ in range(3)]
+    for name in names:
+        create_database(pg_server.dsn, name, template=pg_template)
+    dsns = [pg_server.dsn_for(name) for name in names]
+    root = f"i{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    dsn_file = tmp_path / "databases.txt"
+    dsn_file.write_text("".join(f"db{i} {dsn}\n" for i, dsn in enumerate(dsns)))
+    cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(dsn_file)]
+    cmd += ["--broker", nats_server.url, "--poll-interval", "0.2"]
+    env = {**os.environ, "OUTBOXKIT_SETTLE_IDLE": "1"}
+    process = _popen(cmd, tmp_path / "relay.log", env)
+    try:
+        write_events(dsns[0], make_events(f"{root}.db0", 20))
+        await wait_for(lambda: count(dsns[0], "status = 0") == 0, timeout=20, what="published")
+        busy = relay_connections(dsns[0])
+        # (the batch's settle connection, open at the publish; gone a second later)
+        idle_after = {"outboxkit-relay:claim": 1, "outboxkit-relay:listen": 1}
+        await wait_for(lambda: relay_connections(dsns[0]) == idle_after, timeout=10)
+        held = {dsn: relay_connections(dsn) for dsn in dsns}
+        assert all(h == idle_after for h in held.values()), held
+        print(f"idle fleet: {sum(sum(h.values()) for h in held.values())} connections for 3")
+        assert busy.get("outboxkit-relay:settle") == 1, busy
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        for name in names:
+            drop_database(pg_server.dsn, name)
