@@ -47,7 +47,7 @@ DEFAULT_LEASE = 15.0
 _CHECKS_AT_ONCE = 16
 #: Free databases taken at most per round: a process that joins (or takes over a dead
 #: one's share) starts their services a few at a time, its lease checks kept on time.
-_TAKEN_PER_ROUND = 8
+_TAKEN_PER_ROUND = 16
 #: A service that ran this long before it failed starts its retries from the shortest delay.
 _HEALTHY_RUN = 30.0
 
