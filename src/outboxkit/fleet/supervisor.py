@@ -263,6 +263,7 @@ class Fleet:
         self._round = asyncio.Event()
         self._leaving: set[asyncio.Task[None]] = set()
         self._checking = asyncio.Semaphore(_CHECKS_AT_ONCE)
+        self._generation = 0  # (the file read again: a round under way decides nothing)
         self._answered: set[str] = set()  # databases whose last lease check answered
         self._refused: dict[str, str] = {}  # name -> the DSN its factory refused
 
@@ -335,6 +336,7 @@ class Fleet:
             else:
                 member.database = database  # (its line may have moved)
         self.listed = wanted | {n: self.listed[n] for n in kept if n in self.listed}
+        self._generation += 1
         for name, (dsn, lease) in list(self._leases.items()):
             database = self.listed.get(name)
             if database is None or database.dsn != dsn:  # hand it back at once
@@ -406,11 +408,14 @@ class Fleet:
         """Check every shared database's lease; hand back what is above this process's
         share, take free ones up to it, and run the service of each database owned."""
         me = self.member_id
+        if self._leaving:  # (a lease handed back must not undo this round's take)
+            await asyncio.gather(*self._leaving, return_exceptions=True)
         shared = {
             n: d
             for n, d in self.listed.items()
             if self._shared(d) and self._refused.get(n) != d.dsn
         }
+        self.owned &= set(shared)  # (a database that left the file was handed back)
         stopping = {member.database.name for member in self._tasks}
         # keep what is owned; one being handed back, until its service has stopped
         wants = {
@@ -418,7 +423,10 @@ class Fleet:
         }
         names = list(shared)
         checks = [self._check(shared[n], wants[n]) for n in names]
+        generation = self._generation
         sightings = dict(zip(names, await asyncio.gather(*checks), strict=True))
+        if generation != self._generation:
+            return  # (the next round, already asked for, decides on the file as it is now)
         released: set[str] = set()
         for name, seen in sightings.items():
             if seen is None:
@@ -460,6 +468,8 @@ class Fleet:
             )[: min(aim - len(kept), _TAKEN_PER_ROUND)]
             taken = await asyncio.gather(*(self._check(shared[n], True) for n in free))
             self.owned.update(n for n, s in zip(free, taken, strict=True) if s and s.owner == me)
+            if generation != self._generation:
+                return
         stopping = {member.database.name for member in self._tasks}
         for name in sorted(self.owned - self._handing_back):
             if name not in self.members and name not in stopping and name in shared:
@@ -519,7 +529,7 @@ class Fleet:
             log.error("database %s: its supervisor failed: %r", member.database.name, exc)
         if self.members.get(member.database.name) is member:
             del self.members[member.database.name]
-        if member.database.name in self._handing_back:
-            self._round.set()  # (hand its lease over now, not at the next round)
+        if self.lease is not None:
+            self._round.set()  # (hand its lease over, or start its successor, now)
         if self.on_removed is not None:
             self.on_removed(member)
