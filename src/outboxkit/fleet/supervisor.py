@@ -337,9 +337,19 @@ class Fleet:
                 member.database = database  # (its line may have moved)
         self.listed = wanted | {n: self.listed[n] for n in kept if n in self.listed}
         self._generation += 1
+        self._drop_stale_leases()
+        for name, database in wanted.items():
+            if name not in self.members and not self._shared(database):
+                self._start(database)
+        self._round.set()
+        if not listed.databases and not self.members:
+            log.warning("the DSN file %s lists no database", self.path)
+
+    def _drop_stale_leases(self) -> None:
+        """Hand back at once the lease of each database that left the file or changed DSN."""
         for name, (dsn, lease) in list(self._leases.items()):
             database = self.listed.get(name)
-            if database is None or database.dsn != dsn:  # hand it back at once
+            if database is None or database.dsn != dsn:
                 del self._leases[name]
                 self.owned.discard(name)
                 self._handing_back.discard(name)
@@ -347,12 +357,6 @@ class Fleet:
                 task = asyncio.ensure_future(self._leave(lease))
                 self._leaving.add(task)
                 task.add_done_callback(self._leaving.discard)
-        for name, database in wanted.items():
-            if name not in self.members and not self._shared(database):
-                self._start(database)
-        self._round.set()
-        if not listed.databases and not self.members:
-            log.warning("the DSN file %s lists no database", self.path)
 
     def _shared(self, database: Database) -> bool:
         """Whether ``database`` is divided among the fleet's processes by its lease."""
@@ -408,6 +412,8 @@ class Fleet:
         """Check every shared database's lease; hand back what is above this process's
         share, take free ones up to it, and run the service of each database owned."""
         me = self.member_id
+        # (a check of the last round may have taken a database the file dropped meanwhile)
+        self._drop_stale_leases()
         if self._leaving:  # (a lease handed back must not undo this round's take)
             await asyncio.gather(*self._leaving, return_exceptions=True)
         shared = {
@@ -435,7 +441,12 @@ class Fleet:
                 self.owned.add(name)
                 continue
             if name in self.owned and name not in self._handing_back:
-                log.warning("database %s: its lease went to %s", name, seen.owner)
+                log.warning(
+                    "database %s: this process lost its lease (a check came too late); owner"
+                    " now: %s",
+                    name,
+                    seen.owner or "none",
+                )
             if name in self.owned:
                 released.add(name)
             self.owned.discard(name)
