@@ -12,7 +12,7 @@ DEV_STAMP  := $(VENV)/.installed-dev
 # release of a test dependency cannot turn a fresh clone's `make test` red overnight.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks chaos-celery clean install upgrade-deps wheel-check docs docs-build api-snapshot
+.PHONY: demo test lint bench chaos chaos-ordered chaos-tasks chaos-celery chaos-fleet clean install upgrade-deps wheel-check docs docs-build api-snapshot
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outboxkit needs Python 3.11+ (found %s); run: make PYTHON=python3.12" % sys.version.split()[0])'
@@ -141,6 +141,16 @@ CHAOS_CELERY_TASKS ?= 500
 chaos-celery: $(DEV_STAMP)
 	OUTBOXKIT_CELERY_TASKS=$(CHAOS_CELERY_TASKS) \
 		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/contrib/test_celery_bridge.py
+
+# The long shared-fleet run (docs/fleet.md): relay processes given one file of
+# CHAOS_FLEET_DATABASES databases, one SIGKILLed CHAOS_FLEET_KILLS times (a process joining
+# after each), a database added and one removed; `make test` runs 12 databases, one kill.
+CHAOS_FLEET_DATABASES ?= 60
+CHAOS_FLEET_KILLS ?= 2
+chaos-fleet: $(DEV_STAMP)
+	OUTBOXKIT_FLEET_CHAOS_DATABASES=$(CHAOS_FLEET_DATABASES) \
+	OUTBOXKIT_FLEET_CHAOS_KILLS=$(CHAOS_FLEET_KILLS) \
+		$(BIN)/python -m pytest -p no:cacheprovider -q -s tests/integration/test_fleet_shared.py
 
 bench: $(DEV_STAMP)
 	@echo "==> installing the benchmark tools (pgqueuer, matplotlib, py-spy)"

@@ -16,8 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -28,11 +26,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from outboxkit import Outbox
 from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.cli.app import main
 from outboxkit.testing import EmbeddedPostgres, create_database, drop_database, free_port
 from tests.support.relaying import (
+    Writers,
     count,
     make_events,
     relay_connections,
@@ -86,39 +84,6 @@ def databases(pg_server: Any, pg_template: str) -> Iterator[list[str]]:
     finally:
         for name in names:
             drop_database(pg_server.dsn, name)
-
-
-class _Writers:
-    """A thread per database committing 5 events a transaction, every 4th rolled back."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.committed: dict[str, list[uuid.UUID]] = {}
-        self.rolled_back: list[uuid.UUID] = []
-        self._threads: list[threading.Thread] = []
-
-    def start(self, dsn: str, topic: str) -> None:
-        ids = self.committed.setdefault(dsn, [])
-        thread = threading.Thread(target=self._write, args=(dsn, topic, ids), daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _write(self, dsn: str, topic: str, ids: list[uuid.UUID]) -> None:
-        outbox = Outbox()
-        with psycopg.connect(dsn) as conn:
-            n = 0
-            while not self.stop.is_set():
-                events = make_events(topic, 5)
-                with conn.transaction(force_rollback=n % 4 == 3):
-                    outbox.put_many(conn, events)
-                (self.rolled_back if n % 4 == 3 else ids).extend(e.event_id for e in events)
-                n += 1
-                time.sleep(0.02)
-
-    def join(self) -> None:
-        self.stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 def _scrape(port: int, path: str) -> tuple[int, str]:
@@ -179,7 +144,7 @@ async def test_one_relay_process_serves_every_database_of_its_file(
     cmd += [str(metrics_port), "--poll-interval", "0.2", "--lease", "10", "--log-level", "info"]
     env = {**os.environ, "PGPASSFILE": str(passfile)}
     env.pop("PGPASSWORD", None)
-    writers = _Writers()
+    writers = Writers()
     relay = _start(cmd, log_path, env)
     try:
         for name in ("db0", "db1", "db2", "secured"):

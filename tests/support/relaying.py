@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -118,3 +119,36 @@ def relay_connections(dsn: str) -> dict[str, int]:
             " GROUP BY 1"
         ).fetchall()
     return {name: int(n) for name, n in rows}
+
+
+class Writers:
+    """A thread per database committing 5 events a transaction, every 4th rolled back."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.committed: dict[str, list[uuid.UUID]] = {}
+        self.rolled_back: list[uuid.UUID] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self, dsn: str, topic: str) -> None:
+        ids = self.committed.setdefault(dsn, [])
+        thread = threading.Thread(target=self._write, args=(dsn, topic, ids), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _write(self, dsn: str, topic: str, ids: list[uuid.UUID]) -> None:
+        outbox = Outbox()
+        with psycopg.connect(dsn) as conn:
+            n = 0
+            while not self.stop.is_set():
+                events = make_events(topic, 5)
+                with conn.transaction(force_rollback=n % 4 == 3):
+                    outbox.put_many(conn, events)
+                (self.rolled_back if n % 4 == 3 else ids).extend(e.event_id for e in events)
+                n += 1
+                time.sleep(0.02)
+
+    def join(self) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(10)

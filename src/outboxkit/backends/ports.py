@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.report import LiveStatus, OutboxStatus
 from outboxkit.maintenance.side_task import PartitionChore
+from outboxkit.queue.fleet_leases import DatabaseLease
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -30,7 +31,8 @@ __all__ = [
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
 #: time partitions of the outbox table, a NOTIFY sent by the write, the Alembic helper's
-#: versioned SQL, task lifecycle events written by the settle (``events=``), limits per key.
+#: versioned SQL, task lifecycle events written by the settle (``events=``), limits per key,
+#: the lease by which fleet processes divide their databases (``fleet_leases``).
 Feature = Literal[
     "tasks",
     "cdc",
@@ -40,6 +42,7 @@ Feature = Literal[
     "alembic",
     "task_events",
     "task_key_limits",
+    "fleet_leases",
 ]
 #: A statement a host tool runs: SQL alone, or SQL and its parameters.
 Statement = str | tuple[str, tuple[Any, ...]]
@@ -245,6 +248,17 @@ class Backend(abc.ABC):
     ) -> PartitionLeases:
         """Ordered mode's partition leases of one relay (the core's algorithm over this
         database's lease-table statements)."""
+
+    def fleet_lease(self, dsn: str, service: str, member: str, ttl: float) -> DatabaseLease:
+        """Fleet process ``member``'s lease on this database's ``service`` (fleet/leases.py);
+        a backend without one refuses through :attr:`cannot`."""
+        self.refuse("fleet_leases")
+        raise ConfigurationError(f"{self.label} keeps no fleet lease")
+
+    def fleet_owner(self, dsn: str, service: str) -> str | None:
+        """The fleet process serving ``service`` on this database (``status --dsn-file``):
+        None when none holds its lease, or this backend keeps none."""
+        return None
 
     def task_store(
         self,

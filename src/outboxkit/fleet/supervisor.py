@@ -7,6 +7,10 @@ name, and tried again with backoff, never holding back the others. The file is r
 on :meth:`Fleet.reload` (SIGHUP) and every ``reload_interval`` seconds: a database added
 starts, one removed stops (its relay's graceful stop: in-flight batches finish or are
 handed back), one whose DSN changed is restarted; the others are left alone.
+
+Several processes given the same file divide its databases (fleet/leases.py): with
+``lease`` set, a database whose backend keeps a fleet lease is served here only while this
+process owns its lease; the others are only checked, once a round (a third of a lease).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from outboxkit._text import first_line
 from outboxkit.backends import backend_for
 from outboxkit.errors import OutboxkitError
 from outboxkit.fleet.dsn_file import BadLine, Database, DsnFile, read_dsn_file
+from outboxkit.fleet.leases import DatabaseLease, Sighting, member_id, rank, target
 
 log = logging.getLogger("outboxkit.fleet")
 
@@ -36,6 +41,13 @@ current_database: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 #: The application_name of the connection that tries a database before its relay starts.
 PROBE_APPLICATION_NAME = "outboxkit-fleet:probe"
+#: How long a fleet process's lease on a database lasts without a check (seconds).
+DEFAULT_LEASE = 15.0
+#: Lease checks under way at once (each a short connection of its own).
+_CHECKS_AT_ONCE = 16
+#: Free databases taken at most per round: a process that joins (or takes over a dead
+#: one's share) starts their services a few at a time, its lease checks kept on time.
+_TAKEN_PER_ROUND = 16
 #: A service that ran this long before it failed starts its retries from the shortest delay.
 _HEALTHY_RUN = 30.0
 
@@ -200,6 +212,10 @@ class Fleet:
     ``words``: how the log names the service (a relay by default; :data:`WORKER_WORDS`).
     ``on_removed(member)``: called once a member's service has stopped for good (a database
     removed or changed, or the fleet stopping), e.g. to drop its metrics.
+    ``lease``: the fleet lease (seconds) by which processes given the same file divide its
+    databases; None serves every database here. ``service``: what is leased (one relay's
+    outbox table, one worker's task table: ``relay:outbox``), ``member``: this process's
+    name in the lease tables.
     """
 
     def __init__(
@@ -212,6 +228,9 @@ class Fleet:
         retry_cap: float = 30.0,
         on_removed: Callable[[Member], None] | None = None,
         words: Words = RELAY_WORDS,
+        lease: float | None = DEFAULT_LEASE,
+        service: str = "relay:outbox",
+        member: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.words = words
@@ -227,6 +246,26 @@ class Fleet:
         self._stopping = False
         self._reported: set[tuple[int, str]] = set()
         self._read_error: str | None = None
+        self.lease = lease
+        self.service = service
+        #: This process in the lease tables (host:pid:nonce).
+        self.member_id = member or member_id()
+        #: The databases of the file, by name; those served here are :attr:`members`.
+        self.listed: dict[str, Database] = {}
+        #: The databases whose lease this process holds.
+        self.owned: set[str] = set()
+        #: The processes seen through the leases at the last round (this one included).
+        self.seen: frozenset[str] = frozenset({self.member_id})
+        #: Databases whose lease could not be checked, and why (one line, redacted).
+        self.unreachable: dict[str, str] = {}
+        self._handing_back: set[str] = set()
+        self._leases: dict[str, tuple[str, DatabaseLease]] = {}
+        self._round = asyncio.Event()
+        self._leaving: set[asyncio.Task[None]] = set()
+        self._checking = asyncio.Semaphore(_CHECKS_AT_ONCE)
+        self._generation = 0  # (the file read again: a round under way decides nothing)
+        self._answered: set[str] = set()  # databases whose last lease check answered
+        self._refused: dict[str, str] = {}  # name -> the DSN its factory refused
 
     def reload(self) -> None:
         """Read the file again now (SIGHUP)."""
@@ -241,6 +280,7 @@ class Fleet:
         """Serve the file's databases until :meth:`stop`. ConfigurationError if the file
         cannot be read at start; later a file that cannot be read keeps what runs."""
         self.apply(read_dsn_file(self.path))
+        sharing = asyncio.create_task(self._share()) if self.lease is not None else None
         try:
             while not self._stopping:
                 with contextlib.suppress(TimeoutError):
@@ -258,10 +298,20 @@ class Fleet:
                 self._read_error = None
                 self.apply(listed)
         finally:
+            if sharing is not None:
+                sharing.cancel()
+                await asyncio.gather(sharing, return_exceptions=True)
             for member in list(self.members.values()):
                 self._retire(member)
             if self._tasks:
                 await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            # (the others take this process's databases at their next round, not a lease later)
+            leaving = [
+                self._leave(lease)
+                for name, (_dsn, lease) in self._leases.items()
+                if name in self._answered
+            ]
+            await asyncio.gather(*leaving, *self._leaving, return_exceptions=True)
 
     def apply(self, listed: DsnFile) -> None:
         """Start, stop and restart members so that they serve the databases ``listed``."""
@@ -285,11 +335,156 @@ class Fleet:
                 self._retire(member)
             else:
                 member.database = database  # (its line may have moved)
+        self.listed = wanted | {n: self.listed[n] for n in kept if n in self.listed}
+        self._generation += 1
+        self._drop_stale_leases()
         for name, database in wanted.items():
-            if name not in self.members:
+            if name not in self.members and not self._shared(database):
                 self._start(database)
+        self._round.set()
         if not listed.databases and not self.members:
             log.warning("the DSN file %s lists no database", self.path)
+
+    def _drop_stale_leases(self) -> None:
+        """Hand back at once the lease of each database that left the file or changed DSN."""
+        for name, (dsn, lease) in list(self._leases.items()):
+            database = self.listed.get(name)
+            if database is None or database.dsn != dsn:
+                del self._leases[name]
+                self.owned.discard(name)
+                self._handing_back.discard(name)
+                self.unreachable.pop(name, None)
+                task = asyncio.ensure_future(self._leave(lease))
+                self._leaving.add(task)
+                task.add_done_callback(self._leaving.discard)
+
+    def _shared(self, database: Database) -> bool:
+        """Whether ``database`` is divided among the fleet's processes by its lease."""
+        return self.lease is not None and backend_for(database.dsn).can("fleet_leases")
+
+    async def _leave(self, lease: DatabaseLease) -> None:
+        with contextlib.suppress(Exception):  # (a database down: the lease runs out instead)
+            await asyncio.wait_for(lease.leave(), timeout=3.0)
+
+    async def _share(self) -> None:
+        """A lease round every third of a lease, and at once after the file was read."""
+        assert self.lease is not None
+        while True:
+            try:
+                await self._share_round()
+            except Exception:  # a bug here must not end the fleet: the next round retries
+                log.exception("the fleet's lease round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._round.wait(), timeout=self.lease / 3)
+            self._round.clear()
+
+    async def _check(self, database: Database, want: bool) -> Sighting | None:
+        """One lease check; None when the database cannot be reached (said once a cause)."""
+        assert self.lease is not None
+        held = self._leases.get(database.name)
+        if held is None or held[0] != database.dsn:
+            lease = backend_for(database.dsn).fleet_lease(
+                database.dsn, self.service, self.member_id, self.lease
+            )
+            held = self._leases[database.name] = (database.dsn, lease)
+        try:
+            async with self._checking:  # (a few connects at a time, not one per database)
+                seen = await asyncio.wait_for(held[1].check(want), timeout=self.lease / 3)
+        except Exception as exc:  # whatever the driver raises: the database is down
+            self._answered.discard(database.name)
+            reason = first_line(exc, with_type=True) if str(exc) else "no answer in time"
+            if self.unreachable.get(database.name) != reason:
+                log.warning(
+                    "database %s (line %d) is not %s: %s; retrying",
+                    database.name,
+                    database.line,
+                    self.words.done,
+                    reason,
+                )
+            self.unreachable[database.name] = reason
+            return None
+        self._answered.add(database.name)
+        if self.unreachable.pop(database.name, None) is not None:
+            log.info("database %s (line %d) is reachable again", database.name, database.line)
+        return seen
+
+    async def _share_round(self) -> None:
+        """Check every shared database's lease; hand back what is above this process's
+        share, take free ones up to it, and run the service of each database owned."""
+        me = self.member_id
+        # (a check of the last round may have taken a database the file dropped meanwhile)
+        self._drop_stale_leases()
+        if self._leaving:  # (a lease handed back must not undo this round's take)
+            await asyncio.gather(*self._leaving, return_exceptions=True)
+        shared = {
+            n: d
+            for n, d in self.listed.items()
+            if self._shared(d) and self._refused.get(n) != d.dsn
+        }
+        self.owned &= set(shared)  # (a database that left the file was handed back)
+        stopping = {member.database.name for member in self._tasks}
+        # keep what is owned; one being handed back, until its service has stopped
+        wants = {
+            n: n in self.owned and (n not in self._handing_back or n in stopping) for n in shared
+        }
+        names = list(shared)
+        checks = [self._check(shared[n], wants[n]) for n in names]
+        generation = self._generation
+        sightings = dict(zip(names, await asyncio.gather(*checks), strict=True))
+        if generation != self._generation:
+            return  # (the next round, already asked for, decides on the file as it is now)
+        released: set[str] = set()
+        for name, seen in sightings.items():
+            if seen is None:
+                continue
+            if seen.owner == me:
+                self.owned.add(name)
+                continue
+            if name in self.owned and name not in self._handing_back:
+                log.warning(
+                    "database %s: this process lost its lease (a check came too late); owner"
+                    " now: %s",
+                    name,
+                    seen.owner or "none",
+                )
+            if name in self.owned:
+                released.add(name)
+            self.owned.discard(name)
+            self._handing_back.discard(name)
+            if (member := self.members.get(name)) is not None:
+                self._retire(member)
+        self.seen = frozenset({me}).union(*(s.members for s in sightings.values() if s))
+        # (a database that did not answer still counts: a slow check hands nothing over)
+        aim = target(len(sightings), self.seen)
+        kept = sorted(self.owned - self._handing_back, key=lambda n: rank(me, n))
+        if len(kept) > aim:
+            for name in kept[aim:]:
+                log.info(
+                    "database %s: handing it over (%d processes share %d databases)",
+                    name,
+                    len(self.seen),
+                    len(sightings),
+                )
+                self._handing_back.add(name)
+                if (member := self.members.get(name)) is not None:
+                    self._retire(member)
+        elif len(kept) < aim:
+            free = sorted(
+                (
+                    n
+                    for n, s in sightings.items()
+                    if s is not None and s.owner is None and n not in released
+                ),
+                key=lambda n: rank(me, n),
+            )[: min(aim - len(kept), _TAKEN_PER_ROUND)]
+            taken = await asyncio.gather(*(self._check(shared[n], True) for n in free))
+            self.owned.update(n for n, s in zip(free, taken, strict=True) if s and s.owner == me)
+            if generation != self._generation:
+                return
+        stopping = {member.database.name for member in self._tasks}
+        for name in sorted(self.owned - self._handing_back):
+            if name not in self.members and name not in stopping and name in shared:
+                self._start(shared[name])
 
     def _report(self, bad_lines: tuple[BadLine, ...]) -> None:
         """Log each bad line once (not at every reload while it stays as it is)."""
@@ -303,6 +498,7 @@ class Fleet:
         try:
             service = self.factory(database)
         except OutboxkitError as exc:
+            self._refused[database.name] = database.dsn  # (not taken again, nor said again)
             log.warning(
                 "database %s (line %d) is not %s: %s",
                 database.name,
@@ -344,5 +540,7 @@ class Fleet:
             log.error("database %s: its supervisor failed: %r", member.database.name, exc)
         if self.members.get(member.database.name) is member:
             del self.members[member.database.name]
+        if self.lease is not None:
+            self._round.set()  # (hand its lease over, or start its successor, now)
         if self.on_removed is not None:
             self.on_removed(member)

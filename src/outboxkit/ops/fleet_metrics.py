@@ -54,6 +54,9 @@ class FleetMetrics:
         """None when every listed database is relayed and ready; otherwise which are not."""
         problems: list[str] = []
         members = self.fleet.members if self.fleet is not None else {}
+        unreachable = self.fleet.unreachable if self.fleet is not None else {}
+        for name in sorted(set(unreachable) - set(members)):
+            problems.append(f"{name}: not relayed (unreachable or refused; see the log)")
         for name in sorted(members):
             member = members[name]
             if member.state == "down":
@@ -67,7 +70,8 @@ class FleetMetrics:
                 problems.append(f"{name}: {reason}")
         if not problems:
             return None
-        return f"{len(problems)} of {len(members)} database(s) not ready: " + "; ".join(problems)
+        total = len(set(members) | set(unreachable))
+        return f"{len(problems)} of {total} database(s) not ready: " + "; ".join(problems)
 
 
 class _Databases(Collector):
@@ -101,6 +105,8 @@ class _Databases(Collector):
             " reached or refuses the login (retried with backoff; the log says why once).",
             labels=[DATABASE_LABEL],
         )
-        for name, member in sorted(members.items()):
-            up.add_metric([name], 0 if member.state == "down" else 1)
+        unreachable = self.fleet.fleet.unreachable if self.fleet.fleet is not None else {}
+        for name in sorted(set(members) | set(unreachable)):
+            member = members.get(name)
+            up.add_metric([name], 0 if member is None or member.state == "down" else 1)
         yield up

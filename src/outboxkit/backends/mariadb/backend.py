@@ -49,6 +49,9 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
+        "fleet_leases": "fleet processes divide PostgreSQL databases through a lease in each,"
+        " not MariaDB/MySQL ones yet: every fleet process serves every MariaDB/MySQL database"
+        " of its file (safe: claims never overlap; each process then connects to each)",
     }
 
     @contextlib.asynccontextmanager

@@ -48,6 +48,10 @@ ANSWER_SHARE: float | None = 1 / 3
 #: a hang-up (below a 3 s lease a hung settle may then outlive its lease: the fence keeps
 #: that safe, the rows are published again, not lost).
 MIN_ANSWER_WITHIN = 1.0
+#: A settle connection not asked anything for this long is closed (the next settle opens
+#: one): a database with nothing to publish then holds its claim and LISTEN connections
+#: only, which counts in a fleet of many mostly idle databases (docs/fleet.md).
+SETTLE_IDLE = float(os.environ.get("OUTBOXKIT_SETTLE_IDLE", "30"))
 #: The lease the bound is taken from until the first claim tells (the Relay's default).
 DEFAULT_LEASE = 30.0
 #: libpq's TCP keepalives and TCP_USER_TIMEOUT on the claim, settle and gate connections
@@ -111,6 +115,9 @@ class PgSession:
         # collected (an extra server connection per store, seen counting a fleet's).
         self._connecting = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_pooled = False
+        self._settle_used = 0.0  # (the loop's clock at the last settle)
+        self._settle_timer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Future[None]] = set()
 
     # -- the pooler ---------------------------------------------------------------------
 
@@ -270,6 +277,10 @@ class PgSession:
         set_json_loads(orjson.loads, conn)
 
     async def _connection(self, role: Role) -> psycopg.AsyncConnection[Any]:
+        if role == "settle":
+            self._settle_used = asyncio.get_running_loop().time()
+            if self._settle_timer is None:
+                self._arm_settle_timer(SETTLE_IDLE)
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
@@ -295,6 +306,26 @@ class PgSession:
         else:
             self._settle_conn = conn
         return conn
+
+    def _arm_settle_timer(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._settle_timer = loop.call_later(delay, self._settle_idle)
+
+    def _settle_idle(self) -> None:
+        """Close the settle connection once nothing used it for :data:`SETTLE_IDLE`."""
+        self._settle_timer = None
+        conn = self._settle_conn
+        if conn is None or conn.closed:
+            return
+        idle = asyncio.get_running_loop().time() - self._settle_used
+        busy = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        if idle < SETTLE_IDLE or busy:
+            self._arm_settle_timer(max(SETTLE_IDLE - idle, 0.1))
+            return
+        self._settle_conn = None
+        closing = asyncio.ensure_future(conn.close())
+        self._closing.add(closing)  # (a task only weakly held by the loop)
+        closing.add_done_callback(self._closing.discard)
 
     async def _direct(self) -> psycopg.AsyncConnection[Any]:
         """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
@@ -365,6 +396,9 @@ class PgSession:
         return StoreError(first_line(exc, with_type=True), cause=exc)
 
     async def close(self) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from outboxkit.backends.ports import (
 )
 from outboxkit.errors import ConfigurationError
 from outboxkit.maintenance.side_task import PartitionChore
+from outboxkit.queue.fleet_leases import DatabaseLease
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -70,6 +71,19 @@ class PostgresBackend(Backend):
         from outboxkit.backends.postgres import databases
 
         return databases
+
+    def fleet_lease(self, dsn: str, service: str, member: str, ttl: float) -> DatabaseLease:
+        from outboxkit.backends.postgres.fleet_sql import PgFleetLease
+
+        return PgFleetLease(dsn, service, member, ttl)
+
+    def fleet_owner(self, dsn: str, service: str) -> str | None:
+        from outboxkit.backends.postgres._connection import connect
+        from outboxkit.backends.postgres.fleet_sql import LEASE_APPLICATION_NAME, lease_owner
+
+        with connect(dsn, application_name=LEASE_APPLICATION_NAME) as conn:
+            held = lease_owner(conn, service)
+        return held[0] if held is not None and held[1] > 0 else None
 
     def admin(self) -> Admin:
         import psycopg

@@ -17,9 +17,9 @@ from rich.text import Text
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
+from outboxkit.backends import backend_for
 from outboxkit.fleet.dsn_file import Database, read_dsn_file
 from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
-from outboxkit.ops.cli.options import given
 from outboxkit.ops.cli.output import console, err_console
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.relay import Relay
@@ -69,11 +69,12 @@ async def run_relay_fleet(
     make: RelayMaker,
     *,
     broker: str,
-    reload_interval: float | None = None,
     metrics_host: str,
     metrics_port: int | None,
+    **fleet_options: Any,
 ) -> None:
-    """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it."""
+    """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it.
+    ``fleet_options``: :class:`Fleet`'s (``reload_interval``, ``lease``, ``service``)."""
     from outboxkit.ops.fleet_metrics import FleetMetrics
     from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
 
@@ -91,7 +92,7 @@ async def run_relay_fleet(
         if fleet_metrics is not None and isinstance(service, MeteredRelay) and service.metrics:
             fleet_metrics.remove(member.database.name, service.metrics)
 
-    fleet = Fleet(path, factory, on_removed=removed, **given(reload_interval=reload_interval))
+    fleet = Fleet(path, factory, on_removed=removed, **fleet_options)
     describe = f"relay fleet: the databases of {path} to {redact(broker)}"
     if fleet_metrics is None or metrics_port is None:
         await run_fleet(fleet, describe)
@@ -116,6 +117,13 @@ async def run_fleet(fleet: Fleet, describe: str) -> None:
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     log.info("%s (read again on SIGHUP and every %gs)", describe, fleet.reload_interval)
+    if fleet.lease is not None:
+        log.info(
+            "fleet member %s: databases divided with the other processes of this file"
+            " through a %gs lease in each",
+            fleet.member_id,
+            fleet.lease,
+        )
     await fleet.run()
 
 
@@ -146,8 +154,9 @@ def _read_status(database: Database, table: str) -> dict[str, Any]:
     shown: dict[str, Any] = {"name": database.name, "line": database.line}
     try:
         report = admin_for(database.dsn).status(database.dsn, table)
+        owner = backend_for(database.dsn).fleet_owner(database.dsn, f"relay:{table}")
     except Exception as exc:  # any driver's error: this database is shown as unreachable
-        keys = ("pending", "in_flight", "failed", "oldest_pending_age_s")
+        keys = ("pending", "in_flight", "failed", "oldest_pending_age_s", "owner")
         return {**shown, **dict.fromkeys(keys), "error": first_line(exc, with_type=True)}
     return {
         **shown,
@@ -155,6 +164,7 @@ def _read_status(database: Database, table: str) -> dict[str, Any]:
         "in_flight": report.in_flight,
         "failed": report.failed,
         "oldest_pending_age_s": report.oldest_pending_age_s,
+        "owner": owner,
         "error": None,
     }
 
@@ -163,14 +173,15 @@ def _print_table(
     path: str, table: str, readings: list[dict[str, Any]], age: Callable[[Any], str]
 ) -> None:
     tbl = Table(title=Text(f"{table} in the databases of {path}"), title_justify="left")
-    for col in ("database", "line", "pending", "in flight", "failed", "oldest pending"):
-        tbl.add_column(col, justify="left" if col == "database" else "right")
+    for col in ("database", "line", "pending", "in flight", "failed", "oldest pending", "owner"):
+        tbl.add_column(col, justify="left" if col in ("database", "owner") else "right")
     for r in readings:
         if r["error"]:
             tbl.add_row(
                 Text(r["name"]),
                 str(r["line"]),
                 Text(f"unreachable: {r['error']}", style="red"),
+                "-",
                 "-",
                 "-",
                 "-",
@@ -183,5 +194,6 @@ def _print_table(
             str(r["in_flight"]),
             Text(str(r["failed"]), style="red") if r["failed"] else "0",
             age(r["oldest_pending_age_s"]),
+            Text(r["owner"] or "-"),
         )
     console.print(tbl)

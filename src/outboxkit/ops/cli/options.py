@@ -188,8 +188,19 @@ def dsn_or_file_options(file_help: str) -> _Decorator:
 
 
 def reload_interval_option(who: str) -> _Decorator:
-    """``--reload-interval``: seconds between reads of ``--dsn-file`` (``who``: "relay"...)."""
-    return click.option(
+    """``--reload-interval``: seconds between reads of ``--dsn-file`` (``who``: "relay"...),
+    and ``--fleet-lease``: the lease by which processes given the same file divide it."""
+    lease = click.option(
+        "--fleet-lease",
+        callback=positive_seconds_range,
+        cls=LibraryOption,
+        default_from=("outboxkit.fleet.supervisor:Fleet", "lease"),
+        type=float,
+        help=f"With --dsn-file: the lease (seconds) on each database by which processes given"
+        f" the same file divide its databases (one {who} per database, checked every third of"
+        f" it; a dead process's databases are taken over within about one lease).",
+    )
+    interval = click.option(
         "--reload-interval",
         callback=positive_seconds_range,
         cls=LibraryOption,
@@ -198,6 +209,7 @@ def reload_interval_option(who: str) -> _Decorator:
         help=f"With --dsn-file: seconds between reads of the file (SIGHUP reads it at once):"
         f" a database added gets a {who}, a removed one's {who} stops.",
     )
+    return lambda command: interval(lease(command))
 
 
 def one_of_dsn_or_file(dsn: str | None, dsn_file: str | None) -> None:

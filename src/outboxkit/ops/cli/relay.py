@@ -271,6 +271,7 @@ def relay(
     dsn: str | None,
     dsn_file: str | None,
     reload_interval: float | None,
+    fleet_lease: float | None,
     broker: str,
     routes: tuple[str, ...],
     table: str,
@@ -326,7 +327,7 @@ def relay(
             broker,
             routes,
             table,
-            reload_interval,
+            given(reload_interval=reload_interval, lease=fleet_lease),
             metrics_port,
             metrics_host,
             with_dashboard,
@@ -404,7 +405,7 @@ def _relay_fleet(
     broker: str,
     routes: tuple[str, ...],
     table: str,
-    reload_interval: float | None,
+    fleet_options: dict[str, Any],
     metrics_port: int | None,
     metrics_host: str,
     with_dashboard: bool,
@@ -455,7 +456,8 @@ def _relay_fleet(
             broker=broker,
             metrics_host=metrics_host,
             metrics_port=metrics_port,
-            **given(reload_interval=reload_interval),
+            service=f"relay:{table}",
+            **fleet_options,
         )
 
     try:

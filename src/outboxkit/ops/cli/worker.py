@@ -169,6 +169,7 @@ def worker(
     dsn: str | None,
     dsn_file: str | None,
     reload_interval: float | None,
+    fleet_lease: float | None,
     app_spec: str,
     concurrency: int | None,
     batch_size: int | None,
@@ -237,7 +238,8 @@ def worker(
         for option, value in (("--metrics-port", metrics_port), ("--direct-dsn", direct_dsn)):
             if value is not None:
                 fail(f"{option} cannot be used with --dsn-file (not yet for workers)", 2)
-        _worker_fleet(app, dsn_file, options, reload_interval, loop_name)
+        fleet_options = given(reload_interval=reload_interval, lease=fleet_lease)
+        _worker_fleet(app, dsn_file, options, fleet_options, loop_name)
         return
     assert dsn is not None
     metrics = None
@@ -289,7 +291,7 @@ def _worker_fleet(
     app: Any,
     dsn_file: str,
     options: dict[str, Any],
-    reload_interval: float | None,
+    fleet_options: dict[str, Any],
     loop_name: str,
 ) -> None:
     """``--dsn-file``: a Worker per database of the file (outboxkit.fleet), one process."""
@@ -316,7 +318,8 @@ def _worker_fleet(
         workers.add(engine)
         return engine
 
-    fleet = Fleet(dsn_file, make, words=WORKER_WORDS, **given(reload_interval=reload_interval))
+    service = f"worker:{app.table}"
+    fleet = Fleet(dsn_file, make, words=WORKER_WORDS, service=service, **fleet_options)
     _freeze_start_up_heap()
     try:
         _run_on(loop_name, run_fleet(fleet, f"worker fleet: the databases of {dsn_file}"))
