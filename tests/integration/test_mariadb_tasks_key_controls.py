@@ -67,7 +67,9 @@ async def test_a_worker_starts_each_key_at_its_rate_and_runs_every_task_once(url
         assert len(started) == PER_KEY, key  # each ran once: waiting spent no attempt
         assert busiest_second(started) <= 11, (key, busiest_second(started))
         took = started[-1] - started[0]
-        assert 1.0 <= took <= 5.0, (key, took)  # (12 - 1) / 10 = 1.1 s: not at once
+        # (12 - 1) / 10 = 1.1 s: not at once; the upper bound only catches a stall (the
+        # claim waiting out a poll per task would take 11 s), with room for a loaded machine
+        assert 1.0 <= took <= 8.0, (key, took)
 
 
 async def test_a_task_table_without_the_key_buckets_is_refused_until_migrated(url: str) -> None:

@@ -8,6 +8,12 @@ aiomysql 0.3.2 cannot send a ``bytes`` parameter with PyMySQL 1.2.3 and later (i
 a placeholder string: aio-libs/aiomysql#1080, fix unreleased). Where that is so, this
 adapter quotes the parameters itself, as PyMySQL does (bytes as ``_binary X'…'``, the rest
 through the connection's ``escape``), and sends the statement without parameters.
+
+Its statements run on a cursor that does not turn the server's notes into Python warnings:
+aiomysql's own asks ``SHOW WARNINGS`` after any statement that left one (a round trip) and
+``warnings.warn``s each, so the inbox's ``INSERT IGNORE`` of a repeated delivery (its normal
+path) raised ``Warning: Duplicate entry`` in the caller's code, an error where warnings are
+errors (pytest's ``filterwarnings = error``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,16 @@ def _escapes_bytes() -> bool:
     return callable(getattr(connection, "escape_bytes_prefixed", None))
 
 
+def _quiet_cursor() -> type:
+    import aiomysql
+
+    class QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
+        async def _show_warnings(self, conn: Any) -> None:
+            return None
+
+    return QuietCursor
+
+
 class AiomysqlAsync(DBAPIAsync):
     label = "aiomysql connection"
     modules = ("aiomysql",)
@@ -37,6 +53,12 @@ class AiomysqlAsync(DBAPIAsync):
 
     def __init__(self) -> None:
         self._escapes_bytes: bool | None = None  # learnt at the first statement
+        self._cursor_class: type | None = None
+
+    def cursor(self, conn: Any) -> Any:
+        if self._cursor_class is None:
+            self._cursor_class = _quiet_cursor()
+        return conn.cursor(self._cursor_class)
 
     def check(self, conn: Any) -> None:
         pymysql_adapter.check_in_transaction(conn, "aiomysql", closed=conn.closed)

@@ -156,14 +156,18 @@ class DBAPIAsync(AsyncAdapter):
         """What ``cursor.execute`` is given: the text and the DB-API parameters."""
         return stmt.text, dbapi_params(params)
 
+    def cursor(self, conn: Any) -> Any:
+        """The cursor outboxkit's statements run on (the connection's own by default)."""
+        return conn.cursor()
+
     async def run(
         self, conn: Any, stmt: Statement, params: Sequence[Any], cursors: CursorCache | None
     ) -> None:
-        async with conn.cursor() as cur:
+        async with self.cursor(conn) as cur:
             await cur.execute(*self.query(conn, stmt, params))
 
     async def run_fetch_value(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> Any:
-        async with conn.cursor() as cur:
+        async with self.cursor(conn) as cur:
             await cur.execute(*self.query(conn, stmt, params))
             if cur.description is None:
                 return bool(cur.rowcount > 0)
@@ -177,13 +181,13 @@ class DBAPIAsync(AsyncAdapter):
 
     async def run_all(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
         """:meth:`DBAPISync.run_all`."""
-        async with conn.cursor() as cur:
+        async with self.cursor(conn) as cur:
             await cur.execute(*self.query(conn, stmt, params))
             return await _afirst_values(cur)
 
     async def commit_with(self, conn: Any, stmt: Statement, params: Sequence[Any]) -> list[Any]:
         """:meth:`DBAPISync.commit_with`: aiomysql and asyncmy always take several statements."""
         text = stmt.text + _COMMIT
-        async with conn.cursor() as cur:
+        async with self.cursor(conn) as cur:
             await cur.execute(*self.query(conn, Statement(text, text), params))
             return await _afirst_values(cur)

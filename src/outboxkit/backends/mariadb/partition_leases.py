@@ -13,6 +13,7 @@ import hashlib
 from typing import Any
 
 from outboxkit.backends.mariadb.ordered_sql import OrderedStatements, expand
+from outboxkit.backends.mariadb.session import quiet_cursor
 from outboxkit.backends.mariadb.sql import connect_args
 from outboxkit.queue.partition_leases import duplicate_relay_id, not_ordered
 
@@ -46,7 +47,9 @@ class MariaDBLeaseTable:
 
         args = connect_args(self.dsn)
         args["db"] = args.pop("database")
-        conn = await aiomysql.connect(**args, autocommit=True, connect_timeout=10)
+        conn = await aiomysql.connect(
+            **args, autocommit=True, connect_timeout=10, cursorclass=quiet_cursor()
+        )
         if not lock:
             self._my = conn
             return conn

@@ -29,6 +29,7 @@ from outboxkit.backends.mariadb.session import (
     NO_TABLE,
     GatedSession,
     micros,
+    quiet_cursor,
 )
 from outboxkit.backends.mariadb.sql import ids_in, with_ids
 from outboxkit.backends.mariadb.tasks_sql import TaskStatements, digests_in
@@ -657,7 +658,9 @@ class MariaDBTaskStore(GatedSession):
 
         args = dict(self._args)
         args["db"] = args.pop("database")
-        conn = await aiomysql.connect(**args, autocommit=False, connect_timeout=10)
+        conn = await aiomysql.connect(
+            **args, autocommit=False, connect_timeout=10, cursorclass=quiet_cursor()
+        )
         try:
             yield conn
         finally:
