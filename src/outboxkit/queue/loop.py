@@ -35,7 +35,7 @@ from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
 from outboxkit.queue.handback import HandBack
 from outboxkit.queue.heartbeat import LeaseHeartbeat
-from outboxkit.queue.settling import Settling
+from outboxkit.queue.settling import SettleObserver, Settling
 from outboxkit.queue.store import (
     Attempted,
     Claim,
@@ -106,10 +106,11 @@ class Sink(Protocol[T_contra, O_co]):
         ...
 
 
-class QueueObserver(Protocol[T_contra, O_contra]):
+class QueueObserver(SettleObserver[T_contra, O_contra], Protocol[T_contra, O_contra]):
     """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one, the task
-    worker's another). ``processing`` wraps the sink's work on a claim (the relay's
-    publish, the worker's handlers); ``processed`` follows it, before the settle."""
+    worker's another): the settle's (queue/settling.py) and these. ``processing`` wraps the
+    sink's work on a claim (the relay's publish, the worker's handlers); ``processed``
+    follows it, before the settle."""
 
     def claimed(self, count: int, seconds: float) -> None: ...
 
@@ -118,19 +119,6 @@ class QueueObserver(Protocol[T_contra, O_contra]):
     def processed(
         self, items: Sequence[T_contra], outcomes: Sequence[O_contra], seconds: float
     ) -> None: ...
-
-    def settled(
-        self,
-        published: Sequence[T_contra],
-        retried: Sequence[tuple[T_contra, O_contra]],
-        dead: Sequence[tuple[T_contra, O_contra]],
-    ) -> None: ...
-
-    def handed_back(self, count: int, error: str | None) -> None: ...
-
-    def lost_leases(self, count: int) -> None: ...
-
-    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None: ...
 
 
 class Ordering(Protocol):

@@ -46,12 +46,12 @@ class _Target(Protocol):
     def target_down(self) -> bool: ...
 
 
-class _Observer(Protocol[T_contra, O_contra]):
-    """What the settle reports (``queue.loop.QueueObserver``)."""
+class SettleObserver(Protocol[T_contra, O_contra]):
+    """What the settle reports: the part of ``queue.loop.QueueObserver`` it calls."""
 
     def settled(
         self,
-        done: Sequence[T_contra],
+        published: Sequence[T_contra],
         retried: Sequence[tuple[T_contra, O_contra]],
         dead: Sequence[tuple[T_contra, O_contra]],
     ) -> None: ...
@@ -92,7 +92,7 @@ class Settling(Generic[T, R]):
         self,
         store: QueueStore[T],
         sink: _Target,
-        observer: _Observer[T, R],
+        observer: SettleObserver[T, R],
         options: _Options,
         *,
         errors: DatabaseErrors,
