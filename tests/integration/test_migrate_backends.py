@@ -72,3 +72,7 @@ def test_on_postgresql_they_return_what_they_always_did(empty_db_dsn: str) -> No
     assert isinstance(inbox, MigrationResult) and inbox.action is MigrationAction.CREATED
     with pytest.raises(SchemaError, match="apply to ordered mode"):
         outboxkit.migrate(empty_db_dsn, repartition=True)
+    # An empty partition_by is refused as PostgreSQL's function refused it (a dispatch
+    # that passed it on only when truthy quietly made a plain table).
+    with pytest.raises(ConfigurationError, match="must be 'day' or 'hour'"):
+        outboxkit.migrate(empty_db_dsn, table="other", partition_by="")
