@@ -5,7 +5,6 @@ Write events in the same transaction as your business change with
 """
 
 from outboxkit._version import __version__
-from outboxkit.backends.postgres.migrate import migrate, migrate_inbox
 from outboxkit.consumers import ConsumerRunner, ConsumerStats, Handler, ReceivedEvent
 from outboxkit.errors import (
     CdcError,
@@ -38,6 +37,7 @@ from outboxkit.errors import (
 )
 from outboxkit.events import Event
 from outboxkit.inbox import Inbox
+from outboxkit.migrations import migrate, migrate_inbox
 from outboxkit.publishers import OutboundMessage, Publisher, PublishResult, from_url
 from outboxkit.publishers.base import Reachability
 from outboxkit.publishers.routing import Destinations, Route, RoutingPublisher, with_routes

@@ -31,23 +31,19 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
-from outboxkit.queue.decide import Outcome, Reschedule, RetryPolicy, decide, outage
+from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
 from outboxkit.queue.handback import HandBack
 from outboxkit.queue.heartbeat import LeaseHeartbeat
+from outboxkit.queue.settling import SettleObserver, Settling
 from outboxkit.queue.store import (
-    DONE,
     Attempted,
     Claim,
     ClaimPolicy,
-    Decision,
     QueueStore,
-    Settled,
     StoreDenied,
     StoreError,
-    StoreTimeout,
     StoreUnavailable,
-    Verdict,
 )
 
 T = TypeVar("T", bound=Attempted)
@@ -110,10 +106,11 @@ class Sink(Protocol[T_contra, O_co]):
         ...
 
 
-class QueueObserver(Protocol[T_contra, O_contra]):
+class QueueObserver(SettleObserver[T_contra, O_contra], Protocol[T_contra, O_contra]):
     """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one, the task
-    worker's another). ``processing`` wraps the sink's work on a claim (the relay's
-    publish, the worker's handlers); ``processed`` follows it, before the settle."""
+    worker's another): the settle's (queue/settling.py) and these. ``processing`` wraps the
+    sink's work on a claim (the relay's publish, the worker's handlers); ``processed``
+    follows it, before the settle."""
 
     def claimed(self, count: int, seconds: float) -> None: ...
 
@@ -122,19 +119,6 @@ class QueueObserver(Protocol[T_contra, O_contra]):
     def processed(
         self, items: Sequence[T_contra], outcomes: Sequence[O_contra], seconds: float
     ) -> None: ...
-
-    def settled(
-        self,
-        published: Sequence[T_contra],
-        retried: Sequence[tuple[T_contra, O_contra]],
-        dead: Sequence[tuple[T_contra, O_contra]],
-    ) -> None: ...
-
-    def handed_back(self, count: int, error: str | None) -> None: ...
-
-    def lost_leases(self, count: int) -> None: ...
-
-    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None: ...
 
 
 class Ordering(Protocol):
@@ -255,9 +239,6 @@ class ClaimLoop(Generic[T, R]):
         #: elsewhere, or taken away by an operator), with how many it still holds: the
         #: task worker stops handlers whose task is gone. None: nothing to tell.
         self.on_lease_lost = on_lease_lost
-        #: The retry policy of one item when items carry their own (a task's handler
-        #: schedule and max_attempts); None: ``options.retry`` for every item.
-        self.retry_for = retry_for
         self.sink = sink
         self.observer = observer
         self.options = options
@@ -285,8 +266,30 @@ class ClaimLoop(Generic[T, R]):
         self._denied = DeniedWrites(store, self._errors, self.log, options.words.who, self._sleep)
         # Items handed back untried while the sink's target is down (queue/handback.py).
         self._hand_back = HandBack(store, sink, options.retry, self.log, self._wake.set)
+        # The settle path (queue/settling.py): decide, write, report, release at shutdown.
+        self._settling: Settling[T, R] = Settling(
+            store,
+            sink,
+            observer,
+            options,
+            errors=self._errors,
+            denied=self._denied,
+            hand_back=self._hand_back,
+            stopping=self.stopping,
+            sleep=self._sleep,
+            log=self.log,
+            retry_for=retry_for,
+        )
         self._failure: BaseException | None = None
-        self.first_settled: Callable[[int, float], None] | None = None
+
+    @property
+    def first_settled(self) -> Callable[[int, float], None] | None:
+        """Told once, of the first claim settled done: how many items, how long after it."""
+        return self._settling.first_settled
+
+    @first_settled.setter
+    def first_settled(self, tell: Callable[[int, float], None] | None) -> None:
+        self._settling.first_settled = tell
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -402,7 +405,7 @@ class ClaimLoop(Generic[T, R]):
                     if n and not await self._acquire_slot():
                         # Stopping: what has not started goes back at once, refunded.
                         rest: Claim[T] = Claim(claim.token, claim.ids[n:], claim.items[n:])
-                        await asyncio.shield(self._release(rest))
+                        await asyncio.shield(self._settling.release(rest))
                         break
                     part: Claim[T] = Claim(claim.token, [item_id], [item])
                     part.claimed_at = claim.claimed_at
@@ -566,7 +569,7 @@ class ClaimLoop(Generic[T, R]):
             if self.options.prefetch:
                 last = self._run_time
                 self._run_time = seconds if last is None else 0.8 * last + 0.2 * seconds
-            await self._settle(claim, outcomes)
+            await self._settling.settle(claim, outcomes)
         except StoreError as exc:
             # Not a lost connection (those are retried): the statement itself failed.
             # Unsettled items keep their lease and are processed again after it expires.
@@ -574,7 +577,7 @@ class ClaimLoop(Generic[T, R]):
             self.observer.database_error("settle", exc.cause, False)
         except asyncio.CancelledError:
             # Forced shutdown mid-work: hand the items back now rather than at lease expiry.
-            await asyncio.shield(self._release(claim))
+            await asyncio.shield(self._settling.release(claim))
             raise
         finally:
             self._slots.release()
@@ -619,163 +622,6 @@ class ClaimLoop(Generic[T, R]):
             len(claim.ids),
             self.options.lease,
         )
-
-    async def _settle(self, claim: Claim[T], outcomes: Sequence[R]) -> None:
-        items = claim.items
-        if all(o.ok for o in outcomes):  # the common case: one pass, no per-item lists
-            settled = await self._store_settle(claim, [DONE] * len(items))
-            if settled is not None:
-                self._hand_back.succeeded()
-                self._report_done(claim, settled, claim.ids, items)
-                if self._hand_back.waiting:
-                    await self._hand_back.target_back()
-            return
-        target_down = self.sink.target_down()
-        state = outage(outcomes, target_down=target_down)
-        outage_delay = self._hand_back.delay(state)
-        policy = self.options.retry
-        pick = self.retry_for
-        decisions = [
-            decide(
-                item.attempt,
-                o,
-                policy if pick is None else pick(item),
-                target_down=target_down,
-                outage_delay=outage_delay,
-            )
-            for item, o in zip(items, outcomes, strict=True)
-        ]
-        settled = await self._store_settle(claim, decisions)
-        if settled is None:
-            return
-        kept: set[int] | None = None
-        if settled.lost:  # the fence dropped items: report only those settled
-            self._check_fenced(claim, settled.lost, len(claim.ids))
-            kept = set(settled.ids)
-        done: list[T] = []
-        done_ids: list[int] = []
-        retried: list[tuple[T, R]] = []
-        dead: list[tuple[T, R]] = []
-        handed_back: list[int] = []
-        first_hand_back: str | None = None
-        for item_id, item, outcome, decision in zip(
-            claim.ids, items, outcomes, decisions, strict=True
-        ):
-            if kept is not None and item_id not in kept:
-                continue
-            verdict = decision.verdict
-            if verdict is Verdict.DONE:
-                done.append(item)
-                done_ids.append(item_id)
-            elif verdict is Verdict.RETRY:
-                retried.append((item, outcome))
-            elif verdict is Verdict.DEAD:
-                dead.append((item, outcome))
-            elif isinstance(outcome, Reschedule):
-                continue  # put off on purpose (a task's Snooze): not the outage's, not hastened
-            else:
-                handed_back.append(item_id)
-                if first_hand_back is None:
-                    first_hand_back = decision.error
-        if done:
-            self._report_done(claim, Settled(done_ids), done_ids, done)
-        if retried or dead:
-            self.observer.settled((), retried, dead)
-        if handed_back:  # the sink logged why, once; not a line per item
-            self.observer.handed_back(len(handed_back), first_hand_back)
-            count = len(handed_back)
-            self.log.debug("handed back %d event(s) untried, attempts not counted", count)
-            self._hand_back.remember(handed_back, outage_delay)
-        if state is False and self._hand_back.waiting:
-            await self._hand_back.target_back()
-
-    def _report_done(
-        self, claim: Claim[T], settled: Settled, ids: Sequence[int], items: Sequence[T]
-    ) -> None:
-        if settled.lost:  # the fence dropped items: report only those settled
-            self._check_fenced(claim, settled.lost, len(ids))
-            kept = set(settled.ids)
-            items = [m for i, m in zip(ids, items, strict=True) if i in kept]
-        if self.first_settled is not None and items:
-            first, self.first_settled = self.first_settled, None
-            first(len(items), time.monotonic() - claim.claimed_at)
-        self.observer.settled(items, (), ())
-
-    def _check_fenced(self, claim: Claim[T], lost: int, expected: int) -> None:
-        if lost > 0:
-            self.observer.lost_leases(lost)
-            self.log.warning(
-                "lease_lost: %d of %d %s %s (claimed %.1fs ago, lease %.1fs); %s",
-                lost,
-                expected,
-                self.options.words.items,
-                self.options.words.lost,
-                time.monotonic() - claim.claimed_at,
-                self.options.lease,
-                self.options.words.again,
-            )
-
-    async def _store_settle(self, claim: Claim[T], decisions: Sequence[Decision]) -> Settled | None:
-        """Settle ``claim``, retrying through database outages and refusals.
-
-        None if it gave up at shutdown. Retrying is safe: the settle is fenced by the
-        claim token, so once another claim has taken the items it changes nothing.
-        """
-        denied = False
-        try:
-            while True:
-                try:
-                    settled = await self.store.settle(claim, decisions)
-                except StoreDenied as exc:
-                    if not denied:
-                        denied = True
-                        self._denied.settling += 1
-                        self.observer.database_error("settle", exc.cause, False)
-                    self.deny(exc, "settles")
-                    if self._giving_up(claim):
-                        return None
-                    await self._sleep(self._errors.next_delay())
-                    continue
-                except (StoreUnavailable, StoreTimeout) as exc:
-                    if self._giving_up(claim):
-                        return None
-                    await self._errors.failed("settle", exc)
-                    continue
-                self._errors.succeeded()
-                return settled
-        finally:
-            if denied:
-                self._denied.settling -= 1
-                if not self.stopping.is_set():
-                    self._denied.allowed()  # the settle went through: claim again
-
-    def _giving_up(self, claim: Claim[T]) -> bool:
-        if self.stopping.is_set() and (
-            time.monotonic() - claim.claimed_at > self.options.lease + self.options.shutdown_timeout
-        ):
-            self.log.warning(
-                "giving up settling %d %s at shutdown: the database is unreachable;"
-                " their leases expire and they are claimed again",
-                len(claim.ids),
-                self.options.words.items,
-            )
-            return True
-        return False
-
-    async def _release(self, claim: Claim[T]) -> None:
-        try:
-            count = await self.store.release(claim)
-        except StoreError as exc:
-            self.observer.database_error("release", exc.cause, isinstance(exc, StoreUnavailable))
-            self.log.warning(
-                "could not release %d lease(s) (%s); they expire in %.0fs",
-                len(claim.ids),
-                redact(str(exc.cause)),
-                self.options.lease,
-            )
-            return
-        self.observer.handed_back(count, None)
-        self.log.info("released %d lease(s) at shutdown", count)
 
 
 async def _cancel_and_capture_errors(

@@ -217,7 +217,7 @@ class PostgresBackend(Backend):
             return pg.migrate_inbox(dsn, table=table)
         if kind == "tasks":
             return pg.migrate_tasks(dsn, table=table)
-        options: dict[str, Any] = {"partition_by": partition_by} if partition_by else {}
+        options: dict[str, Any] = {} if partition_by is None else {"partition_by": partition_by}
         if kind == "ordered":
             options |= {"ordered": True, "repartition": repartition}
             if partitions is not None:
