@@ -156,3 +156,9 @@ class MariaDBTaskStorage:
     def due(rows: list[tuple[Any, ...]]) -> bool:
         """Whether any task is due now (no run-at time, no delay): only those wake."""
         return any(row[8] is None and row[9] <= 0 for row in rows)
+
+    def committed(self, rows: list[tuple[Any, ...]]) -> None:
+        """These rows were committed: if any is due now, this process's waiting worker
+        claims at once (MariaDB has no NOTIFY)."""
+        if rows and self.due(rows):
+            wakeup.committed(self.table)

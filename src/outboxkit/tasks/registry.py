@@ -28,7 +28,6 @@ import orjson
 import psycopg
 
 from outboxkit.backends import Backend, backend_for, backend_of
-from outboxkit.backends.mariadb import wakeup
 from outboxkit.backends.ports import TaskAdmin
 from outboxkit.drivers import Statement, Use, async_adapter, sync_adapter, type_name
 from outboxkit.drivers.base import raw_async_adapter, raw_sync_adapter
@@ -697,9 +696,7 @@ class _MariaDBTaskRows(BaseMariaDBTransaction[Any]):
         self._handles = []
 
     def _woke(self) -> None:
-        storage = self._tasks._mariadb_storage
-        if self._rows and storage.due(self._rows):
-            wakeup.committed(storage.table)  # this process's waiting worker claims now
+        self._tasks._mariadb_storage.committed(self._rows)
 
     def _failed(self, exc: BaseException) -> BaseException:
         conflict = (
