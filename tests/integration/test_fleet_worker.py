@@ -141,6 +141,10 @@ def _connected_pids(dsn: str, pids: set[int]) -> set[int]:
     }
 
 
+def _logs(directory: Path) -> str:
+    return "\n".join(p.read_text()[-1500:] for p in sorted(directory.glob("worker-*.log")))
+
+
 async def test_two_worker_processes_given_one_file_divide_its_databases(
     task_databases: list[str], tmp_path: Path
 ) -> None:
@@ -194,8 +198,7 @@ async def test_two_worker_processes_given_one_file_divide_its_databases(
         for process in workers.values():
             process.send_signal(signal.SIGTERM)
         codes = [process.wait(30) for process in workers.values()]
-    logs = "\n".join(p.read_text()[-1500:] for p in sorted(tmp_path.glob("worker-*.log")))
-    assert codes == [0], logs
+    assert codes == [0], _logs(tmp_path)
     assert lost, "the killed process owned a database"
     for dsn in dsns:
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -2,10 +2,10 @@
 
 One small table per database, ``outboxkit_fleet``: ``outboxkit migrate --fleet`` creates it
 (so the relay's role needs no CREATE privilege), and a lease check creates it on first use
-when it is missing (``CREATE TABLE IF NOT EXISTS``: a database can join a fleet unmigrated). A row per
-fleet process that saw the database within a lease (its heartbeat), and at most one of them
-marked ``owner`` per service (a relay of one outbox table, a worker of one task table): the
-process that serves it. Each check is one short transaction on a connection of its own,
+when it is missing (``CREATE TABLE IF NOT EXISTS``: a database joins a fleet unmigrated).
+A row per fleet process that saw the database within a lease (its heartbeat), and at most
+one of them marked ``owner`` per service (a relay of one outbox table, a worker of one task
+table): the process that serves it. Each check is one short transaction on a connection of its own,
 serialized per service by a transaction advisory lock (so two processes never both take a
 free database), fine through a transaction pooler.
 """
