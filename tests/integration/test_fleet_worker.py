@@ -61,12 +61,12 @@ def _effects(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _spawn(dsn_file: Path, log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(dsn_file: Path, log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("OUTBOXKIT_DSN", None)
     command = [sys.executable, "-m", "outboxkit", "worker", "--dsn-file", str(dsn_file)]
     command += ["--app", "tests.support.tasks_app:tasks", "--poll-interval", "0.1"]
-    command += ["--reload-interval", "3600"]
+    command += ["--reload-interval", "3600", *extra]
     with log_path.open("ab") as out:
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
@@ -106,6 +106,107 @@ async def test_one_worker_process_works_on_every_database_of_its_file(
                 " HAVING count(*) > 1) t"
             ).fetchone()
         assert left == (0,) and twice == (0,)
+
+
+OWNER = (
+    "SELECT member FROM outboxkit_fleet"
+    " WHERE service = 'worker:outboxkit_tasks' AND owner AND expires_at > now()"
+)
+
+
+def _owner_pid(dsn: str) -> int | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            row = conn.execute(OWNER).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+    return int(str(row[0]).split(":")[-2]) if row else None
+
+
+def _connected_pids(dsn: str, pids: set[int]) -> set[int]:
+    """Which of the processes ``pids`` hold a worker connection to ``dsn`` (the server's
+    client port of each connection, matched with the processes' sockets)."""
+    import psutil
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'outboxkit-worker%'"
+        ).fetchall()
+    ports = {int(port) for (port,) in rows if port is not None}
+    return {
+        pid
+        for pid in pids
+        if any(c.laddr and c.laddr.port in ports for c in psutil.Process(pid).net_connections())
+    }
+
+
+def _logs(directory: Path) -> str:
+    return "\n".join(p.read_text()[-1500:] for p in sorted(directory.glob("worker-*.log")))
+
+
+async def test_two_worker_processes_given_one_file_divide_its_databases(
+    task_databases: list[str], tmp_path: Path
+) -> None:
+    """The relay's shared-file test for workers: each database is worked on by one of the two
+    processes (its lease owner; the other holds no connection to it), two each at most; a
+    SIGKILLed one's databases are taken over within the lease, and each task's effect
+    commits once (fenced by the task's lease: a takeover does not run it twice)."""
+    dsns = task_databases
+    dsn_file = tmp_path / "databases.txt"
+    dsn_file.write_text("".join(f"w{i} {dsn}\n" for i, dsn in enumerate(dsns)))
+    lease = "3"
+    workers = {}
+    for i in range(2):
+        process = _spawn(dsn_file, tmp_path / f"worker-{i}.log", "--fleet-lease", lease)
+        workers[process.pid] = process
+
+    def divided() -> bool:
+        owners = [_owner_pid(dsn) for dsn in dsns]
+        if any(pid not in workers for pid in owners):
+            return False
+        # (3 databases, 2 processes: 2 and 1, never 3 and 0)
+        return len(set(owners)) == len(workers) if len(workers) > 1 else True
+
+    try:
+        await wait_for(divided, timeout=15, interval=0.2, what="the databases divided")
+        for dsn in dsns:
+            _enqueue(dsn)
+        for dsn in dsns:
+            await wait_for(lambda dsn=dsn: _effects(dsn) == TASKS_EACH, timeout=15)
+        # the non-owner stays off: only the owner holds worker connections to a database
+        # (a database handed back in the first rounds closes its connections at once)
+        owned_by = {dsn: _owner_pid(dsn) for dsn in dsns}
+        only_owner = {dsn: {pid} for dsn, pid in owned_by.items()}
+        await wait_for(
+            lambda: {dsn: _connected_pids(dsn, set(workers)) for dsn in dsns} == only_owner,
+            timeout=5,
+            what=f"only the owners {owned_by} connected",
+        )
+
+        victim = next(iter(workers.values()))
+        lost = [dsn for dsn, pid in owned_by.items() if pid == victim.pid]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        del workers[victim.pid]
+        for dsn in lost:
+            _enqueue(dsn)
+        await wait_for(divided, timeout=float(lease) * 2 + 3, interval=0.2, what="taken over")
+        for dsn in lost:
+            await wait_for(lambda dsn=dsn: _effects(dsn) == 2 * TASKS_EACH, timeout=15)
+    finally:
+        for process in workers.values():
+            process.send_signal(signal.SIGTERM)
+        codes = [process.wait(30) for process in workers.values()]
+    assert codes == [0], _logs(tmp_path)
+    assert lost, "the killed process owned a database"
+    for dsn in dsns:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            twice = conn.execute(
+                "SELECT count(*) FROM (SELECT task_id FROM effects GROUP BY 1"
+                " HAVING count(*) > 1) t"
+            ).fetchone()
+        assert twice == (0,), dsn
 
 
 @pytest.mark.parametrize(

@@ -255,6 +255,17 @@ class Backend(abc.ABC):
         self.refuse("fleet_leases")
         raise ConfigurationError(f"{self.label} keeps no fleet lease")
 
+    def migrate_fleet(self, dsn: str) -> bool:
+        """Create this database's fleet lease table if missing (``migrate --fleet``); True if
+        it was created. A backend without a fleet lease refuses through :attr:`cannot`."""
+        self.refuse("fleet_leases")
+        raise ConfigurationError(f"{self.label} keeps no fleet lease")
+
+    def fleet_ddl(self) -> str:
+        """The fleet lease table's DDL (``migrate --fleet --print-sql``)."""
+        self.refuse("fleet_leases")
+        raise ConfigurationError(f"{self.label} keeps no fleet lease")
+
     def fleet_owner(self, dsn: str, service: str) -> str | None:
         """The fleet process serving ``service`` on this database (``status --dsn-file``):
         None when none holds its lease, or this backend keeps none."""

@@ -77,6 +77,19 @@ class PostgresBackend(Backend):
 
         return PgFleetLease(dsn, service, member, ttl)
 
+    def migrate_fleet(self, dsn: str) -> bool:
+        from outboxkit.backends.postgres._connection import connect
+        from outboxkit.backends.postgres.fleet_sql import create_table
+        from outboxkit.backends.postgres.migrate import APPLICATION_NAME
+
+        with connect(dsn, application_name=APPLICATION_NAME, autocommit=True) as conn:
+            return create_table(conn)
+
+    def fleet_ddl(self) -> str:
+        from outboxkit.backends.postgres.fleet_sql import CREATE
+
+        return "".join(f"{statement};\n" for statement in CREATE)
+
     def fleet_owner(self, dsn: str, service: str) -> str | None:
         from outboxkit.backends.postgres._connection import connect
         from outboxkit.backends.postgres.fleet_sql import LEASE_APPLICATION_NAME, lease_owner

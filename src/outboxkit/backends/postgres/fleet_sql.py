@@ -1,10 +1,11 @@
 """PostgreSQL's statements on the fleet's lease table (the port of fleet/leases.py).
 
-One small table per database, ``outboxkit_fleet``, created on first use (``CREATE TABLE IF
-NOT EXISTS``: no ``outboxkit migrate`` step for a database that joins a fleet). A row per
-fleet process that saw the database within a lease (its heartbeat), and at most one of them
-marked ``owner`` per service (a relay of one outbox table, a worker of one task table): the
-process that serves it. Each check is one short transaction on a connection of its own,
+One small table per database, ``outboxkit_fleet``: ``outboxkit migrate --fleet`` creates it
+(so the relay's role needs no CREATE privilege), and a lease check creates it on first use
+when it is missing (``CREATE TABLE IF NOT EXISTS``: a database joins a fleet unmigrated).
+A row per fleet process that saw the database within a lease (its heartbeat), and at most
+one of them marked ``owner`` per service (a relay of one outbox table, a worker of one task
+table): the process that serves it. Each check is one short transaction on a connection of its own,
 serialized per service by a transaction advisory lock (so two processes never both take a
 free database), fine through a transaction pooler.
 """
@@ -29,6 +30,9 @@ CREATE = (
     "CREATE UNIQUE INDEX IF NOT EXISTS outboxkit_fleet_owner ON outboxkit_fleet (service)"
     " WHERE owner",
 )
+#: ``migrate --fleet``: two CREATE ... IF NOT EXISTS at once can still collide in the catalog.
+CREATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('outboxkit_fleet:migrate'))"
+EXISTS = "SELECT to_regclass('outboxkit_fleet') IS NOT NULL"
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('outboxkit_fleet:' || %(service)s))"
 #: A process not seen for a lease is gone: its heartbeat and its ownership go with it.
 EXPIRE = "DELETE FROM outboxkit_fleet WHERE service = %(service)s AND expires_at < now()"
@@ -93,6 +97,17 @@ class PgFleetLease:
             pass
         finally:
             await conn.close()
+
+
+def create_table(conn: psycopg.Connection[Any]) -> bool:
+    """Create the lease table and its index if missing (``migrate --fleet``); True if the
+    table was missing. Idempotent, and serialised by an advisory lock."""
+    with conn.transaction():
+        conn.execute(CREATE_LOCK)
+        row = conn.execute(EXISTS).fetchone()
+        for statement in CREATE:
+            conn.execute(statement)
+    return not (row and row[0])
 
 
 def lease_owner(conn: psycopg.Connection[Any], service: str) -> tuple[str, float] | None:

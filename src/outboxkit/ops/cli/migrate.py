@@ -53,6 +53,13 @@ from outboxkit.ops.cli.output import fail, ok
     help="With --ordered --partitions N: change the count of an ordered table. Stop every"
     " relay first (refused while one is alive); rewrites the table.",
 )
+@click.option(
+    "--fleet",
+    is_flag=True,
+    help="Also create the fleet lease table (outboxkit_fleet) by which `relay/worker"
+    " --dsn-file` processes share the database, so their role needs no CREATE privilege"
+    " (without it the first lease check creates the table).",
+)
 def migrate(
     dsn: str | None,
     table: str,
@@ -65,6 +72,7 @@ def migrate(
     ordered: bool,
     partitions: int | None,
     repartition: bool,
+    fleet: bool,
 ) -> None:
     """Create or upgrade the outbox table (idempotent; safe from several processes at once).
 
@@ -77,6 +85,7 @@ def migrate(
       outboxkit migrate --print-sql --table events.outbox > V42__outbox.sql
       outboxkit migrate --inbox --dsn postgresql://app@db/billing
       outboxkit migrate --tasks --dsn postgresql://app@db/shop
+      outboxkit migrate --fleet --dsn postgresql://app@db/shop   (for relay --dsn-file)
       outboxkit migrate --partition-by day --dsn postgresql://app@db/shop
       outboxkit migrate --ordered --partitions 64 --dsn postgresql://app@db/shop
       outboxkit migrate --dsn mysql://app@db/shop   (MariaDB 10.6+ / MySQL 8)
@@ -86,6 +95,8 @@ def migrate(
     from outboxkit.backends.ports import MigrationKind
 
     _refuse_ignored(tasks=tasks, inbox=inbox)
+    if fleet and inbox:
+        fail("--fleet applies to the outbox and task tables (a fleet relays or works them)", 2)
     if (partitions is not None or repartition) and not ordered:
         fail("--partitions and --repartition apply to ordered mode: add --ordered", 2)
     kind: MigrationKind = (
@@ -100,13 +111,20 @@ def migrate(
     if print_sql:
         try:
             click.echo(backend.ddl(kind, name, **options), nl=False)
+            if fleet:
+                click.echo(backend.fleet_ddl(), nl=False)
         except ConfigurationError as exc:
             fail(str(exc), 2)
         return
     if not dsn:
         fail("give --dsn (or set OUTBOXKIT_DSN), or use --print-sql to get the DDL", 2)
+    if fleet:
+        run_guarded(backend.refuse, "fleet_leases")  # (before the table's migration)
     result = run_guarded(backend.migrate, dsn, kind, name, **options)
     ok(result.describe())
+    if fleet:
+        created = run_guarded(backend.migrate_fleet, dsn)
+        ok("fleet lease table outboxkit_fleet " + ("created" if created else "in place"))
 
 
 # What each kind of table takes beside --dsn and --print-sql: a flag given for another
