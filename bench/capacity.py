@@ -1,15 +1,15 @@
 """Check the capacity model of docs/capacity.md: fit on one relay, predict a fleet, measure it.
 
     python bench/capacity.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \
-        [--broker nats|kafka] [--events 30000] [--databases 6] [--processes 2]
+        [--broker nats|kafka|redis] [--events 30000] [--databases 6] [--processes 2]
 
 ``--dsn`` is only used to create (and at the end drop) databases of this benchmark's own,
 ``capacity_bench_0`` ...; nothing runs in the database it names.
 
-**Fit** (one database, one ``outboxkit relay --dsn``; NATS JetStream, or Kafka: an
-embedded Tansu broker as the other benchmarks use): the relay runs idle
-for a few seconds (its idle CPU per second), then ``events`` rows are inserted in one
-statement and the relay drains them. The CPU of the window, less the idle rate times the
+**Fit** (one database, one ``outboxkit relay --dsn``; NATS JetStream, Kafka (an
+embedded Tansu broker, as the other benchmarks use) or Redis Streams): the relay runs idle
+for a few seconds (its idle CPU per second), then ``events`` rows are inserted (and analyzed)
+in one transaction and the relay drains them. The CPU of the window, less the idle rate times the
 window, over the events, is the relay's CPU per event; the same for each PostgreSQL backend
 the relay holds, grouped by ``application_name`` (the claim, the settle...): the
 database's CPU per event for the claim and for the settle.
@@ -49,6 +49,7 @@ from _common import ensure_topic, kafka_broker, prepare, save, server_facts
 STREAM = "CAPACITY_BENCH"
 TOPIC = "capacity.orders"
 PREFIX = "capacity_bench_"
+REDIS_PREFIX = "capacity_bench:"
 _COLUMNS = "event_id, topic, key, event_type, aggregate_type, aggregate_id, payload, headers"
 
 
@@ -283,7 +284,8 @@ def _delete_stream(url: str | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dsn", required=True, help="admin DSN: databases are created through it")
-    ap.add_argument("--broker", choices=("nats", "kafka"), default="nats")
+    ap.add_argument("--broker", choices=("nats", "kafka", "redis"), default="nats")
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--kafka", help="bootstrap host:port of a Kafka (default: embedded Tansu)")
     ap.add_argument("--events", type=int, default=30_000, help="events per database")
@@ -299,9 +301,20 @@ def main() -> None:
             bootstrap = stack.enter_context(kafka_broker(args.kafka))
             ensure_topic(bootstrap, TOPIC)
             broker = f"kafka://{bootstrap}"
+        elif args.broker == "redis":  # a stream of its own, trimmed, deleted at the end
+            broker = f"{args.redis}?stream_prefix={REDIS_PREFIX}&maxlen=10000"
+            stack.callback(_delete_redis_stream, args.redis)
         else:
             broker = f"{args.nats}?stream={STREAM}&subjects=capacity.>"
         measure(args, broker)
+
+
+def _delete_redis_stream(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.delete(f"{REDIS_PREFIX}{TOPIC}")
+    client.close()
 
 
 def measure(args: argparse.Namespace, broker: str) -> None:
@@ -379,7 +392,7 @@ def measure(args: argparse.Namespace, broker: str) -> None:
     within = all(abs(comparison[k]["error"]) <= 0.25 for k in ("relay_cpu_s", "pg_cpu_s"))
     print(comparison, "within 25 %:", within, flush=True)
     save(
-        args.out or ("capacity" if args.broker == "nats" else "capacity_kafka"),
+        args.out or ("capacity" if args.broker == "nats" else f"capacity_{args.broker}"),
         {
             "server": server_facts(args.dsn),
             "load_average": os.getloadavg(),
