@@ -14,12 +14,15 @@ window, over the events, is the relay's CPU per event; the same for each Postgre
 the relay holds, grouped by ``application_name`` (the claim, the settle...): the
 database's CPU per event for the claim and for the settle.
 
+**Fit of the idle cost**: one fleet process (``--dsn-file``) over the ``databases``
+databases, idle: its CPU per database per second (the lease checks, a connection each).
+
 **Check** (a configuration not used to fit: ``processes`` fleet processes, ``--dsn-file``
-over ``databases`` databases): predicted CPU = events x the fit's CPU per event + each
-process's idle rate x the window; measured = the CPU the processes (and their backends)
-used over the window. Comparing CPU, not wall rates, holds on a shared 2-core machine where
-other load slows every process alike: a relay that is kept off the core uses no CPU either.
-The wall rates are reported too.
+over ``databases`` databases, busy): predicted CPU = events x the fit's CPU per event +
+databases x the idle cost per database x the window; measured = the CPU the processes (and
+their backends) used over the window. Comparing CPU, not wall rates, holds on a shared
+2-core machine where other load slows every process alike: a relay that is kept off the
+core uses no CPU either. The wall rates are reported too.
 
 Why windows on a running process instead of two lives (bench/_measure.py): a fleet process
 takes its databases over a few lease rounds; loading the rows once the ownership has
@@ -205,7 +208,8 @@ def run(
     src: str | None,
 ) -> dict[str, Any]:
     """Start the relays, wait ``settle_s``, measure ``idle_s`` idle, load ``events`` rows in
-    every database, measure until they are all published and deleted."""
+    every database, measure until they are all published and deleted (no ``events``: only
+    the idle measure)."""
     names = [str(psycopg.conninfo.conninfo_to_dict(d)["dbname"]) for d in dsns]
     logs = Path(tempfile.mkdtemp(prefix="outboxkit-capacity-"))
     processes = start_relays(relay_args, broker, logs, src)
@@ -218,6 +222,8 @@ def run(
         t0 = meter.read()
         time.sleep(idle_s)
         t1 = meter.read()
+        if not events:
+            return {"databases": len(dsns), "processes": len(processes), "idle": meter.diff(t0, t1)}
         load_start = time.perf_counter()
         for dsn in dsns:
             load(dsn, events)
@@ -333,6 +339,19 @@ def measure(args: argparse.Namespace, broker: str) -> None:
         dsn_file = Path(tempfile.mkdtemp(prefix="outboxkit-capacity-")) / "databases"
         dsn_file.write_text("".join(f"db{i} {d}\n" for i, d in enumerate(dsns)))
         fleet = ["--dsn-file", str(dsn_file), "--fleet-lease", "3", "--reload-interval", "600"]
+        # The fleet's cost per idle database (its lease checks: a connection per database
+        # and round), fitted on one idle process: the check's processes pay it per database.
+        print(f"fit: 1 fleet process, {args.databases} idle databases", flush=True)
+        idle_fit = run(args.dsn, dsns, [fleet], broker, 0, args.idle, 12, src)["idle"]
+        model["fleet_idle_relay_cpu_s_per_db_s"] = (
+            idle_fit["relay_cpu_s"] / idle_fit["seconds"] / args.databases
+        )
+        model["fleet_idle_pg_cpu_s_per_db_s"] = (
+            idle_fit["pg_cpu_s"] / idle_fit["seconds"] / args.databases
+        )
+        model["fleet_idle_transactions_per_db_s"] = (
+            idle_fit["transactions"] / idle_fit["seconds"] / args.databases
+        )
         print(f"check: {args.processes} fleet processes, {args.databases} databases", flush=True)
         check = run(
             args.dsn,
@@ -350,13 +369,11 @@ def measure(args: argparse.Namespace, broker: str) -> None:
 
     busy = check["busy"]
     n = check["events"]
-    # the prediction uses the fit only: its CPU per event, and its idle rate per process
-    predicted_relay = n * model["relay_us"] / 1e6 + (
-        args.processes * model["relay_idle_cpu_s_per_s"] * busy["seconds"]
-    )
-    predicted_pg = n * model["pg_us"] / 1e6 + (
-        args.processes * model["pg_idle_cpu_s_per_s"] * busy["seconds"]
-    )
+    # the prediction uses the fits only (docs/capacity.md's formula): CPU per event times
+    # the events, plus the fleet's cost per database over the window
+    dbs_s = args.databases * busy["seconds"]
+    predicted_relay = n * model["relay_us"] / 1e6 + model["fleet_idle_relay_cpu_s_per_db_s"] * dbs_s
+    predicted_pg = n * model["pg_us"] / 1e6 + model["fleet_idle_pg_cpu_s_per_db_s"] * dbs_s
     measured = per_event(check)
     idle = check["idle"]
     comparison = {
@@ -397,7 +414,12 @@ def measure(args: argparse.Namespace, broker: str) -> None:
             "server": server_facts(args.dsn),
             "load_average": os.getloadavg(),
             "broker": args.broker,
-            "fit": {"config": "1 outboxkit relay --dsn, 1 database", "result": fit, "model": model},
+            "fit": {
+                "config": "1 outboxkit relay --dsn, 1 database; 1 idle fleet process",
+                "result": fit,
+                "idle_fleet": idle_fit,
+                "model": model,
+            },
             "check": {
                 "config": f"{args.processes} relay --dsn-file, {args.databases} databases",
                 "result": check,
