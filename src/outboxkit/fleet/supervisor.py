@@ -31,6 +31,7 @@ from outboxkit.backends import backend_for
 from outboxkit.errors import OutboxkitError
 from outboxkit.fleet.dsn_file import BadLine, Database, DsnFile, read_dsn_file
 from outboxkit.fleet.leases import DatabaseLease, Sighting, member_id, rank, target
+from outboxkit.queue.episode import FailureEpisode
 
 log = logging.getLogger("outboxkit.fleet")
 
@@ -266,6 +267,7 @@ class Fleet:
         self._generation = 0  # (the file read again: a round under way decides nothing)
         self._answered: set[str] = set()  # databases whose last lease check answered
         self._refused: dict[str, str] = {}  # name -> the DSN its factory refused
+        self._round_failures = FailureEpisode("the fleet's lease round", logger=log)
 
     def reload(self) -> None:
         """Read the file again now (SIGHUP)."""
@@ -372,8 +374,16 @@ class Fleet:
         while True:
             try:
                 await self._share_round()
-            except Exception:  # a bug here must not end the fleet: the next round retries
-                log.exception("the fleet's lease round failed")
+            except Exception as exc:  # a bug here must not end the fleet: the next round retries
+                # One line with the traceback, then a reminder now and then: not one a round.
+                self._round_failures.failed(
+                    "the fleet's lease round failed: %s; retrying every %.1fs",
+                    first_line(exc, with_type=True),
+                    self.lease / 3,
+                    exc_info=exc,
+                )
+            else:
+                self._round_failures.succeeded()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._round.wait(), timeout=self.lease / 3)
             self._round.clear()
