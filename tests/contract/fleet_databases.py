@@ -17,6 +17,7 @@ from outboxkit.backends import backend_for
 from outboxkit.backends.postgres.fleet_sql import LOCK
 from outboxkit.queue.fleet_leases import DatabaseLease
 from outboxkit.testing import create_database, drop_database
+from tests.support.mariadb_ops import mariadb_execute
 from tests.support.servers import unique_name
 
 SERVICE = "relay:outbox"
@@ -87,13 +88,7 @@ class MariaDBLeaseDatabase(PostgresLeaseDatabase):
         return pymysql.connect(**self.server.connect_args(self.database), autocommit=True)
 
     def _run(self, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(statement, params)
-                return list(cur.fetchall())
-        finally:
-            conn.close()
+        return mariadb_execute(self.dsn, statement, params)
 
     def age(self, seconds: float) -> None:
         self._run(self._AGE, (round(seconds * 1e6),))

@@ -23,10 +23,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,11 +33,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from outboxkit.backends.mariadb.sql import is_mysql_url
 from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.cli.app import main
 from outboxkit.testing import EmbeddedPostgres, create_database, drop_database
-from tests.support.fleet import FleetProcesses, owner, owner_pid, pending
+from tests.support.fleet import FleetProcesses, balanced, owner, owner_pid, pending
+from tests.support.mariadb_ops import new_database
 from tests.support.relaying import (
     Writers,
     count,
@@ -100,28 +98,11 @@ def databases(request: pytest.FixtureRequest) -> Iterator[list[str]]:
         urls = {n: servers[0].dsn_for(n) for n in first}
         urls.update({n: servers[1].dsn_for(n) for n in second})
         if maria is not None:
-            urls[maria] = _mariadb_database(request.getfixturevalue("mariadb_server"))
+            urls[maria] = new_database(request.getfixturevalue("mariadb_server"))
         yield [urls[n] for n in names]
     finally:
         for server in servers:
             server.close()
-
-
-def _mariadb_database(server: Any) -> str:
-    import pymysql
-
-    from outboxkit.backends.mariadb.migrate import migrate as mariadb_migrate
-
-    name = unique_name("fleet")
-    admin = pymysql.connect(**server.connect_args(), autocommit=True)
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
-    finally:
-        admin.close()
-    url: str = server.url_for(name)
-    mariadb_migrate(url)
-    return url
 
 
 def _server_of(dsn: str) -> str:
@@ -131,44 +112,6 @@ def _server_of(dsn: str) -> str:
 def _popen(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _claims(dsn: str) -> int:
-    """The relay's claim connections to ``dsn`` (MariaDB's are not told apart by name: 1)."""
-    if is_mysql_url(dsn):
-        return 1
-    return relay_connections(dsn).get("outboxkit-relay:claim", 0)
-
-
-async def _balanced(
-    fleet: FleetProcesses, listed: list[str], timeout: float, what: str, *, claims: bool = True
-) -> float:
-    """Wait until every listed database is owned by one live process, each holding its
-    ceil(D/N) at most, and (``claims``) only the owner holding a claim connection, its relay
-    started; the seconds taken."""
-    started = time.monotonic()
-    last: dict[str, int | None] = {}
-
-    def settled() -> bool:
-        last.clear()
-        last.update({dsn: owner_pid(dsn) for dsn in listed})
-        if any(pid not in fleet.live for pid in last.values()):
-            return False
-        share = math.ceil(len(listed) / len(fleet.live))
-        if max(Counter(last.values()).values()) > share:
-            return False
-        if not claims:
-            return True
-        return all(_claims(dsn) == 1 for dsn in listed)
-
-    try:
-        await wait_for(settled, timeout=timeout, interval=0.25, what=what)
-    except AssertionError:
-        owners = Counter(last.values())
-        raise AssertionError(f"{what}: owners {owners}\n{fleet.log_tail()}") from None
-    took = time.monotonic() - started
-    print(f"{what}: {took:.1f} s, owners {sorted(Counter(last.values()).values())}")
-    return took
 
 
 async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
@@ -187,7 +130,7 @@ async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
     try:
         first = fleet.start()
         fleet.start()
-        await _balanced(fleet, listed, SETTLE, "two processes, an even share each")
+        await balanced(fleet, listed, SETTLE, "two processes, an even share each")
         # `status --dsn-file` names each database's owner
         shown = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--json"])
         shown_owners = {d["name"]: d["owner"] for d in json.loads(shown.output)["databases"]}
@@ -207,18 +150,18 @@ async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
         victim = first
         for _ in range(KILLS):
             fleet.kill(victim)  # its databases: taken over once its lease runs out
-            owned = _balanced(fleet, listed, SETTLE, "owned after a SIGKILL", claims=False)
+            owned = balanced(fleet, listed, SETTLE, "owned after a SIGKILL", claims=False)
             taken_over.append(await owned)
-            await _balanced(fleet, listed, SETTLE, "relayed after a SIGKILL")
+            await balanced(fleet, listed, SETTLE, "relayed after a SIGKILL")
             victim = fleet.start()  # a process joins: the databases spread again
-            await _balanced(fleet, listed, SETTLE, "after a process joined")
+            await balanced(fleet, listed, SETTLE, "after a process joined")
 
         # a database added to the file, one removed: SIGHUP to every process
         added, removed = databases[DATABASES], listed[-1]
         listed = [*listed[:-1], added]
         dsn_file.write_text("".join(f"{names[dsn]} {dsn}\n" for dsn in listed))
         fleet.hup()
-        await _balanced(fleet, listed, SETTLE, "after a database was added and one removed")
+        await balanced(fleet, listed, SETTLE, "after a database was added and one removed")
         await wait_for(lambda: not relay_connections(removed), what="the removed one let go")
         # (handed back at once; a check under way as the file changed may take it once
         # more, and then its lease runs out unrenewed)

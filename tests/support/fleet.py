@@ -5,16 +5,21 @@ and its pending count."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from outboxkit.backends.mariadb.sql import connect_args, is_mysql_url
+from outboxkit.backends.mariadb.sql import is_mysql_url
+from tests.support.mariadb_ops import mariadb_execute
+from tests.support.relaying import relay_connections, wait_for
 
 _OWNER = "SELECT member FROM outboxkit_fleet WHERE service = %s AND owner AND expires_at > {now}"
 _PENDING = "SELECT count(*) FROM outbox WHERE status = 0"
@@ -23,17 +28,13 @@ _PENDING = "SELECT count(*) FROM outbox WHERE status = 0"
 def _mariadb(dsn: str, statement: str, params: tuple[Any, ...]) -> Any:
     import pymysql
 
-    conn = pymysql.connect(**connect_args(dsn), autocommit=True)
     try:
-        with conn.cursor() as cur:
-            cur.execute(statement, params)
-            return cur.fetchone()
+        rows = mariadb_execute(dsn, statement, params)
     except pymysql.err.ProgrammingError as exc:
         if exc.args and exc.args[0] == 1146:  # no lease table yet
             return None
         raise
-    finally:
-        conn.close()
+    return rows[0] if rows else None
 
 
 def owner(dsn: str, service: str = "relay:outbox") -> str | None:
@@ -115,3 +116,41 @@ class FleetProcesses:
 
     def log_tail(self) -> str:
         return "\n".join(p.read_text()[-1500:] for p in sorted(self.logs.glob("relay-*.log")))
+
+
+def claim_connections(dsn: str) -> int:
+    """The relay's claim connections to ``dsn`` (MariaDB's are not told apart by name: 1)."""
+    if is_mysql_url(dsn):
+        return 1
+    return relay_connections(dsn).get("outboxkit-relay:claim", 0)
+
+
+async def balanced(
+    fleet: FleetProcesses, listed: list[str], timeout: float, what: str, *, claims: bool = True
+) -> float:
+    """Wait until every listed database is owned by one live process, each holding its
+    ceil(D/N) at most, and (``claims``) only the owner holding a claim connection, its relay
+    started; the seconds taken."""
+    started = time.monotonic()
+    last: dict[str, int | None] = {}
+
+    def settled() -> bool:
+        last.clear()
+        last.update({dsn: owner_pid(dsn) for dsn in listed})
+        if any(pid not in fleet.live for pid in last.values()):
+            return False
+        share = math.ceil(len(listed) / len(fleet.live))
+        if max(Counter(last.values()).values()) > share:
+            return False
+        if not claims:
+            return True
+        return all(claim_connections(dsn) == 1 for dsn in listed)
+
+    try:
+        await wait_for(settled, timeout=timeout, interval=0.25, what=what)
+    except AssertionError:
+        owners = Counter(last.values())
+        raise AssertionError(f"{what}: owners {owners}\n{fleet.log_tail()}") from None
+    took = time.monotonic() - started
+    print(f"{what}: {took:.1f} s, owners {sorted(Counter(last.values()).values())}")
+    return took
