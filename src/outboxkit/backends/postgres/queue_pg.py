@@ -156,6 +156,7 @@ class PgQueueStore(PgSession, Generic[T]):
             log=log,
             who="relay",
             what="events",
+            due_in=sq.due_in,
         )
         self.table = table
         self.make_item = make_item
@@ -262,7 +263,9 @@ class PgQueueStore(PgSession, Generic[T]):
                 block=policy.block,
             )
         try:
-            conn = await self._connection("claim")
+            conn = await self._claim_connection()
+            if conn is None:
+                return None  # (parked: nothing due)
             cur = self._cursor(conn, "claim")
             records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
         except pg_errors.UndefinedTable:
@@ -275,6 +278,7 @@ class PgQueueStore(PgSession, Generic[T]):
             raise await self._translate(exc) from exc
         if not records:
             return None
+        self.claimed_some()
         make = self.make_item
         dead: list[tuple[T, str, str]] | None = None
         if records[-1][-1] is not None or any(r[-1] is not None for r in records):

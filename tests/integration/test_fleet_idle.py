@@ -1,0 +1,98 @@
+"""An idle database of ``outboxkit relay --dsn-file`` holds its LISTEN session only.
+
+A real relay process over databases of the session's PostgreSQL, NATS JetStream as the broker,
+the claim and settle connections' idle timeouts shortened to 1 s (``OUTBOXKIT_CLAIM_IDLE``,
+``OUTBOXKIT_SETTLE_IDLE``; 30 s each by default) and a 30 s poll, so that what the relay
+publishes within a few seconds it found by a wake-up on its LISTEN session, not by the poll.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from outboxkit.testing import create_database, drop_database
+from tests.support.relaying import count, make_events, relay_connections, wait_for, write_events
+from tests.support.servers import consume_nats, ensure_stream, unique_name
+
+pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(90)]
+
+PARKED = {"outboxkit-relay:listen": 1}
+#: A retry's delay: long enough to see its database parked before it is due.
+RETRY_IN = 7.0
+
+
+async def test_idle_databases_hold_their_listen_session_only(
+    pg_server: Any, pg_template: str, nats_server: Any, tmp_path: Path
+) -> None:
+    """Idle, each database holds its LISTEN session only (the claim connection closes once
+    its claims found nothing for OUTBOXKIT_CLAIM_IDLE); an event committed then is woken
+    for and published within seconds (the poll is 30 s), all of it; a retry due later in a
+    parked database is published at its time; then both are parked again."""
+    names = [unique_name("fleetpark") for _ in range(3)]
+    for name in names:
+        create_database(pg_server.dsn, name, template=pg_template)
+    dsns = [pg_server.dsn_for(name) for name in names]
+    root = f"p{uuid.uuid4().hex[:8]}"
+    stream = root.upper()
+    await ensure_stream(nats_server.url, stream, [f"{root}.>"])
+    # A retry waiting in db2 (what a failed publish leaves: attempts, an error, a later
+    # available_at), written before the relay starts: nothing will notify it.
+    write_events(dsns[2], make_events(f"{root}.db2", 1))
+    with psycopg.connect(dsns[2], autocommit=True) as conn:
+        row = conn.execute(
+            "UPDATE outbox SET attempts = 1, last_error = 'broker: timeout',"
+            " available_at = now() + make_interval(secs => %s)"
+            " RETURNING extract(epoch FROM available_at)",
+            (RETRY_IN,),
+        ).fetchone()
+    assert row is not None
+    retry_due = float(row[0])
+    dsn_file = tmp_path / "databases.txt"
+    dsn_file.write_text("".join(f"db{i} {dsn}\n" for i, dsn in enumerate(dsns)))
+    cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(dsn_file)]
+    cmd += ["--broker", nats_server.url, "--poll-interval", "30"]
+    env = {**os.environ, "OUTBOXKIT_CLAIM_IDLE": "1", "OUTBOXKIT_SETTLE_IDLE": "1"}
+    log = tmp_path / "relay.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        # Parked: each database's claim connection closed (the retry not due yet).
+        await wait_for(lambda: all(relay_connections(d) == PARKED for d in dsns), timeout=20)
+        assert time.time() < retry_due - 1, "parked too late to tell the retry's wake-up"
+        assert count(dsns[2], "status = 0") == 1
+
+        # An event committed in a parked database: woken by its NOTIFY, published at once.
+        committed = time.monotonic()
+        write_events(dsns[0], make_events(f"{root}.db0", 20))
+        await wait_for(lambda: count(dsns[0], "status = 0") == 0, timeout=10, what="db0 published")
+        woken_in = time.monotonic() - committed
+        assert woken_in < 8, f"published {woken_in:.1f}s after its commit: by the poll?"
+
+        # The retry: published at its time, by the parked database's timer (no NOTIFY).
+        await wait_for(lambda: count(dsns[2], "status = 0") == 0, timeout=20, what="the retry")
+        late = time.time() - retry_due
+        assert late < 8, f"the retry was published {late:.1f}s after it was due"
+
+        got0 = await consume_nats(nats_server.url, stream, f"{root}.db0", None)
+        got2 = await consume_nats(nats_server.url, stream, f"{root}.db2", None)
+        assert len(got0) == 20 and len({m.header["Nats-Msg-Id"] for m in got0}) == 20
+        assert len(got2) == 1
+        # ... and parked again once idle (the settle connection closes too).
+        await wait_for(lambda: all(relay_connections(d) == PARKED for d in dsns), timeout=20)
+        print(f"db0 published {woken_in * 1000:.0f} ms after its commit; the retry {late:+.1f}s")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        for name in names:
+            drop_database(pg_server.dsn, name)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
