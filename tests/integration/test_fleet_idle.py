@@ -63,8 +63,7 @@ async def test_idle_databases_hold_their_listen_session_only(
     cmd += ["--broker", nats_server.url, "--poll-interval", "30"]
     env = {**os.environ, "OUTBOXKIT_CLAIM_IDLE": "1", "OUTBOXKIT_SETTLE_IDLE": "1"}
     log = tmp_path / "relay.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    process = _popen(cmd, log, env)
     try:
         # Parked: each database's claim connection closed (the retry not due yet).
         await wait_for(lambda: all(relay_connections(d) == PARKED for d in dsns), timeout=20)
@@ -96,3 +95,8 @@ async def test_idle_databases_hold_their_listen_session_only(
         for name in names:
             drop_database(pg_server.dsn, name)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _popen(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
