@@ -4,6 +4,7 @@ A real relay process over databases of the session's PostgreSQL, NATS JetStream 
 the claim and settle connections' idle timeouts shortened to 1 s (``OUTBOXKIT_CLAIM_IDLE``,
 ``OUTBOXKIT_SETTLE_IDLE``; 30 s each by default) and a 30 s poll, so that what the relay
 publishes within a few seconds it found by a wake-up on its LISTEN session, not by the poll.
+On MariaDB (no LISTEN: it polls on its claim connection) an idle database keeps that one.
 """
 
 from __future__ import annotations
@@ -95,6 +96,57 @@ async def test_idle_databases_hold_their_listen_session_only(
         for name in names:
             drop_database(pg_server.dsn, name)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+async def test_an_idle_mariadb_database_holds_its_claim_connection_only(
+    mariadb_server: Any, nats_server: Any, tmp_path: Path
+) -> None:
+    """MariaDB: the settle connection closes once idle as on PostgreSQL; the claim one stays
+    (it polls every --poll-interval)."""
+    import pymysql
+
+    from outboxkit.backends.mariadb.migrate import migrate
+    from tests.support.mariadb_drivers import database
+
+    root = f"m{uuid.uuid4().hex[:8]}"
+    await ensure_stream(nats_server.url, root.upper(), [f"{root}.>"])
+    with database(mariadb_server, "fleetidle", migrate) as url:
+        name = url.rsplit("/", 1)[1].split("?")[0]
+        admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
+
+        def held() -> int:
+            with admin.cursor() as cur:
+                cur.execute(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = %s", name
+                )
+                return int(cur.fetchone()[0])
+
+        def pending() -> int:
+            with admin.cursor() as cur:
+                cur.execute(f"SELECT count(*) FROM {name}.outbox WHERE status = 0")
+                return int(cur.fetchone()[0])
+
+        dsn_file = tmp_path / "databases.txt"
+        dsn_file.write_text(f"maria {url}\n")
+        cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(dsn_file)]
+        cmd += ["--broker", nats_server.url, "--poll-interval", "0.2"]
+        env = {**os.environ, "OUTBOXKIT_SETTLE_IDLE": "1"}
+        process = _popen(cmd, tmp_path / "relay.log", env)
+        try:
+            with admin.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO {name}.outbox (event_id, topic, event_type, payload, headers)"
+                    " VALUES (%s, %s, 'order.placed', '{}', '{}')",
+                    (str(uuid.uuid4()), f"{root}.maria"),
+                )
+            await wait_for(lambda: pending() == 0, timeout=20, what="published")
+            await wait_for(lambda: held() == 1, timeout=10, what="the claim connection only")
+            got = await consume_nats(nats_server.url, root.upper(), f"{root}.maria", None)
+            assert len(got) == 1
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
+            admin.close()
 
 
 def _popen(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

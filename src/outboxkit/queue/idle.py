@@ -11,9 +11,14 @@ session, backends/postgres/_pg_session.py). None, a single relay's or worker's: 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from contextvars import ContextVar
 
+#: A settle connection not asked anything for this long is closed (the next settle opens
+#: one): a database with nothing to publish then holds no settle connection, which counts in
+#: a fleet of many mostly idle databases (docs/fleet.md).
+SETTLE_IDLE = float(os.environ.get("OUTBOXKIT_SETTLE_IDLE", "30"))
 #: Seconds a claim connection that finds nothing stays open (None: for good).
 claim_idle: ContextVar[float | None] = ContextVar("outboxkit_claim_idle", default=None)
 

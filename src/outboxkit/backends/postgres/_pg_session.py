@@ -33,7 +33,7 @@ from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.errors import ConfigurationError, connection_lost, write_denied
-from outboxkit.queue.idle import IdleTimer, claim_idle
+from outboxkit.queue.idle import SETTLE_IDLE, IdleTimer, claim_idle
 from outboxkit.queue.store import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
 
 Role = Literal["claim", "settle"]
@@ -57,10 +57,6 @@ ANSWER_SHARE: float | None = 1 / 3
 #: a hang-up (below a 3 s lease a hung settle may then outlive its lease: the fence keeps
 #: that safe, the rows are published again, not lost).
 MIN_ANSWER_WITHIN = 1.0
-#: A settle connection not asked anything for this long is closed (the next settle opens
-#: one): a database with nothing to publish then holds its claim and LISTEN connections
-#: only, which counts in a fleet of many mostly idle databases (docs/fleet.md).
-SETTLE_IDLE = float(os.environ.get("OUTBOXKIT_SETTLE_IDLE", "30"))
 #: The lease the bound is taken from until the first claim tells (the Relay's default).
 DEFAULT_LEASE = 30.0
 #: libpq's TCP keepalives and TCP_USER_TIMEOUT on the claim, settle and gate connections
@@ -144,7 +140,8 @@ class PgSession:
         self._wake: Callable[[], None] = _nothing
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_work: deque[tuple[str, _ListenWork, asyncio.Future[Any]]] = deque()
-        self._listen_asked = asyncio.Event()
+        self._pump: asyncio.Future[None] | None = None  # (the wait for notifications)
+        self._listen_claims = False  # (set up to claim on: :meth:`_prepare_listen`)
 
     # -- the pooler ---------------------------------------------------------------------
 
@@ -278,6 +275,8 @@ class PgSession:
                         broken = False
                         self._log.info("the %s's LISTEN connection is back", self._who)
                     wake()  # anything committed while we were not listening
+                    if self._claim_idle.seconds is not None:
+                        self._listen_claims = await self._prepare_listen(conn)
                     self._listen_conn = conn
                     self._claim_idle.used()  # (parked only after a whole idle spell heard)
                     try:
@@ -318,22 +317,19 @@ class PgSession:
     ) -> bool:
         """Pass notifications on for ``seconds`` (True), or until a statement is queued for
         the session (False: the wait is cut short, psycopg keeps what arrives meanwhile)."""
-        self._listen_asked.clear()
         if self._listen_work:
             return False
-        pump = asyncio.ensure_future(_pump(conn, wake, seconds))
-        asked = asyncio.ensure_future(self._listen_asked.wait())
+        pump = self._pump = asyncio.ensure_future(_pump(conn, wake, seconds))
         try:
-            await asyncio.wait({pump, asked}, return_when=asyncio.FIRST_COMPLETED)
+            await pump  # (cancelled by :meth:`_on_listen`)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # (the listener itself is cancelled)
+            return False
         finally:
-            asked.cancel()
-            if not pump.done():
-                pump.cancel()
-                await asyncio.wait({pump})
-        if not pump.cancelled():
-            pump.result()  # (its OperationalError: the connection broke)
-            return True
-        return False
+            self._pump = None
+        return True
 
     async def _serve_listen_work(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Run the queued statements on ``conn``; False if it had to be hung up."""
@@ -364,7 +360,8 @@ class PgSession:
             raise StoreUnavailable(f"no LISTEN session for the {what}")
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._listen_work.append((what, work, done))
-        self._listen_asked.set()
+        if self._pump is not None:
+            self._pump.cancel()
         try:
             return await done
         except psycopg.Error as exc:
@@ -374,6 +371,7 @@ class PgSession:
         """The LISTEN session ended: its statements fail, and a parked store unparks (the
         gate's lock went with it): the loop claims on a claim connection again."""
         self._listen_conn = None
+        self._listen_claims = False
         while self._listen_work:
             _what, _work, done = self._listen_work.popleft()
             if not done.done():
@@ -386,15 +384,33 @@ class PgSession:
 
     # -- parking --------------------------------------------------------------------------------
 
+    async def _prepare_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Set a parking store's LISTEN connection up as a claim connection (its loaders,
+        its session); True if the store's claims may then run on it (:meth:`_on_listen`)."""
+        return False
+
     async def _claim_connection(self) -> psycopg.AsyncConnection[Any] | None:
-        """The claim connection for a claim; None while parked with nothing due (the claim
-        finds nothing without one)."""
+        """The connection for a claim; None while parked with nothing due (the claim finds
+        nothing without one). Unparking, the LISTEN connection when set up for claims
+        (:meth:`_prepare_listen`), while the claim connection opens: the first item after an
+        idle spell does not wait for a connect (measured 15-75 ms, bench/fleet_idle.py)."""
         woken, self._woken = self._woken, False
         if self._parked:
             if not woken and not await self._due():
                 return None
             self._parked = False
+            listen = self._listen_conn
+            if self._listen_claims and listen is not None and not listen.closed:
+                opening = asyncio.ensure_future(self._open_claim())
+                self._closing.add(opening)  # (a task only weakly held by the loop)
+                opening.add_done_callback(self._closing.discard)
+                return listen
         return await self._connection("claim")
+
+    async def _open_claim(self) -> None:
+        """Open the claim connection (the loop's next claim reports a failure)."""
+        with contextlib.suppress(Exception):
+            await self._connection("claim")
 
     async def _due(self) -> bool:
         """A parked store's poll, on its LISTEN session: whether an item is claimable now. A

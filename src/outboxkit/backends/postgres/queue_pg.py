@@ -266,8 +266,13 @@ class PgQueueStore(PgSession, Generic[T]):
             conn = await self._claim_connection()
             if conn is None:
                 return None  # (parked: nothing due)
-            cur = self._cursor(conn, "claim")
-            records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
+            if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
+                records = await self._on_listen(
+                    "claim", lambda c: fetch_rows(c.cursor(binary=True), statement, params)
+                )
+            else:
+                cur = self._cursor(conn, "claim")
+                records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise SchemaError(
@@ -392,6 +397,12 @@ class PgQueueStore(PgSession, Generic[T]):
         super()._configure(conn)
         conn.adapters.register_loader("uuid", UuidBinaryLoader)
         conn.adapters.register_loader("json", JsonLoader)
+
+    async def _prepare_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Its claims return what they do on a claim connection: the same loaders, UTC."""
+        self._configure(conn)
+        await conn.execute(SESSION_UTC)
+        return True
 
     def _cursor(
         self, conn: psycopg.AsyncConnection[Any], role: Literal["claim", "settle"]
