@@ -117,7 +117,7 @@ async def test_an_idle_mariadb_database_holds_its_claim_connection_only(
         def held() -> int:
             with admin.cursor() as cur:
                 cur.execute(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = %s", name
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = %s", (name,)
                 )
                 return int(cur.fetchone()[0])
 
