@@ -38,7 +38,8 @@ async def test_idle_databases_hold_their_listen_session_only(
     """Idle, each database holds its LISTEN session only (the claim connection closes once
     its claims found nothing for OUTBOXKIT_CLAIM_IDLE); an event committed then is woken
     for and published within seconds (the poll is 30 s), all of it; a retry due later in a
-    parked database is published at its time; then both are parked again."""
+    parked database is published at its time; one whose LISTEN session is killed unparks and
+    publishes what is written then; then all are parked again."""
     names = [unique_name("fleetpark") for _ in range(3)]
     for name in names:
         create_database(pg_server.dsn, name, template=pg_template)
@@ -78,6 +79,20 @@ async def test_idle_databases_hold_their_listen_session_only(
         woken_in = time.monotonic() - committed
         assert woken_in < 8, f"published {woken_in:.1f}s after its commit: by the poll?"
 
+        # A parked database whose LISTEN session dies (the gate's lock goes with it): the
+        # relay unparks and claims on a claim connection, LISTENs again; an event written
+        # right after is published within seconds all the same.
+        with psycopg.connect(dsns[1], autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
+                " current_database() AND application_name = 'outboxkit-relay:listen'"
+            )
+        committed = time.monotonic()
+        write_events(dsns[1], make_events(f"{root}.db1", 5))
+        await wait_for(lambda: count(dsns[1], "status = 0") == 0, timeout=10, what="db1 published")
+        relisten_in = time.monotonic() - committed
+        assert relisten_in < 8, f"published {relisten_in:.1f}s after its commit: by the poll?"
+
         # The retry: published at its time, by the parked database's timer (no NOTIFY).
         await wait_for(lambda: count(dsns[2], "status = 0") == 0, timeout=20, what="the retry")
         late = time.time() - retry_due
@@ -87,6 +102,8 @@ async def test_idle_databases_hold_their_listen_session_only(
         got2 = await consume_nats(nats_server.url, stream, f"{root}.db2", None)
         assert len(got0) == 20 and len({m.header["Nats-Msg-Id"] for m in got0}) == 20
         assert len(got2) == 1
+        got1 = await consume_nats(nats_server.url, stream, f"{root}.db1", None)
+        assert len(got1) == 5
         # ... and parked again once idle (the settle connection closes too).
         await wait_for(lambda: all(relay_connections(d) == PARKED for d in dsns), timeout=20)
         print(f"db0 published {woken_in * 1000:.0f} ms after its commit; the retry {late:+.1f}s")
