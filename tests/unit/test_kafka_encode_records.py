@@ -1,9 +1,10 @@
-"""The Kafka publisher's batch encoder gives exactly ``encode_record``'s records.
+"""The Kafka publisher's batch encoder writes each event's CloudEvents record exactly.
 
 ``encode_records`` (the relay's hot path, issue 42 §3) inlines the per-event work and
 finds the second of UTC time by comparing against the last event's: every record must
-still be the one ``encode_record`` makes, across zones, second boundaries and the
-optional fields, and one bad row must not fail its batch.
+still be the one the binding says (built here from ``cloudevents_attributes()``, the
+slow way), across zones, second boundaries and the optional fields, and one bad row must
+not fail its batch.
 """
 
 from __future__ import annotations
@@ -14,8 +15,31 @@ import random
 import uuid
 import zoneinfo
 
+import pytest
+
 from outboxkit import OutboundMessage
+from outboxkit.tracing import TRACE_HEADERS
 from outboxkit.wire.kafka import encode_record, encode_records
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _reference(m: OutboundMessage) -> tuple[list[tuple[str, bytes]], int]:
+    """The record as docs/wire-format describes it, from the attributes, no fast path."""
+    attrs = m.cloudevents_attributes()
+    headers = [
+        (k, v.encode())
+        for k, v in m.headers.items()
+        if k not in ("content-type", "idempotency-key") and not k.startswith("ce_")
+    ]
+    headers += [("idempotency-key", attrs["id"].encode()), ("ce_specversion", b"1.0")]
+    for name in ("id", "type", "source", "time"):
+        headers.append((f"ce_{name}", attrs[name].encode()))
+    headers.append(("content-type", attrs["datacontenttype"].encode()))
+    for name in ("subject", "partitionkey", "schemaversion", *TRACE_HEADERS):
+        if name in attrs:
+            headers.append((f"ce_{name}", attrs[name].encode()))
+    return headers, (m.time - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
 def _message(time: dt.datetime, i: int) -> OutboundMessage:
@@ -54,7 +78,9 @@ def test_the_same_records_as_encode_record() -> None:
         if i % 50 == 0:
             time -= dt.timedelta(seconds=3)
         messages.append(_message(time.astimezone(zones[(i // 200) % len(zones)]), i))
-    assert encode_records(messages) == [encode_record(m) for m in messages]
+    expected = [_reference(m) for m in messages]
+    assert encode_records(messages) == expected
+    assert [encode_record(m) for m in messages] == expected
     assert encode_records([]) == []
 
 
@@ -65,5 +91,8 @@ def test_a_row_that_cannot_be_encoded_fails_alone() -> None:
     surrogate = dataclasses.replace(_message(now, 3), aggregate_id="\ud800")
     naive = dataclasses.replace(_message(now, 4), created_at=now.replace(tzinfo=None))
     records = encode_records([good, bad_headers, surrogate, naive, good])
-    assert records[0] == records[4] == encode_record(good)
+    assert records[0] == records[4] == _reference(good)
     assert all(isinstance(r, str) and r for r in records[1:4])
+    for bad in (bad_headers, surrogate, naive):  # one at a time: raised, as before
+        with pytest.raises((AttributeError, TypeError, ValueError)):
+            encode_record(bad)

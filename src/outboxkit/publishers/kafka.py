@@ -484,8 +484,8 @@ class KafkaPublisher:
                     if (refused := refuse(message)) is not None:
                         waiter.report(i, refused)
                     elif isinstance(record, str):
-                        error = PublishResult.permanent(f"kafka: {record}", "invalid_message")
-                        waiter.report(i, error)
+                        invalid = PublishResult.permanent(f"kafka: {record}", "invalid_message")
+                        waiter.report(i, invalid)
                     else:
                         staged.append((i, message, record))
             produce = producer.produce
