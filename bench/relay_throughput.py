@@ -24,6 +24,7 @@ adds ``outboxkit relay``. The full run keeps its in-process contenders for the r
 
     python bench/relay_throughput.py --dsn postgresql://postgres@127.0.0.1/bench [--quick]
     python bench/relay_throughput.py --dsn ... --focus --cli --events 60000 --repeat 3
+    python bench/relay_throughput.py --dsn ... --focus --cli --variant before=/tmp/base/src
 """
 
 from __future__ import annotations
@@ -454,6 +455,9 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
 
     n0 = args.small or n // 10
     kinds = ["producer", "sql", "inproc"] + (["cli"] if args.cli else [])
+    # Other trees' `outboxkit relay` against the same floors in the same rounds (A/B).
+    variants = {f"cli_{name}": src for name, _, src in (v.partition("=") for v in args.variant)}
+    kinds += list(variants)
     if args.window_floor:
         kinds.append("producer_window")
     if args.paced_floor is not None:
@@ -466,7 +470,7 @@ def focus(args: argparse.Namespace, n: int, repeat: int, results: dict[str, Any]
         meter = RunCpuMeter(broker_pid(bootstrap), args.dsn)
         for i in range(repeat):
             for kind in kinds if i % 2 == 0 else kinds[::-1]:
-                r = measure(kind, args.dsn, bootstrap, n, n0, own)
+                r = measure(kind, args.dsn, bootstrap, n, n0, own, variants.get(kind))
                 runs[kind].append(r)
                 us = r["us"]
                 print(
@@ -602,6 +606,14 @@ def main() -> None:
         metavar="US",
         help="with --focus: also the windowed producer floor spending US µs of CPU per message"
         " (a relay's pace) as contender producer_paced",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="with --focus: also `outboxkit relay` from SRC (e.g. an older commit's src, from"
+        " `git archive`) as contender cli_NAME, against the same floors (repeatable)",
     )
     ap.add_argument("--out", help="results name (bench/results/NAME.json)")
     ap.add_argument(

@@ -466,17 +466,31 @@ def _relay_fleet(
         fail(str(exc), 2)
 
 
+# The collector's first threshold in the relay process: a relay keeps its batches' objects
+# (rows, messages, headers; about 13 each per event, 4 000 events in flight) alive until
+# they are confirmed, so at CPython's 700 every young collection walks live objects only,
+# and each of them again in the older generations. At 50 000, most of them are freed by
+# their reference counts before a collection comes: -19 % of the relay process's CPU per
+# event (bench/cli_relay.py, docs/benchmarks.md, issue 42 §3); at most 50 000 young objects
+# (a few MB) wait for a collection.
+_YOUNG_THRESHOLD = 50_000
+
+
 def _freeze_start_up_heap() -> None:
     """Take the objects of start-up (click, aiohttp, every imported module) out of the
-    collector's sight.
+    collector's sight, and collect the young generation less often.
 
     The CLI process imports far more than a relay embedded in a service needs, and each
     full collection walks all of it while the relay allocates rows and records per
     event: measured (bench/cli_relay.py) as a few µs of CPU per event. Frozen objects
-    are never collected, which start-up's are not anyway.
+    are never collected, which start-up's are not anyway. The process is the relay's
+    alone, so its collector can be tuned for it (`_YOUNG_THRESHOLD`); an embedded
+    ``Relay`` leaves the service's collector as it is.
     """
     gc.collect()
     gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(_YOUNG_THRESHOLD, gen1, gen2)
 
 
 def _relay_observer(
