@@ -129,6 +129,7 @@ class PgQueueStore(PgSession, Generic[T]):
     # claim at each execution cost more than running it (bench/relay_claim_plans.py: a
     # claim and settle of 2 events 769 us with custom plans, 380 us generic).
     generic_plans = True
+    index_plans = True
 
     def __init__(
         self,
