@@ -187,6 +187,7 @@ def one_run(
                           for i in range(start, min(backlog, start + 5000))]  # fmt: skip
                 outbox.put_many(conn, events)
     writers: list[multiprocessing.Process] = []
+    begin = time.time()
     if rate is not None:
         count = max(1, min(8, int(rate // 400) + 1))
         begin = time.time() + 0.5
@@ -199,6 +200,7 @@ def one_run(
         expected = count * int(rate / count * seconds)
     deadline = time.monotonic() + seconds + 120
     published_at: float | None = None
+    written_at: float | None = None  # the writers' last commit (about)
     sampled = time.monotonic()
     while len(consumer.latencies) < expected and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -210,6 +212,8 @@ def one_run(
         # the run ends and says what the consumer missed (Tansu's consumer side has stalled
         # here under load while the relay's publishes were all confirmed).
         if published_at is None and all(not w.is_alive() for w in writers):
+            if written_at is None:
+                written_at = time.time()
             if _left(dsn) == 0:
                 published_at = time.monotonic()
         elif published_at is not None and time.monotonic() - published_at > 2.0:
@@ -231,7 +235,11 @@ def one_run(
         raise RuntimeError(f"the consumer received none of the {expected} events")
     ms = sorted(x * 1000 for x in got)
     return {
-        "rate": rate, "events": expected, "window_s": window, "consumer_received": len(got),
+        "rate": rate, "events": expected,
+        # What the writers reached (a paced rate this machine cannot hold comes out lower).
+        "written_per_s": (expected / (written_at - begin)
+                          if rate is not None and written_at else None),
+        "window_s": window, "consumer_received": len(got),
         "relay_cpu_us_per_event": (relay_after - relay_before) * 1e6 / expected,
         "db_cpu_us_per_event": meter.used() * 1e6 / expected,
         "p50_ms": statistics.median(ms) if rate is not None else None,
@@ -271,7 +279,8 @@ def main() -> None:
                     results.setdefault((name, rate), []).append(row)
                     what = "drain" if rate is None else f"{rate:g}/s"
                     late = "" if rate is None else (
-                        f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms")  # fmt: skip
+                        f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms"
+                        f" (written {row['written_per_s']:.0f}/s)")  # fmt: skip
                     relay_us, db_us = row["relay_cpu_us_per_event"], row["db_cpu_us_per_event"]
                     short = "" if row["consumer_received"] == row["events"] else (
                         f" (the consumer got {row['consumer_received']} of {row['events']};"

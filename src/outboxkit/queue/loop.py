@@ -426,6 +426,8 @@ class ClaimLoop(Generic[T, R]):
                 self._start(claim)
             # Work found: look again soon, and writers need not wake us meanwhile.
             self._linger_step = 0
+            if self._carry is not None:
+                self._carry.open()  # a claim comes next: it may carry this claim's settle
             self._gate_retry = self.options.gate_retry
             if store.gate_closed:
                 await self._open_gate()
@@ -545,6 +547,8 @@ class ClaimLoop(Generic[T, R]):
             self._gate_retry = min(retry * 2, _GATE_RETRY[1])
             await self._wait(retry)
             return
+        if self._carry is not None:
+            self._carry.flush()  # no claim soon: a parked settle runs on its own
         await self._wait(self.options.poll_interval)
 
     def _gathering(self) -> float:
