@@ -120,13 +120,13 @@ async def _relay_statements(
         try:
             await _until(lambda: counts["wake-up gate"] >= 1, running)  # idle, gate closed
             counts.clear()
-            for n in range(groups):
+            for n in range(1, groups + 1):
                 await asyncio.to_thread(_put, dsn, size)
-                await _until(lambda: len(broker.messages) == (n + 1) * size, running)
+                await _until(lambda n=n: len(broker.messages) == n * size, running)
                 await _until(lambda: not _rows(dsn), running)  # settled
                 # Idle again (the wake-up gate opened after the claim, closed at the end
                 # of the linger): each group then costs the same looks, both ways.
-                await _until(lambda: counts["wake-up gate"] == 2 * (n + 1), running)
+                await _until(lambda n=n: counts["wake-up gate"] == 2 * n, running)
             relay.stop()
             await asyncio.wait_for(running, 30)
         finally:
