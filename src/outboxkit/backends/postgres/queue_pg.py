@@ -158,9 +158,8 @@ class PgQueueStore(PgSession, Generic[T]):
             what="events",
             due_in=sq.due_in,
         )
-        # Plans without sequential scans (PgSession.index_plans), not in ordered mode: its
-        # claim's results there changed with the plan (tests/contract: a claim under a
-        # partition lease found nothing); kept as it was measured.
+        # Plans without sequential scans (PgSession.index_plans); not in ordered mode, whose
+        # claim (a scan by partition, keys' blockers) was not measured with them.
         self.index_plans = not ordered
         self.table = table
         self.make_item = make_item
