@@ -106,23 +106,51 @@ class Consumer(threading.Thread):
         self.consumer.close()
 
 
-def backend_cpu(dsn: str, pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def relay_backends(dsn: str) -> list[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outboxkit-relay%%'"
         ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+class BackendMeter:
+    """The CPU of the relay's PostgreSQL backends over a window (the server is local).
+
+    Backends come and go: the settle connection opens at the first settle on its own and
+    closes after a minute unused (a relay whose claims carry its settles barely uses it).
+    ``sample()`` (called through the run) finds new ones, counted from zero (their start
+    is the relay's cost too), and keeps each one's last reading, so one that exits
+    mid-run keeps what it used."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def start(self) -> None:
+        for pid in relay_backends(self.dsn):
+            self.first[pid] = self.last[pid] = _cpu(pid) or 0.0
+
+    def sample(self) -> None:
+        for pid in {*relay_backends(self.dsn), *self.last}:
+            cpu = _cpu(pid)
+            if cpu is not None:
+                self.first.setdefault(pid, 0.0)
+                self.last[pid] = cpu
+
+    def used(self) -> float:
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
+
+
+def _cpu(pid: int) -> float | None:
+    """A backend's CPU seconds: /proc/<pid>/schedstat's run time, in nanoseconds (stat's
+    user + system ticks are 10 ms apart, as much as a few hundred claims cost)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def one_run(
@@ -142,14 +170,13 @@ def one_run(
                         env={"PYTHONPATH": src} if src else None)  # fmt: skip
     proc = psutil.Process(relay.pid)
     deadline = time.monotonic() + 30
-    pids: list[int] = []
-    while len(pids) < 2 and time.monotonic() < deadline:  # its claim and settle connections
+    while not relay_backends(dsn) and time.monotonic() < deadline:  # its claim connection
         time.sleep(0.2)
-        pids = relay_backends(dsn)
     expected = backlog if rate is None else int(rate * seconds)
     time.sleep(1.0)  # idle: its start-up is over
+    meter = BackendMeter(dsn)
     relay_before = sum(proc.cpu_times()[:2])
-    pg_before = backend_cpu(dsn, pids)
+    meter.start()
     started = time.time()
     if rate is None:  # the backlog, committed at once while it waits (stamps: not the point)
         outbox = Outbox()
@@ -160,6 +187,7 @@ def one_run(
                           for i in range(start, min(backlog, start + 5000))]  # fmt: skip
                 outbox.put_many(conn, events)
     writers: list[multiprocessing.Process] = []
+    begin = time.time()
     if rate is not None:
         count = max(1, min(8, int(rate // 400) + 1))
         begin = time.time() + 0.5
@@ -172,20 +200,27 @@ def one_run(
         expected = count * int(rate / count * seconds)
     deadline = time.monotonic() + seconds + 120
     published_at: float | None = None
+    written_at: float | None = None  # the writers' last commit (about)
+    sampled = time.monotonic()
     while len(consumer.latencies) < expected and time.monotonic() < deadline:
         time.sleep(0.05)
+        if time.monotonic() - sampled > 0.5:
+            meter.sample()
+            sampled = time.monotonic()
         # The database's side: every event written and none left in the outbox means the
         # relay had every one confirmed by the broker. The consumer gets 2 s more; past that
         # the run ends and says what the consumer missed (Tansu's consumer side has stalled
         # here under load while the relay's publishes were all confirmed).
         if published_at is None and all(not w.is_alive() for w in writers):
+            if written_at is None:
+                written_at = time.time()
             if _left(dsn) == 0:
                 published_at = time.monotonic()
         elif published_at is not None and time.monotonic() - published_at > 2.0:
             break
     window = time.time() - started
     relay_after = sum(proc.cpu_times()[:2])
-    pg_after = backend_cpu(dsn, pids)
+    meter.sample()
     for w in writers:
         w.join()
     relay.send_signal(signal.SIGTERM)
@@ -200,9 +235,13 @@ def one_run(
         raise RuntimeError(f"the consumer received none of the {expected} events")
     ms = sorted(x * 1000 for x in got)
     return {
-        "rate": rate, "events": expected, "window_s": window, "consumer_received": len(got),
+        "rate": rate, "events": expected,
+        # What the writers reached (a paced rate this machine cannot hold comes out lower).
+        "written_per_s": (expected / (written_at - begin)
+                          if rate is not None and written_at else None),
+        "window_s": window, "consumer_received": len(got),
         "relay_cpu_us_per_event": (relay_after - relay_before) * 1e6 / expected,
-        "db_cpu_us_per_event": (pg_after - pg_before) * 1e6 / expected,
+        "db_cpu_us_per_event": meter.used() * 1e6 / expected,
         "p50_ms": statistics.median(ms) if rate is not None else None,
         "p99_ms": ms[int(len(ms) * 0.99) - 1] if rate is not None else None,
     }  # fmt: skip
@@ -240,7 +279,8 @@ def main() -> None:
                     results.setdefault((name, rate), []).append(row)
                     what = "drain" if rate is None else f"{rate:g}/s"
                     late = "" if rate is None else (
-                        f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms")  # fmt: skip
+                        f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms"
+                        f" (written {row['written_per_s']:.0f}/s)")  # fmt: skip
                     relay_us, db_us = row["relay_cpu_us_per_event"], row["db_cpu_us_per_event"]
                     short = "" if row["consumer_received"] == row["events"] else (
                         f" (the consumer got {row['consumer_received']} of {row['events']};"

@@ -65,6 +65,13 @@ async def _published(publisher: TimingPublisher, ids: set[object], within: float
     return True
 
 
+@pytest.fixture(autouse=True)
+def _settles_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every settle on the settle connection, these tests' subject: a claim carrying the
+    last claim's settle (queue/carry.py) would leave that connection unused."""
+    monkeypatch.setattr(PgQueueStore, "carries_settles", property(lambda self: False))
+
+
 @contextlib.asynccontextmanager
 async def _relay(db_dsn: str, dsn: str, publisher: TimingPublisher) -> AsyncIterator[None]:
     """The relay on ``dsn`` (the proxy), once one event was claimed, published and settled:

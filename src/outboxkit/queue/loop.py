@@ -31,6 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
+from outboxkit.queue.carry import SettleCarry
 from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
 from outboxkit.queue.handback import HandBack
@@ -40,6 +41,7 @@ from outboxkit.queue.store import (
     Attempted,
     Claim,
     ClaimPolicy,
+    ClaimsSettling,
     QueueStore,
     StoreDenied,
     StoreError,
@@ -280,6 +282,12 @@ class ClaimLoop(Generic[T, R]):
             log=self.log,
             retry_for=retry_for,
         )
+        # A claim after a wait settles the claim before it in the same statement, where the
+        # store can (queue/carry.py): one statement a cycle at steady rates, not two.
+        self._carry: SettleCarry[T] | None = None
+        if isinstance(store, ClaimsSettling) and store.carries_settles and not options.split:
+            self._carry = SettleCarry(store, lambda: not self._slots.locked())
+            self._settling.carry = self._carry.offer
         self._failure: BaseException | None = None
 
     @property
@@ -322,6 +330,8 @@ class ClaimLoop(Generic[T, R]):
         try:
             await self._claim_loop()
         finally:
+            if self._carry is not None:
+                self._carry.flush()  # no claim follows: a parked settle runs on its own
             monitor.cancel()
             await self._drain_in_flight()
             for task, exc in await _cancel_and_capture_errors([monitor, *side]):
@@ -376,6 +386,8 @@ class ClaimLoop(Generic[T, R]):
         while await self._acquire_slot():
             if self._denied.cause is not None:
                 self._slots.release()
+                if self._carry is not None:
+                    self._carry.flush()
                 await self._denied.wait_until_allowed(self.stopping.is_set)
                 continue
             # Clear before claiming: a commit notified during the claim wakes the next one.
@@ -414,6 +426,8 @@ class ClaimLoop(Generic[T, R]):
                 self._start(claim)
             # Work found: look again soon, and writers need not wake us meanwhile.
             self._linger_step = 0
+            if self._carry is not None:
+                self._carry.open()  # a claim comes next: it may carry this claim's settle
             self._gate_retry = self.options.gate_retry
             if store.gate_closed:
                 await self._open_gate()
@@ -468,14 +482,24 @@ class ClaimLoop(Generic[T, R]):
         started = time.perf_counter()
         since = None if self._last_claim is None else started - self._last_claim
         self._last_claim = started
-        claim = await self.store.claim(
-            limit=limit,
-            lease=options.lease,
-            token=token,
-            owner=options.owner,
-            max_attempts=options.retry.max_attempts,  # the crash-loop guard
-            policy=policy,
-        )
+
+        def plain() -> Coroutine[Any, Any, Claim[T] | None]:
+            return self.store.claim(
+                limit=limit,
+                lease=options.lease,
+                token=token,
+                owner=options.owner,
+                max_attempts=options.retry.max_attempts,  # the crash-loop guard
+                policy=policy,
+            )
+
+        carry = self._carry
+        if carry is None:
+            claim = await plain()
+        else:  # (it carries a settle parked during the wait, if one was)
+            claim = await carry.claim(plain, limit=limit, lease=options.lease, token=token,
+                                      owner=options.owner,
+                                      max_attempts=options.retry.max_attempts)  # fmt: skip
         self._errors.succeeded()
         count = 0 if claim is None else len(claim.ids)
         self.observer.claimed(count, time.perf_counter() - started)
@@ -510,6 +534,8 @@ class ClaimLoop(Generic[T, R]):
         step = self._linger_step
         if step < len(self._linger_waits):  # lingering after work: look again shortly
             self._linger_step = step + 1
+            if self._carry is not None:
+                self._carry.open()  # a claim ends this wait: it may carry a settle
             await self._wait(self._gathering() if step == 0 else self._linger_waits[step])
             return
         if self.options.listen and self.store.can_listen and not self.store.gate_closed:
@@ -521,6 +547,8 @@ class ClaimLoop(Generic[T, R]):
             self._gate_retry = min(retry * 2, _GATE_RETRY[1])
             await self._wait(retry)
             return
+        if self._carry is not None:
+            self._carry.flush()  # no claim soon: a parked settle runs on its own
         await self._wait(self.options.poll_interval)
 
     def _gathering(self) -> float:

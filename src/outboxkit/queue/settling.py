@@ -116,6 +116,10 @@ class Settling(Generic[T, R]):
         self._denied = denied
         self._hand_back = hand_back
         self._sleep = sleep
+        #: Parks the settle of a claim done whole for the loop's next claim to carry
+        #: (queue/carry.py): a future of what it settled (None: settle alone), or None
+        #: when no claim is about to run. None: every settle runs on its own.
+        self.carry: Callable[[Claim[T]], Awaitable[Settled | None] | None] | None = None
         #: Told once, of the first claim settled done: how many items, how long after the
         #: claim (the relay's first-batch log line).
         self.first_settled: Callable[[int, float], None] | None = None
@@ -123,7 +127,11 @@ class Settling(Generic[T, R]):
     async def settle(self, claim: Claim[T], outcomes: Sequence[R]) -> None:
         items = claim.items
         if all(o.ok for o in outcomes):  # the common case: one pass, no per-item lists
-            settled = await self._store_settle(claim, [DONE] * len(items))
+            offer = self.carry
+            parked = None if offer is None else offer(claim)
+            settled = None if parked is None else await parked
+            if settled is None:
+                settled = await self._store_settle(claim, [DONE] * len(items))
             if settled is not None:
                 self._hand_back.succeeded()
                 self._report_done(claim, settled, claim.ids, items)

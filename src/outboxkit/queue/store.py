@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from outboxkit.errors import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
 
@@ -31,6 +31,7 @@ __all__ = [
     "Attempted",
     "Claim",
     "ClaimPolicy",
+    "ClaimsSettling",
     "Decision",
     "HeadsOnly",
     "QueueStore",
@@ -234,4 +235,30 @@ class QueueStore(Protocol[T]):
 
     async def close(self) -> None:
         """Close every connection (the store may be started again)."""
+        ...
+
+
+@runtime_checkable
+class ClaimsSettling(Protocol[T]):
+    """A store whose claim can also settle the claim before it, published whole, in the same
+    statement (queue/carry.py): at steady rates, one statement and one commit a cycle."""
+
+    @property
+    def carries_settles(self) -> bool:
+        """Whether :meth:`claim_settling` may be used (PostgreSQL's, not in ordered mode)."""
+        ...
+
+    async def claim_settling(
+        self,
+        carried: Claim[T],
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+    ) -> tuple[Claim[T] | None, Settled | None]:
+        """:meth:`QueueStore.claim`, and ``carried``'s items settled done (fenced by its
+        token) as :meth:`QueueStore.settle` would; a failure does neither. Settled None:
+        nothing was settled (no statement ran); the caller settles ``carried`` itself."""
         ...

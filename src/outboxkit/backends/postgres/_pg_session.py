@@ -515,6 +515,14 @@ class PgSession:
     #: (custom plans, about 0.5 ms a claim, more than running it). Only where the session
     #: keeps state: behind a transaction pooler the SET would reach other clients.
     generic_plans = False
+    #: With generic plans, also ``enable_seqscan = off`` for the session. The generic plan
+    #: is made once for the connection's life, usually while the table is nearly empty (a
+    #: relay started on a caught-up outbox, or after a TRUNCATE): PostgreSQL then chose
+    #: sequential scans for the claim's UPDATEs by id and kept them while dead rows piled up,
+    #: every claim reading the whole heap twice (bench/relay_steady.py: the relay's database
+    #: CPU per event at 500 events/s). Discouraged, not forbidden: a statement with no
+    #: usable index still runs.
+    index_plans = False
 
     def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Set up a new claim or settle connection (loaders): JSON by orjson."""
@@ -539,7 +547,10 @@ class PgSession:
         self._configure(conn)
         if self.generic_plans and self.session_state:
             try:
-                await conn.execute("SET plan_cache_mode = force_generic_plan")
+                await conn.execute(
+                    "SET plan_cache_mode = force_generic_plan"
+                    + ("; SET enable_seqscan = off" if self.index_plans else "")
+                )
             except BaseException:
                 await conn.close()
                 raise

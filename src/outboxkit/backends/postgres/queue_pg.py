@@ -158,6 +158,9 @@ class PgQueueStore(PgSession, Generic[T]):
             what="events",
             due_in=sq.due_in,
         )
+        # Plans without sequential scans (PgSession.index_plans); not in ordered mode, whose
+        # claim (a scan by partition, keys' blockers) was not measured with them.
+        self.index_plans = not ordered
         self.table = table
         self.make_item = make_item
         self.retention: Retention = retention
@@ -243,6 +246,40 @@ class PgQueueStore(PgSession, Generic[T]):
         max_attempts: int,
         policy: ClaimPolicy = None,
     ) -> Claim[T] | None:
+        claim, _settled = await self._claim(limit, lease, token, owner, max_attempts, policy)
+        return claim
+
+    @property
+    def carries_settles(self) -> bool:
+        """Whether a claim may carry the settle of the claim before it (queue/carry.py): not
+        in ordered mode, whose settles are fenced by the partition lease too."""
+        return not self.ordered
+
+    async def claim_settling(
+        self,
+        carried: Claim[T],
+        *,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+    ) -> tuple[Claim[T] | None, Settled | None]:
+        """Claim as :meth:`claim` does and, in the same statement, settle ``carried`` (every
+        item published) as :meth:`settle` would: one statement and one commit for both.
+        Settled None: no statement ran (the claim connection is parked)."""
+        return await self._claim(limit, lease, token, owner, max_attempts, None, carried)
+
+    async def _claim(
+        self,
+        limit: int,
+        lease: float,
+        token: uuid.UUID,
+        owner: str,
+        max_attempts: int,
+        policy: ClaimPolicy,
+        carried: Claim[T] | None = None,
+    ) -> tuple[Claim[T] | None, Settled | None]:
         params: dict[str, Any] = {
             "lease": lease,
             "token": token,
@@ -253,7 +290,12 @@ class PgQueueStore(PgSession, Generic[T]):
         }
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         statement = self.sql.claim_batch
-        if isinstance(policy, HeadsOnly):
+        if carried is not None:  # (the plain claim's; never ordered: carries_settles)
+            keep = self.retention == "keep"
+            statement = self.sql.claim_settling_keep if keep else self.sql.claim_settling_delete
+            params.update(settle_lo=carried.ids[0], settle_hi=carried.ids[-1],
+                          settle_token=carried.token)  # fmt: skip
+        elif isinstance(policy, HeadsOnly):
             assert isinstance(self.sql, OrderedStatements), "a HeadsOnly claim needs ordered=True"
             statement = self.sql.ordered_claim
             params.update(
@@ -265,7 +307,7 @@ class PgQueueStore(PgSession, Generic[T]):
         try:
             conn = await self._claim_connection()
             if conn is None:
-                return None  # (parked: nothing due)
+                return None, None  # (parked: nothing due, nothing settled)
             if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
                 records = await self._on_listen(
                     "claim", lambda c: fetch_rows(c.cursor(binary=True), statement, params)
@@ -281,8 +323,14 @@ class PgQueueStore(PgSession, Generic[T]):
             ) from None
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
+        settled: Settled | None = None
+        if carried is not None:
+            mine = [r for r in records if r[0] is None]  # (the settle's row: id NULL)
+            settled = _carried_settle(carried, mine[0] if mine else None)
+            if mine:
+                records = [r for r in records if r[0] is not None]
         if not records:
-            return None
+            return None, settled
         self.claimed_some()
         make = self.make_item
         dead: list[tuple[T, str, str]] | None = None
@@ -294,7 +342,8 @@ class PgQueueStore(PgSession, Generic[T]):
         # sorting an already sorted list costs one pass.
         records.sort(key=_ROW_ID)
         # Positional construction: the claim returns the item's fields in order.
-        return Claim(token, [r[0] for r in records], [make(*r[1:-1]) for r in records], dead)
+        claim = Claim(token, [r[0] for r in records], [make(*r[1:-1]) for r in records], dead)
+        return claim, settled
 
     # -- settle -------------------------------------------------------------------------
 
@@ -435,6 +484,19 @@ class PgQueueStore(PgSession, Generic[T]):
     async def close(self) -> None:
         await super().close()
         self._partial.clear()
+
+
+def _carried_settle(carried: Claim[Any], row: Any) -> Settled:
+    """What the claim's carried settle changed, from its row (None when it changed nothing:
+    the fence dropped every item): every id when the count says so, else those it lists."""
+    ids = carried.ids
+    if row is None:
+        return Settled([], len(ids))
+    count = int(row[10])
+    if count == len(ids):
+        return Settled(ids)
+    done = [int(i) for i in row[2].split(",")]
+    return Settled(done, len(ids) - len(done))
 
 
 async def _changed(
