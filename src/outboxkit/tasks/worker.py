@@ -41,7 +41,7 @@ _NOTHING = contextlib.nullcontext()
 UNHANDLED_GRACE = 3600.0
 #: Tasks a claim may take beyond the free slots by default: this many per slot, at most
 #: DEFAULT_PREFETCH_CAP (and never more than wait under a quarter of the lease: queue/loop.py).
-PREFETCH_PER_SLOT = 10
+PREFETCH_PER_SLOT = 20
 DEFAULT_PREFETCH_CAP = 500
 #: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
 UNHANDLED_BATCH = 1000
