@@ -76,8 +76,8 @@ def run(
             tasks.enqueue(conn, name, {}, key=flood_key)
     path = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "OKB_DSN": dsn, "PYTHONPATH": os.pathsep.join([str(HERE), *path])}
-    argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn, "--app", "tasks_app:fairness_tasks",
-            "--log-level", "WARNING"]  # fmt: skip
+    argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn,
+            "--app", "tasks_app:fairness_tasks", "--log-level", "WARNING"]  # fmt: skip
     with tempfile.TemporaryFile() as log:
         worker = subprocess.Popen(argv, cwd=HERE, env=env, stdout=log, stderr=log)
         try:

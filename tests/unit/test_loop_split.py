@@ -146,9 +146,7 @@ async def _until(check: Callable[[], bool], what: str) -> None:
             await asyncio.sleep(0.001)
 
 
-def test_a_split_claim_takes_one_item_per_free_slot_runs_each_alone_and_settles_in_groups() -> (
-    None
-):
+def test_a_split_claim_takes_a_task_per_free_slot_runs_each_alone_settles_in_groups() -> None:
     store, sink = Store(7), Sink()
     loop: ClaimLoop[Item, Ok] = ClaimLoop(store, sink, Observer(), _options(4, 4))  # type: ignore[arg-type]
 
@@ -196,7 +194,10 @@ def test_a_runner_takes_the_next_item_while_the_last_ones_settle_is_written() ->
     store.settle_gate = asyncio.Event()
     sink.release.set()
     loop: ClaimLoop[Item, Ok] = ClaimLoop(
-        store, sink, Observer(), _options(2, 10, prefetch=8)  # type: ignore[arg-type]
+        store,
+        sink,
+        Observer(),
+        _options(2, 10, prefetch=8),  # type: ignore[arg-type]
     )
 
     async def main() -> None:
@@ -254,7 +255,10 @@ def test_stopping_hands_the_queued_items_back_at_once_and_lets_the_running_finis
     for i in (1, 2):
         sink.slow[i] = asyncio.Event()
     loop: ClaimLoop[Item, Ok] = ClaimLoop(
-        store, sink, Observer(), _options(2, 5, prefetch=3, shutdown_timeout=5.0)  # type: ignore[arg-type]
+        store,
+        sink,
+        Observer(),
+        _options(2, 5, prefetch=3, shutdown_timeout=5.0),  # type: ignore[arg-type]
     )
     loop._local.run_time = 0.001  # type: ignore[union-attr]  # (as if items had run)
 
