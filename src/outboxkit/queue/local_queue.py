@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from outboxkit._text import first_line
 from outboxkit.queue.decide import Outcome
 from outboxkit.queue.heartbeat import LeaseHeartbeat
 from outboxkit.queue.settling import Settling
@@ -53,8 +52,6 @@ class _Observer(Protocol):
     def processing(self, items: Sequence[Any]) -> contextlib.AbstractContextManager[None]: ...
 
     def processed(self, items: Sequence[Any], outcomes: Sequence[Any], seconds: float) -> None: ...
-
-    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None: ...
 
 
 class _Batch(Generic[T]):
@@ -242,10 +239,7 @@ class LocalQueue(Generic[T, R]):
         try:
             await self.settling.settle(part, outcomes)
         except StoreError as exc:
-            # Not a lost connection (those are retried): the statement itself failed.
-            # Unsettled items keep their lease and are processed again after it expires.
-            self.log.error("settle failed: %s", first_line(exc.cause, with_type=True))
-            self.observer.database_error("settle", exc.cause, False)
+            self.settling.failed(exc)
         except asyncio.CancelledError:
             await asyncio.shield(self.settling.release(part))
             raise

@@ -605,10 +605,7 @@ class ClaimLoop(Generic[T, R]):
                 self.observer.processed(items, outcomes, seconds)
             await self._settling.settle(claim, outcomes)
         except StoreError as exc:
-            # Not a lost connection (those are retried): the statement itself failed.
-            # Unsettled items keep their lease and are processed again after it expires.
-            self.log.error("settle failed: %s", first_line(exc.cause, with_type=True))
-            self.observer.database_error("settle", exc.cause, False)
+            self._settling.failed(exc)
         except asyncio.CancelledError:
             # Forced shutdown mid-work: hand the items back now rather than at lease expiry.
             await asyncio.shield(self._settling.release(claim))
