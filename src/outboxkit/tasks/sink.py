@@ -136,6 +136,11 @@ class HandlerSink:
                 return [await self._run(token, task)]
             finally:
                 self._running.pop(task.id, None)
+                if self._lost and current in self._lost:
+                    # Its handler swallowed the cancel of its lost task: the runner goes on
+                    # to other tasks, so it must not stay marked (nor its cancel counted).
+                    self._lost.discard(current)
+                    current.uncancel()
         runs = [asyncio.create_task(self._run(token, t)) for t in items]
         for task, run in zip(items, runs, strict=True):
             self._running[task.id] = run
