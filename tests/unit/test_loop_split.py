@@ -276,3 +276,29 @@ def test_stopping_hands_the_queued_items_back_at_once_and_lets_the_running_finis
     asyncio.run(main())
     assert sorted(i for ids in store.settled for i in ids) == [1, 2]
     assert sink.started == [1, 2]
+
+
+def test_a_settle_stuck_past_the_drain_hands_back_and_no_heartbeat_outlives_it() -> None:
+    store, sink = Store(2), Sink()
+    store.settle_gate = asyncio.Event()  # never set: the settle hangs
+    sink.release.set()
+    loop: ClaimLoop[Item, Ok] = ClaimLoop(
+        store,
+        sink,
+        Observer(),
+        _options(2, 2, lease=0.3, shutdown_timeout=0.1),  # type: ignore[arg-type]
+    )
+
+    async def main() -> None:
+        running = asyncio.create_task(loop.run())
+        await _until(lambda: len(sink.calls) == 2, "both ran")
+        await asyncio.sleep(0.15)  # (a heartbeat or so while the settle hangs)
+        loop.stop()
+        await running
+        assert sorted(i for ids in store.released for i in ids) == [1, 2]
+        extended = len(store.extended)
+        await asyncio.sleep(0.4)  # past a heartbeat's interval
+        assert len(store.extended) == extended
+
+    asyncio.run(main())
+    assert store.settled == []

@@ -128,6 +128,7 @@ class LocalQueue(Generic[T, R]):
         self._flusher: asyncio.Task[None] | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._runners: list[asyncio.Task[None]] = []
+        self._open: set[_Batch[T]] = set()  # claims with items not yet settled
         self._closing = False
 
     @property
@@ -147,6 +148,7 @@ class LocalQueue(Generic[T, R]):
             lambda: self._heartbeat(batch), self.lease / 3, name=self.name
         )
         batch.heartbeat.start()
+        self._open.add(batch)
         self.held += len(claim.ids)
         self._queue.extend([(batch, i) for i in range(len(claim.ids))])
         idle = self._idle
@@ -263,7 +265,12 @@ class LocalQueue(Generic[T, R]):
         batch.left -= closed
         self.held -= closed
         self.room.set()
-        if batch.left == 0 and batch.heartbeat is not None:
+        if batch.left == 0:
+            await self._forget(batch)
+
+    async def _forget(self, batch: _Batch[T]) -> None:
+        self._open.discard(batch)
+        if batch.heartbeat is not None:
             heartbeat, batch.heartbeat = batch.heartbeat, None
             await heartbeat.stop()
 
@@ -326,3 +333,15 @@ class LocalQueue(Generic[T, R]):
             for flush in still:
                 flush.cancel()
             await asyncio.gather(*flushes, return_exceptions=True)
+        # What no settle took (its flush cancelled): handed back; then no heartbeat outlives
+        # the loop (a settle given up at shutdown leaves its items to their lease).
+        left: dict[int, tuple[_Batch[T], list[int]]] = {}
+        for batch, i, _outcome in self._finished:
+            left.setdefault(id(batch), (batch, []))[1].append(i)
+        self._finished = []
+        if left:
+            await asyncio.gather(
+                *(self._release(b, ix) for b, ix in left.values()), return_exceptions=True
+            )
+        for batch in list(self._open):
+            await self._forget(batch)
