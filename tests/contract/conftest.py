@@ -3,11 +3,12 @@ queue) and ``ordered_backend`` (ordered mode's partitions), both parametrised by
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from tests.contract.backends import Backend, MariaDBBackend, MemoryBackend, PostgresBackend
+from tests.contract.fleet_databases import MariaDBLeaseDatabase, PostgresLeaseDatabase
 from tests.contract.task_backends import (
     MariaDBTaskBackend,
     MemoryTaskBackend,
@@ -63,3 +64,19 @@ async def task_backend(request: pytest.FixtureRequest) -> AsyncIterator[TaskBack
         yield backend
     finally:
         await backend.close()
+
+
+#: The fleet lease contract (test_fleet_leases.py) runs on these.
+FLEET_BACKENDS = ["postgres", "mariadb"]
+
+
+@pytest.fixture(params=FLEET_BACKENDS)
+def lease_database(request: pytest.FixtureRequest) -> Iterator[PostgresLeaseDatabase]:
+    if request.param == "mariadb":
+        database = MariaDBLeaseDatabase(request.getfixturevalue("mariadb_server"))
+    else:
+        database = PostgresLeaseDatabase(request.getfixturevalue("pg_server"))
+    try:
+        yield database
+    finally:
+        database.close()

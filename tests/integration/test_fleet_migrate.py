@@ -1,18 +1,23 @@
 """``outboxkit migrate --fleet`` creates the fleet lease table, so a relay's role needs no
 CREATE privilege: without it the first lease check creates the table, and a role that may
-not create one cannot join a fleet at all."""
+not create one cannot join a fleet at all. The same on MariaDB."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from click.testing import CliRunner
 
+from outboxkit.backends.mariadb.fleet_leases import MariaDBFleetLease
 from outboxkit.backends.postgres.fleet_sql import PgFleetLease
 from outboxkit.ops.cli.app import main
+from tests.support.mariadb import MariaDB
 from tests.support.servers import unique_name
 
 
@@ -68,14 +73,41 @@ def test_migrate_fleet_with_the_task_table_and_in_the_printed_sql(empty_db_dsn: 
     assert "CREATE TABLE IF NOT EXISTS outboxkit_fleet" in printed.output
 
 
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        (["--inbox", "--dsn", "postgresql://db/x"], "--fleet applies to the outbox and task"),
-        (["--dsn", "mysql://app@no-such-host.invalid/shop"], "fleet processes divide PostgreSQL"),
-    ],
-)
-def test_migrate_fleet_is_refused_where_no_fleet_lease_is_kept(args: list[str], said: str) -> None:
-    result = CliRunner().invoke(main, ["migrate", "--fleet", *args])
+def test_migrate_fleet_is_refused_with_the_inbox() -> None:
+    result = CliRunner().invoke(
+        main, ["migrate", "--fleet", "--inbox", "--dsn", "postgresql://db/x"]
+    )
     assert result.exit_code == 2, result.output
-    assert said in result.output, result.output
+    assert "--fleet applies to the outbox and task" in result.output, result.output
+
+
+async def test_migrate_fleet_on_mariadb_and_status_names_the_owner(
+    mariadb_server: MariaDB, tmp_path: Path
+) -> None:
+    name = unique_name("fleet")
+    admin = pymysql.connect(**mariadb_server.connect_args(), autocommit=True)
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    url = mariadb_server.url_for(name)
+    try:
+        runner = CliRunner()
+        for said in ("created", "in place"):  # (twice: idempotent)
+            result = runner.invoke(main, ["migrate", "--fleet", "--dsn", url])
+            assert result.exit_code == 0, result.output
+            assert f"fleet lease table outboxkit_fleet {said}" in result.output
+        with admin.cursor() as cur:
+            cur.execute(f"SELECT kind, version FROM {name}.outboxkit_schema_versions")
+            assert ("fleet", 1) in set(cur.fetchall())
+        printed = runner.invoke(main, ["migrate", "--print-sql", "--fleet", "--dsn", url])
+        assert "CREATE TABLE IF NOT EXISTS `outboxkit_fleet`" in printed.output, printed.output
+
+        lease = MariaDBFleetLease(url, "relay:outbox", "host:1:ab", 30.0)
+        assert (await lease.check(want=True)).owner == "host:1:ab"
+        dsn_file = tmp_path / "databases.txt"
+        dsn_file.write_text(f"shop {url}\n")
+        shown = runner.invoke(main, ["status", "--dsn-file", str(dsn_file), "--json"])
+        assert json.loads(shown.output)["databases"][0]["owner"] == "host:1:ab", shown.output
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE {name}")
+        admin.close()

@@ -1,12 +1,15 @@
 """Several ``outboxkit relay --dsn-file`` processes given one file divide its databases.
 
-Real relay processes over databases of the session's PostgreSQL, writers committing and
-rolling back in a few of them, NATS JetStream as the broker (its Nats-Msg-Id dedup is the
-broker dedup). Two processes share the file; one is SIGKILLed and a third joins; a database
-is added to the file and one removed. After each change every database is owned by exactly
-one live process (read from the lease table in each database), the processes hold an even
-share, and only the owner holds a claim connection to it. At the end what the broker stored
-is compared with what the databases committed: nothing lost, nothing rolled back published.
+Real relay processes over databases of two private PostgreSQL servers (a twelfth of them on
+the second; ``make chaos-fleet`` lists one MariaDB database too, relayed by the same
+processes), writers committing and rolling back in a few of them and in every database off
+the first server, NATS JetStream as the broker (its Nats-Msg-Id dedup is the broker dedup).
+Two processes share the file; one is SIGKILLed and a third joins; a database is added to the
+file and one removed. After each change every database is owned by exactly one live process
+(read from the lease table in each database), the processes hold an even share, and only
+the owner holds a claim connection to it (PostgreSQL's, told apart by name). At the end what
+the broker stored is compared with what the databases committed: nothing lost, nothing
+rolled back published.
 
 ``OUTBOXKIT_FLEET_CHAOS_DATABASES`` and ``OUTBOXKIT_FLEET_CHAOS_KILLS`` make it bigger
 (``make chaos-fleet``: 60 databases, two SIGKILLs).
@@ -20,9 +23,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import urllib.parse
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from click.testing import CliRunner
 from outboxkit.backends.postgres.migrate import migrate
 from outboxkit.ops.cli.app import main
 from outboxkit.testing import EmbeddedPostgres, create_database, drop_database
+from tests.support.fleet import FleetProcesses, balanced, owner, owner_pid, pending
+from tests.support.mariadb_ops import new_database
 from tests.support.relaying import (
     Writers,
     count,
@@ -46,6 +50,10 @@ from tests.support.servers import consume_nats, ensure_stream, unique_name
 
 DATABASES = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_DATABASES", "12"))
 KILLS = int(os.environ.get("OUTBOXKIT_FLEET_CHAOS_KILLS", "1"))
+#: Listed databases on a second PostgreSQL server (a fleet's file names several servers).
+SECOND_SERVER = max(1, DATABASES // 12)
+#: `make chaos-fleet` lists a MariaDB database too: one process relays both kinds.
+WITH_MARIADB = DATABASES > 12
 # (a takeover is judged by the clock; `make chaos-fleet`'s 60 databases take minutes)
 pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(150 + 6 * DATABASES)]
 #: The fleet lease of the processes (a round every third of it).
@@ -56,124 +64,65 @@ POLL = "0.2" if DATABASES <= 12 else "1"
 #: How long the processes may take to settle after a change (a process takes 16 free
 #: databases a round at most).
 SETTLE = 4 * LEASE + DATABASES / 2
-OWNER = (
-    "SELECT member FROM outboxkit_fleet"
-    " WHERE service = 'relay:outbox' AND owner AND expires_at > now()"
-)
+
+
+def _server(max_connections: int, names: list[str]) -> EmbeddedPostgres:
+    """A private PostgreSQL holding migrated databases ``names``: a relay holds connections
+    to each, more than the shared server allows."""
+    server = EmbeddedPostgres(fsync=False, settings={"max_connections": str(max_connections)})
+    server.start()
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE template_outbox")
+    migrate(server.dsn_for("template_outbox"), table="outbox")
+    for name in names:
+        create_database(server.dsn, name, template="template_outbox")
+    return server
 
 
 @pytest.fixture
-def databases() -> Iterator[list[str]]:
-    """DATABASES + 1 migrated databases (the last one is added to the file later), on a
-    private server: a relay holds connections to each, more than the shared one allows."""
-    server = EmbeddedPostgres(fsync=False, settings={"max_connections": str(8 * DATABASES + 50)})
-    server.start()
+def databases(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """DATABASES + 1 migrated databases (the last one is added to the file later): the most
+    on one private server, SECOND_SERVER of them on a second one, and (WITH_MARIADB) one on
+    the private MariaDB."""
+    names = [f"db{i}" for i in range(DATABASES + 1)]
+    # every so often a database of the other server (never the one added later)
+    second = set(
+        names[DATABASES // SECOND_SERVER // 2 :: DATABASES // SECOND_SERVER][:SECOND_SERVER]
+    )
+    maria = names[DATABASES // 2 + 1] if WITH_MARIADB and _mariadb(request) else None
+    first = [n for n in names if n not in second and n != maria]
+    servers = []
     try:
-        names = [f"db{i}" for i in range(DATABASES + 1)]
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE template_outbox")
-        migrate(server.dsn_for("template_outbox"), table="outbox")
-        for name in names:
-            create_database(server.dsn, name, template="template_outbox")
-        yield [server.dsn_for(name) for name in names]
+        servers.append(_server(8 * DATABASES + 50, first))
+        servers.append(_server(8 * SECOND_SERVER + 50, sorted(second)))
+        urls = {n: servers[0].dsn_for(n) for n in first}
+        urls.update({n: servers[1].dsn_for(n) for n in second})
+        if maria is not None:
+            urls[maria] = new_database(request.getfixturevalue("mariadb_server"))
+        yield [urls[n] for n in names]
     finally:
-        server.close()
+        for server in servers:
+            server.close()
 
 
-def _owner(dsn: str) -> str | None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            row = conn.execute(OWNER).fetchone()
-        except psycopg.errors.UndefinedTable:
-            return None
-    return str(row[0]) if row else None
+def _mariadb(request: pytest.FixtureRequest) -> bool:
+    """Whether the private MariaDB runs here (without mariadbd, all databases are
+    PostgreSQL's rather than the whole run skipped)."""
+    try:
+        request.getfixturevalue("mariadb_server")
+    except pytest.skip.Exception as exc:
+        print(f"no MariaDB database in the file: {exc}")
+        return False
+    return True
 
 
-def _pid(member: str | None) -> int | None:
-    return int(member.split(":")[-2]) if member else None
+def _server_of(dsn: str) -> str:
+    return urllib.parse.urlsplit(dsn).netloc
 
 
 def _popen(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-class _Fleet:
-    """The relay processes of one file, started and killed by the test."""
-
-    def __init__(self, dsn_file: Path, broker: str, logs: Path) -> None:
-        self.dsn_file = dsn_file
-        self.broker = broker
-        self.logs = logs
-        self.live: dict[int, subprocess.Popen[bytes]] = {}
-        self.ended: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(self.dsn_file)]
-        cmd += ["--broker", self.broker, "--fleet-lease", str(LEASE), "--lease", "4"]
-        cmd += ["--poll-interval", POLL, "--reload-interval", "600", "--log-level", "info"]
-        log = self.logs / f"relay-{len(self.live) + len(self.ended)}.log"
-        process = _popen(cmd, log, dict(os.environ))
-        self.live[process.pid] = process
-        return process
-
-    def kill(self, process: subprocess.Popen[bytes]) -> None:
-        process.send_signal(signal.SIGKILL)
-        process.wait(10)
-        self.ended.append(self.live.pop(process.pid))
-
-    def hup(self) -> None:
-        for process in self.live.values():
-            process.send_signal(signal.SIGHUP)
-
-    def stop(self) -> list[int | None]:
-        for process in self.live.values():
-            process.send_signal(signal.SIGTERM)
-        codes = []
-        for process in self.live.values():
-            try:
-                codes.append(process.wait(30))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                codes.append(None)
-        self.ended += self.live.values()
-        self.live.clear()
-        return codes
-
-    def log_tail(self) -> str:
-        return "\n".join(p.read_text()[-1500:] for p in sorted(self.logs.glob("relay-*.log")))
-
-
-async def _balanced(
-    fleet: _Fleet, listed: list[str], timeout: float, what: str, *, claims: bool = True
-) -> float:
-    """Wait until every listed database is owned by one live process, each holding its
-    ceil(D/N) at most, and (``claims``) only the owner holding a claim connection, its relay
-    started; the seconds taken."""
-    started = time.monotonic()
-    last: dict[str, int | None] = {}
-
-    def settled() -> bool:
-        last.clear()
-        last.update({dsn: _pid(_owner(dsn)) for dsn in listed})
-        if any(pid not in fleet.live for pid in last.values()):
-            return False
-        share = math.ceil(len(listed) / len(fleet.live))
-        if max(Counter(last.values()).values()) > share:
-            return False
-        if not claims:
-            return True
-        held = [relay_connections(dsn).get("outboxkit-relay:claim", 0) for dsn in listed]
-        return all(n == 1 for n in held)
-
-    try:
-        await wait_for(settled, timeout=timeout, interval=0.25, what=what)
-    except AssertionError:
-        owners = Counter(last.values())
-        raise AssertionError(f"{what}: owners {owners}\n{fleet.log_tail()}") from None
-    took = time.monotonic() - started
-    print(f"{what}: {took:.1f} s, owners {sorted(Counter(last.values()).values())}")
-    return took
 
 
 async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
@@ -186,59 +135,60 @@ async def test_fleet_processes_divide_the_databases_and_take_over_a_killed_ones(
     listed = databases[:DATABASES]
     dsn_file = tmp_path / "databases.txt"
     dsn_file.write_text("".join(f"{names[dsn]} {dsn}\n" for dsn in listed))
-    fleet = _Fleet(dsn_file, nats_server.url, tmp_path)
+    fleet = FleetProcesses(dsn_file, nats_server.url, tmp_path, LEASE, POLL)
     writers = Writers()
     taken_over: list[float] = []
     try:
         first = fleet.start()
         fleet.start()
-        await _balanced(fleet, listed, SETTLE, "two processes, an even share each")
+        await balanced(fleet, listed, SETTLE, "two processes, an even share each")
         # `status --dsn-file` names each database's owner
         shown = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--json"])
-        owners = {d["name"]: _pid(d["owner"]) for d in json.loads(shown.output)["databases"]}
-        assert owners == {names[dsn]: _pid(_owner(dsn)) for dsn in listed}, shown.output
+        shown_owners = {d["name"]: d["owner"] for d in json.loads(shown.output)["databases"]}
+        owners = {name: int(member.split(":")[-2]) for name, member in shown_owners.items()}
+        assert owners == {names[dsn]: owner_pid(dsn) for dsn in listed}, shown.output
         assert set(owners.values()) == set(fleet.live)
         # writers where the process about to be killed relays, and elsewhere
         kept = listed[:-1]  # (the last one leaves the file later)
-        doomed = [dsn for dsn in kept if _pid(_owner(dsn)) == first.pid]
+        doomed = [dsn for dsn in kept if owner_pid(dsn) == first.pid]
         others = [dsn for dsn in kept if dsn not in doomed]
-        for dsn in doomed[:2] + others[:2]:
+        # and in every database off the first server (the second PostgreSQL, MariaDB)
+        elsewhere = [dsn for dsn in kept if _server_of(dsn) != _server_of(listed[0])]
+        for dsn in dict.fromkeys(doomed[:2] + others[:2] + elsewhere):
             writers.start(dsn, f"{root}.{names[dsn]}")
         await wait_for(lambda: len(writers.committed[doomed[0]]) > 50, timeout=10)
 
         victim = first
         for _ in range(KILLS):
             fleet.kill(victim)  # its databases: taken over once its lease runs out
-            owned = _balanced(fleet, listed, SETTLE, "owned after a SIGKILL", claims=False)
+            owned = balanced(fleet, listed, SETTLE, "owned after a SIGKILL", claims=False)
             taken_over.append(await owned)
-            await _balanced(fleet, listed, SETTLE, "relayed after a SIGKILL")
+            await balanced(fleet, listed, SETTLE, "relayed after a SIGKILL")
             victim = fleet.start()  # a process joins: the databases spread again
-            await _balanced(fleet, listed, SETTLE, "after a process joined")
+            await balanced(fleet, listed, SETTLE, "after a process joined")
 
         # a database added to the file, one removed: SIGHUP to every process
         added, removed = databases[DATABASES], listed[-1]
         listed = [*listed[:-1], added]
         dsn_file.write_text("".join(f"{names[dsn]} {dsn}\n" for dsn in listed))
         fleet.hup()
-        await _balanced(fleet, listed, SETTLE, "after a database was added and one removed")
+        await balanced(fleet, listed, SETTLE, "after a database was added and one removed")
         await wait_for(lambda: not relay_connections(removed), what="the removed one let go")
         # (handed back at once; a check under way as the file changed may take it once
         # more, and then its lease runs out unrenewed)
-        await wait_for(lambda: _owner(removed) is None, timeout=LEASE + 2, what="no owner")
+        await wait_for(lambda: owner(removed) is None, timeout=LEASE + 2, what="no owner")
         writers.start(added, f"{root}.{names[added]}")
         await wait_for(lambda: len(writers.committed[added]) > 20, timeout=10)
 
         writers.join()
         for dsn in listed:
-            await wait_for(
-                lambda dsn=dsn: count(dsn, "status = 0") == 0, timeout=30, what=f"{dsn} drained"
-            )
+            await wait_for(lambda dsn=dsn: pending(dsn) == 0, timeout=30, what=f"{dsn} drained")
     finally:
         writers.join()
         codes = fleet.stop()
     assert codes == [0] * len(codes), fleet.log_tail()
     # a graceful stop hands its databases back at once (no lease left to run out)
-    assert all(_owner(dsn) is None for dsn in listed)
+    assert all(owner(dsn) is None for dsn in listed)
     print(f"fleet: {DATABASES} databases, takeovers after SIGKILL in {taken_over} s")
 
     messages = await consume_nats(nats_server.url, stream, f"{root}.>", None, timeout=20)

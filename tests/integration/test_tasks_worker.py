@@ -218,21 +218,24 @@ def test_a_heartbeat_keeps_a_task_running_three_leases_alive_and_it_runs_once(
     @tasks.handler("long")
     def long(payload: None, ctx: TaskContext) -> None:
         runs.append(ctx.attempt)
-        end = time.monotonic() + 3.0  # CPU-bound, 3 x the lease
+        end = time.monotonic() + 6.0  # CPU-bound, 3 x the lease
         while time.monotonic() < end:
             sum(range(1000))
 
     with psycopg.connect(tasks_dsn) as conn, conn.transaction():
         tasks.enqueue(conn, "long")
-    # Two workers: the second would take the task if its lease ran out.
+    # Two workers: the second would take the task if its lease ran out. The lease is 2 s,
+    # not 1: a heartbeat every lease/3 then survives a 1.3 s stall of the worker's event
+    # loop (a loaded 2-core CI machine stalled one by more than 0.6 s and lost a 1 s lease).
     done = threading.Event()
     other = threading.Thread(
-        target=run_worker, args=(tasks, tasks_dsn, done.is_set), kwargs={"lease": 1.0}
-    )
+        target=run_worker, args=(tasks, tasks_dsn, done.is_set),
+        kwargs={"lease": 2.0, "timeout": 20.0},
+    )  # fmt: skip
     other.start()
     try:
         run_worker(tasks, tasks_dsn, lambda: len(runs) == 1 and rows(tasks_dsn) == [],
-                   lease=1.0)  # fmt: skip
+                   lease=2.0, timeout=20.0)  # fmt: skip
         time.sleep(0.3)
     finally:
         done.set()

@@ -122,7 +122,8 @@ def relay_connections(dsn: str) -> dict[str, int]:
 
 
 class Writers:
-    """A thread per database committing 5 events a transaction, every 4th rolled back."""
+    """A thread per database committing 5 events a transaction, every 4th rolled back
+    (PostgreSQL's or MariaDB's, by the URL)."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
@@ -137,6 +138,9 @@ class Writers:
         thread.start()
 
     def _write(self, dsn: str, topic: str, ids: list[uuid.UUID]) -> None:
+        if dsn.startswith(("mysql://", "mariadb://")):
+            self._write_mariadb(dsn, topic, ids)
+            return
         outbox = Outbox()
         with psycopg.connect(dsn) as conn:
             n = 0
@@ -147,6 +151,29 @@ class Writers:
                 (self.rolled_back if n % 4 == 3 else ids).extend(e.event_id for e in events)
                 n += 1
                 time.sleep(0.02)
+
+    def _write_mariadb(self, dsn: str, topic: str, ids: list[uuid.UUID]) -> None:
+        import pymysql
+
+        from outboxkit.backends.mariadb.sql import connect_args
+
+        outbox = Outbox()  # (the connection picks MariaDB's storage)
+        conn = pymysql.connect(**connect_args(dsn))
+        try:
+            n = 0
+            while not self.stop.is_set():
+                events = make_events(topic, 5)
+                outbox.put_many(conn, events)
+                if n % 4 == 3:
+                    conn.rollback()
+                    self.rolled_back.extend(e.event_id for e in events)
+                else:
+                    conn.commit()
+                    ids.extend(e.event_id for e in events)
+                n += 1
+                time.sleep(0.02)
+        finally:
+            conn.close()
 
     def join(self) -> None:
         self.stop.set()

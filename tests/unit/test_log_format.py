@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import logging
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +268,38 @@ def test_a_fleet_line_names_its_database_in_text_and_in_json() -> None:
     assert text.format(outside) == "outboxkit.relay: relay fleet starting"
     assert json.loads(JsonFormatter().format(record))["database"] == "acme"
     assert "database" not in json.loads(JsonFormatter().format(outside))
+
+
+def test_a_fleet_lease_round_failing_every_round_is_one_traceback_then_reminders(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A bug in the lease round is told once with its traceback, not once a round."""
+    from outboxkit.fleet.supervisor import Fleet
+
+    path = tmp_path / "dsns"
+    path.write_text("")
+    fleet = Fleet(path, lambda database: None, lease=0.03)  # type: ignore[arg-type,return-value]
+    rounds = 0
+
+    async def broken_round() -> None:
+        nonlocal rounds
+        rounds += 1
+        raise KeyError("a bug")
+
+    fleet._share_round = broken_round  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.ensure_future(fleet._share())
+        while rounds < 20:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.INFO, logger="outboxkit.fleet"):
+        asyncio.run(main())
+    lines = [r for r in caplog.records if r.name == "outboxkit.fleet"]
+    assert [r.getMessage() for r in lines] == [
+        "the fleet's lease round failed: KeyError: 'a bug'; retrying every 0.0s"
+    ]
+    assert lines[0].exc_info is not None

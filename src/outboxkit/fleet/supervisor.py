@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from outboxkit.backends import backend_for
 from outboxkit.errors import OutboxkitError
 from outboxkit.fleet.dsn_file import BadLine, Database, DsnFile, read_dsn_file
 from outboxkit.fleet.leases import DatabaseLease, Sighting, member_id, rank, target
+from outboxkit.queue.episode import FailureEpisode
+from outboxkit.queue.idle import claim_idle
 
 log = logging.getLogger("outboxkit.fleet")
 
@@ -50,6 +53,10 @@ _CHECKS_AT_ONCE = 16
 _TAKEN_PER_ROUND = 16
 #: A service that ran this long before it failed starts its retries from the shortest delay.
 _HEALTHY_RUN = 30.0
+#: Seconds a database's claim connection stays open while its claims find nothing
+#: (``OUTBOXKIT_CLAIM_IDLE``; 0: for good): then a PostgreSQL database waits on its LISTEN
+#: session alone (docs/fleet.md, "Connections").
+CLAIM_IDLE = float(os.environ.get("OUTBOXKIT_CLAIM_IDLE", "30"))
 
 State = Literal["starting", "running", "down", "stopped"]
 
@@ -215,7 +222,8 @@ class Fleet:
     ``lease``: the fleet lease (seconds) by which processes given the same file divide its
     databases; None serves every database here. ``service``: what is leased (one relay's
     outbox table, one worker's task table: ``relay:outbox``), ``member``: this process's
-    name in the lease tables.
+    name in the lease tables. ``claim_idle``: seconds after which a database whose claims
+    find nothing closes its claim connection (0 or None: never; :data:`CLAIM_IDLE`).
     """
 
     def __init__(
@@ -231,8 +239,10 @@ class Fleet:
         lease: float | None = DEFAULT_LEASE,
         service: str = "relay:outbox",
         member: str | None = None,
+        claim_idle: float | None = CLAIM_IDLE,
     ) -> None:
         self.path = Path(path)
+        self.claim_idle = claim_idle or None
         self.words = words
         self.factory = factory
         self.reload_interval = reload_interval
@@ -266,6 +276,7 @@ class Fleet:
         self._generation = 0  # (the file read again: a round under way decides nothing)
         self._answered: set[str] = set()  # databases whose last lease check answered
         self._refused: dict[str, str] = {}  # name -> the DSN its factory refused
+        self._round_failures = FailureEpisode("the fleet's lease round", logger=log)
 
     def reload(self) -> None:
         """Read the file again now (SIGHUP)."""
@@ -372,8 +383,16 @@ class Fleet:
         while True:
             try:
                 await self._share_round()
-            except Exception:  # a bug here must not end the fleet: the next round retries
-                log.exception("the fleet's lease round failed")
+            except Exception as exc:  # a bug here must not end the fleet: the next round retries
+                # One line with the traceback, then a reminder now and then: not one a round.
+                self._round_failures.failed(
+                    "the fleet's lease round failed: %s; retrying every %.1fs",
+                    first_line(exc, with_type=True),
+                    self.lease / 3,
+                    exc_info=exc,
+                )
+            else:
+                self._round_failures.succeeded()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._round.wait(), timeout=self.lease / 3)
             self._round.clear()
@@ -517,6 +536,7 @@ class Fleet:
         self.members[database.name] = member
         context = contextvars.copy_context()
         context.run(current_database.set, database.name)
+        context.run(claim_idle.set, self.claim_idle)
         task = asyncio.create_task(
             member.run(), name=f"outboxkit-fleet:{database.name}", context=context
         )

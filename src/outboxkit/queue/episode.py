@@ -36,15 +36,18 @@ class FailureEpisode:
         self.failures = 0
         self._last_report = self._last_failure = 0.0
 
-    def failed(self, message: str, *args: object) -> None:
-        """Log ``message % args`` at WARNING if it starts the episode or is due as a reminder."""
+    def failed(self, message: str, *args: object, exc_info: BaseException | None = None) -> None:
+        """Log ``message % args`` at WARNING if it starts the episode or is due as a reminder.
+
+        ``exc_info``: a traceback for the episode's first line only (a bug's, told once).
+        """
         now = self._clock()
         self._last_failure = now
         self.failures += 1
         if self.started_at is None:
             self.started_at = self._last_report = now
             self.failures = 1
-            self._log.warning(message, *args)
+            self._log.warning(message, *args, exc_info=exc_info)
         elif now - self._last_report >= self.remind_every:
             self._last_report = now
             self._log.warning(

@@ -20,6 +20,7 @@ from outboxkit.backends.ports import (
     Statement,
     TaskAdmin,
 )
+from outboxkit.queue.fleet_leases import DatabaseLease
 from outboxkit.queue.partition_leases import PartitionLeases
 from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
@@ -49,9 +50,6 @@ class MariaDBBackend(Backend):
         "notify": "Outbox(notify=True) on a MariaDB/MySQL connection: MariaDB/MySQL has no"
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
-        "fleet_leases": "fleet processes divide PostgreSQL databases through a lease in each,"
-        " not MariaDB/MySQL ones yet: every fleet process serves every MariaDB/MySQL database"
-        " of its file (safe: claims never overlap; each process then connects to each)",
     }
 
     @contextlib.asynccontextmanager
@@ -65,6 +63,28 @@ class MariaDBBackend(Backend):
         from outboxkit.backends.mariadb import databases
 
         return databases
+
+    def fleet_lease(self, dsn: str, service: str, member: str, ttl: float) -> DatabaseLease:
+        from outboxkit.backends.mariadb.fleet_leases import MariaDBFleetLease
+
+        return MariaDBFleetLease(dsn, service, member, ttl)
+
+    def migrate_fleet(self, dsn: str) -> bool:
+        from outboxkit.backends.mariadb.fleet_leases import create_table
+
+        return create_table(dsn)
+
+    def fleet_ddl(self) -> str:
+        from outboxkit.backends.mariadb import migrate as mariadb
+        from outboxkit.backends.mariadb.fleet_sql import TABLE
+
+        return mariadb.ddl("fleet", TABLE)
+
+    def fleet_owner(self, dsn: str, service: str) -> str | None:
+        from outboxkit.backends.mariadb.fleet_leases import lease_owner
+
+        held = lease_owner(dsn, service)
+        return held[0] if held is not None and held[1] > 0 else None
 
     def admin(self) -> Admin:
         from outboxkit.backends.mariadb import admin

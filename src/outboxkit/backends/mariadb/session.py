@@ -17,6 +17,7 @@ from typing import Any
 
 from outboxkit.backends.mariadb import sql, wakeup
 from outboxkit.errors import ConfigurationError
+from outboxkit.queue.idle import SETTLE_IDLE, IdleTimer
 from outboxkit.queue.store import (
     StoreDenied,
     StoreError,
@@ -109,6 +110,10 @@ class MariaDBSession:
         self._args = sql.connect_args(dsn)
         self._conns: dict[str, Any] = {}
         self._locks = {role: asyncio.Lock() for role in roles}
+        # An idle settle connection closes, as on PostgreSQL (queue/idle.py); the claim one
+        # polls every --poll-interval, so it stays (a connect per poll would cost more).
+        self._settle_idle = IdleTimer(SETTLE_IDLE if "settle" in roles else None, self._close_idle)
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def _connection(self, role: str) -> Any:
         conn = self._conns.get(role)
@@ -167,6 +172,8 @@ class MariaDBSession:
         """
         import pymysql
 
+        if role == "settle":
+            self._settle_idle.used()
         async with self._locks[role]:
             try:
                 conn = await self._connection(role)
@@ -180,7 +187,19 @@ class MariaDBSession:
             except (pymysql.err.MySQLError, OSError) as exc:
                 raise self._translate(role, exc) from exc
 
+    def _close_idle(self) -> float | None:
+        """Close the settle connection once nothing used it for SETTLE_IDLE."""
+        if self._locks["settle"].locked():
+            return 0.1
+        conn = self._conns.pop("settle", None)
+        if conn is not None and not conn.closed:
+            closing = asyncio.ensure_future(_quit(conn))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        return None
+
     def _close_connections(self) -> None:
+        self._settle_idle.cancel()
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
@@ -220,3 +239,9 @@ class GatedSession(MariaDBSession):
     async def close(self) -> None:
         self._gate.open()
         self._close_connections()
+
+
+async def _quit(conn: Any) -> None:
+    """Close ``conn`` saying goodbye (COM_QUIT: the server counts no aborted client)."""
+    with contextlib.suppress(Exception):
+        await conn.ensure_closed()

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from outboxkit.errors import ConfigurationError
 
-Kind = Literal["outbox", "inbox", "ordered", "tasks"]
+Kind = Literal["outbox", "inbox", "ordered", "tasks", "fleet"]
 SCHEMES = ("mysql", "mariadb")
 PENDING, PUBLISHED, FAILED = 0, 1, 2
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}$")
@@ -110,6 +110,8 @@ def slots(kind: Kind, table: str, partitions: int = DEFAULT_PARTITIONS) -> dict[
     bare = table.split(".")[-1]
     if kind == "inbox":
         return {"table": quote(table), "index_processed_at": quote(f"{bare}_processed_at")}
+    if kind == "fleet":
+        return {"table": quote(table), "index_owner": quote(f"{bare}_owner")}
     if kind == "tasks":
         from outboxkit.backends.mariadb.tasks_sql import tasks_slots
 

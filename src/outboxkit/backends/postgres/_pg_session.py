@@ -4,7 +4,14 @@ backends/postgres/queue_pg.py (the outbox) and backends/postgres/tasks_pg.py (ta
 own statements; both need the same connections by role (``claim``, ``settle``, and ``direct_dsn``'s
 for the session locks), the wake-up gate (a session advisory lock: writers NOTIFY only while it is
 held), a LISTEN connection kept alive, the rules for a transaction pooler (no session state: no gate
-and no LISTEN on it), and psycopg's errors turned into the store interface's."""
+and no LISTEN on it), and psycopg's errors turned into the store interface's.
+
+Idle connections close: the settle one after :data:`SETTLE_IDLE`, and in a fleet
+(outboxkit.queue.idle.claim_idle) the claim one too. A store whose claims found nothing that
+long is *parked*: its claim connection closed, the wake-up gate's lock moved to its LISTEN
+session, and each poll a one-row probe there (``due_in``: nothing, now, or in so many
+seconds, then waited for with a timer) instead of a claim. A NOTIFY, a due row or a failed
+probe unparks it: the claim connection opens again for the claim."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -25,6 +33,7 @@ from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
 from outboxkit.errors import ConfigurationError, connection_lost, write_denied
+from outboxkit.queue.idle import SETTLE_IDLE, IdleTimer, claim_idle
 from outboxkit.queue.store import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
 
 Role = Literal["claim", "settle"]
@@ -48,10 +57,6 @@ ANSWER_SHARE: float | None = 1 / 3
 #: a hang-up (below a 3 s lease a hung settle may then outlive its lease: the fence keeps
 #: that safe, the rows are published again, not lost).
 MIN_ANSWER_WITHIN = 1.0
-#: A settle connection not asked anything for this long is closed (the next settle opens
-#: one): a database with nothing to publish then holds its claim and LISTEN connections
-#: only, which counts in a fleet of many mostly idle databases (docs/fleet.md).
-SETTLE_IDLE = float(os.environ.get("OUTBOXKIT_SETTLE_IDLE", "30"))
 #: The lease the bound is taken from until the first claim tells (the Relay's default).
 DEFAULT_LEASE = 30.0
 #: libpq's TCP keepalives and TCP_USER_TIMEOUT on the claim, settle and gate connections
@@ -67,7 +72,11 @@ TCP_OPTIONS: dict[str, int] = {
     "tcp_user_timeout": 30_000,  # (milliseconds)
 }
 
+#: A parked store claims this long after the time its probe said the first row is due.
+DUE_MARGIN = 0.05
+
 _R = TypeVar("_R")
+_ListenWork = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]
 
 
 class PgSession:
@@ -75,9 +84,11 @@ class PgSession:
 
     ``who`` and ``what`` name the process and its items in log lines ("relay", "events").
     ``channel`` is the table's NOTIFY channel; ``try_wake_lock`` and ``wake_unlock`` its
-    gate's statements (the subclass's SQL). ``listen_check``: (interval, timeout) of the
-    LISTEN connection's health probe (:meth:`listen`). ``lease``: the last one used; a
-    round trip on a claim, settle or gate connection gets :attr:`answer_within` of it.
+    gate's statements (the subclass's SQL); ``due_in`` the parked store's poll (seconds until
+    the first item is due, NULL for none; None: the store never parks). ``listen_check``:
+    (interval, timeout) of the LISTEN connection's health probe (:meth:`listen`). ``lease``:
+    the last one used; a round trip on a claim, settle or gate connection gets
+    :attr:`answer_within` of it.
     """
 
     def __init__(
@@ -93,6 +104,7 @@ class PgSession:
         log: logging.Logger,
         who: str,
         what: str,
+        due_in: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.pooler = pooler
@@ -115,9 +127,21 @@ class PgSession:
         # collected (an extra server connection per store, seen counting a fleet's).
         self._connecting = {"claim": asyncio.Lock(), "settle": asyncio.Lock()}
         self._told_pooled = False
-        self._settle_used = 0.0  # (the loop's clock at the last settle)
-        self._settle_timer: asyncio.TimerHandle | None = None
+        self._settle_idle = IdleTimer(SETTLE_IDLE, self._close_idle_settle)
         self._closing: set[asyncio.Future[None]] = set()
+        # Parking (the module's docstring): the claim connection's timer (armed in a fleet),
+        # the LISTEN session and the statements queued for it, the loop's wake-up.
+        self._due_in = due_in
+        self._claim_idle = IdleTimer(None, self._park_idle_claim)
+        self._parked = False
+        self._gate_moving = False  # (the lock between the claim connection and LISTEN's)
+        self._woken = False  # a NOTIFY or a due row since the last claim: no probe
+        self._due_timer: asyncio.TimerHandle | None = None
+        self._wake: Callable[[], None] = _nothing
+        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
+        self._listen_work: deque[tuple[str, _ListenWork, asyncio.Future[Any]]] = deque()
+        self._pump: asyncio.Future[None] | None = None  # (the wait for notifications)
+        self._listen_claims = False  # (set up to claim on: :meth:`_prepare_listen`)
 
     # -- the pooler ---------------------------------------------------------------------
 
@@ -157,9 +181,13 @@ class PgSession:
 
     @property
     def gate_closed(self) -> bool:
+        if self._gate_moving:
+            return True  # (a parking store moves it to its LISTEN session)
         gate = self._gate_conn
         owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
-        if gate is not None and (gate is not owner or gate.closed):
+        if gate is not None and (
+            gate.closed or (gate is not owner and gate is not self._listen_conn)
+        ):
             self._gate_conn = None  # its connection was replaced: the lock went with it
         return self._gate_conn is not None
 
@@ -188,6 +216,9 @@ class PgSession:
     async def open_gate(self) -> None:
         """Release the wake-up gate's lock: writers stop notifying while the store's user works."""
         conn, self._gate_conn = self._gate_conn, None
+        if conn is not None and conn is self._listen_conn:  # (held there since parked)
+            await self._on_listen("wake-up gate", lambda c: c.execute(self._wake_unlock))
+            return
         owner = self._claim_conn if self.direct_dsn is None else self._direct_conn
         if conn is None or conn.closed or conn is not owner:
             return
@@ -223,6 +254,14 @@ class PgSession:
         channel = sql.Identifier(self._channel)
         dsn = self.direct_dsn or self.dsn
         broken = False
+        self._wake = wake
+        if self._due_in is not None and self.direct_dsn is None:
+            self._claim_idle.seconds = claim_idle.get()  # (set in a fleet's service)
+
+        def woken() -> None:
+            self._woken = True  # (a parked store claims at once, without its probe)
+            wake()
+
         while True:
             try:
                 async with await aconnect(
@@ -236,7 +275,14 @@ class PgSession:
                         broken = False
                         self._log.info("the %s's LISTEN connection is back", self._who)
                     wake()  # anything committed while we were not listening
-                    await self._pass_on(conn, wake)
+                    if self._claim_idle.seconds is not None:
+                        self._listen_claims = await self._prepare_listen(conn)
+                    self._listen_conn = conn
+                    self._claim_idle.used()  # (parked only after a whole idle spell heard)
+                    try:
+                        await self._pass_on(conn, woken)
+                    finally:
+                        self._listen_lost(conn)
                 why = f"it did not answer within {self.listen_check[1]:g}s"
             except psycopg.OperationalError as exc:
                 why = first_line(exc)
@@ -255,14 +301,212 @@ class PgSession:
 
     async def _pass_on(self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None]) -> None:
         """Call ``wake`` for every notification until ``conn`` stops answering (then return)
-        or breaks (OperationalError). Notifications that come during a probe are kept by
-        psycopg and passed on after it."""
+        or breaks (OperationalError); run the statements queued for it (:meth:`_on_listen`)
+        meanwhile. Notifications that come during a statement are kept by psycopg and passed
+        on after it."""
         interval, timeout = self.listen_check
         while True:
-            async for _notify in conn.notifies(timeout=interval):
-                wake()
-            if not await _answers(conn, timeout):
+            if not await self._notifications(conn, wake, interval):
+                if not await self._serve_listen_work(conn):
+                    return
+            elif not await _answers(conn, timeout):
                 return
+
+    async def _notifications(
+        self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None], seconds: float
+    ) -> bool:
+        """Pass notifications on for ``seconds`` (True), or until a statement is queued for
+        the session (False: the wait is cut short, psycopg keeps what arrives meanwhile)."""
+        if self._listen_work:
+            return False
+        pump = self._pump = asyncio.ensure_future(_pump(conn, wake, seconds))
+        try:
+            await pump  # (cancelled by :meth:`_on_listen`)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # (the listener itself is cancelled)
+            return False
+        finally:
+            self._pump = None
+        return True
+
+    async def _serve_listen_work(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Run the queued statements on ``conn``; False if it had to be hung up."""
+        while self._listen_work:
+            what, work, done = self._listen_work.popleft()
+            if done.done():
+                continue  # (its caller gave up)
+            try:
+                result = await self.within(conn, what, work(conn))
+            except StoreUnavailable as exc:
+                done.set_exception(exc)
+                return False
+            except psycopg.Error as exc:
+                done.set_exception(exc)
+                if conn.closed or conn.broken:
+                    raise
+            except BaseException as exc:
+                done.set_exception(StoreUnavailable(f"the {what} was interrupted"))
+                raise exc
+            else:
+                done.set_result(result)
+        return True
+
+    async def _on_listen(self, what: str, work: _ListenWork) -> Any:
+        """``work`` run on the LISTEN session (between two waits for notifications).
+        StoreUnavailable if there is none, or it breaks; psycopg's errors translated."""
+        if self._listen_conn is None or self._listen_conn.closed:
+            raise StoreUnavailable(f"no LISTEN session for the {what}")
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._listen_work.append((what, work, done))
+        if self._pump is not None:
+            self._pump.cancel()
+        try:
+            return await done
+        except psycopg.Error as exc:
+            raise await self._translate(exc) from exc
+
+    def _listen_lost(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The LISTEN session ended: its statements fail, and a parked store unparks (the
+        gate's lock went with it): the loop claims on a claim connection again."""
+        self._listen_conn = None
+        self._listen_claims = False
+        while self._listen_work:
+            _what, _work, done = self._listen_work.popleft()
+            if not done.done():
+                done.set_exception(StoreUnavailable("the LISTEN session was lost"))
+        if self._gate_conn is conn:
+            self._gate_conn = None
+        if self._parked:
+            self._parked = False
+            self._wake()
+
+    # -- parking --------------------------------------------------------------------------------
+
+    async def _prepare_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Set a parking store's LISTEN connection up as a claim connection (its loaders,
+        its session); True if the store's claims may then run on it (:meth:`_on_listen`)."""
+        return False
+
+    async def _claim_connection(self) -> psycopg.AsyncConnection[Any] | None:
+        """The connection for a claim; None while parked with nothing due (the claim finds
+        nothing without one). Unparking, the LISTEN connection when set up for claims
+        (:meth:`_prepare_listen`), while the claim connection opens: the first item after an
+        idle spell does not wait for a connect (measured 15-75 ms, bench/fleet_idle.py)."""
+        woken, self._woken = self._woken, False
+        if self._parked:
+            if not woken and not await self._due():
+                return None
+            self._parked = False
+            listen = self._listen_conn
+            if self._listen_claims and listen is not None and not listen.closed:
+                opening = asyncio.ensure_future(self._open_claim())
+                self._closing.add(opening)  # (a task only weakly held by the loop)
+                opening.add_done_callback(self._closing.discard)
+                return listen
+        return await self._connection("claim")
+
+    async def _open_claim(self) -> None:
+        """Open the claim connection (the loop's next claim reports a failure)."""
+        with contextlib.suppress(Exception):
+            await self._connection("claim")
+
+    async def _due(self) -> bool:
+        """A parked store's poll, on its LISTEN session: whether an item is claimable now. A
+        later one is waited for with a timer; a failed probe says yes (the claim finds out)."""
+        assert self._due_in is not None
+        try:
+            row = await self._on_listen("poll", lambda c: _fetchone(c, self._due_in or ""))
+        except StoreError:
+            return True
+        seconds = None if row is None else row[0]
+        if seconds is None:
+            return False
+        if seconds <= 0:
+            return True
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_timer = asyncio.get_running_loop().call_later(
+            seconds + DUE_MARGIN, self._wake_due
+        )
+        return False
+
+    def _wake_due(self) -> None:
+        self._due_timer = None
+        self._woken = True
+        self._wake()
+
+    def claimed_some(self) -> None:
+        """A claim found items: the claim connection is in use (its idle timer restarts)."""
+        self._claim_idle.used()
+
+    def _park_idle_claim(self) -> float | None:
+        """The claims found nothing for ``claim_idle`` seconds: park (the module's docstring).
+
+        Only while this store holds the wake-up gate (on the claim connection, or its
+        LISTEN session already): otherwise writers would not wake it. None: parked, or
+        nothing to park; else the seconds after which to look again.
+        """
+        conn, listen = self._claim_conn, self._listen_conn
+        if conn is None or conn.closed or self._parked:
+            return None
+        if listen is None or listen.closed or not self.session_state:
+            return self._claim_idle.seconds  # (its LISTEN session may come back)
+        if not self.gate_closed or self._gate_conn not in (conn, listen):
+            return self._claim_idle.seconds
+        if (
+            conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            or conn.lock.locked()
+        ):
+            return 0.1  # (a claim under way)
+        # No claim can start on it from here on: the next one opens a connection.
+        self._claim_conn = None
+        self._parked = True
+        moving = self._gate_conn is conn
+        self._gate_moving = moving
+        parking = asyncio.ensure_future(self._park_claim(conn, moving))
+        self._closing.add(parking)  # (a task only weakly held by the loop)
+        parking.add_done_callback(self._closing.discard)
+        return None
+
+    async def _park_claim(self, conn: psycopg.AsyncConnection[Any], moving: bool) -> None:
+        """Close the claim connection; move the gate's lock to the LISTEN session first.
+
+        Released, then taken there: a writer that committed in between did not notify,
+        so the loop is woken to poll once more (its probe sees that writer's row: the lock
+        is taken only once no writer holds the gate's shared lock).
+        """
+        try:
+            if moving:
+                self._gate_conn = None
+                with contextlib.suppress(psycopg.Error, StoreError):
+                    await self.within(conn, "wake-up gate", conn.execute(self._wake_unlock))
+            with contextlib.suppress(Exception):
+                await conn.close()
+            if moving and not await self._take_gate_on_listen():
+                self._parked = False  # (the loop takes the gate on a claim connection)
+        finally:
+            self._gate_moving = False
+        if self._parked:
+            self._log.debug(
+                "claim connection closed: nothing to claim for %gs; the LISTEN session waits",
+                self._claim_idle.seconds,
+            )
+        self._wake()
+
+    async def _take_gate_on_listen(self) -> bool:
+        async def take(listen: psycopg.AsyncConnection[Any]) -> bool:
+            row = await _fetchone(listen, self._try_wake_lock)
+            if row is not None and row[0]:
+                self._gate_conn = listen
+                return True
+            return False
+
+        try:
+            return bool(await self._on_listen("wake-up gate", take))
+        except StoreError:
+            return False
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -278,9 +522,7 @@ class PgSession:
 
     async def _connection(self, role: Role) -> psycopg.AsyncConnection[Any]:
         if role == "settle":
-            self._settle_used = asyncio.get_running_loop().time()
-            if self._settle_timer is None:
-                self._arm_settle_timer(SETTLE_IDLE)
+            self._settle_idle.used()
         conn = self._claim_conn if role == "claim" else self._settle_conn
         if conn is not None and not conn.closed:
             return conn
@@ -303,29 +545,23 @@ class PgSession:
                 raise
         if role == "claim":
             self._claim_conn = conn
+            self._claim_idle.used()
         else:
             self._settle_conn = conn
         return conn
 
-    def _arm_settle_timer(self, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._settle_timer = loop.call_later(delay, self._settle_idle)
-
-    def _settle_idle(self) -> None:
+    def _close_idle_settle(self) -> float | None:
         """Close the settle connection once nothing used it for :data:`SETTLE_IDLE`."""
-        self._settle_timer = None
         conn = self._settle_conn
         if conn is None or conn.closed:
-            return
-        idle = asyncio.get_running_loop().time() - self._settle_used
-        busy = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        if idle < SETTLE_IDLE or busy:
-            self._arm_settle_timer(max(SETTLE_IDLE - idle, 0.1))
-            return
+            return None
+        if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return 0.1
         self._settle_conn = None
         closing = asyncio.ensure_future(conn.close())
         self._closing.add(closing)  # (a task only weakly held by the loop)
         closing.add_done_callback(self._closing.discard)
+        return None
 
     async def _direct(self) -> psycopg.AsyncConnection[Any]:
         """The connection to ``direct_dsn`` that holds the wake-up gate's lock."""
@@ -396,14 +632,28 @@ class PgSession:
         return StoreError(first_line(exc, with_type=True), cause=exc)
 
     async def close(self) -> None:
-        if self._settle_timer is not None:
-            self._settle_timer.cancel()
-            self._settle_timer = None
+        self._settle_idle.cancel()
+        self._claim_idle.cancel()
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+            self._due_timer = None
+        self._parked = False
         for conn in (self._claim_conn, self._settle_conn, self._direct_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
         self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
+
+
+async def _pump(
+    conn: psycopg.AsyncConnection[Any], wake: Callable[[], None], seconds: float
+) -> None:
+    async for _notify in conn.notifies(timeout=seconds):
+        wake()
+
+
+def _nothing() -> None:
+    pass
 
 
 async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:

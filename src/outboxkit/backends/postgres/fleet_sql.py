@@ -30,7 +30,8 @@ CREATE = (
     "CREATE UNIQUE INDEX IF NOT EXISTS outboxkit_fleet_owner ON outboxkit_fleet (service)"
     " WHERE owner",
 )
-#: ``migrate --fleet``: two CREATE ... IF NOT EXISTS at once can still collide in the catalog.
+#: ``migrate --fleet`` and a first check: two CREATE ... IF NOT EXISTS at once can still
+#: collide in the catalog.
 CREATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('outboxkit_fleet:migrate'))"
 EXISTS = "SELECT to_regclass('outboxkit_fleet') IS NOT NULL"
 LOCK = "SELECT pg_advisory_xact_lock(hashtext('outboxkit_fleet:' || %(service)s))"
@@ -72,8 +73,10 @@ class PgFleetLease:
             try:
                 return await self._check(conn, want)
             except pg_errors.UndefinedTable:
-                for statement in CREATE:
-                    await conn.execute(statement)
+                async with conn.transaction():  # (processes' first checks at once)
+                    await conn.execute(CREATE_LOCK)
+                    for statement in CREATE:
+                        await conn.execute(statement)
                 return await self._check(conn, want)
         finally:
             await conn.close()

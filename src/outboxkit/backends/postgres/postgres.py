@@ -305,6 +305,16 @@ WITH batch AS MATERIALIZED (
     + CLAIM_RETURNING
     + ") SELECT *, NULL::text FROM claimed UNION ALL SELECT * FROM oversized"
 )
+# A parked relay's poll (backends/postgres/_pg_session.py, docs/fleet.md "Connections"): seconds
+# until the first pending row may be claimed (0 or less: now; NULL: none), on its LISTEN
+# session instead of a claim on a connection of its own. The claim's own index scan (the
+# pending index in available_at order), one row read; a future available_at is a retry's
+# time or a claimed row's lease expiry, waited for with a timer.
+DUE_IN = """
+SELECT extract(epoch FROM (
+    SELECT available_at FROM {table} WHERE status = {pending} ORDER BY available_at, id LIMIT 1
+) - now())::float8
+"""
 # The settles return the ids they changed: when the fence drops rows (another relay
 # re-claimed them) the relay reports exactly which rows it settled. (The relay reads
 # them only then; a full settle is told by its row count.)
@@ -644,6 +654,7 @@ class Statements(NamedStatements):
     count_purgeable = SqlTemplate(COUNT_PURGEABLE)
     metrics_pending_by_topic = SqlTemplate(METRICS_PENDING_BY_TOPIC)
     count_pending_capped = SqlTemplate(COUNT_PENDING_CAPPED)
+    due_in = SqlTemplate(DUE_IN)
     check_columns = SqlTemplate(CHECK_COLUMNS)
     metrics_failed_by_topic = SqlTemplate(METRICS_FAILED_BY_TOPIC)
     last_event_id = SqlTemplate(LAST_EVENT_ID)

@@ -156,6 +156,7 @@ class PgQueueStore(PgSession, Generic[T]):
             log=log,
             who="relay",
             what="events",
+            due_in=sq.due_in,
         )
         self.table = table
         self.make_item = make_item
@@ -262,9 +263,16 @@ class PgQueueStore(PgSession, Generic[T]):
                 block=policy.block,
             )
         try:
-            conn = await self._connection("claim")
-            cur = self._cursor(conn, "claim")
-            records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
+            conn = await self._claim_connection()
+            if conn is None:
+                return None  # (parked: nothing due)
+            if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
+                records = await self._on_listen(
+                    "claim", lambda c: fetch_rows(c.cursor(binary=True), statement, params)
+                )
+            else:
+                cur = self._cursor(conn, "claim")
+                records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise SchemaError(
@@ -275,6 +283,7 @@ class PgQueueStore(PgSession, Generic[T]):
             raise await self._translate(exc) from exc
         if not records:
             return None
+        self.claimed_some()
         make = self.make_item
         dead: list[tuple[T, str, str]] | None = None
         if records[-1][-1] is not None or any(r[-1] is not None for r in records):
@@ -388,6 +397,12 @@ class PgQueueStore(PgSession, Generic[T]):
         super()._configure(conn)
         conn.adapters.register_loader("uuid", UuidBinaryLoader)
         conn.adapters.register_loader("json", JsonLoader)
+
+    async def _prepare_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Its claims return what they do on a claim connection: the same loaders, UTC."""
+        self._configure(conn)
+        await conn.execute(SESSION_UTC)
+        return True
 
     def _cursor(
         self, conn: psycopg.AsyncConnection[Any], role: Literal["claim", "settle"]
