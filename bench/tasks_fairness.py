@@ -1,7 +1,7 @@
 """Fairness between keys: a light key's wait while another key's flood drains, side by side.
 
 Each run: ``--flood`` no-op tasks of one key enqueued first, then one ``outboxkit worker
---dsn ... --app tasks_app:tasks`` process with its defaults; from its first claim on, a
+--dsn ... --app tasks_app:fairness_tasks`` process with its defaults; from its first claim on, a
 light key enqueues one task every 100 ms until the flood is drained (and at least
 ``--light`` tasks). Each light task records its wait, from the database's clock just before
 its enqueue's COMMIT to its handler's start, by the same clock (bench/tasks_app.py). The
@@ -44,7 +44,7 @@ from outboxkit.queue.tasks import FAIR_SHARE
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from tasks_app import tasks  # noqa: E402  (the app the worker loads)
+from tasks_app import fairness_tasks as tasks  # noqa: E402  (the app the worker loads)
 
 
 def _count(conn: psycopg.Connection[Any], name: str) -> int:
@@ -76,8 +76,8 @@ def run(
             tasks.enqueue(conn, name, {}, key=flood_key)
     path = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "OKB_DSN": dsn, "PYTHONPATH": os.pathsep.join([str(HERE), *path])}
-    argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn, "--app", "tasks_app:tasks",
-            "--log-level", "WARNING"]  # fmt: skip
+    argv = [sys.executable, "-m", "outboxkit", "worker", "--dsn", dsn,
+            "--app", "tasks_app:fairness_tasks", "--log-level", "WARNING"]  # fmt: skip
     with tempfile.TemporaryFile() as log:
         worker = subprocess.Popen(argv, cwd=HERE, env=env, stdout=log, stderr=log)
         try:

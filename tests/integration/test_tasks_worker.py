@@ -443,3 +443,39 @@ def test_a_queue_limit_caps_its_tasks_at_once_and_the_other_queues_go_on(
     assert most["fast"] > 2
     with pytest.raises(ValueError, match="queue limit"):
         Worker(tasks, tasks_dsn, queues=["a"], queue_limits={"b": 1})
+
+
+def test_a_task_prefetched_behind_a_slow_one_stays_leased_by_its_claims_heartbeat(
+    tasks_dsn: str,
+) -> None:
+    """One heartbeat per claim covers its queued tasks too. A ran fast, so the prefetch
+    expects short tasks and claims B and C together; B runs 2.5 leases. Without the claim's
+    heartbeat C's lease lapses while it waits behind B (another worker would run it too)."""
+    tasks = Tasks()
+    started: dict[str, float] = {}
+
+    @tasks.handler("step")
+    async def step(payload: str) -> None:
+        started[payload] = time.monotonic()
+        if payload == "B":
+            await asyncio.sleep(2.5)
+
+    with psycopg.connect(tasks_dsn) as conn, conn.transaction():
+        for name in "ABC":
+            tasks.enqueue(conn, "step", name)
+    leased: list[bool] = []
+
+    def check() -> bool:
+        b = started.get("B")
+        if b is not None and "C" not in started and time.monotonic() - b > 1.8 and not leased:
+            with psycopg.connect(tasks_dsn) as conn:
+                row = conn.execute(
+                    f"SELECT status = %s AND available_at > now() FROM {TABLE} WHERE id = 3",
+                    (int(TaskStatus.RUNNING),),
+                ).fetchone()
+                leased.append(bool(row and row[0]))
+        return "C" in started and rows(tasks_dsn) == []
+
+    run_worker(tasks, tasks_dsn, check, lease=1.0, concurrency=1, prefetch=5)
+    assert leased == [True]  # still this worker's, 1.8 leases after its claim
+    assert list(started) == ["A", "B", "C"]

@@ -36,6 +36,7 @@ from outboxkit.queue.decide import Outcome, RetryPolicy
 from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
 from outboxkit.queue.handback import HandBack
 from outboxkit.queue.heartbeat import LeaseHeartbeat
+from outboxkit.queue.local_queue import LocalQueue
 from outboxkit.queue.settling import SettleObserver, Settling
 from outboxkit.queue.store import (
     Attempted,
@@ -185,12 +186,13 @@ class LoopOptions:
     name: str = "outboxkit-relay"
     #: Hand each claimed item to the sink on its own, with a slot of its own (task mode: a
     #: slow item never holds a fast one's settle). A claim then takes up to as many items as
-    #: slots are free (at most ``batch_size``): one statement claims several.
+    #: slots are free (at most ``batch_size``): one statement claims several. The items run
+    #: on ``max_in_flight`` runners and settle in groups as they finish (queue/local_queue.py).
     split: bool = False
     #: Split mode: a claim may take up to this many items beyond the free slots; they wait
-    #: in the claim loop for a slot (a local queue, as graphile-worker's ``localQueue``), so
-    #: one statement claims a batch even while every slot is busy. Bounded by the lease:
-    #: the last one waits about prefetch x run time / slots, kept under a quarter of it.
+    #: in a local queue (as graphile-worker's ``localQueue``) for a runner, so one statement
+    #: claims a batch even while every slot is busy. Bounded by the lease: the last one
+    #: waits about prefetch x run time / slots, kept under a quarter of it.
     prefetch: int = 0
     #: The first wait when the wake-up gate cannot be closed because a writer holds it open
     #: (between its INSERT and its COMMIT, usually a round trip): doubled up to 100 ms.
@@ -258,8 +260,6 @@ class ClaimLoop(Generic[T, R]):
         # and when the last claim was sent.
         self._arrivals = 0.0
         self._last_claim: float | None = None
-        #: Split mode: an item's run time, smoothed (None: none ran yet), for the prefetch.
-        self._run_time: float | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         # A store that fails (queue/faults.py): retried with backoff, an outage one episode.
         self._errors = DatabaseErrors(observer, self.log, self._sleep)
@@ -289,6 +289,23 @@ class ClaimLoop(Generic[T, R]):
             self._carry = SettleCarry(store, lambda: not self._slots.locked())
             self._settling.carry = self._carry.offer
         self._failure: BaseException | None = None
+        #: Split mode: the items between their claim and their settle, and the runners.
+        self._local: LocalQueue[T, R] | None = None
+        if options.split:
+            lost = on_lease_lost
+            self._local = LocalQueue(
+                sink,
+                observer,
+                self._settling,
+                slots=options.max_in_flight,
+                lease=options.lease,
+                name=options.name,
+                extend=self._extend,
+                lease_lost=None if lost is None else (lambda claim: lost(claim, 0)),
+                fail=self._fail,
+                log=self.log,
+                track_run_time=options.prefetch > 0,
+            )
 
     @property
     def first_settled(self) -> Callable[[int, float], None] | None:
@@ -305,13 +322,17 @@ class ClaimLoop(Generic[T, R]):
         """Stop claiming; in-flight work finishes (or is released at ``shutdown_timeout``)."""
         self.stopping.set()
         self._wake.set()
+        if self._local is not None:
+            self._local.room.set()
 
     def wake(self) -> None:
         """Claim now (a wake-up, or an item's key freed)."""
         self._wake.set()
 
     def status(self) -> LoopStatus:
-        return LoopStatus(self._denied.reason, len(self._in_flight), self.stopping.is_set())
+        local = self._local
+        in_flight = len(self._in_flight) if local is None else local.held
+        return LoopStatus(self._denied.reason, in_flight, self.stopping.is_set())
 
     def deny(self, exc: StoreDenied, what: str) -> None:
         """The store refused ``what``: stop claiming and say so once, in one line."""
@@ -327,6 +348,8 @@ class ClaimLoop(Generic[T, R]):
         monitor = asyncio.create_task(
             self._monitor_side_tasks(side), name=f"{self.options.name}:monitor"
         )
+        if self._local is not None:
+            self._local.start()
         try:
             await self._claim_loop()
         finally:
@@ -370,6 +393,9 @@ class ClaimLoop(Generic[T, R]):
             self._fail("batch", exc)
 
     async def _drain_in_flight(self) -> None:
+        if self._local is not None:
+            await self._local.drain(self.options.shutdown_timeout)
+            return
         if not self._in_flight:
             return
         pending = set(self._in_flight)
@@ -385,7 +411,7 @@ class ClaimLoop(Generic[T, R]):
         store = self.store
         while await self._acquire_slot():
             if self._denied.cause is not None:
-                self._slots.release()
+                self._release_slot()
                 if self._carry is not None:
                     self._carry.flush()
                 await self._denied.wait_until_allowed(self.stopping.is_set)
@@ -395,33 +421,24 @@ class ClaimLoop(Generic[T, R]):
             try:
                 claim = await self._claim()
             except StoreDenied as exc:
-                self._slots.release()
+                self._release_slot()
                 self.observer.database_error("claim", exc.cause, False)
                 self.deny(exc, "claims")
                 continue
             except StoreError as exc:
                 # A lost connection or a failed statement (a timeout, a trigger): back off, retry.
-                self._slots.release()
+                self._release_slot()
                 await self._errors.failed("claim", exc)
                 continue
             except BaseException:
-                self._slots.release()
+                self._release_slot()
                 raise
             if claim is None:
-                self._slots.release()
+                self._release_slot()
                 await self._wait_for_work()
                 continue
-            if self.options.split and len(claim.ids) > 1:
-                for n, (item_id, item) in enumerate(zip(claim.ids, claim.items, strict=True)):
-                    # Free for those counted before the claim; the prefetched wait their turn.
-                    if n and not await self._acquire_slot():
-                        # Stopping: what has not started goes back at once, refunded.
-                        rest: Claim[T] = Claim(claim.token, claim.ids[n:], claim.items[n:])
-                        await asyncio.shield(self._settling.release(rest))
-                        break
-                    part: Claim[T] = Claim(claim.token, [item_id], [item])
-                    part.claimed_at = claim.claimed_at
-                    self._start(part)
+            if self._local is not None:
+                self._local.add(claim)  # the runners take its items in turn
             else:
                 self._start(claim)
             # Work found: look again soon, and writers need not wake us meanwhile.
@@ -444,10 +461,16 @@ class ClaimLoop(Generic[T, R]):
         self._in_flight.add(task)
         task.add_done_callback(self._on_batch_done)
 
+    def _release_slot(self) -> None:
+        if self._local is None:  # (split mode: room is counted by the local queue)
+            self._slots.release()
+
     async def _acquire_slot(self) -> bool:
         """Wait for an in-flight slot; False once stopping (even while slots are busy)."""
         if self.stopping.is_set():
             return False
+        if self._local is not None:
+            return await self._room()
         if not self._slots.locked():
             # A free slot is taken without yielding to the event loop, so the next claim
             # is sent to the database before the batch just claimed starts producing:
@@ -468,13 +491,26 @@ class ClaimLoop(Generic[T, R]):
             self._slots.release()
         return False
 
+    async def _room(self) -> bool:
+        """Split mode: wait until a claim has room (fewer items held than the slots and the
+        prefetch, and the local queue down to a round of the runners); False once stopping."""
+        local = self._local
+        assert local is not None
+        slots = self.options.max_in_flight
+        while not self.stopping.is_set():
+            if local.held < slots + self._prefetch() and local.queued <= slots:
+                return True
+            local.room.clear()
+            await local.room.wait()
+        return False
+
     async def _claim(self) -> Claim[T] | None:
         options = self.options
         token = uuid.uuid4()
         limit = options.batch_size
-        if options.split:  # every in-flight claim holds a slot; this one holds one too
-            free = options.max_in_flight - len(self._in_flight)
-            limit = max(1, min(limit, free + self._prefetch()))
+        if self._local is not None:  # one item per free slot, and the prefetch
+            held = self._local.held
+            limit = max(1, min(limit, options.max_in_flight + self._prefetch() - held))
         self._limit = limit
         policy: ClaimPolicy = None
         if self.ordering is not None:
@@ -519,7 +555,8 @@ class ClaimLoop(Generic[T, R]):
     def _prefetch(self) -> int:
         """How many items a split claim may take beyond the free slots now: none until items
         have run, then as many as wait less than a quarter of the lease for a slot."""
-        cap, run_time = self.options.prefetch, self._run_time
+        cap = self.options.prefetch
+        run_time = None if self._local is None else self._local.run_time
         if not cap or run_time is None:
             return 0
         budget = self.options.lease / 4 * self.options.max_in_flight / max(run_time, 1e-6)
@@ -594,15 +631,9 @@ class ClaimLoop(Generic[T, R]):
                 outcomes = await self._run_sink(claim)
                 seconds = time.perf_counter() - started
                 self.observer.processed(items, outcomes, seconds)
-            if self.options.prefetch:
-                last = self._run_time
-                self._run_time = seconds if last is None else 0.8 * last + 0.2 * seconds
             await self._settling.settle(claim, outcomes)
         except StoreError as exc:
-            # Not a lost connection (those are retried): the statement itself failed.
-            # Unsettled items keep their lease and are processed again after it expires.
-            self.log.error("settle failed: %s", first_line(exc.cause, with_type=True))
-            self.observer.database_error("settle", exc.cause, False)
+            self._settling.failed(exc)
         except asyncio.CancelledError:
             # Forced shutdown mid-work: hand the items back now rather than at lease expiry.
             await asyncio.shield(self._settling.release(claim))
@@ -624,9 +655,16 @@ class ClaimLoop(Generic[T, R]):
             await heartbeat.stop()
 
     async def _extend_leases(self, claim: Claim[T]) -> None:
-        """One heartbeat: push the claim's leases to now + lease, fenced by its token.
+        """One heartbeat: push the claim's leases to now + lease, fenced by its token; tell
+        ``on_lease_lost`` when they are no longer all held."""
+        held = await self._extend(claim)
+        if held is not None and held < len(claim.ids) and self.on_lease_lost is not None:
+            self.on_lease_lost(claim, held)
 
-        A failure is logged and the work goes on: the settle copes with a lost lease.
+    async def _extend(self, claim: Claim[T]) -> int | None:
+        """Push the claim's leases to now + lease, fenced by its token: how many it held.
+
+        A failure is logged (None) and the work goes on: the settle copes with a lost lease.
         """
         try:
             held = await self.store.extend_leases(claim, self.options.lease)
@@ -639,9 +677,7 @@ class ClaimLoop(Generic[T, R]):
                 self.options.words.working,
                 first_line(exc.cause),
             )
-            return
-        if held < len(claim.ids) and self.on_lease_lost is not None:
-            self.on_lease_lost(claim, held)
+            return None
         self.log.debug(
             "%s for %.1fs: extended the lease of %d of %d by %.1fs",
             self.options.words.working,
@@ -650,6 +686,7 @@ class ClaimLoop(Generic[T, R]):
             len(claim.ids),
             self.options.lease,
         )
+        return held
 
 
 async def _cancel_and_capture_errors(

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from outboxkit._redact import redact
+from outboxkit._text import first_line
 from outboxkit.queue.decide import Outcome, Reschedule, RetryPolicy, decide, outage
 from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
 from outboxkit.queue.handback import HandBack
@@ -270,6 +271,12 @@ class Settling(Generic[T, R]):
             )
             return True
         return False
+
+    def failed(self, exc: StoreError) -> None:
+        """A settle statement failed (not a lost connection: those are retried): logged and
+        reported; its items keep their lease and are processed again after it expires."""
+        self.log.error("settle failed: %s", first_line(exc.cause, with_type=True))
+        self.observer.database_error("settle", exc.cause, False)
 
     async def release(self, claim: Claim[T]) -> None:
         """Hand ``claim``'s items back now (a forced shutdown), not at their lease's expiry."""

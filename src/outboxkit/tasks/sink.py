@@ -127,8 +127,8 @@ class HandlerSink:
 
     async def process(self, token: uuid.UUID, items: Sequence[ClaimedTask]) -> Sequence[Outcome]:
         self.progress.loop = asyncio.get_running_loop()
-        if len(items) == 1:  # the worker's split claims: run in the claim's own task (a
-            # task and a gather less per task, a fifth of the worker's CPU per no-op task)
+        if len(items) == 1:  # the worker's split path: run in the calling runner's task (a
+            # task and a gather less per task; lost() cancels it only while this one runs)
             task, current = items[0], asyncio.current_task()
             assert current is not None
             self._running[task.id] = current
@@ -136,6 +136,11 @@ class HandlerSink:
                 return [await self._run(token, task)]
             finally:
                 self._running.pop(task.id, None)
+                if self._lost and current in self._lost:
+                    # Its handler swallowed the cancel of its lost task: the runner goes on
+                    # to other tasks, so it must not stay marked (nor its cancel counted).
+                    self._lost.discard(current)
+                    current.uncancel()
         runs = [asyncio.create_task(self._run(token, t)) for t in items]
         for task, run in zip(items, runs, strict=True):
             self._running[task.id] = run

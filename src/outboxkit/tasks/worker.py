@@ -3,10 +3,10 @@
 As the relay is the loop with a publisher sink (relay/engine.py), ``Worker`` is the loop
 (outboxkit.queue.loop) with :class:`~outboxkit.tasks.sink.HandlerSink` and a backend's task
 store (the port of queue/tasks.py) behind the core's claim policies (queue/task_claims.py:
-the queues in turn, per-queue limits, suspects run alone): one task per claim, ``concurrency``
-claims in flight, a lease heartbeat per running task, retries from ``decide()`` with each handler's
-schedule, a drain on stop (running handlers get ``shutdown_timeout``, the rest are handed back). No
-SQL here."""
+the queues in turn, per-queue limits, suspects run alone): a claim per free slot and the
+prefetch, ``concurrency`` runners, a lease heartbeat per claim, settles grouped as tasks finish,
+retries from ``decide()`` with each handler's schedule, a drain on stop (running handlers get
+``shutdown_timeout``, the rest are handed back). No SQL here."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ _NOTHING = contextlib.nullcontext()
 UNHANDLED_GRACE = 3600.0
 #: Tasks a claim may take beyond the free slots by default: this many per slot, at most
 #: DEFAULT_PREFETCH_CAP (and never more than wait under a quarter of the lease: queue/loop.py).
-PREFETCH_PER_SLOT = 10
+PREFETCH_PER_SLOT = 20
 DEFAULT_PREFETCH_CAP = 500
 #: Tasks one sweep of unhandled names fails at most (a full batch: the next sweep at once).
 UNHANDLED_BATCH = 1000
@@ -139,8 +139,10 @@ class Worker:
     """Runs the handlers of ``tasks`` from its table until :meth:`stop`.
 
     ``concurrency``: tasks running at once (sync handlers get as many threads).
-    ``batch_size``: tasks per claim (1: each task claimed and settled alone; more: fewer
-    statements per task for short tasks, ``concurrency // batch_size`` claims in flight).
+    ``batch_size``: 1 (default): a claim takes a task per free slot plus ``prefetch``, each
+    runs on its own and settles with those finishing meanwhile (queue/local_queue.py); more:
+    a claim's tasks run at once and settle together, ``concurrency // batch_size`` claims
+    in flight (no faster for short tasks any more; a slow one holds its batch's settle).
     ``lease``: seconds a claim holds a task; the heartbeat extends it every lease/3 while
     the handler runs, so only a dead or frozen worker loses it. ``shutdown_timeout``: how
     long a stop waits for running handlers before handing their tasks back.

@@ -89,8 +89,9 @@ def _freeze_start_up_heap() -> None:
     "--batch-size",
     type=click.IntRange(min=1, max=10_000),
     default=None,
-    help="Tasks per claim, run at once and settled together (short tasks) [default: 1: each"
-    " task runs and settles on its own, claims batched by --prefetch].",
+    help="Tasks per claim, run at once and settled together [default: 1: each task runs"
+    " and settles on its own, claims batched by --prefetch, settles grouped as tasks finish;"
+    " the default is as fast for short tasks].",
 )
 @click.option(
     "--prefetch",
@@ -98,7 +99,7 @@ def _freeze_start_up_heap() -> None:
     default=None,
     help="Tasks a claim may take beyond the free slots, waiting their turn here (never more"
     " than would wait over a quarter of --lease); 0: claim only for free slots"
-    " [default: 10 per --concurrency slot, at most 500].",
+    " [default: 20 per --concurrency slot, at most 500].",
 )
 @click.option(
     "--queue",
