@@ -54,8 +54,10 @@ def test_a_flood_of_one_key_holds_a_fair_queues_other_key_back_by_about_one_clai
 ) -> None:
     unfair = light_waits(tasks_dsn, "unfair", flood_key=None)
     fair = light_waits(tasks_dsn, "fair", flood_key="flood")
-    # Without fair=: each light task waits behind the rest of the 3 000 (~1.5 s of them).
-    assert unfair[0] > 1.0, unfair
+    # Without fair=: each light task waits behind the rest of the 3 000 (~1.5 s of them at
+    # 10 slots; the local queue's runners drain them faster, so no absolute bound: the
+    # least of these waits is still several times the most of the fair ones).
+    assert unfair[0] > 0.5 and unfair[0] > 3 * fair[-1], (unfair, fair)
     # With it: behind at most FAIR_SHARE of the flood and a claim round (a worker's claim
     # of 110 tasks of 5 ms: ~55 ms, under the light key's 100 ms between tasks; a light
     # task enqueued while its previous one is live is pending at once): well under 1 s.

@@ -153,14 +153,20 @@ def test_three_workers_start_a_rate_limited_name_at_its_rate_plus_the_burst(
     drain(tasks_dsn, "--concurrency", "50", timeout=40)
     with psycopg.connect(tasks_dsn) as conn:
         rows = conn.execute(
-            "SELECT extract(epoch FROM started)::float8, attempt FROM limited_runs ORDER BY 1"
+            "SELECT extract(epoch FROM claimed)::float8, extract(epoch FROM started)::float8,"
+            " attempt FROM limited_runs ORDER BY 1"
         ).fetchall()
-    starts = [s for s, _ in rows]
-    assert len(starts) == 600 and {a for _, a in rows} == {1}  # waiting spent no attempt
+    claims = [c for c, _, _ in rows]
+    starts = sorted(s for _, s, _ in rows)
+    assert len(starts) == 600 and {a for *_, a in rows} == {1}  # waiting spent no attempt
     assert len({pid for pid in _pids(tasks_dsn)}) == 3  # every worker started some
-    # at most 50 starts in any one-second window, plus the burst (a tenth: 5)
-    busiest = busiest_second(starts)
+    # At most 50 claims in any one-second window, plus the burst (a tenth: 5), by the time
+    # each claim spent its token. The handlers' own first statements come a little later,
+    # by a delay that varies with the load (a connect, a local queue): a window of them
+    # may hold a few more, never three workers' worth (a worker-local bucket: ~150).
+    busiest = busiest_second(claims)
     assert busiest <= 55, busiest
+    assert busiest_second(starts) <= 70, busiest_second(starts)
     took = starts[-1] - starts[0]
     assert 10.5 <= took <= 14.0, took  # (600 - 5) / 50 = 11.9 s: not 1, not 60
 

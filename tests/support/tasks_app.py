@@ -155,7 +155,8 @@ def zombie_result(payload: None, ctx: TaskContext) -> dict[str, int]:
 
 LIMITED_DDL = (
     "CREATE TABLE IF NOT EXISTS limited_runs (id bigserial PRIMARY KEY, task_id bigint,"
-    " attempt int, pid int, started timestamptz DEFAULT clock_timestamp(), ended timestamptz)"
+    " attempt int, pid int, started timestamptz DEFAULT clock_timestamp(), ended timestamptz,"
+    " claimed timestamptz)"
 )
 
 
@@ -180,13 +181,15 @@ async def limited(payload: dict[str, float], ctx: TaskContext) -> None:
 @tasks.handler("paced", rate="50/s")
 async def paced(payload: None, ctx: TaskContext) -> None:
     """At most 50 starts a second across every worker (+ the burst of 5): records its start
-    by the database's clock."""
+    by the database's clock, and the claim's time that started it (the task row's
+    ``started_at``, the time the bucket was spent at)."""
     async with await psycopg.AsyncConnection.connect(
         os.environ["OUTBOXKIT_DSN"], autocommit=True
     ) as conn:
         await conn.execute(
-            "INSERT INTO limited_runs (task_id, attempt, pid) VALUES (%s, %s, %s)",
-            (ctx.id, ctx.attempt, os.getpid()),
+            "INSERT INTO limited_runs (task_id, attempt, pid, claimed)"
+            f" SELECT %s, %s, %s, started_at FROM {tasks.table} WHERE id = %s",
+            (ctx.id, ctx.attempt, os.getpid(), ctx.id),
         )
 
 
