@@ -221,7 +221,9 @@ async def test_an_idle_database_holds_no_settle_connection(
     dsn_file = tmp_path / "databases.txt"
     dsn_file.write_text("".join(f"db{i} {dsn}\n" for i, dsn in enumerate(dsns)))
     cmd = [sys.executable, "-m", "outboxkit", "relay", "--dsn-file", str(dsn_file)]
-    cmd += ["--broker", nats_server.url, "--poll-interval", "0.2"]
+    # One batch in flight: no claim can carry a settle (queue/carry.py needs a free slot
+    # beside the offering batch's), so each settle opens the settle connection, the subject.
+    cmd += ["--broker", nats_server.url, "--poll-interval", "0.2", "--max-in-flight", "1"]
     env = {**os.environ, "OUTBOXKIT_SETTLE_IDLE": "1"}
     process = _popen(cmd, tmp_path / "relay.log", env)
     try:
