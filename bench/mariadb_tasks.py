@@ -4,7 +4,7 @@ N no-op tasks loaded server-side (one ``INSERT … SELECT``), then drained by a 
 (concurrency 100, one task per claim's slot: the default), first task started to last
 finished (bench/tasks_throughput.py's ``drain``), MariaDB (the tests' private ``mariadbd``
 with durable commits, bench/mariadb.py's ``DurableMariaDB``) and PostgreSQL (``--dsn``)
-taking turns, ``--rounds`` each; medians.
+taking turns, ``--rounds`` each; medians, written to bench/results/``--name``.json.
 
     python bench/mariadb_tasks.py --dsn postgresql://postgres@127.0.0.1:5432/bench [--tasks 5000]
 """
@@ -12,9 +12,11 @@ taking turns, ``--rounds`` each; medians.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import pymysql
+from _common import save, server_facts
 from mariadb import DurableMariaDB  # bench/mariadb.py (the tests' private server, durable)
 from tasks_throughput import drain, fill
 
@@ -42,6 +44,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=100)
+    ap.add_argument("--name", default="mariadb_tasks")
     args = ap.parse_args()
     server = DurableMariaDB(1)
     server.start()
@@ -63,6 +66,20 @@ def main() -> None:
                 f" {', '.join(f'{v:,.0f}' for v in values)}), {args.tasks} no-op tasks,"
                 f" concurrency {args.concurrency}"
             )
+        medians = {name: statistics.median(values) for name, values in rates.items()}
+        save(
+            args.name,
+            {
+                "tasks": args.tasks,
+                "concurrency": args.concurrency,
+                "rounds": args.rounds,
+                "tasks_per_s": rates,
+                "median_tasks_per_s": medians,
+                "mariadb_over_postgresql": medians["MariaDB"] / medians["PostgreSQL"],
+                "load_average": os.getloadavg(),
+                "server": server_facts(args.dsn),
+            },
+        )
     finally:
         server.close()
 

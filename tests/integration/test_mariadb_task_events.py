@@ -75,13 +75,15 @@ def freeze(worker: subprocess.Popen[bytes], url: str) -> None:
     """SIGSTOP ``worker`` outside its claim's transactions: frozen inside one, its row locks
     (InnoDB's, of rows its claim read) would hide the task from every other worker's
     ``SKIP LOCKED`` until its connection died. It is the database's only client now."""
-    for _ in range(500):
+    for attempt in range(500):
         worker.send_signal(signal.SIGSTOP)
         time.sleep(0.02)  # (a statement it sent just before lands)
         if not mariadb_execute(url, "SELECT trx_id FROM information_schema.INNODB_TRX"):
             return
         worker.send_signal(signal.SIGCONT)
-        time.sleep(0.005)
+        # Longer each time: on a loaded machine 5 ms may not let it reach its COMMIT, and
+        # each try froze it inside the same transaction again (seen under -n 2, load 11).
+        time.sleep(min(0.1, 0.005 * (attempt + 1)))
     raise AssertionError("the worker was inside a transaction at every try")
 
 

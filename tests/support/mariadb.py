@@ -105,7 +105,9 @@ class MariaDB(ServerProcess):
             )
             if done.returncode != 0:
                 lines = (done.stderr or done.stdout).strip().splitlines() or ["(no output)"]
-                raise EmbeddedServerUnavailable(f"mariadb-install-db failed: {lines[-1]}")
+                # The server's own [ERROR] lines say why ("Aborting", the last, does not).
+                why = [line for line in lines if "[ERROR]" in line][-5:] or lines[-1:]
+                raise EmbeddedServerUnavailable(f"mariadb-install-db failed: {' | '.join(why)}")
             self._initialised = True
         super().start()
 
