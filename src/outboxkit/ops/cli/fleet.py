@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -23,6 +23,9 @@ from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
 from outboxkit.ops.cli.output import console, err_console
 from outboxkit.ops.metrics import RelayMetrics
 from outboxkit.relay import Relay
+
+if TYPE_CHECKING:
+    from outboxkit.ops.fleet_metrics import FleetMetrics
 
 log = logging.getLogger("outboxkit.cli")
 
@@ -76,7 +79,7 @@ async def run_relay_fleet(
     """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it.
     ``fleet_options``: :class:`Fleet`'s (``reload_interval``, ``lease``, ``service``)."""
     from outboxkit.ops.fleet_metrics import FleetMetrics
-    from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
+    from outboxkit.ops.http import raise_open_file_limit
 
     raise_open_file_limit()
     fleet_metrics = FleetMetrics() if metrics_port is not None else None
@@ -94,14 +97,29 @@ async def run_relay_fleet(
 
     fleet = Fleet(path, factory, on_removed=removed, **fleet_options)
     describe = f"relay fleet: the databases of {path} to {redact(broker)}"
-    if fleet_metrics is None or metrics_port is None:
+    await serve_fleet(fleet, describe, fleet_metrics, metrics_host, metrics_port)
+
+
+async def serve_fleet(
+    fleet: Fleet,
+    describe: str,
+    metrics: FleetMetrics | None,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> None:
+    """:func:`run_fleet`, serving ``metrics`` (/metrics /healthz /readyz) meanwhile if given."""
+    from outboxkit.ops.http import metrics_app, serving
+
+    if metrics is None or metrics_port is None:
         await run_fleet(fleet, describe)
         return
-    fleet_metrics.attach(fleet)
-    async with serving(
-        metrics_app(fleet_metrics), metrics_host, metrics_port, what="/metrics /healthz /readyz"
-    ):
-        await run_fleet(fleet, describe)
+    metrics.attach(fleet)
+    app = metrics_app(metrics, refresh=metrics.refresh)
+    try:
+        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz /readyz"):
+            await run_fleet(fleet, describe)
+    finally:
+        metrics.close()
 
 
 async def run_fleet(fleet: Fleet, describe: str) -> None:
