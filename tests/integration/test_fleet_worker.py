@@ -8,6 +8,7 @@ worker, one with an unknown host is one log line and holds back no other.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outboxkit.backends.postgres.migrate import migrate_tasks
+from outboxkit.backends.postgres.migrate import migrate, migrate_tasks
 from outboxkit.testing import create_database, drop_database, free_port
 from tests.support.relaying import wait_for
 from tests.support.servers import password_postgres, unique_name
@@ -323,6 +324,54 @@ async def test_a_worker_fleet_serves_each_databases_task_metrics_under_its_name(
     assert "[w2]" in text and "gauges could not be read" in text, text
     for seen in (text, body, ready):
         assert WRONG not in seen and PASSWORD not in seen
+
+
+async def test_status_shows_each_databases_task_table_and_its_worker(
+    task_databases: list[str], tmp_path: Path
+) -> None:
+    """`status --dsn-file` over a worker fleet's databases: each task table's counts and
+    oldest queued age from the database, the fleet process holding its worker lease; a
+    database with a task table and no outbox table is no error (the outbox-only reading
+    called each of them unreachable)."""
+    from click.testing import CliRunner
+
+    from outboxkit.backends import backend_for
+    from outboxkit.ops.cli.app import main
+
+    tasked, mixed, idle = task_databases
+    with psycopg.connect(tasked) as conn, conn.transaction():
+        for _ in range(3):
+            tasks.enqueue(conn, "effect", {"ms": 1})
+        tasks.enqueue(conn, "effect", {"ms": 1}, delay=3600)
+    migrate(mixed, table="outbox")
+    lease = backend_for(tasked).fleet_lease(tasked, "worker:outboxkit_tasks", "host:1:ab", 30)
+    await lease.check(True)
+    dsn_file = tmp_path / "databases.txt"
+    lines = [
+        f"tasked {tasked}",
+        f"mixed {mixed}",
+        f"idle {idle}",
+        "ghost postgresql://x@no.invalid/x",
+    ]
+    dsn_file.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--json"])
+    assert result.exit_code == 1, result.output  # (ghost)
+    by_name = {d["name"]: d for d in json.loads(result.output)["databases"]}
+    with psycopg.connect(tasked, autocommit=True) as conn:
+        due = conn.execute(
+            "SELECT count(*) FROM outboxkit_tasks WHERE available_at <= now()"
+        ).fetchone()
+    shown = by_name["tasked"]["tasks"]
+    assert (shown["queued"], shown["scheduled"], shown["running"]) == (due[0], 1, 0) == (3, 1, 0)
+    assert shown["oldest_queued_age_s"] is not None and shown["owner"] == "host:1:ab"
+    assert by_name["tasked"]["error"] is None and by_name["tasked"]["pending"] is None
+    assert by_name["mixed"]["pending"] == 0 and by_name["mixed"]["tasks"]["queued"] == 0
+    assert by_name["idle"]["tasks"]["owner"] is None and by_name["idle"]["error"] is None
+    assert by_name["ghost"]["tasks"] is None and "no.invalid" in by_name["ghost"]["error"]
+
+    table = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file)])
+    assert "outboxkit_tasks in the databases of" in table.output, table.output
+    assert "host:1:ab" in table.output and "no outbox table" in table.output, table.output
 
 
 @pytest.mark.parametrize(
