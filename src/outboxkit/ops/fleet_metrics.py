@@ -146,7 +146,16 @@ class WorkerFleetMetrics(FleetMetrics):
         self._readers: ThreadPoolExecutor | None = None
 
     async def refresh(self) -> None:
-        tables = {n: m for n, m in self.databases.items() if isinstance(m, TaskMetrics)}
+        members = self.fleet.members if self.fleet is not None else {}
+        tables: dict[str, TaskMetrics] = {}
+        for name, metrics in self.databases.items():
+            if not isinstance(metrics, TaskMetrics):
+                continue
+            member = members.get(name)
+            if member is None or member.state == "running":
+                tables[name] = metrics
+            else:  # (down or starting: reported so, and a wrong password not tried again)
+                metrics.forget_gauges()
         if not tables:
             self.unread = set()
             return

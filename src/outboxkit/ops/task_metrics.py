@@ -141,6 +141,10 @@ class TaskMetrics:
         """The attached worker's reason not to be ready (``/readyz``), or None."""
         return None if self._worker is None else self._worker.not_ready_reason()
 
+    def forget_gauges(self) -> None:
+        """Serve no table gauges until the next :meth:`refresh` (its database is down)."""
+        self.gauges.rows, self.gauges.queues = [], []
+
     async def refresh(self, executor: Executor | None = None) -> bool:
         """Read the table's gauges (in ``executor``'s thread); whether they were read.
 
@@ -157,7 +161,7 @@ class TaskMetrics:
             read = await asyncio.wait_for(asyncio.shield(self._reading), GAUGE_TIMEOUT)
             gauges.rows, gauges.queues = read
         except Exception as exc:  # (TimeoutError, a database error)
-            gauges.rows, gauges.queues = [], []
+            self.forget_gauges()
             self._gauge_errors(
                 logging.WARNING,
                 "the task table's gauges could not be read (%s); /metrics serves the counters"
