@@ -37,7 +37,7 @@ from tests.support.relaying import (
     wait_for,
     write_events,
 )
-from tests.support.servers import consume_nats, ensure_stream, unique_name
+from tests.support.servers import consume_nats, ensure_stream, password_postgres, unique_name
 
 PASSWORD = "fleet-secret-pw-1"
 WRONG = "wrong-password-2"
@@ -52,25 +52,10 @@ RELAY_CONNECTIONS = (
 
 @pytest.fixture
 def password_server() -> Iterator[EmbeddedPostgres]:
-    """A private PostgreSQL where role fleet_pw logs in with a password (the session's
-    server trusts every login, so a wrong password would pass there)."""
-    server = EmbeddedPostgres(fsync=False)
-    server.start()
-    try:
-        hba = server.data_dir / "pg_hba.conf"
-        owner = hba.stat()
-        hba.write_text(
-            "host all fleet_pw 127.0.0.1/32 scram-sha-256\nhost all all 127.0.0.1/32 trust\n"
-        )
-        os.chown(hba, owner.st_uid, owner.st_gid)  # (the server's user when run as root)
-        with psycopg.connect(server.dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE ROLE fleet_pw LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
-            conn.execute("CREATE DATABASE fleet")
-            conn.execute("SELECT pg_reload_conf()")
+    """A private PostgreSQL where role fleet_pw logs in with a password (database fleet)."""
+    with password_postgres("fleet_pw", PASSWORD, "fleet") as server:
         migrate(server.dsn_for("fleet"), table="outbox")
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -14,7 +16,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from outboxkit._redact import redact
-from outboxkit.testing import EmbeddedKafka, TcpProxy, dsn_with_dbname, port_accepts
+from outboxkit.testing import (
+    EmbeddedKafka,
+    EmbeddedPostgres,
+    TcpProxy,
+    dsn_with_dbname,
+    port_accepts,
+)
 
 REQUIRE_SERVICES_ENV = "OUTBOXKIT_REQUIRE_SERVICES"
 PG_DSN_ENV = "OUTBOXKIT_TEST_DSN"
@@ -41,6 +49,29 @@ def stop_without_postgres(reason: str) -> NoReturn:
         f"{PG_DSN_ENV}=postgresql://USER@HOST:5432/postgres",
         returncode=pytest.ExitCode.TESTS_FAILED,
     )
+
+
+@contextlib.contextmanager
+def password_postgres(role: str, password: str, database: str) -> Iterator[EmbeddedPostgres]:
+    """A private PostgreSQL where ``role`` (a superuser) logs in with ``password`` only, with
+    an empty ``database`` (the session's server trusts every login, so a wrong password
+    would pass there)."""
+    server = EmbeddedPostgres(fsync=False)
+    server.start()
+    try:
+        hba = server.data_dir / "pg_hba.conf"
+        owner = hba.stat()
+        hba.write_text(
+            f"host all {role} 127.0.0.1/32 scram-sha-256\nhost all all 127.0.0.1/32 trust\n"
+        )
+        os.chown(hba, owner.st_uid, owner.st_gid)  # (the server's user when run as root)
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD '{password}'")
+            conn.execute(f"CREATE DATABASE {database}")
+            conn.execute("SELECT pg_reload_conf()")
+        yield server
+    finally:
+        server.close()
 
 
 def unique_name(prefix: str) -> str:

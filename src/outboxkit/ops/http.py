@@ -18,7 +18,7 @@ import logging
 import resource
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -374,8 +374,15 @@ class _Scrape:
     the relay for seconds (in-flight batches timed out and were published twice).
     """
 
-    def __init__(self, metrics: Scraped, *, reuse_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        metrics: Scraped,
+        *,
+        reuse_seconds: float = 1.0,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.metrics = metrics
+        self.refresh = refresh
         self.reuse_seconds = reuse_seconds
         self.renders = 0
         self._body = b""
@@ -402,6 +409,8 @@ class _Scrape:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="outboxkit-scrape")
         loop = asyncio.get_running_loop()
         try:
+            if self.refresh is not None:
+                await self.refresh()
             body = await loop.run_in_executor(self._thread, _render, self.metrics.registry)
             self.renders += 1
             self._body, self._rendered_at = body, time.monotonic()
@@ -431,9 +440,15 @@ def _render(registry: CollectorRegistry) -> bytes:
         gc.enable()
 
 
-def metrics_app(metrics: Scraped, *, dashboard: web.Application | None = None) -> web.Application:
-    """The aiohttp application serving one relay's metrics and health (and the dashboard)."""
-    scraper = _Scrape(metrics)
+def metrics_app(
+    metrics: Scraped,
+    *,
+    dashboard: web.Application | None = None,
+    refresh: Callable[[], Awaitable[None]] | None = None,
+) -> web.Application:
+    """The aiohttp application serving one relay's metrics and health (and the dashboard).
+    ``refresh``: awaited before each render (a worker fleet's table gauges, read then)."""
+    scraper = _Scrape(metrics, refresh=refresh)
 
     async def scrape(_request: web.Request) -> web.Response:
         body = await scraper.body()

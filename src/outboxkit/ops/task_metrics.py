@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
@@ -110,6 +111,7 @@ class TaskMetrics:
         self.registry.register(self.gauges)
         self._reading: asyncio.Future[_Read] | None = None
         self._gauge_errors = Throttled(log, 60.0)
+        self._worker: Any = None
 
     def label(self, name: str) -> str:
         """``name`` if it has (or gets, while there is room) series of its own, else (other)."""
@@ -131,8 +133,20 @@ class TaskMetrics:
             for task in tasks:
                 self.finished.labels(self.label(task.task_name), outcome).inc()
 
-    async def render(self) -> bytes:
-        """Read the table's gauges, then render (off the event loop).
+    def attach(self, worker: Any) -> None:
+        """Take /readyz's reason from ``worker`` (the :class:`Worker` this observes)."""
+        self._worker = worker
+
+    def not_ready_reason(self) -> str | None:
+        """The attached worker's reason not to be ready (``/readyz``), or None."""
+        return None if self._worker is None else self._worker.not_ready_reason()
+
+    def forget_gauges(self) -> None:
+        """Serve no table gauges until the next :meth:`refresh` (its database is down)."""
+        self.gauges.rows, self.gauges.queues = [], []
+
+    async def refresh(self, executor: Executor | None = None) -> bool:
+        """Read the table's gauges (in ``executor``'s thread); whether they were read.
 
         The read is bounded (``GAUGE_TIMEOUT``) and never two at once: while the database
         is restarting or unreachable (a black hole kept a scrape 5 s and more, a restart
@@ -140,19 +154,26 @@ class TaskMetrics:
         """
         gauges = self.gauges
         if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(asyncio.to_thread(gauges.read))
+            loop = asyncio.get_running_loop()
+            self._reading = loop.run_in_executor(executor, gauges.read)
             self._reading.add_done_callback(_retrieve)
         try:
             read = await asyncio.wait_for(asyncio.shield(self._reading), GAUGE_TIMEOUT)
             gauges.rows, gauges.queues = read
         except Exception as exc:  # (TimeoutError, a database error)
-            gauges.rows, gauges.queues = [], []
+            self.forget_gauges()
             self._gauge_errors(
                 logging.WARNING,
                 "the task table's gauges could not be read (%s); /metrics serves the counters"
                 " without them until the database answers",
                 type(exc).__name__,
             )
+            return False
+        return True
+
+    async def render(self) -> bytes:
+        """Read the table's gauges (:meth:`refresh`), then render (off the event loop)."""
+        await self.refresh()
         return await asyncio.to_thread(generate_latest, self.registry)
 
 

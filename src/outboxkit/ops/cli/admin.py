@@ -27,6 +27,7 @@ from outboxkit.ops.cli.options import (
     one_of_dsn_or_file,
     parse_duration,
     table_option,
+    tasks_table_option,
 )
 from outboxkit.ops.cli.output import console, fail, id_column, jsonable, ok
 
@@ -52,8 +53,13 @@ def _age(seconds: float | None) -> str:
     " in-flight and failed counts and oldest pending age, or why it cannot be read."
 )
 @table_option
+@tasks_table_option(
+    "With --dsn-file: the task table whose figures are shown for each database that has it."
+)
 @json_option("One JSON object, for programs.")
-def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> None:
+def status(
+    dsn: str | None, dsn_file: str | None, table: str, tasks_table: str, as_json: bool
+) -> None:
     """Pending, in-flight, failed and published counts, and the oldest pending age.
 
     With --json prints one object with the keys pending, in_flight, failed,
@@ -63,9 +69,11 @@ def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> 
     and the count of events waiting behind it; empty on an unordered table).
 
     With --dsn-file: one row per database; --json prints {"databases": [{name, line,
-    pending, in_flight, failed, oldest_pending_age_s, error}], "bad_lines": [{line,
-    error}]}. A database that cannot be read has its error (and null counts); the exit
-    code is then 1, as when a line is skipped.
+    pending, in_flight, failed, oldest_pending_age_s, owner, tasks, error}], "bad_lines":
+    [{line, error}]}. A database that cannot be read has its error (and null counts); the
+    exit code is then 1, as when a line is skipped. tasks: its task table's {queued,
+    scheduled, running, failed, oldest_queued_age_s, owner}, or null without one (a
+    database with a task table and no outbox table has null outbox counts, no error).
     """
     from outboxkit.admin import admin_for
 
@@ -73,7 +81,8 @@ def status(dsn: str | None, dsn_file: str | None, table: str, as_json: bool) -> 
     if dsn_file is not None:
         from outboxkit.ops.cli.fleet import fleet_status
 
-        sys.exit(fleet_status(dsn_file, table, as_json=as_json, age=_age))
+        code = fleet_status(dsn_file, table, as_json=as_json, age=_age, tasks_table=tasks_table)
+        sys.exit(code)
     assert dsn is not None
 
     admin = admin_for(dsn)

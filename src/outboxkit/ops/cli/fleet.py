@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -18,11 +18,16 @@ from rich.text import Text
 from outboxkit._redact import redact
 from outboxkit._text import first_line
 from outboxkit.backends import backend_for
+from outboxkit.errors import SchemaError, TableNotFoundError
 from outboxkit.fleet.dsn_file import Database, read_dsn_file
 from outboxkit.fleet.supervisor import DatabaseTag, Fleet, Member
 from outboxkit.ops.cli.output import console, err_console
 from outboxkit.ops.metrics import RelayMetrics
+from outboxkit.queue.tasks import DEFAULT_TASKS_TABLE
 from outboxkit.relay import Relay
+
+if TYPE_CHECKING:
+    from outboxkit.ops.fleet_metrics import FleetMetrics
 
 log = logging.getLogger("outboxkit.cli")
 
@@ -76,7 +81,7 @@ async def run_relay_fleet(
     """Relay every database of the file at ``path`` until SIGTERM/SIGINT; SIGHUP reloads it.
     ``fleet_options``: :class:`Fleet`'s (``reload_interval``, ``lease``, ``service``)."""
     from outboxkit.ops.fleet_metrics import FleetMetrics
-    from outboxkit.ops.http import metrics_app, raise_open_file_limit, serving
+    from outboxkit.ops.http import raise_open_file_limit
 
     raise_open_file_limit()
     fleet_metrics = FleetMetrics() if metrics_port is not None else None
@@ -94,14 +99,29 @@ async def run_relay_fleet(
 
     fleet = Fleet(path, factory, on_removed=removed, **fleet_options)
     describe = f"relay fleet: the databases of {path} to {redact(broker)}"
-    if fleet_metrics is None or metrics_port is None:
+    await serve_fleet(fleet, describe, fleet_metrics, metrics_host, metrics_port)
+
+
+async def serve_fleet(
+    fleet: Fleet,
+    describe: str,
+    metrics: FleetMetrics | None,
+    metrics_host: str,
+    metrics_port: int | None,
+) -> None:
+    """:func:`run_fleet`, serving ``metrics`` (/metrics /healthz /readyz) meanwhile if given."""
+    from outboxkit.ops.http import metrics_app, serving
+
+    if metrics is None or metrics_port is None:
         await run_fleet(fleet, describe)
         return
-    fleet_metrics.attach(fleet)
-    async with serving(
-        metrics_app(fleet_metrics), metrics_host, metrics_port, what="/metrics /healthz /readyz"
-    ):
-        await run_fleet(fleet, describe)
+    metrics.attach(fleet)
+    app = metrics_app(metrics, refresh=metrics.refresh)
+    try:
+        async with serving(app, metrics_host, metrics_port, what="/metrics /healthz /readyz"):
+            await run_fleet(fleet, describe)
+    finally:
+        metrics.close()
 
 
 async def run_fleet(fleet: Fleet, describe: str) -> None:
@@ -130,17 +150,28 @@ async def run_fleet(fleet: Fleet, describe: str) -> None:
 # -- status --dsn-file -----------------------------------------------------------------
 
 
-def fleet_status(path: str, table: str, *, as_json: bool, age: Callable[[Any], str]) -> int:
-    """Print each database's backlog and oldest pending age; the exit code (1 when a
-    database could not be read or a line was skipped)."""
+def fleet_status(
+    path: str,
+    table: str,
+    *,
+    as_json: bool,
+    age: Callable[[Any], str],
+    tasks_table: str = DEFAULT_TASKS_TABLE,
+) -> int:
+    """Print each database's backlog and oldest pending age, and its task table's figures
+    where it has one; the exit code (1 when a database could not be read or a line was
+    skipped)."""
     listed = read_dsn_file(path)
     with ThreadPoolExecutor(max(1, min(_STATUS_READERS, len(listed.databases)))) as pool:
-        readings = list(pool.map(lambda d: _read_status(d, table), listed.databases))
+        readings = list(pool.map(lambda d: _read_status(d, table, tasks_table), listed.databases))
     bad = [{"line": b.line, "error": b.reason} for b in listed.bad_lines]
     if as_json:
         click.echo(json.dumps({"databases": readings, "bad_lines": bad}))
     else:
-        _print_table(path, table, readings, age)
+        if any(r["error"] or r["pending"] is not None for r in readings):
+            _print_table(path, table, readings, age)
+        if any(r["tasks"] for r in readings):
+            _print_tasks(path, tasks_table, readings, age)
         for line in listed.bad_lines:
             err_console.print(
                 Text.assemble(("skipped:", "yellow"), f" {path}, {line}"), soft_wrap=True
@@ -148,16 +179,31 @@ def fleet_status(path: str, table: str, *, as_json: bool, age: Callable[[Any], s
     return 1 if bad or any(r["error"] for r in readings) else 0
 
 
-def _read_status(database: Database, table: str) -> dict[str, Any]:
+_OUTBOX_KEYS = ("pending", "in_flight", "failed", "oldest_pending_age_s", "owner")
+
+
+def _read_status(database: Database, table: str, tasks_table: str) -> dict[str, Any]:
+    """One database's outbox figures and its task table's (None without one); a database
+    with a task table and no outbox table (a worker fleet's) has null outbox figures and
+    no error."""
     from outboxkit.admin import admin_for
 
     shown: dict[str, Any] = {"name": database.name, "line": database.line}
+    dsn = database.dsn
+    no_outbox: TableNotFoundError | None = None
     try:
-        report = admin_for(database.dsn).status(database.dsn, table)
-        owner = backend_for(database.dsn).fleet_owner(database.dsn, f"relay:{table}")
+        try:
+            report = admin_for(dsn).status(dsn, table)
+            owner = backend_for(dsn).fleet_owner(dsn, f"relay:{table}")
+        except TableNotFoundError as exc:
+            no_outbox = exc
+        tasks = _read_tasks(dsn, tasks_table)
     except Exception as exc:  # any driver's error: this database is shown as unreachable
-        keys = ("pending", "in_flight", "failed", "oldest_pending_age_s", "owner")
-        return {**shown, **dict.fromkeys(keys), "error": first_line(exc, with_type=True)}
+        failed = first_line(exc, with_type=True)
+        return {**shown, **dict.fromkeys(_OUTBOX_KEYS), "tasks": None, "error": failed}
+    if no_outbox is not None:
+        error = None if tasks is not None else first_line(no_outbox, with_type=True)
+        return {**shown, **dict.fromkeys(_OUTBOX_KEYS), "tasks": tasks, "error": error}
     return {
         **shown,
         "pending": report.pending,
@@ -165,8 +211,49 @@ def _read_status(database: Database, table: str) -> dict[str, Any]:
         "failed": report.failed,
         "oldest_pending_age_s": report.oldest_pending_age_s,
         "owner": owner,
+        "tasks": tasks,
         "error": None,
     }
+
+
+def _read_tasks(dsn: str, tasks_table: str) -> dict[str, Any] | None:
+    """The task table's queued, scheduled, running and failed counts, oldest queued age and
+    the worker fleet process serving it; None when there is no (usable) task table."""
+    backend = backend_for(dsn)
+    try:
+        rows = backend.task_admin().task_gauges(dsn, tasks_table, max_names=0)
+    except SchemaError:  # (no task table, or one to migrate: `outboxkit tasks` says which)
+        return None
+    counts = [sum(int(row[i]) for row in rows) for i in range(1, 5)]
+    ages = [float(row[5]) for row in rows if row[5] is not None]
+    return {
+        **dict(zip(("queued", "scheduled", "running", "failed"), counts, strict=True)),
+        "oldest_queued_age_s": max(ages) if ages else None,
+        "owner": backend.fleet_owner(dsn, f"worker:{tasks_table}"),
+    }
+
+
+def _print_tasks(
+    path: str, tasks_table: str, readings: list[dict[str, Any]], age: Callable[[Any], str]
+) -> None:
+    tbl = Table(title=Text(f"{tasks_table} in the databases of {path}"), title_justify="left")
+    columns = ("database", "queued", "scheduled", "running", "failed", "oldest queued", "owner")
+    for col in columns:
+        tbl.add_column(col, justify="left" if col in ("database", "owner") else "right")
+    for r in readings:
+        t = r["tasks"]
+        if t is None:
+            continue
+        tbl.add_row(
+            Text(r["name"]),
+            str(t["queued"]),
+            str(t["scheduled"]),
+            str(t["running"]),
+            Text(str(t["failed"]), style="red") if t["failed"] else "0",
+            age(t["oldest_queued_age_s"]),
+            Text(t["owner"] or "-"),
+        )
+    console.print(tbl)
 
 
 def _print_table(
@@ -176,16 +263,13 @@ def _print_table(
     for col in ("database", "line", "pending", "in flight", "failed", "oldest pending", "owner"):
         tbl.add_column(col, justify="left" if col in ("database", "owner") else "right")
     for r in readings:
-        if r["error"]:
-            tbl.add_row(
-                Text(r["name"]),
-                str(r["line"]),
-                Text(f"unreachable: {r['error']}", style="red"),
-                "-",
-                "-",
-                "-",
-                "-",
+        if r["error"] or r["pending"] is None:
+            said = (
+                Text(f"unreachable: {r['error']}", style="red")
+                if r["error"]
+                else Text("no outbox table (its task table: below)", style="dim")
             )
+            tbl.add_row(Text(r["name"]), str(r["line"]), said, "-", "-", "-", "-")
             continue
         tbl.add_row(
             Text(r["name"]),

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -236,11 +237,11 @@ def worker(
         if limits:
             options["queue_limits"] = limits
     if dsn_file is not None:
-        for option, value in (("--metrics-port", metrics_port), ("--direct-dsn", direct_dsn)):
-            if value is not None:
-                fail(f"{option} cannot be used with --dsn-file (not yet for workers)", 2)
+        if direct_dsn is not None:
+            fail("--direct-dsn cannot be used with --dsn-file (it names one database)", 2)
         fleet_options = given(reload_interval=reload_interval, lease=fleet_lease)
-        _worker_fleet(app, dsn_file, options, fleet_options, loop_name)
+        served = _Served(metrics_host, metrics_port, metrics_max_names)
+        _worker_fleet(app, dsn_file, options, fleet_options, loop_name, served)
         return
     assert dsn is not None
     metrics = None
@@ -288,42 +289,76 @@ def _exit_past_running_threads(*engines: Any) -> None:
         os._exit(0)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """Where a worker fleet serves /metrics, /healthz and /readyz (port None: nowhere)."""
+
+    host: str
+    port: int | None
+    max_names: int | None
+
+
 def _worker_fleet(
     app: Any,
     dsn_file: str,
     options: dict[str, Any],
     fleet_options: dict[str, Any],
     loop_name: str,
+    served: _Served,
 ) -> None:
-    """``--dsn-file``: a Worker per database of the file (outboxkit.fleet), one process."""
+    """``--dsn-file``: a Worker per database of the file (outboxkit.fleet), one process;
+    with a metrics port, each worker's metrics labelled with its database."""
     import weakref
 
     from outboxkit.errors import ConfigurationError
     from outboxkit.fleet.dsn_file import Database
-    from outboxkit.fleet.supervisor import WORKER_WORDS, Fleet
-    from outboxkit.ops.cli.fleet import run_fleet, tag_log_lines
+    from outboxkit.fleet.supervisor import WORKER_WORDS, Fleet, Member
+    from outboxkit.ops.cli.fleet import serve_fleet, tag_log_lines
+    from outboxkit.ops.fleet_metrics import WorkerFleetMetrics
+    from outboxkit.ops.http import raise_open_file_limit
+    from outboxkit.ops.task_metrics import TaskMetrics
     from outboxkit.tasks import Worker
     from outboxkit.tasks.unsupported import missing
 
     tag_log_lines()
     workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+    fleet_metrics = WorkerFleetMetrics() if served.port is not None else None
+    limit = {} if served.max_names is None else {"max_names": served.max_names}
+    metrics_of: dict[object, TaskMetrics] = {}  # by its Worker
 
     def make(database: Database) -> Worker:
         reason = missing(database.dsn)
         if reason is not None:
             raise ConfigurationError(reason)
+        metrics = None
+        if fleet_metrics is not None:
+            metrics = TaskMetrics(database.dsn, app.table, **limit)
         try:
-            engine = Worker(app, database.dsn, **options)
+            engine = Worker(app, database.dsn, **options, observer=metrics)
         except ValueError as exc:  # (an option out of range: said per database, once)
             raise ConfigurationError(str(exc)) from None
         workers.add(engine)
+        if fleet_metrics is not None and metrics is not None:
+            metrics.attach(engine)
+            metrics_of[engine] = metrics
+            fleet_metrics.add(database.name, metrics)
         return engine
 
+    def removed(member: Member) -> None:
+        metrics = metrics_of.pop(member.service, None)
+        if fleet_metrics is not None and metrics is not None:
+            fleet_metrics.remove(member.database.name, metrics)
+
     service = f"worker:{app.table}"
-    fleet = Fleet(dsn_file, make, words=WORKER_WORDS, service=service, **fleet_options)
+    fleet = Fleet(
+        dsn_file, make, words=WORKER_WORDS, service=service, on_removed=removed, **fleet_options
+    )
+    if fleet_metrics is not None:
+        raise_open_file_limit()
+    describe = f"worker fleet: the databases of {dsn_file}"
     _freeze_start_up_heap()
     try:
-        _run_on(loop_name, run_fleet(fleet, f"worker fleet: the databases of {dsn_file}"))
+        _run_on(loop_name, serve_fleet(fleet, describe, fleet_metrics, served.host, served.port))
     except OutboxkitError as exc:
         fail(str(exc), 2)
     _exit_past_running_threads(*workers)
