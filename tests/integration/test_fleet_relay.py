@@ -141,23 +141,29 @@ async def test_one_relay_process_serves_every_database_of_its_file(
                 what=f"{name}'s backlog published",
             )
 
-        # Connections: claim, settle, LISTEN and the metrics' gauges, one each per database
-        # relayed (docs/fleet.md), none for the two that are down.
+        # Connections: claim, LISTEN and the metrics' gauges, one each per database relayed,
+        # and at most one settle connection (docs/fleet.md: a relay whose settles all rode on
+        # its next claims, queue/carry.py, never opens one); none for the two that are down.
         # (sampled until steady: a connection a relay replaced, e.g. a settle hung up under
         # load, lingers in pg_stat_activity for a moment)
-        expected = dict.fromkeys(RELAY_CONNECTIONS, 1)
         per_database: dict[str, dict[str, int]] = {}
+
+        def one_each(held: dict[str, int]) -> bool:
+            settle = held.get("outboxkit-relay:settle", 0)
+            others = {kind: n for kind, n in held.items() if kind != "outboxkit-relay:settle"}
+            expected = dict.fromkeys(RELAY_CONNECTIONS[:1] + RELAY_CONNECTIONS[2:], 1)
+            return settle <= 1 and others == expected
 
         def steady() -> bool:
             per_database.update({name: relay_connections(dsn) for name, dsn in serving.items()})
-            return all(held == expected for held in per_database.values())
+            return all(one_each(held) for held in per_database.values())
 
         try:
             await wait_for(steady, timeout=10, interval=0.2, what="one of each per database")
         except AssertionError:
             raise AssertionError(f"connections per database: {per_database}") from None
         total = sum(sum(held.values()) for held in per_database.values())
-        assert total == len(RELAY_CONNECTIONS) * len(serving)
+        assert 3 * len(serving) <= total <= len(RELAY_CONNECTIONS) * len(serving)
         print(f"fleet connections: {total} for {len(serving)} databases")
 
         # A database added to the file starts at SIGHUP.
