@@ -184,8 +184,9 @@ class Backend(abc.ABC):
         if reason is not None:
             raise ConfigurationError(reason)
 
-    def check_dsn(self, dsn: str) -> None:
-        """A DSN this backend's driver cannot parse fails here, not at the first connection."""
+    def check_dsn(self, dsn: str, *, name: str = "the relay's dsn") -> None:
+        """A DSN this backend's driver cannot parse fails here, not at the first connection
+        (ConfigurationError, one line naming it ``name``, no secret quoted)."""
         return None
 
     async def reach(self, dsn: str, *, application_name: str) -> None:

@@ -38,10 +38,10 @@ class PostgresBackend(Backend):
     name = "postgresql"
     label = "PostgreSQL"
 
-    def check_dsn(self, dsn: str) -> None:
+    def check_dsn(self, dsn: str, *, name: str = "the relay's dsn") -> None:
         from outboxkit.backends.postgres._connection import check_dsn, split_pooler
 
-        check_dsn(split_pooler(dsn)[0])
+        check_dsn(split_pooler(dsn)[0], name=name)  # (?pooler= is outboxkit's, not libpq's)
 
     def refusal(self, exc: BaseException) -> ConfigurationError | None:
         from outboxkit.backends.postgres._connection import refusal
