@@ -7,10 +7,10 @@ its record and is skipped. Like the write side, the inbox refuses to run where
 it could not be atomic with the caller's change (autocommit, a pool, no
 transaction begun).
 
-The same ``Inbox`` serves PostgreSQL and MariaDB/MySQL: it asks the connection's driver
-adapter which database it speaks to and runs that backend's statements
-(``store.inbox_sql`` or ``backends.mariadb.inbox_sql``, where the record is an
-``INSERT IGNORE`` and a consumer name is at most 255 characters).
+The same ``Inbox`` serves PostgreSQL and MariaDB/MySQL: it asks the connection's backend
+(``backends.backend_of``) for its statements (``Backend.inbox_sql``: PostgreSQL's
+``backends/postgres/inbox_sql.py``, or MariaDB's, where the record is an ``INSERT IGNORE``
+and a consumer name is at most 255 characters), once per database kind.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NamedTuple
 
-from outboxkit.backends.mariadb import inbox_sql as mariadb_inbox
-from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE, InboxStatements
-from outboxkit.backends.postgres.postgres import numbered
+from outboxkit.backends import Backend, backend_for, backend_of
+from outboxkit.backends.ports import InboxSql
+from outboxkit.backends.postgres.inbox_sql import DEFAULT_INBOX_TABLE
 from outboxkit.drivers import (
     AsyncConnection,
     Statement,
@@ -31,9 +31,10 @@ from outboxkit.drivers import (
     async_adapter,
     sync_adapter,
 )
-from outboxkit.drivers.base import Adapter
 
 __all__ = ["Inbox"]
+
+_POSTGRES = backend_for("postgresql://")
 
 _INBOX = Use(
     action="use the inbox",
@@ -59,32 +60,30 @@ class Inbox:
 
     def __init__(self, table: str = DEFAULT_INBOX_TABLE) -> None:
         self.table = table
-        pg = InboxStatements(table)
-        self._pg = _Statements(
-            Statement(pg.mark, numbered(pg.mark)),
-            Statement(pg.is_processed, numbered(pg.is_processed)),
-        )
-        self._mariadb: _Statements | None = None  # built at its first use (its own quoting)
+        # PostgreSQL's now (the table name checked at construction); another database's
+        # at its first use (its own quoting).
+        self._sql: dict[Backend, tuple[_Statements, InboxSql]] = {}
+        self._statements(_POSTGRES)
 
     def __repr__(self) -> str:
         return f"Inbox(table={self.table!r})"
 
-    def _for(self, adapter: Adapter, conn: Any, consumer: str) -> _Statements:
+    def _statements(self, backend: Backend) -> tuple[_Statements, InboxSql]:
+        found = self._sql.get(backend)
+        if found is None:
+            sql = backend.inbox_sql(self.table)
+            statements = _Statements(
+                Statement(sql.mark, sql.mark_dollar),
+                Statement(sql.is_processed, sql.is_processed_dollar),
+            )
+            found = self._sql[backend] = (statements, sql)
+        return found
+
+    def _for(self, conn: Any, consumer: str) -> _Statements:
         """The statements of ``conn``'s database; ``consumer`` checked against its column."""
-        if adapter.backend_of(conn) != "mariadb":
-            return self._pg
-        if len(consumer) > mariadb_inbox.MAX_CONSUMER_CHARS:
-            raise ValueError(
-                f"the consumer name is {len(consumer)} characters; the MariaDB inbox keeps"
-                f" at most {mariadb_inbox.MAX_CONSUMER_CHARS} (consumer_name VARCHAR(255))"
-            )
-        if self._mariadb is None:
-            maria = mariadb_inbox.InboxStatements(self.table)
-            self._mariadb = _Statements(
-                Statement(maria.mark, maria.mark),
-                Statement(maria.is_processed, maria.is_processed),
-            )
-        return self._mariadb
+        statements, sql = self._statements(backend_of(conn))
+        sql.check_consumer(consumer)
+        return statements
 
     # -- sync -----------------------------------------------------------------
 
@@ -99,13 +98,13 @@ class Inbox:
         """Insert the record in ``conn``'s open transaction; True if it was not there yet."""
         params = (_consumer(consumer), _event_id(event_id))
         adapter = sync_adapter(conn, _INBOX)
-        return adapter.fetch_flag(conn, self._for(adapter, conn, consumer).mark, params)
+        return adapter.fetch_flag(conn, self._for(conn, consumer).mark, params)
 
     def seen(self, conn: SyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Whether ``consumer`` already processed the event (committed, or in this transaction)."""
         params = (_consumer(consumer), _event_id(event_id))
         adapter = sync_adapter(conn, _INBOX)
-        return adapter.fetch_flag(conn, self._for(adapter, conn, consumer).seen, params)
+        return adapter.fetch_flag(conn, self._for(conn, consumer).seen, params)
 
     # -- async ----------------------------------------------------------------
 
@@ -120,13 +119,13 @@ class Inbox:
         """Async :meth:`mark`."""
         params = (_consumer(consumer), _event_id(event_id))
         adapter = async_adapter(conn, _INBOX)
-        return await adapter.fetch_flag(conn, self._for(adapter, conn, consumer).mark, params)
+        return await adapter.fetch_flag(conn, self._for(conn, consumer).mark, params)
 
     async def aseen(self, conn: AsyncConnection, consumer: str, event_id: uuid.UUID | str) -> bool:
         """Async :meth:`seen`."""
         params = (_consumer(consumer), _event_id(event_id))
         adapter = async_adapter(conn, _INBOX)
-        return await adapter.fetch_flag(conn, self._for(adapter, conn, consumer).seen, params)
+        return await adapter.fetch_flag(conn, self._for(conn, consumer).seen, params)
 
 
 class _Statements(NamedTuple):

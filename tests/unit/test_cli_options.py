@@ -57,3 +57,17 @@ def test_durations_are_bounded() -> None:
     assert parse_duration("36500d") == dt.timedelta(days=36500)
     with pytest.raises(click.BadParameter, match="out of range"):
         parse_duration("999999999999999999d")
+
+
+def test_the_cli_and_the_relay_read_a_dsn_through_one_check_of_its_backend() -> None:
+    """One check, the URL's backend's: a MariaDB URL is MariaDB's to read (no scheme test in
+    the CLI), and the relay names an unknown option as the CLI does (before, it masked every
+    quoted word, the option's name too)."""
+    from outboxkit import Relay, from_url
+
+    check_dsn("mysql://root@127.0.0.1:3306/shop")
+    with pytest.raises(ConfigurationError) as raised:
+        Relay("host=db sslmodex=1", from_url("nats://127.0.0.1:1"))
+    message = str(raised.value)
+    assert message.startswith("the relay's dsn is not a valid PostgreSQL"), message
+    assert '"sslmodex"' in message, message

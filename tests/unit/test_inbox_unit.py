@@ -37,3 +37,19 @@ def test_a_pool_is_refused_with_what_to_do() -> None:
 async def test_async_api_refuses_sync_objects() -> None:
     with pytest.raises(TypeError, match="expected psycopg.AsyncConnection"):
         await Inbox().amark(object(), "billing", uuid.uuid4())
+
+
+def test_each_backend_hands_the_inbox_its_statements_and_its_consumer_check() -> None:
+    """The Inbox asks the connection's Backend (no database test of its own): MariaDB's
+    record is an INSERT IGNORE whose VARCHAR(255) would cut a longer name, so its backend
+    refuses one; PostgreSQL's (text) keeps any."""
+    from outboxkit.backends import backend_for
+
+    maria = backend_for("mysql://").inbox_sql("processed_events")
+    assert maria.mark.startswith("INSERT IGNORE") and maria.mark == maria.mark_dollar
+    with pytest.raises(ValueError, match="at most 255"):
+        maria.check_consumer("c" * 256)
+    maria.check_consumer("c" * 255)
+    pg = backend_for("postgresql://").inbox_sql("processed_events")
+    assert "$1" in pg.mark_dollar and "%s" in pg.mark
+    pg.check_consumer("c" * 1000)

@@ -162,6 +162,20 @@ class Migrated(Protocol):
     def describe(self) -> str: ...
 
 
+@dataclass(frozen=True, slots=True)
+class InboxSql:
+    """One inbox table's two statements on a database, each in the driver adapters' two
+    parameter styles (``%s`` and ``$n``; the same text where the database has one), and the
+    check of a consumer name before them (``outboxkit.inbox.Inbox``)."""
+
+    mark: str
+    mark_dollar: str
+    is_processed: str
+    is_processed_dollar: str
+    #: Raises ValueError for a consumer name the table cannot keep as given.
+    check_consumer: Callable[[str], None] = lambda _consumer: None
+
+
 class Backend(abc.ABC):
     """One database kind's ports. Stateless: one instance per kind, shared."""
 
@@ -184,8 +198,9 @@ class Backend(abc.ABC):
         if reason is not None:
             raise ConfigurationError(reason)
 
-    def check_dsn(self, dsn: str) -> None:
-        """A DSN this backend's driver cannot parse fails here, not at the first connection."""
+    def check_dsn(self, dsn: str, *, name: str = "the relay's dsn") -> None:
+        """A DSN this backend's driver cannot parse fails here, not at the first connection
+        (ConfigurationError, one line naming it ``name``, no secret quoted)."""
         return None
 
     async def reach(self, dsn: str, *, application_name: str) -> None:
@@ -204,6 +219,10 @@ class Backend(abc.ABC):
         """The relay's time-partition maintenance of ``table`` (a side task that returns at
         once on a plain table), or None where the database has no time partitions."""
         return None
+
+    @abc.abstractmethod
+    def inbox_sql(self, table: str) -> InboxSql:
+        """The inbox table's statements on this database (``table`` checked and quoted)."""
 
     @abc.abstractmethod
     def atransaction(self, dsn: str) -> AbstractAsyncContextManager[Any]:

@@ -70,10 +70,6 @@ class Adapter:
     def handles(cls, conn_type: type) -> bool:
         raise NotImplementedError
 
-    def backend_of(self, conn: Any) -> str:
-        """The database ``conn`` speaks to (a driver's is fixed; SQLAlchemy's is its dialect)."""
-        return self.backend
-
     @classmethod
     def refusal(cls, conn_type: type) -> str | None:
         """Why an object of this driver that is not a transaction is refused (a pool...)."""

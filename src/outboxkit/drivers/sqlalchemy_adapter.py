@@ -35,10 +35,6 @@ def _value(result: Any) -> Any:
     return first[0] if first else None
 
 
-def _backend(dialect: str) -> str:
-    return "mariadb" if dialect in ("mysql", "mariadb") else "postgresql"
-
-
 def _is_sqlalchemy(conn_type: type) -> bool:
     return conn_type.__module__.startswith("sqlalchemy")
 
@@ -74,12 +70,6 @@ class SQLAlchemySync(SyncAdapter):
 
     def check(self, conn: Any) -> None:
         self._connection(conn)
-
-    def backend_of(self, conn: Any) -> str:
-        from sqlalchemy.orm import Session
-
-        bind = conn.get_bind() if isinstance(conn, Session) else conn
-        return _backend(bind.dialect.name)
 
     def transaction_connection(self, conn: Any) -> Any:
         """The SQLAlchemy ``Connection`` of ``conn``'s open transaction (the deferred write
@@ -161,12 +151,6 @@ class SQLAlchemyAsync(AsyncAdapter):
 
     def check(self, conn: Any) -> None:
         self._check(conn)
-
-    def backend_of(self, conn: Any) -> str:
-        from sqlalchemy.ext.asyncio import AsyncSession
-
-        bind = conn.sync_session.get_bind() if isinstance(conn, AsyncSession) else conn
-        return _backend(bind.dialect.name)
 
     def _check(self, conn: Any) -> None:
         from sqlalchemy.ext.asyncio import AsyncSession

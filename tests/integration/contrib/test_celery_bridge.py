@@ -158,6 +158,12 @@ def test_committed_tasks_run_rolled_back_never_relay_killed_mid_batch(
                 time.sleep(0.1)
         finally:
             _stop(second)
+        # The killed relay's batch went out again once its lease ran out (the outbox
+        # drained): wait for the worker to run such a repeat rather than a fixed half second
+        # (a loaded machine's amqp worker ran the repeats later: 0 of 40 seen at 500 tasks).
+        wait_for_runs(
+            record, lambda r: len(r) > len({x["n"] for x in r}), timeout=20, what="a repeat"
+        )
         time.sleep(0.5)  # a straggler duplicate would show in the record now
         done = runs(record)
 

@@ -14,6 +14,7 @@ from outboxkit.backends.ports import (
     Admin,
     Backend,
     Feature,
+    InboxSql,
     Migrated,
     MigrationKind,
     ScratchDatabases,
@@ -51,6 +52,13 @@ class MariaDBBackend(Backend):
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
     }
+
+    def inbox_sql(self, table: str) -> InboxSql:
+        from outboxkit.backends.mariadb.inbox_sql import InboxStatements, check_consumer
+
+        sq = InboxStatements(table)
+        return InboxSql(sq.mark, sq.mark, sq.is_processed, sq.is_processed,
+                        check_consumer=check_consumer)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def atransaction(self, dsn: str) -> AsyncIterator[Any]:

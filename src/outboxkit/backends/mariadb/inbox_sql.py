@@ -18,6 +18,15 @@ from outboxkit.backends.mariadb.sql import quote
 MAX_CONSUMER_CHARS = 255
 
 
+def check_consumer(consumer: str) -> None:
+    """ValueError for a consumer name longer than the column (``INSERT IGNORE`` would cut it)."""
+    if len(consumer) > MAX_CONSUMER_CHARS:
+        raise ValueError(
+            f"the consumer name is {len(consumer)} characters; the MariaDB inbox keeps"
+            f" at most {MAX_CONSUMER_CHARS} (consumer_name VARCHAR(255))"
+        )
+
+
 class InboxStatements:
     """The statements of one MariaDB inbox table (``%s`` parameters: consumer, event id)."""
 

@@ -264,20 +264,37 @@ _FATAL_MESSAGES = (
 )
 
 
-def check_dsn(dsn: str) -> None:
-    """Refuse a DSN libpq cannot parse, at construction and in one line.
+#: A word psycopg's parse error quotes: the password itself, unless it is an option's name.
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def check_dsn(dsn: str, *, name: str = "the relay's dsn") -> None:
+    """Refuse a DSN libpq cannot parse, at once and in one line, naming it ``name``.
 
     It failed later as a traceback from a side task, with psycopg's reason quoting the
-    password ("invalid percent-encoded token: \"S3cret%ZZ\""): quoted words are masked.
+    password ("invalid percent-encoded token: \"S3cret%ZZ\""): a quoted word is masked
+    unless it is one of the DSN's option names, which says what is wrong ("sslmodex").
     """
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        reason = re.sub(r'"[^"]*"', '"***"', (str(exc).splitlines() or [""])[0])
+        option_names = set(re.findall(r"([A-Za-z_]+)\s*=", dsn))
+
+        def mask(m: re.Match[str]) -> str:
+            word = m.group(1)
+            return m.group(0) if word in option_names or not word.strip("=") else '"***"'
+
+        reason = _QUOTED.sub(mask, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        hint = (
+            "in a postgresql:// URL, percent-encode the user name and password"
+            " (% as %25, @ as %40, : as %3A, / as %2F)"
+            if "percent" in reason
+            # No user@ in the example: the line's redaction would mask it as a password.
+            else "write a URL such as postgresql://db.example:5432/shop?user=app"
+            " or libpq key=value pairs"
+        )
         raise ConfigurationError(
-            f"the relay's dsn is not a valid PostgreSQL connection string: {reason}; write"
-            " a postgresql:// URL (percent-encode the user name and password: % as %25,"
-            " @ as %40) or libpq key=value pairs"
+            f"{name} is not a valid PostgreSQL connection string: {reason}; {hint}"
         ) from None
 
 

@@ -15,6 +15,7 @@ from outboxkit.backends.ports import (
     TASK_OPS,
     Admin,
     Backend,
+    InboxSql,
     Migrated,
     MigrationKind,
     ScratchDatabases,
@@ -38,10 +39,10 @@ class PostgresBackend(Backend):
     name = "postgresql"
     label = "PostgreSQL"
 
-    def check_dsn(self, dsn: str) -> None:
+    def check_dsn(self, dsn: str, *, name: str = "the relay's dsn") -> None:
         from outboxkit.backends.postgres._connection import check_dsn, split_pooler
 
-        check_dsn(split_pooler(dsn)[0])
+        check_dsn(split_pooler(dsn)[0], name=name)  # (?pooler= is outboxkit's, not libpq's)
 
     def refusal(self, exc: BaseException) -> ConfigurationError | None:
         from outboxkit.backends.postgres._connection import refusal
@@ -58,6 +59,13 @@ class PostgresBackend(Backend):
 
         conn = await aconnect(dsn, application_name=application_name)
         await conn.close()
+
+    def inbox_sql(self, table: str) -> InboxSql:
+        from outboxkit.backends.postgres.inbox_sql import InboxStatements
+        from outboxkit.backends.postgres.postgres import numbered
+
+        sq = InboxStatements(table)
+        return InboxSql(sq.mark, numbered(sq.mark), sq.is_processed, numbered(sq.is_processed))
 
     @contextlib.asynccontextmanager
     async def atransaction(self, dsn: str) -> AsyncIterator[Any]:

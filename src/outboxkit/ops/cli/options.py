@@ -105,45 +105,13 @@ DSN_HELP = (
 )
 _TABLE_HELP = "Outbox table name, optionally schema-qualified (schema.table)."
 
-# Quoted words in psycopg's parse errors: "S3cret%ZZpass" is the password itself.
-_QUOTED = re.compile(r'"([^"]*)"')
-
 
 def check_dsn(dsn: str) -> None:
-    """Refuse a DSN libpq cannot parse, with psycopg's reason minus any part of the DSN.
+    """Refuse a DSN its database's driver cannot parse, in one line without its secrets:
+    the backend the URL names checks it (libpq's parse on PostgreSQL)."""
+    from outboxkit.backends import backend_for
 
-    A bad ``%`` escape in a password is reported by psycopg quoting the password; the
-    relay met it only when it connected, as a traceback. Only option names are kept.
-    """
-    if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
-        return  # MariaDB/MySQL: its backend reads the URL (outboxkit.backends.mariadb)
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
-
-    from outboxkit.backends.postgres._connection import split_pooler
-
-    try:
-        conninfo_to_dict(split_pooler(dsn)[0])  # (?pooler= is outboxkit's, not libpq's)
-    except ProgrammingError as exc:
-        option_names = set(re.findall(r"([A-Za-z_]+)\s*=", dsn))
-
-        def mask(m: re.Match[str]) -> str:
-            word = m.group(1)
-            return m.group(0) if word in option_names or not word.strip("=") else '"***"'
-
-        reason = _QUOTED.sub(mask, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        hint = (
-            "in a postgresql:// URL, percent-encode the user name and password"
-            " (% as %25, @ as %40, : as %3A, / as %2F)"
-            if "percent" in reason
-            # No user@ in the example: the line's redaction would mask it as a password.
-            else "write a URL such as postgresql://db.example:5432/shop?user=app"
-            " or libpq key=value pairs"
-        )
-        raise ConfigurationError(
-            f"--dsn (or OUTBOXKIT_DSN) is not a valid PostgreSQL connection string: {reason};"
-            f" {hint}"
-        ) from None
+    backend_for(dsn).check_dsn(dsn, name="--dsn (or OUTBOXKIT_DSN)")
 
 
 def checked_dsn(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
