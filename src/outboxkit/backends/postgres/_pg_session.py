@@ -32,6 +32,7 @@ from psycopg.types.json import set_json_loads
 from outboxkit._backoff import Backoff
 from outboxkit._text import first_line
 from outboxkit.backends.postgres._connection import PoolerMode, aconnect, known_pooling
+from outboxkit.backends.postgres.postgres import LATER
 from outboxkit.errors import ConfigurationError, connection_lost, write_denied
 from outboxkit.queue.idle import SETTLE_IDLE, IdleTimer, claim_idle
 from outboxkit.queue.store import StoreDenied, StoreError, StoreTimeout, StoreUnavailable
@@ -77,6 +78,7 @@ DUE_MARGIN = 0.05
 
 _R = TypeVar("_R")
 _ListenWork = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]
+_Woken = Callable[[str], None]  # (a notification's payload)
 
 
 class PgSession:
@@ -132,6 +134,7 @@ class PgSession:
         # Parking (the module's docstring): the claim connection's timer (armed in a fleet),
         # the LISTEN session and the statements queued for it, the loop's wake-up.
         self._due_in = due_in
+        self._due_params: Any = None  # (the probe's parameters: a task store's queues)
         self._claim_idle = IdleTimer(None, self._park_idle_claim)
         self._parked = False
         self._gate_moving = False  # (the lock between the claim connection and LISTEN's)
@@ -258,7 +261,11 @@ class PgSession:
         if self._due_in is not None and self.direct_dsn is None:
             self._claim_idle.seconds = claim_idle.get()  # (set in a fleet's service)
 
-        def woken() -> None:
+        def woken(payload: str) -> None:
+            if payload == LATER:  # a row due later: a parked store probes for its time
+                if self._parked:
+                    wake()
+                return
             self._woken = True  # (a parked store claims at once, without its probe)
             wake()
 
@@ -299,7 +306,7 @@ class PgSession:
             self._log.debug("LISTEN connection lost (%s); retrying in %.2fs", why, delay)
             await asyncio.sleep(delay)
 
-    async def _pass_on(self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None]) -> None:
+    async def _pass_on(self, conn: psycopg.AsyncConnection[Any], wake: _Woken) -> None:
         """Call ``wake`` for every notification until ``conn`` stops answering (then return)
         or breaks (OperationalError); run the statements queued for it (:meth:`_on_listen`)
         meanwhile. Notifications that come during a statement are kept by psycopg and passed
@@ -313,7 +320,7 @@ class PgSession:
                 return
 
     async def _notifications(
-        self, conn: psycopg.AsyncConnection[Any], wake: Callable[[], None], seconds: float
+        self, conn: psycopg.AsyncConnection[Any], wake: _Woken, seconds: float
     ) -> bool:
         """Pass notifications on for ``seconds`` (True), or until a statement is queued for
         the session (False: the wait is cut short, psycopg keeps what arrives meanwhile)."""
@@ -340,17 +347,18 @@ class PgSession:
             try:
                 result = await self.within(conn, what, work(conn))
             except StoreUnavailable as exc:
-                done.set_exception(exc)
+                _settle(done, exc)
                 return False
             except psycopg.Error as exc:
-                done.set_exception(exc)
+                _settle(done, exc)
                 if conn.closed or conn.broken:
                     raise
             except BaseException as exc:
-                done.set_exception(StoreUnavailable(f"the {what} was interrupted"))
+                _settle(done, StoreUnavailable(f"the {what} was interrupted"))
                 raise exc
             else:
-                done.set_result(result)
+                if not done.done():  # (its caller may have given up meanwhile: a stop)
+                    done.set_result(result)
         return True
 
     async def _on_listen(self, what: str, work: _ListenWork) -> Any:
@@ -417,7 +425,9 @@ class PgSession:
         later one is waited for with a timer; a failed probe says yes (the claim finds out)."""
         assert self._due_in is not None
         try:
-            row = await self._on_listen("poll", lambda c: _fetchone(c, self._due_in or ""))
+            row = await self._on_listen(
+                "poll", lambda c: _fetchone(c, self._due_in or "", self._due_params)
+            )
         except StoreError:
             return True
         seconds = None if row is None else row[0]
@@ -433,8 +443,9 @@ class PgSession:
         return False
 
     def _wake_due(self) -> None:
+        """The time the probe said: probe again (not claim at once): the row may have moved
+        since (a running task's lease extended by its heartbeat, a delayed row claimed)."""
         self._due_timer = None
-        self._woken = True
         self._wake()
 
     def claimed_some(self) -> None:
@@ -656,15 +667,19 @@ class PgSession:
         self._claim_conn = self._settle_conn = self._gate_conn = self._direct_conn = None
 
 
-async def _pump(
-    conn: psycopg.AsyncConnection[Any], wake: Callable[[], None], seconds: float
-) -> None:
-    async for _notify in conn.notifies(timeout=seconds):
-        wake()
+async def _pump(conn: psycopg.AsyncConnection[Any], wake: _Woken, seconds: float) -> None:
+    async for notify in conn.notifies(timeout=seconds):
+        wake(notify.payload)
 
 
 def _nothing() -> None:
     pass
+
+
+def _settle(done: asyncio.Future[Any], exc: BaseException) -> None:
+    """``done`` fails with ``exc``, unless its caller gave up already (cancelled: a stop)."""
+    if not done.done():
+        done.set_exception(exc)
 
 
 async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
@@ -688,8 +703,8 @@ async def _answers(conn: psycopg.AsyncConnection[Any], within: float) -> bool:
     return False
 
 
-async def _fetchone(conn: psycopg.AsyncConnection[Any], statement: str) -> Any:
-    cur = await conn.execute(statement)
+async def _fetchone(conn: psycopg.AsyncConnection[Any], statement: str, params: Any = None) -> Any:
+    cur = await conn.execute(statement, params)
     return await cur.fetchone()
 
 

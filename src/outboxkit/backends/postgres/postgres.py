@@ -198,6 +198,9 @@ INSERT_ONE_LOCKING_KEYS = (
 WAKE_GATE = "NOT pg_try_advisory_xact_lock_shared({wake_key})"
 TRY_WAKE_LOCK = "SELECT pg_try_advisory_lock({wake_key})"
 WAKE_UNLOCK = "SELECT pg_advisory_unlock({wake_key})"
+# A wake-up's payload for rows not due yet (a delayed task): a waiting store does not claim
+# for it, a parked one (_pg_session.py) probes for its due time, so it claims then.
+LATER = "later"
 # The notification rides in the same statement as the insert. PostgreSQL folds
 # identical notifications of one transaction into one, delivered at commit.
 NOTIFY_SUFFIX = "SELECT pg_notify(%s, '') WHERE " + WAKE_GATE

@@ -14,8 +14,8 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -72,6 +72,7 @@ from outboxkit.queue.tasks import (
 )
 
 log = logging.getLogger("outboxkit.worker")
+_R = TypeVar("_R")
 
 #: The start-up count of pending tasks stops here.
 PENDING_CAP = 100_000
@@ -155,12 +156,14 @@ class PgTaskStore(PgSession):
             log=log,
             who="worker",
             what="tasks",
+            due_in=self.sql.due_in,
         )
         self._complete = self.sql.complete_keep if retention == "keep" else self.sql.complete_delete
         #: Task lifecycle events: written in the settle's own transaction (see SettleHook).
         self.on_settle = on_settle
         self.table = table
         self.queues = list(queues)
+        self._due_params = {"queues": self.queues, "names": self.names}
         self.retention: Retention = retention
         self._settle_lock = asyncio.Lock()
         # Completions waiting to be settled together (_settle_done_grouped).
@@ -180,6 +183,11 @@ class PgTaskStore(PgSession):
 
     def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         set_json_loads(_load_payload, conn)
+
+    async def _prepare_listen(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """A parked worker's claims and sweeps run on its LISTEN session: the same loaders."""
+        self._configure(conn)
+        return True
 
     def _missing(self, exc: Exception | None = None) -> SchemaError:
         _schema, name = parse_table(self.table)
@@ -267,16 +275,13 @@ class PgTaskStore(PgSession):
         self.lease = lease  # (the bound of this claim's and its settles' round trips)
         self.limits_seen.learn(what, self.names)
         try:
-            conn = await self._connection("claim")
-            if not self._told_fair:
-                await self.within(conn, "claim", conn.execute(self.sql.tell_fair, self._fairness()))
-                self._told_fair = True
-            claiming = (
-                fetch_rows(conn.cursor(), self._claim_statement(params), params)
-                if self.on_settle is None and what.name is None
-                else self._claim_with_events(conn, params)
-            )
-            records = await self.within(conn, "claim", claiming)
+            conn = await self._claim_connection()
+            if conn is None:
+                return TaskClaimed(None)  # (parked: nothing due in its queues)
+            if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
+                records = await self._on_listen("claim", lambda c: self._claiming(c, params))
+            else:
+                records = await self.within(conn, "claim", self._claiming(conn, params))
         except (pg_errors.UndefinedTable, pg_errors.UndefinedColumn) as exc:
             raise self._missing(exc) from None
         except psycopg.Error as exc:
@@ -285,6 +290,7 @@ class PgTaskStore(PgSession):
         rows = [r for r in records if r[0] is not None]
         if not rows:
             return TaskClaimed(None, suspects)
+        self.claimed_some()
         keys = sorted({r[6] for r in rows if r[6] is not None and r[-1] is None})
         more = False
         if (what.per_key > 1 or what.fair is not None) and keys:  # room for the next ones now
@@ -300,6 +306,18 @@ class PgTaskStore(PgSession):
         live = sorted((r for r in rows if r[-1] is None), key=lambda r: (-int(r[7]), int(r[0])))
         claim = Claim(token, [r[0] for r in live], [_claimed(r) for r in live], dead)
         return TaskClaimed(claim, suspects, more)
+
+    async def _claiming(
+        self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]
+    ) -> list[Any]:
+        """The claim's round trips on ``conn`` (the claim connection, or the LISTEN session
+        of a parked store that unparks)."""
+        if not self._told_fair:
+            await conn.execute(self.sql.tell_fair, self._fairness())
+            self._told_fair = True
+        if self.on_settle is None and params["name"] is None:
+            return await fetch_rows(conn.cursor(), self._claim_statement(params), params)
+        return await self._claim_with_events(conn, params)
 
     def _claim_statement(self, params: dict[str, Any]) -> str:
         """The claim for these parameters: a limited name's, one skipping the limited names
@@ -477,29 +495,27 @@ class PgTaskStore(PgSession):
         return await self._count(self.sql.set_progress, (ids, tokens, values), "progress")
 
     async def purge_kept(self, limit: int) -> int:
-        purged = await self._count(self.sql.purge_kept, (limit,), "purge of kept results")
-        await self._count(self.sql.prune_edges, (limit,), "prune of dependency edges")
-        pruned = await self._count(self.sql.prune_key_rates, (limit,), "prune of key buckets")
-        return max(purged, pruned)
+        async def purge(conn: psycopg.AsyncConnection[Any]) -> int:
+            purged = (await conn.execute(self.sql.purge_kept, (limit,))).rowcount
+            await conn.execute(self.sql.prune_edges, (limit,))
+            return max(purged, (await conn.execute(self.sql.prune_key_rates, (limit,))).rowcount)
+
+        return int(await self._sweeping("purge of kept results", purge))
 
     async def release_dependents(self, ids: Sequence[int] | None, limit: int) -> int:
         params = {"ids": None if ids is None else list(ids), "limit": limit,
                   "channel": self.sql.channel, "results": self.sql.results_channel}  # fmt: skip
-        try:
-            conn = await self._connection("settle")
-            async with self._settle_lock:
-                rows = await self.within(
-                    conn, "release", fetch_rows(conn.cursor(), self.sql.release_dependents, params)
-                )
-                if ids is None:  # the sweep: keys whose next task nobody promoted too
-                    sweep = {"limit": limit, **self._turns()}
-                    rows += await self.within(
-                        conn, "release", fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
-                    )
-                    parked = await self.within(conn, "release", self._park(conn, limit))
-        except psycopg.Error as exc:
-            raise await self._translate(exc) from exc
-        return len(rows) + (parked if ids is None else 0)
+
+        async def release(conn: psycopg.AsyncConnection[Any]) -> int:
+            rows = await fetch_rows(conn.cursor(), self.sql.release_dependents, params)
+            if ids is not None:
+                return len(rows)
+            # The sweep: keys whose next task nobody promoted too, and the limits' parking.
+            sweep = {"limit": limit, **self._turns()}
+            rows += await fetch_rows(conn.cursor(), self.sql.sweep_keys, sweep)
+            return len(rows) + await self._park(conn, limit)
+
+        return int(await self._sweeping("release", release, sweep=ids is None))
 
     def dependencies(self, conn: psycopg.Connection[Any], task_id: int) -> list[dict[str, Any]]:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -598,15 +614,31 @@ class PgTaskStore(PgSession):
         within ``grace`` seconds (one batch); the names of those failed."""
         params = {"grace": grace, "queues": self.queues, "names": self.names or [],
                   "limit": limit}  # fmt: skip
+        rows = await self._sweeping(
+            "settle", lambda conn: fetch_rows(conn.cursor(), self.sql.fail_unhandled, params)
+        )
+        return [str(row[0]) for row in rows]
+
+    async def _sweeping(
+        self,
+        what: str,
+        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_R]],
+        *,
+        sweep: bool = True,
+    ) -> _R:
+        """A sweep's ``work`` on the settle connection, or while parked (a fleet's idle
+        database, PgSession) on the LISTEN session: an idle database's sweeps, every second,
+        then keep no settle connection open. ``sweep=False``: the settle connection."""
+        listen = self._listen_conn
+        if sweep and self._parked and listen is not None and not listen.closed:
+            result: _R = await self._on_listen(what, work)  # (its errors translated)
+            return result
         try:
             conn = await self._connection("settle")
             async with self._settle_lock:
-                rows = await self.within(
-                    conn, "settle", fetch_rows(conn.cursor(), self.sql.fail_unhandled, params)
-                )
+                return await self.within(conn, what, work(conn))
         except psycopg.Error as exc:
             raise await self._translate(exc) from exc
-        return [str(row[0]) for row in rows]
 
     async def _count(self, stmt: str, params: Sequence[Any], what: str) -> int:
         try:

@@ -17,6 +17,7 @@ from psycopg import sql
 
 from outboxkit.backends.postgres.postgres import (
     _LOCK_NAMESPACE,
+    LATER,
     TRY_WAKE_LOCK,
     WAKE_GATE,
     WAKE_UNLOCK,
@@ -165,17 +166,22 @@ WHERE v.key IS NULL
 ON CONFLICT (unique_key) WHERE status IN ({{pending}}, {{running}}) AND unique_key IS NOT NULL
 DO NOTHING
 """
-# One enqueue, one statement: the insert, and the wake-up of a waiting worker when the task
-# is due now (the outbox's wake-up gate, WAKE_GATE: only while a worker waits). The result
-# is the new task's id (NULL: a live task has the unique_key already, nothing inserted).
+# One enqueue, one statement: the insert, and the wake-up of a waiting worker (the outbox's
+# wake-up gate, WAKE_GATE: only while a worker waits): a task due now wakes it to claim, one
+# due later says LATER (a parked worker, a fleet's idle database, learns its due time from
+# it; a waiting one claims nothing for it). The result is the new task's id (NULL: a live
+# task has the unique_key already, nothing inserted).
+_WAKE_PAYLOAD = f"CASE WHEN available_at <= now() THEN '' ELSE '{LATER}' END"
 ENQUEUE = (
     "WITH ins AS ("
     + _INSERT.strip()
     + """ RETURNING id, available_at)
-SELECT CASE WHEN count(CASE WHEN available_at <= now() AND """
+SELECT CASE WHEN count(CASE WHEN """
     + WAKE_GATE
     + """
-                            THEN pg_notify(%s, '') END) >= 0
+                            THEN pg_notify(%s, """
+    + _WAKE_PAYLOAD
+    + """) END) >= 0
             THEN max(id) END
 FROM ins"""
 )
@@ -574,10 +580,12 @@ ENQUEUE_AFTER = (
 ), edges AS (
     INSERT INTO {deps} (task_id, after_id) SELECT ins.id, up.id FROM ins, up
 )
-SELECT CASE WHEN count(CASE WHEN status = {pending} AND available_at <= now() AND """
+SELECT CASE WHEN count(CASE WHEN status = {pending} AND """
     + WAKE_GATE
     + """
-                            THEN pg_notify(%(channel)s, '') END) >= 0
+                            THEN pg_notify(%(channel)s, """
+    + _WAKE_PAYLOAD
+    + """) END) >= 0
             THEN max(id) END
 FROM ins"""
 )
@@ -883,6 +891,23 @@ ORDER BY 1
 """
 PAUSED_QUEUES = "SELECT queue FROM {queues} WHERE paused AND queue = ANY(%s) ORDER BY queue"
 
+# A parked worker's poll (a fleet's idle database, backends/postgres/_pg_session.py), on its
+# LISTEN session instead of the claims: seconds until the first task its claims could take
+# is due (NULL: none), in its queues that are not paused, of the names it has handlers for
+# (NULL: any). A running task counts at its lease's expiry (a dead worker's is claimable
+# then); waiting tasks do not (a settle, a release or the sweep makes them pending, and
+# notifies). One index probe per queue: the claim index's leading column.
+DUE_IN = """
+SELECT extract(epoch FROM min(d.at) - now())::float8
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    SELECT min(t.available_at) AS at FROM {table} AS t
+    WHERE t.queue = q.queue AND t.status IN ({pending}, {running})
+      AND (%(names)s::text[] IS NULL OR t.task_name = ANY(%(names)s::text[]))
+) AS d
+WHERE NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.queue = q.queue AND p.paused)
+"""
+
 # --- periodic tasks ------------------------------------------------------------------
 
 # One run per (schedule, slot): the slot's row and its task are inserted by one statement,
@@ -1157,6 +1182,7 @@ class TaskStatements:
         self.resume_queue = RESUME_QUEUE.format(**slots)
         self.queue_states = QUEUE_STATES.format(**slots)
         self.paused_queues = PAUSED_QUEUES.format(**slots)
+        self.due_in = DUE_IN.format(**slots)
         self.enqueue_periodic = ENQUEUE_PERIODIC.format(**slots)
         self.set_slot_task = SET_SLOT_TASK.format(**slots)
         self.last_slot = LAST_SLOT.format(**slots)
