@@ -53,6 +53,16 @@ tasks = Tasks()
 #: bench/tasks_fairness.py's app (``tasks_app:fairness_tasks``), apart: a fair name's claim
 #: beside a queue of no-op tasks is not what the throughput benchmarks measure.
 fairness_tasks = Tasks()
+#: bench/fleet_idle.py --worker's app (``tasks_app:idle_tasks``): each task's enqueue -> start
+#: latency (its payload's stamp, taken just before the enqueue's COMMIT) appended to the file
+#: ``OKB_STARTS`` names, a line per task.
+idle_tasks = Tasks()
+
+
+@idle_tasks.handler("stamp")
+def stamp(payload: dict[str, float]) -> None:
+    with open(os.environ["OKB_STARTS"], "a") as f:
+        f.write(f"{time.time() - payload['stamp']}\n")
 
 
 @tasks.handler("noop")
