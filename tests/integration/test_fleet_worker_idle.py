@@ -164,3 +164,49 @@ async def test_idle_databases_of_a_worker_fleet_hold_their_listen_session_only(
     finally:
         stop(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+async def test_a_parked_worker_runs_its_periodic_tasks_at_their_slots(db_dsn: str) -> None:
+    """A worker served as a fleet serves each database (``claim_idle`` set, a 30 s poll):
+    parked between two slots of a schedule every 3 s, it runs each slot's task within a
+    second of the slot (the periodic side task's wake, then the probe on the LISTEN session),
+    and holds no claim connection between them."""
+    import asyncio
+    import datetime as dt
+
+    from outboxkit.queue.idle import claim_idle
+    from outboxkit.tasks import TaskContext, Tasks, Worker
+
+    migrate_tasks(db_dsn)
+    app = Tasks()
+    late: list[float] = []
+
+    @app.periodic("*/3 * * * * *", "tick", catch_up="none")
+    async def tick(payload: None, ctx: TaskContext) -> None:
+        now = dt.datetime.now(dt.UTC)
+        late.append(now.timestamp() % 3)  # (since its slot: a multiple of 3 s)
+
+    worker = Worker(app, db_dsn, poll_interval=30, periodic_tick=0.2)
+    token = claim_idle.set(1.0)  # (what the fleet sets in each database's context)
+    running = asyncio.create_task(worker.run())
+    claim_idle.reset(token)
+    try:
+        parked_runs = []
+        deadline = time.monotonic() + 15
+        while len(parked_runs) < 2 and time.monotonic() < deadline:
+            now_held = held(db_dsn)  # (parked: after a run, its claim connection closed)
+            if (
+                late
+                and "outboxkit-worker:listen" in now_held
+                and not now_held.get("outboxkit-worker:claim")
+            ):
+                before = len(late)  # parked: the next slot's task must run all the same
+                while len(late) == before and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                parked_runs.append(late[-1])
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await running
+    assert len(parked_runs) == 2, f"parked runs {parked_runs}, all runs {late}"
+    assert max(parked_runs) < 1.0, f"run {parked_runs} s after their slots"
