@@ -208,16 +208,20 @@ async def test_an_invalidated_slot_is_reported_with_the_recovery_steps(
 async def test_relay_metrics_export_the_slot_lag_read_from_the_server(logical_db_dsn: str) -> None:
     from prometheus_client import generate_latest
 
+    from outboxkit.backends import backend_for
     from outboxkit.ops.metrics import RelayMetrics
 
     slots.setup(logical_db_dsn, "outbox")
     _write(logical_db_dsn, 2)
     metrics = RelayMetrics(logical_db_dsn, process_metrics=False)
-    async with await psycopg.AsyncConnection.connect(logical_db_dsn, autocommit=True) as conn:
-        await metrics.refresh_slot(conn, "outboxkit_outbox")
+    gauges = backend_for(logical_db_dsn).gauge_reader(logical_db_dsn, "outbox")
+    try:
+        await metrics.refresh_slot(gauges, "outboxkit_outbox")
         text = generate_latest(metrics.registry).decode()
         assert "outboxkit_cdc_slot_invalidated 0.0" in text
         lag = next(x for x in text.splitlines() if x.startswith("outboxkit_cdc_slot_lag_bytes "))
         assert float(lag.split()[1]) > 0
-        await metrics.refresh_slot(conn, "outboxkit_missing")
+        await metrics.refresh_slot(gauges, "outboxkit_missing")
+    finally:
+        await gauges.close()
     assert "outboxkit_cdc_slot_invalidated 1.0" in generate_latest(metrics.registry).decode()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -25,8 +25,9 @@ from outboxkit.queue.store import QueueStore
 from outboxkit.queue.tasks import Retention, Schedules, SettleHook, TaskStore
 
 __all__ = [
-    "POOLER_MODES", "Admin", "Backend", "Feature", "Migrated", "MigrationKind", "PoolerMode",
-    "ScratchDatabases", "Statement", "TaskAdmin", "pooler_mode",
+    "POOLER_MODES", "Admin", "Backend", "Feature", "GaugeReader", "GaugeRows", "Migrated",
+    "MigrationKind", "PoolerMode", "ScratchDatabases", "SlotReading", "Statement", "TaskAdmin",
+    "pooler_mode",
 ]  # fmt: skip
 
 #: What a backend may not do: task mode, the WAL relay, a transaction pooler's settings,
@@ -163,6 +164,45 @@ class Migrated(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class GaugeRows:
+    """One reading of the outbox table's gauges, at most ``cap`` rows each: (topic, pending,
+    in flight, oldest pending age in seconds or None) and (topic, failed) rows."""
+
+    pending: Sequence[tuple[Any, ...]]
+    failed: Sequence[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotReading:
+    """A replication slot as the server reports it: WAL written since its confirmed position
+    (None when unknown) and its ``wal_status`` (``missing`` when there is no such slot)."""
+
+    lag_bytes: int | None
+    wal_status: str | None
+
+
+class GaugeReader(abc.ABC):
+    """The metrics' kept connection to one outbox table (``ops/metrics.py``'s gauge task):
+    opened at the first reading, closed and opened again after one fails with :attr:`errors`."""
+
+    #: What a failed reading raises (the gauge task records it and reads again later).
+    errors: tuple[type[BaseException], ...] = ()
+
+    @abc.abstractmethod
+    async def read(self, cap: int) -> GaugeRows:
+        """The table's gauges (two bounded statements)."""
+
+    async def slot(self, slot: str) -> SlotReading:
+        """The WAL relay's replication ``slot``, on the same connection as :meth:`read`; a
+        backend without the WAL relay refuses through :attr:`Backend.cannot`."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the kept connection, whatever its state (the next reading opens one)."""
+
+
+@dataclass(frozen=True, slots=True)
 class InboxSql:
     """One inbox table's two statements on a database, each in the driver adapters' two
     parameter styles (``%s`` and ``$n``; the same text where the database has one), and the
@@ -219,6 +259,10 @@ class Backend(abc.ABC):
         """The relay's time-partition maintenance of ``table`` (a side task that returns at
         once on a plain table), or None where the database has no time partitions."""
         return None
+
+    @abc.abstractmethod
+    def gauge_reader(self, dsn: str, table: str) -> GaugeReader:
+        """The metrics' reader of ``table``'s gauges (and the WAL relay's slot)."""
 
     @abc.abstractmethod
     def inbox_sql(self, table: str) -> InboxSql:

@@ -6,7 +6,8 @@ rest summed as ``(other)``: the number of series stays flat however many events,
 keys or topics flow (100 000 distinct topics once made a 181 MB scrape). The table gauges
 (backlog, in flight, failed, oldest pending age) are read by one background
 task every ``gauge_interval`` seconds with two bounded queries on the partial
-indexes (see ``METRICS_*`` in backends/postgres/postgres.py), not at scrape time.
+indexes, not at scrape time, through the backend's gauge reader (``Backend.gauge_reader``:
+``METRICS_*`` in backends/postgres/postgres.py, MariaDB's in backends/mariadb/admin_sql.py).
 """
 
 from __future__ import annotations
@@ -20,18 +21,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
-from outboxkit.admin import admin_for
-from outboxkit.backends.postgres import cdc_sql
-from outboxkit.backends.postgres._connection import aconnect
-from outboxkit.backends.postgres.postgres import Statements
-from outboxkit.errors import OutboxkitError
+from outboxkit.backends import backend_for
+from outboxkit.backends.ports import GaugeReader
 from outboxkit.publishers.base import (
     OutboundMessage,
     PublishResult,
@@ -230,9 +227,8 @@ class RelayMetrics(RelayObserver):
         # The relay's state (ordered partitions, the WAL relay's stream, a refused role), read
         # at scrape time and by /readyz: set by attach().
         self.status: Callable[[], RelayStatus] = RelayStatus
-        self._sql = Statements(table)
-        #: The table's operator functions: MariaDB/MySQL's gauges are read through them.
-        self._admin = admin_for(dsn)
+        #: The database's backend: its gauge reader reads the table (and a WAL relay's slot).
+        self._backend = backend_for(dsn)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
         self._other_seen = False
@@ -406,45 +402,19 @@ class RelayMetrics(RelayObserver):
         wal_status; `run_gauges` calls it for a relay with a `cdc` source, anyone may."""
         self.slot = SlotLag(lag_bytes, wal_status, time.time())
 
-    async def refresh_slot(self, conn: psycopg.AsyncConnection[Any], slot: str) -> None:
-        """Read the slot's lag from pg_replication_slots (one cheap statement)."""
-        cur = await conn.execute(cdc_sql.CDC_SLOT, {"slot": slot})
-        row = await cur.fetchone()
-        if row is None:
-            self.slot = SlotLag(None, "missing", time.time())
-            return
-        self.slot_lag(row[2], wal_status=row[0].get("wal_status"))
+    async def refresh_slot(self, gauges: GaugeReader, slot: str) -> None:
+        """Read the slot's lag through the backend's gauge reader (one cheap statement)."""
+        reading = await gauges.slot(slot)  # (wal_status "missing" when there is no such slot)
+        self.slot_lag(reading.lag_bytes, wal_status=reading.wal_status)
 
     # -- table gauges --------------------------------------------------------------
 
-    async def refresh_gauges(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read the table gauges once (two bounded statements)."""
+    async def refresh_gauges(self, gauges: GaugeReader) -> None:
+        """Read the table gauges once (two bounded readings, through the backend's reader)."""
         self._rerank()
         started = time.perf_counter()
-        cap = {"cap": self.gauge_row_cap}
-        cur = await conn.execute(self._sql.metrics_pending_by_topic, cap)
-        pending = await cur.fetchall()
-        cur = await conn.execute(self._sql.metrics_failed_by_topic, cap)
-        self._set_gauges(pending, await cur.fetchall(), started)
-
-    async def refresh_gauges_mariadb(self, conn: Any) -> None:
-        """Read the table gauges once from MariaDB/MySQL (its admin's live status, the same
-        two bounded readings, on a PyMySQL connection in a thread)."""
-        self._rerank()
-        started = time.perf_counter()
-        live = await asyncio.to_thread(
-            self._admin.live_status, conn, self.table, cap=self.gauge_row_cap
-        )
-        topics = live.status.topics
-        self._set_gauges(
-            [
-                (t.topic, t.pending, t.in_flight, t.oldest_pending_age_s)
-                for t in topics
-                if t.pending or t.in_flight
-            ],
-            [(t.topic, t.failed) for t in topics if t.failed],
-            started,
-        )
+        rows = await gauges.read(self.gauge_row_cap)
+        self._set_gauges(rows.pending, rows.failed, started)
 
     def _rerank(self) -> None:
         if self.topics.due():  # also when no event settles: idle topics leave the set
@@ -493,40 +463,28 @@ class RelayMetrics(RelayObserver):
     async def run_gauges(self, stop: asyncio.Event | None = None) -> None:
         """Refresh the table gauges every ``gauge_interval`` seconds until cancelled or stopped.
 
-        One kept connection (psycopg's, or PyMySQL's on MariaDB/MySQL), replaced when a
-        reading fails.
+        One kept connection (the backend's gauge reader: psycopg's, or PyMySQL's on
+        MariaDB/MySQL), replaced when a reading fails.
         """
-        mariadb = self._admin.name == "mariadb"
-        errors: tuple[type[BaseException], ...] = (OutboxkitError,) if mariadb else (psycopg.Error,)
-        conn: Any = None
+        gauges = self._backend.gauge_reader(self.dsn, self.table)
         try:
             while stop is None or not stop.is_set():
                 try:
-                    if mariadb:
-                        if conn is None or not self._admin.usable(conn):
-                            conn = await asyncio.to_thread(self._admin.connect, self.dsn)
-                        await self.refresh_gauges_mariadb(conn)
-                    else:
-                        if conn is None or conn.closed or conn.broken:
-                            conn = await aconnect(
-                                self.dsn, application_name="outboxkit-relay:metrics"
-                            )
-                        await self._refresh_postgres(conn)
-                except errors as exc:
+                    await self._refresh(gauges)
+                except gauges.errors as exc:
                     self.snapshot.error = first_line(exc, with_type=True)
                     log.debug("metrics: reading the table gauges failed: %s", self.snapshot.error)
-                    await _close(conn)
-                    conn = None
+                    await gauges.close()
                 if await self._stopped(stop):
                     return
         finally:
-            await _close(conn)
+            await gauges.close()
 
-    async def _refresh_postgres(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await self.refresh_gauges(conn)
+    async def _refresh(self, gauges: GaugeReader) -> None:
+        await self.refresh_gauges(gauges)
         cdc = self.status().cdc
         if cdc is not None:
-            await self.refresh_slot(conn, cdc.slot)
+            await self.refresh_slot(gauges, cdc.slot)
 
     async def _stopped(self, stop: asyncio.Event | None) -> bool:
         """Wait ``gauge_interval`` (or until ``stop`` is set); whether it was set."""
@@ -582,16 +540,6 @@ class RelayMetrics(RelayObserver):
             log.warning("not ready: %s: %s", reason, detail)
         self._reported = detail
         return reason
-
-
-async def _close(conn: Any) -> None:
-    """Close a gauge connection (psycopg's async close, or PyMySQL's), whatever its state."""
-    if conn is None:
-        return
-    with contextlib.suppress(Exception):
-        closed = conn.close()
-        if asyncio.iscoroutine(closed):
-            await closed
 
 
 def _kind(error: str) -> str:

@@ -14,6 +14,7 @@ from outboxkit.backends.ports import (
     Admin,
     Backend,
     Feature,
+    GaugeReader,
     InboxSql,
     Migrated,
     MigrationKind,
@@ -52,6 +53,11 @@ class MariaDBBackend(Backend):
         " LISTEN/NOTIFY (its relay polls, and a relay of this process is woken by the write):"
         " leave notify unset, or False",
     }
+
+    def gauge_reader(self, dsn: str, table: str) -> GaugeReader:
+        from outboxkit.backends.mariadb.gauges import MariaDBGaugeReader
+
+        return MariaDBGaugeReader(dsn, table, no_slot=self.cannot["cdc"])
 
     def inbox_sql(self, table: str) -> InboxSql:
         from outboxkit.backends.mariadb.inbox_sql import InboxStatements, check_consumer

@@ -15,6 +15,7 @@ from outboxkit.backends.ports import (
     TASK_OPS,
     Admin,
     Backend,
+    GaugeReader,
     InboxSql,
     Migrated,
     MigrationKind,
@@ -59,6 +60,11 @@ class PostgresBackend(Backend):
 
         conn = await aconnect(dsn, application_name=application_name)
         await conn.close()
+
+    def gauge_reader(self, dsn: str, table: str) -> GaugeReader:
+        from outboxkit.backends.postgres.gauges import PgGaugeReader
+
+        return PgGaugeReader(dsn, table)
 
     def inbox_sql(self, table: str) -> InboxSql:
         from outboxkit.backends.postgres.inbox_sql import InboxStatements
