@@ -410,7 +410,9 @@ async def test_a_relay_on_a_plain_table_runs_no_maintenance(empty_db_dsn: str) -
         await wait_for(lambda: count(empty_db_dsn) == 0, what="drained")
 
         def maintaining() -> bool:
-            return any(t.get_name() == "outboxkit-relay:partitions" for t in asyncio.all_tasks())
+            return any(
+                t.get_name() == "outboxkit-relay:time-partitions" for t in asyncio.all_tasks()
+            )
 
         await wait_for(lambda: not maintaining(), what="the maintenance task ended")
         assert not relay.stopping  # its end stopped nothing

@@ -126,7 +126,7 @@ async def test_a_failed_run_is_logged_and_retried_at_the_next_one(
     done = MaintenanceReport("outbox", created=["outbox_p20260304"])
     chore = _Chore(True, [OutboxkitError("database down"), done])
     stopping = asyncio.Event()
-    caplog.set_level(logging.INFO, "outboxkit.relay.partitions")
+    caplog.set_level(logging.INFO, "outboxkit.relay.time_partitions")
     task = asyncio.create_task(side_task.partition_side_task(chore, stopping))
     while chore.calls < 3:
         await asyncio.sleep(0.01)
@@ -165,7 +165,7 @@ async def test_a_plain_table_says_nothing_about_partitions_while_its_database_is
     maintenance of outbox failed" for a table that is not partitioned."""
     monkeypatch.setattr(side_task, "INTERVAL", 0.01)
     chore = _DownAtStart(down=3)
-    caplog.set_level(logging.INFO, "outboxkit.relay.partitions")
+    caplog.set_level(logging.INFO, "outboxkit.relay.time_partitions")
     await asyncio.wait_for(side_task.partition_side_task(chore, asyncio.Event()), 5)
     assert chore.checks == 4 and chore.calls == 0
     assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.records

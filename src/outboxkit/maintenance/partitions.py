@@ -41,7 +41,7 @@ DEFAULT_AHEAD = 3
 DEFAULT_LOCK_TIMEOUT = dt.timedelta(seconds=2)
 _MARK = "outboxkit partitions "
 
-log = logging.getLogger("outboxkit.relay.partitions")
+log = logging.getLogger("outboxkit.relay.time_partitions")
 
 
 def check_partition_by(value: str) -> PartitionBy:

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 from outboxkit._text import first_line
 from outboxkit.maintenance.partitions import MaintenanceReport
 
-log = logging.getLogger("outboxkit.relay.partitions")
+log = logging.getLogger("outboxkit.relay.time_partitions")
 
 #: Seconds between two maintenance runs of one relay.
 INTERVAL = 300.0

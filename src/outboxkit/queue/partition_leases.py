@@ -29,7 +29,7 @@ from outboxkit.errors import ConfigurationError, SchemaError
 
 __all__ = ["MAX_INTERVAL", "LeaseTable", "PartitionLeases", "assignment", "not_ordered"]
 
-log = logging.getLogger("outboxkit.relay.partitions")
+log = logging.getLogger("outboxkit.relay.partition_leases")
 
 #: Heartbeats come every lease/3, at most this many seconds apart: a joining relay is
 #: seen, and gets its share, within a few seconds even with a long lease.

@@ -150,7 +150,7 @@ class PollingSource:
         if chore is not None:
             tasks.append(
                 (
-                    "outboxkit-relay:partitions",
+                    "outboxkit-relay:time-partitions",
                     lambda: partition_side_task(chore, self.loop.stopping),
                 )
             )

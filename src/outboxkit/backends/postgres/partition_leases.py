@@ -88,7 +88,7 @@ class PgLeaseTable:
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             conn = await aconnect(
-                self.dsn, application_name="outboxkit-relay:partitions", pooler=self.pooler
+                self.dsn, application_name="outboxkit-relay:partition-leases", pooler=self.pooler
             )
             try:
                 await self._hold_id_lock(conn)

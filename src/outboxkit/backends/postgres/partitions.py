@@ -80,7 +80,7 @@ __all__ = [  # the decisions' vocabulary, as callers of this module have always 
 ]
 
 #: The relay's side task's connections in pg_stat_activity.
-APPLICATION_NAME = "outboxkit-relay:partitions"
+APPLICATION_NAME = "outboxkit-relay:time-partitions"
 
 
 @dataclass(slots=True)
