@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol, TypeVar
+
+from outboxkit._text import first_line
+from outboxkit.queue.store import Attempted, Claim, QueueStore, StoreError, StoreUnavailable
+
+T = TypeVar("T", bound=Attempted)
 
 
 class LeaseHeartbeat:
@@ -66,3 +74,64 @@ class LeaseHeartbeat:
         except asyncio.CancelledError:
             task.cancel()
             raise
+
+
+class _Reports(Protocol):
+    def database_error(self, operation: str, error: Exception, connection_lost: bool) -> None: ...
+
+
+class _Words(Protocol):
+    @property
+    def items(self) -> str: ...
+    @property
+    def working(self) -> str: ...
+
+
+class _Options(Protocol):
+    """What an extension reads of ``queue.loop_types.LoopOptions``."""
+
+    @property
+    def lease(self) -> float: ...
+    @property
+    def words(self) -> _Words: ...
+
+
+class LeaseExtender(Generic[T]):
+    """One extension of a claim's leases (what a heartbeat runs, and split mode's runners)."""
+
+    __slots__ = ("log", "observer", "options", "store")
+
+    def __init__(
+        self, store: QueueStore[T], observer: _Reports, options: _Options, log: logging.Logger
+    ) -> None:
+        self.store = store
+        self.observer = observer
+        self.options = options
+        self.log = log
+
+    async def extend(self, claim: Claim[T]) -> int | None:
+        """Push the claim's leases to now + lease, fenced by its token: how many it held.
+
+        A failure is logged (None) and the work goes on: the settle copes with a lost lease.
+        """
+        try:
+            held = await self.store.extend_leases(claim, self.options.lease)
+        except StoreError as exc:
+            self.observer.database_error("extend", exc.cause, isinstance(exc, StoreUnavailable))
+            self.log.warning(
+                "could not extend the lease of %d %s still %s (%s)",
+                len(claim.ids),
+                self.options.words.items,
+                self.options.words.working,
+                first_line(exc.cause),
+            )
+            return None
+        self.log.debug(
+            "%s for %.1fs: extended the lease of %d of %d by %.1fs",
+            self.options.words.working,
+            time.monotonic() - claim.claimed_at,
+            held,
+            len(claim.ids),
+            self.options.lease,
+        )
+        return held

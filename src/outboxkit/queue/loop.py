@@ -20,206 +20,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from outboxkit._redact import redact
 from outboxkit._text import first_line
-from outboxkit.queue.carry import SettleCarry
 from outboxkit.queue.decide import Outcome, RetryPolicy
-from outboxkit.queue.faults import DatabaseErrors, DeniedWrites
-from outboxkit.queue.handback import HandBack
 from outboxkit.queue.heartbeat import LeaseHeartbeat
-from outboxkit.queue.local_queue import LocalQueue
-from outboxkit.queue.settling import SettleObserver, Settling
+from outboxkit.queue.loop_types import (
+    RELAY_WORDS,
+    WORKER_WORDS,
+    LoopOptions,
+    LoopStatus,
+    Ordering,
+    QueueObserver,
+    Sink,
+    Wording,
+    default_owner_id,
+)
+from outboxkit.queue.loop_wiring import LoopParts, wire_loop
+from outboxkit.queue.pacing import GATE_RETRY, GATHER_ITEMS, GATHER_MIN_ITEMS, RATE_WEIGHT
+from outboxkit.queue.pacing import linger_waits as linger_waits
+from outboxkit.queue.side_tasks import cancel_and_capture_errors, watch_side_tasks
 from outboxkit.queue.store import (
     Attempted,
     Claim,
     ClaimPolicy,
-    ClaimsSettling,
     QueueStore,
     StoreDenied,
     StoreError,
-    StoreUnavailable,
 )
+
+# (the loop's types, its options and words live in queue/loop_types.py, its waits'
+# figures in queue/pacing.py; imported from here as before)
+__all__ = [
+    "RELAY_WORDS", "WORKER_WORDS", "ClaimLoop", "LoopOptions", "LoopStatus", "Ordering",
+    "QueueObserver", "Sink", "Wording", "default_owner_id", "linger_waits",
+]  # fmt: skip
 
 T = TypeVar("T", bound=Attempted)
 #: The outcome a sink reports per item (PublishResult for the relay).
 R = TypeVar("R", bound=Outcome)
-T_contra = TypeVar("T_contra", bound=Attempted, contravariant=True)
-O_co = TypeVar("O_co", bound=Outcome, covariant=True)
-O_contra = TypeVar("O_contra", bound=Outcome, contravariant=True)
-
-# While a writer holds the wake-up gate open (between its INSERT and its COMMIT), a loop
-# with nothing to do looks again after this long, doubling up to the second figure.
-_GATE_RETRY = (0.005, 0.1)
-# A loop that found work looks again after this long (then twice as long, ...): at a
-# steady 1 000 events/s, 1 ms gave 1.9 events per claim and 2 ms 3.0, for a third less
-# relay CPU per event at +0.5 ms p50 (bench/concurrent_writers.py --latency-only).
-_FIRST_LOOK = 0.002
-# The gather window's goal: a look after work waits until about this many items are due
-# (never longer than the window); items arriving slower than 2 a window get no wait at all.
-_GATHER_ITEMS = 32
-_GATHER_MIN_ITEMS = 2.0
-# How much each claim moves the arrival-rate estimate (an exponential moving average).
-_RATE_WEIGHT = 0.3
-
-
-def linger_waits(
-    linger: float, first: float = _FIRST_LOOK, longest: float | None = None
-) -> tuple[float, ...]:
-    """``first``, then doubling (2, 4, 8, ... ms, at most ``longest``) until they add up to
-    ``linger``."""
-    waits: list[float] = []
-    wait, total = first, 0.0
-    while total < linger - 1e-9:
-        step = min(wait, linger - total)
-        waits.append(step)
-        total += step
-        wait = wait * 2 if longest is None else min(wait * 2, longest)
-    return tuple(waits)
-
-
-class Sink(Protocol[T_contra, O_co]):
-    """What processes a claim's items: a publisher (the relay) or a handler runner (tasks).
-
-    ``process`` returns one outcome per item, in order, and does not raise for an item's
-    failure (an exception fails the loop). ``target_down`` says the sink's own client
-    reports its target unreachable (a retryable failure then is the outage's, not the
-    item's); ``restored_since(t)`` that it reported the target back after ``t`` (monotonic).
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    async def process(self, token: uuid.UUID, items: Sequence[T_contra]) -> Sequence[O_co]: ...
-
-    def target_down(self) -> bool: ...
-
-    def restored_since(self, when: float) -> bool: ...
-
-    def dead_outcome(self, error: str, error_class: str) -> O_co:
-        """The outcome observers get for an item the store dead-lettered at claim."""
-        ...
-
-
-class QueueObserver(SettleObserver[T_contra, O_contra], Protocol[T_contra, O_contra]):
-    """The hooks the loop calls (``outboxkit.sink.observer.RelayObserver`` is one, the task
-    worker's another): the settle's (queue/settling.py) and these. ``processing`` wraps the
-    sink's work on a claim (the relay's publish, the worker's handlers); ``processed``
-    follows it, before the settle."""
-
-    def claimed(self, count: int, seconds: float) -> None: ...
-
-    def processing(self, items: Sequence[T_contra]) -> AbstractContextManager[None]: ...
-
-    def processed(
-        self, items: Sequence[T_contra], outcomes: Sequence[O_contra], seconds: float
-    ) -> None: ...
-
-
-class Ordering(Protocol):
-    """A claim policy with state (ordered mode): asked before each claim, told of each batch.
-
-    ``track`` gets the task processing each claim it chose; the loop claims again when one
-    ends (its keys are free again).
-    """
-
-    def before_claim(self, token: uuid.UUID, limit: int) -> ClaimPolicy: ...
-
-    def track(self, task: asyncio.Task[None]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Wording:
-    """The words of the loop's log lines: a relay publishes rows, a worker runs tasks."""
-
-    who: str  # "relay"
-    items: str  # "row(s)"
-    working: str  # "publishing"
-    lost: str  # what a lost lease means for the items
-    again: str  # "published again"
-
-
-RELAY_WORDS = Wording(
-    who="relay",
-    items="row(s)",
-    working="publishing",
-    lost="were re-claimed by another relay before this one settled them",
-    again="they are published at least once",
-)
-WORKER_WORDS = Wording(
-    who="worker",
-    items="task(s)",
-    working="running",
-    lost="were cancelled, or re-claimed by another worker, before this one settled them",
-    again="a cancelled task stays cancelled, a re-claimed one runs again",
-)
-
-
-def default_owner_id() -> str:
-    """host-pid-random: a claimer's id (a relay's, a worker's) unique per process, readable
-    in ``claimed_by``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True, slots=True)
-class LoopOptions:
-    """The claim loop's options (validated by whoever builds it: the relay, the worker)."""
-
-    owner: str
-    batch_size: int
-    max_in_flight: int
-    lease: float
-    poll_interval: float
-    linger: float
-    listen: bool
-    shutdown_timeout: float
-    retry: RetryPolicy
-    #: Task names and log lines start with it.
-    name: str = "outboxkit-relay"
-    #: Hand each claimed item to the sink on its own, with a slot of its own (task mode: a
-    #: slow item never holds a fast one's settle). A claim then takes up to as many items as
-    #: slots are free (at most ``batch_size``): one statement claims several. The items run
-    #: on ``max_in_flight`` runners and settle in groups as they finish (queue/local_queue.py).
-    split: bool = False
-    #: Split mode: a claim may take up to this many items beyond the free slots; they wait
-    #: in a local queue (as graphile-worker's ``localQueue``) for a runner, so one statement
-    #: claims a batch even while every slot is busy. Bounded by the lease: the last one
-    #: waits about prefetch x run time / slots, kept under a quarter of it.
-    prefetch: int = 0
-    #: The first wait when the wake-up gate cannot be closed because a writer holds it open
-    #: (between its INSERT and its COMMIT, usually a round trip): doubled up to 100 ms.
-    gate_retry: float = _GATE_RETRY[0]
-    #: The longest of the linger's waits (None: they double until the linger is spent). A
-    #: commit during a wait is seen at its end: the task worker keeps them short.
-    linger_step: float | None = None
-    #: The gather window (0: off): after a claim that found work but fewer items than it
-    #: asked for, while items arrive at least two a window, the next look waits until
-    #: about 32 items are due, at most this long, instead of the linger's first 2 ms. At
-    #: steady rates a claim then takes several items for one claim and one settle
-    #: statement (a claim costs the database about the same for 2 items as for 100). The
-    #: first item after a quiet spell is never held: only the looks after work wait. The
-    #: relay sets it; the task worker keeps it off (its latency budget is a few ms).
-    gather: float = 0.0
-    #: How the log lines name the process, its items and their work (the worker's own).
-    words: Wording = RELAY_WORDS
-
-
-@dataclass(frozen=True, slots=True)
-class LoopStatus:
-    """What readiness and metrics read of a running loop (no I/O)."""
-
-    #: Why the store refuses the loop's writes (claiming stopped), or None.
-    denied: str | None
-    in_flight: int
-    stopping: bool
 
 
 class ClaimLoop(Generic[T, R]):
@@ -261,51 +104,17 @@ class ClaimLoop(Generic[T, R]):
         self._arrivals = 0.0
         self._last_claim: float | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
-        # A store that fails (queue/faults.py): retried with backoff, an outage one episode.
-        self._errors = DatabaseErrors(observer, self.log, self._sleep)
-        # Configuration faults: the store refused a claim or a settle (no privilege,
-        # read-only). The loop claims nothing while one lasts.
-        self._denied = DeniedWrites(store, self._errors, self.log, options.words.who, self._sleep)
-        # Items handed back untried while the sink's target is down (queue/handback.py).
-        self._hand_back = HandBack(store, sink, options.retry, self.log, self._wake.set)
-        # The settle path (queue/settling.py): decide, write, report, release at shutdown.
-        self._settling: Settling[T, R] = Settling(
-            store,
-            sink,
-            observer,
-            options,
-            errors=self._errors,
-            denied=self._denied,
-            hand_back=self._hand_back,
-            stopping=self.stopping,
-            sleep=self._sleep,
-            log=self.log,
-            retry_for=retry_for,
-        )
-        # A claim after a wait settles the claim before it in the same statement, where the
-        # store can (queue/carry.py): one statement a cycle at steady rates, not two.
-        self._carry: SettleCarry[T] | None = None
-        if isinstance(store, ClaimsSettling) and store.carries_settles and not options.split:
-            self._carry = SettleCarry(store, lambda: not self._slots.locked())
-            self._settling.carry = self._carry.offer
         self._failure: BaseException | None = None
-        #: Split mode: the items between their claim and their settle, and the runners.
-        self._local: LocalQueue[T, R] | None = None
-        if options.split:
-            lost = on_lease_lost
-            self._local = LocalQueue(
-                sink,
-                observer,
-                self._settling,
-                slots=options.max_in_flight,
-                lease=options.lease,
-                name=options.name,
-                extend=self._extend,
-                lease_lost=None if lost is None else (lambda claim: lost(claim, 0)),
-                fail=self._fail,
-                log=self.log,
-                track_run_time=options.prefetch > 0,
-            )
+        # Its parts (queue/loop_wiring.py): faults, hand-back, settle, carry, split mode's
+        # local queue (None but in split mode) and the lease extension.
+        parts: LoopParts[T, R] = wire_loop(
+            store, sink, observer, options, log=self.log, wake=self._wake.set,
+            stopping=self.stopping, slots=self._slots, sleep=self._sleep, fail=self._fail,
+            retry_for=retry_for, on_lease_lost=on_lease_lost,
+        )  # fmt: skip
+        self._errors, self._denied = parts.errors, parts.denied
+        self._hand_back, self._settling = parts.hand_back, parts.settling
+        self._carry, self._extend, self._local = parts.carry, parts.extend, parts.local
 
     @property
     def first_settled(self) -> Callable[[int, float], None] | None:
@@ -346,7 +155,7 @@ class ClaimLoop(Generic[T, R]):
             listen = self.store.listen(self._wake.set)
             side.append(asyncio.create_task(listen, name=f"{self.options.name}:listen"))
         monitor = asyncio.create_task(
-            self._monitor_side_tasks(side), name=f"{self.options.name}:monitor"
+            watch_side_tasks(side, self._fail), name=f"{self.options.name}:monitor"
         )
         if self._local is not None:
             self._local.start()
@@ -357,20 +166,10 @@ class ClaimLoop(Generic[T, R]):
                 self._carry.flush()  # no claim follows: a parked settle runs on its own
             monitor.cancel()
             await self._drain_in_flight()
-            for task, exc in await _cancel_and_capture_errors([monitor, *side]):
+            for task, exc in await cancel_and_capture_errors([monitor, *side]):
                 self._fail(task.get_name(), exc)  # (ignored if it stopped the loop already)
         if self._failure is not None:
             raise self._failure
-
-    async def _monitor_side_tasks(self, side_tasks: list[asyncio.Task[None]]) -> None:
-        """Wait for a side task to end; one that failed stops the loop with its error."""
-        pending = set(side_tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if not task.cancelled() and (exc := task.exception()) is not None:
-                    self._fail(task.get_name(), exc)
-                    return
 
     def _fail(self, what: str, exc: BaseException) -> None:
         """Stop the loop because ``what`` failed; :meth:`run` raises ``exc`` once drained."""
@@ -541,7 +340,7 @@ class ClaimLoop(Generic[T, R]):
         self.observer.claimed(count, time.perf_counter() - started)
         if since is not None and since > 0:
             sample = count / since
-            self._arrivals += _RATE_WEIGHT * (sample - self._arrivals)
+            self._arrivals += RATE_WEIGHT * (sample - self._arrivals)
         if claim is not None and claim.dead:
             # The crash-loop guard or the size guard dead-lettered these in the claim
             # itself: counted and logged like every other dead letter.
@@ -581,7 +380,7 @@ class ClaimLoop(Generic[T, R]):
             # A writer is between its INSERT and its COMMIT (or another claimer waits):
             # look again soon, less often the longer it lasts.
             retry = self._gate_retry
-            self._gate_retry = min(retry * 2, _GATE_RETRY[1])
+            self._gate_retry = min(retry * 2, GATE_RETRY[1])
             await self._wait(retry)
             return
         if self._carry is not None:
@@ -593,9 +392,9 @@ class ClaimLoop(Generic[T, R]):
         least two a gather window, long enough for about 32 of them (at most the window)."""
         window, rate = self.options.gather, self._arrivals
         first = self._linger_waits[0]
-        if window <= 0 or rate * window < _GATHER_MIN_ITEMS:
+        if window <= 0 or rate * window < GATHER_MIN_ITEMS:
             return first
-        return max(first, min(window, _GATHER_ITEMS / rate))
+        return max(first, min(window, GATHER_ITEMS / rate))
 
     async def _wait(self, seconds: float) -> None:
         # asyncio.timeout, not wait_for: wait_for wraps the wait in a task of its own,
@@ -660,44 +459,3 @@ class ClaimLoop(Generic[T, R]):
         held = await self._extend(claim)
         if held is not None and held < len(claim.ids) and self.on_lease_lost is not None:
             self.on_lease_lost(claim, held)
-
-    async def _extend(self, claim: Claim[T]) -> int | None:
-        """Push the claim's leases to now + lease, fenced by its token: how many it held.
-
-        A failure is logged (None) and the work goes on: the settle copes with a lost lease.
-        """
-        try:
-            held = await self.store.extend_leases(claim, self.options.lease)
-        except StoreError as exc:
-            self.observer.database_error("extend", exc.cause, isinstance(exc, StoreUnavailable))
-            self.log.warning(
-                "could not extend the lease of %d %s still %s (%s)",
-                len(claim.ids),
-                self.options.words.items,
-                self.options.words.working,
-                first_line(exc.cause),
-            )
-            return None
-        self.log.debug(
-            "%s for %.1fs: extended the lease of %d of %d by %.1fs",
-            self.options.words.working,
-            time.monotonic() - claim.claimed_at,
-            held,
-            len(claim.ids),
-            self.options.lease,
-        )
-        return held
-
-
-async def _cancel_and_capture_errors(
-    tasks: list[asyncio.Task[None]],
-) -> list[tuple[asyncio.Task[None], Exception]]:
-    """Cancel ``tasks``, wait for them all, and return the errors they ended with."""
-    for task in tasks:
-        task.cancel()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    return [
-        (task, result)
-        for task, result in zip(tasks, results, strict=True)
-        if isinstance(result, Exception)
-    ]
