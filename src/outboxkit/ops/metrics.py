@@ -227,8 +227,9 @@ class RelayMetrics(RelayObserver):
         # The relay's state (ordered partitions, the WAL relay's stream, a refused role), read
         # at scrape time and by /readyz: set by attach().
         self.status: Callable[[], RelayStatus] = RelayStatus
-        #: The database's backend: its gauge reader reads the table (and a WAL relay's slot).
-        self._backend = backend_for(dsn)
+        #: The database's backend's gauge reader: the table (and a WAL relay's slot) through a
+        #: connection it keeps (none until the first reading; the table's name checked now).
+        self._gauges = backend_for(dsn).gauge_reader(dsn, table)
         self.topics = topic_labels or TopicLabels(max_topics, allow=topics)
         self._classes: set[str] = set()
         self._other_seen = False
@@ -466,7 +467,7 @@ class RelayMetrics(RelayObserver):
         One kept connection (the backend's gauge reader: psycopg's, or PyMySQL's on
         MariaDB/MySQL), replaced when a reading fails.
         """
-        gauges = self._backend.gauge_reader(self.dsn, self.table)
+        gauges = self._gauges
         try:
             while stop is None or not stop.is_set():
                 try:
