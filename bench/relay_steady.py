@@ -106,12 +106,16 @@ class Consumer(threading.Thread):
         self.consumer.close()
 
 
-def relay_backends(dsn: str) -> list[int]:
+def relay_backends(dsn: str) -> dict[int, str]:
+    """The relay's backends: pid -> its role (the application name's tail: claim, settle,
+    listen, gate). In this database only: other relays on the server (another benchmark's,
+    a test's) are not this one's."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outboxkit-relay%%'"
+            "SELECT pid, application_name FROM pg_stat_activity"
+            " WHERE application_name LIKE 'outboxkit-relay%%' AND datname = current_database()"
         ).fetchall()
-    return [int(r[0]) for r in rows]
+    return {int(pid): str(name).rpartition(":")[2] for pid, name in rows}
 
 
 class BackendMeter:
@@ -127,13 +131,17 @@ class BackendMeter:
         self.dsn = dsn
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
+        self.role: dict[int, str] = {}
 
     def start(self) -> None:
-        for pid in relay_backends(self.dsn):
+        self.role = relay_backends(self.dsn)
+        for pid in self.role:
             self.first[pid] = self.last[pid] = _cpu(pid) or 0.0
 
     def sample(self) -> None:
-        for pid in {*relay_backends(self.dsn), *self.last}:
+        now = relay_backends(self.dsn)
+        self.role |= now
+        for pid in {*now, *self.last}:
             cpu = _cpu(pid)
             if cpu is not None:
                 self.first.setdefault(pid, 0.0)
@@ -141,6 +149,14 @@ class BackendMeter:
 
     def used(self) -> float:
         return sum(self.last[pid] - self.first[pid] for pid in self.last)
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds by backend role (claim, settle, listen, gate)."""
+        out: dict[str, float] = {}
+        for pid in self.last:
+            role = self.role.get(pid, "?")
+            out[role] = out.get(role, 0.0) + self.last[pid] - self.first[pid]
+        return out
 
 
 def _cpu(pid: int) -> float | None:
@@ -242,6 +258,8 @@ def one_run(
         "window_s": window, "consumer_received": len(got),
         "relay_cpu_us_per_event": (relay_after - relay_before) * 1e6 / expected,
         "db_cpu_us_per_event": meter.used() * 1e6 / expected,
+        "db_cpu_us_per_event_by_role": {role: used * 1e6 / expected
+                                        for role, used in meter.by_role().items()},
         "p50_ms": statistics.median(ms) if rate is not None else None,
         "p99_ms": ms[int(len(ms) * 0.99) - 1] if rate is not None else None,
     }  # fmt: skip
@@ -280,14 +298,18 @@ def main() -> None:
                     what = "drain" if rate is None else f"{rate:g}/s"
                     late = "" if rate is None else (
                         f", p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms"
-                        f" (written {row['written_per_s']:.0f}/s)")  # fmt: skip
+                        f" (written {row['written_per_s'] or 0:.0f}/s)")  # fmt: skip
                     relay_us, db_us = row["relay_cpu_us_per_event"], row["db_cpu_us_per_event"]
                     short = "" if row["consumer_received"] == row["events"] else (
                         f" (the consumer got {row['consumer_received']} of {row['events']};"
                         " the relay published all)")  # fmt: skip
+                    roles = ", ".join(
+                        f"{role} {us:.1f}"
+                        for role, us in sorted(row["db_cpu_us_per_event_by_role"].items())
+                    )
                     print(f"round {round_no} {name:8s} {what:>7s}: relay {relay_us:6.1f}"
-                          f" µs/event, its database {db_us:6.1f} µs/event{late}{short}",
-                          flush=True)  # fmt: skip
+                          f" µs/event, its database {db_us:6.1f} µs/event ({roles}){late}"
+                          f"{short}", flush=True)  # fmt: skip
     summary = []
     for (name, rate), rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in

@@ -63,7 +63,7 @@ def test_changing_an_enum_value_changes_every_statement_that_uses_it(
     monkeypatch.setattr(postgres, "Status", shifted)
     s = Statements()
     assert "WHERE status = 10 AND available_at <= now()" in s.claim_batch
-    assert "SET status = 12," in s.claim_batch
+    assert "SET status = 12," in s.dead_letter and "d.status = 10 AND" in s.dead_letter
     assert "SET status = 11, published_at" in s.settle_published_keep
     assert "DEFAULT 10" in s.migrations[1] and "WHERE status = 12;" in s.migrations[1]
     assert not re.search(r"status = [012]\b", s.status_by_topic + s.replay_all_failed)

@@ -263,21 +263,27 @@ _COMMIT_POSITIONAL = _COMMIT_MODE.format(value="%s::text")
 # dead-letters it with an error that says so instead of handing it to the next victim.
 # The claim's shared parts (the ordered claim in backends/postgres/ordered_sql.py uses them too):
 # the dead-lettering of a crash-looping or oversized row of `batch`, the lease the
-# claim writes, and the columns it returns (`OutboundMessage`'s order). The claim returns
-# the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last column, so
-# the relay counts and logs them: their bounded text fields only, never a payload.
-DEAD_ON_CLAIM = """
+# claim writes, and the columns it returns (`OutboundMessage`'s order). The ordered claim
+# returns the rows it dead-lettered too (claimed UNION ALL the dead), their error in a last
+# column, so the relay counts and logs them: their bounded text fields only, never a payload.
+_DEAD_SET = """
     UPDATE {table} AS d
     SET status = {failed}, attempts = d.attempts + (d.attempts < %(max_attempts)s)::int,
         claim_token = NULL, claimed_by = %(relay_id)s,
         last_error = CASE WHEN d.attempts >= %(max_attempts)s THEN {looped_error}
                           ELSE {oversized_error} END
-    WHERE d.id = ANY(ARRAY(
-        SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))
+"""
+_DEAD_RETURNING = """
     RETURNING d.id, d.event_id, left(d.topic, 200), NULL::text, left(d.event_type, 200),
               NULL::text, NULL::text, ''::bytea, '{{}}'::json, d.created_at, d.attempts,
               coalesce(d.occurred_at, d.created_at), d.schema_version, d.last_error
 """
+DEAD_ON_CLAIM = (
+    _DEAD_SET
+    + """    WHERE d.id = ANY(ARRAY(
+        SELECT id FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s))"""
+    + _DEAD_RETURNING
+)
 CLAIM_LEASE = """
 UPDATE {table} AS o
 SET attempts = o.attempts + 1,
@@ -298,15 +304,28 @@ WITH batch AS MATERIALIZED (
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), oversized AS ("""
-    + DEAD_ON_CLAIM
-    + "), claimed AS ("
+), claimed AS ("""
     + CLAIM_LEASE
     + """WHERE o.id = ANY(ARRAY(
     SELECT id FROM batch WHERE oversized IS NULL AND attempts < %(max_attempts)s))
   AND {commit_named}"""
     + CLAIM_RETURNING
-    + ") SELECT *, NULL::text FROM claimed UNION ALL SELECT * FROM oversized"
+    + ") SELECT *, NULL::text FROM claimed UNION ALL"
+    " SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, attempts, NULL, NULL, ''"
+    " FROM batch WHERE oversized IS NOT NULL OR attempts >= %(max_attempts)s"
+)
+# The claim dead-letters nothing itself: a crash-looping or oversized row of its batch is
+# left as it was, answered as a row of its id and an empty last column, and the relay then
+# dead-letters those ids with DEAD_LETTER, a statement of its own run only then. The
+# dead-lettering UPDATE the claim held before was set up by every claim though it almost
+# never had a row (docs/benchmarks.md, "The claim's fixed cost"). Between the two
+# statements the rows are unlocked, so DEAD_LETTER checks them again: still pending, due
+# (not claimed since, by a relay with a higher max_attempts) and crash-looping or oversized.
+DEAD_LETTER = (
+    _DEAD_SET
+    + """    WHERE d.id = ANY(%(dead)s) AND d.status = {pending} AND d.available_at <= now()
+      AND ({oversized_d} IS NOT NULL OR d.attempts >= %(max_attempts)s) AND {commit_named}"""
+    + _DEAD_RETURNING
 )
 # A parked relay's poll (backends/postgres/_pg_session.py, docs/fleet.md "Connections"): seconds
 # until the first pending row may be claimed (0 or less: now; NULL: none), on its LISTEN
@@ -659,6 +678,7 @@ class Statements(NamedStatements):
         "WITH ins AS ({insert_one_locking_keys}) " + NOTIFY_SUFFIX
     )
     claim_batch = SqlTemplate(CLAIM_BATCH)
+    dead_letter = SqlTemplate(DEAD_LETTER)
     try_wake_lock = SqlTemplate(TRY_WAKE_LOCK)
     wake_unlock = SqlTemplate(WAKE_UNLOCK)
     settle_published_delete = SqlTemplate(SETTLE_PUBLISHED_DELETE)
@@ -704,6 +724,7 @@ class Statements(NamedStatements):
             "commit_named": _COMMIT_NAMED,
             "commit_positional": _COMMIT_POSITIONAL,
             "oversized": _oversized(""),
+            "oversized_d": _oversized("d."),
             "oversized_error": _oversized_error("d."),
             "looped_error": _looped_error("d."),
             "event_columns": _EVENT_COLUMNS,

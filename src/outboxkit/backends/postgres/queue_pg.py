@@ -308,13 +308,7 @@ class PgQueueStore(PgSession, Generic[T]):
             conn = await self._claim_connection()
             if conn is None:
                 return None, None  # (parked: nothing due, nothing settled)
-            if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
-                records = await self._on_listen(
-                    "claim", lambda c: fetch_rows(c.cursor(binary=True), statement, params)
-                )
-            else:
-                cur = self._cursor(conn, "claim")
-                records = await self.within(conn, "claim", fetch_rows(cur, statement, params))
+            records = await self._fetch(conn, statement, params)
         except pg_errors.UndefinedTable:
             database = self._claim_conn.info.dbname if self._claim_conn else None
             raise SchemaError(
@@ -335,15 +329,48 @@ class PgQueueStore(PgSession, Generic[T]):
         make = self.make_item
         dead: list[tuple[T, str, str]] | None = None
         if records[-1][-1] is not None or any(r[-1] is not None for r in records):
-            # Rows the claim dead-lettered (their error in the last column): reported.
-            dead = [(make(*r[1:-1]), _dead_class(r[-1]), r[-1]) for r in records if r[-1]]
+            # Rows the (ordered) claim dead-lettered, their error in the last column; rows
+            # the claim left to dead-letter, their last column empty (postgres.py
+            # DEAD_LETTER): dead-lettered now. Both reported.
+            rows = [r for r in records if r[-1]]
+            if to_kill := [r[0] for r in records if r[-1] == ""]:
+                rows += await self._dead_letter(conn, to_kill, params)
+            dead = [(make(*r[1:-1]), _dead_class(r[-1]), r[-1]) for r in rows] or None
             records = [r for r in records if r[-1] is None]
+            if not records and dead is None:  # (taken since by a relay with a higher max)
+                return None, settled
         # The claim returns rows in primary-key order in practice, not by contract:
         # sorting an already sorted list costs one pass.
         records.sort(key=_ROW_ID)
         # Positional construction: the claim returns the item's fields in order.
         claim = Claim(token, [r[0] for r in records], [make(*r[1:-1]) for r in records], dead)
         return claim, settled
+
+    async def _fetch(
+        self, conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any]
+    ) -> list[Any]:
+        """``statement``'s rows on the claim connection ``conn`` (or the LISTEN session's,
+        while the claim connection opens)."""
+        if conn is self._listen_conn:  # (unparking: the claim connection opens meanwhile)
+            return await self._on_listen(  # type: ignore[no-any-return]
+                "claim", lambda c: fetch_rows(c.cursor(binary=True), statement, params)
+            )
+        cur = self._cursor(conn, "claim")
+        return await self.within(conn, "claim", fetch_rows(cur, statement, params))
+
+    async def _dead_letter(
+        self, conn: psycopg.AsyncConnection[Any], ids: list[int], params: dict[str, Any]
+    ) -> list[Any]:
+        """Dead-letter the crash-looping or oversized rows ``ids`` a claim left
+        (postgres.py DEAD_LETTER); the rows it changed. A failure changes nothing: the next
+        claim finds them again."""
+        try:
+            return await self._fetch(conn, self.sql.dead_letter, params | {"dead": ids})
+        except (psycopg.Error, StoreError) as exc:
+            why = await self._translate(exc) if isinstance(exc, psycopg.Error) else exc
+            log.warning("could not dead-letter %d events (the next claim retries): %s",
+                        len(ids), why)  # fmt: skip
+            return []
 
     # -- settle -------------------------------------------------------------------------
 
