@@ -105,3 +105,18 @@ def test_a_wait_the_socket_cannot_answer_goes_through_the_loop() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_without_select_poll_the_connections_are_psycopgs_own() -> None:
+    """Windows has no ``select.poll``: the read-ahead steps aside rather than failing a query."""
+    import subprocess
+    import sys
+
+    script = (
+        "import select; del select.poll\n"
+        "import psycopg\n"
+        "from outboxkit.backends.postgres._read_ahead import connection_class\n"
+        "assert connection_class is psycopg.AsyncConnection, connection_class\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

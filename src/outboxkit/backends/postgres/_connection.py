@@ -35,7 +35,7 @@ from outboxkit._text import first_line
 from outboxkit.backends.ports import POOLER_MODES as POOLER_MODES
 from outboxkit.backends.ports import PoolerMode as PoolerMode
 from outboxkit.backends.ports import pooler_mode as pooler_mode
-from outboxkit.backends.postgres._read_ahead import ReadAheadConnection
+from outboxkit.backends.postgres._read_ahead import connection_class
 from outboxkit.errors import ConfigurationError
 
 #: A DSN, or an open autocommit connection to reuse (the dashboard keeps a few).
@@ -155,7 +155,7 @@ async def aconnect(
     if libpq:
         given = conninfo_to_dict(bare)
         options.update({k: v for k, v in libpq.items() if k not in given})
-    conn = await ReadAheadConnection.connect(bare, **options)
+    conn = await connection_class.connect(bare, **options)
     if known is None:
         try:
             async with conn.lock:

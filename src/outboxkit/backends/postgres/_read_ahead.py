@@ -48,3 +48,10 @@ class ReadAheadConnection(psycopg.AsyncConnection[Any]):
 
     async def wait(self, gen: PQGen[Any], *args: Any, **kwargs: Any) -> Any:
         return await super().wait(_read_ahead(gen, self.pgconn.socket), *args, **kwargs)
+
+
+#: The class outboxkit's async PostgreSQL connections are made of: psycopg's own where the
+#: platform has no ``select.poll`` (Windows), where the read-ahead cannot ask the socket.
+connection_class: type[psycopg.AsyncConnection[Any]] = (
+    ReadAheadConnection if hasattr(select, "poll") else psycopg.AsyncConnection
+)
