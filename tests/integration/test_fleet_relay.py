@@ -281,6 +281,12 @@ def test_status_lists_each_database_and_shows_the_unreachable_ones(
     both = CliRunner().invoke(main, ["status", "--dsn-file", str(dsn_file), "--dsn", databases[0]])
     assert both.exit_code == 2 and "give one" in both.output
 
+    # A file with nothing listed says so (it printed nothing at all).
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# no database yet\n")
+    nothing = CliRunner().invoke(main, ["status", "--dsn-file", str(empty)])
+    assert nothing.exit_code == 0 and "lists none" in nothing.output, nothing.output
+
 
 @pytest.mark.parametrize(
     ("args", "said"),

@@ -168,6 +168,14 @@ def fleet_status(
     if as_json:
         click.echo(json.dumps({"databases": readings, "bad_lines": bad}))
     else:
+        if not listed.databases and not listed.bad_lines:
+            err_console.print(
+                Text.assemble(
+                    ("no databases:", "yellow"),
+                    f" {path} lists none (a line is a DSN, or a name and a DSN; # comments)",
+                ),
+                soft_wrap=True,
+            )
         if any(r["error"] or r["pending"] is not None for r in readings):
             _print_table(path, table, readings, age)
         if any(r["tasks"] for r in readings):
