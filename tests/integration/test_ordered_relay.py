@@ -181,7 +181,10 @@ async def test_each_key_reaches_the_receiver_in_commit_order_through_failures(
         )
     assert _order_violations(events, receiver.log) == []
     refused = sum(1 for _e, s in receiver.log if s == 503)
-    assert refused >= 20  # the failures did happen
+    # The failures did happen: each event _flaky picks (by its random id: about 35 of the
+    # 140, 19 in one CI run) refused exactly once, at its first try.
+    picked = sum(1 for e in events + keyless if zlib.crc32(str(e.event_id).encode()) % 4 == 0)
+    assert refused == picked >= 1
     assert rows(ordered_dsn) == []
 
 
